@@ -1,0 +1,164 @@
+"""Gated delta rule (the Gated DeltaNet recurrence), with the recurrent state kept in a pool indexed by slot.
+
+Inputs are the raw post-conv projections; the ops apply, in fp32 (DESIGN.md, "Model math"):
+  q, k <- l2norm(q), l2norm(k)  with ``x * rsqrt(sum(x^2) + 1e-6)``;  q <- q * K**-0.5
+  value head j reads key head ``j // (Hv // Hk)``  (repeat_interleave, not tile)
+  g    = -exp(A_log) * softplus(a + dt_bias)      beta = sigmoid(b)
+  per token, state S [Hv, K, V]:  S *= exp(g);  u = (v - S^T k) * beta;  S += k (x) u;  o = S^T q
+
+* ``gated_delta_rule_prefill``: varlen tokens packed by ``cu_seqlens``; sequence n starts from
+  ``state[state_slots[n]]`` (zeroed when the slot was allocated) and its final state is written back there.
+  The reference is the chunked (WY) form with 64-token chunks, the same function FLA's chunk kernel computes.
+* ``gated_delta_rule_decode``: one token per sequence, reading and writing ``state`` in place by slot.
+
+The pool is fp32 by default (bf16 allowed); outputs have v's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ops.library import define_op
+
+CHUNK_SIZE = 64  # FLA's chunk length; prefix-cache snapshot boundaries are multiples of it
+L2NORM_EPS = 1e-6
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def prepare_inputs(q, k, a, b, A_log, dt_bias, num_value_heads: int):
+    """Normalised, scaled, head-expanded q and k, and the gates g and beta, all fp32.
+
+    q, k [..., Hk, K] -> [..., Hv, K];  a, b [..., Hv] -> g, beta [..., Hv].
+    """
+    group = num_value_heads // q.shape[-2]
+    q = l2norm(q) * (q.shape[-1] ** -0.5)
+    k = l2norm(k)
+    q = q.repeat_interleave(group, dim=-2)
+    k = k.repeat_interleave(group, dim=-2)
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    beta = b.float().sigmoid()
+    return q, k, g, beta
+
+
+def recurrent_reference(q, k, v, g, beta, state):
+    """Token-by-token recurrence for one sequence (prepared inputs, fp32).
+
+    q, k [L, H, K]; v [L, H, V]; g, beta [L, H]; state [H, K, V] -> (o [L, H, V], final state).
+    """
+    state = state.clone()
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for t in range(v.shape[0]):
+        state = state * g[t].exp()[:, None, None]
+        u = (v[t] - torch.einsum("hkv,hk->hv", state, k[t])) * beta[t][:, None]
+        state = state + k[t][:, :, None] * u[:, None, :]
+        out[t] = torch.einsum("hkv,hk->hv", state, q[t])
+    return out, state
+
+
+def chunked_reference(q, k, v, g, beta, state, chunk_size: int = CHUNK_SIZE):
+    """The same function as ``recurrent_reference``, computed chunk by chunk (WY form).
+
+    Within a chunk with cumulative log-decay G_t = g_1 + ... + g_t and initial state S0:
+      (I + A) U = beta * (V - exp(G) * K S0),  A[t, j] = beta_t exp(G_t - G_j) k_t.k_j  (j < t)
+      o_t = exp(G_t) S0^T q_t + sum_{j<=t} exp(G_t - G_j) (q_t.k_j) u_j
+      S_L = exp(G_L) S0 + sum_j exp(G_L - G_j) k_j u_j^T
+    """
+    state = state.clone().float()
+    v = v.float()
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for start in range(0, v.shape[0], chunk_size):
+        end = min(start + chunk_size, v.shape[0])
+        qc, kc, vc = (x[start:end].transpose(0, 1) for x in (q, k, v))  # [H, L, *]
+        gc, bc = g[start:end].t(), beta[start:end].t()  # [H, L]
+        cum = gc.cumsum(-1)  # [H, L]
+        length = end - start
+        strictly_lower = torch.ones(length, length, dtype=torch.bool, device=v.device).tril(-1)
+        lower = torch.ones(length, length, dtype=torch.bool, device=v.device).tril()
+        diff = cum[:, :, None] - cum[:, None, :]  # [H, L, L]: G_t - G_j
+        decay_lower = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()
+        kk = torch.einsum("htk,hjk->htj", kc, kc)
+        A = bc[:, :, None] * decay_lower * kk * strictly_lower
+        eye = torch.eye(length, device=v.device).expand_as(A)
+        rhs = bc[:, :, None] * (vc - cum.exp()[:, :, None] * torch.einsum("htk,hkv->htv", kc, state))
+        u = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+        qk = torch.einsum("htk,hjk->htj", qc, kc) * decay_lower
+        o = cum.exp()[:, :, None] * torch.einsum("htk,hkv->htv", qc, state) + torch.einsum("htj,hjv->htv", qk, u)
+        out[start:end] = o.transpose(0, 1)
+        to_end = (cum[:, -1:] - cum).exp()  # [H, L]: exp(G_L - G_j)
+        state = cum[:, -1].exp()[:, None, None] * state + torch.einsum("hjk,hjv->hkv", kc * to_end[..., None], u)
+    return out, state
+
+
+def gated_delta_rule_prefill_reference(
+    q: torch.Tensor,  # [T, Hk, K]
+    k: torch.Tensor,  # [T, Hk, K]
+    v: torch.Tensor,  # [T, Hv, V]
+    a: torch.Tensor,  # [T, Hv]
+    b: torch.Tensor,  # [T, Hv]
+    A_log: torch.Tensor,  # [Hv]
+    dt_bias: torch.Tensor,  # [Hv]
+    state: torch.Tensor,  # [S, Hv, K, V]  (written at state_slots)
+    cu_seqlens: torch.Tensor,  # [N + 1] int32
+    state_slots: torch.Tensor,  # [N] int32
+) -> torch.Tensor:
+    qn, kn, g, beta = prepare_inputs(q, k, a, b, A_log, dt_bias, v.shape[1])
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    bounds = cu_seqlens.tolist()
+    for i, slot in enumerate(state_slots.tolist()):
+        start, end = bounds[i], bounds[i + 1]
+        o, final = chunked_reference(
+            qn[start:end], kn[start:end], v[start:end], g[start:end], beta[start:end], state[slot].float()
+        )
+        out[start:end] = o
+        state[slot] = final.to(state.dtype)
+    return out.to(v.dtype)
+
+
+def _gated_delta_rule_prefill_fake(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, state_slots):
+    return torch.empty_like(v)
+
+
+gated_delta_rule_prefill = define_op(
+    "gated_delta_rule_prefill(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
+    "Tensor(a!) state, Tensor cu_seqlens, Tensor state_slots) -> Tensor",
+    reference=gated_delta_rule_prefill_reference,
+    fake=_gated_delta_rule_prefill_fake,
+)
+
+
+def gated_delta_rule_decode_reference(
+    q: torch.Tensor,  # [B, Hk, K]
+    k: torch.Tensor,  # [B, Hk, K]
+    v: torch.Tensor,  # [B, Hv, V]
+    a: torch.Tensor,  # [B, Hv]
+    b: torch.Tensor,  # [B, Hv]
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,  # [S, Hv, K, V]  (written at state_slots)
+    state_slots: torch.Tensor,  # [B] int32
+) -> torch.Tensor:
+    qn, kn, g, beta = prepare_inputs(q, k, a, b, A_log, dt_bias, v.shape[1])
+    slots = state_slots.long()
+    s = state[slots].float() * g.exp()[:, :, None, None]  # [B, Hv, K, V]
+    u = (v.float() - torch.einsum("bhkv,bhk->bhv", s, kn)) * beta[:, :, None]
+    s = s + kn[:, :, :, None] * u[:, :, None, :]
+    out = torch.einsum("bhkv,bhk->bhv", s, qn)
+    state.index_copy_(0, slots, s.to(state.dtype))
+    return out.to(v.dtype)
+
+
+def _gated_delta_rule_decode_fake(q, k, v, a, b, A_log, dt_bias, state, state_slots):
+    return torch.empty_like(v)
+
+
+gated_delta_rule_decode = define_op(
+    "gated_delta_rule_decode(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
+    "Tensor(a!) state, Tensor state_slots) -> Tensor",
+    reference=gated_delta_rule_decode_reference,
+    fake=_gated_delta_rule_decode_fake,
+)

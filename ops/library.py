@@ -1,0 +1,38 @@
+"""The ``ce`` op library and the helper that registers one op.
+
+``torch.library.Library.define/impl`` is used rather than ``@torch.library.custom_op``: it costs ~2 µs a call
+instead of ~7-12 µs, which matters wherever no CUDA graph replays (prefill, CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+NAMESPACE = "ce"
+LIB = torch.library.Library(NAMESPACE, "DEF")
+
+# Reserved rows. Padding lanes of a bucketed decode batch point at them; no live sequence ever owns them.
+NULL_SLOT = 0  # row 0 of every state pool (recurrent and conv)
+NULL_BLOCK = 0  # block 0 of every KV cache
+
+
+def define_op(
+    schema: str,
+    *,
+    reference: Callable,
+    fake: Callable,
+    cuda: Callable | None = None,
+) -> Callable:
+    """Define ``ce::<name>`` from ``schema`` and register its kernels; returns the op overload.
+
+    ``reference`` is the CPU kernel. ``cuda`` defaults to the reference (plain torch runs on any device) until a
+    real kernel exists.
+    """
+    name = schema.split("(", 1)[0]
+    LIB.define(schema)
+    LIB.impl(name, reference, "CPU")
+    LIB.impl(name, cuda if cuda is not None else reference, "CUDA")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIB)
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
