@@ -44,7 +44,7 @@ def causal_conv1d_prefill_reference(
 
 
 def _causal_conv1d_prefill_fake(x, weight, conv_state, cu_seqlens, state_slots):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # references return contiguous tensors
 
 
 causal_conv1d_prefill = define_op(
@@ -70,7 +70,7 @@ def causal_conv1d_decode_reference(
 
 
 def _causal_conv1d_decode_fake(x, weight, conv_state, state_slots):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # references return contiguous tensors
 
 
 causal_conv1d_decode = define_op(

@@ -120,7 +120,7 @@ def gated_delta_rule_prefill_reference(
 
 
 def _gated_delta_rule_prefill_fake(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, state_slots):
-    return torch.empty_like(v)
+    return v.new_empty(v.shape)  # references return contiguous tensors
 
 
 gated_delta_rule_prefill = define_op(
@@ -153,7 +153,7 @@ def gated_delta_rule_decode_reference(
 
 
 def _gated_delta_rule_decode_fake(q, k, v, a, b, A_log, dt_bias, state, state_slots):
-    return torch.empty_like(v)
+    return v.new_empty(v.shape)  # references return contiguous tensors
 
 
 gated_delta_rule_decode = define_op(

@@ -57,7 +57,7 @@ def paged_attention_decode_reference(
 
 
 def _paged_attention_decode_fake(q, k_cache, v_cache, block_tables, context_lens, scale):
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)  # references return contiguous tensors
 
 
 paged_attention_decode = define_op(
@@ -91,7 +91,7 @@ def paged_attention_prefill_reference(
 
 
 def _paged_attention_prefill_fake(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale):
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)  # references return contiguous tensors
 
 
 paged_attention_prefill = define_op(

@@ -1,0 +1,60 @@
+"""Full-attention (GQA) layer with an output gate, over the paged KV cache.
+
+Per token: ``[q_h | gate_h]`` per head from the doubled q projection; q_norm/k_norm (zero-centred RMSNorm over
+head_dim) before partial RoPE; the new K/V are stored into the cache, then paged attention reads every cached
+token of the sequence; ``out = o_proj(attn * sigmoid(gate))``.
+
+Mutates: ``k_cache`` and ``v_cache`` (this layer's buffers) at ``step.slot_mapping``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ops  # noqa: F401  (registers torch.ops.ce)
+from compiled_engine.config import ModelConfig
+from compiled_engine.layers import RMSNorm, RotaryEmbedding, empty_parameter
+from compiled_engine.step_inputs import StepInputs
+
+
+class FullAttention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = self.head_dim**-0.5
+        q_rows = 2 * self.num_heads * self.head_dim  # query and gate, interleaved per head
+        kv_rows = self.num_kv_heads * self.head_dim
+        self.split_sizes = [q_rows, kv_rows, kv_rows]
+        self.qkv_proj = empty_parameter(q_rows + 2 * kv_rows, config.hidden_size)  # q_proj | k_proj | v_proj
+        self.o_proj = empty_parameter(config.hidden_size, self.num_heads * self.head_dim)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+        # [num_blocks, block_size, kv_heads, head_dim] each, allocated by compiled_engine.cache.allocate_caches.
+        # Buffers, so that torch.compile treats them as static addresses (mutated plain inputs skip CUDA graphs).
+        self.register_buffer("k_cache", None, persistent=False)
+        self.register_buffer("v_cache", None, persistent=False)
+
+    def forward(self, x: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        tokens = x.shape[0]
+        q_gate, k, v = F.linear(x, self.qkv_proj).split(self.split_sizes, dim=-1)
+        q, gate = q_gate.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = self.q_norm(q)
+        k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(step.positions, q, k)
+        torch.ops.ce.store_kv(k, v, self.k_cache, self.v_cache, step.slot_mapping)
+        if step.is_prefill:
+            attn = torch.ops.ce.paged_attention_prefill(
+                q, self.k_cache, self.v_cache, step.cu_seqlens, step.context_lens, step.block_tables, self.scale
+            )
+        else:
+            attn = torch.ops.ce.paged_attention_decode(
+                q, self.k_cache, self.v_cache, step.block_tables, step.context_lens, self.scale
+            )
+        gated = attn.reshape(tokens, -1) * torch.sigmoid(gate.reshape(tokens, -1))
+        return F.linear(gated, self.o_proj)

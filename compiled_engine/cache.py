@@ -1,0 +1,119 @@
+"""Caches and the allocators that hand them out.
+
+* KV cache: for each full-attention layer, separate ``k_cache`` / ``v_cache`` tensors
+  ``[num_kv_blocks, block_size, kv_heads, head_dim]`` in the model dtype. Block 0 is the null block.
+* State pools: for each linear-attention layer, ``recurrent_state [num_slots, Hv, K, V]`` (fp32 by default) and
+  ``conv_state [num_slots, conv_dim, kernel - 1]`` in the model dtype. Slot 0 is the null slot.
+The tensors are registered as buffers of the layer that uses them (allocate_caches), so the model's forward reads
+and mutates them without any global context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from compiled_engine.model import HybridModel
+from ops.library import NULL_BLOCK, NULL_SLOT
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int  # tokens per KV block
+    num_kv_blocks: int  # including the null block
+    num_state_slots: int  # including the null slot: max_num_seqs + 1
+    state_dtype: torch.dtype = torch.float32  # recurrent state; conv state uses the model dtype
+
+    def __post_init__(self):
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be at least 2 (block 0 is reserved), got {self.num_kv_blocks}")
+        if self.num_state_slots < 2:
+            raise ValueError("num_state_slots must be at least 2 (slot 0 is reserved)")
+
+
+def kv_bytes_per_block(model: HybridModel, block_size: int, dtype: torch.dtype) -> int:
+    c = model.config
+    per_token = 2 * c.num_key_value_heads * c.head_dim * torch.tensor([], dtype=dtype).element_size()
+    return len(c.full_attention_layers) * block_size * per_token
+
+
+def state_bytes_per_slot(model: HybridModel, dtype: torch.dtype, state_dtype: torch.dtype) -> int:
+    c = model.config
+    recurrent = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+    conv = c.conv_dim * (c.linear_conv_kernel_dim - 1)
+    size = lambda d: torch.tensor([], dtype=d).element_size()  # noqa: E731
+    return len(c.linear_attention_layers) * (recurrent * size(state_dtype) + conv * size(dtype))
+
+
+def allocate_caches(model: HybridModel, cache: CacheConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """Allocate every layer's KV cache or state pools and register them as that layer's buffers."""
+    c = model.config
+    for layer in model.layers:
+        mixer = layer.mixer
+        if hasattr(mixer, "k_cache"):
+            shape = (cache.num_kv_blocks, cache.block_size, c.num_key_value_heads, c.head_dim)
+            mixer.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+            mixer.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+        else:
+            mixer.conv_state = torch.zeros(
+                cache.num_state_slots, c.conv_dim, c.linear_conv_kernel_dim - 1, device=device, dtype=dtype
+            )
+            mixer.recurrent_state = torch.zeros(
+                cache.num_state_slots,
+                c.linear_num_value_heads,
+                c.linear_key_head_dim,
+                c.linear_value_head_dim,
+                device=device,
+                dtype=cache.state_dtype,
+            )
+
+
+def reset_state_slot(model: HybridModel, slot: int) -> None:
+    """Zero one slot's rows in every linear layer: a fresh sequence starts from zero state."""
+    for layer in model.layers:
+        if hasattr(layer.mixer, "recurrent_state"):
+            layer.mixer.conv_state[slot].zero_()
+            layer.mixer.recurrent_state[slot].zero_()
+
+
+class BlockAllocator:
+    """Free list of KV blocks; block 0 (the null block) is never handed out."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.free: list[int] = [b for b in range(num_blocks - 1, -1, -1) if b != NULL_BLOCK]
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def allocate(self) -> int:
+        if not self.free:
+            raise RuntimeError("out of KV blocks")
+        return self.free.pop()
+
+    def release(self, blocks: list[int]) -> None:
+        self.free.extend(reversed(blocks))
+
+
+class SlotAllocator:
+    """Free list of state slots; slot 0 (the null slot) is never handed out."""
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self.free: list[int] = [s for s in range(num_slots - 1, -1, -1) if s != NULL_SLOT]
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def allocate(self) -> int:
+        if not self.free:
+            raise RuntimeError("out of state slots")
+        return self.free.pop()
+
+    def release(self, slot: int) -> None:
+        self.free.append(slot)

@@ -1,0 +1,67 @@
+"""Gated DeltaNet (linear attention) layer with per-sequence conv and recurrent state held in pools by slot.
+
+One fused input projection gives ``[q (Hk*K) | k (Hk*K) | v (Hv*V) | z (Hv*V) | b (Hv) | a (Hv)]`` (the loader brings
+Qwen3.5's four projections and Qwen3-Next's grouped ones to this layout). q,k,v go through the causal conv (+SiLU),
+then the gated delta rule; the output is normalised by the gated RMSNorm with ``silu(z)`` and projected out.
+
+Mutates: ``conv_state`` and ``recurrent_state`` (this layer's pool buffers) at the rows ``step.state_slots``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ops  # noqa: F401  (registers torch.ops.ce)
+from compiled_engine.config import ModelConfig
+from compiled_engine.layers import GatedRMSNorm, empty_parameter
+from compiled_engine.step_inputs import StepInputs
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_k_heads = config.linear_num_key_heads
+        self.num_v_heads = config.linear_num_value_heads
+        self.head_k_dim = config.linear_key_head_dim
+        self.head_v_dim = config.linear_value_head_dim
+        key_dim, value_dim = config.linear_key_dim, config.linear_value_dim
+        self.conv_dim = config.conv_dim
+        self.split_sizes = [self.conv_dim, value_dim, self.num_v_heads, self.num_v_heads]  # qkv | z | b | a
+        self.qkv_split = [key_dim, key_dim, value_dim]
+        self.in_proj = empty_parameter(sum(self.split_sizes), config.hidden_size)
+        self.conv_weight = empty_parameter(self.conv_dim, config.linear_conv_kernel_dim)
+        self.A_log = empty_parameter(self.num_v_heads)
+        self.dt_bias = empty_parameter(self.num_v_heads)
+        self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
+        self.out_proj = empty_parameter(config.hidden_size, value_dim)
+        # [num_slots, conv_dim, kernel - 1] and [num_slots, Hv, K, V], allocated by cache.allocate_caches.
+        # Buffers, so that torch.compile treats them as static addresses (mutated plain inputs skip CUDA graphs).
+        self.register_buffer("conv_state", None, persistent=False)
+        self.register_buffer("recurrent_state", None, persistent=False)
+
+    def forward(self, x: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        tokens = x.shape[0]
+        mixed_qkv, z, b, a = F.linear(x, self.in_proj).split(self.split_sizes, dim=-1)
+        if step.is_prefill:
+            mixed_qkv = torch.ops.ce.causal_conv1d_prefill(
+                mixed_qkv, self.conv_weight, self.conv_state, step.cu_seqlens, step.state_slots
+            )
+        else:
+            mixed_qkv = torch.ops.ce.causal_conv1d_decode(mixed_qkv, self.conv_weight, self.conv_state, step.state_slots)
+        q, k, v = mixed_qkv.split(self.qkv_split, dim=-1)
+        q = q.reshape(tokens, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(tokens, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(tokens, self.num_v_heads, self.head_v_dim)
+        a, b = a.contiguous(), b.contiguous()
+        if step.is_prefill:
+            o = torch.ops.ce.gated_delta_rule_prefill(
+                q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.cu_seqlens, step.state_slots
+            )
+        else:
+            o = torch.ops.ce.gated_delta_rule_decode(
+                q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.state_slots
+            )
+        o = self.norm(o, z.reshape(tokens, self.num_v_heads, self.head_v_dim))
+        return F.linear(o.reshape(tokens, -1), self.out_proj)

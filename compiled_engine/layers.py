@@ -1,0 +1,88 @@
+"""Small building blocks shared by the decoder layers: norms, rotary embedding, MLP.
+
+Weights are plain ``nn.Parameter``s created on the ``meta`` device and filled by the loader (no random init, no
+second copy). Fused projections (``gate_up_proj`` here, ``qkv_proj``/``in_proj`` in the mixers) are one GEMM
+instead of two or four.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def empty_parameter(*shape: int) -> nn.Parameter:
+    """A parameter with no storage yet; the loader materialises it on the target device and dtype."""
+    return nn.Parameter(torch.empty(*shape, device="meta"), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm (Qwen3.5/Qwen3-Next): ``x * rsqrt(mean(x^2) + eps) * (1 + w)``, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = empty_parameter(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """The linear-attention output norm: NOT zero-centred, gated by ``silu(z)``; weight shared by value heads."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = empty_parameter(dim)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return ((self.weight * normed) * F.silu(gate.float())).to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """NeoX (rotate-half) RoPE on the first ``rotary_dim`` channels of each head (partial rotary).
+
+    Qwen3.5's interleaved M-RoPE reduces to this for text, where the three position streams are equal.
+    """
+
+    def __init__(self, rotary_dim: int, theta: float):
+        super().__init__()
+        self.rotary_dim = rotary_dim
+        # Built on the CPU even when the model is constructed on ``meta``: it is derived, not loaded.
+        exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim
+        inv_freq = 1.0 / (theta**exponents)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q [T, Hq, D], k [T, Hkv, D] rotated at ``positions`` [T]."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos = emb.cos().to(q.dtype)[:, None, :]
+        sin = emb.sin().to(q.dtype)[:, None, :]
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rot, keep = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        half = self.rotary_dim // 2
+        rotated_half = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+        return torch.cat([rot * cos + rotated_half * sin, keep], dim=-1)
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP with gate and up projections fused into one GEMM."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = empty_parameter(2 * intermediate_size, hidden_size)
+        self.down_proj = empty_parameter(hidden_size, intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj).split(self.intermediate_size, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj)

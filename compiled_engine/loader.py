@@ -1,0 +1,250 @@
+"""Checkpoint loader: safetensors (single file or sharded) -> HybridModel on the target device and dtype.
+
+Names are mapped by whole dotted segments, never substrings:
+  * ``model.language_model.X`` (Qwen3_5ForConditionalGeneration) and ``model.X`` (ForCausalLM) -> ``X``;
+  * ``model.visual.*`` is skipped; ``mtp.*`` (the multi-token-prediction layer) is skipped but listed in
+    ``LoadReport.mtp_tensors`` so a later feature can load it;
+  * projections are fused: ``q_proj|k_proj|v_proj -> qkv_proj``, ``gate_proj|up_proj -> gate_up_proj``,
+    ``in_proj_qkv|in_proj_z|in_proj_b|in_proj_a -> in_proj``; Qwen3-Next's per-key-head grouped ``in_proj_qkvz`` and
+    ``in_proj_ba`` are regrouped to the same ``[q | k | v | z | b | a]`` layout;
+  * ``lm_head.weight`` is used when present, otherwise lm_head is tied to the embedding (one tensor in memory).
+Missing, unexpected and mis-shaped tensors raise ``CheckpointError`` naming the tensor.
+
+Each tensor is read from disk once and copied straight into its slice of the (fused) parameter, allocated
+directly on the target device in the target dtype: no second full copy of the model is ever built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from tqdm.auto import tqdm
+
+from compiled_engine.config import ModelConfig
+from compiled_engine.model import HybridModel
+
+FP32_PARAMETERS = ("A_log", "dt_bias")  # tiny, and the gates are computed in fp32 anyway
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the model: missing, unexpected or mis-shaped tensors."""
+
+
+@dataclass
+class Placement:
+    """Where one checkpoint tensor goes: rows ``[row_offset, row_offset + rows)`` of ``target``."""
+
+    target: str
+    row_offset: int = 0
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass
+class LoadReport:
+    loaded: list[str] = field(default_factory=list)
+    skipped_visual: list[str] = field(default_factory=list)
+    mtp_tensors: dict[str, str] = field(default_factory=dict)  # name -> file, for a later MTP feature
+    tied_lm_head: bool = False
+
+
+def checkpoint_files(path: str) -> dict[str, str]:
+    """Tensor name -> safetensors file, for a single-file or a sharded checkpoint."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    single = os.path.join(path, "model.safetensors")
+    if not os.path.isfile(single):
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
+    with safe_open(single, framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+class WeightRouter:
+    """Maps a checkpoint tensor name to its placement(s) in our parameter layout."""
+
+    def __init__(self, config: ModelConfig):
+        self.config = config
+        c = config
+        q_rows = 2 * c.num_attention_heads * c.head_dim
+        kv_rows = c.num_key_value_heads * c.head_dim
+        self.attention_rows = {"q_proj": 0, "k_proj": q_rows, "v_proj": q_rows + kv_rows}
+        self.mlp_rows = {"gate_proj": 0, "up_proj": c.intermediate_size}
+        conv, value = c.conv_dim, c.linear_value_dim
+        hv = c.linear_num_value_heads
+        self.linear_rows = {"in_proj_qkv": 0, "in_proj_z": conv, "in_proj_b": conv + value, "in_proj_a": conv + value + hv}
+
+    def route(self, name: str) -> Placement | None:
+        """Our placement for ``name``; None for tensors that text generation skips. Raises for unknown names."""
+        parts = name.split(".")
+        if parts[:2] == ["model", "language_model"]:
+            parts = parts[2:]
+        elif parts[:1] == ["model"]:
+            parts = parts[1:]
+        elif parts == ["lm_head", "weight"]:
+            return Placement("lm_head")
+        else:
+            raise CheckpointError(f"unexpected tensor {name!r}")
+        if parts == ["embed_tokens", "weight"]:
+            return Placement("embed_tokens")
+        if parts == ["norm", "weight"]:
+            return Placement("norm.weight")
+        if len(parts) >= 4 and parts[0] == "layers" and parts[1].isdigit():
+            placement = self._route_layer(int(parts[1]), parts[2:])
+            if placement is not None:
+                return placement
+        raise CheckpointError(f"unexpected tensor {name!r}")
+
+    def _route_layer(self, index: int, parts: list[str]) -> Placement | None:
+        if index >= self.config.num_hidden_layers:
+            return None
+        prefix = f"layers.{index}"
+        module, rest = parts[0], parts[1:]
+        if module in ("input_layernorm", "post_attention_layernorm") and rest == ["weight"]:
+            return Placement(f"{prefix}.{module}.weight")
+        if module == "mlp" and len(rest) == 2 and rest[1] == "weight":
+            if rest[0] in self.mlp_rows:
+                return Placement(f"{prefix}.mlp.gate_up_proj", self.mlp_rows[rest[0]])
+            if rest[0] == "down_proj":
+                return Placement(f"{prefix}.mlp.down_proj")
+        if module == "self_attn" and len(rest) == 2 and rest[1] == "weight":
+            if rest[0] in self.attention_rows:
+                return Placement(f"{prefix}.self_attn.qkv_proj", self.attention_rows[rest[0]])
+            if rest[0] == "o_proj":
+                return Placement(f"{prefix}.self_attn.o_proj")
+            if rest[0] in ("q_norm", "k_norm"):
+                return Placement(f"{prefix}.self_attn.{rest[0]}.weight")
+        if module == "linear_attn":
+            return self._route_linear(f"{prefix}.linear_attn", rest)
+        return None
+
+    def _route_linear(self, prefix: str, rest: list[str]) -> Placement | None:
+        c = self.config
+        if rest in (["A_log"], ["dt_bias"]):
+            return Placement(f"{prefix}.{rest[0]}")
+        if rest == ["conv1d", "weight"]:  # [C, 1, W] -> [C, W]
+            return Placement(f"{prefix}.conv_weight", transform=lambda t: t.reshape(t.shape[0], t.shape[-1]))
+        if rest == ["norm", "weight"]:
+            return Placement(f"{prefix}.norm.weight")
+        if rest == ["out_proj", "weight"]:
+            return Placement(f"{prefix}.out_proj")
+        if len(rest) == 2 and rest[1] == "weight" and rest[0] in self.linear_rows:
+            return Placement(f"{prefix}.in_proj", self.linear_rows[rest[0]])
+        if rest == ["in_proj_qkvz", "weight"]:  # Qwen3-Next
+            return Placement(f"{prefix}.in_proj", 0, transform=self._regroup_qkvz)
+        if rest == ["in_proj_ba", "weight"]:
+            return Placement(f"{prefix}.in_proj", c.conv_dim + c.linear_value_dim, transform=self._regroup_ba)
+        return None
+
+    def _regroup_qkvz(self, t: torch.Tensor) -> torch.Tensor:
+        """Qwen3-Next rows per key head i: ``[q_i | k_i | v (r heads) | z (r heads)]`` -> ``[q | k | v | z]``."""
+        c = self.config
+        r = c.linear_num_value_heads // c.linear_num_key_heads
+        K, V = c.linear_key_head_dim, c.linear_value_head_dim
+        grouped = t.reshape(c.linear_num_key_heads, 2 * K + 2 * r * V, t.shape[-1])
+        q, k, v, z = grouped.split([K, K, r * V, r * V], dim=1)
+        return torch.cat([x.reshape(-1, t.shape[-1]) for x in (q, k, v, z)])
+
+    def _regroup_ba(self, t: torch.Tensor) -> torch.Tensor:
+        """Qwen3-Next rows per key head i: ``[b (r) | a (r)]`` -> ``[b | a]``."""
+        c = self.config
+        r = c.linear_num_value_heads // c.linear_num_key_heads
+        b, a = t.reshape(c.linear_num_key_heads, 2 * r, t.shape[-1]).split([r, r], dim=1)
+        return torch.cat([b.reshape(-1, t.shape[-1]), a.reshape(-1, t.shape[-1])])
+
+
+def _skip_reason(name: str) -> str | None:
+    parts = name.split(".")
+    if parts[:2] == ["model", "visual"]:
+        return "visual"
+    if parts[0] == "mtp":
+        return "mtp"
+    return None
+
+
+def load_model(
+    path: str, config: ModelConfig, device: torch.device, dtype: torch.dtype, progress: bool = False
+) -> tuple[HybridModel, LoadReport]:
+    """Build the model on ``meta`` and fill every parameter from the checkpoint at ``path``."""
+    with torch.device("meta"):
+        model = HybridModel(config)
+    files = checkpoint_files(path)
+    report = LoadReport()
+    router = WeightRouter(config)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    rows_written = {name: 0 for name in params}
+    materialised: dict[str, torch.Tensor] = {}
+
+    report.tied_lm_head = "lm_head.weight" not in files
+    by_file: dict[str, list[str]] = {}
+    for name, file in files.items():
+        reason = _skip_reason(name)
+        if reason == "visual":
+            report.skipped_visual.append(name)
+        elif reason == "mtp":
+            report.mtp_tensors[name] = file
+        else:
+            by_file.setdefault(file, []).append(name)
+
+    total = sum(len(v) for v in by_file.values())
+    bar = tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress)
+    for file, names in by_file.items():
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in names:
+                placement = router.route(name)
+                bar.update(1)
+                if placement is None:
+                    continue
+                tensor = f.get_tensor(name)
+                if placement.transform is not None:
+                    tensor = placement.transform(tensor)
+                _place(name, tensor, placement, params, materialised, rows_written, device, dtype)
+                report.loaded.append(name)
+    bar.close()
+
+    if report.tied_lm_head:
+        rows_written["lm_head"] = params["lm_head"].shape[0]
+        materialised["lm_head"] = materialised.get("embed_tokens")
+    missing = [n for n, p in params.items() if rows_written[n] != p.shape[0]]
+    if missing:
+        raise CheckpointError(f"checkpoint {path!r} lacks tensors for: {', '.join(missing[:8])}")
+    for name, tensor in materialised.items():
+        _set_parameter(model, name, nn.Parameter(tensor, requires_grad=False))
+    for module in model.modules():  # derived buffers (rotary inv_freq) are built on the CPU, not from the checkpoint
+        for buffer_name, buffer in list(module.named_buffers(recurse=False)):
+            setattr(module, buffer_name, buffer.to(device))
+    return model, report
+
+
+def _place(name, tensor, placement, params, materialised, rows_written, device, dtype):
+    target = placement.target
+    if target not in params:
+        raise CheckpointError(f"tensor {name!r} maps to unknown parameter {target!r}")
+    shape = params[target].shape
+    rows = tensor.shape[0] if tensor.dim() else 1
+    expected = (rows, *shape[1:])
+    if tuple(tensor.shape) != expected or placement.row_offset + rows > shape[0]:
+        raise CheckpointError(
+            f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {expected} at rows "
+            f"[{placement.row_offset}, {placement.row_offset + rows}) of {target} {tuple(shape)}"
+        )
+    if rows_written[target] + rows > shape[0]:
+        raise CheckpointError(f"tensor {name!r} writes rows of {target} that another tensor already filled")
+    if target not in materialised:
+        target_dtype = torch.float32 if target.rsplit(".", 1)[-1] in FP32_PARAMETERS else dtype
+        materialised[target] = torch.empty(shape, device=device, dtype=target_dtype)
+    materialised[target][placement.row_offset : placement.row_offset + rows].copy_(tensor)
+    rows_written[target] += rows
+
+
+def _set_parameter(model: nn.Module, dotted: str, value: nn.Parameter) -> None:
+    owner_path, _, attr = dotted.rpartition(".")
+    owner = model.get_submodule(owner_path) if owner_path else model
+    setattr(owner, attr, value)

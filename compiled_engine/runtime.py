@@ -1,0 +1,280 @@
+"""Runtime: the model, its caches, and a step API for systems that embed compiled_engine.
+
+    rt = Runtime.from_pretrained(path, device="cuda", dtype=torch.bfloat16)
+    seq = rt.add_sequence(prompt_token_ids)       # takes a state slot (zeroed)
+    logits = rt.prefill([seq])                     # [1, vocab] fp32: logits after the last prompt token
+    seq.token_ids.append(next_token)
+    logits = rt.decode_step([seq])                 # one new token per sequence
+    rt.release(seq)                                # frees its KV blocks and its state slot
+
+``prefill`` runs every not-yet-computed token of each sequence (or ``num_tokens[i]`` of them: chunked prefill) as
+one varlen batch; ``decode_step`` runs exactly one token per sequence. Both allocate KV blocks as needed and raise
+``OutOfBlocksError`` when the cache is full (the scheduler checks ``can_append`` first and preempts instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+import torch
+
+from compiled_engine.cache import (
+    BlockAllocator,
+    CacheConfig,
+    SlotAllocator,
+    allocate_caches,
+    kv_bytes_per_block,
+    reset_state_slot,
+    state_bytes_per_slot,
+)
+from compiled_engine.config import ModelConfig
+from compiled_engine.loader import LoadReport, load_model
+from compiled_engine.model import HybridModel
+from compiled_engine.sequence import Sequence
+from compiled_engine.step_inputs import StepInputs
+from ops.library import NULL_BLOCK
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_KV_CACHE_BYTES = 1 << 30  # default KV budget on CPU, where no device memory can be measured
+
+
+class OutOfBlocksError(RuntimeError):
+    """The KV cache has no free block for the requested step."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Knobs of the runtime. See README "Knobs"."""
+
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_num_seqs: int = 256  # concurrent sequences (state slots)
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # overrides the memory plan
+    gpu_memory_utilization: float = 0.9
+    state_dtype: torch.dtype = torch.float32
+
+    def validate(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
+        if self.state_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"state_dtype must be float32 or bfloat16, got {self.state_dtype}")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:  # bf16 on GPUs; fp32 on CPU, where bf16 matmuls are slow and tests compare with HF in fp32
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        return DTYPES[dtype]
+    return dtype
+
+
+class Runtime:
+    def __init__(self, model: HybridModel, config: RuntimeConfig, device: torch.device, dtype: torch.dtype):
+        config.validate()
+        self.model = model
+        self.model_config: ModelConfig = model.config
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        num_kv_blocks = config.num_kv_blocks or self._plan_kv_blocks()
+        self.cache_config = CacheConfig(config.block_size, num_kv_blocks, config.max_num_seqs + 1, config.state_dtype)
+        blocks_for_one = math.ceil(self.max_model_len / config.block_size)
+        if blocks_for_one > num_kv_blocks - 1:
+            raise ValueError(
+                f"one max_model_len={self.max_model_len} sequence needs {blocks_for_one} KV blocks but only "
+                f"{num_kv_blocks - 1} fit: lower max_model_len or raise num_kv_blocks / gpu_memory_utilization"
+            )
+        allocate_caches(model, self.cache_config, device, dtype)
+        self.blocks = BlockAllocator(num_kv_blocks)
+        self.slots = SlotAllocator(self.cache_config.num_state_slots)
+        self._next_seq_id = 0
+        # Replaced by graphs.DecodeGraphRunner when decode is compiled; the eager path is the model itself.
+        self.decode_fn = self._forward_last_logits
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%d tokens); %d state slots; concurrency limit %d sequences "
+            "of max_model_len=%d",
+            num_kv_blocks - 1,
+            config.block_size,
+            (num_kv_blocks - 1) * config.block_size,
+            config.max_num_seqs,
+            min(config.max_num_seqs, (num_kv_blocks - 1) // blocks_for_one),
+            self.max_model_len,
+        )
+
+    # ----------------------------------------------------------------------------------------------- construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        progress: bool = False,
+        **runtime_config,
+    ) -> "Runtime":
+        """Load a checkpoint folder (config.json + safetensors). ``runtime_config``: fields of RuntimeConfig."""
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
+        config = ModelConfig.from_pretrained(path)
+        model, report = load_model(path, config, device, dtype, progress=progress)
+        runtime = cls(model, RuntimeConfig(**runtime_config), device, dtype)
+        runtime.load_report: LoadReport = report
+        return runtime
+
+    def _plan_kv_blocks(self) -> int:
+        """KV blocks from the memory left after weights, state pools and an activation reserve."""
+        block_bytes = kv_bytes_per_block(self.model, self.config.block_size, self.dtype)
+        if block_bytes == 0:  # no attention layer
+            return 2
+        wanted = self.config.max_num_seqs * math.ceil(self.max_model_len / self.config.block_size) + 1
+        if self.device.type != "cuda":
+            return max(2, min(wanted, CPU_KV_CACHE_BYTES // block_bytes))
+        state_bytes = (self.config.max_num_seqs + 1) * state_bytes_per_slot(self.model, self.dtype, self.config.state_dtype)
+        free, total = torch.cuda.mem_get_info(self.device)
+        used_elsewhere = total - free
+        budget = total * self.config.gpu_memory_utilization - used_elsewhere - state_bytes - self._activation_reserve()
+        return max(2, min(wanted, int(budget // block_bytes)))
+
+    def _activation_reserve(self) -> int:
+        """Peak activation memory of the largest step, estimated generously (fp32 logits dominate)."""
+        c = self.model_config
+        tokens = max(self.config.max_num_seqs, 8192)
+        return tokens * (c.vocab_size * 4 + 8 * max(c.intermediate_size, c.conv_dim) * 4)
+
+    # ----------------------------------------------------------------------------------------- sequence lifecycle
+    def validate_prompt(self, token_ids: Seq[int]) -> list[int]:
+        token_ids = list(token_ids)
+        if not token_ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(f"prompt has {len(token_ids)} tokens, more than max_model_len={self.max_model_len}")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]!r} is out of range [0, {vocab})")
+        return token_ids
+
+    def add_sequence(self, prompt_token_ids: Seq[int]) -> Sequence:
+        """Register a sequence and give it a zeroed state slot. KV blocks are taken as its tokens are computed."""
+        token_ids = self.validate_prompt(prompt_token_ids)
+        if self.slots.num_free == 0:
+            raise RuntimeError(f"all {self.config.max_num_seqs} state slots are in use (max_num_seqs)")
+        seq = Sequence(self._next_seq_id, token_ids, len(token_ids))
+        self._next_seq_id += 1
+        self.assign_slot(seq)
+        return seq
+
+    def assign_slot(self, seq: Sequence) -> None:
+        seq.state_slot = self.slots.allocate()
+        reset_state_slot(self.model, seq.state_slot)
+
+    def release(self, seq: Sequence) -> None:
+        """Free the sequence's KV blocks and state slot; it can be re-run from scratch (preemption)."""
+        self.blocks.release(seq.block_table)
+        seq.block_table = []
+        if seq.state_slot is not None:
+            self.slots.release(seq.state_slot)
+            seq.state_slot = None
+        seq.num_computed_tokens = 0
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        total = seq.num_computed_tokens + num_new_tokens
+        return max(0, math.ceil(total / self.config.block_size) - len(seq.block_table))
+
+    def _reserve_blocks(self, seqs: Seq[Sequence], counts: Seq[int]) -> None:
+        needed = sum(self.blocks_needed(s, n) for s, n in zip(seqs, counts))
+        if needed > self.blocks.num_free:
+            raise OutOfBlocksError(f"step needs {needed} KV blocks, {self.blocks.num_free} free")
+        for seq, n in zip(seqs, counts):
+            for _ in range(self.blocks_needed(seq, n)):
+                seq.block_table.append(self.blocks.allocate())
+
+    # ------------------------------------------------------------------------------------------------- steps
+    @torch.inference_mode()
+    def prefill(
+        self, seqs: Seq[Sequence], num_tokens: Seq[int] | None = None, all_logits: bool = False
+    ) -> torch.Tensor:
+        """Compute the next ``num_tokens[i]`` uncomputed tokens of each sequence (default: all of them).
+
+        Returns fp32 logits ``[N, vocab]`` after each sequence's last computed token, or ``[T, vocab]`` for every
+        computed token when ``all_logits`` (teacher forcing).
+        """
+        counts = [s.num_uncomputed_tokens for s in seqs] if num_tokens is None else list(num_tokens)
+        for seq, n in zip(seqs, counts):
+            if not 1 <= n <= seq.num_uncomputed_tokens:
+                raise ValueError(f"sequence {seq.seq_id}: cannot compute {n} of {seq.num_uncomputed_tokens} tokens")
+        step = self.build_step(seqs, counts, is_prefill=True)
+        hidden = self.model(step)
+        if not all_logits:
+            hidden = hidden[step.last_token_indices()]
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def decode_step(self, seqs: Seq[Sequence]) -> torch.Tensor:
+        """One new token per sequence (its last appended one). Returns fp32 logits ``[N, vocab]``."""
+        for seq in seqs:
+            if seq.num_uncomputed_tokens != 1:
+                raise ValueError(
+                    f"sequence {seq.seq_id} has {seq.num_uncomputed_tokens} uncomputed tokens; decode_step needs 1"
+                )
+        step = self.build_step(seqs, [1] * len(seqs), is_prefill=False)
+        return self.decode_fn(step)
+
+    def _forward_last_logits(self, step: StepInputs) -> torch.Tensor:
+        return self.model.compute_logits(self.model(step))
+
+    def build_step(self, seqs: Seq[Sequence], counts: Seq[int], is_prefill: bool) -> StepInputs:
+        """Reserve KV blocks for the new tokens, then pack the step's metadata into tensors on the device."""
+        if not seqs:
+            raise ValueError("a step needs at least one sequence")
+        for seq, n in zip(seqs, counts):
+            if seq.state_slot is None:
+                raise ValueError(f"sequence {seq.seq_id} has no state slot (released?)")
+            if seq.num_computed_tokens + n > self.max_model_len:
+                raise ValueError(f"sequence {seq.seq_id} would exceed max_model_len={self.max_model_len}")
+        self._reserve_blocks(seqs, counts)
+        block_size = self.config.block_size
+        input_ids, positions, slot_mapping, cu_seqlens = [], [], [], [0]
+        for seq, n in zip(seqs, counts):
+            start = seq.num_computed_tokens
+            input_ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            slot_mapping.extend(seq.block_table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
+            cu_seqlens.append(cu_seqlens[-1] + n)
+            seq.num_computed_tokens += n
+        max_blocks = max(len(s.block_table) for s in seqs)
+        tables = [s.block_table + [NULL_BLOCK] * (max_blocks - len(s.block_table)) for s in seqs]
+        dev = self.device
+        return StepInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            context_lens=torch.tensor([s.num_computed_tokens for s in seqs], dtype=torch.int32, device=dev),
+            state_slots=torch.tensor([s.state_slot for s in seqs], dtype=torch.int32, device=dev),
+            cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32, device=dev) if is_prefill else None,
+            is_prefill=is_prefill,
+        )

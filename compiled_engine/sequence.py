@@ -1,0 +1,38 @@
+"""Sequence: one request's tokens and the cache resources it holds."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    token_ids: list[int]  # prompt followed by generated tokens
+    num_prompt_tokens: int
+    num_computed_tokens: int = 0  # tokens whose KV / linear state are in the caches
+    block_table: list[int] = field(default_factory=list)  # KV blocks, in order
+    state_slot: int | None = None  # row in every linear layer's state pools, stable while running
+    status: SequenceStatus = SequenceStatus.WAITING
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def generated_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
