@@ -182,10 +182,13 @@ class Runtime:
         token_ids = self.validate_prompt(prompt_token_ids)
         if self.slots.num_free == 0:
             raise RuntimeError(f"all {self.config.max_num_seqs} state slots are in use (max_num_seqs)")
-        seq = Sequence(self._next_seq_id, token_ids, len(token_ids))
-        self._next_seq_id += 1
+        seq = Sequence(self.new_seq_id(), token_ids, len(token_ids))
         self.assign_slot(seq)
         return seq
+
+    def new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id - 1
 
     def assign_slot(self, seq: Sequence) -> None:
         seq.state_slot = self.slots.allocate()

@@ -1,0 +1,69 @@
+"""Command line: ``python -m compiled_engine generate --prompt "..." [--model PATH] [options]``.
+
+With no ``--model`` it runs the embedded tiny default model (built on first use into a cache folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from compiled_engine.llm import LLM
+from compiled_engine.sampling_params import SamplingParams
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m compiled_engine", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    gen.add_argument("--model", default=None, help="checkpoint folder (default: the embedded tiny model)")
+    gen.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    gen.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("--max-model-len", type=int, default=None)
+    gen.add_argument("--max-num-seqs", type=int, default=256)
+    gen.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs")
+    gen.add_argument("-v", "--verbose", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    llm = LLM(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        enforce_eager=True if args.enforce_eager else None,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+    )
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+    start = time.perf_counter()
+    outputs = llm.generate(args.prompt, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    generated = sum(len(o.token_ids) for o in outputs)
+    for prompt, out in zip(args.prompt, outputs):
+        print(f"prompt: {prompt!r}")
+        print(f"output: {out.text!r}  ({len(out.token_ids)} tokens, finish_reason={out.finish_reason})")
+    print(f"{generated} tokens in {elapsed:.2f} s: {generated / elapsed:.1f} tokens/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

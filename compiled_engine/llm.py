@@ -1,0 +1,116 @@
+"""LLM: vLLM-style offline generation.
+
+    llm = LLM("path/to/checkpoint")                  # or LLM() for the embedded tiny default model
+    outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(temperature=0, max_tokens=32))
+    outs[0].text, outs[0].token_ids
+
+Request flow: LLM.generate -> LLMEngine.add_request / step -> Scheduler.schedule -> Runtime.prefill or
+Runtime.decode_step (-> HybridModel.forward, or the compiled DecodeGraphRunner) -> torch.ops.ce.* kernels ->
+sampler.sample.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Sequence as Seq
+
+import torch
+from tqdm.auto import tqdm
+
+from compiled_engine.engine import LLMEngine, RequestOutput
+from compiled_engine.runtime import Runtime
+from compiled_engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | Seq[int]
+
+
+def load_tokenizer(path: str):
+    """The checkpoint's HF tokenizer, or None when the folder has none (prompts must then be token ids)."""
+    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        enforce_eager: bool | None = None,
+        max_num_batched_tokens: int = 8192,
+        **runtime_config,
+    ):
+        """``model``: a checkpoint folder; None builds (or reuses) the embedded tiny Qwen3.5-architecture model.
+
+        ``enforce_eager``: skip torch.compile and CUDA graphs. Default: compiled on CUDA, eager on CPU.
+        ``runtime_config``: max_model_len, max_num_seqs, block_size, num_kv_blocks, gpu_memory_utilization,
+        state_dtype (see README "Knobs").
+        """
+        if model is None:
+            from compiled_engine.tiny_model import ensure_tiny_model
+
+            model = ensure_tiny_model()
+        if not os.path.isdir(model):
+            raise FileNotFoundError(f"model folder {model!r} does not exist (no downloads: pass a local checkpoint)")
+        self.runtime = Runtime.from_pretrained(model, device=device, dtype=dtype, progress=True, **runtime_config)
+        self.tokenizer = load_tokenizer(model)
+        if enforce_eager is None:
+            enforce_eager = self.runtime.device.type != "cuda"
+        if not enforce_eager:
+            from graphs import compile_decode
+
+            self.runtime.decode_fn = compile_decode(self.runtime)
+        self.engine = LLMEngine(self.runtime, self.tokenizer, max_num_batched_tokens=max_num_batched_tokens)
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """One finished RequestOutput per prompt, in prompt order."""
+        prompts = self._normalise_prompts(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        token_lists = [self._encode(p) for p in prompts]
+        for tokens in token_lists:  # validate everything before queueing anything
+            self.runtime.validate_prompt(tokens)
+        ids = [self.engine.add_request(None, tokens, p) for tokens, p in zip(token_lists, params)]
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm) as bar:
+            while len(results) < len(ids):
+                for out in self.engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        bar.update(1)
+        return [results[i] for i in ids]
+
+    def _normalise_prompts(self, prompts) -> list[Prompt]:
+        if isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts)
+        ):
+            return [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("no prompts given")
+        return prompts
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model folder has no tokenizer: pass prompts as lists of token ids")
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        if not isinstance(prompt, (list, tuple)):
+            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        return list(prompt)

@@ -1,0 +1,117 @@
+"""Scheduler: continuous batching with chunked prefill and preemption by recompute (nano-vllm lineage).
+
+Each ``schedule()`` returns one batch, either
+  * prefill: sequences with more than one uncomputed token (a new prompt, the next chunk of a long prompt, or a
+    preempted sequence being recomputed), at most ``max_num_batched_tokens`` tokens in all; or
+  * decode: every running sequence with exactly one uncomputed token (its last sampled token).
+Prefill goes first, so new requests join while others decode. A sequence holds its state slot from admission
+until it finishes, is aborted or is preempted. When a decode step needs a KV block and none is free, the most
+recently admitted running sequence is preempted: its blocks and slot are freed and it goes back to the front of
+the waiting queue with its tokens so far; it is recomputed later and its output is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from compiled_engine.runtime import Runtime
+from compiled_engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    is_prefill: bool
+    seqs: list[Sequence]
+    num_tokens: list[int]  # tokens computed for each sequence in this step
+
+
+class Scheduler:
+    def __init__(self, runtime: Runtime, max_num_seqs: int, max_num_batched_tokens: int):
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        self.runtime = runtime
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch | None:
+        batch = self._schedule_prefill()
+        if batch is None:
+            batch = self._schedule_decode()
+        return batch
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free everything it holds."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.runtime.release(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    # -------------------------------------------------------------------------------------------------- policy
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        budget = self.max_num_batched_tokens
+        seqs, counts = [], []
+        blocks_free = self.runtime.blocks.num_free
+        # Sequences already running with a prompt still being computed (chunked prefill) come first.
+        for seq in self.running:
+            if seq.num_uncomputed_tokens > 1 and budget > 0:
+                n = min(seq.num_uncomputed_tokens, budget)
+                need = self.runtime.blocks_needed(seq, n)
+                if need > blocks_free:
+                    break
+                blocks_free -= need
+                seqs.append(seq)
+                counts.append(n)
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_uncomputed_tokens, budget)
+            need = self.runtime.blocks_needed(seq, n)
+            if need > blocks_free:
+                break
+            blocks_free -= need
+            self.waiting.popleft()
+            self.runtime.assign_slot(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            seqs.append(seq)
+            counts.append(n)
+            budget -= n
+        if not seqs:
+            return None
+        return ScheduledBatch(True, seqs, counts)
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        ready = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        while ready:
+            need = sum(self.runtime.blocks_needed(s, 1) for s in ready)
+            if need <= self.runtime.blocks.num_free:
+                return ScheduledBatch(False, ready, [1] * len(ready))
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim in ready:
+                ready.remove(victim)
+        if self.running:  # only prefill work is left, and it could not get blocks: free some
+            victim = self.running[-1]
+            self._preempt(victim)
+            return self._schedule_prefill()
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.runtime.release(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
