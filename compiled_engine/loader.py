@@ -38,10 +38,14 @@ class CheckpointError(ValueError):
 
 @dataclass
 class Placement:
-    """Where one checkpoint tensor goes: rows ``[row_offset, row_offset + rows)`` of ``target``."""
+    """Where one checkpoint tensor goes: rows ``[row_offset, row_offset + rows)`` of ``target``.
+
+    ``rows`` None means the whole parameter.
+    """
 
     target: str
     row_offset: int = 0
+    rows: int | None = None
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
@@ -75,11 +79,17 @@ class WeightRouter:
         c = config
         q_rows = 2 * c.num_attention_heads * c.head_dim
         kv_rows = c.num_key_value_heads * c.head_dim
-        self.attention_rows = {"q_proj": 0, "k_proj": q_rows, "v_proj": q_rows + kv_rows}
-        self.mlp_rows = {"gate_proj": 0, "up_proj": c.intermediate_size}
+        # (row offset, rows) of each checkpoint projection inside our fused parameter
+        self.attention_rows = {"q_proj": (0, q_rows), "k_proj": (q_rows, kv_rows), "v_proj": (q_rows + kv_rows, kv_rows)}
+        self.mlp_rows = {"gate_proj": (0, c.intermediate_size), "up_proj": (c.intermediate_size, c.intermediate_size)}
         conv, value = c.conv_dim, c.linear_value_dim
         hv = c.linear_num_value_heads
-        self.linear_rows = {"in_proj_qkv": 0, "in_proj_z": conv, "in_proj_b": conv + value, "in_proj_a": conv + value + hv}
+        self.linear_rows = {
+            "in_proj_qkv": (0, conv),
+            "in_proj_z": (conv, value),
+            "in_proj_b": (conv + value, hv),
+            "in_proj_a": (conv + value + hv, hv),
+        }
 
     def route(self, name: str) -> Placement | None:
         """Our placement for ``name``; None for tensors that text generation skips. Raises for unknown names."""
@@ -111,12 +121,12 @@ class WeightRouter:
             return Placement(f"{prefix}.{module}.weight")
         if module == "mlp" and len(rest) == 2 and rest[1] == "weight":
             if rest[0] in self.mlp_rows:
-                return Placement(f"{prefix}.mlp.gate_up_proj", self.mlp_rows[rest[0]])
+                return Placement(f"{prefix}.mlp.gate_up_proj", *self.mlp_rows[rest[0]])
             if rest[0] == "down_proj":
                 return Placement(f"{prefix}.mlp.down_proj")
         if module == "self_attn" and len(rest) == 2 and rest[1] == "weight":
             if rest[0] in self.attention_rows:
-                return Placement(f"{prefix}.self_attn.qkv_proj", self.attention_rows[rest[0]])
+                return Placement(f"{prefix}.self_attn.qkv_proj", *self.attention_rows[rest[0]])
             if rest[0] == "o_proj":
                 return Placement(f"{prefix}.self_attn.o_proj")
             if rest[0] in ("q_norm", "k_norm"):
@@ -136,11 +146,12 @@ class WeightRouter:
         if rest == ["out_proj", "weight"]:
             return Placement(f"{prefix}.out_proj")
         if len(rest) == 2 and rest[1] == "weight" and rest[0] in self.linear_rows:
-            return Placement(f"{prefix}.in_proj", self.linear_rows[rest[0]])
+            return Placement(f"{prefix}.in_proj", *self.linear_rows[rest[0]])
         if rest == ["in_proj_qkvz", "weight"]:  # Qwen3-Next
-            return Placement(f"{prefix}.in_proj", 0, transform=self._regroup_qkvz)
+            return Placement(f"{prefix}.in_proj", 0, c.conv_dim + c.linear_value_dim, self._regroup_qkvz)
         if rest == ["in_proj_ba", "weight"]:
-            return Placement(f"{prefix}.in_proj", c.conv_dim + c.linear_value_dim, transform=self._regroup_ba)
+            rows = 2 * c.linear_num_value_heads
+            return Placement(f"{prefix}.in_proj", c.conv_dim + c.linear_value_dim, rows, self._regroup_ba)
         return None
 
     def _regroup_qkvz(self, t: torch.Tensor) -> torch.Tensor:
@@ -204,7 +215,10 @@ def load_model(
                     continue
                 tensor = f.get_tensor(name)
                 if placement.transform is not None:
-                    tensor = placement.transform(tensor)
+                    try:
+                        tensor = placement.transform(tensor)
+                    except RuntimeError as error:  # a reshape of a mis-shaped tensor
+                        raise CheckpointError(f"tensor {name!r} of shape {tuple(tensor.shape)}: {error}") from None
                 _place(name, tensor, placement, params, materialised, rows_written, device, dtype)
                 report.loaded.append(name)
     bar.close()
@@ -228,9 +242,9 @@ def _place(name, tensor, placement, params, materialised, rows_written, device, 
     if target not in params:
         raise CheckpointError(f"tensor {name!r} maps to unknown parameter {target!r}")
     shape = params[target].shape
-    rows = tensor.shape[0] if tensor.dim() else 1
+    rows = shape[0] if placement.rows is None else placement.rows
     expected = (rows, *shape[1:])
-    if tuple(tensor.shape) != expected or placement.row_offset + rows > shape[0]:
+    if tuple(tensor.shape) != expected:
         raise CheckpointError(
             f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {expected} at rows "
             f"[{placement.row_offset}, {placement.row_offset + rows}) of {target} {tuple(shape)}"
