@@ -34,7 +34,7 @@ class FullAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
-        # [num_blocks, block_size, kv_heads, head_dim] each, allocated by compiled_engine.cache.allocate_caches.
+        # [num_blocks, block_size, kv_heads, head_dim] each, allocated by compiled_engine.cache.allocate_kv_cache.
         # Buffers, so that torch.compile treats them as static addresses (mutated plain inputs skip CUDA graphs).
         self.register_buffer("k_cache", None, persistent=False)
         self.register_buffer("v_cache", None, persistent=False)

@@ -4,7 +4,7 @@
   ``[num_kv_blocks, block_size, kv_heads, head_dim]`` in the model dtype. Block 0 is the null block.
 * State pools: for each linear-attention layer, ``recurrent_state [num_slots, Hv, K, V]`` (fp32 by default) and
   ``conv_state [num_slots, conv_dim, kernel - 1]`` in the model dtype. Slot 0 is the null slot.
-The tensors are registered as buffers of the layer that uses them (allocate_caches), so the model's forward reads
+The tensors are registered as buffers of the layer that uses them (allocate_*), so the model's forward reads
 and mutates them without any global context.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compiled_engine.config import LINEAR_ATTENTION
 from compiled_engine.model import HybridModel
 from ops.library import NULL_BLOCK, NULL_SLOT
 
@@ -48,33 +49,39 @@ def state_bytes_per_slot(model: HybridModel, dtype: torch.dtype, state_dtype: to
     return len(c.linear_attention_layers) * (recurrent * size(state_dtype) + conv * size(dtype))
 
 
-def allocate_caches(model: HybridModel, cache: CacheConfig, device: torch.device, dtype: torch.dtype) -> None:
-    """Allocate every layer's KV cache or state pools and register them as that layer's buffers."""
+def allocate_state_pools(
+    model: HybridModel, num_slots: int, device: torch.device, dtype: torch.dtype, state_dtype: torch.dtype
+) -> None:
+    """Give every linear layer its conv and recurrent state pools (buffers), all rows zero."""
     c = model.config
     for layer in model.layers:
-        mixer = layer.mixer
-        if hasattr(mixer, "k_cache"):
-            shape = (cache.num_kv_blocks, cache.block_size, c.num_key_value_heads, c.head_dim)
-            mixer.k_cache = torch.zeros(shape, device=device, dtype=dtype)
-            mixer.v_cache = torch.zeros(shape, device=device, dtype=dtype)
-        else:
-            mixer.conv_state = torch.zeros(
-                cache.num_state_slots, c.conv_dim, c.linear_conv_kernel_dim - 1, device=device, dtype=dtype
-            )
+        if layer.layer_type == LINEAR_ATTENTION:
+            mixer = layer.mixer
+            mixer.conv_state = torch.zeros(num_slots, c.conv_dim, c.linear_conv_kernel_dim - 1, device=device, dtype=dtype)
             mixer.recurrent_state = torch.zeros(
-                cache.num_state_slots,
-                c.linear_num_value_heads,
-                c.linear_key_head_dim,
-                c.linear_value_head_dim,
-                device=device,
-                dtype=cache.state_dtype,
+                num_slots, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+                device=device, dtype=state_dtype,
             )
+
+
+def allocate_kv_cache(
+    model: HybridModel, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype
+) -> None:
+    """Give every attention layer its own ``k_cache`` and ``v_cache`` (two allocations, buffers)."""
+    c = model.config
+    shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+    for layer in model.layers:
+        if layer.layer_type != LINEAR_ATTENTION:
+            layer.mixer.k_cache = None  # free the old cache before allocating the new one
+            layer.mixer.v_cache = None
+            layer.mixer.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+            layer.mixer.v_cache = torch.zeros(shape, device=device, dtype=dtype)
 
 
 def reset_state_slot(model: HybridModel, slot: int) -> None:
     """Zero one slot's rows in every linear layer: a fresh sequence starts from zero state."""
     for layer in model.layers:
-        if hasattr(layer.mixer, "recurrent_state"):
+        if layer.layer_type == LINEAR_ATTENTION:
             layer.mixer.conv_state[slot].zero_()
             layer.mixer.recurrent_state[slot].zero_()
 

@@ -36,7 +36,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = empty_parameter(self.num_v_heads)
         self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
         self.out_proj = empty_parameter(config.hidden_size, value_dim)
-        # [num_slots, conv_dim, kernel - 1] and [num_slots, Hv, K, V], allocated by cache.allocate_caches.
+        # [num_slots, conv_dim, kernel - 1] and [num_slots, Hv, K, V], allocated by cache.allocate_state_pools.
         # Buffers, so that torch.compile treats them as static addresses (mutated plain inputs skip CUDA graphs).
         self.register_buffer("conv_state", None, persistent=False)
         self.register_buffer("recurrent_state", None, persistent=False)

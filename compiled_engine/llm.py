@@ -59,7 +59,14 @@ class LLM:
             model = ensure_tiny_model()
         if not os.path.isdir(model):
             raise FileNotFoundError(f"model folder {model!r} does not exist (no downloads: pass a local checkpoint)")
-        self.runtime = Runtime.from_pretrained(model, device=device, dtype=dtype, progress=True, **runtime_config)
+        self.runtime = Runtime.from_pretrained(
+            model,
+            device=device,
+            dtype=dtype,
+            progress=True,
+            max_num_batched_tokens=max_num_batched_tokens,
+            **runtime_config,
+        )
         self.tokenizer = load_tokenizer(model)
         if enforce_eager is None:
             enforce_eager = self.runtime.device.type != "cuda"

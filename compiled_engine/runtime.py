@@ -25,7 +25,8 @@ from compiled_engine.cache import (
     BlockAllocator,
     CacheConfig,
     SlotAllocator,
-    allocate_caches,
+    allocate_kv_cache,
+    allocate_state_pools,
     kv_bytes_per_block,
     reset_state_slot,
     state_bytes_per_slot,
@@ -35,7 +36,7 @@ from compiled_engine.loader import LoadReport, load_model
 from compiled_engine.model import HybridModel
 from compiled_engine.sequence import Sequence
 from compiled_engine.step_inputs import StepInputs
-from ops.library import NULL_BLOCK
+from ops.library import NULL_BLOCK, NULL_SLOT
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class RuntimeConfig:
     num_kv_blocks: int | None = None  # overrides the memory plan
     gpu_memory_utilization: float = 0.9
     state_dtype: torch.dtype = torch.float32
+    max_num_batched_tokens: int = 8192  # the largest prefill step: sizes the activation peak of the memory plan
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:
@@ -67,6 +69,8 @@ class RuntimeConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.state_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"state_dtype must be float32 or bfloat16, got {self.state_dtype}")
 
@@ -99,15 +103,17 @@ class Runtime:
         self.device = device
         self.dtype = dtype
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        num_slots = config.max_num_seqs + 1  # + the null slot
+        allocate_state_pools(model, num_slots, device, dtype, config.state_dtype)
         num_kv_blocks = config.num_kv_blocks or self._plan_kv_blocks()
-        self.cache_config = CacheConfig(config.block_size, num_kv_blocks, config.max_num_seqs + 1, config.state_dtype)
+        self.cache_config = CacheConfig(config.block_size, num_kv_blocks, num_slots, config.state_dtype)
         blocks_for_one = math.ceil(self.max_model_len / config.block_size)
         if blocks_for_one > num_kv_blocks - 1:
             raise ValueError(
                 f"one max_model_len={self.max_model_len} sequence needs {blocks_for_one} KV blocks but only "
                 f"{num_kv_blocks - 1} fit: lower max_model_len or raise num_kv_blocks / gpu_memory_utilization"
             )
-        allocate_caches(model, self.cache_config, device, dtype)
+        allocate_kv_cache(model, num_kv_blocks, config.block_size, device, dtype)
         self.blocks = BlockAllocator(num_kv_blocks)
         self.slots = SlotAllocator(self.cache_config.num_state_slots)
         self._next_seq_id = 0
@@ -145,24 +151,66 @@ class Runtime:
         return runtime
 
     def _plan_kv_blocks(self) -> int:
-        """KV blocks from the memory left after weights, state pools and an activation reserve."""
+        """KV blocks from the memory left after weights, state pools and the measured activation peak.
+
+        On CUDA: run the largest prefill step and the largest decode step on throwaway caches, measure the peak,
+        and give KV blocks what ``gpu_memory_utilization`` leaves. On CPU: a fixed budget (CPU_KV_CACHE_BYTES).
+        """
         block_bytes = kv_bytes_per_block(self.model, self.config.block_size, self.dtype)
         if block_bytes == 0:  # no attention layer
             return 2
         wanted = self.config.max_num_seqs * math.ceil(self.max_model_len / self.config.block_size) + 1
         if self.device.type != "cuda":
             return max(2, min(wanted, CPU_KV_CACHE_BYTES // block_bytes))
-        state_bytes = (self.config.max_num_seqs + 1) * state_bytes_per_slot(self.model, self.dtype, self.config.state_dtype)
+        peak = self._measure_activation_peak()
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
-        used_elsewhere = total - free
-        budget = total * self.config.gpu_memory_utilization - used_elsewhere - state_bytes - self._activation_reserve()
-        return max(2, min(wanted, int(budget // block_bytes)))
+        budget = total * self.config.gpu_memory_utilization - (total - free) - peak
+        blocks = int(budget // block_bytes)
+        logger.info(
+            "memory plan: %.2f GiB in use (weights, state pools), activation peak %.2f GiB, %.2f GiB for KV",
+            (total - free) / 2**30, peak / 2**30, max(budget, 0) / 2**30,
+        )
+        return max(2, min(wanted, blocks))
 
-    def _activation_reserve(self) -> int:
-        """Peak activation memory of the largest step, estimated generously (fp32 logits dominate)."""
-        c = self.model_config
-        tokens = max(self.config.max_num_seqs, 8192)
-        return tokens * (c.vocab_size * 4 + 8 * max(c.intermediate_size, c.conv_dim) * 4)
+    @torch.inference_mode()
+    def _measure_activation_peak(self) -> int:
+        """Peak bytes of the largest prefill (max_num_batched_tokens tokens) and decode (max_num_seqs) steps.
+
+        The steps run on a 2-block KV cache with every token routed to the null block and every sequence to the
+        null slot: the numbers are garbage, the memory traffic and allocation pattern are real.
+        """
+        block_size = self.config.block_size
+        allocate_kv_cache(self.model, 2, block_size, self.device, self.dtype)
+        tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
+        dev = self.device
+
+        def step(num_tokens: int, num_seqs: int, is_prefill: bool) -> StepInputs:
+            per_seq = num_tokens // num_seqs
+            zeros = lambda n, dtype: torch.zeros(n, dtype=dtype, device=dev)  # noqa: E731
+            blocks = math.ceil(per_seq / block_size)
+            return StepInputs(
+                input_ids=zeros(num_tokens, torch.long),
+                positions=torch.arange(num_tokens, device=dev) % per_seq,
+                slot_mapping=zeros(num_tokens, torch.long),
+                block_tables=torch.zeros(num_seqs, blocks, dtype=torch.int32, device=dev),
+                context_lens=torch.full((num_seqs,), per_seq, dtype=torch.int32, device=dev),
+                state_slots=zeros(num_seqs, torch.int32),
+                cu_seqlens=torch.arange(0, num_tokens + 1, per_seq, dtype=torch.int32, device=dev) if is_prefill else None,
+                is_prefill=is_prefill,
+            )
+
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        baseline = torch.cuda.memory_allocated(dev)
+        prefill = step(tokens, 1, True)
+        self.model.compute_logits(self.model(prefill)[prefill.last_token_indices()])
+        decode = step(self.config.max_num_seqs, self.config.max_num_seqs, False)
+        self.model.compute_logits(self.model(decode))
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev) - baseline
+        reset_state_slot(self.model, NULL_SLOT)
+        return peak
 
     # ----------------------------------------------------------------------------------------- sequence lifecycle
     def validate_prompt(self, token_ids: Seq[int]) -> list[int]:
