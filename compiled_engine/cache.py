@@ -10,7 +10,9 @@ and mutates them without any global context.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -87,23 +89,67 @@ def reset_state_slot(model: HybridModel, slot: int) -> None:
 
 
 class BlockAllocator:
-    """Free list of KV blocks; block 0 (the null block) is never handed out."""
+    """KV blocks with reference counts and an index of full blocks by content hash (for prefix caching).
+
+    Block 0 (the null block) is never handed out. A block whose last holder releases it goes back to the free
+    list, unless its content is indexed: then it stays reusable by hash, in LRU order, until a new allocation
+    needs it ("evictable"); evicting it calls ``on_evict(block, hash)`` so dependent snapshots can be dropped.
+    """
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self.free: list[int] = [b for b in range(num_blocks - 1, -1, -1) if b != NULL_BLOCK]
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # refcount 0, content indexed; oldest first
+        self.refcount = [0] * num_blocks
+        self.block_of_hash: dict[bytes, int] = {}
+        self.hash_of_block: dict[int, bytes] = {}
+        self.on_evict: Callable[[int, bytes], None] | None = None
 
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        """Blocks an allocation can take: free ones and evictable cached ones."""
+        return len(self.free) + len(self.evictable)
 
     def allocate(self) -> int:
-        if not self.free:
+        if self.free:
+            block = self.free.pop()
+        elif self.evictable:
+            block, _ = self.evictable.popitem(last=False)
+            self._forget(block)
+        else:
             raise RuntimeError("out of KV blocks")
-        return self.free.pop()
+        self.refcount[block] = 1
+        return block
+
+    def acquire(self, block: int) -> None:
+        """Share an indexed block (a prefix-cache hit)."""
+        if self.refcount[block] == 0:
+            del self.evictable[block]
+        self.refcount[block] += 1
 
     def release(self, blocks: list[int]) -> None:
-        self.free.extend(reversed(blocks))
+        for block in reversed(blocks):
+            self.refcount[block] -= 1
+            if self.refcount[block] == 0:
+                if block in self.hash_of_block:
+                    self.evictable[block] = None
+                else:
+                    self.free.append(block)
+
+    def index(self, block: int, content_hash: bytes) -> None:
+        """Record that ``block`` holds the full block whose chained hash is ``content_hash``."""
+        if content_hash not in self.block_of_hash and block not in self.hash_of_block:
+            self.block_of_hash[content_hash] = block
+            self.hash_of_block[block] = content_hash
+
+    def lookup(self, content_hash: bytes) -> int | None:
+        return self.block_of_hash.get(content_hash)
+
+    def _forget(self, block: int) -> None:
+        content_hash = self.hash_of_block.pop(block)
+        del self.block_of_hash[content_hash]
+        if self.on_evict is not None:
+            self.on_evict(block, content_hash)
 
 
 class SlotAllocator:

@@ -199,6 +199,7 @@ class LLMEngine:
             finished=finished,
             finish_reason=request.finish_reason,
             text=text,
+            num_cached_tokens=seq.num_cached_tokens,
             arrival_time=request.arrival_time,
             first_token_time=request.first_token_time,
             finished_time=request.finished_time,

@@ -34,6 +34,7 @@ from compiled_engine.cache import (
 from compiled_engine.config import ModelConfig
 from compiled_engine.loader import LoadReport, load_model
 from compiled_engine.model import HybridModel
+from compiled_engine.prefix_cache import PrefixCache, PrefixHit
 from compiled_engine.sequence import Sequence
 from compiled_engine.step_inputs import StepInputs
 from ops.library import NULL_BLOCK, NULL_SLOT
@@ -59,6 +60,9 @@ class RuntimeConfig:
     gpu_memory_utilization: float = 0.9
     state_dtype: torch.dtype = torch.float32
     max_num_batched_tokens: int = 8192  # the largest prefill step: sizes the activation peak of the memory plan
+    enable_prefix_caching: bool = False
+    prefix_snapshot_interval: int = 512  # tokens between linear-state snapshots (multiple of block_size and 64)
+    num_prefix_snapshots: int = 64  # snapshot pool size (each holds one sequence's state of every linear layer)
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:
@@ -105,6 +109,12 @@ class Runtime:
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         num_slots = config.max_num_seqs + 1  # + the null slot
         allocate_state_pools(model, num_slots, device, dtype, config.state_dtype)
+        self.prefix_cache: PrefixCache | None = None
+        if config.enable_prefix_caching:  # its snapshot pool is allocated before the KV plan takes the rest
+            self.prefix_cache = PrefixCache(
+                model, config.block_size, config.prefix_snapshot_interval, config.num_prefix_snapshots,
+                device, dtype, config.state_dtype,
+            )
         num_kv_blocks = config.num_kv_blocks or self._plan_kv_blocks()
         self.cache_config = CacheConfig(config.block_size, num_kv_blocks, num_slots, config.state_dtype)
         blocks_for_one = math.ceil(self.max_model_len / config.block_size)
@@ -116,6 +126,8 @@ class Runtime:
         allocate_kv_cache(model, num_kv_blocks, config.block_size, device, dtype)
         self.blocks = BlockAllocator(num_kv_blocks)
         self.slots = SlotAllocator(self.cache_config.num_state_slots)
+        if self.prefix_cache is not None:
+            self.prefix_cache.bind_blocks(self.blocks)
         self._next_seq_id = 0
         # Replaced by graphs.DecodeGraphRunner when decode is compiled; the eager path is the model itself.
         self.decode_fn = self._forward_last_logits
@@ -231,21 +243,35 @@ class Runtime:
         if self.slots.num_free == 0:
             raise RuntimeError(f"all {self.config.max_num_seqs} state slots are in use (max_num_seqs)")
         seq = Sequence(self.new_seq_id(), token_ids, len(token_ids))
-        self.assign_slot(seq)
+        hit = self.find_cached_prefix(seq)
+        if hit is not None and hit.num_evictable > self.blocks.num_free:
+            hit = None
+        self.assign_slot(seq, hit)
         return seq
 
     def new_seq_id(self) -> int:
         self._next_seq_id += 1
         return self._next_seq_id - 1
 
-    def assign_slot(self, seq: Sequence) -> None:
+    def find_cached_prefix(self, seq: Sequence) -> PrefixHit | None:
+        """The prefix-cache hit a sequence would get if admitted now (None when caching is off or nothing hits)."""
+        return self.prefix_cache.find(seq) if self.prefix_cache is not None else None
+
+    def assign_slot(self, seq: Sequence, hit: PrefixHit | None = None) -> None:
+        """Give the sequence a state slot: zeroed, or restored from the prefix-cache ``hit`` (sharing its blocks)."""
         seq.state_slot = self.slots.allocate()
-        reset_state_slot(self.model, seq.state_slot)
+        seq.num_cached_tokens = 0
+        if hit is None:
+            reset_state_slot(self.model, seq.state_slot)
+        else:
+            self.prefix_cache.apply(seq, hit)
+
 
     def release(self, seq: Sequence) -> None:
         """Free the sequence's KV blocks and state slot; it can be re-run from scratch (preemption)."""
         self.blocks.release(seq.block_table)
         seq.block_table = []
+        seq.num_indexed_blocks = 0
         if seq.state_slot is not None:
             self.slots.release(seq.state_slot)
             seq.state_slot = None
@@ -279,6 +305,7 @@ class Runtime:
                 raise ValueError(f"sequence {seq.seq_id}: cannot compute {n} of {seq.num_uncomputed_tokens} tokens")
         step = self.build_step(seqs, counts, is_prefill=True)
         hidden = self.model(step)
+        self._record_prefixes(seqs)
         if not all_logits:
             hidden = hidden[step.last_token_indices()]
         return self.model.compute_logits(hidden)
@@ -292,7 +319,14 @@ class Runtime:
                     f"sequence {seq.seq_id} has {seq.num_uncomputed_tokens} uncomputed tokens; decode_step needs 1"
                 )
         step = self.build_step(seqs, [1] * len(seqs), is_prefill=False)
-        return self.decode_fn(step)
+        logits = self.decode_fn(step)
+        self._record_prefixes(seqs)
+        return logits
+
+    def _record_prefixes(self, seqs: Seq[Sequence]) -> None:
+        if self.prefix_cache is not None:
+            for seq in seqs:
+                self.prefix_cache.record(seq)
 
     def _forward_last_logits(self, step: StepInputs) -> torch.Tensor:
         return self.model.compute_logits(self.model(step))

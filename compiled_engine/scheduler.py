@@ -8,10 +8,13 @@ Prefill goes first, so new requests join while others decode. A sequence holds i
 until it finishes, is aborted or is preempted. When a decode step needs a KV block and none is free, the most
 recently admitted running sequence is preempted: its blocks and slot are freed and it goes back to the front of
 the waiting queue with its tokens so far; it is recomputed later and its output is unchanged.
+With prefix caching, admission starts a sequence after its cached prefix, and prefill chunks end at snapshot
+boundaries (compiled_engine/prefix_cache.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -67,7 +70,7 @@ class Scheduler:
         # Sequences already running with a prompt still being computed (chunked prefill) come first.
         for seq in self.running:
             if seq.num_uncomputed_tokens > 1 and budget > 0:
-                n = min(seq.num_uncomputed_tokens, budget)
+                n = self._chunk(seq, seq.num_computed_tokens, budget)
                 need = self.runtime.blocks_needed(seq, n)
                 if need > blocks_free:
                     break
@@ -77,13 +80,17 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed_tokens, budget)
-            need = self.runtime.blocks_needed(seq, n)
+            hit = self.runtime.find_cached_prefix(seq)
+            cached = hit.num_tokens if hit is not None else 0
+            n = self._chunk(seq, cached, budget)
+            need = math.ceil((cached + n) / self.runtime.config.block_size)
+            if hit is not None:  # shared blocks need no allocation, but unowned ones leave the free pool
+                need += hit.num_evictable - len(hit.blocks)
             if need > blocks_free:
                 break
             blocks_free -= need
             self.waiting.popleft()
-            self.runtime.assign_slot(seq)
+            self.runtime.assign_slot(seq, hit)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             seqs.append(seq)
@@ -92,6 +99,14 @@ class Scheduler:
         if not seqs:
             return None
         return ScheduledBatch(True, seqs, counts)
+
+    def _chunk(self, seq: Sequence, start: int, budget: int) -> int:
+        """Tokens to compute from ``start``: all that remain, within the budget, ending at a snapshot boundary."""
+        n = min(len(seq.token_ids) - start, budget)
+        if self.runtime.prefix_cache is not None:
+            interval = self.runtime.prefix_cache.interval
+            n = min(n, interval - start % interval)
+        return n
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         ready = [s for s in self.running if s.num_uncomputed_tokens == 1]

@@ -20,6 +20,9 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose KV / linear state are in the caches
     block_table: list[int] = field(default_factory=list)  # KV blocks, in order
     state_slot: int | None = None  # row in every linear layer's state pools, stable while running
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at the last admission
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks (prefix cache)
+    num_indexed_blocks: int = 0  # of block_table, how many are entered in the prefix-cache index
     status: SequenceStatus = SequenceStatus.WAITING
 
     def __len__(self) -> int:

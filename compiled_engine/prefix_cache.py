@@ -1,0 +1,172 @@
+"""Prefix caching for hybrid models: shared KV blocks plus snapshots of the linear layers' state.
+
+Full-attention layers can reuse any cached prefix block, but a linear-attention layer keeps no per-token cache:
+a prefix hit is usable only up to a point where a snapshot of EVERY linear layer's recurrent and conv state
+exists. Snapshots are taken at snapshot boundaries (multiples of ``interval`` tokens, itself a multiple of the
+block size and of FLA's 64-token chunk): the scheduler ends prefill chunks at boundaries, and after each step
+the state of a sequence sitting exactly on a boundary is copied into the snapshot pool.
+
+* KV blocks are indexed by chained block hashes (nano-vllm style): the hash of block i covers tokens
+  ``[0, (i + 1) * block_size)``, so one hash identifies a whole prefix. The index lives in BlockAllocator.
+* Snapshots live in their own preallocated pool (``num_snapshots`` rows per linear layer, the budget), keyed by
+  the hash of the block that ends at the boundary, evicted LRU, and dropped when that block is evicted.
+* A hit (``match``) shares the KV blocks up to the last boundary covered by both cached blocks and a snapshot,
+  restores the snapshot into the sequence's state slot, and skips those tokens. At least one prompt token is
+  always recomputed, since the next token's logits are needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from compiled_engine.cache import BlockAllocator
+from compiled_engine.config import LINEAR_ATTENTION
+from compiled_engine.model import HybridModel
+from compiled_engine.sequence import Sequence
+from ops.delta_rule import CHUNK_SIZE
+
+
+def chain_hash(previous: bytes, tokens: list[int]) -> bytes:
+    """Hash of a full block given the hash of the prefix before it (128-bit: collisions are not a concern)."""
+    digest = hashlib.blake2b(previous, digest_size=16)
+    digest.update(array("q", tokens).tobytes())
+    return digest.digest()
+
+
+@dataclass
+class PrefixHit:
+    num_tokens: int  # tokens skipped: a snapshot boundary
+    blocks: list[int]  # the shared KV blocks covering them
+    snapshot_row: int
+    num_evictable: int  # of those blocks, how many are currently unowned (acquiring them reduces free blocks)
+
+
+class PrefixCache:
+    def __init__(
+        self,
+        model: HybridModel,
+        block_size: int,
+        interval: int,
+        num_snapshots: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        state_dtype: torch.dtype,
+    ):
+        if interval <= 0 or interval % block_size or interval % CHUNK_SIZE:
+            raise ValueError(
+                f"prefix_snapshot_interval must be a positive multiple of block_size ({block_size}) and of "
+                f"{CHUNK_SIZE}, got {interval}"
+            )
+        if num_snapshots < 1:
+            raise ValueError(f"num_prefix_snapshots must be >= 1, got {num_snapshots}")
+        self.model = model
+        self.blocks: BlockAllocator | None = None  # bound once the KV cache is planned (bind_blocks)
+        self.block_size = block_size
+        self.interval = interval
+        self.linear_layers = [layer.mixer for layer in model.layers if layer.layer_type == LINEAR_ATTENTION]
+        # Snapshot pool: one row per snapshot in each linear layer, shaped like that layer's state pools.
+        self.recurrent = [
+            torch.empty((num_snapshots, *m.recurrent_state.shape[1:]), device=device, dtype=state_dtype)
+            for m in self.linear_layers
+        ]
+        self.conv = [torch.empty((num_snapshots, *m.conv_state.shape[1:]), device=device, dtype=dtype) for m in self.linear_layers]
+        self.row_of_hash: OrderedDict[bytes, int] = OrderedDict()  # LRU: least recently used first
+        self.free_rows = list(range(num_snapshots - 1, -1, -1))
+        self.hits = 0
+        self.queries = 0
+        self.tokens_saved = 0
+
+    def bind_blocks(self, blocks: BlockAllocator) -> None:
+        """Use ``blocks``' content index; a snapshot is dropped when the block ending at its boundary is evicted."""
+        self.blocks = blocks
+        blocks.on_evict = self._drop_snapshot
+
+    @property
+    def num_snapshots(self) -> int:
+        return len(self.row_of_hash)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.recurrent + self.conv)
+
+    # --------------------------------------------------------------------------------------------- hashing
+    def block_hashes(self, seq: Sequence, num_tokens: int) -> list[bytes]:
+        """Chained hashes of the full blocks within the first ``num_tokens`` tokens (memoised on the sequence)."""
+        hashes = seq.block_hashes
+        full = num_tokens // self.block_size
+        while len(hashes) < full:
+            i = len(hashes)
+            previous = hashes[-1] if hashes else b""
+            hashes.append(chain_hash(previous, seq.token_ids[i * self.block_size : (i + 1) * self.block_size]))
+        return hashes[:full]
+
+    # ------------------------------------------------------------------------------------------------- hits
+    def find(self, seq: Sequence) -> PrefixHit | None:
+        """The longest usable cached prefix of a sequence about to be admitted (no side effects)."""
+        self.queries += 1
+        usable = len(seq.token_ids) - 1  # the last token is always computed: its logits pick the next token
+        hashes = self.block_hashes(seq, usable)
+        matched: list[int] = []
+        for h in hashes:
+            block = self.blocks.lookup(h)
+            if block is None:
+                break
+            matched.append(block)
+        boundary = (len(matched) * self.block_size) // self.interval * self.interval
+        while boundary > 0:
+            key = hashes[boundary // self.block_size - 1]
+            if key in self.row_of_hash:
+                shared = matched[: boundary // self.block_size]
+                evictable = sum(1 for b in shared if self.blocks.refcount[b] == 0)
+                return PrefixHit(boundary, shared, self.row_of_hash[key], evictable)
+            boundary -= self.interval
+        return None
+
+    def apply(self, seq: Sequence, hit: PrefixHit) -> None:
+        """Share the hit's blocks and restore its snapshot into the sequence's (already assigned) slot."""
+        for block in hit.blocks:
+            self.blocks.acquire(block)
+        seq.block_table = list(hit.blocks)
+        slot = seq.state_slot
+        for mixer, recurrent, conv in zip(self.linear_layers, self.recurrent, self.conv):
+            mixer.recurrent_state[slot].copy_(recurrent[hit.snapshot_row])
+            mixer.conv_state[slot].copy_(conv[hit.snapshot_row])
+        seq.num_computed_tokens = hit.num_tokens
+        seq.num_cached_tokens = hit.num_tokens
+        self.row_of_hash.move_to_end(seq.block_hashes[hit.num_tokens // self.block_size - 1])
+        self.hits += 1
+        self.tokens_saved += hit.num_tokens
+
+    # ------------------------------------------------------------------------------------------ after a step
+    def record(self, seq: Sequence) -> None:
+        """Index the sequence's newly full blocks; snapshot its state if it sits exactly on a boundary."""
+        computed = seq.num_computed_tokens
+        hashes = self.block_hashes(seq, computed)
+        for i in range(seq.num_indexed_blocks, len(hashes)):
+            self.blocks.index(seq.block_table[i], hashes[i])
+        seq.num_indexed_blocks = len(hashes)
+        if computed and computed % self.interval == 0:
+            self._take_snapshot(hashes[computed // self.block_size - 1], seq.state_slot)
+
+    def _take_snapshot(self, key: bytes, slot: int) -> None:
+        if key in self.row_of_hash:
+            self.row_of_hash.move_to_end(key)
+            return
+        if not self.free_rows:
+            _, row = self.row_of_hash.popitem(last=False)
+            self.free_rows.append(row)
+        row = self.free_rows.pop()
+        for mixer, recurrent, conv in zip(self.linear_layers, self.recurrent, self.conv):
+            recurrent[row].copy_(mixer.recurrent_state[slot])
+            conv[row].copy_(mixer.conv_state[slot])
+        self.row_of_hash[key] = row
+
+    def _drop_snapshot(self, block: int, content_hash: bytes) -> None:
+        row = self.row_of_hash.pop(content_hash, None)
+        if row is not None:
+            self.free_rows.append(row)
