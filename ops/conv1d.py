@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ops.library import define_op
+from ops.triton import lazy_kernel
 
 
 def _conv_with_history(history: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -36,6 +37,8 @@ def causal_conv1d_prefill_reference(
     bounds = cu_seqlens.tolist()
     for i, slot in enumerate(state_slots.tolist()):
         start, end = bounds[i], bounds[i + 1]
+        if end == start:  # no new tokens: the state is unchanged
+            continue
         history = conv_state[slot].transpose(0, 1)  # [W-1, C]
         out[start:end] = _conv_with_history(history, x[start:end], weight)
         combined = torch.cat([history, x[start:end].to(conv_state.dtype)], dim=0)
@@ -51,6 +54,7 @@ causal_conv1d_prefill = define_op(
     "causal_conv1d_prefill(Tensor x, Tensor weight, Tensor(a!) conv_state, Tensor cu_seqlens, "
     "Tensor state_slots) -> Tensor",
     reference=causal_conv1d_prefill_reference,
+    cuda=lazy_kernel("conv1d_kernels", "causal_conv1d_prefill"),
     fake=_causal_conv1d_prefill_fake,
 )
 
@@ -76,5 +80,6 @@ def _causal_conv1d_decode_fake(x, weight, conv_state, state_slots):
 causal_conv1d_decode = define_op(
     "causal_conv1d_decode(Tensor x, Tensor weight, Tensor(a!) conv_state, Tensor state_slots) -> Tensor",
     reference=causal_conv1d_decode_reference,
+    cuda=lazy_kernel("conv1d_kernels", "causal_conv1d_decode"),
     fake=_causal_conv1d_decode_fake,
 )

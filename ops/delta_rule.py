@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ops.library import define_op
+from ops.triton import lazy_kernel
 
 CHUNK_SIZE = 64  # FLA's chunk length; prefix-cache snapshot boundaries are multiples of it
 L2NORM_EPS = 1e-6
@@ -127,6 +128,7 @@ gated_delta_rule_prefill = define_op(
     "gated_delta_rule_prefill(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
     "Tensor(a!) state, Tensor cu_seqlens, Tensor state_slots) -> Tensor",
     reference=gated_delta_rule_prefill_reference,
+    cuda=lazy_kernel("delta_rule_kernels", "gated_delta_rule_prefill"),
     fake=_gated_delta_rule_prefill_fake,
 )
 
@@ -160,5 +162,6 @@ gated_delta_rule_decode = define_op(
     "gated_delta_rule_decode(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
     "Tensor(a!) state, Tensor state_slots) -> Tensor",
     reference=gated_delta_rule_decode_reference,
+    cuda=lazy_kernel("delta_rule_kernels", "gated_delta_rule_decode"),
     fake=_gated_delta_rule_decode_fake,
 )

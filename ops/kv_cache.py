@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ops.library import define_op
+from ops.triton import lazy_kernel
 
 
 def store_kv_reference(
@@ -32,5 +33,6 @@ def _store_kv_fake(key, value, k_cache, v_cache, slot_mapping) -> None:
 store_kv = define_op(
     "store_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()",
     reference=store_kv_reference,
+    cuda=lazy_kernel("kv_cache_kernels", "store_kv"),
     fake=_store_kv_fake,
 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ops.library import define_op
+from ops.triton import lazy_kernel
 
 
 def _gather_sequence_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -64,6 +65,7 @@ paged_attention_decode = define_op(
     "paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
     "float scale) -> Tensor",
     reference=paged_attention_decode_reference,
+    cuda=lazy_kernel("paged_attention_kernels", "paged_attention_decode"),
     fake=_paged_attention_decode_fake,
 )
 
@@ -98,5 +100,6 @@ paged_attention_prefill = define_op(
     "paged_attention_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor context_lens, "
     "Tensor block_tables, float scale) -> Tensor",
     reference=paged_attention_prefill_reference,
+    cuda=lazy_kernel("paged_attention_kernels", "paged_attention_prefill"),
     fake=_paged_attention_prefill_fake,
 )

@@ -1,0 +1,321 @@
+"""Microbenchmark of every ``ce`` op's CUDA kernel on the Qwen3.5-0.8B shapes, against measured copy bandwidth.
+
+For each op at batch 1, 64 and 256: µs per call and achieved bandwidth (bytes we count / time) as a fraction of
+the device-to-device copy bandwidth measured in the same run (bytes read + written). Decode ops run as a
+captured CUDA graph of one call (as they run in the engine); prefill ops run eagerly (FLA's chunked kernel syncs
+with the host and the engine does not capture prefill). Every timing is the median of
+``triton.testing.do_bench``, which flushes the L2 before each call, so batch-1 numbers are not L2 hits.
+
+Bytes counted: every tensor the op must read or write once (states read + written, KV read at the context
+length, activations in and out); the minimum traffic, so the fraction is a roofline fraction.
+
+    python bench/ops_microbench.py --out results/          # table on stdout, JSON in results/ops_microbench.json
+    python bench/ops_microbench.py --out results/ --sweep  # also sweep the decode kernels' tile sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
+
+import ops  # noqa: E402,F401  (registers torch.ops.ce)
+from ops.triton import delta_rule_kernels, paged_attention_kernels  # noqa: E402
+
+
+@dataclass
+class Shape:
+    """Qwen3.5-0.8B."""
+
+    hidden: int = 1024
+    layers: int = 24
+    linear_k_heads: int = 16
+    linear_v_heads: int = 16
+    key_dim: int = 128
+    value_dim: int = 128
+    conv_dim: int = 6144  # q, k, v channels: 2 * 16 * 128 + 16 * 128
+    conv_width: int = 4
+    q_heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 256
+    block_size: int = 16
+
+
+@dataclass
+class Row:
+    op: str
+    batch: int
+    us: float
+    bytes: int
+    gbps: float
+    frac_copy: float
+    method: str
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def bench_us(fn, graph: bool) -> float:
+    import triton.testing
+
+    fn()  # compile / autotune outside the timed region (and outside a capture)
+    torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        call = g.replay
+    else:
+        call = fn
+    return triton.testing.do_bench(call, warmup=10, rep=60, return_mode="median") * 1e3
+
+
+def guarded(errors: list, what: str, fn, graph: bool, skip: frozenset = frozenset()):
+    """bench_us, but a failure is recorded and printed instead of ending the whole run."""
+    if what.split(" ")[0] in skip:
+        return None
+    try:
+        return bench_us(fn, graph)
+    except Exception as exc:  # noqa: BLE001 - report and keep measuring the other ops
+        import traceback
+
+        traceback.print_exc()
+        errors.append(f"{what}: {type(exc).__name__}: {exc}")
+        return None
+
+
+def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
+    import triton.testing
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def rand(*shape, dtype=torch.bfloat16, scale=1.0):
+    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+
+
+def live_slots(batch: int) -> torch.Tensor:
+    """Slots 1..batch in random order (slot 0 is the null slot)."""
+    return (torch.randperm(batch, device="cuda") + 1).to(torch.int32)
+
+
+def decode_attention_inputs(s: Shape, batch: int, context: int):
+    blocks_per_seq = context // s.block_size
+    num_blocks = batch * blocks_per_seq + 1
+    k_cache = rand(num_blocks, s.block_size, s.kv_heads, s.head_dim)
+    v_cache = rand(num_blocks, s.block_size, s.kv_heads, s.head_dim)
+    tables = (torch.randperm(num_blocks - 1, device="cuda") + 1).to(torch.int32).view(batch, blocks_per_seq)
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    return rand(batch, s.q_heads, s.head_dim), k_cache, v_cache, tables, lens
+
+
+def run(args) -> dict:
+    s = Shape()
+    torch.manual_seed(0)
+    copy_gbps = copy_bandwidth_gbps()
+    rows: list[Row] = []
+
+    errors: list[str] = []
+
+    def timed(what: str, fn, graph: bool):
+        return guarded(errors, what, fn, graph, frozenset(args.skip))
+
+    def add(op, batch, us, nbytes, method, note="", **extra):
+        if us is None or op in args.skip:
+            return
+        gbps = nbytes / (us * 1e-6) / 1e9
+        rows.append(Row(op, batch, round(us, 2), nbytes, round(gbps, 1), round(gbps / copy_gbps, 3), method, note,
+                        extra))
+        print(f"  {op:<28} B={batch:<4} {us:9.2f} us  {gbps:8.1f} GB/s  {gbps / copy_gbps:6.1%}  {note}", flush=True)
+
+    bf16, ctx = 2, args.context
+    for batch in args.batches:
+        print(f"batch {batch}", flush=True)
+        # --- store_kv: one new token per sequence into the paged cache
+        k_cache = rand(batch * 4 + 1, s.block_size, s.kv_heads, s.head_dim)
+        v_cache = torch.empty_like(k_cache)
+        key, value = rand(batch, s.kv_heads, s.head_dim), rand(batch, s.kv_heads, s.head_dim)
+        rows_kv = torch.randperm(batch * 4 * s.block_size, device="cuda")[:batch] + s.block_size
+        us = timed(f"store_kv B={batch}",
+                     lambda: torch.ops.ce.store_kv(key, value, k_cache, v_cache, rows_kv), graph=True)
+        add("store_kv", batch, us, 2 * 2 * batch * s.kv_heads * s.head_dim * bf16, "graph")
+
+        # --- paged attention decode at the given context
+        q, kc, vc, tables, lens = decode_attention_inputs(s, batch, ctx)
+        scale = s.head_dim**-0.5
+        kv_bytes = 2 * batch * ctx * s.kv_heads * s.head_dim * bf16
+        qo_bytes = 2 * batch * s.q_heads * s.head_dim * bf16
+        splits = paged_attention_kernels.decode_num_splits(batch, s.kv_heads, tables.shape[1], s.block_size,
+                                                           q.device)
+        us = timed(f"paged_attention_decode B={batch}",
+                     lambda: torch.ops.ce.paged_attention_decode(q, kc, vc, tables, lens, scale), graph=True)
+        add("paged_attention_decode", batch, us, kv_bytes + qo_bytes, "graph", f"ctx {ctx}, {splits} splits",
+            splits=splits)
+        if args.sweep and batch in (min(args.batches), max(args.batches)):
+            for block_n in (16, 32, 64):
+                for warps in (4, 8):
+                    for sp in sorted({max(1, splits // 2), splits, splits * 2}):
+                        us = timed(f"sweep paged_decode B={batch}",
+                                     lambda: paged_attention_kernels.paged_attention_decode(
+                                         q, kc, vc, tables, lens, scale, num_splits=sp, block_n=block_n,
+                                         num_warps=warps),
+                                     graph=True)
+                        add("  sweep paged_decode", batch, us, kv_bytes + qo_bytes, "graph",
+                            f"block_n {block_n} warps {warps} splits {sp}", block_n=block_n, num_warps=warps,
+                            splits=sp)
+        del q, kc, vc, tables, lens
+
+        # --- paged attention prefill: `batch` sequences of args.prefill_len new tokens, no cached prefix
+        n_new = args.prefill_len
+        blocks_per_seq = n_new // s.block_size
+        kc = rand(batch * blocks_per_seq + 1, s.block_size, s.kv_heads, s.head_dim)
+        vc = rand(batch * blocks_per_seq + 1, s.block_size, s.kv_heads, s.head_dim)
+        tables = (torch.arange(batch * blocks_per_seq, device="cuda", dtype=torch.int32) + 1).view(batch, -1)
+        cu = torch.arange(0, (batch + 1) * n_new, n_new, dtype=torch.int32, device="cuda")
+        lens = torch.full((batch,), n_new, dtype=torch.int32, device="cuda")
+        q = rand(batch * n_new, s.q_heads, s.head_dim)
+        us = timed(f"paged_attention_prefill B={batch}",
+                     lambda: torch.ops.ce.paged_attention_prefill(q, kc, vc, cu, lens, tables, scale), graph=False)
+        flops = 4 * s.q_heads * s.head_dim * batch * n_new * (n_new + 1) / 2
+        nbytes = 2 * batch * n_new * (s.kv_heads + s.q_heads) * s.head_dim * bf16
+        if us is not None:
+            add("paged_attention_prefill", batch, us, nbytes, "eager",
+                f"{n_new} tok/seq, {flops / us / 1e6:.1f} TFLOP/s", tflops=flops / us / 1e6)
+        del kc, vc, q
+
+        # --- conv1d decode / prefill
+        weight = rand(s.conv_dim, s.conv_width, scale=0.5)
+        conv_state = rand(batch + 1, s.conv_dim, s.conv_width - 1)
+        slots = live_slots(batch)
+        x = rand(batch, s.conv_dim)
+        us = timed(f"causal_conv1d_decode B={batch}",
+                     lambda: torch.ops.ce.causal_conv1d_decode(x, weight, conv_state, slots), graph=True)
+        state_bytes = batch * s.conv_dim * (s.conv_width - 1) * bf16
+        add("causal_conv1d_decode", batch, us, 2 * state_bytes + 2 * batch * s.conv_dim * bf16, "graph")
+        xp = rand(batch * n_new, s.conv_dim)
+        us = timed(f"causal_conv1d_prefill B={batch}",
+                     lambda: torch.ops.ce.causal_conv1d_prefill(xp, weight, conv_state, cu, slots), graph=False)
+        add("causal_conv1d_prefill", batch, us, 2 * state_bytes + 2 * xp.numel() * bf16, "eager",
+            f"{n_new} tok/seq")
+        del xp
+
+        # --- gated delta rule decode: the in-place state update (the batch-256 target)
+        hk, hv, dk, dv = s.linear_k_heads, s.linear_v_heads, s.key_dim, s.value_dim
+        state = rand(batch + 1, hv, dk, dv, dtype=torch.float32, scale=0.1)
+        A_log, dt_bias = rand(hv, dtype=torch.float32, scale=0.5), rand(hv, dtype=torch.float32)
+        lq, lk = rand(batch, hk, dk), rand(batch, hk, dk)
+        lv, la, lb = rand(batch, hv, dv), rand(batch, hv), rand(batch, hv)
+        rec_bytes = 2 * batch * hv * dk * dv * 4
+        act_bytes = (2 * batch * hk * dk + 2 * batch * hv * dv + 2 * batch * hv) * bf16
+        us = timed(f"gated_delta_rule_decode B={batch}",
+                     lambda: torch.ops.ce.gated_delta_rule_decode(lq, lk, lv, la, lb, A_log, dt_bias, state, slots),
+                     graph=True)
+        add("gated_delta_rule_decode", batch, us, rec_bytes + act_bytes, "graph", "fp32 state, in place")
+        if args.sweep and batch == max(args.batches):
+            for block_v in (8, 16, 32, 64, 128):
+                for warps in (1, 2, 4, 8):
+                    us = timed(f"sweep gdr_decode B={batch}",
+                                 lambda: delta_rule_kernels.gated_delta_rule_decode(
+                                     lq, lk, lv, la, lb, A_log, dt_bias, state, slots, block_v=block_v,
+                                     num_warps=warps),
+                                 graph=True)
+                    add("  sweep gdr_decode", batch, us, rec_bytes + act_bytes, "graph",
+                        f"block_v {block_v} warps {warps}", block_v=block_v, num_warps=warps)
+        if args.baseline:
+            try:
+                from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+            except ImportError:
+                fused_recurrent_gated_delta_rule = None
+            if fused_recurrent_gated_delta_rule is not None:
+                def fla_gather_scatter():
+                    g = -A_log.exp() * torch.nn.functional.softplus(la.float() + dt_bias)
+                    o, final = fused_recurrent_gated_delta_rule(
+                        lq[:, None], lk[:, None], lv[:, None], g=g[:, None], beta=lb.float().sigmoid()[:, None],
+                        initial_state=state[slots.long()], output_final_state=True, use_qk_l2norm_in_kernel=True)
+                    state.index_copy_(0, slots.long(), final)
+                    return o
+
+                us = timed(f"FLA baseline B={batch}", fla_gather_scatter, graph=True)
+                add("  baseline FLA gather+scatter", batch, us, rec_bytes + act_bytes, "graph",
+                    "fused_recurrent + gather/scatter")
+
+        # --- gated delta rule prefill (FLA chunked): `batch` sequences of n_new tokens
+        t = batch * n_new
+        pq, pk = rand(t, hk, dk), rand(t, hk, dk)
+        pv, pa, pb = rand(t, hv, dv), rand(t, hv), rand(t, hv)
+        us = timed(f"gated_delta_rule_prefill B={batch}",
+                     lambda: torch.ops.ce.gated_delta_rule_prefill(pq, pk, pv, pa, pb, A_log, dt_bias, state, cu,
+                                                                   slots), graph=False)
+        nbytes = rec_bytes + (2 * t * hk * dk + 2 * t * hv * dv) * bf16
+        if us is not None:
+            add("gated_delta_rule_prefill", batch, us, nbytes, "eager",
+                f"{n_new} tok/seq, {t / us:.2f} Mtok/s", mtok_per_s=t / us)
+        del state, pq, pk, pv
+
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "shape": asdict(s),
+        "context": ctx,
+        "prefill_len": args.prefill_len,
+        "copy_bandwidth_gbps": round(copy_gbps, 1),
+        "rows": [asdict(r) for r in rows],
+        "errors": errors,
+    }
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{result['device']}: copy bandwidth {result['copy_bandwidth_gbps']:.0f} GB/s (read + write)")
+    print(f"| {'op':<30} | {'batch':>5} | {'µs':>9} | {'GB/s':>8} | {'% copy':>6} | notes")
+    print(f"|{'-' * 32}|{'-' * 7}|{'-' * 11}|{'-' * 10}|{'-' * 8}|------")
+    for r in result["rows"]:
+        if r["op"].startswith("  sweep"):
+            continue
+        print(f"| {r['op']:<30} | {r['batch']:>5} | {r['us']:>9.2f} | {r['gbps']:>8.1f} | {r['frac_copy']:>6.1%} | "
+              f"{r['method']}; {r['note']}")
+    best = {}
+    for r in result["rows"]:
+        if r["op"].startswith("  sweep"):
+            key = (r["op"].strip(), r["batch"])
+            if key not in best or r["us"] < best[key]["us"]:
+                best[key] = r
+    for (op, batch), r in sorted(best.items()):
+        print(f"best {op} at batch {batch}: {r['us']:.2f} µs ({r['frac_copy']:.1%} of copy) with {r['note']}")
+    for error in result["errors"]:
+        print(f"ERROR {error}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder for ops_microbench.json")
+    parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[1, 64, 256])
+    parser.add_argument("--context", type=int, default=1024, help="decode attention context length")
+    parser.add_argument("--prefill-len", type=int, default=128, help="new tokens per sequence in prefill rows")
+    parser.add_argument("--sweep", action="store_true", help="also sweep decode tile sizes")
+    parser.add_argument("--skip", type=lambda s: set(s.split(",")), default=set(),
+                        help="comma-separated ops to leave out (e.g. gated_delta_rule_prefill: FLA autotunes)")
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false",
+                        help="skip the FLA fused_recurrent + gather/scatter baseline row")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("ops_microbench needs a CUDA device")
+    start = time.time()
+    result = run(args)
+    result["wall_s"] = round(time.time() - start, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ops_microbench.json").write_text(json.dumps(result, indent=1))
+    print_table(result)
+
+
+if __name__ == "__main__":
+    main()

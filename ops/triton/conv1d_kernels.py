@@ -1,0 +1,256 @@
+"""Triton kernels for ``ce::causal_conv1d_prefill`` and ``ce::causal_conv1d_decode`` (depthwise, SiLU fused).
+
+Conv state layout: ``conv_state[slot]`` is ``[C, W - 1]``, the last ``W - 1`` pre-conv inputs, oldest first.
+
+Why not FLA's varlen ``causal_conv1d`` for prefill: its states are ``[N, C, W]`` (one spare column) and dense per
+sequence, so using it would mean a gather into a padded copy, a final-state tensor and a scatter back, plus its
+autotuner on the first call; the direct kernels below read and write the pool by slot with no copies.
+
+Prefill is two launches so that no program reads a state another program writes:
+  1. outputs: grid (token tiles over the packed T, channel tiles); a token at position p of its sequence reads
+     tap ``p - d`` from x when ``p - d >= 0`` and from the sequence's initial state otherwise;
+  2. final states: grid (sequences, channel tiles); each program reads the last W - 1 inputs of its sequence
+     (from x, or from the old state when the sequence is shorter than W - 1) and writes them to its slot.
+Decode is one launch, grid (batch, channel tiles), shifting the state in place.
+
+In-place shifts read and write the same slot row in one program; a ``tl.debug_barrier()`` between the loads and
+the stores keeps a thread from overwriting an element another thread of the program has yet to read. Padding
+lanes (slot 0, the null slot) may race with each other there; nothing reads slot 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _conv_prefill_out_kernel(
+    x,
+    weight,
+    conv_state,
+    cu_seqlens,
+    state_slots,
+    out,
+    num_tokens,
+    num_seqs,
+    num_channels,
+    stride_x_t,
+    stride_x_c,
+    stride_w_c,
+    stride_w_k,
+    stride_s_slot,
+    stride_s_c,
+    stride_s_k,
+    stride_o_t,
+    stride_o_c,
+    WIDTH: tl.constexpr,
+    SEARCH_BITS: tl.constexpr,  # 2**SEARCH_BITS > N
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    t_mask = offs_t < num_tokens
+    c_mask = offs_c < num_channels
+    # Each token's sequence: the last n with cu_seqlens[n] <= t (which skips empty sequences), by a binary
+    # search over cu_seqlens here rather than torch ops on the host side (each would cost a launch in eager).
+    seq = tl.zeros([BLOCK_T], dtype=tl.int32)
+    for i in tl.static_range(SEARCH_BITS):
+        candidate = seq + (1 << (SEARCH_BITS - 1 - i))
+        ok = t_mask & (candidate < num_seqs)
+        start = tl.load(cu_seqlens + candidate, mask=ok, other=0)
+        seq = tl.where(ok & (start <= offs_t), candidate, seq)
+    position = offs_t - tl.load(cu_seqlens + seq, mask=t_mask, other=0)  # position within the sequence
+    slot = tl.load(state_slots + seq, mask=t_mask, other=0).to(tl.int64)
+    state_rows = conv_state + slot[:, None] * stride_s_slot + offs_c[None, :] * stride_s_c
+    tc_mask = t_mask[:, None] & c_mask[None, :]
+
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(WIDTH):
+        back = WIDTH - 1 - j  # tap j multiplies the input `back` steps before the current token
+        src = position - back
+        in_x = (src >= 0)[:, None]
+        from_x = tl.load(x + (offs_t - back).to(tl.int64)[:, None] * stride_x_t + offs_c[None, :] * stride_x_c,
+                         mask=tc_mask & in_x, other=0.0)
+        # src in [-(W-1), -1] is history column (W - 1) + src of the initial state.
+        from_state = tl.load(state_rows + (WIDTH - 1 + src)[:, None] * stride_s_k, mask=tc_mask & (~in_x),
+                             other=0.0)
+        w = tl.load(weight + offs_c * stride_w_c + j * stride_w_k, mask=c_mask, other=0.0).to(tl.float32)
+        acc += (from_x.to(tl.float32) + from_state.to(tl.float32)) * w[None, :]
+    y = acc * tl.sigmoid(acc)
+    tl.store(out + offs_t.to(tl.int64)[:, None] * stride_o_t + offs_c[None, :] * stride_o_c,
+             y.to(out.dtype.element_ty), mask=tc_mask)
+
+
+@triton.jit
+def _conv_prefill_state_kernel(
+    x,
+    conv_state,
+    cu_seqlens,
+    state_slots,
+    num_channels,
+    stride_x_t,
+    stride_x_c,
+    stride_s_slot,
+    stride_s_c,
+    stride_s_k,
+    WIDTH: tl.constexpr,
+    HIST_P: tl.constexpr,  # next power of two >= WIDTH - 1
+    BLOCK_C: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_mask = offs_c < num_channels
+    bos = tl.load(cu_seqlens + seq).to(tl.int64)
+    length = tl.load(cu_seqlens + seq + 1).to(tl.int64) - bos
+    slot = tl.load(state_slots + seq).to(tl.int64)
+
+    offs_k = tl.arange(0, HIST_P)
+    k_mask = offs_k < WIDTH - 1
+    src = length - (WIDTH - 1) + offs_k  # position of the input that becomes history column k
+    in_x = src >= 0
+    mask = c_mask[:, None] & k_mask[None, :]
+    from_x = tl.load(x + (bos + src)[None, :] * stride_x_t + offs_c[:, None] * stride_x_c,
+                     mask=mask & in_x[None, :], other=0.0)
+    # A sequence shorter than W - 1 keeps the newest part of its old history: column k <- old column k + length.
+    state_rows = conv_state + slot * stride_s_slot + offs_c[:, None] * stride_s_c
+    from_state = tl.load(state_rows + (offs_k + length)[None, :] * stride_s_k, mask=mask & (~in_x)[None, :],
+                         other=0.0)
+    new = tl.where(in_x[None, :], from_x.to(conv_state.dtype.element_ty), from_state)
+    tl.debug_barrier()  # every old-history read above happens before any write below
+    tl.store(state_rows + offs_k[None, :] * stride_s_k, new, mask=mask)
+
+
+def causal_conv1d_prefill(
+    x: torch.Tensor,  # [T, C]
+    weight: torch.Tensor,  # [C, W]
+    conv_state: torch.Tensor,  # [S, C, W-1]  (written at state_slots)
+    cu_seqlens: torch.Tensor,  # [N + 1] int32
+    state_slots: torch.Tensor,  # [N] int32
+    block_t: int = 32,
+    block_c: int = 128,
+) -> torch.Tensor:
+    num_tokens, num_channels = x.shape
+    width = weight.shape[1]
+    num_seqs = state_slots.shape[0]
+    out = x.new_empty(x.shape)  # contiguous, like the reference's output
+    if num_seqs == 0:
+        return out
+    if num_tokens > 0:
+        _conv_prefill_out_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(num_channels, block_c))](
+            x,
+            weight,
+            conv_state,
+            cu_seqlens,
+            state_slots,
+            out,
+            num_tokens,
+            num_seqs,
+            num_channels,
+            *x.stride(),
+            *weight.stride(),
+            *conv_state.stride(),
+            *out.stride(),
+            WIDTH=width,
+            SEARCH_BITS=max(1, num_seqs.bit_length()),
+            BLOCK_T=block_t,
+            BLOCK_C=block_c,
+            num_warps=4,
+        )
+    # Launched after the output kernel on the same stream, so the outputs above saw the initial states.
+    _conv_prefill_state_kernel[(num_seqs, triton.cdiv(num_channels, block_c))](
+        x,
+        conv_state,
+        cu_seqlens,
+        state_slots,
+        num_channels,
+        *x.stride(),
+        *conv_state.stride(),
+        WIDTH=width,
+        HIST_P=triton.next_power_of_2(width - 1),
+        BLOCK_C=block_c,
+        num_warps=4,
+    )
+    return out
+
+
+@triton.jit
+def _conv_decode_kernel(
+    x,
+    weight,
+    conv_state,
+    state_slots,
+    out,
+    num_channels,
+    stride_x_b,
+    stride_x_c,
+    stride_w_c,
+    stride_w_k,
+    stride_s_slot,
+    stride_s_c,
+    stride_s_k,
+    stride_o_b,
+    stride_o_c,
+    WIDTH: tl.constexpr,
+    HIST_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_mask = offs_c < num_channels
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    offs_k = tl.arange(0, HIST_P)
+    k_mask = offs_k < WIDTH - 1
+    mask = c_mask[:, None] & k_mask[None, :]
+
+    state_rows = conv_state + slot * stride_s_slot + offs_c[:, None] * stride_s_c
+    history = tl.load(state_rows + offs_k[None, :] * stride_s_k, mask=mask, other=0.0)
+    # The same history shifted left by one column (column k <- k + 1), read now, before the in-place write.
+    shifted = tl.load(state_rows + (offs_k + 1)[None, :] * stride_s_k,
+                      mask=c_mask[:, None] & (offs_k + 1 < WIDTH - 1)[None, :], other=0.0)
+    # As in the reference, the new input enters the window (and the state) in the state's dtype.
+    x_new = tl.load(x + seq * stride_x_b + offs_c * stride_x_c, mask=c_mask, other=0.0).to(
+        conv_state.dtype.element_ty)
+
+    w_hist = tl.load(weight + offs_c[:, None] * stride_w_c + offs_k[None, :] * stride_w_k, mask=mask, other=0.0)
+    w_new = tl.load(weight + offs_c * stride_w_c + (WIDTH - 1) * stride_w_k, mask=c_mask, other=0.0)
+    acc = tl.sum(history.to(tl.float32) * w_hist.to(tl.float32), 1) + x_new.to(tl.float32) * w_new.to(tl.float32)
+    y = acc * tl.sigmoid(acc)
+    tl.store(out + seq * stride_o_b + offs_c * stride_o_c, y.to(out.dtype.element_ty), mask=c_mask)
+
+    new = tl.where((offs_k == WIDTH - 2)[None, :], x_new[:, None], shifted)
+    tl.debug_barrier()  # every read of this slot's history happens before any write below
+    tl.store(state_rows + offs_k[None, :] * stride_s_k, new, mask=mask)
+
+
+def causal_conv1d_decode(
+    x: torch.Tensor,  # [B, C]
+    weight: torch.Tensor,  # [C, W]
+    conv_state: torch.Tensor,  # [S, C, W-1]  (written at state_slots)
+    state_slots: torch.Tensor,  # [B] int32
+    block_c: int = 256,
+) -> torch.Tensor:
+    batch, num_channels = x.shape
+    width = weight.shape[1]
+    out = x.new_empty(x.shape)  # contiguous, like the reference's output
+    if batch == 0:
+        return out
+    _conv_decode_kernel[(batch, triton.cdiv(num_channels, block_c))](
+        x,
+        weight,
+        conv_state,
+        state_slots,
+        out,
+        num_channels,
+        *x.stride(),
+        *weight.stride(),
+        *conv_state.stride(),
+        *out.stride(),
+        WIDTH=width,
+        HIST_P=triton.next_power_of_2(width - 1),
+        BLOCK_C=block_c,
+        num_warps=4,
+    )
+    return out

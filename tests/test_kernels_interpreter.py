@@ -1,0 +1,220 @@
+"""Our Triton kernels, run on the CPU by Triton's interpreter, against the CPU references (tiny fp32 shapes).
+
+This catches indexing, masking and in-place-ordering bugs in CI, where there is no GPU. ``TRITON_INTERPRET=1``
+must be set before triton decorates the kernels, so the checks run in one child process (the parent never
+imports triton); each pytest test then asserts on its own check's result. The interpreter has no bfloat16, so
+everything is fp32. FLA's chunked prefill (``gated_delta_rule_prefill``) cannot run in the interpreter; the GPU
+tests cover it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ATOL = RTOL = 1e-4
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Child process: run every check, print one JSON line {check name: error message or null}.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _child_checks() -> dict:
+    import torch
+
+    from ops import conv1d, delta_rule, kv_cache, paged_attention
+    from ops.triton import conv1d_kernels, delta_rule_kernels, kv_cache_kernels, paged_attention_kernels
+
+    torch.manual_seed(0)
+
+    def compare(name, got, want):
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m: f"{name}: {m}")
+
+    def paged_layout(num_seqs, context_lens, block_size, num_blocks):
+        """Block tables over a random permutation of blocks 1.. (block 0 is the null block)."""
+        max_blocks = max(1, max((c + block_size - 1) // block_size for c in context_lens))
+        perm = torch.randperm(num_blocks - 1) + 1
+        tables = torch.zeros(num_seqs, max_blocks + 1, dtype=torch.int32)  # one spare column, as in a real table
+        used = 0
+        for i, c in enumerate(context_lens):
+            n = (c + block_size - 1) // block_size
+            tables[i, :n] = perm[used : used + n].to(torch.int32)
+            used += n
+        assert used <= num_blocks - 1
+        return tables
+
+    def check_store_kv():
+        num_blocks, block_size, heads, dim = 6, 4, 2, 16
+        k_cache = torch.randn(num_blocks, block_size, heads, dim)
+        v_cache = torch.randn(num_blocks, block_size, heads, dim)
+        rows = torch.randperm(num_blocks * block_size - block_size)[:7] + block_size  # live rows, distinct
+        rows[3] = 2  # a padding lane writes into the null block 0
+        key, value = torch.randn(7, heads, dim), torch.randn(7, heads, dim)
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        kv_cache.store_kv_reference(key, value, want_k, want_v, rows)
+        kv_cache_kernels.store_kv(key, value, k_cache, v_cache, rows)
+        compare("k_cache", k_cache, want_k)
+        compare("v_cache", v_cache, want_v)
+
+    def check_decode(q_heads, kv_heads, dim, block_size, num_splits):
+        context_lens = [0, 1, 5, 17, 40]  # 0: padding lane
+        num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 2
+        k_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
+        v_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
+        tables = paged_layout(len(context_lens), context_lens, block_size, num_blocks)
+        q = torch.randn(len(context_lens), q_heads, dim)
+        lens = torch.tensor(context_lens, dtype=torch.int32)
+        scale = dim**-0.5
+        want = paged_attention.paged_attention_decode_reference(q, k_cache, v_cache, tables, lens, scale)
+        got = paged_attention_kernels.paged_attention_decode(
+            q, k_cache, v_cache, tables, lens, scale, num_splits=num_splits
+        )
+        compare("decode out", got, want)
+        assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
+
+    def check_prefill(q_heads, kv_heads, dim, block_size, q_lens=(3, 0, 40, 1), prefixes=(5, 2, 9, 0)):
+        # q_len 0: a sequence with no new tokens; 40 > one query tile
+        context_lens = [p + n for p, n in zip(prefixes, q_lens)]
+        num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 1
+        k_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
+        v_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
+        tables = paged_layout(len(q_lens), context_lens, block_size, num_blocks)
+        cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+        q = torch.randn(sum(q_lens), q_heads, dim)
+        lens = torch.tensor(context_lens, dtype=torch.int32)
+        scale = dim**-0.5
+        want = paged_attention.paged_attention_prefill_reference(q, k_cache, v_cache, cu, lens, tables, scale)
+        got = paged_attention_kernels.paged_attention_prefill(q, k_cache, v_cache, cu, lens, tables, scale)
+        compare("prefill out", got, want)
+
+    def check_conv_prefill(seq_lens):
+        channels, width = 20, 4
+        num_slots = len(seq_lens) + 2
+        slots = (torch.randperm(num_slots - 1)[: len(seq_lens)] + 1).to(torch.int32)
+        cu = torch.tensor([0] + torch.tensor(seq_lens).cumsum(0).tolist(), dtype=torch.int32)
+        x = torch.randn(sum(seq_lens), channels)
+        weight = torch.randn(channels, width)
+        state = torch.randn(num_slots, channels, width - 1)
+        want_state = state.clone()
+        # The reference cannot take an empty sequence (its unfold needs >= 1 new token), so it runs on the
+        # non-empty ones; the empty sequence's slot must come out unchanged.
+        keep = torch.tensor(seq_lens) > 0
+        cu_nonempty = torch.tensor([0] + torch.tensor(seq_lens)[keep].cumsum(0).tolist(), dtype=torch.int32)
+        want = conv1d.causal_conv1d_prefill_reference(x, weight, want_state, cu_nonempty, slots[keep])
+        # block sizes smaller than the problem: several token and channel tiles, with ragged edges
+        got = conv1d_kernels.causal_conv1d_prefill(x, weight, state, cu, slots, block_t=4, block_c=8)
+        compare("conv prefill out", got, want)
+        compare("conv prefill state", state, want_state)
+
+    def check_conv_decode():
+        channels, width, num_slots = 20, 4, 6
+        slots = torch.tensor([3, 0, 5, 1], dtype=torch.int32)  # one padding lane on the null slot
+        x = torch.randn(4, channels)
+        weight = torch.randn(channels, width)
+        state = torch.randn(num_slots, channels, width - 1)
+        want_state = state.clone()
+        want = conv1d.causal_conv1d_decode_reference(x, weight, want_state, slots)
+        got = conv1d_kernels.causal_conv1d_decode(x, weight, state, slots, block_c=8)
+        compare("conv decode out", got, want)
+        compare("conv decode state", state, want_state)
+
+    def check_gdr_decode(k_heads, v_heads, dk, dv, block_v):
+        batch, num_slots = 4, 7
+        slots = torch.tensor([5, 0, 2, 6], dtype=torch.int32)  # one padding lane on the null slot
+        q, k = torch.randn(batch, k_heads, dk), torch.randn(batch, k_heads, dk)
+        v = torch.randn(batch, v_heads, dv)
+        a, b = torch.randn(batch, v_heads) * 3, torch.randn(batch, v_heads) * 2
+        a[0, 0] = 30.0  # softplus's linear branch
+        A_log, dt_bias = torch.randn(v_heads) * 0.5, torch.randn(v_heads)
+        state = torch.randn(num_slots, v_heads, dk, dv)
+        want_state = state.clone()
+        want = delta_rule.gated_delta_rule_decode_reference(q, k, v, a, b, A_log, dt_bias, want_state, slots)
+        got = delta_rule_kernels.gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, state, slots,
+                                                         block_v=block_v)
+        compare("delta decode out", got, want)
+        compare("delta decode state", state, want_state)
+
+    checks = {
+        "store_kv": check_store_kv,
+        "decode_gqa2_d16_bs4_split1": lambda: check_decode(4, 2, 16, 4, 1),
+        "decode_gqa2_d16_bs4_split4": lambda: check_decode(4, 2, 16, 4, 4),
+        "decode_gqa3_d32_bs16_split2": lambda: check_decode(6, 2, 32, 16, 2),
+        "decode_auto_splits": lambda: check_decode(2, 1, 16, 8, None),
+        "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
+        "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
+        "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
+        "conv_prefill": lambda: check_conv_prefill([1, 0, 7, 2]),  # shorter and longer than W - 1, and empty
+        "conv_prefill_empty_runs": lambda: check_conv_prefill([0, 0, 5, 1, 0, 3, 0, 0, 2]),
+        "conv_decode": check_conv_decode,
+        "delta_decode_hv_eq_hk": lambda: check_gdr_decode(2, 2, 16, 32, 16),
+        "delta_decode_hv_3x_hk": lambda: check_gdr_decode(2, 6, 32, 16, 8),
+    }
+    results = {}
+    for name, fn in checks.items():
+        try:
+            fn()
+            results[name] = None
+        except Exception as exc:  # reported to the parent, which fails that test with this message
+            results[name] = f"{type(exc).__name__}: {exc}"
+    return results
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parent: pytest tests.
+# ----------------------------------------------------------------------------------------------------------------
+
+CHECK_NAMES = [
+    "store_kv",
+    "decode_gqa2_d16_bs4_split1",
+    "decode_gqa2_d16_bs4_split4",
+    "decode_gqa3_d32_bs16_split2",
+    "decode_auto_splits",
+    "prefill_gqa2_d16_bs4",
+    "prefill_gqa3_d32_bs16",
+    "prefill_empty_runs",
+    "conv_prefill",
+    "conv_prefill_empty_runs",
+    "conv_decode",
+    "delta_decode_hv_eq_hk",
+    "delta_decode_hv_3x_hk",
+]
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=pythonpath)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, f"interpreter child failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+    return json.loads(lines[-1])
+
+
+def test_every_check_is_listed(interpreter_results):
+    assert sorted(interpreter_results) == sorted(CHECK_NAMES)
+
+
+@pytest.mark.parametrize("name", CHECK_NAMES)
+def test_kernel_matches_reference_in_interpreter(interpreter_results, name):
+    assert name in interpreter_results, f"check {name} did not run"
+    error = interpreter_results[name]
+    assert error is None, error
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--child"]:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("run with TRITON_INTERPRET=1")
+    sys.path.insert(0, str(REPO))
+    print(json.dumps(_child_checks()))
