@@ -15,15 +15,19 @@ from torch import nn
 
 import ops  # noqa: F401  (registers torch.ops.ce)
 from compiled_engine.config import ModelConfig
+from compiled_engine.distributed import TensorParallel
 from compiled_engine.layers import RMSNorm, RotaryEmbedding, empty_parameter
 from compiled_engine.step_inputs import StepInputs
 
 
 class FullAttention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """Sharded over tensor-parallel ranks by KV-head groups: this rank keeps 1/world of the query and KV heads."""
+
+    def __init__(self, config: ModelConfig, tp: TensorParallel):
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.tp = tp
+        self.num_heads = config.num_attention_heads // tp.world_size
+        self.num_kv_heads = config.num_key_value_heads // tp.world_size
         self.head_dim = config.head_dim
         self.scale = self.head_dim**-0.5
         q_rows = 2 * self.num_heads * self.head_dim  # query and gate, interleaved per head
@@ -57,4 +61,4 @@ class FullAttention(nn.Module):
                 q, self.k_cache, self.v_cache, step.block_tables, step.context_lens, self.scale
             )
         gated = attn.reshape(tokens, -1) * torch.sigmoid(gate.reshape(tokens, -1))
-        return F.linear(gated, self.o_proj)
+        return self.tp.all_reduce(F.linear(gated, self.o_proj))  # o_proj is row-parallel

@@ -37,32 +37,41 @@ class CacheConfig:
             raise ValueError("num_state_slots must be at least 2 (slot 0 is reserved)")
 
 
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
 def kv_bytes_per_block(model: HybridModel, block_size: int, dtype: torch.dtype) -> int:
-    c = model.config
-    per_token = 2 * c.num_key_value_heads * c.head_dim * torch.tensor([], dtype=dtype).element_size()
-    return len(c.full_attention_layers) * block_size * per_token
+    """KV bytes of one block across all attention layers (of this rank's shard)."""
+    return sum(
+        2 * block_size * layer.mixer.num_kv_heads * layer.mixer.head_dim * _element_size(dtype)
+        for layer in model.layers
+        if layer.layer_type != LINEAR_ATTENTION
+    )
 
 
 def state_bytes_per_slot(model: HybridModel, dtype: torch.dtype, state_dtype: torch.dtype) -> int:
-    c = model.config
-    recurrent = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
-    conv = c.conv_dim * (c.linear_conv_kernel_dim - 1)
-    size = lambda d: torch.tensor([], dtype=d).element_size()  # noqa: E731
-    return len(c.linear_attention_layers) * (recurrent * size(state_dtype) + conv * size(dtype))
+    """Recurrent + conv state bytes of one sequence across all linear layers (of this rank's shard)."""
+    total = 0
+    for layer in model.layers:
+        if layer.layer_type == LINEAR_ATTENTION:
+            m = layer.mixer
+            total += m.num_v_heads * m.head_k_dim * m.head_v_dim * _element_size(state_dtype)
+            total += m.conv_dim * (m.conv_weight.shape[1] - 1) * _element_size(dtype)
+    return total
 
 
 def allocate_state_pools(
     model: HybridModel, num_slots: int, device: torch.device, dtype: torch.dtype, state_dtype: torch.dtype
 ) -> None:
     """Give every linear layer its conv and recurrent state pools (buffers), all rows zero."""
-    c = model.config
     for layer in model.layers:
         if layer.layer_type == LINEAR_ATTENTION:
-            mixer = layer.mixer
-            mixer.conv_state = torch.zeros(num_slots, c.conv_dim, c.linear_conv_kernel_dim - 1, device=device, dtype=dtype)
-            mixer.recurrent_state = torch.zeros(
-                num_slots, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
-                device=device, dtype=state_dtype,
+            m = layer.mixer
+            kernel = m.conv_weight.shape[1]
+            m.conv_state = torch.zeros(num_slots, m.conv_dim, kernel - 1, device=device, dtype=dtype)
+            m.recurrent_state = torch.zeros(
+                num_slots, m.num_v_heads, m.head_k_dim, m.head_v_dim, device=device, dtype=state_dtype
             )
 
 
@@ -70,14 +79,14 @@ def allocate_kv_cache(
     model: HybridModel, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype
 ) -> None:
     """Give every attention layer its own ``k_cache`` and ``v_cache`` (two allocations, buffers)."""
-    c = model.config
-    shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
     for layer in model.layers:
         if layer.layer_type != LINEAR_ATTENTION:
-            layer.mixer.k_cache = None  # free the old cache before allocating the new one
-            layer.mixer.v_cache = None
-            layer.mixer.k_cache = torch.zeros(shape, device=device, dtype=dtype)
-            layer.mixer.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+            m = layer.mixer
+            shape = (num_blocks, block_size, m.num_kv_heads, m.head_dim)
+            m.k_cache = None  # free the old cache before allocating the new one
+            m.v_cache = None
+            m.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+            m.v_cache = torch.zeros(shape, device=device, dtype=dtype)
 
 
 def reset_state_slot(model: HybridModel, slot: int) -> None:

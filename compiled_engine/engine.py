@@ -89,7 +89,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         vocab = self.runtime.model_config.vocab_size
-        bad_stop = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        bad_stop = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad_stop:
             raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]}, outside [0, {vocab})")
         seq = Sequence(self.runtime.new_seq_id(), token_ids, len(token_ids))

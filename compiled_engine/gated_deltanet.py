@@ -15,19 +15,24 @@ from torch import nn
 
 import ops  # noqa: F401  (registers torch.ops.ce)
 from compiled_engine.config import ModelConfig
+from compiled_engine.distributed import TensorParallel
 from compiled_engine.layers import GatedRMSNorm, empty_parameter
 from compiled_engine.step_inputs import StepInputs
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """Sharded over tensor-parallel ranks by key-head groups, each with its value heads, conv channels and state."""
+
+    def __init__(self, config: ModelConfig, tp: TensorParallel):
         super().__init__()
-        self.num_k_heads = config.linear_num_key_heads
-        self.num_v_heads = config.linear_num_value_heads
+        self.tp = tp
+        self.num_k_heads = config.linear_num_key_heads // tp.world_size
+        self.num_v_heads = config.linear_num_value_heads // tp.world_size
         self.head_k_dim = config.linear_key_head_dim
         self.head_v_dim = config.linear_value_head_dim
-        key_dim, value_dim = config.linear_key_dim, config.linear_value_dim
-        self.conv_dim = config.conv_dim
+        key_dim = self.num_k_heads * self.head_k_dim
+        value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * key_dim + value_dim
         self.split_sizes = [self.conv_dim, value_dim, self.num_v_heads, self.num_v_heads]  # qkv | z | b | a
         self.qkv_split = [key_dim, key_dim, value_dim]
         self.in_proj = empty_parameter(sum(self.split_sizes), config.hidden_size)
@@ -64,4 +69,4 @@ class GatedDeltaNet(nn.Module):
                 q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.state_slots
             )
         o = self.norm(o, z.reshape(tokens, self.num_v_heads, self.head_v_dim))
-        return F.linear(o.reshape(tokens, -1), self.out_proj)
+        return self.tp.all_reduce(F.linear(o.reshape(tokens, -1), self.out_proj))  # out_proj is row-parallel

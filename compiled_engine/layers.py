@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compiled_engine.distributed import TensorParallel
+
 
 def empty_parameter(*shape: int) -> nn.Parameter:
     """A parameter with no storage yet; the loader materialises it on the target device and dtype."""
@@ -75,14 +77,18 @@ class RotaryEmbedding(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU MLP with gate and up projections fused into one GEMM."""
+    """SwiGLU MLP with gate and up projections fused into one GEMM.
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    Tensor parallel: gate_up is column-parallel, down_proj row-parallel (one all-reduce).
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, tp: TensorParallel):
         super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = empty_parameter(2 * intermediate_size, hidden_size)
-        self.down_proj = empty_parameter(hidden_size, intermediate_size)
+        self.tp = tp
+        self.intermediate_size = intermediate_size // tp.world_size
+        self.gate_up_proj = empty_parameter(2 * self.intermediate_size, hidden_size)
+        self.down_proj = empty_parameter(hidden_size, self.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_proj).split(self.intermediate_size, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj)
+        return self.tp.all_reduce(F.linear(F.silu(gate) * up, self.down_proj))

@@ -44,12 +44,14 @@ class LLM:
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         enforce_eager: bool | None = None,
+        tensor_parallel_size: int = 1,
         max_num_batched_tokens: int = 8192,
         **runtime_config,
     ):
         """``model``: a checkpoint folder; None builds (or reuses) the embedded tiny Qwen3.5-architecture model.
 
         ``enforce_eager``: skip torch.compile and CUDA graphs. Default: compiled on CUDA, eager on CPU.
+        ``tensor_parallel_size``: shard the model over that many processes / GPUs (``close()`` stops them).
         ``runtime_config``: max_model_len, max_num_seqs, block_size, num_kv_blocks, gpu_memory_utilization,
         state_dtype (see README "Knobs").
         """
@@ -63,6 +65,7 @@ class LLM:
             model,
             device=device,
             dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
             progress=True,
             max_num_batched_tokens=max_num_batched_tokens,
             **runtime_config,
@@ -73,8 +76,20 @@ class LLM:
         if not enforce_eager:
             from graphs import compile_decode
 
+            if self.runtime.workers is not None:  # every rank compiles and captures in lockstep
+                self.runtime.workers.send_compile()
             self.runtime.decode_fn = compile_decode(self.runtime)
         self.engine = LLMEngine(self.runtime, self.tokenizer, max_num_batched_tokens=max_num_batched_tokens)
+
+    def close(self) -> None:
+        """Stop tensor-parallel workers, if any."""
+        self.runtime.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(
         self,

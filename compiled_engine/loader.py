@@ -27,6 +27,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from compiled_engine.config import ModelConfig
+from compiled_engine.distributed import SINGLE, TensorParallel, shard_sections
 from compiled_engine.model import HybridModel
 
 FP32_PARAMETERS = ("A_log", "dt_bias")  # tiny, and the gates are computed in fp32 anyway
@@ -46,7 +47,8 @@ class Placement:
     target: str
     row_offset: int = 0
     rows: int | None = None
-    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None  # layout change of the full tensor
+    shard: tuple[int, list[int]] | None = None  # (dim, global sections): tensor-parallel cut, after transform
 
 
 @dataclass
@@ -72,23 +74,35 @@ def checkpoint_files(path: str) -> dict[str, str]:
 
 
 class WeightRouter:
-    """Maps a checkpoint tensor name to its placement(s) in our parameter layout."""
+    """Maps a checkpoint tensor name to its placement in our (possibly tensor-parallel-sharded) parameters.
 
-    def __init__(self, config: ModelConfig):
+    Offsets and row counts are this rank's; ``Placement.shard`` says how to cut the full checkpoint tensor.
+    """
+
+    def __init__(self, config: ModelConfig, tp: TensorParallel = SINGLE):
         self.config = config
-        c = config
-        q_rows = 2 * c.num_attention_heads * c.head_dim
-        kv_rows = c.num_key_value_heads * c.head_dim
-        # (row offset, rows) of each checkpoint projection inside our fused parameter
-        self.attention_rows = {"q_proj": (0, q_rows), "k_proj": (q_rows, kv_rows), "v_proj": (q_rows + kv_rows, kv_rows)}
-        self.mlp_rows = {"gate_proj": (0, c.intermediate_size), "up_proj": (c.intermediate_size, c.intermediate_size)}
-        conv, value = c.conv_dim, c.linear_value_dim
-        hv = c.linear_num_value_heads
+        self.tp = tp
+        c, n = config, tp.world_size
+        # Global sizes of the head-major sections each checkpoint projection is made of.
+        self.q_rows, self.kv_rows = 2 * c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        self.key_rows, self.value_rows, hv = c.linear_key_dim, c.linear_value_dim, c.linear_num_value_heads
+        q, kv, inter = self.q_rows // n, self.kv_rows // n, c.intermediate_size // n
+        key, value, hv_local = self.key_rows // n, self.value_rows // n, hv // n
+        conv = 2 * key + value
+        # name -> (row offset, rows) inside our fused parameter, on this rank
+        self.attention_rows = {"q_proj": (0, q), "k_proj": (q, kv), "v_proj": (q + kv, kv)}
+        self.mlp_rows = {"gate_proj": (0, inter), "up_proj": (inter, inter)}
         self.linear_rows = {
             "in_proj_qkv": (0, conv),
             "in_proj_z": (conv, value),
-            "in_proj_b": (conv + value, hv),
-            "in_proj_a": (conv + value + hv, hv),
+            "in_proj_b": (conv + value, hv_local),
+            "in_proj_a": (conv + value + hv_local, hv_local),
+        }
+        self.linear_sections = {
+            "in_proj_qkv": [self.key_rows, self.key_rows, self.value_rows],
+            "in_proj_z": [self.value_rows],
+            "in_proj_b": [hv],
+            "in_proj_a": [hv],
         }
 
     def route(self, name: str) -> Placement | None:
@@ -99,11 +113,11 @@ class WeightRouter:
         elif parts[:1] == ["model"]:
             parts = parts[1:]
         elif parts == ["lm_head", "weight"]:
-            return Placement("lm_head")
+            return Placement("lm_head", transform=self._vocab_shard)
         else:
             raise CheckpointError(f"unexpected tensor {name!r}")
         if parts == ["embed_tokens", "weight"]:
-            return Placement("embed_tokens")
+            return Placement("embed_tokens", transform=self._vocab_shard)
         if parts == ["norm", "weight"]:
             return Placement("norm.weight")
         if len(parts) >= 4 and parts[0] == "layers" and parts[1].isdigit():
@@ -117,18 +131,20 @@ class WeightRouter:
             return None
         prefix = f"layers.{index}"
         module, rest = parts[0], parts[1:]
+        c = self.config
         if module in ("input_layernorm", "post_attention_layernorm") and rest == ["weight"]:
             return Placement(f"{prefix}.{module}.weight")
         if module == "mlp" and len(rest) == 2 and rest[1] == "weight":
             if rest[0] in self.mlp_rows:
-                return Placement(f"{prefix}.mlp.gate_up_proj", *self.mlp_rows[rest[0]])
+                return Placement(f"{prefix}.mlp.gate_up_proj", *self.mlp_rows[rest[0]], shard=(0, [c.intermediate_size]))
             if rest[0] == "down_proj":
-                return Placement(f"{prefix}.mlp.down_proj")
+                return Placement(f"{prefix}.mlp.down_proj", shard=(1, [c.intermediate_size]))
         if module == "self_attn" and len(rest) == 2 and rest[1] == "weight":
             if rest[0] in self.attention_rows:
-                return Placement(f"{prefix}.self_attn.qkv_proj", *self.attention_rows[rest[0]])
+                sections = [self.q_rows] if rest[0] == "q_proj" else [self.kv_rows]
+                return Placement(f"{prefix}.self_attn.qkv_proj", *self.attention_rows[rest[0]], shard=(0, sections))
             if rest[0] == "o_proj":
-                return Placement(f"{prefix}.self_attn.o_proj")
+                return Placement(f"{prefix}.self_attn.o_proj", shard=(1, [self.q_rows // 2]))
             if rest[0] in ("q_norm", "k_norm"):
                 return Placement(f"{prefix}.self_attn.{rest[0]}.weight")
         if module == "linear_attn":
@@ -137,22 +153,38 @@ class WeightRouter:
 
     def _route_linear(self, prefix: str, rest: list[str]) -> Placement | None:
         c = self.config
+        hv = c.linear_num_value_heads
+        qkv_sections = [self.key_rows, self.key_rows, self.value_rows]
         if rest in (["A_log"], ["dt_bias"]):
-            return Placement(f"{prefix}.{rest[0]}")
+            return Placement(f"{prefix}.{rest[0]}", shard=(0, [hv]))
         if rest == ["conv1d", "weight"]:  # [C, 1, W] -> [C, W]
-            return Placement(f"{prefix}.conv_weight", transform=lambda t: t.reshape(t.shape[0], t.shape[-1]))
-        if rest == ["norm", "weight"]:
+            return Placement(
+                f"{prefix}.conv_weight", transform=lambda t: t.reshape(t.shape[0], t.shape[-1]), shard=(0, qkv_sections)
+            )
+        if rest == ["norm", "weight"]:  # [V], shared by all value heads: replicated
             return Placement(f"{prefix}.norm.weight")
         if rest == ["out_proj", "weight"]:
-            return Placement(f"{prefix}.out_proj")
+            return Placement(f"{prefix}.out_proj", shard=(1, [self.value_rows]))
         if len(rest) == 2 and rest[1] == "weight" and rest[0] in self.linear_rows:
-            return Placement(f"{prefix}.in_proj", *self.linear_rows[rest[0]])
+            return Placement(f"{prefix}.in_proj", *self.linear_rows[rest[0]], shard=(0, self.linear_sections[rest[0]]))
+        conv, value = self.linear_rows["in_proj_z"]
         if rest == ["in_proj_qkvz", "weight"]:  # Qwen3-Next
-            return Placement(f"{prefix}.in_proj", 0, c.conv_dim + c.linear_value_dim, self._regroup_qkvz)
+            return Placement(f"{prefix}.in_proj", 0, conv + value, self._regroup_qkvz, (0, qkv_sections + [self.value_rows]))
         if rest == ["in_proj_ba", "weight"]:
-            rows = 2 * c.linear_num_value_heads
-            return Placement(f"{prefix}.in_proj", c.conv_dim + c.linear_value_dim, rows, self._regroup_ba)
+            offset, rows = self.linear_rows["in_proj_b"]
+            return Placement(f"{prefix}.in_proj", offset, 2 * rows, self._regroup_ba, (0, [hv, hv]))
         return None
+
+    def _vocab_shard(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a vocab-parallel matrix, zero-padded to ``ceil(vocab / world)`` rows."""
+        n = self.tp.world_size
+        if n == 1:
+            return t
+        per_rank = -(-t.shape[0] // n)
+        rows = t[self.tp.rank * per_rank : (self.tp.rank + 1) * per_rank]
+        if rows.shape[0] < per_rank:
+            rows = torch.cat([rows, rows.new_zeros(per_rank - rows.shape[0], *rows.shape[1:])])
+        return rows
 
     def _regroup_qkvz(self, t: torch.Tensor) -> torch.Tensor:
         """Qwen3-Next rows per key head i: ``[q_i | k_i | v (r heads) | z (r heads)]`` -> ``[q | k | v | z]``."""
@@ -181,14 +213,22 @@ def _skip_reason(name: str) -> str | None:
 
 
 def load_model(
-    path: str, config: ModelConfig, device: torch.device, dtype: torch.dtype, progress: bool = False
+    path: str,
+    config: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: bool = False,
+    tp: TensorParallel = SINGLE,
 ) -> tuple[HybridModel, LoadReport]:
-    """Build the model on ``meta`` and fill every parameter from the checkpoint at ``path``."""
+    """Build the model (this rank's shard) on ``meta`` and fill every parameter from the checkpoint at ``path``.
+
+    Each tensor is read on the CPU, cut to this rank's shard, and only the shard is copied to ``device``.
+    """
     with torch.device("meta"):
-        model = HybridModel(config)
+        model = HybridModel(config, tp)
     files = checkpoint_files(path)
     report = LoadReport()
-    router = WeightRouter(config)
+    router = WeightRouter(config, tp)
     params = dict(model.named_parameters(remove_duplicate=False))
     rows_written = {name: 0 for name in params}
     materialised: dict[str, torch.Tensor] = {}
@@ -219,6 +259,13 @@ def load_model(
                         tensor = placement.transform(tensor)
                     except RuntimeError as error:  # a reshape of a mis-shaped tensor
                         raise CheckpointError(f"tensor {name!r} of shape {tuple(tensor.shape)}: {error}") from None
+                if placement.shard is not None and tp.world_size > 1:
+                    dim, sections = placement.shard
+                    if tensor.dim() <= dim or tensor.shape[dim] != sum(sections):
+                        raise CheckpointError(
+                            f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {sum(sections)} along dim {dim}"
+                        )
+                    tensor = shard_sections(tensor, sections, dim, tp)
                 _place(name, tensor, placement, params, materialised, rows_written, device, dtype)
                 report.loaded.append(name)
     bar.close()

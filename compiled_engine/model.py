@@ -14,22 +14,23 @@ from torch import nn
 
 from compiled_engine.attention import FullAttention
 from compiled_engine.config import LINEAR_ATTENTION, ModelConfig
+from compiled_engine.distributed import SINGLE, TensorParallel
 from compiled_engine.gated_deltanet import GatedDeltaNet
 from compiled_engine.layers import MLP, RMSNorm, empty_parameter
 from compiled_engine.step_inputs import StepInputs
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_type: str):
+    def __init__(self, config: ModelConfig, layer_type: str, tp: TensorParallel):
         super().__init__()
         self.layer_type = layer_type
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if layer_type == LINEAR_ATTENTION:
-            self.linear_attn = GatedDeltaNet(config)
+            self.linear_attn = GatedDeltaNet(config, tp)
         else:
-            self.self_attn = FullAttention(config)
+            self.self_attn = FullAttention(config, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size, tp)
 
     @property
     def mixer(self) -> nn.Module:
@@ -41,24 +42,40 @@ class DecoderLayer(nn.Module):
 
 
 class HybridModel(nn.Module):
-    """Qwen3.5 / Qwen3-Next text decoder. Parameter names are our loaded layout (compiled_engine/loader.py)."""
+    """Qwen3.5 / Qwen3-Next text decoder. Parameter names are our loaded layout (compiled_engine/loader.py).
 
-    def __init__(self, config: ModelConfig):
+    With tensor parallelism (``tp.world_size > 1``) this is one rank's shard: the mixers and MLPs hold 1/world of
+    the heads, and the embedding and lm_head 1/world of the vocabulary (padded to a multiple of world).
+    """
+
+    def __init__(self, config: ModelConfig, tp: TensorParallel = SINGLE):
         super().__init__()
         self.config = config
-        self.embed_tokens = empty_parameter(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, t) for t in config.layer_types)
+        self.tp = tp
+        self.vocab_per_rank = -(-config.vocab_size // tp.world_size)
+        self.embed_tokens = empty_parameter(self.vocab_per_rank, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, t, tp) for t in config.layer_types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Tied checkpoints share the embedding tensor (the loader points lm_head at it: one copy in memory).
-        self.lm_head = empty_parameter(config.vocab_size, config.hidden_size)
+        self.lm_head = empty_parameter(self.vocab_per_rank, config.hidden_size)
 
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` of the step's new tokens, after the final norm."""
-        x = F.embedding(step.input_ids, self.embed_tokens)
+        x = self.embed(step.input_ids)
         for layer in self.layers:
             x = layer(x, step)
         return self.norm(x)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.world_size == 1:
+            return F.embedding(input_ids, self.embed_tokens)
+        # Vocab-parallel: each rank looks up the ids in its range, zeros elsewhere; the all-reduce sums them.
+        local = input_ids - self.tp.rank * self.vocab_per_rank
+        mine = (local >= 0) & (local < self.vocab_per_rank)
+        x = F.embedding(torch.where(mine, local, torch.zeros_like(local)), self.embed_tokens)
+        return self.tp.all_reduce(x * mine[:, None].to(x.dtype))
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits for the given hidden rows."""
-        return F.linear(hidden, self.lm_head).float()
+        """fp32 logits ``[rows, vocab]`` for the given hidden rows (gathered from every rank's vocab shard)."""
+        logits = self.tp.all_gather_last_dim(F.linear(hidden, self.lm_head))
+        return logits[:, : self.config.vocab_size].float()

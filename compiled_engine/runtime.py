@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
@@ -32,11 +33,13 @@ from compiled_engine.cache import (
     state_bytes_per_slot,
 )
 from compiled_engine.config import ModelConfig
-from compiled_engine.loader import LoadReport, load_model
+from compiled_engine.distributed import check_divisible
+from compiled_engine.loader import load_model
 from compiled_engine.model import HybridModel
 from compiled_engine.prefix_cache import PrefixCache, PrefixHit
 from compiled_engine.sequence import Sequence
 from compiled_engine.step_inputs import StepInputs
+from compiled_engine.tp_workers import TensorParallelWorkers
 from ops.library import NULL_BLOCK, NULL_SLOT
 
 logger = logging.getLogger(__name__)
@@ -99,9 +102,20 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 class Runtime:
-    def __init__(self, model: HybridModel, config: RuntimeConfig, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self,
+        model: HybridModel,
+        config: RuntimeConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        workers: TensorParallelWorkers | None = None,
+    ):
+        """``workers``: the other tensor-parallel ranks, when this is rank 0 of a sharded model."""
         config.validate()
+        if model.tp.world_size > 1 and config.enable_prefix_caching:
+            raise NotImplementedError("prefix caching with tensor parallelism is not supported yet")
         self.model = model
+        self.workers = workers
         self.model_config: ModelConfig = model.config
         self.config = config
         self.device = device
@@ -150,17 +164,60 @@ class Runtime:
         *,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
+        tensor_parallel_size: int = 1,
         progress: bool = False,
         **runtime_config,
     ) -> "Runtime":
-        """Load a checkpoint folder (config.json + safetensors). ``runtime_config``: fields of RuntimeConfig."""
+        """Load a checkpoint folder (config.json + safetensors). ``runtime_config``: fields of RuntimeConfig.
+
+        ``tensor_parallel_size`` N > 1 shards the model over N processes (this one is rank 0; on CUDA rank r uses
+        GPU r). Call ``close()`` (or use ``with``) to stop them; they also stop when this process exits.
+        """
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         config = ModelConfig.from_pretrained(path)
-        model, report = load_model(path, config, device, dtype, progress=progress)
-        runtime = cls(model, RuntimeConfig(**runtime_config), device, dtype)
-        runtime.load_report: LoadReport = report
+        runtime_config = RuntimeConfig(**runtime_config)
+        runtime_config.validate()
+        if tensor_parallel_size == 1:
+            model, report = load_model(path, config, device, dtype, progress=progress)
+            runtime = cls(model, runtime_config, device, dtype)
+            runtime.load_report = report
+            return runtime
+        if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
+        check_divisible(config, tensor_parallel_size)
+        if device.type == "cuda" and torch.cuda.device_count() < tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs that many GPUs; "
+                             f"{torch.cuda.device_count()} visible")
+        if runtime_config.enable_prefix_caching:
+            raise NotImplementedError("prefix caching with tensor parallelism is not supported yet")
+        if device.type == "cuda":
+            device = torch.device("cuda", 0)
+            torch.cuda.set_device(device)
+        args = {"path": path, "model_config": config, "dtype": dtype, "runtime_config": runtime_config}
+        workers = TensorParallelWorkers(tensor_parallel_size, device, args)
+        try:
+            model, report = load_model(path, config, device, dtype, progress=progress, tp=workers.tp)
+            workers.wait_for("loaded")  # before any collective: a worker that failed to load raises here
+            runtime = cls(model, runtime_config, device, dtype, workers=workers)
+            workers.wait_for("ready")
+        except BaseException:
+            workers.shutdown()
+            raise
+        runtime.load_report = report
+        weakref.finalize(runtime, workers.shutdown)
         return runtime
+
+    def close(self) -> None:
+        """Stop tensor-parallel workers (no-op without them)."""
+        if self.workers is not None:
+            self.workers.shutdown()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _plan_kv_blocks(self) -> int:
         """KV blocks from the memory left after weights, state pools and the measured activation peak.
@@ -179,6 +236,10 @@ class Runtime:
         free, total = torch.cuda.mem_get_info(self.device)
         budget = total * self.config.gpu_memory_utilization - (total - free) - peak
         blocks = int(budget // block_bytes)
+        if self.model.tp.world_size > 1:  # every rank must have the same blocks: take the smallest plan
+            agreed = torch.tensor([blocks], device=self.device)
+            torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+            blocks = int(agreed.item())
         logger.info(
             "memory plan: %.2f GiB in use (weights, state pools), activation peak %.2f GiB, %.2f GiB for KV",
             (total - free) / 2**30, peak / 2**30, max(budget, 0) / 2**30,
@@ -262,6 +323,8 @@ class Runtime:
         seq.state_slot = self.slots.allocate()
         seq.num_cached_tokens = 0
         if hit is None:
+            if self.workers is not None:
+                self.workers.send_reset_slot(seq.state_slot)
             reset_state_slot(self.model, seq.state_slot)
         else:
             self.prefix_cache.apply(seq, hit)
@@ -304,11 +367,9 @@ class Runtime:
             if not 1 <= n <= seq.num_uncomputed_tokens:
                 raise ValueError(f"sequence {seq.seq_id}: cannot compute {n} of {seq.num_uncomputed_tokens} tokens")
         step = self.build_step(seqs, counts, is_prefill=True)
-        hidden = self.model(step)
+        logits = self.execute(step, all_logits)
         self._record_prefixes(seqs)
-        if not all_logits:
-            hidden = hidden[step.last_token_indices()]
-        return self.model.compute_logits(hidden)
+        return logits
 
     @torch.inference_mode()
     def decode_step(self, seqs: Seq[Sequence]) -> torch.Tensor:
@@ -319,9 +380,27 @@ class Runtime:
                     f"sequence {seq.seq_id} has {seq.num_uncomputed_tokens} uncomputed tokens; decode_step needs 1"
                 )
         step = self.build_step(seqs, [1] * len(seqs), is_prefill=False)
-        logits = self.decode_fn(step)
+        logits = self.execute(step)
         self._record_prefixes(seqs)
         return logits
+
+    def execute(self, step: StepInputs, all_logits: bool = False) -> torch.Tensor:
+        """Run one step on the model (on every tensor-parallel rank): fp32 logits of the rows asked for."""
+        if self.workers is None:
+            return self._execute_local(step, all_logits)
+        try:
+            self.workers.send_step(step, all_logits)
+            return self._execute_local(step, all_logits)
+        except Exception as error:  # a collective failed: report the worker's own error if it sent one
+            self.workers.raise_worker_error(error)
+
+    def _execute_local(self, step: StepInputs, all_logits: bool) -> torch.Tensor:
+        if not step.is_prefill:
+            return self.decode_fn(step)
+        hidden = self.model(step)
+        if not all_logits:
+            hidden = hidden[step.last_token_indices()]
+        return self.model.compute_logits(hidden)
 
     def _record_prefixes(self, seqs: Seq[Sequence]) -> None:
         if self.prefix_cache is not None:

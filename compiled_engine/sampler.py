@@ -32,8 +32,11 @@ def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab_size: int) 
     """U(0, 1) noise ``[B, vocab]`` that depends only on (seed, counter, vocab id)."""
     vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     row = _splitmix64(_splitmix64(seeds.long()) ^ counters.long())
-    bits = _logical_shift_right(_splitmix64(row[:, None] ^ vocab[None, :] * _GOLDEN), 40)  # top 24 bits
-    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+    # Top 23 bits: (bits + 0.5) / 2**23 is exact in fp32 and at most 1 - 2**-24 < 1. With 24 bits the largest value
+    # rounded to 1.0, so E = -log(U) was 0 and p / E inf or NaN: that token won whatever its probability (even a
+    # filtered or suppressed one), in ~1.5% of the draws at a 248k vocabulary.
+    bits = _logical_shift_right(_splitmix64(row[:, None] ^ vocab[None, :] * _GOLDEN), 41)
+    return (bits.float() + 0.5) * (1.0 / (1 << 23))
 
 
 @dataclass
@@ -84,7 +87,9 @@ def _apply_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tens
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     # Drop a token when the tokens ranked before it already reach top_p (the most likely token always stays).
+    # Rows with top_p == 1 drop nothing: their fp32 cumsum can round up to 1 before the tail, which would cut
+    # tokens only because another row of the batch uses top_p.
     mass_before = probs.cumsum(dim=-1) - probs
-    drop = mass_before >= batch.top_p[:, None]
+    drop = (mass_before >= batch.top_p[:, None]) & (batch.top_p[:, None] < 1)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)

@@ -28,7 +28,8 @@ class SamplingParams:
             ("min_p", 0 <= self.min_p <= 1, "must be in [0, 1]"),
             ("max_tokens", isinstance(self.max_tokens, int) and self.max_tokens >= 1, "must be an int >= 1"),
             ("min_tokens", isinstance(self.min_tokens, int) and 0 <= self.min_tokens, "must be an int >= 0"),
-            ("seed", self.seed is None or isinstance(self.seed, int), "must be an int or None"),
+            ("seed", self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63),
+             "must be None or an int in [-2**63, 2**63) (it travels as int64)"),
         ]
         for field_name, ok, rule in checks:
             if not ok:

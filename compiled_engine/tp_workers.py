@@ -1,0 +1,234 @@
+"""Tensor-parallel worker processes, driven in lockstep by the caller's Runtime (rank 0).
+
+The caller's process is rank 0: it owns the scheduler and all bookkeeping (blocks, slots, sequences) and holds
+shard 0 of the model. Ranks 1..N-1 are processes this module spawns; each loads only its own shard into its own
+Runtime and then serves commands. Every command is a broadcast from rank 0 over the process group itself (NCCL
+on GPUs, gloo on CPU): a small int64 header, then the step's tensors. All ranks then run the same model code,
+whose all-reduces / all-gathers meet inside the forward.
+
+Failure handling: each worker reports "loaded"/"ready" or its traceback through a multiprocessing queue. The driver
+waits for those reports (checking that the processes are alive) before it enters any collective, so a worker
+that fails to start surfaces as a RuntimeError in the caller instead of a hang. A worker that fails later
+reports its traceback and exits; the driver's next collective then fails and the driver raises that traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from compiled_engine.distributed import TensorParallel, free_port
+from compiled_engine.step_inputs import StepInputs
+
+CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE = 0, 1, 2, 3
+HEADER_SIZE = 8
+STARTUP_TIMEOUT_S = 600  # loading a large shard can take minutes
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+FAULT_ENV = "COMPILED_ENGINE_TP_TEST_FAULT"  # test only: "<rank>:<stage>" makes that worker raise at that stage
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def device_for_rank(device: torch.device, rank: int) -> torch.device:
+    return torch.device("cuda", rank) if device.type == "cuda" else torch.device("cpu")
+
+
+class WorkerError(RuntimeError):
+    """A tensor-parallel worker failed; the message carries its traceback."""
+
+
+class TensorParallelWorkers:
+    """Rank 0's handle on ranks 1..N-1."""
+
+    def __init__(self, world_size: int, device: torch.device, worker_args: dict):
+        # NVLink multicast stays off (it can take a shared host's GPUs out of service); children inherit this.
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        self.world_size = world_size
+        self.device = device
+        context = mp.get_context("spawn")
+        self.reports = context.Queue()
+        port = free_port()
+        self.processes = [
+            context.Process(
+                target=worker_main,
+                args=(rank, world_size, port, device.type, worker_args, self.reports),
+                daemon=True,
+                name=f"compiled_engine-tp{rank}",
+            )
+            for rank in range(1, world_size)
+        ]
+        for process in self.processes:
+            process.start()
+        self.closed = False
+        try:
+            dist.init_process_group(
+                backend_for(device),
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=0,
+                world_size=world_size,
+                timeout=COLLECTIVE_TIMEOUT,
+            )
+        except Exception:
+            self.shutdown()
+            raise
+        self.tp = TensorParallel(rank=0, world_size=world_size)
+
+    # ---------------------------------------------------------------------------------------------- handshakes
+    def wait_for(self, stage: str) -> None:
+        """Block until every worker reports ``stage``; raise the first worker error (or a dead worker) instead."""
+        pending = set(range(1, self.world_size))
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while pending:
+            try:
+                rank, message = self.reports.get(timeout=0.5)
+            except queue.Empty:
+                dead = [p for p in self.processes if not p.is_alive()]
+                if dead:
+                    raise WorkerError(f"tensor-parallel worker {dead[0].name} exited with code {dead[0].exitcode}")
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"tensor-parallel workers {sorted(pending)} did not reach {stage!r} in time")
+                continue
+            if message != stage:
+                raise WorkerError(f"tensor-parallel worker {rank} failed:\n{message}")
+            pending.discard(rank)
+
+    def raise_worker_error(self, error: BaseException) -> None:
+        """Turn a failed collective into the worker's own error when a worker reported one."""
+        try:
+            rank, message = self.reports.get(timeout=5)
+        except queue.Empty:
+            raise error
+        raise WorkerError(f"tensor-parallel worker {rank} failed:\n{message}") from error
+
+    # ------------------------------------------------------------------------------------------------ commands
+    def _header(self, values: list[int]) -> torch.Tensor:
+        header = torch.zeros(HEADER_SIZE, dtype=torch.int64, device=self.device)
+        header[: len(values)] = torch.tensor(values, dtype=torch.int64)
+        return header
+
+    def send_step(self, step: StepInputs, all_logits: bool) -> None:
+        tokens, seqs, max_blocks = step.input_ids.shape[0], step.state_slots.shape[0], step.block_tables.shape[1]
+        dist.broadcast(self._header([CMD_STEP, tokens, seqs, max_blocks, int(step.is_prefill), int(all_logits)]), 0)
+        for tensor in step_tensors(step):
+            dist.broadcast(tensor.contiguous(), 0)
+
+    def send_reset_slot(self, slot: int) -> None:
+        dist.broadcast(self._header([CMD_RESET_SLOT, slot]), 0)
+
+    def send_compile(self) -> None:
+        dist.broadcast(self._header([CMD_COMPILE]), 0)
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the process group; safe to call twice and after errors."""
+        if self.closed:
+            return
+        self.closed = True
+        if dist.is_initialized():
+            alive = all(p.is_alive() for p in self.processes)
+            try:
+                if alive:
+                    dist.broadcast(self._header([CMD_STOP]), 0)
+            except Exception:  # a dead peer: nothing to tell it
+                pass
+            dist.destroy_process_group()
+        for process in self.processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def step_tensors(step: StepInputs) -> list[torch.Tensor]:
+    tensors = [step.input_ids, step.positions, step.slot_mapping, step.block_tables, step.context_lens, step.state_slots]
+    if step.is_prefill:
+        tensors.append(step.cu_seqlens)
+    return tensors
+
+
+def receive_step(header: list[int], device: torch.device) -> tuple[StepInputs, bool]:
+    _, tokens, seqs, max_blocks, is_prefill, all_logits = header[:6]
+    shapes = [
+        ((tokens,), torch.long),
+        ((tokens,), torch.long),
+        ((tokens,), torch.long),
+        ((seqs, max_blocks), torch.int32),
+        ((seqs,), torch.int32),
+        ((seqs,), torch.int32),
+    ]
+    if is_prefill:
+        shapes.append(((seqs + 1,), torch.int32))
+    tensors = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+    for tensor in tensors:
+        dist.broadcast(tensor, 0)
+    step = StepInputs(*tensors[:6], cu_seqlens=tensors[6] if is_prefill else None, is_prefill=bool(is_prefill))
+    return step, bool(all_logits)
+
+
+def _maybe_fail(rank: int, stage: str) -> None:
+    if os.environ.get(FAULT_ENV) == f"{rank}:{stage}":
+        raise RuntimeError(f"injected fault in worker {rank} at {stage!r} ({FAULT_ENV})")
+
+
+def worker_main(rank: int, world_size: int, port: int, device_type: str, args: dict, reports) -> None:
+    """Entry point of rank ``rank`` (a spawned process)."""
+    from compiled_engine.loader import load_model
+    from compiled_engine.runtime import Runtime
+
+    device = device_for_rank(torch.device(device_type), rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    try:
+        dist.init_process_group(
+            backend_for(device),
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=COLLECTIVE_TIMEOUT,
+        )
+        tp = TensorParallel(rank=rank, world_size=world_size)
+        _maybe_fail(rank, "load")
+        model, _ = load_model(args["path"], args["model_config"], device, args["dtype"], tp=tp)
+        reports.put((rank, "loaded"))
+        runtime = Runtime(model, args["runtime_config"], device, args["dtype"])
+        reports.put((rank, "ready"))
+        serve(runtime, rank, device)
+    except BaseException:
+        reports.put((rank, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@torch.inference_mode()
+def serve(runtime, rank: int, device: torch.device) -> None:
+    from compiled_engine.cache import reset_state_slot
+
+    header = torch.empty(HEADER_SIZE, dtype=torch.int64, device=device)
+    while True:
+        dist.broadcast(header, 0)
+        values = header.tolist()
+        command = values[0]
+        if command == CMD_STOP:
+            return
+        if command == CMD_STEP:
+            _maybe_fail(rank, "step")
+            step, all_logits = receive_step(values, device)
+            runtime.execute(step, all_logits)
+        elif command == CMD_RESET_SLOT:
+            reset_state_slot(runtime.model, values[1])
+        elif command == CMD_COMPILE:
+            from graphs import compile_decode
+
+            runtime.decode_fn = compile_decode(runtime)
+        else:
+            raise RuntimeError(f"unknown tensor-parallel command {command}")

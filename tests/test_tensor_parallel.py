@@ -1,0 +1,64 @@
+"""Tensor parallelism on CPU with gloo: TP=2 equals TP=1 equals HF; errors surface in the caller."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from compiled_engine import LLM, Runtime, SamplingParams
+from compiled_engine.tp_workers import FAULT_ENV, WorkerError
+from tests import hf_models
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+def prompts_for(vocab: int) -> list[list[int]]:
+    rng = random.Random(3)
+    return [[rng.randrange(vocab) for _ in range(n)] for n in (1, 17, 70)]
+
+
+@pytest.mark.parametrize("variant", ["qwen3_5_text_tied", "qwen3_next_dense"])
+def test_tp2_greedy_equals_tp1_and_hf(variant, build_hf_model, load_hf_model):
+    path = str(build_hf_model(variant))
+    model = load_hf_model(variant)
+    prompts = prompts_for(model.config.vocab_size)
+    expected = [hf_models.hf_greedy(model, p, GREEDY.max_tokens) for p in prompts]
+    single = LLM(path, device="cpu", dtype="float32", enforce_eager=True, max_model_len=256)
+    assert [o.token_ids for o in single.generate(prompts, GREEDY, use_tqdm=False)] == expected
+    with LLM(path, device="cpu", dtype="float32", enforce_eager=True, max_model_len=256, tensor_parallel_size=2) as llm:
+        assert llm.runtime.model.tp.world_size == 2
+        # this rank really holds half of the heads and of the vocabulary
+        assert llm.runtime.model.embed_tokens.shape[0] == model.config.vocab_size // 2
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
+
+
+def test_tp2_with_a_vocabulary_that_does_not_divide(tmp_path):
+    """The embedded tiny model has 257 tokens: the vocab shards are padded, the padding never sampled."""
+    from compiled_engine.tiny_model import ensure_tiny_model
+
+    path = ensure_tiny_model(str(tmp_path / "tiny"))
+    prompts = prompts_for(257)
+    single = LLM(path, device="cpu", enforce_eager=True, max_model_len=256).generate(prompts, GREEDY, use_tqdm=False)
+    with LLM(path, device="cpu", enforce_eager=True, max_model_len=256, tensor_parallel_size=2) as llm:
+        sharded = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in sharded] == [o.token_ids for o in single]
+
+
+def test_heads_that_do_not_divide_are_rejected(qwen3_5_text_untied_path):
+    with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide"):
+        Runtime.from_pretrained(str(qwen3_5_text_untied_path), device="cpu", tensor_parallel_size=3)
+
+
+def test_worker_failure_at_load_raises_in_the_caller(qwen3_5_text_untied_path, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "1:load")
+    with pytest.raises(WorkerError, match="injected fault in worker 1 at 'load'"):
+        Runtime.from_pretrained(str(qwen3_5_text_untied_path), device="cpu", tensor_parallel_size=2)
+
+
+def test_worker_failure_during_a_step_raises_in_the_caller(qwen3_5_text_untied_path, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "1:step")
+    with LLM(str(qwen3_5_text_untied_path), device="cpu", enforce_eager=True, max_model_len=256,
+             tensor_parallel_size=2) as llm:
+        with pytest.raises(WorkerError, match="injected fault in worker 1 at 'step'"):
+            llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
