@@ -14,10 +14,10 @@ one varlen batch; ``decode_step`` runs exactly one token per sequence. Both allo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import weakref
-from dataclasses import dataclass
 from typing import Sequence as Seq
 
 import torch
@@ -52,7 +52,7 @@ class OutOfBlocksError(RuntimeError):
     """The KV cache has no free block for the requested step."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
     """Knobs of the runtime. See README "Knobs"."""
 
@@ -176,6 +176,10 @@ class Runtime:
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         config = ModelConfig.from_pretrained(path)
+        known = {f.name for f in dataclasses.fields(RuntimeConfig)}
+        unknown = sorted(set(runtime_config) - known)
+        if unknown:
+            raise ValueError(f"unknown runtime option(s) {unknown}; known options: {sorted(known)}")
         runtime_config = RuntimeConfig(**runtime_config)
         runtime_config.validate()
         if tensor_parallel_size == 1:
