@@ -1,0 +1,150 @@
+"""The performance model (DESIGN.md, "Performance model"): how fast decode could possibly be on this machine.
+
+Decode is memory-bound. One decode step of a batch of B sequences must at least
+  * read every weight once: ``weight_bytes`` (a tied embedding is read once, as lm_head; an untied model's input
+    embedding is not counted, since a step reads only B of its rows);
+  * read and write every sequence's linear-attention state: ``2 x state_bytes`` per sequence (fp32 recurrent state
+    + conv state), and
+  * read the K/V of every cached token of every sequence: ``kv_bytes_per_token x context``.
+So ``bytes/step = weight_bytes + B x (2 x state_bytes + kv_bytes_per_token x context)`` and the bound is
+``tok/s <= B x bandwidth / bytes_per_step``; at batch 1 it is about ``bandwidth / weight_bytes``. The bandwidth is a
+device-to-device copy measured in the same run (bench/bandwidth.py), never a datasheet number.
+Prefill is compute-bound (~2 x params FLOPs per token) and is left out of these bounds: a workload bound built
+from them is a decode-only lower bound on time, so the fraction reported against it is conservative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelBytes:
+    params: int  # distinct parameters (a tied embedding counted once)
+    weight_bytes: int  # bytes one decode step reads from the weights
+    recurrent_state_bytes: int  # per sequence, all linear layers
+    conv_state_bytes: int  # per sequence, all linear layers
+    kv_bytes_per_token: int  # K and V, all attention layers
+
+    @property
+    def state_bytes(self) -> int:
+        return self.recurrent_state_bytes + self.conv_state_bytes
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "state_bytes": self.state_bytes}
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def state_and_kv_bytes(config, dtype: torch.dtype, state_dtype: torch.dtype = torch.float32) -> tuple[int, int, int]:
+    """(recurrent state bytes, conv state bytes) per sequence and KV bytes per token, from a ModelConfig."""
+    linear, full = len(config.linear_attention_layers), len(config.full_attention_layers)
+    recurrent = linear * config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
+    conv = linear * config.conv_dim * (config.linear_conv_kernel_dim - 1)
+    kv = full * 2 * config.num_key_value_heads * config.head_dim
+    return recurrent * _size(state_dtype), conv * _size(dtype), kv * _size(dtype)
+
+
+def model_bytes(model, dtype: torch.dtype, state_dtype: torch.dtype = torch.float32) -> ModelBytes:
+    """From a loaded compiled_engine HybridModel: its parameters as they sit in memory (dtype per tensor)."""
+    seen: set[int] = set()
+    params = weight = 0
+    embed = model.embed_tokens
+    tied = embed.data_ptr() == model.lm_head.data_ptr()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        params += p.numel()
+        if name == "embed_tokens" and not tied:
+            continue  # a step reads B rows of an untied input embedding, not the matrix
+        weight += p.numel() * p.element_size()
+    recurrent, conv, kv = state_and_kv_bytes(model.config, dtype, state_dtype)
+    return ModelBytes(params, weight, recurrent, conv, kv)
+
+
+def model_bytes_from_config(config, dtype: torch.dtype, state_dtype: torch.dtype = torch.float32) -> ModelBytes:
+    """The same from a ModelConfig alone (no weights loaded); A_log and dt_bias are fp32 as the loader keeps them."""
+    c = config
+    h, size = c.hidden_size, _size(dtype)
+    mlp = 3 * h * c.intermediate_size + 2 * h  # gate, up, down + the two layer norms
+    hv = c.linear_num_value_heads
+    linear_mixer = (c.conv_dim + c.linear_value_dim + 2 * hv) * h + c.conv_dim * c.linear_conv_kernel_dim
+    linear_mixer += c.linear_value_head_dim + h * c.linear_value_dim  # gated norm, out_proj
+    attention = (2 * c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim * h
+    attention += h * c.num_attention_heads * c.head_dim + 2 * c.head_dim  # o_proj, q_norm, k_norm
+    n_lin, n_full = len(c.linear_attention_layers), len(c.full_attention_layers)
+    body = n_lin * linear_mixer + n_full * attention + c.num_hidden_layers * mlp + h  # + final norm
+    embedding = c.vocab_size * h
+    params = body + embedding + (0 if c.tie_word_embeddings else embedding) + n_lin * 2 * hv
+    weight = (body + embedding) * size + n_lin * 2 * hv * 4  # lm_head (= the tied embedding) read once
+    recurrent, conv, kv = state_and_kv_bytes(c, dtype, state_dtype)
+    return ModelBytes(params, weight, recurrent, conv, kv)
+
+
+def decode_step_bytes(mb: ModelBytes, batch: int, context: float) -> float:
+    """Bytes one decode step of ``batch`` sequences at mean ``context`` tokens must move."""
+    return mb.weight_bytes + batch * (2 * mb.state_bytes + mb.kv_bytes_per_token * context)
+
+
+def decode_bound(mb: ModelBytes, bandwidth: float, batch: int = 1, context: float = 0.0) -> dict:
+    """The memory bound of one decode step: bytes, seconds and tokens/s (``bandwidth`` in bytes/s)."""
+    step_bytes = decode_step_bytes(mb, batch, context)
+    step_s = step_bytes / bandwidth
+    return {
+        "batch": batch,
+        "context": context,
+        "bytes_per_step": step_bytes,
+        "ms_per_step": step_s * 1e3,
+        "tok_s": batch / step_s,
+        "bandwidth_GBps": bandwidth / 1e9,
+    }
+
+
+def workload_decode_bound(
+    mb: ModelBytes,
+    bandwidth: float,
+    prompt_lens: Sequence[int],
+    output_lens: Sequence[int],
+    max_num_seqs: int,
+) -> dict:
+    """Decode-only memory bound of a whole offline workload.
+
+    Ideal schedule: requests are admitted in order whenever a state slot is free (at most ``max_num_seqs`` run
+    together) and every step decodes every running sequence; each step costs ``decode_step_bytes`` at the running
+    sequences' true contexts. Prefill is free here, so the real bound is lower: the fraction is conservative.
+    """
+    if len(prompt_lens) != len(output_lens):
+        raise ValueError("prompt_lens and output_lens differ in length")
+    pending = list(zip(prompt_lens, output_lens))[::-1]
+    running: list[list[int]] = []  # [context, tokens left]
+    total_bytes = 0.0
+    steps = 0
+    per_seq = 2 * mb.state_bytes
+    while pending or running:
+        while pending and len(running) < max_num_seqs:
+            prompt, out = pending.pop()
+            running.append([prompt, out])
+        context_sum = sum(r[0] for r in running)
+        total_bytes += mb.weight_bytes + len(running) * per_seq + mb.kv_bytes_per_token * context_sum
+        steps += 1
+        for r in running:
+            r[0] += 1
+            r[1] -= 1
+        running = [r for r in running if r[1] > 0]
+    seconds = total_bytes / bandwidth
+    tokens = sum(output_lens)
+    return {
+        "kind": "decode-only memory bound (prefill excluded: conservative)",
+        "decode_steps": steps,
+        "bytes": total_bytes,
+        "seconds": seconds,
+        "output_tok_s": tokens / seconds,
+        "max_num_seqs": max_num_seqs,
+        "bandwidth_GBps": bandwidth / 1e9,
+    }

@@ -1,0 +1,168 @@
+"""Model resolution for the benchmarks: ``tiny``, ``qwen3.5-0.8b`` (the real shape, random weights) or a folder.
+
+``qwen3.5-0.8b`` is the Qwen3.5-0.8B text architecture with RANDOM bf16 weights: no download exists here, and the
+speed of a forward pass does not depend on the weight values. The checkpoint (config.json + model.safetensors in
+the HF ``Qwen3_5ForCausalLM`` layout, ~1.5 GB) is drawn on the benchmark device (a GPU draws it in well under a
+second) and written once to the cache folder; HF transformers loads the same folder for ``--vs-hf``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+RANDOM_VERSION = "v1"  # bump when the recipe below changes, so stale caches are rebuilt
+
+# The Qwen3.5-0.8B text shape (DESIGN.md: "The reference workload is the Qwen3.5-0.8B shape").
+QWEN3_5_0_8B_CONFIG = {
+    "model_type": "qwen3_5_text",
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "vocab_size": 248320,
+    "hidden_size": 1024,
+    "intermediate_size": 3584,
+    "num_hidden_layers": 24,
+    "full_attention_interval": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+    "tie_word_embeddings": True,
+    "eos_token_id": 248319,  # a stand-in (the weights are random); every benchmark runs with ignore_eos
+    "hidden_act": "silu",
+    "dtype": "bfloat16",
+}
+
+NAMED_MODELS = {"qwen3.5-0.8b": QWEN3_5_0_8B_CONFIG}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # "tiny", "qwen3.5-0.8b", or the folder's path as given
+    path: str  # checkpoint folder
+    random_weights: bool  # True for the built-in models
+
+
+def resolve_model(spec: str | None, device: torch.device | str | None = None) -> ModelSpec:
+    """``tiny`` | ``qwen3.5-0.8b`` | a checkpoint folder -> a ModelSpec (building the built-in ones if needed)."""
+    spec = spec or "tiny"
+    if spec == "tiny":
+        from compiled_engine.tiny_model import ensure_tiny_model
+
+        return ModelSpec("tiny", ensure_tiny_model(), True)
+    if spec in NAMED_MODELS:
+        folder = os.path.join(cache_root(), f"{spec}-random-{RANDOM_VERSION}")
+        build_random_checkpoint(NAMED_MODELS[spec], folder, dtype=torch.bfloat16, device=device)
+        return ModelSpec(spec, folder, True)
+    if os.path.isdir(spec):
+        if not os.path.isfile(os.path.join(spec, "config.json")):
+            raise FileNotFoundError(f"{spec!r} has no config.json: not a checkpoint folder")
+        return ModelSpec(spec, os.path.abspath(spec), False)
+    raise ValueError(f"unknown model {spec!r}: pass 'tiny', one of {sorted(NAMED_MODELS)}, or a checkpoint folder")
+
+
+def cache_root() -> str:
+    return os.environ.get("COMPILED_ENGINE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "compiled_engine")
+
+
+def build_random_checkpoint(
+    config: dict, folder: str, *, dtype: torch.dtype = torch.bfloat16, device=None, seed: int = 0
+) -> str:
+    """Write config.json + model.safetensors with random weights for ``config`` unless ``folder`` has them."""
+    from safetensors.torch import save_file
+
+    weights_file = os.path.join(folder, "model.safetensors")
+    if os.path.isfile(weights_file):
+        return folder
+    os.makedirs(folder, exist_ok=True)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    tensors = {}
+    for name, tensor in random_weights(config, torch.device(device), seed):
+        keep_fp32 = name.rsplit(".", 1)[-1] in ("A_log", "dt_bias")  # as the loader keeps them
+        tensors[name] = tensor.to("cpu", torch.float32 if keep_fp32 else dtype).contiguous()
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({**config, "dtype": str(dtype).removeprefix("torch.")}, f, indent=2)
+    tmp = weights_file + ".partial"
+    save_file(tensors, tmp)
+    os.replace(tmp, weights_file)  # the weights file appears last: its presence marks a complete folder
+    return folder
+
+
+def random_weights(config: dict, device: torch.device, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Random fp32 weights with HF ``Qwen3_5ForCausalLM`` names, drawn like compiled_engine.tiny_model.tiny_weights
+    (every block perturbs the output; no NaN/inf through many bf16 layers), but on ``device`` and one tensor at a
+    time. ``lm_head.weight`` only for untied configs."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    hk, hv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    kd, vd = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    heads, kv_heads, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    kernel = config.get("linear_conv_kernel_dim", 4)
+    conv_dim = 2 * hk * kd + hv * vd
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device)
+
+    def linear(rows, cols):
+        return randn(rows, cols) * cols**-0.5
+
+    def norm(dim):  # zero-centred norms: a non-zero weight matters
+        return randn(dim) * 0.1
+
+    yield "model.embed_tokens.weight", randn(config["vocab_size"], hidden)
+    interval = config.get("full_attention_interval", 4)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", norm(hidden)
+        yield p + "post_attention_layernorm.weight", norm(hidden)
+        yield p + "mlp.gate_proj.weight", linear(inter, hidden)
+        yield p + "mlp.up_proj.weight", linear(inter, hidden)
+        yield p + "mlp.down_proj.weight", linear(hidden, inter)
+        if (i + 1) % interval == 0:
+            yield p + "self_attn.q_proj.weight", linear(2 * heads * hd, hidden)
+            yield p + "self_attn.k_proj.weight", linear(kv_heads * hd, hidden)
+            yield p + "self_attn.v_proj.weight", linear(kv_heads * hd, hidden)
+            yield p + "self_attn.o_proj.weight", linear(hidden, heads * hd)
+            yield p + "self_attn.q_norm.weight", norm(hd)
+            yield p + "self_attn.k_norm.weight", norm(hd)
+        else:
+            yield p + "linear_attn.in_proj_qkv.weight", linear(conv_dim, hidden)
+            yield p + "linear_attn.in_proj_z.weight", linear(hv * vd, hidden)
+            yield p + "linear_attn.in_proj_b.weight", linear(hv, hidden)
+            yield p + "linear_attn.in_proj_a.weight", linear(hv, hidden)
+            yield p + "linear_attn.conv1d.weight", randn(conv_dim, 1, kernel) * 0.5
+            yield p + "linear_attn.A_log", torch.empty(hv, device=device).uniform_(0.01, 16, generator=g).log()
+            yield p + "linear_attn.dt_bias", randn(hv) * 0.5
+            yield p + "linear_attn.norm.weight", 1 + randn(vd) * 0.1
+            yield p + "linear_attn.out_proj.weight", linear(hidden, hv * vd)
+    yield "model.norm.weight", norm(hidden)
+    if not config.get("tie_word_embeddings", False):
+        yield "lm_head.weight", linear(config["vocab_size"], hidden) * 4
+
+
+def shape_summary(config) -> dict:
+    """The numbers that identify a model's shape (``config``: a compiled_engine ModelConfig)."""
+    return {
+        "model_type": config.model_type,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "full_attention_layers": len(config.full_attention_layers),
+        "linear_attention_layers": len(config.linear_attention_layers),
+        "attention_heads": f"{config.num_attention_heads}q/{config.num_key_value_heads}kv x {config.head_dim}",
+        "linear_heads": f"{config.linear_num_key_heads}k/{config.linear_num_value_heads}v x "
+        f"{config.linear_key_head_dim}/{config.linear_value_head_dim}",
+        "tie_word_embeddings": config.tie_word_embeddings,
+    }

@@ -1,0 +1,198 @@
+"""startup: how long until the engine serves its first token -- load, compile and capture -- cold and warm.
+
+Each measurement is a fresh subprocess (``python -m bench.startup CHILD-ARGS``), so compile caches are real:
+  * cold: a new, empty ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR``;
+  * warm: the same directories again (populated by the cold run).
+Inside the child, timed with synchronised perf_counter:
+  * import_s: importing torch + compiled_engine;
+  * load_s: ``Runtime.from_pretrained`` (config, weights to the device, cache allocation);
+  * compile_capture_s: the rest of ``LLM(...)`` -- torch.compile of the decode step and the warm-up/capture of every
+    bucket's CUDA graph (0 with enforce_eager);
+  * first_generate_s: the first ``generate`` (a short prompt, a few tokens): lazy JIT work (Triton prefill kernels,
+    autotuning) lands here; second_generate_s: the same again, for contrast;
+  * to_first_token_s: process start -> the first generate's end. The parent also records the subprocess wall time.
+The engine configuration (max_num_seqs, max_model_len) is the run's, so a later run with the same configuration and
+``-p startup.cache_dir=DIR`` reuses the warm caches. Bound: none applies (no roofline for compilation); the load
+rate (checkpoint bytes / load_s) is reported beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+_PROCESS_START = time.perf_counter()
+
+MARKER = "BENCH_STARTUP_RESULT "
+
+
+def requirements(**_) -> tuple[int, int]:
+    """A serving configuration (17 decode buckets up to 256); --max-num-seqs / --max-model-len override it."""
+    return 256, 4096
+
+
+def run(
+    ctx,
+    cache_dir: str | None = None,
+    prompt_len: int = 16,
+    new_tokens: int = 4,
+    timeout_s: float = 900,
+    total_timeout_s: float | None = None,
+) -> dict:
+    """``timeout_s`` bounds each subprocess; ``total_timeout_s`` both (the warm one gets what the cold one left).
+    The JSON is written after the cold run too, so a caller's own timeout during the warm run loses only that."""
+    from bench.common import REPO_ROOT
+
+    ctx.require(*requirements())
+    seqs, length = ctx.engine_limits()
+    cache_dir = os.path.abspath(cache_dir) if cache_dir else tempfile.mkdtemp(prefix="bench-startup-")
+    if os.path.isdir(cache_dir) and os.listdir(cache_dir):
+        raise ValueError(f"startup cache_dir {cache_dir!r} is not empty: the cold run needs an empty one")
+    child_args = {
+        "model": ctx.model.path,
+        "device": str(ctx.device),
+        "dtype": str(ctx.dtype).removeprefix("torch."),
+        "enforce_eager": ctx.enforce_eager,
+        "max_num_seqs": seqs,
+        "max_model_len": length,
+        "max_num_batched_tokens": ctx.opts.max_num_batched_tokens,
+        "num_kv_blocks": ctx.opts.num_kv_blocks,
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+    }
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
+    env["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    start = time.perf_counter()
+    total = math.inf if total_timeout_s is None else total_timeout_s
+    phases = {"cold": _run_child(child_args, env, min(timeout_s, total)),
+              "warm": {"error": "not run yet"}}
+    result = _result(ctx, cache_dir, child_args, phases)
+    ctx.write("startup", result)
+    remaining = total - (time.perf_counter() - start)
+    if "error" in phases["cold"]:  # a warm run over a half-filled cache would mean nothing
+        phases["warm"] = {"error": "skipped: the cold run failed"}
+    elif remaining < 10:
+        phases["warm"] = {"error": f"skipped: total_timeout_s={total_timeout_s} spent by the cold run"}
+    else:
+        phases["warm"] = _run_child(child_args, env, min(timeout_s, remaining))
+    result = _result(ctx, cache_dir, child_args, phases)
+    ctx.write("startup", result)
+    return result
+
+
+def _result(ctx, cache_dir: str, child_args: dict, phases: dict) -> dict:
+    files = [os.path.join(ctx.model.path, f) for f in os.listdir(ctx.model.path) if f.endswith(".safetensors")]
+    checkpoint_bytes = sum(os.path.getsize(f) for f in files)
+    result = ctx.metadata("startup")
+    result.update(
+        {
+            "workload": {k: child_args[k] for k in ("prompt_len", "new_tokens", "enforce_eager", "max_num_seqs",
+                                                     "max_model_len")},
+            "cache_dir": cache_dir,
+            "cold": phases["cold"],
+            "warm": phases["warm"],
+            "warm_speedup_to_first_token": _div(phases["cold"].get("to_first_token_s"),
+                                                phases["warm"].get("to_first_token_s")),
+            "bound": {
+                "note": "no roofline applies to start-up; load rate = checkpoint bytes / load_s",
+                "checkpoint_bytes": checkpoint_bytes,
+                "load_GBps_cold": _div(checkpoint_bytes / 1e9, phases["cold"].get("load_s")),
+                "load_GBps_warm": _div(checkpoint_bytes / 1e9, phases["warm"].get("load_s")),
+            },
+            "fraction_of_bound": None,
+        }
+    )
+    return result
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def _run_child(child_args: dict, env: dict, timeout_s: float) -> dict:
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.startup", json.dumps(child_args)],
+            env=env, capture_output=True, text=True, timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s} s", "process_wall_s": time.perf_counter() - start}
+    wall = time.perf_counter() - start
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARKER)]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"exit code {proc.returncode}", "stderr_tail": proc.stderr[-3000:], "process_wall_s": wall}
+    return {**json.loads(lines[-1][len(MARKER):]), "process_wall_s": wall}
+
+
+def decode_fn_info(decode_fn) -> dict:
+    """What the compiled decode reports about its own start-up (graphs.DecodeGraphRunner), if anything."""
+    info = {"decode_fn": type(decode_fn).__name__ if not callable(getattr(decode_fn, "__func__", None)) else "eager"}
+    for attr in ("startup_seconds", "bucket_seconds", "buckets"):
+        value = getattr(decode_fn, attr, None)
+        if value is not None:
+            info[f"decode_{attr}"] = {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
+    return info
+
+
+def child(args: dict) -> dict:
+    t0 = time.perf_counter()
+    import torch
+
+    import compiled_engine.llm as llm_module
+    from compiled_engine.runtime import Runtime
+    from compiled_engine.sampling_params import SamplingParams
+
+    device = torch.device(args["device"])
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    timings = {"import_s": time.perf_counter() - t0}
+    original = Runtime.from_pretrained.__func__
+
+    def timed_from_pretrained(cls, *a, **k):
+        start = time.perf_counter()
+        runtime = original(cls, *a, **k)
+        sync()
+        timings["load_s"] = time.perf_counter() - start
+        return runtime
+
+    Runtime.from_pretrained = classmethod(timed_from_pretrained)
+    kwargs = {k: args[k] for k in ("device", "dtype", "enforce_eager", "max_num_seqs", "max_model_len",
+                                   "max_num_batched_tokens")}
+    if args.get("num_kv_blocks"):
+        kwargs["num_kv_blocks"] = args["num_kv_blocks"]
+    start = time.perf_counter()
+    llm = llm_module.LLM(args["model"], **kwargs)
+    sync()
+    timings["llm_init_s"] = time.perf_counter() - start
+    timings["compile_capture_s"] = timings["llm_init_s"] - timings.get("load_s", 0.0)
+    timings.update(decode_fn_info(llm.runtime.decode_fn))
+    prompt = [(7 * i) % min(10000, llm.runtime.model_config.vocab_size - 1) for i in range(args["prompt_len"])]
+    params = SamplingParams(temperature=0.0, max_tokens=args["new_tokens"], ignore_eos=True)
+    for name in ("first_generate_s", "second_generate_s"):
+        start = time.perf_counter()
+        llm.generate([prompt], params, use_tqdm=False)
+        sync()
+        timings[name] = time.perf_counter() - start
+        if name == "first_generate_s":
+            timings["to_first_token_s"] = time.perf_counter() - _PROCESS_START
+    timings["compiled"] = not args["enforce_eager"]
+    if device.type == "cuda":
+        timings["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return timings
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m bench.startup CHILD-ARGS-JSON (run by the startup scenario)")
+    print(MARKER + json.dumps(child(json.loads(sys.argv[1]))), flush=True)

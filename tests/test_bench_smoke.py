@@ -1,0 +1,188 @@
+"""The bench harness never rots: every scenario, with --vs-hf, runs on the CPU on the tiny model with tiny sizes.
+
+One ``python -m bench all`` invocation (in-process, startup's subprocesses included) writes every scenario's JSON;
+the tests check that the files exist and hold sane numbers. The sizes are far too small to mean anything: this is
+a smoke test of the harness, not a benchmark. Plus the performance model's numbers for the Qwen3.5-0.8B shape
+(DESIGN.md "Performance model") and the random-checkpoint builder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from bench import SCENARIOS
+from bench.__main__ import main, scenario_kwargs
+from bench.bounds import decode_bound, model_bytes_from_config, workload_decode_bound
+from bench.models import QWEN3_5_0_8B_CONFIG, build_random_checkpoint
+from compiled_engine.config import ModelConfig
+
+SMOKE_ARGS = [
+    "all", "--device", "cpu", "--vs-hf", "--hf-limit", "2", "--hf-batch-size", "2",
+    "--max-num-seqs", "4", "--max-model-len", "64", "--bandwidth-mib", "8",
+    "-p", "latency.prompt_len=8", "-p", "latency.new_tokens=8", "-p", "latency.repeats=1",
+    "-p", "latency.warmup_tokens=2", "-p", "hf_new_tokens=4",
+    "-p", "sweep.batches=1,2", "-p", "sweep.prompt_len=8", "-p", "sweep.steps=3", "-p", "sweep.warmup_steps=1",
+    "-p", "hf_steps=2",
+    "-p", "throughput.num_requests=4", "-p", "min_len=4", "-p", "max_len=8", "-p", "throughput.warmup_requests=1",
+    "-p", "prefix.num_requests=3", "-p", "prefix_len=16", "-p", "suffix_len=4", "-p", "prefix.new_tokens=4",
+    "-p", "prefix.warmup_requests=1",
+    "-p", "startup.prompt_len=4", "-p", "startup.new_tokens=2",
+]
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and 0 < x < math.inf
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-out")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COMPILED_ENGINE_CACHE", str(tmp_path_factory.mktemp("ce-cache")))  # an isolated tiny-model build
+        rc = main([*SMOKE_ARGS, "--out", str(out)])
+    results = {s: json.loads((out / f"{s}.json").read_text()) for s in SCENARIOS if (out / f"{s}.json").exists()}
+    return rc, out, results
+
+
+def test_every_scenario_wrote_json_without_error(smoke):
+    rc, _, results = smoke
+    errors = {s: r["error"] for s, r in results.items() if "error" in r}
+    assert not errors, errors
+    assert sorted(results) == sorted(SCENARIOS)
+    assert rc == 0
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_metadata(smoke, scenario):
+    r = smoke[2][scenario]
+    assert r["scenario"] == scenario
+    assert r["device"]["type"] == "cpu" and r["device"]["name"]
+    assert r["versions"]["torch"] == torch.__version__ and r["versions"]["transformers"]
+    assert r["model"]["name"] == "tiny" and r["model"]["shape"]["num_hidden_layers"] == 8
+    assert positive(r["model"]["weight_bytes"]) and positive(r["copy_bandwidth"]["GBps"])
+    assert r["dtype"] == "float32"
+    assert r["command"].split()[1:3] == ["-m", "bench"]
+    assert "commit" in r["git"]
+    assert "bound" in r and "fraction_of_bound" in r
+
+
+def test_latency(smoke):
+    r = smoke[2]["latency"]
+    assert r["ours"]["decode_steps"] == 7
+    for key in ("decode_tok_s", "ttft_ms", "achieved_bandwidth_GBps", "fraction_of_copy_bandwidth"):
+        assert positive(r["ours"][key]), key
+    assert positive(r["runtime_only"]["decode_tok_s"])
+    assert positive(r["bound"]["tok_s"]) and positive(r["fraction_of_bound"])
+    assert r["fraction_of_bound"] == pytest.approx(r["ours"]["fraction_of_copy_bandwidth"])
+    assert positive(r["hf"]["decode_tok_s"]) and positive(r["ratio_vs_hf"]["decode_tok_s"])
+    assert r["hf"]["kernels"]["fla"] is False  # hidden on the CPU
+
+
+def test_sweep(smoke):
+    r = smoke[2]["sweep"]
+    assert [row["batch"] for row in r["rows"]] == [1, 2]
+    for row in r["rows"]:
+        assert row["short_steps"] == 0 and row["aborted_requests"] == 0
+        for key in ("decode_tok_s", "bound_tok_s", "fraction_of_bound", "hf_decode_tok_s", "ratio_vs_hf"):
+            assert positive(row[key]), (row["batch"], key)
+    assert r["bound"]["tok_s"][1] > r["bound"]["tok_s"][0]  # more sequences share one weight read
+
+
+def test_throughput(smoke):
+    r = smoke[2]["throughput"]
+    ours = r["ours"]
+    assert ours["requests"] == 4 and r["workload"]["output_tokens"] == ours["output_tokens"]
+    assert positive(ours["output_tok_s"]) and positive(ours["wall_s"])
+    assert ours["ttft_ms"]["n"] == 4 and positive(ours["ttft_ms"]["p50"]) and positive(ours["tpot_ms"]["p99"])
+    assert positive(r["bound"]["output_tok_s"]) and positive(r["fraction_of_bound"])
+    hf = r["hf"]
+    assert hf["requests_run"] == 2 and not hf["truncated"] and positive(hf["useful_output_tok_s"])
+    assert hf["useful_output_tokens"] <= hf["computed_output_tokens"]
+    assert "requests 0..1" in hf["ran"]
+    assert r["ours_on_hf_subset"]["requests"] == 2
+    assert positive(r["ratio_vs_hf"]["same_requests"]) and positive(r["ratio_vs_hf"]["full_workload_vs_hf_subset"])
+
+
+def test_prefix(smoke):
+    r = smoke[2]["prefix"]
+    assert positive(r["off"]["output_tok_s"])
+    if r["prefix_caching_available"]:
+        assert positive(r["on"]["output_tok_s"]) and positive(r["speedup_on_vs_off"])
+    else:
+        assert "prefix caching not available" in r["on"]["note"]
+    assert positive(r["fraction_of_bound"]["off"])
+
+
+def test_startup(smoke):
+    r = smoke[2]["startup"]
+    for phase in ("cold", "warm"):
+        p = r[phase]
+        assert "error" not in p, p
+        for key in ("import_s", "load_s", "first_generate_s", "to_first_token_s", "process_wall_s"):
+            assert positive(p[key]), (phase, key)
+        assert p["compiled"] is False  # the CPU runs eager
+    assert positive(r["bound"]["checkpoint_bytes"])
+
+
+def test_report_merges_everything(smoke, tmp_path):
+    _, out, _ = smoke
+    assert main(["report", str(out), "--out", str(tmp_path)]) == 0
+    merged = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(merged["results"]) == sorted(SCENARIOS)
+    assert len(merged["summary"]) >= len(SCENARIOS)
+    assert (tmp_path / "summary.txt").read_text().strip()
+
+
+def test_model_bytes_from_config_match_the_loaded_model(smoke):
+    r = smoke[2]["latency"]  # its model bytes were counted from the loaded parameters
+    config = ModelConfig.from_pretrained(r["model"]["path"])
+    expected = model_bytes_from_config(config, torch.float32)
+    assert r["model"]["weight_bytes"] == expected.weight_bytes
+    assert r["model"]["params"] == expected.params
+    assert r["model"]["state_bytes"] == expected.state_bytes
+
+
+def test_bounds_of_the_qwen3_5_0_8b_shape():
+    """DESIGN.md: state 18.9 MB per sequence (fp32 recurrent), KV 12 KB per token, ~2,840 tok/s at 4,270 GB/s."""
+    mb = model_bytes_from_config(ModelConfig.from_dict(QWEN3_5_0_8B_CONFIG), torch.bfloat16)
+    assert mb.recurrent_state_bytes == 18 * 16 * 128 * 128 * 4  # 18.9 MB
+    assert mb.kv_bytes_per_token == 6 * 2 * 2 * 256 * 2  # 12 KB
+    assert 1.49e9 < mb.weight_bytes < 1.52e9  # ~752M params in bf16, the tied embedding once
+    assert 4270e9 / mb.weight_bytes == pytest.approx(2840, rel=0.01)  # the batch-1 bound: weights only
+    assert decode_bound(mb, 4270e9)["tok_s"] < 4270e9 / mb.weight_bytes  # + one sequence's state traffic
+    b256 = decode_bound(mb, 4270e9, batch=256, context=576)
+    assert b256["bytes_per_step"] == pytest.approx(mb.weight_bytes + 256 * (2 * mb.state_bytes + 12288 * 576))
+    whole = workload_decode_bound(mb, 4270e9, [100, 200], [3, 1], max_num_seqs=1)
+    assert whole["decode_steps"] == 4
+
+
+def test_random_checkpoint_loads(tmp_path):
+    """The qwen3.5-0.8b builder's names and shapes load into the runtime (checked on a scaled-down copy)."""
+    from compiled_engine.runtime import Runtime
+
+    small = {**QWEN3_5_0_8B_CONFIG, "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96,
+             "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 16, "linear_num_key_heads": 2,
+             "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+             "max_position_embeddings": 128}
+    folder = build_random_checkpoint(small, str(tmp_path / "ckpt"), dtype=torch.bfloat16, device="cpu")
+    runtime = Runtime.from_pretrained(folder, device="cpu", dtype=torch.float32, max_num_seqs=1, max_model_len=32,
+                                      num_kv_blocks=4)
+    assert runtime.load_report.tied_lm_head
+    seq = runtime.add_sequence([1, 2, 3])
+    assert torch.isfinite(runtime.prefill([seq])).all()
+
+
+def test_unknown_params_are_rejected():
+    import bench.latency
+    import bench.sweep
+
+    modules = {"latency": bench.latency, "sweep": bench.sweep}
+    assert scenario_kwargs(["latency", "sweep"], modules, ["prompt_len=4"]) == {
+        "latency": {"prompt_len": 4}, "sweep": {"prompt_len": 4}}
+    assert scenario_kwargs(["sweep"], modules, ["batches=1,2"]) == {"sweep": {"batches": [1, 2]}}
+    with pytest.raises(SystemExit):
+        scenario_kwargs(["latency"], modules, ["latency.nonsense=1"])
