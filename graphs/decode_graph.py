@@ -1,0 +1,300 @@
+"""Compiled decode: one ``torch.compile(mode="reduce-overhead")`` graph (one CUDA graph) per bucketed batch size.
+
+    runner = DecodeGraphRunner(model, max_num_seqs=256, max_blocks_per_seq=512, device="cuda")
+    runner.warmup()                       # compile + capture every bucket, largest first
+    logits = runner(step)                 # step: an unpadded decode StepInputs from Runtime.build_step
+
+Per step the host does only this: validate shapes, copy the step's six small tensors into static buffers and pad
+the lanes up to the bucket (graphs/static_inputs.py), mark a new CUDA-graph step, replay, clone the live rows of
+the logits. Everything from token ids to fp32 logits, the in-place cache/state updates included, is one graph:
+traced with ``fullgraph=True`` (a graph break raises), static tensor shapes with the bucket size as the only
+symbolic value (at most three compiles: see ``expected_compiles``), every kernel a ``torch.ops.ce`` custom op or an
+aten op; one CUDA graph per bucket.
+
+What makes the CUDA graphs real rather than silently skipped (each one a rule of DESIGN.md, "Compile rules"):
+* every tensor the graph reads lives at a fixed address: weights and caches are module parameters/buffers, the
+  step inputs are the static buffers, marked ``mark_static_address``;
+* the caches are mutated only through custom ops that declare the mutation (``Tensor(a!)``);
+* nothing in the step reads a device value on the host (``.item()``/``.tolist()`` would break the graph, which
+  ``fullgraph=True`` turns into an error). The CPU reference kernels do call ``.tolist()``, but inside opaque
+  custom ops that Dynamo does not trace.
+
+After warm-up the calls run under ``set_stance("fail_on_recompile")``, scoped to the call (the stance is
+process-global; a context manager keeps unrelated compiled code in the process unaffected): a guard that fails
+after start-up is a bug (a dtype or device that changed, a cache that was reallocated) and raises instead of
+compiling for tens of seconds in the middle of serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import time
+import types
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from compiled_engine.step_inputs import StepInputs
+from graphs.buckets import BucketPolicy
+from graphs.static_inputs import StaticDecodeInputs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODE = "reduce-overhead"
+
+
+def decode_forward(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    state_slots: torch.Tensor,
+    batch: int,
+) -> torch.Tensor:
+    """The traced function: static buffers (first ``batch`` rows) -> fp32 logits ``[batch, vocab]``.
+
+    The full buffers are the inputs and the bucket's rows are sliced inside the graph, so the graph's inputs are
+    always the same static tensors (sliced views as inputs would be "new" inputs that reduce-overhead copies).
+    """
+    step = StepInputs(
+        input_ids=input_ids[:batch],
+        positions=positions[:batch],
+        slot_mapping=slot_mapping[:batch],
+        block_tables=block_tables[:batch],
+        context_lens=context_lens[:batch],
+        state_slots=state_slots[:batch],
+        cu_seqlens=None,
+        is_prefill=False,
+    )
+    return model.compute_logits(model(step))
+
+
+def expected_compiles(buckets: Iterable[int]) -> int:
+    """Dynamo/Inductor compiles for a warm-up of ``buckets`` (largest first) under automatic dynamic shapes.
+
+    The largest bucket is compiled static; the first smaller bucket >= 2 triggers one recompile with the batch size
+    symbolic, which every other bucket >= 2 reuses; batch 1 is specialised (Dynamo never makes 0 or 1 symbolic).
+    """
+    sizes = sorted(set(buckets))
+    largest = sizes[-1]
+    return 1 + any(2 <= b < largest for b in sizes) + (1 in sizes and largest != 1)
+
+
+_runner_ids = itertools.count()
+
+
+def _private_copy(fn: Callable, suffix: str) -> Callable:
+    """A copy of ``fn`` with its own code object.
+
+    Dynamo keeps compiled graphs (and counts recompiles against ``recompile_limit``) per code object. A private
+    code object per runner means each runner's buckets are counted on their own (two runners in one process, as in
+    tests, do not add up towards the limit) and its graphs are freed with it.
+    """
+    name = f"{fn.__name__}_{suffix}"
+    replace = {"co_name": name}
+    if hasattr(fn.__code__, "co_qualname"):  # Python >= 3.11
+        replace["co_qualname"] = name
+    code = fn.__code__.replace(**replace)
+    copy = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__doc__ = fn.__doc__
+    return copy
+
+
+def enable_compile_caches() -> None:
+    """Turn on Inductor's on-disk FX graph cache and AOTAutograd cache where this torch has them.
+
+    Compiled artifacts are then reused across processes (keyed on the graph, shapes, torch version and config), so
+    a restart recompiles nothing. Both default to on in recent torch; an explicit environment setting (e.g.
+    ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` while debugging) is respected. Cache folder: ``TORCHINDUCTOR_CACHE_DIR``.
+    """
+    import torch._inductor.config as inductor_config
+
+    if "TORCHINDUCTOR_FX_GRAPH_CACHE" not in os.environ and hasattr(inductor_config, "fx_graph_cache"):
+        inductor_config.fx_graph_cache = True
+    try:
+        import torch._functorch.config as functorch_config
+    except ImportError:  # pragma: no cover (very old torch)
+        return
+    if "TORCHINDUCTOR_AUTOGRAD_CACHE" not in os.environ and hasattr(functorch_config, "enable_autograd_cache"):
+        functorch_config.enable_autograd_cache = True
+
+
+def raise_recompile_limit(num_graphs: int) -> None:
+    """Let Dynamo keep ``num_graphs`` graphs of one function (one per bucket) without giving up on it.
+
+    Each bucket is a recompile of the same function (a new value of its int ``batch`` argument). The limit is
+    ``recompile_limit`` (renamed from ``cache_size_limit`` in torch 2.7); ``accumulated_recompile_limit`` bounds
+    the same count across guard families. Only ever raised, never lowered.
+    """
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(config, name) and getattr(config, name) < num_graphs:
+            setattr(config, name, num_graphs)
+
+
+def _fail_on_recompile() -> contextlib.AbstractContextManager:
+    if hasattr(torch.compiler, "set_stance"):
+        return torch.compiler.set_stance("fail_on_recompile")
+    return contextlib.nullcontext()  # pragma: no cover (torch < 2.6: no stances)
+
+
+def _block_size_of(model: nn.Module) -> int:
+    """KV block size from the model's allocated caches (1 when it has no attention layer: nothing to pad)."""
+    for module in model.modules():
+        cache = getattr(module, "k_cache", None)
+        if isinstance(cache, torch.Tensor):
+            return cache.shape[1]
+    return 1
+
+
+def _check_caches_allocated(model: nn.Module) -> None:
+    for name, module in model.named_modules():
+        for buffer in ("k_cache", "v_cache", "conv_state", "recurrent_state"):
+            if buffer in module._buffers and module._buffers[buffer] is None:
+                raise ValueError(
+                    f"{name}.{buffer} is not allocated: build the runner after the caches "
+                    "(compiled_engine.cache.allocate_caches, which Runtime does)"
+                )
+
+
+class DecodeGraphRunner:
+    """Bucketed, compiled (and on CUDA, graph-captured) decode step of a HybridModel.
+
+    ``__call__(step)`` takes an unpadded decode StepInputs and returns fp32 logits ``[N, vocab]`` (a copy: the
+    graph's output buffer is overwritten by the next replay). A batch larger than the largest bucket (only possible
+    with explicit ``buckets`` short of ``max_num_seqs``) runs the eager model instead.
+
+    ``backend`` overrides ``mode`` with a custom torch.compile backend (debugging, graph counting in tests).
+    The runner holds the caches' addresses: if the caches are reallocated, build a new runner.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        device: str | torch.device,
+        buckets: Iterable[int] | None = None,
+        mode: str | None = DEFAULT_MODE,
+        fullgraph: bool = True,
+        backend: str | Callable | None = None,
+    ):
+        _check_caches_allocated(model)
+        self.model = model
+        self.device = torch.device(device)
+        self.policy = BucketPolicy.create(max_num_seqs, buckets)
+        self.max_num_seqs = max_num_seqs
+        self.static = StaticDecodeInputs(self.policy.max_size, max_blocks_per_seq, _block_size_of(model), self.device)
+        self.mode = mode if backend is None else None
+        self.fullgraph = fullgraph
+        self.name = f"runner{next(_runner_ids)}"
+        fn = _private_copy(decode_forward, self.name)
+        # dynamic=None ("automatic dynamic"): the largest bucket compiles with static shapes, the next bucket makes
+        # Dynamo recompile once with the batch size symbolic (every tensor shape stays static: the step inputs are
+        # full static buffers, sliced to the bucket inside the graph), and batch 1 gets its own specialised graph.
+        # So at most three compiles whatever the number of buckets (17 by default: compiling each one separately
+        # took minutes for the Qwen3.5-0.8B shape), and still one CUDA graph per bucket: cudagraph trees record one
+        # per distinct batch size.
+        compile_kwargs = dict(fullgraph=fullgraph, dynamic=None)
+        if backend is not None:
+            self._compiled = torch.compile(fn, backend=backend, **compile_kwargs)
+        else:
+            self._compiled = torch.compile(fn, mode=mode, **compile_kwargs)
+        self._stance: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+        self._mark_step = self.device.type == "cuda" and (mode or "").startswith("reduce-overhead")
+        self.warmed_up = False
+        self.startup_seconds: float | None = None
+        self.bucket_seconds: dict[int, float] = {}
+        if self.policy.max_size < max_num_seqs:
+            logger.info(
+                "decode buckets %s stop short of max_num_seqs=%d: larger batches run eagerly",
+                list(self.policy.sizes),
+                max_num_seqs,
+            )
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return self.policy.sizes
+
+    # --------------------------------------------------------------------------------------------------- start-up
+    @torch.inference_mode()
+    def warmup(self) -> float:
+        """Compile and capture every bucket, largest first; returns the start-up seconds.
+
+        Largest first: CUDA graphs of one runner share a memory pool, and a smaller graph recorded after a larger
+        one reuses the larger one's memory instead of growing the pool. Every lane of the dummy batches is a padding
+        lane (null slot, null block, context 0), so warm-up never touches a live sequence's state or KV.
+        On CUDA each bucket runs three times: cudagraph trees run a function eagerly once (warm-up), record it on
+        the second call and replay from the third; the third call checks the replay path before serving does.
+        """
+        enable_compile_caches()
+        raise_recompile_limit(len(self.policy))
+        runs = 3 if self._mark_step else 1
+        start = time.perf_counter()
+        for bucket in reversed(self.policy.sizes):
+            t0 = time.perf_counter()
+            self.static.pad(0, bucket)
+            for _ in range(runs):
+                self._replay(bucket)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.bucket_seconds[bucket] = time.perf_counter() - t0
+            logger.debug("decode bucket %d: compiled and captured in %.1f s", bucket, self.bucket_seconds[bucket])
+        self.startup_seconds = time.perf_counter() - start
+        self._stance = _fail_on_recompile
+        self.warmed_up = True
+        logger.info(
+            "compiled decode (%s): %d buckets %s compiled%s in %.1f s",
+            self.mode or "custom backend",
+            len(self.policy),
+            list(self.policy.sizes),
+            " and captured" if self._mark_step else "",
+            self.startup_seconds,
+        )
+        return self.startup_seconds
+
+    # ------------------------------------------------------------------------------------------------------ steps
+    @torch.inference_mode()
+    def __call__(self, step: StepInputs) -> torch.Tensor:
+        n = self.static.check(step)
+        if not self.policy.covers(n):
+            return self.model.compute_logits(self.model(step))
+        bucket = self.policy.bucket_for(n)
+        self.static.fill(step, bucket)
+        logits = self._replay(bucket)
+        return logits[:n].clone()  # the graph's output buffer is overwritten by the next replay
+
+    def _replay(self, bucket: int) -> torch.Tensor:
+        if self._mark_step:
+            # A new step: outputs of the previous replay may now be overwritten (we cloned what we keep).
+            torch.compiler.cudagraph_mark_step_begin()
+        with self._stance():
+            return self._compiled(self.model, *self.static.tensors(), bucket)
+
+
+def compile_decode(runtime, buckets: Iterable[int] | None = None, mode: str | None = DEFAULT_MODE, **kwargs) -> DecodeGraphRunner:
+    """Build a DecodeGraphRunner for a ``compiled_engine.runtime.Runtime``, warm it up, and return it.
+
+    Wire it with ``runtime.decode_fn = runner``: ``Runtime.decode_step`` then runs the graphs.
+    ``kwargs`` go to DecodeGraphRunner (``fullgraph``, ``backend``).
+    """
+    block_size = runtime.config.block_size
+    runner = DecodeGraphRunner(
+        runtime.model,
+        max_num_seqs=runtime.config.max_num_seqs,
+        max_blocks_per_seq=-(-runtime.max_model_len // block_size),
+        device=runtime.device,
+        buckets=buckets,
+        mode=mode,
+        **kwargs,
+    )
+    runner.warmup()
+    return runner

@@ -1,0 +1,134 @@
+"""Shared pytest setup: import path, FLA hiding, hypothesis profiles, GPU skipping, tiny HF model folders."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # same as PYTHONPATH=. from the repository root
+    sys.path.insert(0, str(ROOT))
+
+# Imported first, before any test module: hides FLA from transformers on CPU (see tests/hf_models.py).
+from tests import hf_models  # noqa: E402
+
+# The test tensors and models are tiny: intra-op threads only add overhead, and on a busy CPU (other processes
+# running) OpenMP's spinning threads make tests 5-10x slower (test_hf_oracle.py: 12 s at 1 thread, 145 s at 2 on a
+# loaded 2-core machine). One thread unless OMP_NUM_THREADS says otherwise.
+if "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(1)
+
+# --------------------------------------------------------------------------------------------------------------
+# Hypothesis: `ci` (derandomised, no deadline, few examples) when CI is set, `dev` otherwise.
+# HYPOTHESIS_PROFILE overrides the choice (e.g. HYPOTHESIS_PROFILE=thorough for a long local run).
+# --------------------------------------------------------------------------------------------------------------
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    max_examples=20,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "dev",
+    deadline=None,
+    max_examples=25,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "thorough",
+    deadline=None,
+    max_examples=500,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Markers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "slow: long-running test")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tiny HF models, built once per session (see tests/hf_models.py for shapes and weight draws)
+# --------------------------------------------------------------------------------------------------------------
+
+HF_VARIANTS = tuple(hf_models.BUILDERS)  # qwen3_5_text_tied, qwen3_5_text_untied, qwen3_5_conditional, qwen3_next_dense
+
+
+@pytest.fixture(scope="session")
+def build_hf_model(tmp_path_factory: pytest.TempPathFactory):
+    """``build_hf_model(name) -> Path``: the saved folder of one variant, built on first use, then cached."""
+    cache: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if name not in cache:
+            cache[name] = hf_models.BUILDERS[name](tmp_path_factory.mktemp(name))
+        return cache[name]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_text_tied_path(build_hf_model) -> Path:
+    return build_hf_model("qwen3_5_text_tied")
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_text_untied_path(build_hf_model) -> Path:
+    return build_hf_model("qwen3_5_text_untied")
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_conditional_path(build_hf_model) -> Path:
+    return build_hf_model("qwen3_5_conditional")
+
+
+@pytest.fixture(scope="session")
+def qwen3_next_dense_path(build_hf_model) -> Path:
+    return build_hf_model("qwen3_next_dense")
+
+
+@pytest.fixture(scope="session", params=HF_VARIANTS)
+def hf_model_path(request, build_hf_model) -> Path:
+    """Every variant in turn (parametrised): the saved folder."""
+    return build_hf_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def load_hf_model(build_hf_model):
+    """``load_hf_model(name)``: the HF oracle model of a variant (float32, eval), loaded once per session.
+
+    Shared between tests: do not modify it (use ``hf_models.load_hf(path)`` for a private copy).
+    """
+    cache: dict[str, torch.nn.Module] = {}
+
+    def load(name: str):
+        if name not in cache:
+            cache[name] = hf_models.load_hf(build_hf_model(name))
+        return cache[name]
+
+    return load

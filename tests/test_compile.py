@@ -1,0 +1,415 @@
+"""Compiled decode (graphs/) equals eager decode, on the CPU (Inductor's C++ backend; no CUDA graphs here).
+
+Properties (DESIGN.md, "Compile rules"):
+* compiled ≡ eager: logits within fp32 rounding (1e-4 + 2e-5·max|logit|, see LOGIT_ATOL) and the same greedy
+  tokens, over random batches — sizes across the buckets, random context lengths, random slots (a random subset of
+  the live sequences, in random order), padding lanes;
+* isolation: after a compiled step every pool row of a slot outside the batch, and every KV row the step did not
+  write, is bit-identical to before (torch.equal); padding lanes write only to the null slot and the null block;
+* a stream where sequences join, finish and reorder between steps: each one's logits equal its solo eager run;
+* one CUDA graph per bucket (at most three compiles: graphs.expected_compiles), no graph break, nothing recompiled after warm-up; warm-up leaves live sequences alone.
+
+Compiling is the expensive part (~20 s per bucket on a 2-core CI machine with a cold Inductor cache), so one
+runner with three buckets (1, 2, 4) is built per module and shared by every test; each test releases what it adds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from compiled_engine.runtime import Runtime
+from graphs import (
+    BucketPolicy,
+    DecodeGraphRunner,
+    StaticDecodeInputs,
+    compile_decode,
+    default_bucket_sizes,
+    expected_compiles,
+)
+from ops.library import NULL_BLOCK, NULL_SLOT
+
+BUCKETS = (1, 2, 4)
+MAX_NUM_SEQS = 6  # > the largest bucket: batches of 5-6 take the eager fallback
+MAX_MODEL_LEN = 128
+BLOCK_SIZE = 16
+NUM_KV_BLOCKS = 64
+# Inductor fuses and vectorises the reductions (norms, softmax) differently from eager, so fp32 results differ by
+# rounding. On these tiny models logits reach ~25 and rounding differences reach ~2e-4 (HF's own fp32 logits are
+# ~2e-4 from float64 here, tests/test_parity.py): compiled and eager logits must agree within
+# 1e-4 + 2e-5 * max|logit| (~6e-4). Observed over ~300 random steps: median 2.5e-5, max 2.5e-4.
+LOGIT_ATOL = 1e-4
+LOGIT_SCALE_RTOL = 2e-5
+# A stream compares against solo eager runs several steps back: batched vs solo decode GEMMs round differently and
+# every earlier step's rounding is carried in the recurrent state (observed over ~800 stream steps: median 4e-5,
+# max 5.4e-4). A sequence that read another one's state or KV would be off by O(1).
+STREAM_LOGIT_ATOL = 2e-3
+STATE_ATOL = 1e-4
+TIE_MARGIN = 2e-3  # greedy tokens are compared where eager's top-2 logits are further apart than 2 x the error
+STATE_BUFFERS = ("conv_state", "recurrent_state")
+KV_BUFFERS = ("k_cache", "v_cache")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def cache_buffers(model) -> dict[str, torch.Tensor]:
+    return {n: b for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] in STATE_BUFFERS + KV_BUFFERS}
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    return {n: b.clone() for n, b in cache_buffers(model).items()}
+
+
+def restore(model, snap: dict[str, torch.Tensor]) -> None:
+    for n, b in cache_buffers(model).items():
+        b.copy_(snap[n])
+
+
+def rows(name: str, t: torch.Tensor) -> torch.Tensor:
+    """A cache as rows: state pools by slot, KV caches by flat token row (block * block_size + offset)."""
+    if name.rsplit(".", 1)[-1] in KV_BUFFERS:
+        return t.reshape(-1, *t.shape[2:])
+    return t
+
+
+def null_rows(name: str, block_size: int) -> set[int]:
+    if name.rsplit(".", 1)[-1] in KV_BUFFERS:
+        return set(range(NULL_BLOCK * block_size, (NULL_BLOCK + 1) * block_size))
+    return {NULL_SLOT}
+
+
+def written_rows(name: str, step) -> set[int]:
+    """Rows a step writes for its live lanes."""
+    if name.rsplit(".", 1)[-1] in KV_BUFFERS:
+        return set(step.slot_mapping.tolist())
+    return set(step.state_slots.tolist())
+
+
+def assert_isolated(model, before, step, *, block_size: int, padded: bool) -> None:
+    """Rows outside the step's live lanes are bit-identical, except the null rows when padding lanes ran."""
+    for name, buf in cache_buffers(model).items():
+        after, prev = rows(name, buf), rows(name, before[name])
+        written = written_rows(name, step)
+        nulls = null_rows(name, block_size)
+        untouched = [r for r in range(after.shape[0]) if r not in written and (not padded or r not in nulls)]
+        idx = torch.tensor(untouched, dtype=torch.long)
+        changed = (after[idx] != prev[idx]).flatten(1).any(1)
+        assert not changed.any(), f"{name}: rows {idx[changed].tolist()} changed but the step does not own them"
+
+
+def assert_logits_close(compiled: torch.Tensor, eager: torch.Tensor, atol: float | None = None) -> None:
+    if atol is None:
+        atol = LOGIT_ATOL + LOGIT_SCALE_RTOL * eager.abs().max().item()
+    torch.testing.assert_close(compiled, eager, atol=atol, rtol=0)
+
+
+def assert_same_greedy(compiled: torch.Tensor, eager: torch.Tensor, margin: float = TIE_MARGIN) -> None:
+    top2 = eager.topk(2, dim=-1).values
+    decided = (top2[:, 0] - top2[:, 1]) > margin
+    assert torch.equal(compiled.argmax(-1)[decided], eager.argmax(-1)[decided])
+
+
+@torch.inference_mode()
+def eager_decode_step(rt: Runtime, seqs) -> torch.Tensor:
+    step = rt.build_step(seqs, [1] * len(seqs), is_prefill=False)
+    return rt.model.compute_logits(rt.model(step))
+
+
+@torch.inference_mode()
+def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs) -> torch.Tensor:
+    """One decode step of ``seqs`` run eagerly and compiled from the same caches; checks; keeps the compiled state."""
+    step = rt.build_step(seqs, [1] * len(seqs), is_prefill=False)
+    model = rt.model
+    before = snapshot(model)
+    eager = model.compute_logits(model(step))
+    eager_after = snapshot(model)
+    restore(model, before)
+    compiled = runner(step)
+    assert compiled.shape == eager.shape and compiled.dtype == torch.float32
+    assert_logits_close(compiled, eager)
+    assert_same_greedy(compiled, eager)
+    n = len(seqs)
+    padded = runner.policy.covers(n) and runner.policy.bucket_for(n) > n
+    assert_isolated(model, before, step, block_size=rt.config.block_size, padded=padded)
+    for name, buf in cache_buffers(model).items():  # the rows the step wrote hold what eager wrote
+        written = torch.tensor(sorted(written_rows(name, step)), dtype=torch.long)
+        torch.testing.assert_close(rows(name, buf)[written], rows(name, eager_after[name])[written], atol=STATE_ATOL, rtol=0)
+    return compiled
+
+
+def graph_stats() -> tuple[int, int]:
+    counters = torch._dynamo.utils.counters
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# fixture: one runtime with a compiled decode, built with live sequences present
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compiled(qwen3_5_text_tied_path):
+    """(runtime with ``decode_fn`` = the runner, runner, facts recorded while warming up)."""
+    rt = Runtime.from_pretrained(
+        str(qwen3_5_text_tied_path),
+        device="cpu",
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=MAX_NUM_SEQS,
+        num_kv_blocks=NUM_KV_BLOCKS,
+        block_size=BLOCK_SIZE,
+    )
+    live = [rt.add_sequence([3, 1, 4, 1, 5, 9, 2, 6][:n]) for n in (3, 8, 20 % 8 + 1)]
+    rt.prefill(live)
+    before = snapshot(rt.model)
+    graphs0, breaks0 = graph_stats()
+    runner = compile_decode(rt, buckets=BUCKETS)
+    graphs1, breaks1 = graph_stats()
+    facts = {
+        "graphs_compiled": graphs1 - graphs0,
+        "graph_breaks": breaks1 - breaks0,
+        "warmup_changed": [
+            name
+            for name, buf in cache_buffers(rt.model).items()
+            if not torch.equal(
+                rows(name, buf)[sorted(set(range(rows(name, buf).shape[0])) - null_rows(name, BLOCK_SIZE))],
+                rows(name, before[name])[sorted(set(range(rows(name, buf).shape[0])) - null_rows(name, BLOCK_SIZE))],
+            )
+        ],
+    }
+    for seq in live:
+        rt.release(seq)
+    rt.decode_fn = runner
+    return rt, runner, facts
+
+
+# --------------------------------------------------------------------------------------------------------------
+# bucket policy and static buffers (no compile)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@given(max_num_seqs=st.integers(1, 700), data=st.data())
+def test_default_buckets_cover_every_batch(max_num_seqs, data):
+    sizes = default_bucket_sizes(max_num_seqs)
+    assert sizes[0] == 1 and sizes[-1] == max_num_seqs and list(sizes) == sorted(set(sizes))
+    policy = BucketPolicy.create(max_num_seqs)
+    n = data.draw(st.integers(1, max_num_seqs))
+    bucket = policy.bucket_for(n)
+    assert bucket in sizes and bucket >= n
+    assert all(s < n for s in sizes if s < bucket)  # the smallest bucket that fits
+
+
+def test_default_buckets_256():
+    assert default_bucket_sizes(256) == (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def test_bucket_policy_rejects_bad_input():
+    policy = BucketPolicy.create(8, [4, 1, 2, 2])
+    assert policy.sizes == (1, 2, 4) and policy.bucket_for(3) == 4
+    for n in (0, 5):
+        with pytest.raises(ValueError):
+            policy.bucket_for(n)
+    for bad in ([], [0, 1], [1.5], [16]):
+        with pytest.raises(ValueError):
+            BucketPolicy.create(8, bad)
+
+
+def test_static_inputs_pad_lanes_and_stale_columns():
+    from compiled_engine.step_inputs import StepInputs
+
+    static = StaticDecodeInputs(max_batch=4, max_blocks_per_seq=5, block_size=BLOCK_SIZE, device="cpu")
+    wide = StepInputs(
+        input_ids=torch.tensor([7, 8, 9, 10]),
+        positions=torch.tensor([70, 71, 72, 73]),
+        slot_mapping=torch.tensor([100, 200, 300, 400]),
+        block_tables=torch.arange(1, 21, dtype=torch.int32).view(4, 5),
+        context_lens=torch.tensor([71, 72, 73, 74], dtype=torch.int32),
+        state_slots=torch.tensor([4, 3, 2, 1], dtype=torch.int32),
+    )
+    static.fill(wide, bucket=4)
+    narrow = StepInputs(
+        input_ids=torch.tensor([5]),
+        positions=torch.tensor([17]),
+        slot_mapping=torch.tensor([33]),
+        block_tables=torch.tensor([[1, 2]], dtype=torch.int32),
+        context_lens=torch.tensor([18], dtype=torch.int32),
+        state_slots=torch.tensor([2], dtype=torch.int32),
+    )
+    static.fill(narrow, bucket=2)
+    assert static.input_ids[:2].tolist() == [5, 0] and static.positions[:2].tolist() == [17, 0]
+    assert static.slot_mapping[:2].tolist() == [33, NULL_BLOCK * BLOCK_SIZE]
+    assert static.block_tables[:2].tolist() == [[1, 2] + [NULL_BLOCK] * 3, [NULL_BLOCK] * 5]
+    assert static.context_lens[:2].tolist() == [18, 0] and static.state_slots[:2].tolist() == [2, NULL_SLOT]
+    with pytest.raises(ValueError):
+        static.fill(StepInputs(*(t.repeat(5, *([1] * (t.dim() - 1))) for t in (
+            narrow.input_ids, narrow.positions, narrow.slot_mapping, narrow.block_tables, narrow.context_lens,
+            narrow.state_slots))), bucket=4)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# compiled decode
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_one_graph_per_bucket_and_warmup_leaves_live_state_alone(compiled):
+    rt, runner, facts = compiled
+    assert facts["graphs_compiled"] == expected_compiles(BUCKETS)
+    assert facts["graph_breaks"] == 0
+    assert facts["warmup_changed"] == [], "warm-up changed non-null rows of live sequences"
+    assert runner.warmed_up and set(runner.bucket_seconds) == set(BUCKETS)
+
+
+@given(data=st.data())
+def test_compiled_decode_matches_eager(compiled, data):
+    """Random live sequences; each step decodes a random subset of them, in random order, through the runner."""
+    rt, runner, _ = compiled
+    vocab = rt.model_config.vocab_size
+    token = st.integers(0, vocab - 1)
+    num_live = data.draw(st.integers(1, MAX_NUM_SEQS), label="live sequences")
+    prompts = [data.draw(st.lists(token, min_size=1, max_size=40), label=f"prompt {i}") for i in range(num_live)]
+    seqs = [rt.add_sequence(p) for p in prompts]
+    try:
+        rt.prefill(seqs)
+        for _ in range(data.draw(st.integers(1, 4), label="steps")):
+            size = data.draw(st.integers(1, min(num_live, max(BUCKETS))), label="batch size")
+            batch = data.draw(st.permutations(seqs), label="order")[:size]
+            for seq in batch:
+                seq.token_ids.append(data.draw(token))
+            compare_step(rt, runner, batch)
+    finally:
+        for seq in seqs:
+            rt.release(seq)
+
+
+@given(data=st.data())
+def test_stream_matches_solo_eager_runs(compiled, data):
+    """Sequences join, finish (their slot and blocks are reused) and reorder between compiled steps; each one's
+    logits at every step equal its solo eager run (teacher-forced: the same tokens are fed in both runs)."""
+    rt, runner, _ = compiled
+    vocab = rt.model_config.vocab_size
+    token = st.integers(0, vocab - 1)
+    n = data.draw(st.integers(2, 5), label="sequences")
+    prompts = [data.draw(st.lists(token, min_size=1, max_size=33), label=f"prompt {i}") for i in range(n)]
+    feeds = [data.draw(st.lists(token, min_size=1, max_size=5), label=f"tokens {i}") for i in range(n)]
+    joins = [data.draw(st.integers(0, 3), label=f"joins at step {i}") for i in range(n)]
+
+    solo: list[list[torch.Tensor]] = []
+    for prompt, feed in zip(prompts, feeds):  # reference: each sequence alone, eager
+        seq = rt.add_sequence(prompt)
+        try:
+            rt.prefill([seq])
+            logits = []
+            for t in feed:
+                seq.token_ids.append(t)
+                logits.append(eager_decode_step(rt, [seq])[0])
+            solo.append(logits)
+        finally:
+            rt.release(seq)
+
+    active: dict[int, object] = {}  # sequence index -> Sequence
+    done = [0] * n
+    step = 0
+    try:
+        while any(done[i] < len(feeds[i]) for i in range(n)):
+            joining = [i for i in range(n) if joins[i] == step or (joins[i] < step and i not in active and done[i] == 0)]
+            joining = [i for i in joining if i not in active][: MAX_NUM_SEQS - len(active)]
+            if joining:
+                for i in joining:  # prefilled one by one, as in the solo runs: only decode is batched here
+                    active[i] = rt.add_sequence(prompts[i])
+                    rt.prefill([active[i]])
+            order = data.draw(st.permutations(sorted(active)), label=f"order at step {step}")[: max(BUCKETS)]
+            if order:
+                for i in order:
+                    active[i].token_ids.append(feeds[i][done[i]])
+                logits = rt.decode_step([active[i] for i in order])  # the runner (rt.decode_fn)
+                for row, i in enumerate(order):
+                    assert_logits_close(logits[row], solo[i][done[i]], atol=STREAM_LOGIT_ATOL)
+                    assert_same_greedy(logits[row : row + 1], solo[i][done[i]][None], margin=2 * STREAM_LOGIT_ATOL)
+                    done[i] += 1
+                    if done[i] == len(feeds[i]):  # finished: free its slot and blocks for the next ones
+                        rt.release(active.pop(i))
+            step += 1
+    finally:
+        for seq in active.values():
+            rt.release(seq)
+
+
+def test_no_recompile_after_warmup_and_stance_is_scoped(compiled):
+    rt, runner, _ = compiled
+    graphs0, breaks0 = graph_stats()
+    seqs = [rt.add_sequence([i + 1] * (i + 2)) for i in range(MAX_NUM_SEQS)]
+    try:
+        rt.prefill(seqs)
+        for size in (1, 2, 3, 4, 5, 6, 3, 1):  # every bucket, padded and not, and the eager fallback (5, 6)
+            for seq in seqs[:size]:
+                seq.token_ids.append(7)
+            rt.decode_step(seqs[:size])
+    finally:
+        for seq in seqs:
+            rt.release(seq)
+    assert graph_stats() == (graphs0, breaks0)
+    # Inputs the warm-up did not compile for (int32 token ids) would be a recompile: the runner's stance turns that
+    # into an error ...
+    tensors = list(runner.static.tensors())
+    tensors[0] = tensors[0].int()
+    with pytest.raises(Exception, match="(?i)recompil"):
+        with torch.inference_mode(), runner._stance():
+            runner._compiled(runner.model, *tensors, 2)
+    # ... and the stance is scoped to the runner's calls: other compiled code in the process still compiles.
+    assert torch.compile(lambda x: x * 2 + 1, backend="eager", fullgraph=True)(torch.ones(3)).tolist() == [3.0] * 3
+
+
+def test_eager_fallback_beyond_the_largest_bucket(compiled):
+    rt, runner, _ = compiled
+    seqs = [rt.add_sequence([5, 6, 7][: 1 + i % 3]) for i in range(5)]
+    try:
+        rt.prefill(seqs)
+        for seq in seqs:
+            seq.token_ids.append(11)
+        compare_step(rt, runner, seqs)  # 5 sequences > bucket 4: runs the eager model
+    finally:
+        for seq in seqs:
+            rt.release(seq)
+
+
+def test_compile_counter_one_frame_per_bucket(compiled):
+    """The same function under a counting backend: the expected Dynamo frames, all ops in them, none after warm-up."""
+    rt, _, _ = compiled
+    counter = torch._dynamo.testing.CompileCounter()
+    runner = DecodeGraphRunner(
+        rt.model,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_blocks_per_seq=MAX_MODEL_LEN // BLOCK_SIZE,
+        device="cpu",
+        buckets=BUCKETS,
+        backend=counter,
+    )
+    runner.warmup()
+    assert counter.frame_count == expected_compiles(BUCKETS) and counter.op_count > 0
+    seqs = [rt.add_sequence([2, 7, 1, 8][: i + 1]) for i in range(4)]
+    try:
+        rt.prefill(seqs)
+        for size in (4, 3, 2, 1):
+            for seq in seqs[:size]:
+                seq.token_ids.append(9)
+            compare_step(rt, runner, seqs[:size])
+    finally:
+        for seq in seqs:
+            rt.release(seq)
+    assert counter.frame_count == expected_compiles(BUCKETS)  # nothing compiled after warm-up
+
+
+def test_runner_rejects_bad_steps(compiled):
+    rt, runner, _ = compiled
+    seq = rt.add_sequence([1, 2, 3])
+    try:
+        prefill_step = rt.build_step([seq], [3], is_prefill=True)
+        with pytest.raises(ValueError, match="prefill"):
+            runner(prefill_step)
+    finally:
+        rt.release(seq)

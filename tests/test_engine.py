@@ -1,0 +1,466 @@
+"""LLMEngine and its scheduler on a tiny HF-verified model (CPU, fp32, eager): the behaviour DESIGN.md "Scheduling"
+promises, each checked step by step, with HF transformers' greedy tokens as the oracle for every output.
+
+* new requests join while others decode (prefill steps interleave with decode steps of running sequences);
+* chunked prefill never exceeds ``max_num_batched_tokens`` and a chunked prompt's output is unchanged;
+* at most ``max_num_seqs`` sequences run; each running sequence holds one state slot, distinct and stable for its
+  life, freed when it finishes;
+* preemption by recompute when KV blocks run out: the victim's blocks and slot are freed, it is requeued at the
+  front of the waiting queue with its tokens so far, and its output (greedy or seeded sampling) is unchanged;
+* aborting a waiting, a mid-prefill or a decoding request frees everything it holds;
+* RequestOutput carries the prompt and generated ids, the stream of new ids, the finish reason and timings;
+  ``LLM.generate`` draws a tqdm bar unless ``use_tqdm=False``.
+
+The helpers at the top (``make_llm``, ``drain``, ``assert_clean``, ``StepRecorder``) are shared by the other engine
+test modules.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import settings
+
+from compiled_engine import LLM, LLMEngine, RequestOutput, SamplingParams
+from compiled_engine.sequence import Sequence
+from tests import hf_models
+
+MODEL = "qwen3_5_text_untied"
+VOCAB = hf_models.QWEN3_5_TEXT_VOCAB
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Helpers (shared with test_sampling, test_api_errors, test_scheduler_properties)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def heavy_settings(max_examples: int, **kw) -> settings:
+    """Hypothesis settings for tests that run the model: the `ci` profile (derandomised: the same examples on every
+    run, no deadline) with a modest example count, whatever profile is loaded, unless a `thorough` run is asked."""
+    if settings.get_current_profile_name() == "thorough":
+        return settings(**kw)
+    return settings(settings.get_profile("ci"), max_examples=max_examples, **kw)
+
+
+def make_llm(path, **knobs) -> LLM:
+    """A CPU fp32 eager LLM with small defaults; ``knobs`` override them (RuntimeConfig fields,
+    max_num_batched_tokens)."""
+    config = dict(max_model_len=128, max_num_seqs=4, block_size=16, max_num_batched_tokens=256)
+    config.update(knobs)
+    return LLM(str(path), device="cpu", dtype="float32", enforce_eager=True, **config)
+
+
+def prompt(length: int, seed: int = 0) -> list[int]:
+    rng = random.Random(f"{length}/{seed}")
+    return [rng.randrange(VOCAB) for _ in range(length)]
+
+
+def drain(engine: LLMEngine, max_steps: int = 5000, on_step=None) -> dict[str, RequestOutput]:
+    """Step until no request is left. Returns each request's final output; checks that the streamed new ids add
+    up to the final token ids and that nothing is reported after it finished."""
+    finals: dict[str, RequestOutput] = {}
+    streamed = {rid: list(r.seq.generated_token_ids) for rid, r in engine.requests.items()}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            assert out.request_id not in finals, f"{out.request_id} reported after it finished"
+            streamed.setdefault(out.request_id, []).extend(out.new_token_ids)
+            assert out.token_ids == streamed[out.request_id]
+            if out.finished:
+                finals[out.request_id] = out
+        if on_step is not None:
+            on_step()
+    else:
+        raise AssertionError(f"requests still unfinished after {max_steps} steps: {list(engine.requests)}")
+    return finals
+
+
+def assert_clean(engine: LLMEngine) -> None:
+    """No request, queue entry, KV block or state slot is left behind."""
+    runtime, scheduler = engine.runtime, engine.scheduler
+    assert not engine.requests
+    assert not scheduler.waiting and not scheduler.running
+    blocks = runtime.blocks
+    assert blocks.num_free == runtime.cache_config.num_kv_blocks - 1
+    assert sorted(blocks.free + list(getattr(blocks, "evictable", ()))) == list(range(1, blocks.num_blocks))
+    assert not any(getattr(blocks, "refcount", ()))
+    assert runtime.slots.num_free == runtime.config.max_num_seqs
+    assert sorted(runtime.slots.free) == list(range(1, runtime.config.max_num_seqs + 1))
+
+
+def check_invariants(engine: LLMEngine) -> None:
+    """Resource accounting that must hold between any two steps (prefix caching off: no block is shared)."""
+    runtime, scheduler = engine.runtime, engine.scheduler
+    running, waiting = scheduler.running, list(scheduler.waiting)
+    assert len(running) <= scheduler.max_num_seqs
+    slots = [s.state_slot for s in running]
+    assert None not in slots and len(set(slots)) == len(slots), f"slots {slots}"
+    assert runtime.slots.num_free == runtime.config.max_num_seqs - len(running)
+    assert not set(slots) & set(runtime.slots.free)
+    held = [b for s in running for b in s.block_table]
+    assert len(held) == len(set(held)), "a KV block is held twice"
+    assert 0 not in held and 0 not in runtime.blocks.free
+    assert len(runtime.blocks.free) == len(set(runtime.blocks.free))
+    assert not set(held) & set(runtime.blocks.free), "a held block is also free"
+    assert len(held) + runtime.blocks.num_free == runtime.cache_config.num_kv_blocks - 1, "leaked KV blocks"
+    for seq in waiting:
+        assert seq.state_slot is None and not seq.block_table and seq.num_computed_tokens == 0
+    for seq in running:
+        assert len(seq.block_table) * runtime.config.block_size >= seq.num_computed_tokens
+    live = {r.seq for r in engine.requests.values()}
+    assert set(running) | set(waiting) == live and not set(running) & set(waiting)
+
+
+@dataclass
+class Scheduled:
+    is_prefill: bool
+    seq_ids: list[int]
+    num_tokens: list[int]
+    slots: list[int]  # state slot of each scheduled sequence
+    running: dict[int, int]  # seq_id -> state slot of every running sequence after scheduling
+
+
+class StepRecorder:
+    """Wraps ``engine.scheduler.schedule`` and records every batch it returns."""
+
+    def __init__(self, engine: LLMEngine):
+        self.batches: list[Scheduled] = []
+        scheduler = engine.scheduler
+        schedule = scheduler.schedule
+
+        def recording_schedule():
+            batch = schedule()
+            if batch is not None:
+                self.batches.append(
+                    Scheduled(
+                        batch.is_prefill,
+                        [s.seq_id for s in batch.seqs],
+                        list(batch.num_tokens),
+                        [s.state_slot for s in batch.seqs],
+                        {s.seq_id: s.state_slot for s in scheduler.running},
+                    )
+                )
+            return batch
+
+        scheduler.schedule = recording_schedule
+
+
+_HF_CACHE: dict[tuple, list[int]] = {}
+
+
+def hf_greedy(load_hf_model, tokens: list[int], max_new_tokens: int) -> list[int]:
+    """HF transformers' greedy continuation (cached; a shorter request's answer is a prefix of a longer one's)."""
+    for (key, n), out in _HF_CACHE.items():
+        if key == tuple(tokens) and n >= max_new_tokens:
+            return out[:max_new_tokens]
+    out = hf_models.hf_greedy(load_hf_model(MODEL), tokens, max_new_tokens)
+    _HF_CACHE[(tuple(tokens), max_new_tokens)] = out
+    return out
+
+
+def seq_of(engine: LLMEngine, request_id: str) -> Sequence:
+    return engine.requests[request_id].seq
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Fixtures
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_path(build_hf_model):
+    return build_hf_model(MODEL)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Continuous batching
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_new_requests_join_while_others_decode(model_path, load_hf_model):
+    llm = make_llm(model_path, max_num_seqs=4)
+    engine = llm.engine
+    rec = StepRecorder(engine)
+    a, b, c = prompt(10), prompt(7), prompt(23)
+    engine.add_request("a", a, SamplingParams(max_tokens=12, **GREEDY))
+    for _ in range(3):  # a: prefill, then two decode steps
+        engine.step()
+    assert [x.is_prefill for x in rec.batches] == [True, False, False]
+    engine.add_request("b", b, SamplingParams(max_tokens=6, **GREEDY))
+    engine.step()
+    # b's prefill runs while a is still running (mid-decode, holding its slot), and the next decode has both.
+    join = rec.batches[-1]
+    a_id, b_id = seq_of(engine, "a").seq_id, seq_of(engine, "b").seq_id
+    assert join.is_prefill and join.seq_ids == [b_id] and set(join.running) == {a_id, b_id}
+    engine.step()
+    assert not rec.batches[-1].is_prefill and rec.batches[-1].seq_ids == [a_id, b_id]
+    engine.add_request("c", c, SamplingParams(max_tokens=4, **GREEDY))
+    finals = drain(engine)
+    assert_clean(engine)
+    c_prefill = next(i for i, x in enumerate(rec.batches) if x.is_prefill and len(x.running) == 3)
+    assert not rec.batches[c_prefill + 1].is_prefill and len(rec.batches[c_prefill + 1].seq_ids) == 3
+    for rid, tokens, n in (("a", a, 12), ("b", b, 6), ("c", c, 4)):
+        assert finals[rid].token_ids == hf_greedy(load_hf_model, tokens, n), rid
+        assert finals[rid].finish_reason == "length"
+
+
+def test_chunked_prefill_under_token_budget(model_path, load_hf_model):
+    budget = 16
+    llm = make_llm(model_path, max_num_seqs=8, max_num_batched_tokens=budget)
+    engine = llm.engine
+    rec = StepRecorder(engine)
+    lengths = (45, 16, 17, 3, 1, 33)
+    prompts = {f"r{n}": prompt(n, 1) for n in lengths}
+    for rid, tokens in prompts.items():
+        engine.add_request(rid, tokens, SamplingParams(max_tokens=5, **GREEDY))
+    first_token_step: dict[str, int] = {}
+    computed_before_first_token: dict[str, int] = {}
+
+    def on_step():
+        for rid, request in engine.requests.items():
+            if request.seq.num_generated_tokens and rid not in first_token_step:
+                first_token_step[rid] = len(rec.batches)
+
+    seqs = {rid: seq_of(engine, rid) for rid in prompts}
+    finals = drain(engine, on_step=on_step)
+    assert_clean(engine)
+    prefills = [x for x in rec.batches if x.is_prefill]
+    assert all(sum(x.num_tokens) <= budget for x in prefills)
+    assert any(sum(x.num_tokens) == budget for x in prefills)  # the budget is used, not just respected
+    assert any(len(x.seq_ids) > 1 for x in prefills)  # a continuing chunk and a new prompt share a step
+    per_seq: dict[int, list[int]] = {}
+    for x in rec.batches:
+        for sid, n in zip(x.seq_ids, x.num_tokens):
+            per_seq.setdefault(sid, []).append(n)
+    for rid, tokens in prompts.items():
+        chunks = per_seq[seqs[rid].seq_id]
+        # The prompt is computed in chunks of at most `budget` tokens, then one token per decode step.
+        prompt_chunks, computed = [], 0
+        while computed < len(tokens):
+            prompt_chunks.append(chunks[len(prompt_chunks)])
+            computed += prompt_chunks[-1]
+        assert computed == len(tokens) and max(prompt_chunks) <= budget
+        assert len(prompt_chunks) >= -(-len(tokens) // budget)
+        assert chunks[len(prompt_chunks) :] == [1] * (len(chunks) - len(prompt_chunks))
+        assert finals[rid].token_ids == hf_greedy(load_hf_model, tokens, 5), rid
+    long_seq = seqs["r45"].seq_id
+    assert len([x for x in prefills if long_seq in x.seq_ids]) >= 3
+
+
+def test_at_most_max_num_seqs_run(model_path, load_hf_model):
+    llm = make_llm(model_path, max_num_seqs=3, max_num_batched_tokens=64)
+    engine = llm.engine
+    rec = StepRecorder(engine)
+    prompts = {f"r{i}": prompt(5 + 3 * i, 2) for i in range(8)}
+    for i, (rid, tokens) in enumerate(prompts.items()):
+        engine.add_request(rid, tokens, SamplingParams(max_tokens=3 + i % 4, **GREEDY))
+    finals = drain(engine, on_step=lambda: check_invariants(engine))
+    assert_clean(engine)
+    assert max(len(x.running) for x in rec.batches) == 3
+    assert all(len(x.seq_ids) <= 3 for x in rec.batches)
+    for i, (rid, tokens) in enumerate(prompts.items()):
+        assert finals[rid].token_ids == hf_greedy(load_hf_model, tokens, 3 + i % 4), rid
+
+
+def test_one_state_slot_per_sequence_stable_for_its_life(model_path):
+    llm = make_llm(model_path, max_num_seqs=3, max_num_batched_tokens=24)
+    engine = llm.engine
+    rec = StepRecorder(engine)
+    for i in range(7):
+        engine.add_request(f"r{i}", prompt(4 + 7 * i, 3), SamplingParams(max_tokens=2 + i, **GREEDY))
+    drain(engine, on_step=lambda: check_invariants(engine))
+    assert_clean(engine)
+    assert engine.scheduler.num_preemptions == 0
+    slot_of: dict[int, int] = {}
+    life: dict[int, list[int]] = {}  # seq -> batch indices where it was running
+    for i, x in enumerate(rec.batches):
+        assert len(set(x.running.values())) == len(x.running), "two running sequences share a slot"
+        assert all(1 <= s <= 3 for s in x.running.values())
+        for sid, slot in x.running.items():
+            assert slot_of.setdefault(sid, slot) == slot, f"sequence {sid} changed slot"
+            life.setdefault(sid, []).append(i)
+    for sid, steps in life.items():  # running from admission to finish without a gap
+        assert steps == list(range(steps[0], steps[-1] + 1))
+    assert len(slot_of) == 7 and len(set(slot_of.values())) == 3  # 7 lives share the 3 slots: freed and reused
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Preemption by recompute
+# --------------------------------------------------------------------------------------------------------------
+
+
+class PreemptionProbe:
+    """Wraps ``scheduler._preempt`` and checks what every preemption frees and keeps."""
+
+    def __init__(self, engine: LLMEngine):
+        self.victims: list[int] = []
+        scheduler, runtime = engine.scheduler, engine.runtime
+        preempt = scheduler._preempt
+
+        def probed(seq: Sequence):
+            assert seq in scheduler.running and seq.state_slot is not None
+            blocks_before, slots_before = runtime.blocks.num_free, runtime.slots.num_free
+            held, tokens = list(seq.block_table), list(seq.token_ids)
+            preempt(seq)
+            assert seq not in scheduler.running and scheduler.waiting[0] is seq  # front of the queue
+            assert seq.block_table == [] and seq.state_slot is None and seq.num_computed_tokens == 0
+            assert runtime.blocks.num_free == blocks_before + len(held)
+            assert set(held) <= set(runtime.blocks.free)
+            assert runtime.slots.num_free == slots_before + 1
+            assert seq.token_ids == tokens  # prompt and generated tokens are kept, to be recomputed
+            self.victims.append(seq.seq_id)
+
+        scheduler._preempt = probed
+
+
+PREEMPTING = dict(block_size=4, num_kv_blocks=26, max_model_len=96, max_num_seqs=4, max_num_batched_tokens=32)
+
+
+def test_preemption_by_recompute_keeps_greedy_output(model_path, load_hf_model):
+    llm = make_llm(model_path, **PREEMPTING)  # 25 blocks of 4 tokens: two sequences of ~50 tokens fill it
+    engine = llm.engine
+    probe = PreemptionProbe(engine)
+    prompts = {f"r{i}": prompt(n, 4) for i, n in enumerate((30, 26, 22, 35, 9))}
+    for rid, tokens in prompts.items():
+        engine.add_request(rid, tokens, SamplingParams(max_tokens=20, **GREEDY))
+    finals = drain(engine, on_step=lambda: check_invariants(engine))
+    assert_clean(engine)
+    assert engine.scheduler.num_preemptions == len(probe.victims) >= 2
+    for rid, tokens in prompts.items():
+        assert finals[rid].token_ids == hf_greedy(load_hf_model, tokens, 20), rid
+        assert finals[rid].finish_reason == "length"
+
+
+def test_preemption_keeps_seeded_sampling_output(model_path):
+    params = [
+        SamplingParams(temperature=1.0, seed=11, max_tokens=14),
+        SamplingParams(temperature=0.7, top_k=20, seed=12, max_tokens=14),
+        SamplingParams(temperature=1.3, top_p=0.8, seed=13, max_tokens=14),
+        SamplingParams(temperature=1.0, min_p=0.05, seed=14, max_tokens=14),
+    ]
+    prompts = [prompt(n, 5) for n in (31, 27, 24, 33)]
+    solo_llm = make_llm(model_path, max_num_seqs=1)
+    solo = [solo_llm.generate([p], sp, use_tqdm=False)[0].token_ids for p, sp in zip(prompts, params)]
+    llm = make_llm(model_path, **PREEMPTING)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == solo
+    assert_clean(llm.engine)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Abort
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_abort_frees_everything(model_path, load_hf_model):
+    llm = make_llm(model_path, max_num_seqs=2, block_size=4, max_num_batched_tokens=8)
+    engine, runtime = llm.engine, llm.runtime
+    tokens = {"decoding": prompt(6, 6), "prefilling": prompt(40, 6), "waiting": prompt(5, 6), "kept": prompt(9, 6)}
+    engine.add_request("decoding", tokens["decoding"], SamplingParams(max_tokens=30, **GREEDY))
+    engine.step()  # decoding: prefilled (6 tokens)
+    engine.step()  # decoding: first decode step
+    engine.add_request("prefilling", tokens["prefilling"], SamplingParams(max_tokens=4, **GREEDY))
+    engine.add_request("waiting", tokens["waiting"], SamplingParams(max_tokens=4, **GREEDY))
+    engine.step()  # prefilling: first 8-token chunk; waiting: not admitted (max_num_seqs=2)
+    prefilling, waiting, decoding = (seq_of(engine, r) for r in ("prefilling", "waiting", "decoding"))
+    assert 0 < prefilling.num_computed_tokens < len(tokens["prefilling"]) and prefilling.state_slot is not None
+    assert waiting in engine.scheduler.waiting and decoding.num_generated_tokens >= 2
+    check_invariants(engine)
+
+    free_blocks, free_slots = runtime.blocks.num_free, runtime.slots.num_free
+    held = len(prefilling.block_table)
+    out = engine.abort_request("prefilling")
+    assert (out.finished, out.finish_reason, out.token_ids) == (True, "abort", [])
+    assert runtime.blocks.num_free == free_blocks + held and runtime.slots.num_free == free_slots + 1
+    assert prefilling.block_table == [] and prefilling.state_slot is None
+    check_invariants(engine)
+
+    out = engine.abort_request("waiting")
+    assert out.finish_reason == "abort" and out.token_ids == [] and out.time_to_first_token is None
+    assert waiting not in engine.scheduler.waiting
+    check_invariants(engine)
+
+    engine.add_request("kept", tokens["kept"], SamplingParams(max_tokens=6, **GREEDY))
+    for _ in range(3):
+        engine.step()
+    generated = list(decoding.generated_token_ids)
+    out = engine.abort_request("decoding")
+    assert out.finish_reason == "abort" and out.token_ids == generated and len(generated) > 2
+    assert generated == hf_greedy(load_hf_model, tokens["decoding"], 30)[: len(generated)]
+    check_invariants(engine)
+    with pytest.raises(ValueError, match="request id"):
+        engine.abort_request("decoding")  # already gone
+    finals = drain(engine, on_step=lambda: check_invariants(engine))
+    assert set(finals) == {"kept"}
+    assert finals["kept"].token_ids == hf_greedy(load_hf_model, tokens["kept"], 6)
+    assert_clean(engine)
+    # The freed resources are usable: a request as large as the pool allows still runs.
+    out = llm.generate([tokens["prefilling"]], SamplingParams(max_tokens=4, **GREEDY), use_tqdm=False)[0]
+    assert out.token_ids == hf_greedy(load_hf_model, tokens["prefilling"], 4)
+    assert_clean(engine)
+
+
+def test_abort_everything_mid_stream_leaves_a_clean_engine(model_path):
+    llm = make_llm(model_path, **PREEMPTING)
+    engine = llm.engine
+    for i in range(6):
+        engine.add_request(f"r{i}", prompt(20 + 5 * i, 7), SamplingParams(max_tokens=30, **GREEDY))
+    for _ in range(12):
+        engine.step()
+        check_invariants(engine)
+    assert engine.scheduler.running and engine.scheduler.waiting
+    for rid in list(engine.requests):
+        assert engine.abort_request(rid).finish_reason == "abort"
+    assert_clean(engine)
+    assert engine.step() == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# API: RequestOutput, LLM.generate
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_request_output_fields(model_path, load_hf_model):
+    llm = make_llm(model_path)
+    engine = llm.engine
+    tokens = prompt(12, 8)
+    rid = engine.add_request(None, tokens, SamplingParams(max_tokens=5, **GREEDY))
+    assert rid.startswith("req-")
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs.extend(engine.step())
+    want = hf_greedy(load_hf_model, tokens, 5)
+    assert len(outputs) == 5
+    for i, out in enumerate(outputs):
+        assert isinstance(out, RequestOutput) and out.request_id == rid
+        assert out.prompt_token_ids == tokens
+        assert out.new_token_ids == [want[i]] and out.token_ids == want[: i + 1]
+        assert out.finished == (i == 4) and out.finish_reason == (None if i < 4 else "length")
+        assert out.text is None  # this folder has no tokenizer
+        assert out.first_token_time == outputs[0].first_token_time  # set once, at the first token
+    final = outputs[-1]
+    assert final.time_to_first_token is not None and final.time_to_first_token > 0
+    assert final.arrival_time < final.first_token_time <= final.finished_time
+    assert outputs[0].finished_time is None
+
+
+def test_generate_returns_prompt_order_and_tqdm_is_switchable(model_path, load_hf_model, capsys):
+    llm = make_llm(model_path)
+    prompts = [prompt(n, 9) for n in (17, 3, 8)]
+    params = [SamplingParams(max_tokens=n, **GREEDY) for n in (2, 6, 4)]
+    capsys.readouterr()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert capsys.readouterr().err == ""
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert [o.token_ids for o in outs] == [hf_greedy(load_hf_model, p, sp.max_tokens) for p, sp in zip(prompts, params)]
+    assert all(o.finished and o.finish_reason == "length" and o.time_to_first_token > 0 for o in outs)
+    outs = llm.generate(prompts[1], params[1])  # a single prompt as token ids; the bar is on by default
+    err = capsys.readouterr().err
+    assert "generating" in err and "1/1" in err
+    assert len(outs) == 1 and outs[0].token_ids == hf_greedy(load_hf_model, prompts[1], 6)
+    assert_clean(llm.engine)

@@ -1,0 +1,634 @@
+"""The ``torch.ops.ce`` ops on CPU: opcheck, and hypothesis tests against independent oracles.
+
+Oracles (none of them shares code with ops/):
+  * gated delta rule: a float64 token-by-token loop written from DESIGN.md "Model math", and HF transformers'
+    torch chunked/recurrent gated delta rule; plus the internal ``chunked_reference`` ≡ ``recurrent_reference``;
+  * causal conv1d: ``torch.nn.functional.conv1d`` in float64 with left zero padding (or the slot's history), SiLU;
+  * paged attention: ``torch.nn.functional.scaled_dot_product_attention`` in float64 over dense K/V;
+  * store_kv: reading rows back.
+In-place ops also must not touch pool rows outside the batch (``torch.equal``), and padding lanes (slot 0 / block 0)
+write nothing but the null row.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import ops
+from ops import NULL_BLOCK, NULL_SLOT
+from ops import delta_rule as dr
+
+ce = torch.ops.ce
+
+# --------------------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------------------
+
+SEEDS = st.integers(0, 2**31 - 1)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def _cu_seqlens(lengths) -> torch.Tensor:
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+
+
+def _live_slots(g: torch.Generator, n: int, num_slots: int) -> torch.Tensor:
+    """n distinct random slots, never the null slot 0."""
+    return (torch.randperm(num_slots - 1, generator=g)[:n] + 1).to(torch.int32)
+
+
+def _assert_rows_unchanged(before: torch.Tensor, after: torch.Tensor, touched) -> None:
+    """Rows of a pool (dim 0) not in ``touched`` are bit-identical."""
+    keep = torch.ones(before.shape[0], dtype=torch.bool)
+    keep[torch.as_tensor(list(touched), dtype=torch.long)] = False
+    assert torch.equal(before[keep], after[keep]), "the op wrote rows outside the batch"
+
+
+def _tol(dtype: torch.dtype) -> dict:
+    return {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}[dtype]
+
+
+def _opcheck(op, args) -> None:
+    # test_autograd_registration is meaningless here (no autograd formulas: inference only) but harmless.
+    torch.library.opcheck(op, args)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# gated delta rule
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _delta_inputs(g, T, Hk, Hv, K, V, dtype=torch.float32, qk_scale=1.0):
+    """Raw (pre-l2norm) inputs. ``qk_scale=1e-3`` makes |q|^2, |k|^2 ~ 1e-5: the l2norm eps (1e-6) then matters."""
+    return dict(
+        q=_randn(g, T, Hk, K, scale=qk_scale, dtype=dtype),
+        k=_randn(g, T, Hk, K, scale=qk_scale, dtype=dtype),
+        v=_randn(g, T, Hv, V, dtype=dtype),
+        a=_randn(g, T, Hv, dtype=dtype),
+        b=_randn(g, T, Hv, scale=1.5, dtype=dtype),
+        A_log=torch.empty(Hv).uniform_(0.05, 3.0, generator=g).log(),  # decay rate 0.05 .. 3 per softplus unit
+        dt_bias=_randn(g, Hv, scale=0.5),
+    )
+
+
+def _delta_oracle(q, k, v, a, b, A_log, dt_bias, state):
+    """Float64 token-by-token gated delta rule, written from DESIGN.md (not from ops/). -> (o [L,Hv,V], state)."""
+    q, k, v, a, b, A_log, dt_bias = (x.double() for x in (q, k, v, a, b, A_log, dt_bias))
+    S = state.double().clone()
+    L, Hk, K = q.shape
+    Hv = v.shape[1]
+    key_head = torch.arange(Hv) // (Hv // Hk)  # value head j reads key head j // r
+    out = torch.zeros(v.shape, dtype=torch.float64)
+    for t in range(L):
+        qt, kt = q[t, key_head], k[t, key_head]  # [Hv, K]
+        qt = qt / torch.sqrt((qt * qt).sum(-1, keepdim=True) + 1e-6) / math.sqrt(K)
+        kt = kt / torch.sqrt((kt * kt).sum(-1, keepdim=True) + 1e-6)
+        decay = torch.exp(-torch.exp(A_log) * F.softplus(a[t] + dt_bias))  # [Hv]
+        beta = torch.sigmoid(b[t])
+        S = S * decay[:, None, None]
+        u = (v[t] - (S * kt[:, :, None]).sum(1)) * beta[:, None]  # (float64 einsum is ~1 ms a call on CPU)
+        S = S + kt[:, :, None] * u[:, None, :]
+        out[t] = (S * qt[:, :, None]).sum(1)
+    return out, S
+
+
+def _split(x: dict, start: int, end: int) -> dict:
+    return {n: (t[start:end] if n not in ("A_log", "dt_bias") else t) for n, t in x.items()}
+
+
+HEADS = st.tuples(st.sampled_from([1, 2]), st.sampled_from([1, 2, 3]))  # (Hk, r): Hv = r * Hk
+LENGTHS = st.one_of(st.sampled_from([1, 2, 63, 64, 65, 130]), st.integers(1, 140))
+QK_SCALES = st.sampled_from([1.0, 1e-3])
+
+
+@given(length=LENGTHS, heads=HEADS, K=st.sampled_from([8, 16]), V=st.sampled_from([8, 32]), qk_scale=QK_SCALES,
+       seed=SEEDS)
+def test_chunked_reference_equals_recurrent_reference(length, heads, K, V, qk_scale, seed):
+    Hk, r = heads
+    g = _gen(seed)
+    x = _delta_inputs(g, length, Hk, r * Hk, K, V, qk_scale=qk_scale)
+    q, k, gate, beta = dr.prepare_inputs(x["q"], x["k"], x["a"], x["b"], x["A_log"], x["dt_bias"], r * Hk)
+    state = _randn(g, r * Hk, K, V, scale=0.5)
+    o_rec, s_rec = dr.recurrent_reference(q, k, x["v"], gate, beta, state)
+    o_chk, s_chk = dr.chunked_reference(q, k, x["v"], gate, beta, state)
+    torch.testing.assert_close(o_chk, o_rec, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(s_chk, s_rec, atol=1e-4, rtol=1e-4)
+    # and the internal reference equals the independent float64 oracle
+    o_ref, s_ref = _delta_oracle(**x, state=state)
+    torch.testing.assert_close(o_rec.double(), o_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(s_rec.double(), s_ref, atol=1e-4, rtol=1e-4)
+
+
+@given(
+    lengths=st.lists(LENGTHS, min_size=1, max_size=4),
+    padding=st.integers(0, 2),
+    heads=HEADS,
+    qk_scale=QK_SCALES,
+    seed=SEEDS,
+    pool_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
+def test_gated_delta_rule_prefill_varlen(lengths, padding, heads, qk_scale, seed, pool_dtype):
+    """Packed varlen prefill ≡ the float64 oracle per sequence ≡ each sequence alone; pool rows outside untouched.
+
+    Zero-length padding lanes point at the null slot and change nothing.
+    """
+    Hk, r = heads
+    Hv, K, V = r * Hk, 16, 32
+    g = _gen(seed)
+    all_lengths = lengths + [0] * padding
+    x = _delta_inputs(g, sum(all_lengths), Hk, Hv, K, V, qk_scale=qk_scale)
+    num_slots = len(lengths) + 3
+    pool = _randn(g, num_slots, Hv, K, V, scale=0.5, dtype=pool_dtype)
+    slots = torch.cat([_live_slots(g, len(lengths), num_slots), torch.full((padding,), NULL_SLOT, dtype=torch.int32)])
+    cu = _cu_seqlens(all_lengths)
+    before = pool.clone()
+    out = ce.gated_delta_rule_prefill(**x, state=pool, cu_seqlens=cu, state_slots=slots)
+    assert out.shape == x["v"].shape and out.dtype == x["v"].dtype
+    _assert_rows_unchanged(before, pool, slots[: len(lengths)].tolist())
+    assert torch.equal(before[NULL_SLOT], pool[NULL_SLOT])  # zero-length lanes: nothing to write
+    tol = dict(atol=1e-4, rtol=1e-4) if pool_dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    for i, slot in enumerate(slots[: len(lengths)].tolist()):
+        s, e = cu[i].item(), cu[i + 1].item()
+        o_ref, s_ref = _delta_oracle(**_split(x, s, e), state=before[slot])
+        torch.testing.assert_close(out[s:e].double(), o_ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(pool[slot].double(), s_ref.to(pool_dtype).double(), **tol)
+        # the same sequence alone, in a fresh copy of the pool
+        alone = before.clone()
+        o_alone = ce.gated_delta_rule_prefill(
+            **_split(x, s, e), state=alone, cu_seqlens=_cu_seqlens([e - s]), state_slots=slots[i : i + 1]
+        )
+        torch.testing.assert_close(o_alone, out[s:e], atol=1e-5, rtol=1e-5)
+        same = dict(atol=1e-5, rtol=1e-5) if pool_dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)  # 1 ulp
+        torch.testing.assert_close(alone[slot], pool[slot], **same)
+
+
+@given(
+    prefix=st.lists(st.one_of(st.sampled_from([1, 63, 64, 65]), st.integers(1, 80)), min_size=1, max_size=3),
+    steps=st.integers(1, 5),
+    padding=st.integers(0, 2),
+    continue_with=st.sampled_from(["decode", "prefill"]),
+    heads=HEADS,
+    seed=SEEDS,
+)
+def test_gated_delta_rule_prefill_then_continue_equals_one_prefill(prefix, steps, padding, continue_with, heads, seed):
+    """Prefill n tokens, then m decode steps (batched, with padding lanes) or a second prefill chunk of m tokens
+    ≡ one prefill of n + m tokens: outputs and final states."""
+    Hk, r = heads
+    Hv, K, V = r * Hk, 16, 32
+    g = _gen(seed)
+    n_seq = len(prefix)
+    seqs = [_delta_inputs(g, n + steps, Hk, Hv, K, V) for n in prefix]
+    shared = {"A_log": seqs[0]["A_log"], "dt_bias": seqs[0]["dt_bias"]}
+    for s in seqs:
+        s.update(shared)
+    num_slots = n_seq + 2
+    init = _randn(g, num_slots, Hv, K, V, scale=0.5)
+    slots = _live_slots(g, n_seq, num_slots)
+
+    def pack(parts):
+        return {n: (torch.cat([p[n] for p in parts]) if n not in shared else shared[n]) for n in parts[0]}
+
+    # one prefill of n + m tokens
+    whole_pool = init.clone()
+    whole = ce.gated_delta_rule_prefill(
+        **pack(seqs), state=whole_pool, cu_seqlens=_cu_seqlens([n + steps for n in prefix]), state_slots=slots
+    )
+    # prefill n, then continue
+    pool = init.clone()
+    first = ce.gated_delta_rule_prefill(
+        **pack([_split(s, 0, n) for s, n in zip(seqs, prefix)]), state=pool, cu_seqlens=_cu_seqlens(prefix),
+        state_slots=slots,
+    )
+    before_continue = pool.clone()
+    pad_slots = torch.full((padding,), NULL_SLOT, dtype=torch.int32)
+    if continue_with == "decode":
+        rest = []
+        for t in range(steps):
+            lanes = [_split(s, n + t, n + t + 1) for s, n in zip(seqs, prefix)]
+            lanes += [_split(_delta_inputs(g, 1, Hk, Hv, K, V), 0, 1) for _ in range(padding)]  # padding lanes
+            batch = {k: v for k, v in pack(lanes).items()}
+            rest.append(ce.gated_delta_rule_decode(**batch, state=pool, state_slots=torch.cat([slots, pad_slots])))
+        rest_by_seq = [torch.stack([step[i] for step in rest]) for i in range(n_seq)]
+    else:
+        lanes = [_split(s, n, n + steps) for s, n in zip(seqs, prefix)]
+        out = ce.gated_delta_rule_prefill(
+            **pack(lanes), state=pool, cu_seqlens=_cu_seqlens([steps] * n_seq + [0] * padding),
+            state_slots=torch.cat([slots, pad_slots]),
+        )
+        rest_by_seq = list(out.split(steps))
+    touched = slots.tolist() + ([NULL_SLOT] if padding and continue_with == "decode" else [])
+    _assert_rows_unchanged(before_continue, pool, touched)
+    bounds = _cu_seqlens([n + steps for n in prefix]).tolist()
+    first_bounds = _cu_seqlens(prefix).tolist()
+    for i, n in enumerate(prefix):
+        w = whole[bounds[i] : bounds[i + 1]]
+        torch.testing.assert_close(first[first_bounds[i] : first_bounds[i + 1]], w[:n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rest_by_seq[i], w[n:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pool[slots.long()], whole_pool[slots.long()], atol=1e-4, rtol=1e-4)
+
+
+@given(batch=st.integers(1, 4), padding=st.integers(0, 3), heads=HEADS, qk_scale=QK_SCALES, seed=SEEDS,
+       pool_dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_gated_delta_rule_decode_matches_oracle(batch, padding, heads, qk_scale, seed, pool_dtype):
+    """One decode step ≡ the float64 oracle from each slot's state; padding lanes write only the null slot."""
+    Hk, r = heads
+    Hv, K, V = r * Hk, 16, 32
+    g = _gen(seed)
+    x = _delta_inputs(g, batch + padding, Hk, Hv, K, V, qk_scale=qk_scale)
+    num_slots = batch + 3
+    pool = _randn(g, num_slots, Hv, K, V, scale=0.5, dtype=pool_dtype)
+    slots = torch.cat([_live_slots(g, batch, num_slots), torch.full((padding,), NULL_SLOT, dtype=torch.int32)])
+    before = pool.clone()
+    out = ce.gated_delta_rule_decode(**x, state=pool, state_slots=slots)
+    assert out.shape == x["v"].shape and out.dtype == x["v"].dtype
+    _assert_rows_unchanged(before, pool, slots.tolist())
+    for i, slot in enumerate(slots[:batch].tolist()):
+        o_ref, s_ref = _delta_oracle(**_split(x, i, i + 1), state=before[slot])
+        torch.testing.assert_close(out[i : i + 1].double(), o_ref, atol=1e-5, rtol=1e-5)
+        tol = dict(atol=1e-5, rtol=1e-5) if pool_dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(pool[slot], s_ref.to(pool_dtype), **tol)
+
+
+def test_gated_delta_rule_matches_hf_torch_kernels():
+    """Our prefill and decode ≡ HF transformers' torch chunked / recurrent gated delta rule (the oracle's code)."""
+    from tests import hf_models  # noqa: F401  (FLA hidden first)
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+
+    g = _gen(0)
+    T, Hk, r, K, V = 70, 2, 2, 16, 32
+    Hv = r * Hk
+    x = _delta_inputs(g, T + 1, Hk, Hv, K, V)
+    state0 = _randn(g, Hv, K, V, scale=0.5)
+    gate = -x["A_log"].exp() * F.softplus(x["a"] + x["dt_bias"])
+    beta = x["b"].sigmoid()
+    qh = x["q"].repeat_interleave(r, dim=1)[None]
+    kh = x["k"].repeat_interleave(r, dim=1)[None]
+    hf_out, hf_state = m.torch_chunk_gated_delta_rule(
+        qh[:, :T], kh[:, :T], x["v"][None, :T], g=gate[None, :T], beta=beta[None, :T],
+        initial_state=state0[None].clone(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+    )
+    hf_step, hf_state2 = m.torch_recurrent_gated_delta_rule(
+        qh[:, T:], kh[:, T:], x["v"][None, T:], g=gate[None, T:], beta=beta[None, T:],
+        initial_state=hf_state.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+    )
+    pool = torch.zeros(2, Hv, K, V)
+    pool[1] = state0
+    slot = torch.tensor([1], dtype=torch.int32)
+    out = ce.gated_delta_rule_prefill(**_split(x, 0, T), state=pool, cu_seqlens=_cu_seqlens([T]), state_slots=slot)
+    torch.testing.assert_close(out, hf_out[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pool[1], hf_state[0], atol=1e-4, rtol=1e-4)
+    step = ce.gated_delta_rule_decode(**_split(x, T, T + 1), state=pool, state_slots=slot)
+    torch.testing.assert_close(step, hf_step[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pool[1], hf_state2[0], atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# causal conv1d
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _conv_oracle(history: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """silu(depthwise causal conv) in float64 via F.conv1d. history [C, W-1] (pre-conv inputs), x [L, C] -> [L, C]."""
+    C, W = weight.shape
+    inp = torch.cat([history.double(), x.double().t()], dim=1)[None]  # [1, C, W-1+L]
+    return F.silu(F.conv1d(inp, weight.double()[:, None, :], groups=C))[0].t()
+
+
+@given(
+    lengths=st.lists(st.one_of(st.sampled_from([1, 2, 3, 4, 5, 64, 65]), st.integers(1, 40)), min_size=1, max_size=4),
+    pad_lengths=st.lists(st.sampled_from([0, 1]), max_size=2),
+    channels=st.sampled_from([4, 24]),
+    width=st.sampled_from([2, 4]),
+    fresh=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_causal_conv1d_prefill(lengths, pad_lengths, channels, width, fresh, dtype, seed):
+    """Varlen prefill ≡ F.conv1d (float64) with left zero padding (fresh slot) or the slot's history, + SiLU; the
+    state written back is the last W-1 pre-conv inputs; rows outside the batch untouched; padding lanes (zero- or
+    one-token, on the null slot) write nothing but the null slot."""
+    _check_conv_prefill(lengths, pad_lengths, channels, width, fresh, dtype, seed)
+
+
+def test_causal_conv1d_prefill_zero_length_lane():
+    """Regression: a zero-length sequence in cu_seqlens used to crash the reference (unfold of W-1 rows, size W)."""
+    _check_conv_prefill([3, 5], [0, 0], channels=4, width=4, fresh=False, dtype=torch.float32, seed=0)
+    _check_conv_prefill([1], [0], channels=4, width=2, fresh=True, dtype=torch.float32, seed=1)
+
+
+def _check_conv_prefill(lengths, pad_lengths, channels, width, fresh, dtype, seed):
+    padding = len(pad_lengths)
+    g = _gen(seed)
+    all_lengths = lengths + pad_lengths
+    x = _randn(g, sum(all_lengths), channels, dtype=dtype)
+    weight = _randn(g, channels, width, scale=width**-0.5, dtype=dtype)
+    num_slots = len(lengths) + 3
+    pool = _randn(g, num_slots, channels, width - 1, dtype=dtype)
+    slots = torch.cat([_live_slots(g, len(lengths), num_slots), torch.full((padding,), NULL_SLOT, dtype=torch.int32)])
+    if fresh:
+        pool[slots.long()] = 0  # a newly allocated slot is zeroed
+    cu = _cu_seqlens(all_lengths)
+    before = pool.clone()
+    out = ce.causal_conv1d_prefill(x, weight, pool, cu, slots)
+    assert out.shape == x.shape and out.dtype == dtype
+    _assert_rows_unchanged(before, pool, slots.tolist())  # padding lanes may write the null slot only
+    if not any(pad_lengths):
+        assert torch.equal(before[NULL_SLOT], pool[NULL_SLOT]), "zero-length lanes must not write"
+    for i, slot in enumerate(slots[: len(lengths)].tolist()):
+        s, e = cu[i].item(), cu[i + 1].item()
+        if fresh:  # the textbook form: left zero padding
+            ref = F.silu(
+                F.conv1d(x[s:e].double().t()[None], weight.double()[:, None, :], padding=width - 1, groups=channels)
+            )[0, :, : e - s].t()
+        else:
+            ref = _conv_oracle(before[slot], x[s:e], weight)
+        torch.testing.assert_close(out[s:e].double(), ref, **_tol(dtype))
+        history = torch.cat([before[slot], x[s:e].t()], dim=1)  # [C, W-1+L]
+        assert torch.equal(pool[slot], history[:, -(width - 1) :]), "conv state must be the last W-1 inputs"
+
+
+@given(batch=st.integers(1, 4), padding=st.integers(0, 3), channels=st.sampled_from([4, 24]),
+       width=st.sampled_from([2, 4]), dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=SEEDS)
+def test_causal_conv1d_decode(batch, padding, channels, width, dtype, seed):
+    """One decode step ≡ F.conv1d (float64) over [history, x]; the state shifts by one; padding lanes write only
+    the null slot; other rows untouched."""
+    g = _gen(seed)
+    x = _randn(g, batch + padding, channels, dtype=dtype)
+    weight = _randn(g, channels, width, scale=width**-0.5, dtype=dtype)
+    num_slots = batch + 3
+    pool = _randn(g, num_slots, channels, width - 1, dtype=dtype)
+    slots = torch.cat([_live_slots(g, batch, num_slots), torch.full((padding,), NULL_SLOT, dtype=torch.int32)])
+    before = pool.clone()
+    out = ce.causal_conv1d_decode(x, weight, pool, slots)
+    assert out.shape == x.shape and out.dtype == dtype
+    _assert_rows_unchanged(before, pool, slots.tolist())
+    for i, slot in enumerate(slots[:batch].tolist()):
+        ref = _conv_oracle(before[slot], x[i : i + 1], weight)
+        torch.testing.assert_close(out[i : i + 1].double(), ref, **_tol(dtype))
+        assert torch.equal(pool[slot], torch.cat([before[slot], x[i : i + 1].t()], dim=1)[:, 1:])
+
+
+@given(prefix=st.lists(st.integers(1, 20), min_size=1, max_size=3), steps=st.integers(1, 6), padding=st.integers(0, 2),
+       width=st.sampled_from([2, 4]), seed=SEEDS)
+def test_causal_conv1d_prefill_then_decode_equals_one_prefill(prefix, steps, padding, width, seed):
+    g = _gen(seed)
+    channels = 12
+    n_seq = len(prefix)
+    xs = [_randn(g, n + steps, channels) for n in prefix]
+    weight = _randn(g, channels, width, scale=width**-0.5)
+    num_slots = n_seq + 2
+    init = _randn(g, num_slots, channels, width - 1)
+    slots = _live_slots(g, n_seq, num_slots)
+    whole_pool = init.clone()
+    whole = ce.causal_conv1d_prefill(torch.cat(xs), weight, whole_pool, _cu_seqlens([n + steps for n in prefix]), slots)
+    pool = init.clone()
+    ce.causal_conv1d_prefill(torch.cat([x[:n] for x, n in zip(xs, prefix)]), weight, pool, _cu_seqlens(prefix), slots)
+    lanes = torch.cat([slots, torch.full((padding,), NULL_SLOT, dtype=torch.int32)])
+    rest = []
+    for t in range(steps):
+        step_x = torch.cat([torch.stack([x[n + t] for x, n in zip(xs, prefix)]), _randn(g, padding, channels)])
+        rest.append(ce.causal_conv1d_decode(step_x, weight, pool, lanes)[:n_seq])
+    bounds = _cu_seqlens([n + steps for n in prefix]).tolist()
+    for i, n in enumerate(prefix):
+        got = torch.stack([r[i] for r in rest])
+        torch.testing.assert_close(got, whole[bounds[i] + n : bounds[i + 1]], atol=1e-5, rtol=1e-5)
+    assert torch.equal(pool[slots.long()], whole_pool[slots.long()])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# KV store and paged attention
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _kv_setup(g, contexts, block_size, Hkv, D, dtype, spare_blocks=2, stale_tail=False, padding=0):
+    """A garbage-filled paged cache holding, for each sequence, ``contexts[i]`` tokens of dense K/V at random
+    non-contiguous blocks (never block 0), then ``padding`` padding lanes (context 0). Returns caches, block tables
+    ``[N + padding, max_blocks]``, dense K/V per live sequence.
+
+    Table entries past a sequence's last block (and a padding lane's whole row) are the null block, or with
+    ``stale_tail`` random live block ids (stale entries an engine may leave): an op must read only
+    ``ceil(context_len / block_size)`` blocks."""
+    blocks_per_seq = [math.ceil(c / block_size) for c in contexts]
+    num_blocks = 1 + sum(blocks_per_seq) + spare_blocks
+    k_cache = _randn(g, num_blocks, block_size, Hkv, D, scale=30.0, dtype=dtype)  # garbage: huge if ever read
+    v_cache = _randn(g, num_blocks, block_size, Hkv, D, scale=30.0, dtype=dtype)
+    ids = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    max_blocks = max(blocks_per_seq + [1]) + 1
+    tables = torch.full((len(contexts), max_blocks), NULL_BLOCK, dtype=torch.int32)
+    dense = []
+    for i, (ctx, nb) in enumerate(zip(contexts, blocks_per_seq)):
+        own = [ids.pop() for _ in range(nb)]
+        tables[i, :nb] = torch.tensor(own, dtype=torch.int32)
+        k = _randn(g, ctx, Hkv, D, dtype=dtype)
+        v = _randn(g, ctx, Hkv, D, dtype=dtype)
+        for pos in range(ctx):  # write directly (independent of store_kv)
+            k_cache[own[pos // block_size], pos % block_size] = k[pos]
+            v_cache[own[pos // block_size], pos % block_size] = v[pos]
+        dense.append((k, v))
+    tables = torch.cat([tables, torch.full((padding, max_blocks), NULL_BLOCK, dtype=torch.int32)])
+    if stale_tail:
+        used = torch.arange(max_blocks)[None, :] < torch.tensor(blocks_per_seq + [0] * padding)[:, None]
+        stale = torch.randint(1, num_blocks, tables.shape, generator=g, dtype=torch.int32)
+        tables = torch.where(used, tables, stale)
+    return k_cache, v_cache, tables, dense
+
+
+def _sdpa_oracle(q, k, v, first_position, scale):
+    """q [Lq, Hq, D] at positions first_position.., k/v [Lk, Hkv, D] at 0..: float64 SDPA with a causal mask."""
+    Lq, Lk = q.shape[0], k.shape[0]
+    mask = torch.arange(Lk)[None, :] <= (first_position + torch.arange(Lq))[:, None]
+    out = F.scaled_dot_product_attention(
+        q.double().transpose(0, 1)[None], k.double().transpose(0, 1)[None], v.double().transpose(0, 1)[None],
+        attn_mask=mask, scale=scale, enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)  # [Lq, Hq, D]
+
+
+ATTN_SHAPES = st.tuples(
+    st.sampled_from([1, 2]),  # Hkv
+    st.sampled_from([1, 2, 4]),  # group: Hq = group * Hkv
+    st.sampled_from([8, 32]),  # head_dim
+    st.sampled_from([4, 16]),  # block_size
+)
+
+
+@given(
+    contexts=st.lists(
+        st.one_of(st.integers(1, 70), st.sampled_from([1, 4, 15, 16, 17, 32, 64])), min_size=1, max_size=4
+    ),
+    padding=st.integers(0, 2),
+    shapes=ATTN_SHAPES,
+    stale_tail=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_paged_attention_decode_matches_sdpa(contexts, padding, shapes, stale_tail, dtype, seed):
+    """One query per sequence over its cached tokens ≡ float64 SDPA; GQA; random non-contiguous blocks; padding
+    lanes (context 0) give zeros; nothing is written."""
+    Hkv, group, D, block_size = shapes
+    Hq = Hkv * group
+    g = _gen(seed)
+    k_cache, v_cache, tables, dense = _kv_setup(g, contexts, block_size, Hkv, D, dtype, stale_tail=stale_tail,
+                                                padding=padding)
+    lens = torch.tensor(contexts + [0] * padding, dtype=torch.int32)
+    q = _randn(g, len(contexts) + padding, Hq, D, dtype=dtype)
+    scale = D**-0.5
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    out = ce.paged_attention_decode(q, k_cache, v_cache, tables, lens, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before)
+    for i, (k, v) in enumerate(dense):
+        ref = _sdpa_oracle(q[i : i + 1], k, v, contexts[i] - 1, scale)
+        torch.testing.assert_close(out[i : i + 1].double(), ref, **_tol(dtype))
+    assert torch.equal(out[len(contexts) :], torch.zeros_like(out[len(contexts) :])), "padding lanes must be zeros"
+
+
+@given(
+    seqs=st.lists(
+        st.tuples(st.integers(0, 40), st.one_of(st.integers(1, 20), st.sampled_from([1, 16, 64, 65]))),  # (cached, new)
+        min_size=1,
+        max_size=3,
+    ),
+    padding=st.integers(0, 2),
+    shapes=ATTN_SHAPES,
+    stale_tail=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_paged_attention_prefill_matches_sdpa(seqs, padding, shapes, stale_tail, dtype, seed):
+    """New tokens attend causally to a cached prefix plus themselves (positions offset by the prefix); GQA;
+    zero-length padding sequences contribute no rows."""
+    Hkv, group, D, block_size = shapes
+    Hq = Hkv * group
+    g = _gen(seed)
+    contexts = [c + n for c, n in seqs]
+    k_cache, v_cache, tables, dense = _kv_setup(g, contexts, block_size, Hkv, D, dtype, stale_tail=stale_tail,
+                                                padding=padding)
+    lens = torch.tensor(contexts + [0] * padding, dtype=torch.int32)
+    new = [n for _, n in seqs]
+    cu = _cu_seqlens(new + [0] * padding)
+    q = _randn(g, sum(new), Hq, D, dtype=dtype)
+    scale = 0.7 * D**-0.5
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    out = ce.paged_attention_prefill(q, k_cache, v_cache, cu, lens, tables, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before)
+    for i, ((cached, n), (k, v)) in enumerate(zip(seqs, dense)):
+        s, e = cu[i].item(), cu[i + 1].item()
+        ref = _sdpa_oracle(q[s:e], k, v, cached, scale)
+        torch.testing.assert_close(out[s:e].double(), ref, **_tol(dtype))
+
+
+@given(
+    n_tokens=st.integers(1, 20),
+    padding=st.integers(0, 3),
+    shapes=st.tuples(st.sampled_from([1, 2]), st.sampled_from([8, 32]), st.sampled_from([4, 16])),
+    dtypes=st.sampled_from(
+        [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)]
+    ),
+    seed=SEEDS,
+)
+def test_store_kv_roundtrip(n_tokens, padding, shapes, dtypes, seed):
+    """Rows written at random non-null slots read back as the keys/values (cast to the cache dtype); padding
+    tokens (slot_mapping 0: block 0, offset 0) write only that row; every other row is untouched."""
+    Hkv, D, block_size = shapes
+    in_dtype, cache_dtype = dtypes
+    g = _gen(seed)
+    num_blocks = 1 + math.ceil(n_tokens / block_size) + 2
+    k_cache = _randn(g, num_blocks, block_size, Hkv, D, dtype=cache_dtype)
+    v_cache = _randn(g, num_blocks, block_size, Hkv, D, dtype=cache_dtype)
+    rows = torch.randperm((num_blocks - 1) * block_size, generator=g)[:n_tokens] + block_size  # never block 0
+    null_row = NULL_BLOCK * block_size
+    slot_mapping = torch.cat([rows, torch.full((padding,), null_row)]).to(torch.int64)
+    key = _randn(g, n_tokens + padding, Hkv, D, dtype=in_dtype)
+    value = _randn(g, n_tokens + padding, Hkv, D, dtype=in_dtype)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    ce.store_kv(key, value, k_cache, v_cache, slot_mapping)
+    for cache, before, src in ((k_cache, k_before, key), (v_cache, v_before, value)):
+        flat, flat_before = cache.view(-1, Hkv, D), before.view(-1, Hkv, D)
+        assert torch.equal(flat[rows], src[:n_tokens].to(cache_dtype))
+        touched = rows.tolist() + ([null_row] if padding else [])
+        _assert_rows_unchanged(flat_before, flat, touched)
+        if padding:  # the null row holds one of the padding tokens
+            assert any(torch.equal(flat[null_row], src[n_tokens + j].to(cache_dtype)) for j in range(padding))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# opcheck: schema (mutations declared), fake kernel, AOT dispatch — realistic small inputs with null slot/block
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _opcheck_cases():
+    g = _gen(123)
+    Hk, Hv, K, V, T = 2, 4, 8, 16, 7
+    x = _delta_inputs(g, T, Hk, Hv, K, V)
+    state = _randn(g, 5, Hv, K, V, scale=0.5)
+    cu = _cu_seqlens([4, 3, 0])
+    slots3 = torch.tensor([3, 1, NULL_SLOT], dtype=torch.int32)
+    d = _delta_inputs(g, 3, Hk, Hv, K, V)
+    C, W = 6, 4
+    conv_x = _randn(g, T, C)
+    conv_w = _randn(g, C, W)
+    conv_state = _randn(g, 5, C, W - 1)
+    k_cache, v_cache, tables, _ = _kv_setup(g, [5, 9], 4, 2, 8, torch.float32, padding=1)
+    lens = torch.tensor([5, 9, 0], dtype=torch.int32)
+    return {
+        "store_kv": (
+            ce.store_kv.default,
+            (_randn(g, 3, 2, 8), _randn(g, 3, 2, 8), k_cache.clone(), v_cache.clone(),
+             torch.tensor([5, 13, 0], dtype=torch.int64)),
+        ),
+        "paged_attention_decode": (
+            ce.paged_attention_decode.default, (_randn(g, 3, 4, 8), k_cache, v_cache, tables, lens, 8**-0.5)
+        ),
+        "paged_attention_prefill": (
+            ce.paged_attention_prefill.default,
+            (_randn(g, 5, 4, 8), k_cache, v_cache, _cu_seqlens([2, 3, 0]), lens, tables, 8**-0.5),
+        ),
+        "causal_conv1d_prefill": (ce.causal_conv1d_prefill.default, (conv_x, conv_w, conv_state.clone(), cu, slots3)),
+        "causal_conv1d_decode": (
+            ce.causal_conv1d_decode.default, (_randn(g, 3, C), conv_w, conv_state.clone(), slots3)
+        ),
+        "gated_delta_rule_prefill": (
+            ce.gated_delta_rule_prefill.default,
+            (x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], state.clone(), cu, slots3),
+        ),
+        "gated_delta_rule_decode": (
+            ce.gated_delta_rule_decode.default,
+            (d["q"], d["k"], d["v"], d["a"], d["b"], d["A_log"], d["dt_bias"], state.clone(), slots3),
+        ),
+    }
+
+
+OPCHECK_CASES = _opcheck_cases()
+
+
+@pytest.mark.parametrize("name", list(OPCHECK_CASES))
+def test_opcheck(name):
+    op, args = OPCHECK_CASES[name]
+    _opcheck(op, args)
+
+
+def test_every_op_is_covered():
+    """Every op registered under torch.ops.ce has an opcheck case here (a new op must add one)."""
+    registered = {
+        name
+        for name in dir(ce)
+        if not name.startswith("_") and isinstance(getattr(ce, name), torch._ops.OpOverloadPacket)
+    }
+    assert registered == set(OPCHECK_CASES), registered ^ set(OPCHECK_CASES)
+    assert ops.NULL_SLOT == 0 and ops.NULL_BLOCK == 0
