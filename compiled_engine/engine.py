@@ -75,23 +75,28 @@ class LLMEngine:
         self._next_id = 0
 
     # --------------------------------------------------------------------------------------------- requests
-    def add_request(
-        self, request_id: str | None, prompt_token_ids: list[int], params: SamplingParams | None = None
-    ) -> str:
-        """Queue a request. Raises ValueError on bad input; nothing is queued then."""
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams | None) -> tuple[list[int], SamplingParams]:
+        """The checked prompt and params of a request; raises ValueError naming the bad field. Queues nothing."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         token_ids = self.runtime.validate_prompt(prompt_token_ids)
+        vocab = self.runtime.model_config.vocab_size
+        bad_stop = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad_stop:
+            raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]!r}, outside [0, {vocab})")
+        return token_ids, params
+
+    def add_request(
+        self, request_id: str | None, prompt_token_ids: list[int], params: SamplingParams | None = None
+    ) -> str:
+        """Queue a request. Raises ValueError on bad input; nothing is queued then."""
+        token_ids, params = self.validate_request(prompt_token_ids, params)
         if request_id is None:
             request_id = f"req-{self._next_id}"
             self._next_id += 1
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        vocab = self.runtime.model_config.vocab_size
-        bad_stop = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad_stop:
-            raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]}, outside [0, {vocab})")
         seq = Sequence(self.runtime.new_seq_id(), token_ids, len(token_ids))
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(62)

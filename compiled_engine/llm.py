@@ -106,8 +106,8 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
         token_lists = [self._encode(p) for p in prompts]
-        for tokens in token_lists:  # validate everything before queueing anything
-            self.runtime.validate_prompt(tokens)
+        for tokens, p in zip(token_lists, params):  # validate everything before queueing anything
+            self.engine.validate_request(tokens, p)
         ids = [self.engine.add_request(None, tokens, p) for tokens, p in zip(token_lists, params)]
         results: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm) as bar:

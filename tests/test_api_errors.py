@@ -211,8 +211,6 @@ def test_generate_rejects_bad_input_before_queueing(llm, load_hf_model):
     assert [o.token_ids for o in outs] == [hf_greedy(load_hf_model, p, 3) for p in ([1, 2], [3, 4])]
 
 
-@pytest.mark.xfail(reason="LLM.generate queues the prompts before a later one's stop_token_ids are rejected; the "
-                          "orphans finish in the next call and make it raise KeyError (compiled_engine/llm.py)")
 def test_generate_with_bad_stop_token_ids_queues_nothing(model_path):
     llm = make_llm(model_path, max_model_len=64)
     good = SamplingParams(max_tokens=2, **GREEDY)
