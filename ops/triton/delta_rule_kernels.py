@@ -151,22 +151,6 @@ def gated_delta_rule_decode(
     return out
 
 
-# FLA's prepare_* helpers (chunk indices, and the device->host sync that computes them) are memoised on the
-# IDENTITY of cu_seqlens. Every linear layer of one prefill step gets the same cu_seqlens object from the model, so
-# handing FLA the same int64 copy for all of them computes the chunk indices once per step instead of once per
-# layer. The memo holds the caller's tensor (keeping it alive, so its identity cannot be reused by another tensor);
-# the contract of the prefill op is that cu_seqlens is not modified in place between calls (Runtime.build_step
-# makes a new tensor per step; prefill is not CUDA-graphed, so no static buffer is refilled).
-_cu_seqlens_memo: tuple[torch.Tensor, torch.Tensor] | None = None
-
-
-def _fla_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    global _cu_seqlens_memo
-    if _cu_seqlens_memo is None or _cu_seqlens_memo[0] is not cu_seqlens:
-        _cu_seqlens_memo = (cu_seqlens, cu_seqlens.to(torch.long, copy=True))
-    return _cu_seqlens_memo[1]
-
-
 def gated_delta_rule_prefill(
     q: torch.Tensor,  # [T, Hk, K]
     k: torch.Tensor,  # [T, Hk, K]
@@ -187,7 +171,9 @@ def gated_delta_rule_prefill(
     # Gates in fp32 exactly as the reference computes them ([T, Hv]: tiny next to q/k/v).
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
     beta = b.float().sigmoid()
-    cu = _fla_cu_seqlens(cu_seqlens)
+    # FLA's prepare_* helpers cache on tensor identity: hand it a fresh cu_seqlens every call, so a caller that
+    # refills one static buffer in place never gets chunk indices computed for an earlier batch.
+    cu = cu_seqlens.to(torch.long, copy=True)
     # FLA l2-normalises q and k in the kernel with the same x * rsqrt(sum(x^2) + 1e-6) and scales q by K**-0.5;
     # value heads > key heads (Qwen3-Next's r = Hv / Hk) are FLA's native GVA, value head j on key head j // r.
     o, final = chunk_gated_delta_rule(
