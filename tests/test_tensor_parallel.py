@@ -62,3 +62,17 @@ def test_worker_failure_during_a_step_raises_in_the_caller(qwen3_5_text_untied_p
              tensor_parallel_size=2) as llm:
         with pytest.raises(WorkerError, match="injected fault in worker 1 at 'step'"):
             llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
+
+
+def test_tp2_compiled_decode_keeps_the_all_reduces_in_the_graph(build_hf_model):
+    """fullgraph=True compile of the sharded decode step (functional collectives traced, not graph breaks)."""
+    from graphs import DecodeGraphRunner
+
+    path = str(build_hf_model("qwen3_5_text_untied"))
+    prompts = prompts_for(320)
+    knobs = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2)
+    eager = LLM(path, enforce_eager=True, **knobs).generate(prompts, GREEDY, use_tqdm=False)
+    with LLM(path, enforce_eager=False, tensor_parallel_size=2, **knobs) as llm:
+        assert isinstance(llm.runtime.decode_fn, DecodeGraphRunner) and llm.runtime.decode_fn.fullgraph
+        compiled = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]
