@@ -48,6 +48,7 @@ class Options:
     max_model_len: int | None = None  # default: what the scenarios of the run need
     max_num_batched_tokens: int = 8192
     num_kv_blocks: int | None = None  # default: the runtime's memory plan
+    tensor_parallel_size: int = 1  # shard our engine over this many GPUs (HF always runs on one)
     bandwidth_mib: int | None = None  # copy buffer size; default 1024 on CUDA, 64 on CPU
     hf_limit: int | None = None  # HF runs at most this many requests of a workload (throughput, prefix)
     hf_batch_size: int = 64  # HF pad-left batch size
@@ -116,6 +117,8 @@ class Context:
         )
         if self.opts.num_kv_blocks:
             kwargs["num_kv_blocks"] = self.opts.num_kv_blocks
+        if self.opts.tensor_parallel_size != 1:
+            kwargs["tensor_parallel_size"] = self.opts.tensor_parallel_size
         return {**kwargs, **extra}
 
     def llm(self, **extra):

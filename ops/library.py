@@ -17,6 +17,11 @@ LIB = torch.library.Library(NAMESPACE, "DEF")
 NULL_SLOT = 0  # row 0 of every state pool (recurrent and conv)
 NULL_BLOCK = 0  # block 0 of every KV cache
 
+# Inductor may otherwise hand a custom op other layouts than eager does (torch versions differ in their default):
+# the kernels are proven on the layouts eager mode passes, so compiled graphs must pass the same strides.
+_exact = getattr(torch.Tag, "needs_exact_strides", None)
+EXACT_STRIDES = (_exact,) if _exact is not None else ()
+
 
 def define_op(
     schema: str,
@@ -31,7 +36,7 @@ def define_op(
     real kernel exists.
     """
     name = schema.split("(", 1)[0]
-    LIB.define(schema)
+    LIB.define(schema, tags=EXACT_STRIDES)
     LIB.impl(name, reference, "CPU")
     LIB.impl(name, cuda if cuda is not None else reference, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIB)

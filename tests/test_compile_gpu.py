@@ -9,7 +9,9 @@ The same properties as tests/test_compile.py, with CUDA graphs in play (DESIGN.m
 * a stream where sequences join, finish (slots and blocks reused) and reorder between replays: each sequence's
   logits equal its solo eager run — a replay reads the static buffers as they are now, not as recorded.
 
-Self-contained (it shares nothing with the CPU test module) and quick: four buckets, a tiny model, < 2 minutes.
+Self-contained (it shares nothing with the CPU test module) and quick: four buckets, a tiny model. Measured on an
+H200 (torch 2.11, fresh machine, cold caches): 142 s in all, of which 38 s compile + capture (3 compiles, 4 CUDA
+graphs) and most of the rest the first-use JIT of the Triton/FLA kernels; replayed steps ~0.8 ms vs 7.3 ms eager.
 """
 
 from __future__ import annotations
