@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Tensor parallelism on two H200s (the nvidia-h200-x2 machine), in one command:
+#   1. tests/test_tensor_parallel_gpu.py: TP=2 == TP=1 (teacher-forced bf16 logits, compiled decode, CUDA graphs
+#      with the all-reduces inside) on the Qwen3.5-0.8B shape with random weights;
+#   2. the bench latency and throughput scenarios at TP=1 and at TP=2, merged into one report.
+# Usage (device tool, kind nvidia-h200-x2, carry .whl):  bash bench/run_tp2.sh
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0): it can take a shared host's GPUs out of service.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the output folder}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+WORK=$(mktemp -d /tmp/tp2.XXXXXX)
+export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" TRITON_CACHE_DIR="$WORK/triton"
+timeout 240 python3 -m pytest -q -s tests/test_tensor_parallel_gpu.py -p no:cacheprovider >"$OUT/tp2_tests.log" 2>&1
+echo "tp2 tests: exit $?"; tail -n 8 "$OUT/tp2_tests.log"
+COMMON=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 256 --max-model-len 4096)
+for tp in 1 2; do
+    timeout 150 python3 -m bench latency,throughput "${COMMON[@]}" --tensor-parallel-size "$tp" \
+        -p latency.repeats=1 --out "$WORK/tp$tp" >>"$WORK/bench.log" 2>&1
+    echo "bench tp=$tp: exit $?"
+done
+python3 -m bench report "$WORK/tp1" "$WORK/tp2" --out "$OUT" | tee "$OUT/summary_tp.txt"
+tail -c 200000 "$WORK/bench.log" >"$OUT/bench_log.txt"
