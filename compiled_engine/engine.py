@@ -69,7 +69,8 @@ class LLMEngine:
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(runtime, runtime.config.max_num_seqs, max_num_batched_tokens)
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, Request] = {}  # unfinished requests by id
+        self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
         self._seed_source = random.Random()
         self._next_id = 0
@@ -100,7 +101,9 @@ class LLMEngine:
         seq = Sequence(self.runtime.new_seq_id(), token_ids, len(token_ids))
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(62)
-        self.requests[request_id] = Request(request_id, seq, params, seed, stop_ids)
+        request = Request(request_id, seq, params, seed, stop_ids)
+        self.requests[request_id] = request
+        self._request_of_seq[seq.seq_id] = request
         self.scheduler.add(seq)
         return request_id
 
@@ -126,12 +129,11 @@ class LLMEngine:
             logits = self.runtime.prefill(batch.seqs, batch.num_tokens)
         else:
             logits = self.runtime.decode_step(batch.seqs)
-        by_seq = {r.seq: r for r in self.requests.values()}
         # Only sequences whose every token is now computed produce a token (not the middle chunks of a prompt).
         rows = [i for i, s in enumerate(batch.seqs) if s.num_uncomputed_tokens == 0]
         if not rows:
             return []
-        requests = [by_seq[batch.seqs[i]] for i in rows]
+        requests = [self._request_of_seq[batch.seqs[i].seq_id] for i in rows]
         if len(rows) != len(batch.seqs):
             logits = logits[torch.tensor(rows, device=logits.device)]
         tokens = sample(logits, self._sampling_batch(requests, logits.device)).tolist()
@@ -159,6 +161,7 @@ class LLMEngine:
         return None
 
     def _finish(self, request: Request, reason: str) -> None:
+        del self._request_of_seq[request.seq.seq_id]
         request.finish_reason = reason
         request.finished_time = time.perf_counter()
         self.scheduler.finish(request.seq)
