@@ -305,7 +305,10 @@ class Runtime:
         return token_ids
 
     def add_sequence(self, prompt_token_ids: Seq[int]) -> Sequence:
-        """Register a sequence and give it a zeroed state slot. KV blocks are taken as its tokens are computed."""
+        """Register a sequence and give it a state slot (zeroed, or restored from a prefix-cache hit).
+
+        KV blocks are taken as its tokens are computed.
+        """
         token_ids = self.validate_prompt(prompt_token_ids)
         if self.slots.num_free == 0:
             raise RuntimeError(f"all {self.config.max_num_seqs} state slots are in use (max_num_seqs)")
@@ -334,7 +337,6 @@ class Runtime:
             reset_state_slot(self.model, seq.state_slot)
         else:
             self.prefix_cache.apply(seq, hit)
-
 
     def release(self, seq: Sequence) -> None:
         """Free the sequence's KV blocks and state slot; it can be re-run from scratch (preemption)."""
