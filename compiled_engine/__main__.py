@@ -38,14 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    llm = LLM(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        enforce_eager=True if args.enforce_eager else None,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-    )
+    try:
+        return generate(args)
+    except (ValueError, FileNotFoundError, NotImplementedError) as error:  # bad input: a message, not a traceback
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,
@@ -53,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens=args.max_tokens,
         seed=args.seed,
         ignore_eos=args.ignore_eos,
+    )
+    llm = LLM(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        enforce_eager=True if args.enforce_eager else None,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
     )
     start = time.perf_counter()
     outputs = llm.generate(args.prompt, params, use_tqdm=False)

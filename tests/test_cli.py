@@ -1,0 +1,28 @@
+"""The command line: the embedded default model end to end, and clean errors on bad input."""
+
+from __future__ import annotations
+
+from compiled_engine.__main__ import main
+
+
+def test_generate_with_the_embedded_default_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COMPILED_ENGINE_CACHE", str(tmp_path))
+    assert main(["generate", "--prompt", "Hello", "--prompt", "abc", "--max-tokens", "5", "--ignore-eos"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("(5 tokens, finish_reason=length)") == 2
+    assert "tokens/s" in out
+    # deterministic: the tiny model is built from a fixed seed, greedy decoding
+    assert main(["generate", "--prompt", "Hello", "--max-tokens", "5", "--ignore-eos"]) == 0
+    first_output = out.splitlines()[1]
+    assert capsys.readouterr().out.splitlines()[1] == first_output
+
+
+def test_bad_input_is_an_error_message_not_a_traceback(tmp_path, monkeypatch, capsys, qwen3_5_text_untied_path):
+    monkeypatch.setenv("COMPILED_ENGINE_CACHE", str(tmp_path))
+    assert main(["generate", "--prompt", "Hello", "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err
+    assert main(["generate", "--model", str(tmp_path / "missing"), "--prompt", "x"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    # a checkpoint folder without a tokenizer cannot take text prompts
+    assert main(["generate", "--model", str(qwen3_5_text_untied_path), "--prompt", "x"]) == 2
+    assert "no tokenizer" in capsys.readouterr().err
