@@ -20,12 +20,23 @@ from compiled_engine.layers import RMSNorm, RotaryEmbedding, empty_parameter
 from compiled_engine.step_inputs import StepInputs
 
 
-class FullAttention(nn.Module):
-    """Sharded over tensor-parallel ranks by KV-head groups: this rank keeps 1/world of the query and KV heads."""
+ATTENTION_BACKENDS = ("triton", "flash_attn")
 
-    def __init__(self, config: ModelConfig, tp: TensorParallel):
+
+class FullAttention(nn.Module):
+    """Sharded over tensor-parallel ranks by KV-head groups: this rank keeps 1/world of the query and KV heads.
+
+    ``backend``: "triton" (our kernels, the default) or "flash_attn" (ops/flash_attention.py, where installed).
+    """
+
+    def __init__(self, config: ModelConfig, tp: TensorParallel, backend: str = "triton"):
         super().__init__()
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
         self.tp = tp
+        flash = backend == "flash_attn"
+        self.decode_op = torch.ops.ce.flash_paged_attention_decode if flash else torch.ops.ce.paged_attention_decode
+        self.prefill_op = torch.ops.ce.flash_paged_attention_prefill if flash else torch.ops.ce.paged_attention_prefill
         self.num_heads = config.num_attention_heads // tp.world_size
         self.num_kv_heads = config.num_key_value_heads // tp.world_size
         self.head_dim = config.head_dim
@@ -53,12 +64,10 @@ class FullAttention(nn.Module):
         q, k = self.rotary(step.positions, q, k)
         torch.ops.ce.store_kv(k, v, self.k_cache, self.v_cache, step.slot_mapping)
         if step.is_prefill:
-            attn = torch.ops.ce.paged_attention_prefill(
+            attn = self.prefill_op(
                 q, self.k_cache, self.v_cache, step.cu_seqlens, step.context_lens, step.block_tables, self.scale
             )
         else:
-            attn = torch.ops.ce.paged_attention_decode(
-                q, self.k_cache, self.v_cache, step.block_tables, step.context_lens, self.scale
-            )
+            attn = self.decode_op(q, self.k_cache, self.v_cache, step.block_tables, step.context_lens, self.scale)
         gated = attn.reshape(tokens, -1) * torch.sigmoid(gate.reshape(tokens, -1))
         return self.tp.all_reduce(F.linear(gated, self.o_proj))  # o_proj is row-parallel

@@ -219,13 +219,14 @@ def load_model(
     dtype: torch.dtype,
     progress: bool = False,
     tp: TensorParallel = SINGLE,
+    attention_backend: str = "triton",
 ) -> tuple[HybridModel, LoadReport]:
     """Build the model (this rank's shard) on ``meta`` and fill every parameter from the checkpoint at ``path``.
 
     Each tensor is read on the CPU, cut to this rank's shard, and only the shard is copied to ``device``.
     """
     with torch.device("meta"):
-        model = HybridModel(config, tp)
+        model = HybridModel(config, tp, attention_backend)
     files = checkpoint_files(path)
     report = LoadReport()
     router = WeightRouter(config, tp)

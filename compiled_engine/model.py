@@ -21,14 +21,14 @@ from compiled_engine.step_inputs import StepInputs
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_type: str, tp: TensorParallel):
+    def __init__(self, config: ModelConfig, layer_type: str, tp: TensorParallel, attention_backend: str):
         super().__init__()
         self.layer_type = layer_type
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if layer_type == LINEAR_ATTENTION:
             self.linear_attn = GatedDeltaNet(config, tp)
         else:
-            self.self_attn = FullAttention(config, tp)
+            self.self_attn = FullAttention(config, tp, attention_backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size, tp)
 
@@ -48,13 +48,13 @@ class HybridModel(nn.Module):
     the heads, and the embedding and lm_head 1/world of the vocabulary (padded to a multiple of world).
     """
 
-    def __init__(self, config: ModelConfig, tp: TensorParallel = SINGLE):
+    def __init__(self, config: ModelConfig, tp: TensorParallel = SINGLE, attention_backend: str = "triton"):
         super().__init__()
         self.config = config
         self.tp = tp
         self.vocab_per_rank = -(-config.vocab_size // tp.world_size)
         self.embed_tokens = empty_parameter(self.vocab_per_rank, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, t, tp) for t in config.layer_types)
+        self.layers = nn.ModuleList(DecoderLayer(config, t, tp, attention_backend) for t in config.layer_types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Tied checkpoints share the embedding tensor (the loader points lm_head at it: one copy in memory).
         self.lm_head = empty_parameter(self.vocab_per_rank, config.hidden_size)

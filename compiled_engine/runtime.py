@@ -34,6 +34,7 @@ from compiled_engine.cache import (
 )
 from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import check_divisible
+from ops.flash_attention import check_flash_attn_usable
 from compiled_engine.loader import load_model
 from compiled_engine.model import HybridModel
 from compiled_engine.prefix_cache import PrefixCache, PrefixHit
@@ -66,6 +67,7 @@ class RuntimeConfig:
     enable_prefix_caching: bool = False
     prefix_snapshot_interval: int = 512  # tokens between linear-state snapshots (multiple of block_size and 64)
     num_prefix_snapshots: int = 64  # snapshot pool size (each holds one sequence's state of every linear layer)
+    attention_backend: str = "triton"  # or "flash_attn" where installed (block_size a multiple of 256)
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:
@@ -80,6 +82,8 @@ class RuntimeConfig:
             raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.attention_backend not in ("triton", "flash_attn"):
+            raise ValueError(f"attention_backend must be 'triton' or 'flash_attn', got {self.attention_backend!r}")
         if self.state_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"state_dtype must be float32 or bfloat16, got {self.state_dtype}")
 
@@ -184,8 +188,11 @@ class Runtime:
             raise ValueError(f"unknown runtime option(s) {unknown}; known options: {sorted(known)}")
         runtime_config = RuntimeConfig(**runtime_config)
         runtime_config.validate()
+        backend = runtime_config.attention_backend
+        if backend == "flash_attn":
+            check_flash_attn_usable(device, dtype, runtime_config.block_size)
         if tensor_parallel_size == 1:
-            model, report = load_model(path, config, device, dtype, progress=progress)
+            model, report = load_model(path, config, device, dtype, progress=progress, attention_backend=backend)
             runtime = cls(model, runtime_config, device, dtype)
             runtime.load_report = report
             return runtime
@@ -203,7 +210,9 @@ class Runtime:
         args = {"path": path, "model_config": config, "dtype": dtype, "runtime_config": runtime_config}
         workers = TensorParallelWorkers(tensor_parallel_size, device, args)
         try:
-            model, report = load_model(path, config, device, dtype, progress=progress, tp=workers.tp)
+            model, report = load_model(
+                path, config, device, dtype, progress=progress, tp=workers.tp, attention_backend=backend
+            )
             workers.wait_for("loaded")  # before any collective: a worker that failed to load raises here
             runtime = cls(model, runtime_config, device, dtype, workers=workers)
             workers.wait_for("ready")

@@ -197,7 +197,8 @@ def worker_main(rank: int, world_size: int, port: int, device_type: str, args: d
         )
         tp = TensorParallel(rank=rank, world_size=world_size)
         _maybe_fail(rank, "load")
-        model, _ = load_model(args["path"], args["model_config"], device, args["dtype"], tp=tp)
+        backend = args["runtime_config"].attention_backend
+        model, _ = load_model(args["path"], args["model_config"], device, args["dtype"], tp=tp, attention_backend=backend)
         reports.put((rank, "loaded"))
         runtime = Runtime(model, args["runtime_config"], device, args["dtype"])
         reports.put((rank, "ready"))

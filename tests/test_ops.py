@@ -599,6 +599,14 @@ def _opcheck_cases():
             ce.paged_attention_prefill.default,
             (_randn(g, 5, 4, 8), k_cache, v_cache, _cu_seqlens([2, 3, 0]), lens, tables, 8**-0.5),
         ),
+        # the optional flash-attn backend: same contract, same CPU reference (its CUDA kernel: flash-attn)
+        "flash_paged_attention_decode": (
+            ce.flash_paged_attention_decode.default, (_randn(g, 3, 4, 8), k_cache, v_cache, tables, lens, 8**-0.5)
+        ),
+        "flash_paged_attention_prefill": (
+            ce.flash_paged_attention_prefill.default,
+            (_randn(g, 5, 4, 8), k_cache, v_cache, _cu_seqlens([2, 3, 0]), lens, tables, 8**-0.5),
+        ),
         "causal_conv1d_prefill": (ce.causal_conv1d_prefill.default, (conv_x, conv_w, conv_state.clone(), cu, slots3)),
         "causal_conv1d_decode": (
             ce.causal_conv1d_decode.default, (_randn(g, 3, C), conv_w, conv_state.clone(), slots3)
