@@ -11,7 +11,8 @@ Names are mapped by whole dotted segments, never substrings:
 Missing, unexpected and mis-shaped tensors raise ``CheckpointError`` naming the tensor.
 
 Each tensor is read from disk once and copied straight into its slice of the (fused) parameter, allocated
-directly on the target device in the target dtype: no second full copy of the model is ever built.
+directly on the target device in the target dtype: no second full copy of the model is ever built. With tensor
+parallelism each rank reads only its own slices of the tensors that need no regrouping.
 """
 
 from __future__ import annotations
@@ -254,19 +255,7 @@ def load_model(
                 bar.update(1)
                 if placement is None:
                     continue
-                tensor = f.get_tensor(name)
-                if placement.transform is not None:
-                    try:
-                        tensor = placement.transform(tensor)
-                    except RuntimeError as error:  # a reshape of a mis-shaped tensor
-                        raise CheckpointError(f"tensor {name!r} of shape {tuple(tensor.shape)}: {error}") from None
-                if placement.shard is not None and tp.world_size > 1:
-                    dim, sections = placement.shard
-                    if tensor.dim() <= dim or tensor.shape[dim] != sum(sections):
-                        raise CheckpointError(
-                            f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {sum(sections)} along dim {dim}"
-                        )
-                    tensor = shard_sections(tensor, sections, dim, tp)
+                tensor = _read(f, name, placement, tp)
                 _place(name, tensor, placement, params, materialised, rows_written, device, dtype)
                 report.loaded.append(name)
     bar.close()
@@ -283,6 +272,40 @@ def load_model(
         for buffer_name, buffer in list(module.named_buffers(recurse=False)):
             setattr(module, buffer_name, buffer.to(device))
     return model, report
+
+
+def _read(f, name: str, placement: Placement, tp: TensorParallel) -> torch.Tensor:
+    """The checkpoint tensor as our parameter wants it: transformed and cut to this rank's shard.
+
+    A sharded tensor that needs no layout change is read slice by slice, so a rank reads only its own part from
+    disk; one that is regrouped first (Qwen3-Next's projections, the conv weight, vocab padding) is read whole.
+    """
+    sharded = placement.shard is not None and tp.world_size > 1
+    if sharded and placement.transform is None:
+        dim, sections = placement.shard
+        view = f.get_slice(name)
+        shape = view.get_shape()
+        if len(shape) <= dim or shape[dim] != sum(sections):
+            raise CheckpointError(f"tensor {name!r} has shape {tuple(shape)}; expected {sum(sections)} along dim {dim}")
+        parts, start = [], 0
+        for section in sections:
+            size = section // tp.world_size
+            lo, hi = start + tp.rank * size, start + (tp.rank + 1) * size
+            parts.append(view[lo:hi] if dim == 0 else view[:, lo:hi])
+            start += section
+        return torch.cat(parts, dim=dim)
+    tensor = f.get_tensor(name)
+    if placement.transform is not None:
+        try:
+            tensor = placement.transform(tensor)
+        except RuntimeError as error:  # a reshape of a mis-shaped tensor
+            raise CheckpointError(f"tensor {name!r} of shape {tuple(tensor.shape)}: {error}") from None
+    if sharded:
+        dim, sections = placement.shard
+        if tensor.dim() <= dim or tensor.shape[dim] != sum(sections):
+            raise CheckpointError(f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {sum(sections)} along dim {dim}")
+        tensor = shard_sections(tensor, sections, dim, tp)
+    return tensor
 
 
 def _place(name, tensor, placement, params, materialised, rows_written, device, dtype):

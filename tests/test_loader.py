@@ -150,3 +150,22 @@ def test_layer_types_and_rope_from_either_place():
     assert nested.model_type == "qwen3_5" and nested.num_hidden_layers == 8
     with pytest.raises(ValueError, match="lacks 'hidden_size'"):
         ModelConfig.from_dict({k: v for k, v in base.items() if k != "hidden_size"})
+
+
+def test_a_tensor_parallel_rank_reads_exactly_its_slices(tmp_path):
+    """Slice-by-slice reads (no full tensor) equal cutting the full tensor into head-major sections."""
+    from safetensors import safe_open
+
+    from compiled_engine.distributed import TensorParallel, shard_sections
+    from compiled_engine.loader import Placement, _read
+
+    full = torch.randn(12, 6)
+    save_file({"w": full}, tmp_path / "s.safetensors")
+    with safe_open(tmp_path / "s.safetensors", framework="pt") as f:
+        for rank in range(2):
+            tp = TensorParallel(rank, 2)
+            for placement in (Placement("x", shard=(0, [4, 4, 4])), Placement("x", shard=(1, [2, 4]))):
+                dim, sections = placement.shard
+                assert torch.equal(_read(f, "w", placement, tp), shard_sections(full, sections, dim, tp))
+        with pytest.raises(CheckpointError, match="expected 10 along dim 0"):
+            _read(f, "w", Placement("x", shard=(0, [5, 5])), TensorParallel(0, 2))
