@@ -21,6 +21,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -29,6 +30,9 @@ from compiled_engine.config import LINEAR_ATTENTION
 from compiled_engine.model import HybridModel
 from compiled_engine.sequence import Sequence
 from ops.delta_rule import CHUNK_SIZE
+
+
+SAVE, RESTORE = "save", "restore"  # snapshot copy directions (slot -> row, row -> slot)
 
 
 def chain_hash(previous: bytes, tokens: list[int]) -> bytes:
@@ -77,6 +81,9 @@ class PrefixCache:
         self.conv = [torch.empty((num_snapshots, *m.conv_state.shape[1:]), device=device, dtype=dtype) for m in self.linear_layers]
         self.row_of_hash: OrderedDict[bytes, int] = OrderedDict()  # LRU: least recently used first
         self.free_rows = list(range(num_snapshots - 1, -1, -1))
+        # With tensor parallelism, rank 0 keeps the index and LRU; every rank holds its shard of the snapshots, so
+        # each copy is mirrored to the other ranks first (``mirror(SAVE | RESTORE, row, slot)``).
+        self.mirror: Callable[[str, int, int], None] | None = None
         self.hits = 0
         self.queries = 0
         self.tokens_saved = 0
@@ -132,10 +139,9 @@ class PrefixCache:
         for block in hit.blocks:
             self.blocks.acquire(block)
         seq.block_table = list(hit.blocks)
-        slot = seq.state_slot
-        for mixer, recurrent, conv in zip(self.linear_layers, self.recurrent, self.conv):
-            mixer.recurrent_state[slot].copy_(recurrent[hit.snapshot_row])
-            mixer.conv_state[slot].copy_(conv[hit.snapshot_row])
+        if self.mirror is not None:
+            self.mirror(RESTORE, hit.snapshot_row, seq.state_slot)
+        self.restore_state(hit.snapshot_row, seq.state_slot)
         seq.num_computed_tokens = hit.num_tokens
         seq.num_cached_tokens = hit.num_tokens
         self.row_of_hash.move_to_end(seq.block_hashes[hit.num_tokens // self.block_size - 1])
@@ -161,10 +167,23 @@ class PrefixCache:
             _, row = self.row_of_hash.popitem(last=False)
             self.free_rows.append(row)
         row = self.free_rows.pop()
+        if self.mirror is not None:
+            self.mirror(SAVE, row, slot)
+        self.save_state(slot, row)
+        self.row_of_hash[key] = row
+
+    # ------------------------------------------------------------------------------ the state copies themselves
+    def save_state(self, slot: int, row: int) -> None:
+        """Copy a slot's state of every linear layer into snapshot ``row``."""
         for mixer, recurrent, conv in zip(self.linear_layers, self.recurrent, self.conv):
             recurrent[row].copy_(mixer.recurrent_state[slot])
             conv[row].copy_(mixer.conv_state[slot])
-        self.row_of_hash[key] = row
+
+    def restore_state(self, row: int, slot: int) -> None:
+        """Copy snapshot ``row`` into a slot's state of every linear layer."""
+        for mixer, recurrent, conv in zip(self.linear_layers, self.recurrent, self.conv):
+            mixer.recurrent_state[slot].copy_(recurrent[row])
+            mixer.conv_state[slot].copy_(conv[row])
 
     def _drop_snapshot(self, block: int, content_hash: bytes) -> None:
         row = self.row_of_hash.pop(content_hash, None)

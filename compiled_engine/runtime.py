@@ -118,8 +118,6 @@ class Runtime:
     ):
         """``workers``: the other tensor-parallel ranks, when this is rank 0 of a sharded model."""
         config.validate()
-        if model.tp.world_size > 1 and config.enable_prefix_caching:
-            raise NotImplementedError("prefix caching with tensor parallelism is not supported yet")
         self.model = model
         self.workers = workers
         self.model_config: ModelConfig = model.config
@@ -135,6 +133,8 @@ class Runtime:
                 model, config.block_size, config.prefix_snapshot_interval, config.num_prefix_snapshots,
                 device, dtype, config.state_dtype,
             )
+            if workers is not None:
+                self.prefix_cache.mirror = workers.send_snapshot
         num_kv_blocks = config.num_kv_blocks or self._plan_kv_blocks()
         self.cache_config = CacheConfig(config.block_size, num_kv_blocks, num_slots, config.state_dtype)
         blocks_for_one = math.ceil(self.max_model_len / config.block_size)
@@ -202,8 +202,6 @@ class Runtime:
         if device.type == "cuda" and torch.cuda.device_count() < tensor_parallel_size:
             raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs that many GPUs; "
                              f"{torch.cuda.device_count()} visible")
-        if runtime_config.enable_prefix_caching:
-            raise NotImplementedError("prefix caching with tensor parallelism is not supported yet")
         if device.type == "cuda":
             device = torch.device("cuda", 0)
             torch.cuda.set_device(device)

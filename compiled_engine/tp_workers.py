@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from compiled_engine.distributed import TensorParallel, free_port
 from compiled_engine.step_inputs import StepInputs
 
-CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE = 0, 1, 2, 3
+CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE, CMD_SNAPSHOT_SAVE, CMD_SNAPSHOT_RESTORE = 0, 1, 2, 3, 4, 5
 HEADER_SIZE = 8
 STARTUP_TIMEOUT_S = 600  # loading a large shard can take minutes
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -124,6 +124,13 @@ class TensorParallelWorkers:
 
     def send_reset_slot(self, slot: int) -> None:
         dist.broadcast(self._header([CMD_RESET_SLOT, slot]), 0)
+
+    def send_snapshot(self, direction: str, row: int, slot: int) -> None:
+        """Mirror a prefix-cache snapshot copy (compiled_engine/prefix_cache.py) on every worker."""
+        from compiled_engine.prefix_cache import SAVE
+
+        command = CMD_SNAPSHOT_SAVE if direction == SAVE else CMD_SNAPSHOT_RESTORE
+        dist.broadcast(self._header([command, row, slot]), 0)
 
     def send_compile(self) -> None:
         dist.broadcast(self._header([CMD_COMPILE]), 0)
@@ -227,6 +234,10 @@ def serve(runtime, rank: int, device: torch.device) -> None:
             runtime.execute(step, all_logits)
         elif command == CMD_RESET_SLOT:
             reset_state_slot(runtime.model, values[1])
+        elif command == CMD_SNAPSHOT_SAVE:
+            runtime.prefix_cache.save_state(values[2], values[1])
+        elif command == CMD_SNAPSHOT_RESTORE:
+            runtime.prefix_cache.restore_state(values[1], values[2])
         elif command == CMD_COMPILE:
             from graphs import compile_decode
 

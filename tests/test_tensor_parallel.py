@@ -76,3 +76,19 @@ def test_tp2_compiled_decode_keeps_the_all_reduces_in_the_graph(build_hf_model):
         assert isinstance(llm.runtime.decode_fn, DecodeGraphRunner) and llm.runtime.decode_fn.fullgraph
         compiled = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]
+
+
+def test_tp2_with_prefix_caching_equals_tp1_and_hits(build_hf_model):
+    """Snapshots are saved and restored on every rank: a sharded prefix hit gives the unsharded output."""
+    path = str(build_hf_model("qwen3_5_text_untied"))
+    rng = random.Random(9)
+    shared = [rng.randrange(320) for _ in range(140)]
+    prompts = [shared + [rng.randrange(320) for _ in range(n)] for n in (3, 11, 20)]
+    knobs = dict(device="cpu", dtype="float32", enforce_eager=True, max_model_len=256)
+    expected = [o.token_ids for o in LLM(path, **knobs).generate(prompts, GREEDY, use_tqdm=False)]
+    with LLM(path, tensor_parallel_size=2, enable_prefix_caching=True, prefix_snapshot_interval=64, **knobs) as llm:
+        cold = llm.generate(prompts, GREEDY, use_tqdm=False)
+        warm = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in cold] == expected
+    assert [o.token_ids for o in warm] == expected
+    assert all(o.num_cached_tokens == 128 for o in warm)
