@@ -160,7 +160,7 @@ def _check_caches_allocated(model: nn.Module) -> None:
             if buffer in module._buffers and module._buffers[buffer] is None:
                 raise ValueError(
                     f"{name}.{buffer} is not allocated: build the runner after the caches "
-                    "(compiled_engine.cache.allocate_caches, which Runtime does)"
+                    "(compiled_engine.cache.allocate_kv_cache and allocate_state_pools, which Runtime calls)"
                 )
 
 
