@@ -84,8 +84,8 @@ class PrefixCache:
         # With tensor parallelism, rank 0 keeps the index and LRU; every rank holds its shard of the snapshots, so
         # each copy is mirrored to the other ranks first (``mirror(SAVE | RESTORE, row, slot)``).
         self.mirror: Callable[[str, int, int], None] | None = None
-        self.hits = 0
-        self.queries = 0
+        self.admissions = 0  # sequences admitted while caching is on (Runtime.assign_slot)
+        self.hits = 0  # of those, how many started from a snapshot
         self.tokens_saved = 0
 
     def bind_blocks(self, blocks: BlockAllocator) -> None:
@@ -115,7 +115,6 @@ class PrefixCache:
     # ------------------------------------------------------------------------------------------------- hits
     def find(self, seq: Sequence) -> PrefixHit | None:
         """The longest usable cached prefix of a sequence about to be admitted (no side effects)."""
-        self.queries += 1
         usable = len(seq.token_ids) - 1  # the last token is always computed: its logits pick the next token
         hashes = self.block_hashes(seq, usable)
         matched: list[int] = []
