@@ -106,5 +106,13 @@ def _timed(ctx: Context, llm, prompts: list[list[int]], new_tokens: int) -> dict
         "output_tok_s": generated / wall,
         "total_tok_s": (generated + prompt_tokens) / wall,
         "cached_prompt_tokens": sum(getattr(o, "num_cached_tokens", 0) or 0 for o in outputs),
+        "hit_rate": sum(1 for o in outputs if getattr(o, "num_cached_tokens", 0)) / len(outputs),
+        "snapshot_bytes": _snapshot_bytes(llm),
         **request_timings(outputs),
     }
+
+
+def _snapshot_bytes(llm) -> int | None:
+    """Memory of the prefix cache's snapshot pool (None with caching off)."""
+    cache = getattr(llm.runtime, "prefix_cache", None)
+    return None if cache is None else cache.snapshot_bytes
