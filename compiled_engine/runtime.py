@@ -239,8 +239,8 @@ class Runtime:
         and give KV blocks what ``gpu_memory_utilization`` leaves. On CPU: a fixed budget (CPU_KV_CACHE_BYTES).
         """
         block_bytes = kv_bytes_per_block(self.model, self.config.block_size, self.dtype)
-        if block_bytes == 0:  # no attention layer
-            return 2
+        if block_bytes == 0:  # no attention layer: blocks cost nothing, so give every sequence its full length
+            return self.config.max_num_seqs * math.ceil(self.max_model_len / self.config.block_size) + 1
         wanted = self.config.max_num_seqs * math.ceil(self.max_model_len / self.config.block_size) + 1
         if self.device.type != "cuda":
             return max(2, min(wanted, CPU_KV_CACHE_BYTES // block_bytes))
@@ -405,11 +405,18 @@ class Runtime:
         """Run one step on the model (on every tensor-parallel rank): fp32 logits of the rows asked for."""
         if self.workers is None:
             return self._execute_local(step, all_logits)
+        if self.workers.closed:
+            raise RuntimeError("the tensor-parallel workers are stopped (closed, or a step failed)")
         try:
             self.workers.send_step(step, all_logits)
             return self._execute_local(step, all_logits)
-        except Exception as error:  # a collective failed: report the worker's own error if it sent one
-            self.workers.raise_worker_error(error)
+        except Exception as error:
+            # The ranks are out of lockstep now (some may wait in a collective forever): stop them, then report the
+            # worker's own error if one sent it, else ours.
+            try:
+                self.workers.raise_worker_error(error)
+            finally:
+                self.workers.abort()
 
     def _execute_local(self, step: StepInputs, all_logits: bool) -> torch.Tensor:
         if not step.is_prefill:

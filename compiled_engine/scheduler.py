@@ -118,11 +118,14 @@ class Scheduler:
             self._preempt(victim)
             if victim in ready:
                 ready.remove(victim)
-        if self.running:  # only prefill work is left, and it could not get blocks: free some
-            victim = self.running[-1]
-            self._preempt(victim)
-            return self._schedule_prefill()
-        return None
+        # Only prefill work is left (or every decode-ready sequence was just preempted) and it found no blocks a
+        # moment ago: retry it, preempting from the back one sequence at a time until it fits.
+        while self.running:
+            batch = self._schedule_prefill()
+            if batch is not None:
+                return batch
+            self._preempt(self.running[-1])
+        return self._schedule_prefill()
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

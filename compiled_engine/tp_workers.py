@@ -31,6 +31,7 @@ CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE, CMD_SNAPSHOT_SAVE, CMD_SNAPSHOT
 HEADER_SIZE = 8
 STARTUP_TIMEOUT_S = 600  # loading a large shard can take minutes
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+STAGES = ("loaded", "ready")  # what a worker reports through the queue on its way up, in this order
 FAULT_ENV = "COMPILED_ENGINE_TP_TEST_FAULT"  # test only: "<rank>:<stage>" makes that worker raise at that stage
 
 
@@ -57,6 +58,7 @@ class TensorParallelWorkers:
         self.device = device
         context = mp.get_context("spawn")
         self.reports = context.Queue()
+        self.stages_seen: dict[int, set[str]] = {rank: set() for rank in range(1, world_size)}
         port = free_port()
         self.processes = [
             context.Process(
@@ -85,10 +87,16 @@ class TensorParallelWorkers:
 
     # ---------------------------------------------------------------------------------------------- handshakes
     def wait_for(self, stage: str) -> None:
-        """Block until every worker reports ``stage``; raise the first worker error (or a dead worker) instead."""
-        pending = set(range(1, self.world_size))
+        """Block until every worker has reported ``stage``; raise the first worker error (or a dead worker) instead.
+
+        Workers report asynchronously, so a fast one may already have reported a later stage: each rank's stages
+        are remembered, and only a message that is not a stage name (a traceback) is an error.
+        """
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while pending:
+        while True:
+            pending = {rank for rank in range(1, self.world_size) if stage not in self.stages_seen[rank]}
+            if not pending:
+                return
             try:
                 rank, message = self.reports.get(timeout=0.5)
             except queue.Empty:
@@ -98,9 +106,9 @@ class TensorParallelWorkers:
                 if time.monotonic() > deadline:
                     raise WorkerError(f"tensor-parallel workers {sorted(pending)} did not reach {stage!r} in time")
                 continue
-            if message != stage:
+            if message not in STAGES:
                 raise WorkerError(f"tensor-parallel worker {rank} failed:\n{message}")
-            pending.discard(rank)
+            self.stages_seen[rank].add(message)
 
     def raise_worker_error(self, error: BaseException) -> None:
         """Turn a failed collective into the worker's own error when a worker reported one."""
@@ -111,6 +119,12 @@ class TensorParallelWorkers:
         raise WorkerError(f"tensor-parallel worker {rank} failed:\n{message}") from error
 
     # ------------------------------------------------------------------------------------------------ commands
+    def _command(self, values: list[int]) -> None:
+        """Broadcast a command header to the workers (which must still be running)."""
+        if self.closed:
+            raise RuntimeError("the tensor-parallel workers are stopped (closed, or a step failed)")
+        dist.broadcast(self._header(values), 0)
+
     def _header(self, values: list[int]) -> torch.Tensor:
         header = torch.zeros(HEADER_SIZE, dtype=torch.int64, device=self.device)
         header[: len(values)] = torch.tensor(values, dtype=torch.int64)
@@ -118,22 +132,32 @@ class TensorParallelWorkers:
 
     def send_step(self, step: StepInputs, all_logits: bool) -> None:
         tokens, seqs, max_blocks = step.input_ids.shape[0], step.state_slots.shape[0], step.block_tables.shape[1]
-        dist.broadcast(self._header([CMD_STEP, tokens, seqs, max_blocks, int(step.is_prefill), int(all_logits)]), 0)
+        self._command([CMD_STEP, tokens, seqs, max_blocks, int(step.is_prefill), int(all_logits)])
         for tensor in step_tensors(step):
             dist.broadcast(tensor.contiguous(), 0)
 
     def send_reset_slot(self, slot: int) -> None:
-        dist.broadcast(self._header([CMD_RESET_SLOT, slot]), 0)
+        self._command([CMD_RESET_SLOT, slot])
 
     def send_snapshot(self, direction: str, row: int, slot: int) -> None:
         """Mirror a prefix-cache snapshot copy (compiled_engine/prefix_cache.py) on every worker."""
         from compiled_engine.prefix_cache import SAVE
 
         command = CMD_SNAPSHOT_SAVE if direction == SAVE else CMD_SNAPSHOT_RESTORE
-        dist.broadcast(self._header([command, row, slot]), 0)
+        self._command([command, row, slot])
 
     def send_compile(self) -> None:
-        dist.broadcast(self._header([CMD_COMPILE]), 0)
+        self._command([CMD_COMPILE])
+
+    def abort(self) -> None:
+        """Kill the workers without a goodbye: after a failed step they may sit in a collective rank 0 left."""
+        self.closed = True
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     def shutdown(self) -> None:
         """Stop the workers and leave the process group; safe to call twice and after errors."""

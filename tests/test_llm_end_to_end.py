@@ -45,3 +45,20 @@ def test_bf16_recurrent_state_pool_stays_close_to_fp32(qwen3_5_text_untied_path)
     reference, low = logits[torch.float32], logits[torch.bfloat16]
     relative = ((low - reference).norm() / reference.norm()).item()
     assert 0 < relative < 2e-2  # not identical (the pool really is bf16), but within bf16 rounding
+
+
+def test_a_model_without_attention_layers(tmp_path):
+    """Only linear layers, no KV cache at all: still HF's greedy tokens."""
+    import transformers
+
+    config = hf_models.qwen3_5_text_config(tied=False)
+    config.num_hidden_layers = 3
+    config.layer_types = ["linear_attention"] * 3
+    path = hf_models._build(transformers.Qwen3_5ForCausalLM, config, tmp_path / "linear_only", hf_models.SEED)
+    model = hf_models.load_hf(path)
+    prompts = [[3, 1, 4, 1, 5], list(range(40))]
+    llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=256)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    # HF's cached generate() cannot run a cache without attention layers; its no-cache argmax loop is the oracle
+    expected = [hf_models.hf_greedy_no_cache(model, p, GREEDY.max_tokens) for p in prompts]
+    assert [o.token_ids for o in outputs] == expected

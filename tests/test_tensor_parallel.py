@@ -92,3 +92,22 @@ def test_tp2_with_prefix_caching_equals_tp1_and_hits(build_hf_model):
     assert [o.token_ids for o in cold] == expected
     assert [o.token_ids for o in warm] == expected
     assert all(o.num_cached_tokens == 128 for o in warm)
+
+
+def test_startup_reports_arriving_out_of_order_are_not_errors():
+    """With 3+ ranks a fast worker may report "ready" before a slow one reports "loaded" (a real race)."""
+    import queue
+
+    from compiled_engine.tp_workers import TensorParallelWorkers
+
+    workers = object.__new__(TensorParallelWorkers)  # only the queue protocol, no processes
+    workers.world_size, workers.processes, workers.reports = 3, [], queue.Queue()
+    workers.stages_seen = {1: set(), 2: set()}
+    for report in [(2, "loaded"), (2, "ready"), (1, "loaded"), (1, "ready")]:
+        workers.reports.put(report)
+    workers.wait_for("loaded")
+    workers.wait_for("ready")
+    workers.reports.put((1, "Traceback (most recent call last): ..."))
+    workers.stages_seen = {1: set(), 2: {"loaded"}}
+    with pytest.raises(WorkerError, match="worker 1 failed"):
+        workers.wait_for("loaded")
