@@ -30,94 +30,30 @@ from graphs import (
     expected_compiles,
 )
 from ops.library import NULL_BLOCK, NULL_SLOT
+from tests.compile_helpers import (
+    STATE_ATOL,
+    STREAM_LOGIT_ATOL,
+    assert_isolated,
+    assert_logits_close,
+    assert_same_greedy,
+    cache_buffers,
+    eager_decode_step,
+    graph_stats,
+    null_rows,
+    restore,
+    rows,
+    snapshot,
+    written_rows,
+)
 
 BUCKETS = (1, 2, 4)
 MAX_NUM_SEQS = 6  # > the largest bucket: batches of 5-6 take the eager fallback
 MAX_MODEL_LEN = 128
 BLOCK_SIZE = 16
 NUM_KV_BLOCKS = 64
-# Inductor fuses and vectorises the reductions (norms, softmax) differently from eager, so fp32 results differ by
-# rounding. On these tiny models logits reach ~25 and rounding differences reach ~2e-4 (HF's own fp32 logits are
-# ~2e-4 from float64 here, tests/test_parity.py): compiled and eager logits must agree within
-# 1e-4 + 2e-5 * max|logit| (~6e-4). Observed over ~300 random steps: median 2.5e-5, max 2.5e-4.
-LOGIT_ATOL = 1e-4
-LOGIT_SCALE_RTOL = 2e-5
-# A stream compares against solo eager runs several steps back: batched vs solo decode GEMMs round differently and
-# every earlier step's rounding is carried in the recurrent state (observed over ~800 stream steps: median 4e-5,
-# max 5.4e-4). A sequence that read another one's state or KV would be off by O(1).
-STREAM_LOGIT_ATOL = 2e-3
-STATE_ATOL = 1e-4
-TIE_MARGIN = 2e-3  # greedy tokens are compared where eager's top-2 logits are further apart than 2 x the error
-STATE_BUFFERS = ("conv_state", "recurrent_state")
-KV_BUFFERS = ("k_cache", "v_cache")
-
-
 # --------------------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------------------
-
-
-def cache_buffers(model) -> dict[str, torch.Tensor]:
-    return {n: b for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] in STATE_BUFFERS + KV_BUFFERS}
-
-
-def snapshot(model) -> dict[str, torch.Tensor]:
-    return {n: b.clone() for n, b in cache_buffers(model).items()}
-
-
-def restore(model, snap: dict[str, torch.Tensor]) -> None:
-    for n, b in cache_buffers(model).items():
-        b.copy_(snap[n])
-
-
-def rows(name: str, t: torch.Tensor) -> torch.Tensor:
-    """A cache as rows: state pools by slot, KV caches by flat token row (block * block_size + offset)."""
-    if name.rsplit(".", 1)[-1] in KV_BUFFERS:
-        return t.reshape(-1, *t.shape[2:])
-    return t
-
-
-def null_rows(name: str, block_size: int) -> set[int]:
-    if name.rsplit(".", 1)[-1] in KV_BUFFERS:
-        return set(range(NULL_BLOCK * block_size, (NULL_BLOCK + 1) * block_size))
-    return {NULL_SLOT}
-
-
-def written_rows(name: str, step) -> set[int]:
-    """Rows a step writes for its live lanes."""
-    if name.rsplit(".", 1)[-1] in KV_BUFFERS:
-        return set(step.slot_mapping.tolist())
-    return set(step.state_slots.tolist())
-
-
-def assert_isolated(model, before, step, *, block_size: int, padded: bool) -> None:
-    """Rows outside the step's live lanes are bit-identical, except the null rows when padding lanes ran."""
-    for name, buf in cache_buffers(model).items():
-        after, prev = rows(name, buf), rows(name, before[name])
-        written = written_rows(name, step)
-        nulls = null_rows(name, block_size)
-        untouched = [r for r in range(after.shape[0]) if r not in written and (not padded or r not in nulls)]
-        idx = torch.tensor(untouched, dtype=torch.long)
-        changed = (after[idx] != prev[idx]).flatten(1).any(1)
-        assert not changed.any(), f"{name}: rows {idx[changed].tolist()} changed but the step does not own them"
-
-
-def assert_logits_close(compiled: torch.Tensor, eager: torch.Tensor, atol: float | None = None) -> None:
-    if atol is None:
-        atol = LOGIT_ATOL + LOGIT_SCALE_RTOL * eager.abs().max().item()
-    torch.testing.assert_close(compiled, eager, atol=atol, rtol=0)
-
-
-def assert_same_greedy(compiled: torch.Tensor, eager: torch.Tensor, margin: float = TIE_MARGIN) -> None:
-    top2 = eager.topk(2, dim=-1).values
-    decided = (top2[:, 0] - top2[:, 1]) > margin
-    assert torch.equal(compiled.argmax(-1)[decided], eager.argmax(-1)[decided])
-
-
-@torch.inference_mode()
-def eager_decode_step(rt: Runtime, seqs) -> torch.Tensor:
-    step = rt.build_step(seqs, [1] * len(seqs), is_prefill=False)
-    return rt.model.compute_logits(rt.model(step))
 
 
 @torch.inference_mode()
@@ -140,11 +76,6 @@ def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs) -> torch.Tensor:
         written = torch.tensor(sorted(written_rows(name, step)), dtype=torch.long)
         torch.testing.assert_close(rows(name, buf)[written], rows(name, eager_after[name])[written], atol=STATE_ATOL, rtol=0)
     return compiled
-
-
-def graph_stats() -> tuple[int, int]:
-    counters = torch._dynamo.utils.counters
-    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ The same properties as tests/test_compile.py, with CUDA graphs in play (DESIGN.m
 * a stream where sequences join, finish (slots and blocks reused) and reorder between replays: each sequence's
   logits equal its solo eager run — a replay reads the static buffers as they are now, not as recorded.
 
-Self-contained (it shares nothing with the CPU test module) and quick: four buckets, a tiny model. Measured on an
+Quick (helpers shared with the CPU tests live in tests/compile_helpers.py): four buckets, a tiny model. Measured on an
 H200 (torch 2.11, fresh machine, cold caches): 142 s in all, of which 38 s compile + capture (3 compiles, 4 CUDA
 graphs) and most of the rest the first-use JIT of the Triton/FLA kernels; replayed steps ~0.8 ms vs 7.3 ms eager.
 """
@@ -26,7 +26,20 @@ from hypothesis import strategies as st
 
 from compiled_engine.runtime import Runtime
 from graphs import compile_decode, expected_compiles
-from ops.library import NULL_BLOCK, NULL_SLOT
+from tests.compile_helpers import (
+    STATE_ATOL,
+    STREAM_LOGIT_ATOL,
+    assert_logits_close,
+    assert_same_greedy,
+    cache_buffers,
+    eager_decode_step,
+    graph_stats,
+    null_rows,
+    restore,
+    rows,
+    snapshot,
+    written_rows,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -35,46 +48,11 @@ MAX_NUM_SEQS = 8
 MAX_MODEL_LEN = 256
 BLOCK_SIZE = 16
 NUM_KV_BLOCKS = 128
-# Compiled vs eager differ by fp32 rounding of Inductor's fused kernels (see tests/test_compile.py for the scale).
-LOGIT_ATOL = 1e-4
-LOGIT_SCALE_RTOL = 2e-5
-STREAM_LOGIT_ATOL = 2e-3  # + batched-vs-solo rounding carried through the recurrent state; a mix-up is O(1)
-STATE_ATOL = 1e-4
-TIE_MARGIN = 2e-3
-STATE_BUFFERS = ("conv_state", "recurrent_state")
-KV_BUFFERS = ("k_cache", "v_cache")
 
 
 # --------------------------------------------------------------------------------------------------------------
-# helpers (duplicated from the CPU module on purpose: this file runs alone on a GPU machine)
+# helpers (the shared ones are in tests/compile_helpers.py)
 # --------------------------------------------------------------------------------------------------------------
-
-
-def cache_buffers(model) -> dict[str, torch.Tensor]:
-    return {n: b for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] in STATE_BUFFERS + KV_BUFFERS}
-
-
-def snapshot(model) -> dict[str, torch.Tensor]:
-    return {n: b.clone() for n, b in cache_buffers(model).items()}
-
-
-def restore(model, snap) -> None:
-    for n, b in cache_buffers(model).items():
-        b.copy_(snap[n])
-
-
-def rows(name: str, t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, *t.shape[2:]) if name.rsplit(".", 1)[-1] in KV_BUFFERS else t
-
-
-def null_rows(name: str) -> set[int]:
-    if name.rsplit(".", 1)[-1] in KV_BUFFERS:
-        return set(range(NULL_BLOCK * BLOCK_SIZE, (NULL_BLOCK + 1) * BLOCK_SIZE))
-    return {NULL_SLOT}
-
-
-def written_rows(name: str, step) -> set[int]:
-    return set((step.slot_mapping if name.rsplit(".", 1)[-1] in KV_BUFFERS else step.state_slots).tolist())
 
 
 def changed_rows(name: str, after: torch.Tensor, before: torch.Tensor, allowed: set[int]) -> list[int]:
@@ -83,31 +61,8 @@ def changed_rows(name: str, after: torch.Tensor, before: torch.Tensor, allowed: 
     return [r for r in differs if r not in allowed]
 
 
-def assert_logits_close(compiled, eager, atol=None) -> None:
-    if atol is None:
-        atol = LOGIT_ATOL + LOGIT_SCALE_RTOL * eager.abs().max().item()
-    torch.testing.assert_close(compiled, eager, atol=atol, rtol=0)
-
-
-def assert_same_greedy(compiled, eager, margin=TIE_MARGIN) -> None:
-    top2 = eager.topk(2, dim=-1).values
-    decided = (top2[:, 0] - top2[:, 1]) > margin
-    assert torch.equal(compiled.argmax(-1)[decided], eager.argmax(-1)[decided])
-
-
-@torch.inference_mode()
-def eager_decode_step(rt, seqs) -> torch.Tensor:
-    step = rt.build_step(seqs, [1] * len(seqs), is_prefill=False)
-    return rt.model.compute_logits(rt.model(step))
-
-
 def skips() -> int:
     return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
-
-
-def graph_stats() -> tuple[int, int]:
-    counters = torch._dynamo.utils.counters
-    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -146,9 +101,9 @@ def gpu_compiled(qwen3_5_text_tied_path):
             "graph_breaks": breaks1 - breaks0,
             "cudagraph_skips": skips() - skips0,
             "warmup_changed": {
-                name: changed_rows(name, buf, before[name], null_rows(name))
+                name: changed_rows(name, buf, before[name], null_rows(name, BLOCK_SIZE))
                 for name, buf in cache_buffers(rt.model).items()
-                if changed_rows(name, buf, before[name], null_rows(name))
+                if changed_rows(name, buf, before[name], null_rows(name, BLOCK_SIZE))
             },
             "startup_seconds": runner.startup_seconds,
         }
@@ -200,7 +155,7 @@ def test_replays_match_eager(gpu_compiled, data):
             assert_same_greedy(compiled, eager)
             padded = runner.policy.bucket_for(size) > size
             for name, buf in cache_buffers(rt.model).items():
-                allowed = written_rows(name, step) | (null_rows(name) if padded else set())
+                allowed = written_rows(name, step) | (null_rows(name, BLOCK_SIZE) if padded else set())
                 assert changed_rows(name, buf, before[name], allowed) == [], f"{name}: rows outside the batch changed"
                 written = torch.tensor(sorted(written_rows(name, step)), device=buf.device)
                 torch.testing.assert_close(
