@@ -23,18 +23,12 @@ from ops.library import NULL_BLOCK, NULL_SLOT
 
 @dataclass(frozen=True)
 class CacheConfig:
+    """The cache sizes a Runtime settled on (knobs validated in RuntimeConfig, blocks from the memory plan)."""
+
     block_size: int  # tokens per KV block
     num_kv_blocks: int  # including the null block
     num_state_slots: int  # including the null slot: max_num_seqs + 1
     state_dtype: torch.dtype = torch.float32  # recurrent state; conv state uses the model dtype
-
-    def __post_init__(self):
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
-        if self.num_kv_blocks < 2:
-            raise ValueError(f"num_kv_blocks must be at least 2 (block 0 is reserved), got {self.num_kv_blocks}")
-        if self.num_state_slots < 2:
-            raise ValueError("num_state_slots must be at least 2 (slot 0 is reserved)")
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -48,17 +42,6 @@ def kv_bytes_per_block(model: HybridModel, block_size: int, dtype: torch.dtype) 
         for layer in model.layers
         if layer.layer_type != LINEAR_ATTENTION
     )
-
-
-def state_bytes_per_slot(model: HybridModel, dtype: torch.dtype, state_dtype: torch.dtype) -> int:
-    """Recurrent + conv state bytes of one sequence across all linear layers (of this rank's shard)."""
-    total = 0
-    for layer in model.layers:
-        if layer.layer_type == LINEAR_ATTENTION:
-            m = layer.mixer
-            total += m.num_v_heads * m.head_k_dim * m.head_v_dim * _element_size(state_dtype)
-            total += m.conv_dim * (m.conv_weight.shape[1] - 1) * _element_size(dtype)
-    return total
 
 
 def allocate_state_pools(

@@ -42,8 +42,6 @@ class ModelConfig:
     max_position_embeddings: int = 32768
     eos_token_ids: tuple[int, ...] = ()
     hidden_act: str = "silu"
-    torch_dtype: str | None = None
-    mamba_ssm_dtype: str | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     # Derived sizes used by the layers and the pools.
@@ -129,8 +127,6 @@ class ModelConfig:
             max_position_embeddings=text.get("max_position_embeddings", 32768),
             eos_token_ids=eos_ids,
             hidden_act=text.get("hidden_act", "silu"),
-            torch_dtype=text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype"),
-            mamba_ssm_dtype=text.get("mamba_ssm_dtype"),
             raw=raw,
         )
         config.validate()

@@ -84,9 +84,6 @@ class PrefixCache:
         # With tensor parallelism, rank 0 keeps the index and LRU; every rank holds its shard of the snapshots, so
         # each copy is mirrored to the other ranks first (``mirror(SAVE | RESTORE, row, slot)``).
         self.mirror: Callable[[str, int, int], None] | None = None
-        self.admissions = 0  # sequences admitted while caching is on (Runtime.assign_slot)
-        self.hits = 0  # of those, how many started from a snapshot
-        self.tokens_saved = 0
 
     def bind_blocks(self, blocks: BlockAllocator) -> None:
         """Use ``blocks``' content index; a snapshot is dropped when the block ending at its boundary is evicted."""
@@ -144,8 +141,6 @@ class PrefixCache:
         seq.num_computed_tokens = hit.num_tokens
         seq.num_cached_tokens = hit.num_tokens
         self.row_of_hash.move_to_end(seq.block_hashes[hit.num_tokens // self.block_size - 1])
-        self.hits += 1
-        self.tokens_saved += hit.num_tokens
 
     # ------------------------------------------------------------------------------------------ after a step
     def record(self, seq: Sequence) -> None:

@@ -30,7 +30,6 @@ from compiled_engine.cache import (
     allocate_state_pools,
     kv_bytes_per_block,
     reset_state_slot,
-    state_bytes_per_slot,
 )
 from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import check_divisible
@@ -338,8 +337,6 @@ class Runtime:
         """Give the sequence a state slot: zeroed, or restored from the prefix-cache ``hit`` (sharing its blocks)."""
         seq.state_slot = self.slots.allocate()
         seq.num_cached_tokens = 0
-        if self.prefix_cache is not None:
-            self.prefix_cache.admissions += 1
         if hit is None:
             if self.workers is not None:
                 self.workers.send_reset_slot(seq.state_slot)
