@@ -7,7 +7,8 @@
 #                   coordinate-descent tuning (an A/B for the batch-1 GEMV plan in bench/NOTES.md).
 # Usage (device tool, kind nvidia-h200-x2, carry .whl, timeout 600):  bash bench/run_x2_lanes.sh
 # Everything comes back as $OUT/lanes.tgz plus the two summaries (the device tool returns at most 8 files).
-# Knobs: LANE_A_S / LANE_B_S (seconds per lane, default 540 / 520).
+# On a one-GPU machine (nvidia-h200) pick one lane per call: LANES=a or LANES=b (both on GPU 0).
+# Knobs: LANES (default "a b"), LANE_A_S / LANE_B_S (seconds per lane from the start, default 540 / 520).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the output folder}"
@@ -25,7 +26,7 @@ echo "model built at +$(( $(date +%s) - T0 ))s"
 lane_b() {
     local dir=$WORK/b
     mkdir -p "$dir"
-    export CUDA_VISIBLE_DEVICES=1 TORCHINDUCTOR_CACHE_DIR=$dir/inductor TRITON_CACHE_DIR=$dir/triton
+    export CUDA_VISIBLE_DEVICES=$GPU_B TORCHINDUCTOR_CACHE_DIR=$dir/inductor TRITON_CACHE_DIR=$dir/triton
     local model=$MODEL
     local deadline=$(( T0 + ${LANE_B_S:-520} ))
     run() {  # run NAME MAX_S CMD...
@@ -47,13 +48,15 @@ lane_b() {
         --device cuda --dtype bfloat16 --no-prefill --decode-batches 1,8 --context 1024 --repeats 20
 }
 
-( export CUDA_VISIBLE_DEVICES=0 OUT=$WORK/a BENCH_BUDGET_S=$(( ${LANE_A_S:-540} - ($(date +%s) - T0) ))
+LANES=${LANES:-a b}
+GPU_B=$(( $(nvidia-smi -L | wc -l) > 1 ? 1 : 0 ))
+[[ $LANES == *a* ]] && ( export CUDA_VISIBLE_DEVICES=0 OUT=$WORK/a BENCH_BUDGET_S=$(( ${LANE_A_S:-540} - ($(date +%s) - T0) ))
   timeout --signal=INT --kill-after=15 $(( BENCH_BUDGET_S + 10 )) bash bench/run_h200.sh >"$WORK/lane_a.log" 2>&1
   echo "lane A: exit $?" ) &
-lane_b >"$WORK/lane_b.log" 2>&1 &
+[[ $LANES == *b* ]] && lane_b >"$WORK/lane_b.log" 2>&1 &
 wait
 echo "both lanes done at +$(( $(date +%s) - T0 ))s"
-cat "$WORK/lane_b.log"
+cat "$WORK/lane_a.log" "$WORK/lane_b.log" 2>/dev/null | grep -v "^$"
 grep -h '"what": "decode' "$WORK"/b/decode_measure*.log
 [ -f "$WORK/a/summary.txt" ] && cp "$WORK/a/summary.txt" "$OUT/summary_a.txt" && cat "$OUT/summary_a.txt"
 python3 -m bench report "$WORK"/b/prefix "$WORK"/b/throughput_on "$WORK"/b/throughput_off --out "$WORK/b/report" \
