@@ -9,8 +9,15 @@ with the host and the engine does not capture prefill). Every timing is the medi
 Bytes counted: every tensor the op must read or write once (states read + written, KV read at the context
 length, activations in and out); the minimum traffic, so the fraction is a roofline fraction.
 
+``linear``: ce::linear (our skinny GEMM up to ``SKINNY_MAX_ROWS`` rows, cuBLAS above) against ``F.linear`` (cuBLAS)
+on each weight shape of the model at ``--linear-rows`` rows (default 1, 8, 16 and 64, the last showing the cuBLAS
+fallback), both as captured CUDA graphs; bytes are the weight plus x and the output. The "linear step" rows add up
+the 97 weight matmuls of one decode step (each shape times its count). With ``--sweep`` every config of the skinny
+GEMM is timed too (and the tensor-core path at one row), for choosing the configs on the GPU.
+
     python bench/ops_microbench.py --out results/          # table on stdout, JSON in results/ops_microbench.json
     python bench/ops_microbench.py --out results/ --sweep  # also sweep the decode kernels' tile sizes
+    python bench/ops_microbench.py --out results/ --batches "" --sweep  # only the linear rows and their configs
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
 import ops  # noqa: E402,F401  (registers torch.ops.ce)
-from ops.triton import delta_rule_kernels, paged_attention_kernels  # noqa: E402
+from ops.linear import SKINNY_MAX_ROWS, linear  # noqa: E402
+from ops.triton import delta_rule_kernels, gemv_kernels, paged_attention_kernels  # noqa: E402
 
 
 @dataclass
@@ -46,6 +54,26 @@ class Shape:
     kv_heads: int = 2
     head_dim: int = 256
     block_size: int = 16
+    intermediate: int = 3584
+    vocab: int = 248320
+    full_attention_interval: int = 4  # every 4th layer is full attention, the others Gated DeltaNet
+
+    def weight_matmuls(self) -> dict[str, tuple[int, int, int]]:
+        """name -> (N, K, count per decode step) of every weight matmul (bf16 [N, K], no bias)."""
+        full = self.layers // self.full_attention_interval
+        gdn = self.layers - full
+        value_dim = self.linear_v_heads * self.value_dim
+        q_dim = self.q_heads * self.head_dim
+        return {
+            # q, k, v (the conv channels), z, then b and a: one per value head each
+            "gdn_in_proj": (self.conv_dim + value_dim + 2 * self.linear_v_heads, self.hidden, gdn),
+            "gdn_out_proj": (self.hidden, value_dim, gdn),
+            "mlp_gate_up": (2 * self.intermediate, self.hidden, self.layers),
+            "mlp_down": (self.hidden, self.intermediate, self.layers),
+            "attn_qkv": (2 * q_dim + 2 * self.kv_heads * self.head_dim, self.hidden, full),  # q doubled: query, gate
+            "attn_o_proj": (self.hidden, q_dim, full),
+            "lm_head": (self.vocab, self.hidden, 1),  # the tied embedding, read once
+        }
 
 
 @dataclass
@@ -261,6 +289,9 @@ def run(args) -> dict:
                 f"{n_new} tok/seq, {t / us:.2f} Mtok/s", mtok_per_s=t / us)
         del state, pq, pk, pv
 
+    if "linear" not in args.skip:
+        bench_linear(s, args, timed, add)
+
     return {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -272,6 +303,57 @@ def run(args) -> dict:
         "rows": [asdict(r) for r in rows],
         "errors": errors,
     }
+
+
+def _config_note(config) -> str:
+    k = config.kwargs
+    return (f"BLOCK_N {k['BLOCK_N']} BLOCK_K {k['BLOCK_K']} SPLIT_K {k['SPLIT_K']} warps {config.num_warps} "
+            f"stages {config.num_stages}")
+
+
+def bench_linear(s: Shape, args, timed, add) -> None:
+    """ce::linear against F.linear (cuBLAS) per weight shape and row count, and summed over one decode step."""
+    shapes = s.weight_matmuls()
+    print("linear", flush=True)
+    for rows in args.linear_rows:
+        step = {"ce": [0.0, 0], "cuBLAS": [0.0, 0]}  # summed µs and bytes over the step's matmuls
+        for name, (n, k, count) in shapes.items():
+            x, weight = rand(rows, k), rand(n, k, scale=k**-0.5)
+            nbytes = 2 * (n * k + rows * k + rows * n)
+            us = timed(f"linear {name} M={rows}", lambda: linear(x, weight), graph=True)
+            if rows <= SKINNY_MAX_ROWS:
+                note = f"[{n}, {k}] skinny GEMM, {_config_note(gemv_kernels.autotuner(rows).best_config)}"
+            else:
+                note = f"[{n}, {k}] cuBLAS (above {SKINNY_MAX_ROWS} rows)"
+            base = timed(f"linear cuBLAS {name} M={rows}", lambda: torch.nn.functional.linear(x, weight), graph=True)
+            if us is not None and base is not None:
+                note += f", {base / us:.2f}x cuBLAS"
+            add(f"linear {name}", rows, us, nbytes, "graph", note, n=n, k=k)
+            add(f"  baseline cuBLAS {name}", rows, base, nbytes, "graph", f"[{n}, {k}] F.linear", n=n, k=k)
+            for what, t in (("ce", us), ("cuBLAS", base)):
+                if step[what] is not None and t is not None:
+                    step[what][0] += count * t
+                    step[what][1] += count * nbytes
+                else:
+                    step[what] = None  # a failed shape: no step total
+            if args.sweep and rows <= SKINNY_MAX_ROWS:
+                configs = gemv_kernels.GEMV_CONFIGS if rows == 1 else gemv_kernels.DOT_CONFIGS
+                paths = [(gemv_kernels.block_rows(rows), c) for c in configs]
+                if rows == 1:  # the tensor-core path at one row (x padded to 16), against the GEMV
+                    paths += [(gemv_kernels.DOT_ROWS, c) for c in gemv_kernels.DOT_CONFIGS]
+                for block_m, config in paths:
+                    if n > gemv_kernels.SPLIT_K_MAX_N and config.kwargs["SPLIT_K"] > 1:
+                        continue  # the op never splits there
+                    t = timed(f"sweep linear {name} M={rows}",
+                              lambda: gemv_kernels.skinny_gemm(x, weight, config, block_m), graph=True)
+                    add(f"  sweep linear {name}", rows, t, nbytes, "graph", f"BLOCK_M {block_m} {_config_note(config)}",
+                        block_m=block_m, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+            del x, weight
+        for what, total in step.items():
+            if total is not None:
+                op = "linear step" if what == "ce" else "  baseline cuBLAS step"
+                add(op, rows, total[0], total[1], "graph", f"{sum(c for _, _, c in shapes.values())} matmuls, "
+                    f"sum of per-shape graphs")
 
 
 def print_table(result: dict) -> None:
@@ -298,12 +380,16 @@ def print_table(result: dict) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for ops_microbench.json")
-    parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[1, 64, 256])
+    parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",") if b], default=[1, 64, 256],
+                        help="batch sizes of the per-op rows (empty: none, e.g. for the linear rows alone)")
     parser.add_argument("--context", type=int, default=1024, help="decode attention context length")
     parser.add_argument("--prefill-len", type=int, default=128, help="new tokens per sequence in prefill rows")
-    parser.add_argument("--sweep", action="store_true", help="also sweep decode tile sizes")
+    parser.add_argument("--linear-rows", type=lambda s: [int(b) for b in s.split(",")], default=[1, 8, 16, 64],
+                        help="rows of x (batch) for the linear rows")
+    parser.add_argument("--sweep", action="store_true", help="also sweep decode tile sizes and skinny GEMM configs")
     parser.add_argument("--skip", type=lambda s: set(s.split(",")), default=set(),
-                        help="comma-separated ops to leave out (e.g. gated_delta_rule_prefill: FLA autotunes)")
+                        help="comma-separated ops to leave out (e.g. gated_delta_rule_prefill: FLA autotunes; "
+                             "linear: every weight shape, tuned at start)")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                         help="skip the FLA fused_recurrent + gather/scatter baseline row")
     args = parser.parse_args(argv)

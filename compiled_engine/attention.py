@@ -10,7 +10,6 @@ Mutates: ``k_cache`` and ``v_cache`` (this layer's buffers) at ``step.slot_mappi
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import ops  # noqa: F401  (registers torch.ops.ce)
@@ -18,6 +17,7 @@ from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import TensorParallel
 from compiled_engine.layers import RMSNorm, RotaryEmbedding, empty_parameter
 from compiled_engine.step_inputs import StepInputs
+from ops.linear import linear
 
 
 ATTENTION_BACKENDS = ("triton", "flash_attn")
@@ -56,7 +56,7 @@ class FullAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, step: StepInputs) -> torch.Tensor:
         tokens = x.shape[0]
-        q_gate, k, v = F.linear(x, self.qkv_proj).split(self.split_sizes, dim=-1)
+        q_gate, k, v = linear(x, self.qkv_proj).split(self.split_sizes, dim=-1)
         q, gate = q_gate.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = self.q_norm(q)
         k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))
@@ -70,4 +70,4 @@ class FullAttention(nn.Module):
         else:
             attn = self.decode_op(q, self.k_cache, self.v_cache, step.block_tables, step.context_lens, self.scale)
         gated = attn.reshape(tokens, -1) * torch.sigmoid(gate.reshape(tokens, -1))
-        return self.tp.all_reduce(F.linear(gated, self.o_proj))  # o_proj is row-parallel
+        return self.tp.all_reduce(linear(gated, self.o_proj))  # o_proj is row-parallel

@@ -10,7 +10,6 @@ Mutates: ``conv_state`` and ``recurrent_state`` (this layer's pool buffers) at t
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import ops  # noqa: F401  (registers torch.ops.ce)
@@ -18,6 +17,7 @@ from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import TensorParallel
 from compiled_engine.layers import GatedRMSNorm, empty_parameter
 from compiled_engine.step_inputs import StepInputs
+from ops.linear import linear
 
 
 class GatedDeltaNet(nn.Module):
@@ -48,7 +48,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, step: StepInputs) -> torch.Tensor:
         tokens = x.shape[0]
-        mixed_qkv, z, b, a = F.linear(x, self.in_proj).split(self.split_sizes, dim=-1)
+        mixed_qkv, z, b, a = linear(x, self.in_proj).split(self.split_sizes, dim=-1)
         if step.is_prefill:
             mixed_qkv = torch.ops.ce.causal_conv1d_prefill(
                 mixed_qkv, self.conv_weight, self.conv_state, step.cu_seqlens, step.state_slots
@@ -69,4 +69,4 @@ class GatedDeltaNet(nn.Module):
                 q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.state_slots
             )
         o = self.norm(o, z.reshape(tokens, self.num_v_heads, self.head_v_dim))
-        return self.tp.all_reduce(F.linear(o.reshape(tokens, -1), self.out_proj))  # out_proj is row-parallel
+        return self.tp.all_reduce(linear(o.reshape(tokens, -1), self.out_proj))  # out_proj is row-parallel

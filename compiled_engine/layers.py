@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compiled_engine.distributed import TensorParallel
+from ops.linear import linear
 
 
 def empty_parameter(*shape: int) -> nn.Parameter:
@@ -90,5 +91,5 @@ class MLP(nn.Module):
         self.down_proj = empty_parameter(hidden_size, self.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj).split(self.intermediate_size, dim=-1)
-        return self.tp.all_reduce(F.linear(F.silu(gate) * up, self.down_proj))
+        gate, up = linear(x, self.gate_up_proj).split(self.intermediate_size, dim=-1)
+        return self.tp.all_reduce(linear(F.silu(gate) * up, self.down_proj))

@@ -18,6 +18,7 @@ from compiled_engine.distributed import SINGLE, TensorParallel
 from compiled_engine.gated_deltanet import GatedDeltaNet
 from compiled_engine.layers import MLP, RMSNorm, empty_parameter
 from compiled_engine.step_inputs import StepInputs
+from ops.linear import linear
 
 
 class DecoderLayer(nn.Module):
@@ -77,5 +78,5 @@ class HybridModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[rows, vocab]`` for the given hidden rows (gathered from every rank's vocab shard)."""
-        logits = self.tp.all_gather_last_dim(F.linear(hidden, self.lm_head))
+        logits = self.tp.all_gather_last_dim(linear(hidden, self.lm_head))
         return logits[:, : self.config.vocab_size].float()

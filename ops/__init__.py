@@ -13,7 +13,10 @@ Importing this package registers everything. Conventions shared by all ops:
   * slot indices and block tables are int32, ``slot_mapping`` (a flat KV row per token) is int64.
 """
 
-from ops import conv1d, delta_rule, flash_attention, kv_cache, paged_attention  # noqa: F401  (registers the ops)
+# importing the op modules registers their ops
+from ops import conv1d, delta_rule, flash_attention, kv_cache, linear, paged_attention  # noqa: F401
 from ops.library import NULL_BLOCK, NULL_SLOT
 
-__all__ = ["NULL_BLOCK", "NULL_SLOT", "conv1d", "delta_rule", "flash_attention", "kv_cache", "paged_attention"]
+__all__ = [
+    "NULL_BLOCK", "NULL_SLOT", "conv1d", "delta_rule", "flash_attention", "kv_cache", "linear", "paged_attention"
+]

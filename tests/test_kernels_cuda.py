@@ -7,6 +7,9 @@ Qwen3.5-0.8B layout (linear: Hk = Hv = 16, K = V = 128; attention: Hq = 8, Hkv =
 Hv = 2-3 x Hk and head dim 128, random slot permutations, and padding lanes (null slot 0 / block 0, context 0).
 bf16 activations with an fp32 (or bf16) state pool, and fp32 throughout with tight tolerances.
 
+``ce::linear`` is checked against a float64 matmul on the model's weight shapes; it runs our skinny GEMM up to
+``SKINNY_MAX_ROWS`` rows of bf16/fp16 and cuBLAS otherwise.
+
 Padding lanes all point at the null slot/block and race with each other there by design, so comparisons leave out
 slot 0 / block 0 and the padding lanes' outputs (except decode attention, whose padding lanes must be zeros).
 """
@@ -17,9 +20,11 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import ops
 from ops import conv1d, delta_rule, kv_cache, paged_attention
+from ops.linear import SKINNY_MAX_ROWS
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import Phase, given, settings  # noqa: E402
@@ -340,6 +345,103 @@ def test_gated_delta_rule_prefill_fp32_and_bf16_pool():
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Linear: the skinny GEMM (M <= SKINNY_MAX_ROWS) and the dispatch to cuBLAS
+# ----------------------------------------------------------------------------------------------------------------
+
+# [N, K] of the Qwen3.5-0.8B weight matmuls, then two tensor-parallel (2-way) shards
+LINEAR_SHAPES = {
+    "gdn_in_proj": (8224, 1024),
+    "gdn_out_proj": (1024, 2048),  # = attention o_proj
+    "mlp_gate_up": (7168, 1024),
+    "mlp_down": (1024, 3584),
+    "attn_qkv": (5120, 1024),
+    "lm_head": (248320, 1024),
+    "tp2_gdn_in_proj": (4112, 1024),  # column-parallel: N halved
+    "tp2_mlp_down": (1024, 1792),  # row-parallel: K halved
+}
+
+
+def _linear_inputs(gen, rows, n, k, dtype=torch.bfloat16):
+    return _randn(gen, rows, k, dtype=dtype), _randn(gen, n, k, dtype=dtype, scale=k**-0.5)  # outputs ~ N(0, 1)
+
+
+def _assert_linear_close(got, x, weight):
+    """Against float64: one rounding of the output (elementwise), and an fp32-accumulation-sized error overall
+    (accumulating in bf16 would miss the norm bound by far at K >= 1024)."""
+    want = x.double() @ weight.double().T
+    _assert_close_relative(got, want, max_abs=2e-2, max_rel_norm=4e-3, what=f"linear {tuple(weight.shape)}")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8, 16])
+@pytest.mark.parametrize("name", list(LINEAR_SHAPES))
+def test_linear_skinny_gemm_on_model_shapes(name, rows):
+    n, k = LINEAR_SHAPES[name]
+    x, weight = _linear_inputs(_seeded(rows), rows, n, k)
+    got = torch.ops.ce.linear(x, weight)
+    assert got.shape == (rows, n) and got.dtype == torch.bfloat16
+    _assert_linear_close(got, x, weight)
+
+
+@given(
+    rows=st.integers(1, SKINNY_MAX_ROWS),
+    n=st.integers(1, 3000),
+    k=st.integers(1, 2500),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 2**31 - 1),
+)
+@settings(max_examples=4, deadline=None, phases=PHASES)
+def test_linear_skinny_gemm_ragged_shapes(rows, n, k, dtype, seed):
+    x, weight = _linear_inputs(_seeded(seed), rows, n, k, dtype)
+    got = torch.ops.ce.linear(x, weight)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    torch.testing.assert_close(got.double(), x.double() @ weight.double().T, **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_linear_every_tuned_config(rows):
+    """Every config the autotuner may pick (it picks one per shape on this GPU, maybe another elsewhere)."""
+    from ops.triton import gemv_kernels
+
+    n, k = LINEAR_SHAPES["mlp_down"]
+    x, weight = _linear_inputs(_seeded(5), rows, n, k)
+    for config in gemv_kernels.GEMV_CONFIGS if rows == 1 else gemv_kernels.DOT_CONFIGS:
+        _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
+
+
+def test_linear_dispatch():
+    """Up to SKINNY_MAX_ROWS rows of bf16/fp16: our kernel; more rows, or fp32: cuBLAS, F.linear's bits exactly."""
+    gen = _seeded(9)
+    n, k = LINEAR_SHAPES["gdn_out_proj"]
+    for rows, dtype in [(SKINNY_MAX_ROWS + 1, torch.bfloat16), (64, torch.float16), (4, torch.float32)]:
+        x, weight = _linear_inputs(gen, rows, n, k, dtype)
+        torch.testing.assert_close(torch.ops.ce.linear(x, weight), F.linear(x, weight), atol=0, rtol=0)
+    x, weight = _linear_inputs(gen, SKINNY_MAX_ROWS, n, k)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.ops.ce.linear(x, weight)
+        torch.cuda.synchronize()
+    assert any("_skinny_gemm_kernel" in event.name for event in prof.events())
+
+
+def test_linear_replays_in_cuda_graph():
+    """Tuned by the eager call, captured without tuning (a tuning benchmark would fail the capture), and replayed
+    with new inputs: the same config, so the same bits as an eager call."""
+    gen = _seeded(13)
+    for name in ("gdn_out_proj", "mlp_gate_up"):  # N = 1024 (split-K candidates) and a wide N
+        n, k = LINEAR_SHAPES[name]
+        for rows in (1, 8):
+            x, weight = _linear_inputs(gen, rows, n, k)
+            torch.ops.ce.linear(x, weight)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = torch.ops.ce.linear(x, weight)
+            x.copy_(_randn(gen, rows, k, dtype=torch.bfloat16))
+            graph.replay()
+            torch.testing.assert_close(out, torch.ops.ce.linear(x, weight), atol=0, rtol=0)
+            _assert_linear_close(out, x, weight)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # CUDA-graph capture of the decode ops (no host syncs, static grid) and opcheck of every op
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -458,11 +560,12 @@ def _opcheck_cases():
         "gated_delta_rule_decode": (torch.ops.ce.gated_delta_rule_decode.default,
                                     (qd, kd, vd, ad, bd, A_log, dt_bias, _randn(gen, 4, hv, dk, dv, scale=0.3),
                                      slots3)),
+        "linear": (torch.ops.ce.linear.default, (_randn(gen, 3, 256, dtype=bf16), _randn(gen, 512, 256, dtype=bf16))),
     }
 
 
 OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "paged_attention_prefill", "causal_conv1d_prefill",
-                 "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode"]
+                 "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "linear"]
 
 
 @pytest.mark.parametrize("name", OPCHECK_NAMES)
@@ -479,6 +582,7 @@ KERNEL_NAMES = {
     "causal_conv1d_decode": "_conv_decode_kernel",
     "gated_delta_rule_prefill": "chunk_gated_delta_rule_fwd",  # FLA's kernels (prefix of their names)
     "gated_delta_rule_decode": "_gdr_decode_kernel",
+    "linear": "_skinny_gemm_kernel",  # 3 rows of bf16
 }
 
 

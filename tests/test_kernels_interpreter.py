@@ -4,7 +4,8 @@ This catches indexing, masking and in-place-ordering bugs in CI, where there is 
 must be set before triton decorates the kernels, so the checks run in one child process (the parent never
 imports triton); each pytest test then asserts on its own check's result. The interpreter has no bfloat16, so
 everything is fp32. FLA's chunked prefill (``gated_delta_rule_prefill``) cannot run in the interpreter; the GPU
-tests cover it.
+tests cover it. The skinny GEMM of ``ce::linear`` is checked against a float64 matmul, at fixed configs (its
+autotuner benchmarks on a GPU).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _child_checks() -> dict:
     import torch
 
     from ops import conv1d, delta_rule, kv_cache, paged_attention
-    from ops.triton import conv1d_kernels, delta_rule_kernels, kv_cache_kernels, paged_attention_kernels
+    from ops.triton import conv1d_kernels, delta_rule_kernels, gemv_kernels, kv_cache_kernels, paged_attention_kernels
 
     torch.manual_seed(0)
 
@@ -142,6 +143,23 @@ def _child_checks() -> dict:
         compare("delta decode out", got, want)
         compare("delta decode state", state, want_state)
 
+    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False):
+        """Each config (block_n, block_k, split_k) against a float64 matmul; ragged N and K throughout."""
+        x = torch.randn(rows, k)
+        weight = torch.randn(n, k) * k**-0.5
+        if strided:  # x with a K stride of 2, weight rows with a row stride > K
+            x = torch.randn(rows, 2 * k)[:, ::2]
+            weight = (torch.randn(n, k + 5) * k**-0.5)[:, :k]
+        want = x.double() @ weight.double().T
+        for block_n, block_k, split_k in configs:
+            config = gemv_kernels.triton.Config({"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k})
+            got = gemv_kernels.skinny_gemm(x, weight, config, block_m)
+            assert got.shape == (rows, n) and got.dtype == x.dtype
+            compare(f"skinny gemm {block_n}x{block_k} split {split_k}", got.double(), want)
+
+    # no split; a split with a short last part (5 chunks over 3); more splits than K chunks (empty K ranges)
+    gemm_configs = [(16, 32, 1), (16, 16, 3), (32, 64, 4)]
+
     checks = {
         "store_kv": check_store_kv,
         "decode_gqa2_d16_bs4_split1": lambda: check_decode(4, 2, 16, 4, 1),
@@ -156,6 +174,19 @@ def _child_checks() -> dict:
         "conv_decode": check_conv_decode,
         "delta_decode_hv_eq_hk": lambda: check_gdr_decode(2, 2, 16, 32, 16),
         "delta_decode_hv_3x_hk": lambda: check_gdr_decode(2, 6, 32, 16, 8),
+        "gemm_m1_gemv": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(4, 32, 1)]),
+        "gemm_m3_dot": lambda: check_skinny_gemm(3, 37, 75, gemm_configs),
+        "gemm_m8_dot": lambda: check_skinny_gemm(8, 37, 75, gemm_configs),
+        "gemm_m16_dot": lambda: check_skinny_gemm(16, 37, 75, gemm_configs),
+        "gemm_m1_on_dot_path": lambda: check_skinny_gemm(1, 37, 75, gemm_configs, block_m=16),
+        "gemm_strided_inputs": lambda: check_skinny_gemm(5, 37, 75, gemm_configs, strided=True),
+        # the tuned configs themselves, on a small ragged shape
+        "gemm_gemv_configs": lambda: check_skinny_gemm(
+            1, 40, 600, [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]) for c in
+                         gemv_kernels.GEMV_CONFIGS]),
+        "gemm_dot_configs": lambda: check_skinny_gemm(
+            5, 40, 600, [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]) for c in
+                         gemv_kernels.DOT_CONFIGS]),
     }
     results = {}
     for name, fn in checks.items():
@@ -185,6 +216,14 @@ CHECK_NAMES = [
     "conv_decode",
     "delta_decode_hv_eq_hk",
     "delta_decode_hv_3x_hk",
+    "gemm_m1_gemv",
+    "gemm_m3_dot",
+    "gemm_m8_dot",
+    "gemm_m16_dot",
+    "gemm_m1_on_dot_path",
+    "gemm_strided_inputs",
+    "gemm_gemv_configs",
+    "gemm_dot_configs",
 ]
 
 

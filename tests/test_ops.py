@@ -5,7 +5,8 @@ Oracles (none of them shares code with ops/):
     torch chunked/recurrent gated delta rule; plus the internal ``chunked_reference`` ≡ ``recurrent_reference``;
   * causal conv1d: ``torch.nn.functional.conv1d`` in float64 with left zero padding (or the slot's history), SiLU;
   * paged attention: ``torch.nn.functional.scaled_dot_product_attention`` in float64 over dense K/V;
-  * store_kv: reading rows back.
+  * store_kv: reading rows back;
+  * linear: a float64 matmul.
 In-place ops also must not touch pool rows outside the batch (``torch.equal``), and padding lanes (slot 0 / block 0)
 write nothing but the null row.
 """
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 import ops
 from ops import NULL_BLOCK, NULL_SLOT
 from ops import delta_rule as dr
+from ops.linear import linear
 
 ce = torch.ops.ce
 
@@ -568,6 +570,38 @@ def test_store_kv_roundtrip(n_tokens, padding, shapes, dtypes, seed):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# linear
+# --------------------------------------------------------------------------------------------------------------
+
+
+@given(
+    rows=st.integers(1, 20),  # across the CUDA kernel's switch from the Triton skinny GEMM to cuBLAS at 16
+    k=st.one_of(st.sampled_from([1, 16, 64]), st.integers(1, 70)),
+    n=st.one_of(st.sampled_from([1, 16, 64]), st.integers(1, 70)),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_linear_matches_float64_matmul(rows, k, n, dtype, seed):
+    g = _gen(seed)
+    x = _randn(g, rows, k, dtype=dtype)
+    weight = _randn(g, n, k, scale=k**-0.5, dtype=dtype)
+    out = ce.linear(x, weight)
+    assert out.shape == (rows, n) and out.dtype == dtype
+    torch.testing.assert_close(out.double(), x.double() @ weight.double().T, **_tol(dtype))
+
+
+@given(lead=st.sampled_from([(), (3,), (2, 3), (0,)]), seed=SEEDS)
+def test_linear_wrapper_flattens_leading_dims(lead, seed):
+    """ops.linear.linear: x [..., K] -> [..., N] (leading dimensions, none at all, or zero rows)."""
+    g = _gen(seed)
+    x = _randn(g, *lead, 12)
+    weight = _randn(g, 5, 12)
+    out = linear(x, weight)
+    assert out.shape == (*lead, 5)
+    torch.testing.assert_close(out.double(), x.double() @ weight.double().T, atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # opcheck: schema (mutations declared), fake kernel, AOT dispatch — realistic small inputs with null slot/block
 # --------------------------------------------------------------------------------------------------------------
 
@@ -608,6 +642,7 @@ def _opcheck_cases():
             (_randn(g, 5, 4, 8), k_cache, v_cache, _cu_seqlens([2, 3, 0]), lens, tables, 8**-0.5),
         ),
         "causal_conv1d_prefill": (ce.causal_conv1d_prefill.default, (conv_x, conv_w, conv_state.clone(), cu, slots3)),
+        "linear": (ce.linear.default, (_randn(g, 3, 8), _randn(g, 5, 8))),
         "causal_conv1d_decode": (
             ce.causal_conv1d_decode.default, (_randn(g, 3, C), conv_w, conv_state.clone(), slots3)
         ),

@@ -6,6 +6,7 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
   paged_attention_kernels   paged_attention_decode (split-K flash-decoding), paged_attention_prefill (varlen)
   conv1d_kernels            causal_conv1d_prefill (varlen, state by slot), causal_conv1d_decode (in place)
   delta_rule_kernels        gated_delta_rule_decode (our kernel, state pool in place), gated_delta_rule_prefill (FLA)
+  gemv_kernels              skinny_gemm (linear at M <= 16: GEMV / padded tensor-core tiles, split-K, autotuned)
 
 This package itself imports neither triton nor FLA: the op modules register :func:`lazy_kernel` wrappers as their
 ``cuda=`` implementations, so ``import ops`` works on CPU-only machines without triton, and triton is first

@@ -1,0 +1,56 @@
+"""``ce::linear``: ``x @ weight.T`` (no bias) for the model's weight matmuls, with a skinny-GEMM kernel for decode.
+
+Why an op of our own rather than ``F.linear``: at decode batch sizes the weight matmuls are bound by reading the
+weights, and cuBLAS picks poor kernels for a handful of rows on these small matrices (0.94 ms for the 97 matmuls of
+a Qwen3.5-0.8B step at batch 1 on an H200, 37.5% of the bandwidth bound). The CUDA kernel runs our Triton
+skinny GEMM (ops/triton/gemv_kernels.py) up to ``SKINNY_MAX_ROWS`` rows and cuBLAS above. It decides at run time,
+inside the opaque op, where M is a plain int: a compiled graph with a symbolic batch size never guards on it.
+
+* ``ce::linear(x [M, K], weight [N, K]) -> [M, N]`` in x's dtype;
+* :func:`linear`: the model's entry point, for x of any leading shape ``[..., K]``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ops.library import define_op
+from ops.triton import lazy_kernel
+
+# Rows up to which the Triton skinny GEMM runs instead of cuBLAS: decode buckets 1..16, where cuBLAS's kernel choice
+# for these shapes is poor (0.77 ms for a step's matmuls at batch 8, where reading the weights takes ~0.35 ms). 16 is
+# also the kernel's ceiling: its tensor-core path pads x to 16 rows (gemv_kernels.DOT_ROWS). Past it cuBLAS's tiled
+# GEMMs take over, as M grows towards prefill's compute-bound sizes.
+SKINNY_MAX_ROWS = 16
+SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
+
+_skinny_gemm = lazy_kernel("gemv_kernels", "skinny_gemm")
+
+
+def linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, weight)
+
+
+def _linear_cuda(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if x.dim() == 2 and 1 <= x.shape[0] <= SKINNY_MAX_ROWS and x.dtype in SKINNY_DTYPES and weight.dtype == x.dtype:
+        return _skinny_gemm(x, weight)
+    return F.linear(x, weight)  # cuBLAS (and its error messages for mismatched inputs)
+
+
+def _linear_fake(x, weight):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+linear_op = define_op(
+    "linear(Tensor x, Tensor weight) -> Tensor",
+    reference=linear_reference,
+    cuda=_linear_cuda,
+    fake=_linear_fake,
+)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x [..., K] @ weight[N, K].T -> [..., N]`` through ``ce::linear`` (leading dimensions flattened into M)."""
+    out = linear_op(x.reshape(-1, x.shape[-1]), weight)
+    return out.view(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,236 @@
+"""Triton kernel for ``ce::linear`` at few rows (decode): ``out[M, N] = x[M, K] @ weight[N, K]^T``, M = 1..16.
+
+Why: a decode step at batch 1..16 reads every weight once and does M multiply-adds per weight element, so its weight
+matmuls should run at memory bandwidth. cuBLAS picks kernels made for large M on these small matrices: 0.94 ms for
+the 97 matmuls of a Qwen3.5-0.8B step at batch 1 on an H200, 37.5% of the bandwidth bound.
+
+Design, for bandwidth:
+  * each program owns BLOCK_N weight rows (output columns) for all M rows of x and streams them along K in BLOCK_K
+    chunks. K is the contiguous axis of the row-major weight, so the loads coalesce into 16-byte vectors, and each
+    weight element is read once whatever M is. Accumulation is fp32.
+  * M == 1 (BLOCK_M = 1): a CUDA-core GEMV, elementwise products summed into a [BLOCK_N, BLOCK_K] fp32
+    accumulator that is reduced once after the loop (no cross-thread reduction inside it).
+  * M = 2..16 (BLOCK_M = 16): tensor cores. At M = 16, keeping up with 4.3 TB/s of bf16 weights takes 69 TFLOP/s,
+    about the H200's whole fp32 CUDA-core peak. ``tl.dot`` needs every dimension >= 16, so x's rows are padded to
+    16 by masked loads; x is tiny, so this costs no weight traffic. The weight tile is the dot's left operand
+    ("swap AB"): its long side BLOCK_N is the MMA's M side (Hopper's wgmma wants 64 there), the 16 padded rows its
+    N side.
+  * split-K: at N = 1024 (out_proj, down_proj, o_proj) blocks of 16 columns make only 64 programs for 132 SMs.
+    With SPLIT_K > 1, SPLIT_K programs per column block each take a contiguous 1/SPLIT_K of K and write fp32
+    partial sums to ``partials[SPLIT_K, M, N]``; a second small kernel adds them up and casts. No atomics, no
+    memset: every program writes its whole partial tile, zeros for an empty K range included. SPLIT_K == 1 writes
+    the output directly, in one launch.
+  * tuning: ``triton.autotune`` over a few configs per path, keyed on (N, K), one autotuner per path (the M
+    bucket: M == 1 or 2..16); triton adds the argument dtypes to the key. The split configs' timings include the
+    reduction launch (it runs as the autotuner's post_hook, inside the timed call), so a split wins only if it pays
+    for its second launch. The benchmark flushes the L2 before each run (``triton.testing.do_bench``): in a decode
+    step the 1.5 GB of weights never stay in the 50 MB L2.
+
+Tuning runs on the first call of each key and synchronises with the host, so it must not happen inside a CUDA-graph
+capture: in the engine the first call of each shape is the eager warm-up run of its decode bucket, before capture.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+DOT_ROWS = 16  # tl.dot needs every dimension >= 16: 2..16 rows of x are padded to 16
+# Widest output for which split configs are tried. Past it every config has well over 132 programs without a split
+# (lm_head: N = 248320), and the partials buffer (MAX_SPLIT_K * M * N fp32) would grow with the vocabulary.
+SPLIT_K_MAX_N = 16384
+SUM_BLOCK = 1024  # elements per program of the split-K reduction
+
+
+@triton.jit(do_not_specialize=["M"])  # one compiled variant for every M of a path, not one for M = 16 and one else
+def _skinny_gemm_kernel(
+    x,
+    weight,
+    out,
+    partials,  # [SPLIT_K (or more), M, N] fp32 when SPLIT_K > 1; unused (may be None) when SPLIT_K == 1
+    M,
+    N,
+    K,
+    stride_x_m,
+    stride_x_k,
+    stride_w_n,
+    stride_w_k,
+    stride_o_m,
+    stride_o_n,
+    BLOCK_M: tl.constexpr,  # 1: CUDA-core GEMV; 16: tensor cores, x's rows padded to 16
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    # This program's K range: a contiguous run of whole BLOCK_K chunks, so only the chunk at the end of K is ragged.
+    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    w_rows = weight + offs_n.to(tl.int64)[:, None] * stride_w_n  # int64: N * K may pass 2**31 (large vocabularies)
+
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k in range(k_begin, k_end, BLOCK_K):
+            ks = k + offs_k
+            k_mask = ks < K
+            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            xk = tl.load(x + ks * stride_x_k, mask=k_mask, other=0.0)
+            acc += w.to(tl.float32) * xk.to(tl.float32)[None, :]
+        result = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        x_cols = x + offs_m[None, :] * stride_x_m  # x^T: [BLOCK_K, BLOCK_M] tiles
+        for k in range(k_begin, k_end, BLOCK_K):
+            ks = k + offs_k
+            k_mask = ks < K
+            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            xt = tl.load(x_cols + ks[:, None] * stride_x_k, mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+            # "ieee": fp32 inputs (the interpreter tests) multiply in fp32, not tf32; bf16/fp16 ignore the setting.
+            acc = tl.dot(w, xt, acc, input_precision="ieee")
+        result = acc  # [BLOCK_N, BLOCK_M]
+
+    mask = n_mask[:, None] & m_mask[None, :]
+    if SPLIT_K == 1:
+        tl.store(out + offs_m[None, :] * stride_o_m + offs_n[:, None] * stride_o_n, result.to(out.dtype.element_ty),
+                 mask=mask)
+    else:
+        tl.store(partials + (pid_k * M + offs_m[None, :]) * N + offs_n[:, None], result, mask=mask)
+
+
+@triton.jit
+def _sum_split_k_kernel(partials, out, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out (contiguous [M, N]) = the sum of the first SPLIT_K [M, N] slices of partials, cast to out's dtype."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.load(partials + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(partials + s * numel + offs, mask=mask, other=0.0)
+    tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
+def _sum_split_k(args: dict, exception: BaseException | None = None) -> None:
+    """The second pass of a split-K launch; nothing to do when SPLIT_K == 1.
+
+    Also the autotuner's post_hook (``args``: the kernel's arguments by name, the config's included), which runs
+    inside each benchmarked call, so split configs are timed with their reduction.
+    """
+    if exception is not None or args["SPLIT_K"] == 1:
+        return
+    numel = args["M"] * args["N"]
+    _sum_split_k_kernel[(triton.cdiv(numel, SUM_BLOCK),)](
+        args["partials"], args["out"], numel, SPLIT_K=args["SPLIT_K"], BLOCK=SUM_BLOCK, num_warps=4
+    )
+
+
+def _config(block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int) -> triton.Config:
+    return triton.Config(
+        {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k}, num_warps=num_warps, num_stages=num_stages
+    )
+
+
+# Few configs: each one costs a compile and a benchmark per (N, K) at start-up. Column-block counts are for the
+# Qwen3.5-0.8B shapes: N = 1024 (out_proj, down_proj, o_proj), 5120..8224 (qkv, gate_up, in_proj), 248320 (lm_head).
+GEMV_CONFIGS = [  # M == 1
+    _config(4, 512, 1, 4, 3),  # N = 1024: 256 programs without a split
+    _config(8, 256, 1, 4, 4),
+    _config(16, 256, 1, 4, 3),
+    _config(32, 256, 1, 8, 3),  # wide N: fewer, fatter programs
+    _config(16, 256, 4, 4, 3),  # N = 1024: 64 column blocks x 4 splits
+    _config(8, 512, 2, 4, 3),
+]
+DOT_CONFIGS = [  # M = 2..16
+    _config(16, 256, 1, 4, 4),  # N = 1024: 64 programs
+    _config(32, 256, 1, 4, 3),
+    _config(64, 128, 1, 4, 4),  # BLOCK_N = 64: wgmma-sized weight tile
+    _config(128, 128, 1, 8, 3),  # lm_head
+    _config(16, 256, 4, 4, 3),  # N = 1024: 64 column blocks x 4 splits
+    _config(64, 128, 2, 4, 4),  # N = 5120..8224: 80..129 column blocks x 2
+]
+MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in GEMV_CONFIGS + DOT_CONFIGS)  # sizes the partials buffer
+
+
+def _prune(configs: list, named_args: dict, **kwargs) -> list:
+    """Split configs only where a partials buffer was passed and K has a BLOCK_K chunk for every split."""
+
+    def usable(c: triton.Config) -> bool:
+        split, block_k = c.kwargs["SPLIT_K"], c.kwargs["BLOCK_K"]
+        return split == 1 or (named_args["partials"] is not None and split <= triton.cdiv(named_args["K"], block_k))
+
+    return [c for c in configs if usable(c)]
+
+
+def _autotuned(configs: list):
+    return triton.autotune(
+        configs=configs,
+        key=["N", "K"],  # the M bucket is the tuner itself: one per BLOCK_M
+        prune_configs_by={"early_config_prune": _prune},
+        post_hook=_sum_split_k,
+        # Shorter than the default (25 ms warm-up, 100 ms timed) per config: start-up tunes ~14 keys x 6 configs,
+        # and a call takes 1..150 µs, so 20 ms is still hundreds of timed runs.
+        do_bench=functools.partial(triton.testing.do_bench, warmup=5, rep=20),
+    )(_skinny_gemm_kernel)
+
+
+# One autotuner per path (its own cache and config list) around the same kernel.
+_GEMV_TUNER = _autotuned(GEMV_CONFIGS)
+_DOT_TUNER = _autotuned(DOT_CONFIGS)
+
+
+def block_rows(rows: int) -> int:
+    """BLOCK_M for ``rows`` rows of x: 1 (CUDA-core GEMV) or DOT_ROWS (tensor cores)."""
+    return 1 if rows == 1 else DOT_ROWS
+
+
+def autotuner(rows: int):
+    """The autotuner serving ``rows`` rows of x; its ``best_config`` is the config of its last call."""
+    return _tuner(block_rows(rows))
+
+
+def _tuner(block_m: int):
+    return _GEMV_TUNER if block_m == 1 else _DOT_TUNER
+
+
+def skinny_gemm(
+    x: torch.Tensor,  # [M, K], 1 <= M <= DOT_ROWS
+    weight: torch.Tensor,  # [N, K], same dtype as x
+    config: triton.Config | None = None,
+    block_m: int | None = None,
+) -> torch.Tensor:
+    """``x @ weight.T`` -> [M, N] in x's dtype, fp32 accumulation.
+
+    ``config`` (and ``block_m``, which defaults to :func:`block_rows`) run one fixed configuration without tuning:
+    the interpreter tests (which cannot benchmark) and the microbenchmark's sweep use them; the op passes neither.
+    """
+    rows, k = x.shape
+    n = weight.shape[0]
+    block_m = block_rows(rows) if block_m is None else block_m
+    if rows > block_m:
+        raise ValueError(f"skinny_gemm with BLOCK_M = {block_m} takes at most {block_m} rows, got {rows}")
+    out = x.new_empty((rows, n))
+    if config is None:  # room for whichever config the tuner picks
+        splits = MAX_SPLIT_K if n <= SPLIT_K_MAX_N else 1
+    else:
+        splits = config.kwargs["SPLIT_K"]
+    partials = x.new_empty((splits, rows, n), dtype=torch.float32) if splits > 1 else None
+    args = (x, weight, out, partials, rows, n, k, *x.stride(), *weight.stride(), *out.stride())
+    if config is None:
+        tuner = _tuner(block_m)
+        tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, BLOCK_M=block_m)
+        config = tuner.best_config
+    else:
+        _skinny_gemm_kernel[(triton.cdiv(n, config.kwargs["BLOCK_N"]), config.kwargs["SPLIT_K"])](
+            *args, BLOCK_M=block_m, **config.all_kwargs()
+        )
+    _sum_split_k({"partials": partials, "out": out, "M": rows, "N": n, "SPLIT_K": config.kwargs["SPLIT_K"]})
+    return out
