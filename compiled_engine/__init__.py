@@ -3,6 +3,6 @@
 from compiled_engine.engine import LLMEngine, RequestOutput
 from compiled_engine.llm import LLM
 from compiled_engine.runtime import Runtime, RuntimeConfig
-from compiled_engine.sampling_params import SamplingParams
+from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 
-__all__ = ["LLM", "LLMEngine", "RequestOutput", "Runtime", "RuntimeConfig", "SamplingParams"]
+__all__ = ["LLM", "LLMEngine", "RequestOutput", "RequestOutputKind", "Runtime", "RuntimeConfig", "SamplingParams"]

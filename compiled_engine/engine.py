@@ -21,7 +21,7 @@ import torch
 
 from compiled_engine.runtime import Runtime
 from compiled_engine.sampler import SamplingBatch, sample
-from compiled_engine.sampling_params import SamplingParams
+from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import Scheduler
 from compiled_engine.sequence import Sequence
 
@@ -121,7 +121,8 @@ class LLMEngine:
 
     # ------------------------------------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """Run one batch. Returns an output for each request that got a token or finished in this step."""
+        """Run one batch. Returns an output for each request that finished in this step, and for each request that
+        got a token in it unless its ``output_kind`` is FINAL_ONLY."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -147,6 +148,8 @@ class LLMEngine:
             if reason is not None:
                 self._finish(request, reason)
                 del self.requests[request.request_id]
+            elif request.params.output_kind is RequestOutputKind.FINAL_ONLY:
+                continue  # building an output copies the whole sequence: O(batch x length) a step for nothing
             outputs.append(self._output(request, [token]))
         return outputs
 
@@ -209,7 +212,7 @@ class LLMEngine:
         return RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            token_ids=list(seq.generated_token_ids),
+            token_ids=seq.generated_token_ids,  # a new list (a slice)
             new_token_ids=new_tokens,
             finished=finished,
             finish_reason=request.finish_reason,

@@ -11,6 +11,7 @@ sampler.sample.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Sequence as Seq
@@ -20,7 +21,7 @@ from tqdm.auto import tqdm
 
 from compiled_engine.engine import LLMEngine, RequestOutput
 from compiled_engine.runtime import Runtime
-from compiled_engine.sampling_params import SamplingParams
+from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,8 @@ class LLM:
         token_lists = [self._encode(p) for p in prompts]
         for tokens, p in zip(token_lists, params):  # validate everything before queueing anything
             self.engine.validate_request(tokens, p)
+        # Only finished outputs are collected here, so the engine need not build per-step outputs for these requests.
+        params = [dataclasses.replace(p or SamplingParams(), output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         ids = [self.engine.add_request(None, tokens, p) for tokens, p in zip(token_lists, params)]
         results: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm) as bar:

@@ -38,9 +38,9 @@ from compiled_engine.loader import load_model
 from compiled_engine.model import HybridModel
 from compiled_engine.prefix_cache import PrefixCache, PrefixHit
 from compiled_engine.sequence import Sequence
-from compiled_engine.step_inputs import StepInputs
+from compiled_engine.step_inputs import StepInputs, pack_step
 from compiled_engine.tp_workers import TensorParallelWorkers
-from ops.library import NULL_BLOCK, NULL_SLOT
+from ops.library import NULL_SLOT
 
 logger = logging.getLogger(__name__)
 
@@ -356,14 +356,14 @@ class Runtime:
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         total = seq.num_computed_tokens + num_new_tokens
-        return max(0, math.ceil(total / self.config.block_size) - len(seq.block_table))
+        return max(0, -(-total // self.config.block_size) - len(seq.block_table))
 
     def _reserve_blocks(self, seqs: Seq[Sequence], counts: Seq[int]) -> None:
-        needed = sum(self.blocks_needed(s, n) for s, n in zip(seqs, counts))
-        if needed > self.blocks.num_free:
-            raise OutOfBlocksError(f"step needs {needed} KV blocks, {self.blocks.num_free} free")
-        for seq, n in zip(seqs, counts):
-            for _ in range(self.blocks_needed(seq, n)):
+        needs = [self.blocks_needed(s, n) for s, n in zip(seqs, counts)]
+        if sum(needs) > self.blocks.num_free:
+            raise OutOfBlocksError(f"step needs {sum(needs)} KV blocks, {self.blocks.num_free} free")
+        for seq, need in zip(seqs, needs):
+            for _ in range(need):
                 seq.block_table.append(self.blocks.allocate())
 
     # ------------------------------------------------------------------------------------------------- steps
@@ -441,25 +441,7 @@ class Runtime:
             if seq.num_computed_tokens + n > self.max_model_len:
                 raise ValueError(f"sequence {seq.seq_id} would exceed max_model_len={self.max_model_len}")
         self._reserve_blocks(seqs, counts)
-        block_size = self.config.block_size
-        input_ids, positions, slot_mapping, cu_seqlens = [], [], [], [0]
+        step = pack_step(seqs, counts, is_prefill, self.config.block_size, self.device)
         for seq, n in zip(seqs, counts):
-            start = seq.num_computed_tokens
-            input_ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            slot_mapping.extend(seq.block_table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
-            cu_seqlens.append(cu_seqlens[-1] + n)
             seq.num_computed_tokens += n
-        max_blocks = max(len(s.block_table) for s in seqs)
-        tables = [s.block_table + [NULL_BLOCK] * (max_blocks - len(s.block_table)) for s in seqs]
-        dev = self.device
-        return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            context_lens=torch.tensor([s.num_computed_tokens for s in seqs], dtype=torch.int32, device=dev),
-            state_slots=torch.tensor([s.state_slot for s in seqs], dtype=torch.int32, device=dev),
-            cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32, device=dev) if is_prefill else None,
-            is_prefill=is_prefill,
-        )
+        return step

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class RequestOutputKind(enum.Enum):
+    """Which steps return an output for a request (vLLM's names)."""
+
+    CUMULATIVE = "cumulative"  # every step that produced a token: all tokens so far
+    FINAL_ONLY = "final_only"  # only the step that finished it (LLM.generate: nothing per step to build or copy)
 
 
 @dataclass
@@ -16,6 +24,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None  # finish when one of these is generated (it is kept in the output)
     ignore_eos: bool = False  # keep generating past the checkpoint's EOS token(s)
     seed: int | None = None  # per-request seed: the same output whatever else is in the batch
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # engine.step(); LLM.generate uses FINAL_ONLY
 
     def __post_init__(self):
         if self.top_k == -1:
@@ -28,6 +37,7 @@ class SamplingParams:
             ("min_p", 0 <= self.min_p <= 1, "must be in [0, 1]"),
             ("max_tokens", isinstance(self.max_tokens, int) and self.max_tokens >= 1, "must be an int >= 1"),
             ("min_tokens", isinstance(self.min_tokens, int) and 0 <= self.min_tokens, "must be an int >= 0"),
+            ("output_kind", isinstance(self.output_kind, RequestOutputKind), "must be a RequestOutputKind"),
             ("seed", self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63),
              "must be None or an int in [-2**63, 2**63) (it travels as int64)"),
         ]

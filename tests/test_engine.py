@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import settings
 
-from compiled_engine import LLM, LLMEngine, RequestOutput, SamplingParams
+from compiled_engine import LLM, LLMEngine, RequestOutput, RequestOutputKind, SamplingParams
 from compiled_engine.sequence import Sequence
 from tests import hf_models
 
@@ -447,6 +447,25 @@ def test_request_output_fields(model_path, load_hf_model):
     assert final.time_to_first_token is not None and final.time_to_first_token > 0
     assert final.arrival_time < final.first_token_time <= final.finished_time
     assert outputs[0].finished_time is None
+
+
+def test_final_only_requests_report_once_with_the_full_output(model_path, load_hf_model):
+    """FINAL_ONLY (what LLM.generate uses) skips the per-step outputs but not the final one; a CUMULATIVE request in
+    the same batch still streams every token."""
+    engine = make_llm(model_path).engine
+    tokens = {"final": prompt(9, 10), "streamed": prompt(14, 11)}
+    engine.add_request("final", tokens["final"], SamplingParams(max_tokens=6, output_kind=RequestOutputKind.FINAL_ONLY, **GREEDY))
+    engine.add_request("streamed", tokens["streamed"], SamplingParams(max_tokens=4, **GREEDY))
+    reported = []
+    while engine.has_unfinished_requests():
+        reported.extend(engine.step())
+    final = [o for o in reported if o.request_id == "final"]
+    assert len(final) == 1 and final[0].finished and final[0].finish_reason == "length"
+    assert final[0].prompt_token_ids == tokens["final"]
+    assert final[0].token_ids == hf_greedy(load_hf_model, tokens["final"], 6)
+    assert len([o for o in reported if o.request_id == "streamed"]) == 4
+    with pytest.raises(ValueError, match="output_kind"):
+        SamplingParams(output_kind="final_only")
 
 
 def test_generate_returns_prompt_order_and_tqdm_is_switchable(model_path, load_hf_model, capsys):
