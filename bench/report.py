@@ -93,6 +93,10 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
                     f"{_f(p['first_generate_s'], '.2f')} s)"
                 )
         lines.append(f"{head} " + " | ".join(parts))
+    elif scenario == "decode_profile":
+        from bench.decode_profile import summary_lines as profile_lines
+
+        lines += profile_lines(head, r)
     else:
         lines.append(f"{head} (no summary for {scenario!r})")
     if "hf_error" in r:
