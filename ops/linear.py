@@ -12,6 +12,8 @@ inside the opaque op, where M is a plain int: a compiled graph with a symbolic b
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -24,6 +26,9 @@ from ops.triton import lazy_kernel
 # GEMMs take over, as M grows towards prefill's compute-bound sizes.
 SKINNY_MAX_ROWS = 16
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
+# Escape hatch, read once at import: CE_SKINNY_GEMM=0 sends every matmul to cuBLAS (to compare, or where the Triton
+# kernel misbehaves on a new GPU or Triton version).
+SKINNY_GEMM_ENABLED = os.environ.get("CE_SKINNY_GEMM", "1") != "0"
 
 _skinny_gemm = lazy_kernel("gemv_kernels", "skinny_gemm")
 
@@ -33,7 +38,7 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _linear_cuda(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if x.dim() == 2 and 1 <= x.shape[0] <= SKINNY_MAX_ROWS and x.dtype in SKINNY_DTYPES and weight.dtype == x.dtype:
+    if SKINNY_GEMM_ENABLED and x.dim() == 2 and 1 <= x.shape[0] <= SKINNY_MAX_ROWS and x.dtype in SKINNY_DTYPES and weight.dtype == x.dtype:
         return _skinny_gemm(x, weight)
     return F.linear(x, weight)  # cuBLAS (and its error messages for mismatched inputs)
 
