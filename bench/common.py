@@ -314,10 +314,12 @@ def random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]
     return [rng.randint(0, high) for _ in range(length)]
 
 
-def greedy(max_tokens: int):
-    from compiled_engine.sampling_params import SamplingParams
+def greedy(max_tokens: int, final_only: bool = False):
+    """Greedy, ignore_eos; ``final_only``: the engine reports the request only when it finishes (as LLM.generate)."""
+    from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    kind = RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
 
 
 # ---------------------------------------------------------------------------------------------------- statistics

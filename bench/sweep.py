@@ -2,9 +2,9 @@
 
 For each batch B: B requests with ``prompt_len``-token random prompts go into the engine; it is stepped until every
 request has its first token (all prefill done), then ``warmup_steps`` decode steps run untimed, then ``steps``
-decode steps are timed (a synchronised timestamp around them; each must return B tokens, else ``short_steps``
-counts it). Decode tok/s = B x steps / time. The engine step includes scheduling, the runtime decode, sampling and
-the device->host copy of the tokens.
+decode steps are timed (a synchronised timestamp around them; every step should give each request a token, else
+``missing_tokens`` counts the shortfall). Requests are FINAL_ONLY, as in LLM.generate. Decode tok/s = B x steps /
+time. The engine step includes scheduling, the runtime decode, sampling and the device->host copy of the tokens.
 Bound at batch B (bench/bounds.py): bytes/step = weights + B x (2 x state + KV bytes/token x context), context =
 the mean context during the timed steps; tok/s <= B x copy bandwidth / bytes/step.
 With ``--vs-hf``: HF generate of 1 + ``hf_steps`` tokens on the same prompts, decode tok/s from per-step timestamps.
@@ -107,22 +107,26 @@ def _batches(batches) -> list[int]:
 
 def _measure(ctx: Context, engine, prompts: list[list[int]], steps: int, warmup_steps: int) -> dict:
     batch = len(prompts)
-    ids = {engine.add_request(None, p, greedy(1 + warmup_steps + steps)) for p in prompts}
-    started: set[str] = set()
+    new_tokens = 1 + warmup_steps + steps
+    # FINAL_ONLY, as LLM.generate and vLLM's offline benchmarks: no per-step outputs to build. Progress is read off
+    # the requests themselves.
+    ids = [engine.add_request(None, p, greedy(new_tokens, final_only=True)) for p in prompts]
+    requests = [engine.requests[i] for i in ids]
     ctx.sync()
     prefill_start = time.perf_counter()
-    while len(started) < batch:  # prefill (chunked under the token budget) until every request has a token
-        started.update(o.request_id for o in engine.step())
+    while any(r.seq.num_generated_tokens == 0 for r in requests):  # prefill (chunked) until every request has a token
+        engine.step()
     prefill_s = time.perf_counter() - prefill_start
     for _ in range(warmup_steps):
         engine.step()
-    short = 0
     ctx.sync()
     start = time.perf_counter()
     for _ in range(steps):
-        short += len(engine.step()) != batch
+        engine.step()
     ctx.sync()
     seconds = time.perf_counter() - start
+    # Every timed step should have given every request one token (a preemption would cost some).
+    missing = sum(new_tokens - r.seq.num_generated_tokens for r in requests)
     leftover = [i for i in ids if i in engine.requests]
     for request_id in leftover:  # only after a preemption; frees the cache for the next batch size
         engine.abort_request(request_id)
@@ -131,7 +135,7 @@ def _measure(ctx: Context, engine, prompts: list[list[int]], steps: int, warmup_
         "decode_tok_s": batch * steps / seconds,
         "ms_per_step": seconds / steps * 1e3,
         "prefill_s": prefill_s,
-        "short_steps": short,
+        "missing_tokens": missing,
         "aborted_requests": len(leftover),
     }
 

@@ -52,6 +52,7 @@ class Request:
     params: SamplingParams
     seed: int
     stop_ids: frozenset[int]  # EOS (unless ignore_eos) and stop_token_ids
+    prompt_token_ids: list[int]  # a copy made once; every output of the request shares it (treat it as read-only)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finished_time: float | None = None
@@ -101,7 +102,7 @@ class LLMEngine:
         seq = Sequence(self.runtime.new_seq_id(), token_ids, len(token_ids))
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(62)
-        request = Request(request_id, seq, params, seed, stop_ids)
+        request = Request(request_id, seq, params, seed, stop_ids, list(token_ids))
         self.requests[request_id] = request
         self._request_of_seq[seq.seq_id] = request
         self.scheduler.add(seq)
@@ -211,7 +212,7 @@ class LLMEngine:
             text = self.tokenizer.decode(seq.generated_token_ids, skip_special_tokens=True)
         return RequestOutput(
             request_id=request.request_id,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            prompt_token_ids=request.prompt_token_ids,
             token_ids=seq.generated_token_ids,  # a new list (a slice)
             new_token_ids=new_tokens,
             finished=finished,

@@ -87,7 +87,7 @@ def test_sweep(smoke):
     r = smoke[2]["sweep"]
     assert [row["batch"] for row in r["rows"]] == [1, 2]
     for row in r["rows"]:
-        assert row["short_steps"] == 0 and row["aborted_requests"] == 0
+        assert row["missing_tokens"] == 0 and row["aborted_requests"] == 0
         for key in ("decode_tok_s", "bound_tok_s", "fraction_of_bound", "hf_decode_tok_s", "ratio_vs_hf"):
             assert positive(row[key]), (row["batch"], key)
     assert r["bound"]["tok_s"][1] > r["bound"]["tok_s"][0]  # more sequences share one weight read
