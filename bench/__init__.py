@@ -4,7 +4,7 @@
                     [--out DIR] [--vs-hf] [--enforce-eager] [-p KEY=VALUE ...]
     python -m bench report DIR [DIR ...] --out DIR      # aggregate result folders into one results.json
 
-Scenarios (one module each): latency, sweep, throughput, prefix, startup, decode_profile (where a decode step's
+Scenarios (one module each): latency, sweep, throughput, prefix, startup, step_profile (where a decode step's
 time goes: torch profiler). Each writes ``<scenario>.json`` (and a
 PNG when matplotlib is importable) to ``--out``. Every number is reported beside its bound from the performance
 model (bench/bounds.py, DESIGN.md "Performance model") using the copy bandwidth measured in the same run
@@ -14,4 +14,4 @@ Scenario sizes are keyword arguments of each module's ``run``; ``-p latency.new_
 for every scenario that has the argument) overrides one from the command line.
 """
 
-SCENARIOS = ("latency", "sweep", "throughput", "prefix", "startup", "decode_profile")
+SCENARIOS = ("latency", "sweep", "throughput", "prefix", "startup", "step_profile")

@@ -2,7 +2,7 @@
 # One device call (carry .whl, timeout 600) that checks and measures the engine as it is now. On one H200 the stages
 # run one after another; on nvidia-h200-x2 they run as two single-GPU lanes, then tensor parallelism on both GPUs.
 #   lane 0 (GPU 0): the skinny-GEMM kernel tests (tests/test_kernels_cuda.py -k linear; if they fail, every later
-#                   stage runs with CE_SKINNY_GEMM=0, i.e. cuBLAS, and the log says so), bench decode_profile
+#                   stage runs with CE_SKINNY_GEMM=0, i.e. cuBLAS, and the log says so), bench step_profile
 #                   (batch 1/8/64/256: GPU ms by kernel category, host ms, kernels per step), bench prefix (off/on);
 #   lane 1 (GPU 1, or GPU 0 afterwards): the compiled-decode tests (tests/test_compile_gpu.py: CUDA graphs captured,
 #                   compiled == eager), bench latency + throughput (TP=1), throughput with prefix caching on;
@@ -45,7 +45,7 @@ lane0() {  # arguments: the stage end time (seconds from the start)
         || touch "$WORK/skinny_gemm_failed"
     touch "$WORK/verdict"
     skinny_verdict
-    stage decode_profile 130 "$1" python3 -m bench decode_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
+    stage step_profile 130 "$1" python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
     stage prefix 110 "$1" python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
 }
 lane1() {

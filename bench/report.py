@@ -93,8 +93,8 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
                     f"{_f(p['first_generate_s'], '.2f')} s)"
                 )
         lines.append(f"{head} " + " | ".join(parts))
-    elif scenario == "decode_profile":
-        from bench.decode_profile import summary_lines as profile_lines
+    elif scenario == "step_profile":
+        from bench.step_profile import summary_lines as profile_lines
 
         lines += profile_lines(head, r)
     else:

@@ -31,7 +31,8 @@ SMOKE_ARGS = [
     "-p", "prefix.num_requests=3", "-p", "prefix_len=16", "-p", "suffix_len=4", "-p", "prefix.new_tokens=4",
     "-p", "prefix.warmup_requests=1",
     "-p", "startup.prompt_len=4", "-p", "startup.new_tokens=2",
-    "-p", "decode_profile.batches=1,2", "-p", "decode_profile.context=8", "-p", "decode_profile.steps=2",
+    "-p", "step_profile.batches=1,2", "-p", "step_profile.context=8", "-p", "step_profile.steps=2",
+    "-p", "step_profile.prefill_seqs=2", "-p", "step_profile.prefill_len=8",
 ]
 
 
@@ -189,17 +190,18 @@ def test_unknown_params_are_rejected():
         scenario_kwargs(["latency"], modules, ["latency.nonsense=1"])
 
 
-def test_decode_profile(smoke):
-    r = smoke[2]["decode_profile"]
+def test_step_profile(smoke):
+    r = smoke[2]["step_profile"]
     assert [row["batch"] for row in r["rows"]] == [1, 2]
     for row in r["rows"]:
         assert positive(row["wall_ms"]) and positive(row["bound_ms"])
         assert row["fraction_of_bound"] == pytest.approx(row["bound_ms"] / row["wall_ms"])
         assert "gpu_ms" not in row  # no device kernels on a CPU
+    assert r["prefill"]["tokens"] == 16 and positive(r["prefill"]["tok_s"])
 
 
-def test_decode_profile_categories():
-    from bench.decode_profile import category
+def test_step_profile_categories():
+    from bench.step_profile import category
 
     assert category("_skinny_gemm_kernel") == "linear: Triton skinny GEMM"
     assert category("sm90_xmma_gemm_bf16bf16_bf16f32") == "linear: cuBLAS"

@@ -1,0 +1,173 @@
+"""step_profile: where the time of a decode step (at a few batch sizes) and of a prefill step goes (torch profiler).
+
+Decode, for each batch size B: B sequences with a ``context``-token prompt are prefilled, then ``steps`` decode steps run the
+engine's own path (``Runtime.decode_step`` + argmax + ``.tolist()``, the step's one device -> host copy), first timed
+plainly (wall ms per step), then again under ``torch.profiler``. Per step it reports:
+  * wall ms, and GPU ms: the summed duration of the step's kernels and copies (the GPU is busy this long);
+  * host ms = wall - GPU: each step waits for its tokens, so host work and GPU work of a step do not overlap and
+    the difference is time the GPU sat idle waiting for the host (input packing, graph launch, sampling, Python);
+  * kernels launched per step, and GPU time by category (bench/step_profile.py ``CATEGORIES``) with the top
+    kernels by total time.
+Prefill: ``prefill_seqs`` fresh sequences of ``prefill_len`` tokens in one ``Runtime.prefill`` step (8,192 tokens
+by default: the engine's ``max_num_batched_tokens``), measured the same way (its logits' argmax read back).
+On a CPU there are no device kernels: only wall ms is reported (the harness's smoke test runs it there).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+
+import torch
+
+from bench.bounds import decode_bound
+from bench.common import Context, random_prompt
+
+# Kernel name -> category, first match wins (names are lower-cased). Our Triton kernels are named after their op
+# (ops/triton/*); Inductor's generated kernels start with "triton_"; cuBLAS/CUTLASS GEMMs carry gemm-ish names.
+CATEGORIES = (
+    ("linear: Triton skinny GEMM", ("skinny_gemm", "sum_split_k")),
+    ("linear: cuBLAS", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "splitkreduce")),
+    ("delta rule", ("gdr_", "delta_rule", "recurrent")),
+    ("conv1d", ("conv",)),
+    ("attention", ("paged_decode", "paged_prefill", "attention")),
+    ("KV store", ("store_kv",)),
+    ("Inductor-fused (norms, rotary, gates, residuals)", ("triton_",)),
+    ("copies and fills", ("memcpy", "memset", "copy", "fill")),
+    ("argmax and reductions", ("argmax", "reduce")),
+)
+
+
+def category(kernel_name: str) -> str:
+    name = kernel_name.lower()
+    for label, keys in CATEGORIES:
+        if any(k in name for k in keys):
+            return label
+    return "other"
+
+
+def requirements(batches=(1, 256), context: int = 1024, steps: int = 20, prefill_seqs: int = 16,
+                 prefill_len: int = 512, **_) -> tuple[int, int]:
+    batches = [batches] if isinstance(batches, int) else list(batches)
+    return max(batches + [prefill_seqs]), max(context + 2 * steps + 8, prefill_len + 1)
+
+
+def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, prefill_seqs: int = 16,
+        prefill_len: int = 512, top: int = 12, seed: int = 0) -> dict:
+    batches = [batches] if isinstance(batches, int) else list(batches)
+    ctx.require(*requirements(batches, context, steps, prefill_seqs, prefill_len))
+    runtime = ctx.llm().runtime
+    rng = random.Random(seed)
+    mb, bandwidth = ctx.model_bytes(), ctx.bandwidth()["bytes_per_s"]
+    rows = []
+    for batch in batches:
+        seqs = [runtime.add_sequence(random_prompt(rng, context, ctx.model_config.vocab_size)) for _ in range(batch)]
+        try:
+            row = _profile_batch(ctx, runtime, seqs, steps, top)
+        finally:
+            for seq in seqs:
+                runtime.release(seq)
+        row["bound_ms"] = decode_bound(mb, bandwidth, batch, context + steps)["ms_per_step"]
+        row["fraction_of_bound"] = row["bound_ms"] / row["wall_ms"]
+        rows.append(row)
+    prompts = [random_prompt(rng, prefill_len, ctx.model_config.vocab_size) for _ in range(prefill_seqs)]
+    prefill = _profile(ctx, lambda: _prefill_once(runtime, prompts), repeats=3, top=top)
+    prefill.update(sequences=prefill_seqs, tokens=prefill_seqs * prefill_len,
+                   tok_s=prefill_seqs * prefill_len / (prefill["wall_ms"] / 1e3))
+    result = ctx.metadata("step_profile")
+    result.update({
+        "workload": {"batches": batches, "context": context, "steps": steps, "greedy": True, "seed": seed,
+                     "prefill_seqs": prefill_seqs, "prefill_len": prefill_len},
+        "rows": rows,
+        "prefill": prefill,
+        "bound": {"formula": "decode step bytes (weights + state read/write + KV read) / copy bandwidth",
+                  "ms_per_step": [r["bound_ms"] for r in rows]},
+        "fraction_of_bound": [r["fraction_of_bound"] for r in rows],
+        "method": "wall: perf_counter around steps synchronised by their .tolist(); GPU: summed durations of the "
+                  "device events torch.profiler records during the same number of steps; host = wall - GPU",
+    })
+    ctx.write("step_profile", result)
+    return result
+
+
+@torch.inference_mode()
+def _profile_batch(ctx: Context, runtime, seqs, steps: int, top: int) -> dict:
+    group = max(1, runtime.config.max_num_batched_tokens // len(seqs[0].token_ids))  # prefill steps of engine size
+    for i in range(0, len(seqs), group):
+        for seq, token in zip(seqs[i : i + group], runtime.prefill(seqs[i : i + group]).argmax(dim=-1).tolist()):
+            seq.token_ids.append(token)
+
+    def decode_step() -> None:
+        tokens = runtime.decode_step(seqs).argmax(dim=-1).tolist()  # the engine's one device -> host copy
+        for seq, token in zip(seqs, tokens):
+            seq.token_ids.append(token)
+
+    return {"batch": len(seqs), **_profile(ctx, decode_step, repeats=steps, top=top)}
+
+
+@torch.inference_mode()
+def _prefill_once(runtime, prompts: list[list[int]]) -> None:
+    seqs = [runtime.add_sequence(p) for p in prompts]
+    try:
+        runtime.prefill(seqs).argmax(dim=-1).tolist()
+    finally:
+        for seq in seqs:
+            runtime.release(seq)
+
+
+def _profile(ctx: Context, step, repeats: int, top: int) -> dict:
+    """Wall ms per ``step()`` (each ends in a device -> host read), then the same under torch.profiler (CUDA)."""
+
+    def timed(n: int) -> float:
+        ctx.sync()
+        start = time.perf_counter()
+        for _ in range(n):
+            step()
+        return (time.perf_counter() - start) / n * 1e3
+
+    timed(2)  # warm: first replays, allocator, autotuning
+    row = {"wall_ms": timed(repeats)}
+    if ctx.device.type != "cuda":
+        return row
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        profiled_wall_ms = timed(repeats)
+    per_kernel_us: dict[str, float] = defaultdict(float)
+    launches = 0
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel_us[event.name] += event.time_range.elapsed_us()
+            launches += 1
+    by_category: dict[str, float] = defaultdict(float)
+    for name, us in per_kernel_us.items():
+        by_category[category(name)] += us
+    gpu_ms = sum(per_kernel_us.values()) / repeats / 1e3
+    ranked = sorted(per_kernel_us.items(), key=lambda kv: -kv[1])[:top]
+    row.update(
+        profiled_wall_ms=profiled_wall_ms,
+        gpu_ms=gpu_ms,
+        host_ms=max(0.0, row["wall_ms"] - gpu_ms),
+        kernels_per_step=launches / repeats,
+        gpu_ms_by_category={k: v / repeats / 1e3 for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])},
+        top_kernels=[{"name": name[:120], "ms_per_step": us / repeats / 1e3, "category": category(name)}
+                     for name, us in ranked],
+    )
+    return row
+
+
+def summary_lines(head: str, result: dict) -> list[str]:
+    lines = [f"{head} decode at context {result['workload']['context']}:"]
+    for r in result["rows"]:
+        lines += _row_lines(f"batch {r['batch']}", r, f" | bound {r['bound_ms']:.3f} ms ({100 * r['fraction_of_bound']:.1f}%)")
+    p = result["prefill"]
+    lines += _row_lines(f"prefill {p['sequences']} x {p['tokens'] // p['sequences']} tokens", p, f" | {p['tok_s']:.0f} tok/s")
+    return lines
+
+
+def _row_lines(label: str, r: dict, extra: str) -> list[str]:
+    if "gpu_ms" not in r:
+        return [f"{'':<11} {label}: {r['wall_ms']:.3f} ms/step{extra} (no device profile on this device)"]
+    lines = [f"{'':<11} {label}: {r['wall_ms']:.3f} ms/step = GPU {r['gpu_ms']:.3f} + host {r['host_ms']:.3f}, "
+             f"{r['kernels_per_step']:.0f} kernels/step{extra}"]
+    return lines + [f"{'':<15}{ms:8.3f} ms  {name}" for name, ms in r["gpu_ms_by_category"].items()]
