@@ -45,8 +45,8 @@ lane0() {  # arguments: the stage end time (seconds from the start)
         || touch "$WORK/skinny_gemm_failed"
     touch "$WORK/verdict"
     skinny_verdict
-    stage step_profile 130 "$1" python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
     stage prefix 110 "$1" python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
+    stage step_profile 130 "$1" python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
 }
 lane1() {
     stage test_compile 150 "$1" python3 -m pytest -q -x tests/test_compile_gpu.py -p no:cacheprovider --durations=5
