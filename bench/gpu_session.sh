@@ -2,8 +2,8 @@
 # One device call (carry .whl, timeout 600) that checks and measures the engine as it is now. On one H200 the stages
 # run one after another; on nvidia-h200-x2 they run as two single-GPU lanes, then tensor parallelism on both GPUs.
 #   lane 0 (GPU 0): the skinny-GEMM kernel tests (tests/test_kernels_cuda.py -k linear; if they fail, every later
-#                   stage runs with CE_SKINNY_GEMM=0, i.e. cuBLAS, and the log says so), bench step_profile
-#                   (batch 1/8/64/256: GPU ms by kernel category, host ms, kernels per step), bench prefix (off/on);
+#                   stage runs with CE_SKINNY_GEMM=0, i.e. cuBLAS, and the log says so), bench prefix (off/on), bench
+#                   step_profile (batch 1/8/64/256 and one prefill step: GPU ms by kernel category, host ms, kernels);
 #   lane 1 (GPU 1, or GPU 0 afterwards): the compiled-decode tests (tests/test_compile_gpu.py: CUDA graphs captured,
 #                   compiled == eager), bench latency + throughput (TP=1), throughput with prefix caching on;
 #   two GPUs only:  tests/test_tensor_parallel_gpu.py (TP=2 == TP=1 over NCCL, CUDA graphs), then bench latency +
