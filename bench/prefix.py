@@ -2,9 +2,14 @@
 suffixes, 64 greedy new tokens each), with prefix caching off and on.
 
 What is timed: one ``LLM.generate`` of all requests, per mode, after a warm-up whose prompts use a DIFFERENT prefix
-(kernels warm, prefix cache cold: the first request of the timed run computes the shared prefix). Reported: wall
-time, output tok/s, total (prompt + output) tok/s, TTFT/TPOT percentiles, cached prompt tokens when the engine
-reports them (``RequestOutput.num_cached_tokens``), and the on/off speed-up.
+(kernels warm, prefix cache cold: the first request of the timed run computes the shared prefix). The warm-up has
+as many requests as the timed run (``warmup_requests``, default ``num_requests``) and 2 new tokens each, so its
+prefill steps have the timed run's shapes: a Triton kernel specialised on a step's sequence count (e.g. a power of
+two of it) compiles during the warm-up, not inside a timed TTFT. ``-p prefix.warmup_requests=2`` is the old, lighter
+warm-up. Reported: wall time, output tok/s, total (prompt + output) tok/s, TTFT/TPOT percentiles, cached prompt
+tokens when the engine reports them (``RequestOutput.num_cached_tokens``), the on/off speed-up, and where the time
+went: engine steps by kind, prompt tokens computed by prefill steps, host seconds in prefill and in decode steps,
+and the slowest steps (kind, sequences, tokens, seconds), for the warm-up and the timed run.
 "on" needs ``LLM(..., enable_prefix_caching=True)``; an engine that rejects the keyword (TypeError) is reported as
 "prefix caching not available", and "off" then runs the engine as it is (it has no prefix cache).
 Bound: the decode-only memory bound of the workload (bench/bounds.py); with the shared prefix computed once, the
@@ -40,12 +45,13 @@ def run(
     suffix_len: int = 64,
     new_tokens: int = 64,
     seed: int = 0,
-    warmup_requests: int = 2,
+    warmup_requests: int | None = None,
 ) -> dict:
     ctx.require(*requirements(num_requests, prefix_len, suffix_len, new_tokens))
     vocab = ctx.model_config.vocab_size
     prompts = workload(num_requests, prefix_len, suffix_len, seed, vocab)
-    warmup = workload(warmup_requests, prefix_len, suffix_len, seed + 1, vocab)
+    warmup = workload(num_requests if warmup_requests is None else warmup_requests, prefix_len, suffix_len, seed + 1,
+                      vocab)
     modes: dict[str, dict] = {}
     for mode, enabled in (("off", False), ("on", True)):
         current = ctx.current_llm()
@@ -61,9 +67,15 @@ def run(
                 modes[mode] = {"available": False, "note": f"{UNAVAILABLE}: LLM rejects enable_prefix_caching ({e})"}
                 continue
             llm = ctx.llm()  # an engine without the knob has no prefix cache: this is "off"
+        warmup_steps = None
         if warmup:
-            llm.generate(warmup, greedy(2), use_tqdm=False)
-        modes[mode] = {"available": True, **_timed(ctx, llm, prompts, new_tokens), "engine": ctx.engine_summary(),
+            with StepLog(llm) as log:
+                llm.generate(warmup, greedy(2), use_tqdm=False)
+            warmup_steps = log.summary()
+        with StepLog(llm) as log:
+            timed = _timed(ctx, llm, prompts, new_tokens)
+        modes[mode] = {"available": True, **timed, "steps": log.summary(), "warmup_steps": warmup_steps,
+                       "engine": ctx.engine_summary(),
                        "enable_prefix_caching": getattr(llm.runtime.config, "enable_prefix_caching", None)}
 
     mb = ctx.model_bytes()
@@ -110,6 +122,77 @@ def _timed(ctx: Context, llm, prompts: list[list[int]], new_tokens: int) -> dict
         "snapshot_bytes": _snapshot_bytes(llm),
         **request_timings(outputs),
     }
+
+
+class StepLog:
+    """Times every engine step of one ``generate`` (host wall time between the step's call and its return: the
+    step's sampled tokens come back to the host inside it, so a step that yields a token includes its device time).
+
+    Wraps ``llm.engine.step`` and ``llm.engine.scheduler.schedule`` on the instances for the duration of the ``with``
+    block; an engine without them is left alone and the summary is empty.
+    """
+
+    SLOWEST = 5
+
+    def __init__(self, llm):
+        self.engine = getattr(llm, "engine", None)
+        self.scheduler = getattr(self.engine, "scheduler", None)
+        self.steps: list[tuple[str, int, int, float]] = []  # (kind, sequences, tokens, seconds)
+        self.held_back = 0
+
+    def __enter__(self) -> "StepLog":
+        if self.engine is None or self.scheduler is None:
+            return self
+        engine, scheduler = self.engine, self.scheduler
+        step, schedule = engine.step, scheduler.schedule
+        held_before = getattr(scheduler, "num_held_back", 0)
+        batch_of_step = []
+
+        def logged_schedule():
+            batch = schedule()
+            batch_of_step.append(batch)
+            return batch
+
+        def logged_step():
+            batch_of_step.clear()
+            start = time.perf_counter()
+            outputs = step()
+            seconds = time.perf_counter() - start
+            batch = batch_of_step[0] if batch_of_step else None
+            if batch is not None:
+                kind = "prefill" if batch.is_prefill else "decode"
+                self.steps.append((kind, len(batch.seqs), sum(batch.num_tokens), seconds))
+            return outputs
+
+        wrapped_before = ("step" in vars(engine), "schedule" in vars(scheduler))
+
+        def restore():
+            for obj, name, original, was_attribute in ((engine, "step", step, wrapped_before[0]),
+                                                       (scheduler, "schedule", schedule, wrapped_before[1])):
+                if was_attribute:
+                    setattr(obj, name, original)
+                else:
+                    delattr(obj, name)  # back to the class's method
+            self.held_back = getattr(scheduler, "num_held_back", 0) - held_before
+
+        engine.step, scheduler.schedule = logged_step, logged_schedule
+        self._restore = restore
+        return self
+
+    def __exit__(self, *exc) -> None:
+        restore = getattr(self, "_restore", None)
+        if restore is not None:
+            restore()
+
+    def summary(self) -> dict:
+        by_kind = {}
+        for kind in ("prefill", "decode"):
+            steps = [s for s in self.steps if s[0] == kind]
+            by_kind[kind] = {"steps": len(steps), "tokens": sum(s[2] for s in steps),
+                             "host_s": sum(s[3] for s in steps)}
+        slowest = sorted(self.steps, key=lambda s: -s[3])[: self.SLOWEST]
+        return {**by_kind, "held_back": self.held_back,
+                "slowest": [{"kind": k, "seqs": n, "tokens": t, "s": round(sec, 4)} for k, n, t, sec in slowest]}
 
 
 def _snapshot_bytes(llm) -> int | None:

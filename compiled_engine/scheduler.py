@@ -8,12 +8,15 @@ Prefill goes first, so new requests join while others decode. A sequence holds i
 until it finishes, is aborted or is preempted. When a decode step needs a KV block and none is free, the most
 recently admitted running sequence is preempted: its blocks and slot are freed and it goes back to the front of
 the waiting queue with its tokens so far; it is recomputed later and its output is unchanged.
-With prefix caching, admission starts a sequence after its cached prefix, and prefill chunks end at snapshot
-boundaries (compiled_engine/prefix_cache.py).
+With prefix caching, admission starts a sequence after its cached prefix, prefill chunks end at snapshot
+boundaries (compiled_engine/prefix_cache.py), and a waiting sequence whose prefix a running sequence is computing
+right now is held back (keeping its place; the ones behind it may pass) until that prefix's snapshot exists, so
+requests that arrive together with a shared prefix compute it once, not once each.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -39,6 +42,12 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self.num_preemptions = 0
+        # Counters (cumulative): steps by kind, prompt tokens computed by prefill steps, and how many times a
+        # waiting sequence was held back for a prefix that a running one was computing.
+        self.num_prefill_steps = 0
+        self.num_decode_steps = 0
+        self.num_prefill_tokens = 0
+        self.num_held_back = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -51,6 +60,12 @@ class Scheduler:
         batch = self._schedule_prefill()
         if batch is None:
             batch = self._schedule_decode()
+        if batch is not None:
+            if batch.is_prefill:
+                self.num_prefill_steps += 1
+                self.num_prefill_tokens += sum(batch.num_tokens)
+            else:
+                self.num_decode_steps += 1
         return batch
 
     def finish(self, seq: Sequence) -> None:
@@ -78,27 +93,56 @@ class Scheduler:
                 seqs.append(seq)
                 counts.append(n)
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            hit = self.runtime.find_cached_prefix(seq)
-            cached = hit.num_tokens if hit is not None else 0
-            n = self._chunk(seq, cached, budget)
-            need = math.ceil((cached + n) / self.runtime.config.block_size)
-            if hit is not None:  # shared blocks need no allocation, but unowned ones leave the free pool
-                need += hit.num_evictable - len(hit.blocks)
-            if need > blocks_free:
-                break
-            blocks_free -= need
-            self.waiting.popleft()
-            self.runtime.assign_slot(seq, hit)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            seqs.append(seq)
-            counts.append(n)
-            budget -= n
+        # Then waiting sequences (their prefix-cache hits restored together, after the loop).
+        prefix_cache = self.runtime.prefix_cache
+        with prefix_cache.batched_restores() if prefix_cache is not None else contextlib.nullcontext():
+            self._admit(seqs, counts, budget, blocks_free)
         if not seqs:
             return None
         return ScheduledBatch(True, seqs, counts)
+
+    def _admit(self, seqs: list[Sequence], counts: list[int], budget: int, blocks_free: int) -> None:
+        """Admit waiting sequences into this prefill batch (appending to ``seqs`` and ``counts``), first come first
+        served, while the token budget, the free blocks and ``max_num_seqs`` allow.
+
+        With prefix caching, a sequence whose prefix a running sequence is computing right now (its chained block
+        hash at a snapshot boundary beyond its own cached prefix is one the running sequence will snapshot) is held
+        back, keeping its place at the front of the queue, until that snapshot exists: admitting it would compute
+        the same tokens a second time. The sequences behind it may go first.
+        """
+        prefix_cache = self.runtime.prefix_cache
+        pending: set[bytes] | None = None  # upcoming snapshot keys of the running sequences (built when needed)
+        held: list[Sequence] = []
+        try:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                seq = self.waiting[0]
+                hit = self.runtime.find_cached_prefix(seq)
+                cached = hit.num_tokens if hit is not None else 0
+                if prefix_cache is not None and self.running:
+                    if pending is None:
+                        pending = {key for s in self.running for key in prefix_cache.upcoming_snapshot_keys(s)}
+                    if pending and prefix_cache.would_wait_for(seq, cached, pending):
+                        held.append(self.waiting.popleft())
+                        self.num_held_back += 1
+                        continue
+                n = self._chunk(seq, cached, budget)
+                need = math.ceil((cached + n) / self.runtime.config.block_size)
+                if hit is not None:  # shared blocks need no allocation, but unowned ones leave the free pool
+                    need += hit.num_evictable - len(hit.blocks)
+                if need > blocks_free:
+                    break
+                blocks_free -= need
+                self.waiting.popleft()
+                self.runtime.assign_slot(seq, hit)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                seqs.append(seq)
+                counts.append(n)
+                budget -= n
+                if pending is not None:
+                    pending.update(prefix_cache.upcoming_snapshot_keys(seq))
+        finally:
+            self.waiting.extendleft(reversed(held))  # back at the front, in their order
 
     def _chunk(self, seq: Sequence, start: int, budget: int) -> int:
         """Tokens to compute from ``start``: all that remain, within the budget, ending at a snapshot boundary."""

@@ -112,6 +112,9 @@ def test_throughput(smoke):
 def test_prefix(smoke):
     r = smoke[2]["prefix"]
     assert positive(r["off"]["output_tok_s"])
+    steps = r["off"]["steps"]  # where the time went: steps by kind, prefill tokens, the slowest steps
+    assert steps["prefill"]["steps"] > 0 and steps["decode"]["steps"] > 0 and steps["slowest"]
+    assert steps["prefill"]["tokens"] == 3 * (16 + 4)  # 3 prompts of prefix_len + suffix_len, no cache
     if r["prefix_caching_available"]:
         assert positive(r["on"]["output_tok_s"]) and positive(r["speedup_on_vs_off"])
     else:

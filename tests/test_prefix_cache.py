@@ -114,6 +114,52 @@ def test_prompts_diverging_mid_block(cached_llm, plain_llm):
     assert_clean(cached_llm)
 
 
+def test_shared_prefix_arriving_together_is_computed_once(cached_llm, plain_llm, load_hf_model):
+    """Requests that share a never-seen prefix and arrive together: the first computes it, the others wait for its
+    snapshot instead of computing the same tokens in the same steps, and then skip it (on the cold run)."""
+    rng = random.Random(7)
+    prefix = random_tokens(rng, 3 * INTERVAL)
+    prompts = [prefix + random_tokens(rng, rng.randrange(2, 20)) for _ in range(5)]  # >= 2: prefill, not decode
+    expected = [o.token_ids for o in plain_llm.generate(prompts, GREEDY, use_tqdm=False)]
+    scheduler = cached_llm.engine.scheduler
+    before = scheduler.num_prefill_tokens
+    got = cached_llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in got] == expected
+    assert [o.num_cached_tokens for o in got] == [0] + [3 * INTERVAL] * 4
+    # The prefix once, then each prompt's own tokens (and nothing for the generated tokens: those are decode steps).
+    assert scheduler.num_prefill_tokens - before == len(prompts[0]) + sum(len(p) - 3 * INTERVAL for p in prompts[1:])
+    model = load_hf_model(VARIANT)
+    assert got[1].token_ids == hf_models.hf_greedy(model, prompts[1], GREEDY.max_tokens)
+    assert_clean(cached_llm)
+
+
+def test_held_back_requests_keep_their_place_and_let_others_pass(cached_llm, plain_llm):
+    """A request waiting for a prefix being computed keeps its place in the queue; an unrelated request behind it
+    is admitted at once, and the sharing ones are admitted, in order, once the prefix's snapshot exists."""
+    rng = random.Random(8)
+    prefix = random_tokens(rng, 2 * INTERVAL)
+    shared = [prefix + random_tokens(rng, 5 + i) for i in range(3)]
+    other = random_tokens(rng, 40)
+    prompts = shared + [other]
+    expected = [o.token_ids for o in plain_llm.generate(prompts, GREEDY, use_tqdm=False)]
+    engine = cached_llm.engine
+    ids = [engine.add_request(None, p, GREEDY) for p in prompts]
+    engine.step()  # admits shared[0] (its first interval: chunks end at snapshot boundaries) and the unrelated one
+    scheduler = engine.scheduler
+    waiting = [s.token_ids for s in scheduler.waiting]
+    assert waiting == shared[1:]
+    assert sorted(s.token_ids[: s.num_prompt_tokens] for s in scheduler.running) == sorted([shared[0], other])
+    outputs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out
+    got = [outputs[i] for i in ids]
+    assert [o.token_ids for o in got] == expected
+    assert [o.num_cached_tokens for o in got] == [0, 2 * INTERVAL, 2 * INTERVAL, 0]
+    assert_clean(cached_llm)
+
+
 def test_eviction_under_a_small_budget(path, plain_llm):
     """One snapshot and few KV blocks: snapshots and blocks are evicted, outputs never change."""
     llm = make_llm(path, enable_prefix_caching=True, prefix_snapshot_interval=INTERVAL, num_prefix_snapshots=1,
@@ -125,6 +171,23 @@ def test_eviction_under_a_small_budget(path, plain_llm):
     for _ in range(2):
         assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
     assert llm.runtime.prefix_cache.num_snapshots == 1
+    assert_clean(llm)
+
+
+def test_held_back_requests_with_preemption(path, plain_llm):
+    """Few KV blocks, shared prefixes arriving together, long outputs: sequences are held back for a prefix being
+    computed while others are preempted (and recomputed, with hits); outputs never change and nothing leaks."""
+    llm = make_llm(path, enable_prefix_caching=True, prefix_snapshot_interval=INTERVAL, num_prefix_snapshots=4,
+                   num_kv_blocks=20, max_model_len=256, max_num_batched_tokens=64)
+    rng = random.Random(9)
+    prefixes = [random_tokens(rng, 2 * INTERVAL + 7), random_tokens(rng, INTERVAL + 3)]
+    prompts = [prefixes[i % 2] + random_tokens(rng, rng.randrange(1, 12)) for i in range(6)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randrange(20, 60), ignore_eos=True) for _ in prompts]
+    expected = [o.token_ids for o in plain_llm.generate(prompts, params, use_tqdm=False)]
+    scheduler = llm.engine.scheduler
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in got] == expected
+    assert scheduler.num_preemptions > 0 and scheduler.num_held_back > 0
     assert_clean(llm)
 
 

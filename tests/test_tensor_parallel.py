@@ -91,6 +91,8 @@ def test_tp2_with_prefix_caching_equals_tp1_and_hits(build_hf_model):
         warm = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in cold] == expected
     assert [o.token_ids for o in warm] == expected
+    # Cold: the later two wait for the first one's snapshot, then both restore it (rank 0 in one batched copy).
+    assert [o.num_cached_tokens for o in cold] == [0, 128, 128]
     assert all(o.num_cached_tokens == 128 for o in warm)
 
 
