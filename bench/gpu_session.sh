@@ -4,6 +4,7 @@
 #   lane 0 (GPU 0): the skinny-GEMM kernel tests (tests/test_kernels_cuda.py -k linear; if they fail, every later
 #                   stage runs with CE_SKINNY_GEMM=0, i.e. cuBLAS, and the log says so), bench prefix (off/on), bench
 #                   step_profile (batch 1/8/64/256 and one prefill step: GPU ms by kernel category, host ms, kernels);
+#                   also the prefill kernels' tests (tests/test_kernels_cuda.py -k prefill);
 #   lane 1 (GPU 1, or GPU 0 afterwards): the compiled-decode tests (tests/test_compile_gpu.py: CUDA graphs captured,
 #                   compiled == eager), bench latency + throughput (TP=1), throughput with prefix caching on;
 #   two GPUs only:  tests/test_tensor_parallel_gpu.py (TP=2 == TP=1 over NCCL, CUDA graphs), then bench latency +
@@ -45,6 +46,7 @@ lane0() {  # arguments: the stage end time (seconds from the start)
         || touch "$WORK/skinny_gemm_failed"
     touch "$WORK/verdict"
     skinny_verdict
+    stage test_prefill_kernels 60 "$1" python3 -m pytest -q tests/test_kernels_cuda.py -k prefill -p no:cacheprovider
     stage prefix 110 "$1" python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
     stage step_profile 130 "$1" python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
 }

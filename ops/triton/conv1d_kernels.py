@@ -24,8 +24,15 @@ import torch
 import triton
 import triton.language as tl
 
+# The binary search for each token's sequence takes at least this many steps (up to 512 sequences in a step), so the
+# kernel is compiled once, not once per power of two of the step's sequence count (each new variant would be compiled
+# in the middle of serving, stalling that step ~1 s). Nine steps over an L1-resident cu_seqlens cost next to nothing.
+MIN_SEARCH_BITS = 9
 
-@triton.jit
+
+# Counts are not specialised (Triton would compile a variant for "divisible by 16" and one for "== 1"): a prefill
+# step's token and sequence counts change every step, and a new variant compiled mid-serving stalls that step ~1 s.
+@triton.jit(do_not_specialize=["num_tokens", "num_seqs"])
 def _conv_prefill_out_kernel(
     x,
     weight,
@@ -154,7 +161,7 @@ def causal_conv1d_prefill(
             *conv_state.stride(),
             *out.stride(),
             WIDTH=width,
-            SEARCH_BITS=max(1, num_seqs.bit_length()),
+            SEARCH_BITS=max(MIN_SEARCH_BITS, num_seqs.bit_length()),
             BLOCK_T=block_t,
             BLOCK_C=block_c,
             num_warps=4,

@@ -28,6 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
+# Prefill tiles find their sequence by a prefix sum over the step's sequence lengths, SEQS_P wide. At least 256 wide,
+# so the kernel is compiled once for every step of up to 256 sequences instead of once per power of two (a variant
+# compiled in the middle of serving stalls that step ~1 s); 256 lengths per program are a negligible load.
+MIN_SEQS_P = 256
+
 LOG2E = math.log2(math.e)
 # An "empty" running max: finite, so exp2(m_old - m_new) never evaluates -inf - (-inf) = nan for a row or split
 # that has seen no key yet; any real score is far above it.
@@ -311,7 +316,7 @@ def paged_attention_decode(
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])  # a new count every step: no "divisible by 16" / "== 1" variants
 def _paged_prefill_kernel(
     q_ptr,
     k_cache,
@@ -468,7 +473,7 @@ def paged_attention_prefill(
         BLOCK_SIZE=block_size,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        SEQS_P=triton.next_power_of_2(num_seqs),
+        SEQS_P=max(MIN_SEQS_P, triton.next_power_of_2(num_seqs)),
         DOT_FP32=_dot_fp32(q, k_cache),
         num_warps=num_warps,
     )
