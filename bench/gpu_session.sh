@@ -2,9 +2,9 @@
 # One device call (carry .whl, timeout 600) that checks and measures the engine as it is now. On one H200 the stages
 # run one after another; on nvidia-h200-x2 they run as two single-GPU lanes, then tensor parallelism on both GPUs.
 #   lane 0 (GPU 0): the skinny-GEMM kernel tests (tests/test_kernels_cuda.py -k linear; if they fail, every later
-#                   stage runs with CE_SKINNY_GEMM=0, i.e. cuBLAS, and the log says so), bench prefix (off/on), bench
-#                   step_profile (batch 1/8/64/256 and one prefill step: GPU ms by kernel category, host ms, kernels);
-#                   also the prefill kernels' tests (tests/test_kernels_cuda.py -k prefill);
+#                   stage runs with CE_SKINNY_GEMM=0, i.e. cuBLAS, and the log says so), the prefill kernels' tests
+#                   (-k prefill), bench step_profile (batch 1/8/64/256 and one prefill step: GPU ms by kernel
+#                   category, host ms, kernels per step; it compiles the decode graphs cold), bench prefix (off/on);
 #   lane 1 (GPU 1, or GPU 0 afterwards): the compiled-decode tests (tests/test_compile_gpu.py: CUDA graphs captured,
 #                   compiled == eager), bench latency + throughput (TP=1), throughput with prefix caching on;
 #   two GPUs only:  tests/test_tensor_parallel_gpu.py (TP=2 == TP=1 over NCCL, CUDA graphs), then bench latency +
@@ -46,9 +46,9 @@ lane0() {  # arguments: the stage end time (seconds from the start)
         || touch "$WORK/skinny_gemm_failed"
     touch "$WORK/verdict"
     skinny_verdict
-    stage test_prefill_kernels 60 "$1" python3 -m pytest -q tests/test_kernels_cuda.py -k prefill -p no:cacheprovider
-    stage prefix 110 "$1" python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
+    stage test_prefill_kernels 45 "$1" python3 -m pytest -q tests/test_kernels_cuda.py -k prefill -p no:cacheprovider
     stage step_profile 130 "$1" python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
+    stage prefix 110 "$1" python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
 }
 lane1() {
     stage test_compile 150 "$1" python3 -m pytest -q -x tests/test_compile_gpu.py -p no:cacheprovider --durations=5
