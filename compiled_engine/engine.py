@@ -150,7 +150,7 @@ class LLMEngine:
                 self._finish(request, reason)
                 del self.requests[request.request_id]
             elif request.params.output_kind is RequestOutputKind.FINAL_ONLY:
-                continue  # building an output copies the whole sequence: O(batch x length) a step for nothing
+                continue  # an output copies the generated tokens: O(batch x length) a step, for nobody
             outputs.append(self._output(request, [token]))
         return outputs
 
