@@ -71,13 +71,12 @@ def pack_step(seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_s
     state_slots = [seq.state_slot for seq in seqs]
     width = max(len(seq.block_table) for seq in seqs)
     head = len(context_lens) + len(state_slots) + len(cu_seqlens)
-    int32 = np.full(head + num_seqs * width, NULL_BLOCK, dtype=np.int32)  # tables: the null block beyond their end
-    int32[:head] = context_lens + state_slots + cu_seqlens
-    tables = int32[head:].reshape(num_seqs, width)
-    for row, seq in zip(tables, seqs):
+    packed32 = np.full(head + num_seqs * width, NULL_BLOCK, dtype=np.int32)  # tables: the null block beyond their end
+    packed32[:head] = context_lens + state_slots + cu_seqlens
+    for row, seq in zip(packed32[head:].reshape(num_seqs, width), seqs):
         row[: len(seq.block_table)] = seq.block_table
     int64 = torch.tensor(input_ids + positions + slot_mapping, dtype=torch.long)
-    int32 = torch.from_numpy(int32)
+    int32 = torch.from_numpy(packed32)
     if device.type == "cuda":
         int64 = int64.pin_memory().to(device, non_blocking=True)
         int32 = int32.pin_memory().to(device, non_blocking=True)
