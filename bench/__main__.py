@@ -156,22 +156,25 @@ def run(names, modules, kwargs, args, argv) -> int:
                 results[name] = {"scenario": name, "error": message, "traceback": trace}
             ctx.write(name, results[name])
 
-    # Scenarios that build engines of their own (prefix: caching on/off) go last, after every HF part, so the
-    # shared engine is built once.
-    shared = [n for n in names if not getattr(modules[n], "OWN_ENGINES", False)]
-    for name in shared:
-        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-        attempt(name, modules[name].run)
-    if args.vs_hf:
+    try:
+        # Scenarios that build engines of their own (prefix: caching on/off) go last, after every HF part, so the
+        # shared engine is built once.
+        shared = [n for n in names if not getattr(modules[n], "OWN_ENGINES", False)]
         for name in shared:
-            run_hf = getattr(modules[name], "run_hf", None)
-            if run_hf is not None and "error" not in results[name]:
-                print(f"[bench] {name} vs HF ...", file=sys.stderr, flush=True)
-                attempt(name, run_hf, results[name])
-    for name in names:
-        if name not in shared:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             attempt(name, modules[name].run)
+        if args.vs_hf:
+            for name in shared:
+                run_hf = getattr(modules[name], "run_hf", None)
+                if run_hf is not None and "error" not in results[name]:
+                    print(f"[bench] {name} vs HF ...", file=sys.stderr, flush=True)
+                    attempt(name, run_hf, results[name])
+        for name in names:
+            if name not in shared:
+                print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+                attempt(name, modules[name].run)
+    finally:  # TP workers sit in a collective until told to stop: an exit without close() hung (run_tp2, 2026-11-29)
+        ctx.release_llm()
     lines = header(results) + summary_lines(results)
     print("\n".join(lines))
     print(f"[bench] results in {out}", file=sys.stderr)

@@ -146,9 +146,12 @@ class Context:
         return None
 
     def release_llm(self) -> None:
+        """Close the shared engine (its tensor-parallel workers stop now, not whenever the interpreter exits)."""
         if self._llm is None:
             return
-        self._llm = self._llm_key = None
+        llm, self._llm, self._llm_key = self._llm, None, None
+        llm.close()
+        del llm
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

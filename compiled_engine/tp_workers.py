@@ -14,6 +14,7 @@ reports its traceback and exits; the driver's next collective then fails and the
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import time
@@ -72,6 +73,10 @@ class TensorParallelWorkers:
         for process in self.processes:
             process.start()
         self.closed = False
+        # An owner that never calls close() must not hang the interpreter's exit: the workers would sit in their
+        # next broadcast, and rank 0's process group in its teardown (the TP=2 bench did, 2026-11-29). atexit runs
+        # this before multiprocessing's own exit handler, which was registered earlier.
+        atexit.register(self.shutdown)
         try:
             dist.init_process_group(
                 backend_for(device),
@@ -152,6 +157,7 @@ class TensorParallelWorkers:
     def abort(self) -> None:
         """Kill the workers without a goodbye: after a failed step they may sit in a collective rank 0 left."""
         self.closed = True
+        atexit.unregister(self.shutdown)
         for process in self.processes:
             if process.is_alive():
                 process.kill()
@@ -164,6 +170,7 @@ class TensorParallelWorkers:
         if self.closed:
             return
         self.closed = True
+        atexit.unregister(self.shutdown)
         if dist.is_initialized():
             alive = all(p.is_alive() for p in self.processes)
             try:
@@ -202,6 +209,11 @@ def receive_step(header: list[int], device: torch.device) -> tuple[StepInputs, b
     for tensor in tensors:
         dist.broadcast(tensor, 0)
     step = StepInputs(*tensors[:6], cu_seqlens=tensors[6] if is_prefill else None, is_prefill=bool(is_prefill))
+    if is_prefill:
+        # One int64 copy for the whole step, which every linear layer hands FLA: it derives the chunk indices (with
+        # a host sync) in the first layer only and memoises them on this object's identity for the others. Rank 0
+        # has them from pack_step, computed on the host; a worker does not know the lengths on the host.
+        step.cu_seqlens_long = step.cu_seqlens.long()
     return step, bool(all_logits)
 
 
@@ -255,7 +267,7 @@ def serve(runtime, rank: int, device: torch.device) -> None:
         if command == CMD_STEP:
             _maybe_fail(rank, "step")
             step, all_logits = receive_step(values, device)
-            runtime.execute(step, all_logits)
+            runtime.execute(step, all_logits, copy=False)  # rank 0 samples: this rank's logits are dropped
         elif command == CMD_RESET_SLOT:
             reset_state_slot(runtime.model, values[1])
         elif command == CMD_SNAPSHOT_SAVE:

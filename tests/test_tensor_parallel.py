@@ -113,3 +113,33 @@ def test_startup_reports_arriving_out_of_order_are_not_errors():
     workers.stages_seen = {1: set(), 2: {"loaded"}}
     with pytest.raises(WorkerError, match="worker 1 failed"):
         workers.wait_for("loaded")
+
+
+
+def run_tp_engine_without_close(model_path: str, device: str) -> None:
+    """A TP=2 engine that is never closed, in a subprocess: its exit must stop the workers, not hang on them.
+
+    Workers wait in a broadcast until told to stop. With NCCL, an exit that skipped close() hung until killed (the
+    TP=2 bench, 2026-11-29); gloo's teardown is more forgiving, so the CUDA run is the sharp one
+    (tests/test_tensor_parallel_gpu.py).
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "from compiled_engine import LLM, SamplingParams\n"
+        f"llm = LLM({model_path!r}, device={device!r}, enforce_eager=True, max_model_len=64, tensor_parallel_size=2)\n"
+        "out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)\n"
+        "print('generated', len(out[0].token_ids))\n"
+    )
+    repo = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "generated 2" in done.stdout
+
+
+def test_a_tp_engine_never_closed_still_lets_the_interpreter_exit(tmp_path):
+    from compiled_engine.tiny_model import ensure_tiny_model
+
+    run_tp_engine_without_close(ensure_tiny_model(str(tmp_path / "tiny")), "cpu")
