@@ -97,6 +97,10 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
         from bench.step_profile import summary_lines as profile_lines
 
         lines += profile_lines(head, r)
+    elif scenario == "snapshot_methods":
+        from bench.snapshot_methods import summary_lines as snapshot_lines
+
+        lines += snapshot_lines(head, r)
     else:
         lines.append(f"{head} (no summary for {scenario!r})")
     if "hf_error" in r:

@@ -212,3 +212,27 @@ def test_step_profile_categories():
     assert category("triton_poi_fused_add_mul_0") .startswith("Inductor-fused")
     assert category("Memcpy HtoD (Pinned -> Device)") == "copies and fills"
     assert category("something_new") == "other"
+
+
+def test_snapshot_methods_skips_on_cpu(smoke):
+    """GPU only (FLA's Triton kernels): on the CPU it records why, with the 0.8B layer shape it would time."""
+    r = smoke[2]["snapshot_methods"]
+    assert "CUDA device" in r["skipped"] and "methods" not in r
+    w = r["workload"]
+    assert (w["seqs"], w["seq_len"], w["interval"], w["snapshots_per_seq"]) == (4, 2048, 512, 4)
+    assert w["layer_shape"]["v_heads"] == 16 and w["layer_shape"]["key_dim"] == 128
+    assert w["layer_shape"]["linear_layers"] == 18
+
+
+def test_snapshot_methods_boundary_indexing():
+    """The per-chunk state before chunk 8 j of sequence n is the state after 512 j of its tokens."""
+    from bench.snapshot_methods import boundary_chunks, split_at_boundaries
+
+    assert boundary_chunks(2, 2048, 512, "cpu").tolist() == [8, 16, 24, 40, 48, 56]
+    assert boundary_chunks(3, 512, 512, "cpu").numel() == 0  # one boundary per sequence: the final state
+    t = torch.arange(2 * 256).view(1, -1, 1).float()  # token ids of 2 packed sequences of 256
+    x = {"q": t, "k": t, "v": t, "g": t[..., 0], "beta": t[..., 0], "cu": torch.tensor([0, 256, 512])}
+    parts = split_at_boundaries(x, 2, 256, 128)
+    assert [p["q"].flatten()[[0, 127, 128, 255]].tolist() for p in parts] == [[0, 127, 256, 383],
+                                                                              [128, 255, 384, 511]]
+    assert all(p["cu"].tolist() == [0, 128, 256] for p in parts)
