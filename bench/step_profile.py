@@ -7,7 +7,10 @@ plainly (wall ms per step), then again under ``torch.profiler``. Per step it rep
   * host ms = wall - GPU: each step waits for its tokens, so host work and GPU work of a step do not overlap and
     the difference is time the GPU sat idle waiting for the host (input packing, graph launch, sampling, Python);
   * kernels launched per step, and GPU time by category (bench/step_profile.py ``CATEGORIES``) with the top
-    kernels by total time.
+    kernels by total time;
+  * device -> host copies per step: each one (``.item()``, ``.tolist()``, a ``repeat_interleave`` sizing its output)
+    makes the host wait for the GPU to drain. The step's own read-back is one; a prefill step used to add one per
+    linear layer (FLA deriving its chunk table, bench/NOTES.md "Next" 3).
 Prefill: ``prefill_seqs`` fresh sequences of ``prefill_len`` tokens in one ``Runtime.prefill`` step (8,192 tokens
 by default: the engine's ``max_num_batched_tokens``), measured the same way (its logits' argmax read back).
 On a CPU there are no device kernels: only wall ms is reported (the harness's smoke test runs it there).
@@ -99,7 +102,7 @@ def _profile_batch(ctx: Context, runtime, seqs, steps: int, top: int) -> dict:
             seq.token_ids.append(token)
 
     def decode_step() -> None:
-        tokens = runtime.decode_step(seqs).argmax(dim=-1).tolist()  # the engine's one device -> host copy
+        tokens = runtime.decode_step(seqs, copy=False).argmax(dim=-1).tolist()  # the engine's one device -> host copy
         for seq, token in zip(seqs, tokens):
             seq.token_ids.append(token)
 
@@ -134,11 +137,12 @@ def _profile(ctx: Context, step, repeats: int, top: int) -> dict:
     with torch.profiler.profile(activities=activities) as prof:
         profiled_wall_ms = timed(repeats)
     per_kernel_us: dict[str, float] = defaultdict(float)
-    launches = 0
+    launches = device_to_host = 0
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel_us[event.name] += event.time_range.elapsed_us()
             launches += 1
+            device_to_host += "dtoh" in event.name.lower()  # "Memcpy DtoH (Device -> Pageable)" and the like
     by_category: dict[str, float] = defaultdict(float)
     for name, us in per_kernel_us.items():
         by_category[category(name)] += us
@@ -149,6 +153,7 @@ def _profile(ctx: Context, step, repeats: int, top: int) -> dict:
         gpu_ms=gpu_ms,
         host_ms=max(0.0, row["wall_ms"] - gpu_ms),
         kernels_per_step=launches / repeats,
+        device_to_host_copies_per_step=device_to_host / repeats,
         gpu_ms_by_category={k: v / repeats / 1e3 for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])},
         top_kernels=[{"name": name[:120], "ms_per_step": us / repeats / 1e3, "category": category(name)}
                      for name, us in ranked],
@@ -169,5 +174,6 @@ def _row_lines(label: str, r: dict, extra: str) -> list[str]:
     if "gpu_ms" not in r:
         return [f"{'':<11} {label}: {r['wall_ms']:.3f} ms/step{extra} (no device profile on this device)"]
     lines = [f"{'':<11} {label}: {r['wall_ms']:.3f} ms/step = GPU {r['gpu_ms']:.3f} + host {r['host_ms']:.3f}, "
-             f"{r['kernels_per_step']:.0f} kernels/step{extra}"]
+             f"{r['kernels_per_step']:.0f} kernels/step, {r.get('device_to_host_copies_per_step', 0):.0f} device->host "
+             f"copies/step{extra}"]
     return lines + [f"{'':<15}{ms:8.3f} ms  {name}" for name, ms in r["gpu_ms_by_category"].items()]

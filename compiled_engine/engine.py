@@ -127,17 +127,21 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
+        seqs = batch.seqs
         if batch.is_prefill:
-            logits = self.runtime.prefill(batch.seqs, batch.num_tokens)
+            logits = self.runtime.prefill(seqs, batch.num_tokens)
+            # Only sequences whose every token is now computed produce a token (not the middle chunks of a prompt).
+            rows = [i for i, s in enumerate(seqs) if s.num_uncomputed_tokens == 0]
+            if not rows:
+                return []
+            if len(rows) != len(seqs):
+                seqs = [seqs[i] for i in rows]
+                logits = logits[torch.tensor(rows, device=logits.device)]
         else:
-            logits = self.runtime.decode_step(batch.seqs)
-        # Only sequences whose every token is now computed produce a token (not the middle chunks of a prompt).
-        rows = [i for i, s in enumerate(batch.seqs) if s.num_uncomputed_tokens == 0]
-        if not rows:
-            return []
-        requests = [self._request_of_seq[batch.seqs[i].seq_id] for i in rows]
-        if len(rows) != len(batch.seqs):
-            logits = logits[torch.tensor(rows, device=logits.device)]
+            # Every sequence gets a token. No copy: with a compiled decode these logits are the graph's output
+            # buffer, valid until the next decode step; they are sampled right here, before it.
+            logits = self.runtime.decode_step(seqs, copy=False)
+        requests = [self._request_of_seq[s.seq_id] for s in seqs]
         tokens = self._sample(requests, logits).tolist()  # the step's one device -> host copy
         now = time.perf_counter()
         outputs = []

@@ -61,8 +61,11 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(tokens, self.num_v_heads, self.head_v_dim)
         a, b = a.contiguous(), b.contiguous()
         if step.is_prefill:
+            # The step's own cu_seqlens_long and chunk_indices objects, the same in every layer: FLA derives nothing
+            # from them with a host sync, and memoises the rest on their identity (ops/delta_rule.py).
             o = torch.ops.ce.gated_delta_rule_prefill(
-                q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.cu_seqlens, step.state_slots
+                q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.cu_seqlens, step.state_slots,
+                step.cu_seqlens_long, step.chunk_indices,
             )
         else:
             o = torch.ops.ce.gated_delta_rule_decode(

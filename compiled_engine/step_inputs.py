@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence as Seq
 import numpy as np
 import torch
 
+from ops.delta_rule import host_chunk_indices
 from ops.library import NULL_BLOCK
 
 if TYPE_CHECKING:
@@ -32,6 +33,11 @@ class StepInputs:
     state_slots: torch.Tensor  # [N] int32: the row of each sequence in every linear layer's state pools
     cu_seqlens: torch.Tensor | None = None  # [N + 1] int32: prefill only; sequence n owns tokens [cu[n], cu[n+1])
     is_prefill: bool = False  # a Python bool: prefill and decode are different graphs
+    # Prefill only, optional: what the chunked delta rule (FLA) would otherwise derive from cu_seqlens in every linear
+    # layer, with a host sync each time (ops/delta_rule.py). Every layer passes these very objects: FLA memoises on
+    # their identity, so they are made anew for each step and never refilled in place.
+    cu_seqlens_long: torch.Tensor | None = None  # [N + 1] int64: cu_seqlens again
+    chunk_indices: torch.Tensor | None = None  # [num_chunks, 2] int64: (sequence, chunk of it) per 64-token chunk
 
     @property
     def num_sequences(self) -> int:
@@ -44,13 +50,28 @@ class StepInputs:
         return torch.arange(self.input_ids.shape[0], device=self.input_ids.device)
 
 
+_ALIGN = 16  # bytes: the alignment Triton specialises pointer arguments on
+
+
+def _offsets(sizes: list[int], multiple: int) -> list[int]:
+    """Start of each field, every start rounded up to ``multiple`` elements, then the total length."""
+    starts, end = [], 0
+    for size in sizes:
+        end = -(-end // multiple) * multiple
+        starts.append(end)
+        end += size
+    return starts + [end]
+
+
 def pack_step(seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_size: int, device: torch.device) -> StepInputs:
     """The StepInputs of computing the next ``counts[i]`` tokens of each sequence (its blocks already reserved).
 
     Reads each sequence's tokens, ``num_computed_tokens`` and ``block_table``; changes nothing. Every field is
     packed into one int64 and one int32 host buffer, each moved to ``device`` in a single pinned, asynchronous copy;
     the fields are views of those two device tensors. (One ``torch.tensor(..., device="cuda")`` per field would be
-    seven copies from pageable memory, each of which waits for the GPU to go idle first.)
+    seven copies from pageable memory, each of which waits for the GPU to go idle first.) Each field starts on a
+    16-byte boundary: Triton compiles a kernel variant per pointer alignment, and an offset that depended on the
+    step's token or sequence count would compile new variants in the middle of serving.
     """
     starts = [seq.num_computed_tokens for seq in seqs]
     if is_prefill:
@@ -61,22 +82,30 @@ def pack_step(seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_s
             positions.extend(range(start, start + n))
             slot_mapping.extend(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
             cu_seqlens.append(cu_seqlens[-1] + n)
+        chunks = host_chunk_indices(cu_seqlens)  # the delta rule's chunk table, on the host: no sync on the device
     else:  # one token each: the per-sequence loop above, unrolled (this runs every decode step, for up to 256 rows)
         input_ids = [seq.token_ids[start] for seq, start in zip(seqs, starts)]
         positions = starts
         slot_mapping = [seq.block_table[p // block_size] * block_size + p % block_size for seq, p in zip(seqs, starts)]
-        cu_seqlens = []
+        cu_seqlens, chunks = [], []
     num_seqs, num_tokens = len(seqs), len(input_ids)
     context_lens = [start + n for start, n in zip(starts, counts)]
     state_slots = [seq.state_slot for seq in seqs]
     width = max(len(seq.block_table) for seq in seqs)
-    head = len(context_lens) + len(state_slots) + len(cu_seqlens)
-    packed32 = np.full(head + num_seqs * width, NULL_BLOCK, dtype=np.int32)  # tables: the null block beyond their end
-    packed32[:head] = context_lens + state_slots + cu_seqlens
-    for row, seq in zip(packed32[head:].reshape(num_seqs, width), seqs):
+    # int64: input_ids | positions | slot_mapping | cu_seqlens (again, for FLA) | chunk indices
+    at64 = _offsets([num_tokens, num_tokens, num_tokens, len(cu_seqlens), len(chunks)], _ALIGN // 8)
+    packed64 = np.zeros(at64[-1], dtype=np.int64)
+    for begin, values in zip(at64, (input_ids, positions, slot_mapping, cu_seqlens, chunks)):
+        packed64[begin : begin + len(values)] = values
+    # int32: context_lens | state_slots | cu_seqlens | block tables (the null block beyond their end)
+    at32 = _offsets([num_seqs, num_seqs, len(cu_seqlens), num_seqs * width], _ALIGN // 4)
+    packed32 = np.full(at32[-1], NULL_BLOCK, dtype=np.int32)
+    for begin, values in zip(at32, (context_lens, state_slots, cu_seqlens)):
+        packed32[begin : begin + len(values)] = values
+    tables = at32[3]
+    for row, seq in zip(packed32[tables : tables + num_seqs * width].reshape(num_seqs, width), seqs):
         row[: len(seq.block_table)] = seq.block_table
-    int64 = torch.tensor(input_ids + positions + slot_mapping, dtype=torch.long)
-    int32 = torch.from_numpy(packed32)
+    int64, int32 = torch.from_numpy(packed64), torch.from_numpy(packed32)
     if device.type == "cuda":
         int64 = int64.pin_memory().to(device, non_blocking=True)
         int32 = int32.pin_memory().to(device, non_blocking=True)
@@ -84,12 +113,15 @@ def pack_step(seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_s
         int64, int32 = int64.to(device), int32.to(device)
     t, n = num_tokens, num_seqs
     return StepInputs(
-        input_ids=int64[:t],
-        positions=int64[t : 2 * t],
-        slot_mapping=int64[2 * t :],
-        block_tables=int32[head:].view(n, width),
-        context_lens=int32[:n],
-        state_slots=int32[n : 2 * n],
-        cu_seqlens=int32[2 * n : head] if is_prefill else None,
+        input_ids=int64[at64[0] : at64[0] + t],
+        positions=int64[at64[1] : at64[1] + t],
+        slot_mapping=int64[at64[2] : at64[2] + t],
+        block_tables=int32[tables : tables + n * width].view(n, width),
+        context_lens=int32[at32[0] : at32[0] + n],
+        state_slots=int32[at32[1] : at32[1] + n],
+        cu_seqlens=int32[at32[2] : at32[2] + n + 1] if is_prefill else None,
         is_prefill=is_prefill,
+        cu_seqlens_long=int64[at64[3] : at64[3] + n + 1] if is_prefill else None,
+        chunk_indices=int64[at64[4] : at64[4] + len(chunks)].view(-1, 2) if is_prefill else None,
     )
+

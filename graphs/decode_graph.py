@@ -3,10 +3,12 @@
     runner = DecodeGraphRunner(model, max_num_seqs=256, max_blocks_per_seq=512, device="cuda")
     runner.warmup()                       # compile + capture every bucket, largest first
     logits = runner(step)                 # step: an unpadded decode StepInputs from Runtime.build_step
+    view = runner(step, copy=False)       # no copy: valid until the runner's next call (see __call__)
 
-Per step the host does only this: validate shapes, copy the step's six small tensors into static buffers and pad
-the lanes up to the bucket (graphs/static_inputs.py), mark a new CUDA-graph step, replay, clone the live rows of
-the logits. Everything from token ids to fp32 logits, the in-place cache/state updates included, is one graph:
+Per step the host does only this: validate shapes, copy the step into the static buffers (three copies, plus
+resets only where the previous step left stale rows or columns: graphs/static_inputs.py), mark a new CUDA-graph
+step, replay, and (unless the caller says it consumes the logits before the next step) clone the live rows of the
+logits. Everything from token ids to fp32 logits, the in-place cache/state updates included, is one graph:
 traced with ``fullgraph=True`` (a graph break raises), static tensor shapes with the bucket size as the only
 symbolic value (at most three compiles: see ``expected_compiles``), every kernel a ``torch.ops.ce`` custom op or an
 aten op; one CUDA graph per bucket.
@@ -167,9 +169,9 @@ def _check_caches_allocated(model: nn.Module) -> None:
 class DecodeGraphRunner:
     """Bucketed, compiled (and on CUDA, graph-captured) decode step of a HybridModel.
 
-    ``__call__(step)`` takes an unpadded decode StepInputs and returns fp32 logits ``[N, vocab]`` (a copy: the
-    graph's output buffer is overwritten by the next replay). A batch larger than the largest bucket (only possible
-    with explicit ``buckets`` short of ``max_num_seqs``) runs the eager model instead.
+    ``__call__(step)`` takes an unpadded decode StepInputs and returns fp32 logits ``[N, vocab]``. A batch larger
+    than the largest bucket (only possible with explicit ``buckets`` short of ``max_num_seqs``) runs the eager
+    model instead.
 
     ``backend`` overrides ``mode`` with a custom torch.compile backend (debugging, graph counting in tests).
     The runner holds the caches' addresses: if the caches are reallocated, build a new runner.
@@ -239,9 +241,9 @@ class DecodeGraphRunner:
         raise_recompile_limit(len(self.policy))
         runs = 3 if self._mark_step else 1
         start = time.perf_counter()
+        self.static.clear()
         for bucket in reversed(self.policy.sizes):
             t0 = time.perf_counter()
-            self.static.pad(0, bucket)
             for _ in range(runs):
                 self._replay(bucket)
             if self.device.type == "cuda":
@@ -263,18 +265,25 @@ class DecodeGraphRunner:
 
     # ------------------------------------------------------------------------------------------------------ steps
     @torch.inference_mode()
-    def __call__(self, step: StepInputs) -> torch.Tensor:
-        n = self.static.check(step)
+    def __call__(self, step: StepInputs, copy: bool = True) -> torch.Tensor:
+        """fp32 logits ``[N, vocab]`` of the decode ``step``.
+
+        ``copy=False`` returns the live rows of the graph's output buffer itself: valid only until this runner's
+        next call, whose replay overwrites it (cudagraph trees then make reading it an error). For callers that
+        consume the logits at once, as the engine does (it samples from them): at batch 256 and a 248k
+        vocabulary the copy reads and writes 254 MB every step. ``copy=True``: the caller's to keep.
+        """
+        n = step.num_sequences
         if not self.policy.covers(n):
-            return self.model.compute_logits(self.model(step))
-        bucket = self.policy.bucket_for(n)
-        self.static.fill(step, bucket)
-        logits = self._replay(bucket)
-        return logits[:n].clone()  # the graph's output buffer is overwritten by the next replay
+            self.static.check(step)
+            return self.model.compute_logits(self.model(step))  # a new tensor: no copy needed
+        self.static.fill(step)  # validates the step
+        logits = self._replay(self.policy.bucket_for(n))[:n]
+        return logits.clone() if copy else logits
 
     def _replay(self, bucket: int) -> torch.Tensor:
         if self._mark_step:
-            # A new step: outputs of the previous replay may now be overwritten (we cloned what we keep).
+            # A new step: outputs of the previous replay may now be overwritten (callers were told so).
             torch.compiler.cudagraph_mark_step_begin()
         with self._stance():
             return self._compiled(self.model, *self.static.tensors(), bucket)

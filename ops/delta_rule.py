@@ -9,12 +9,21 @@ Inputs are the raw post-conv projections; the ops apply, in fp32 (DESIGN.md, "Mo
 * ``gated_delta_rule_prefill``: varlen tokens packed by ``cu_seqlens``; sequence n starts from
   ``state[state_slots[n]]`` (zeroed when the slot was allocated) and its final state is written back there.
   The reference is the chunked (WY) form with 64-token chunks, the same function FLA's chunk kernel computes.
+  Two optional arguments change nothing in the result; they spare the CUDA kernel (FLA) host work per call:
+  ``cu_seqlens_long``, the same offsets as int64, and ``chunk_indices`` (:func:`host_chunk_indices`), FLA's table
+  of 64-token chunks computed on the host. Without the table FLA derives it on the device with a host sync; FLA also
+  memoises what it derives from ``cu_seqlens`` on the identity (``is``) of the int64 tensor it gets, so every layer
+  of a step should pass the same ``cu_seqlens_long`` object, and nobody may refill one in place (pack_step makes a
+  new one per step). Without ``cu_seqlens_long`` the kernel hands FLA a fresh int64 copy per call (never stale,
+  never memoised). The reference checks that both equal what they summarise.
 * ``gated_delta_rule_decode``: one token per sequence, reading and writing ``state`` in place by slot.
 
 The pool is fp32 by default (bf16 allowed); outputs have v's dtype.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +33,19 @@ from ops.triton import lazy_kernel
 
 CHUNK_SIZE = 64  # FLA's chunk length; prefix-cache snapshot boundaries are multiples of it
 L2NORM_EPS = 1e-6
+
+
+def host_chunk_indices(cu_seqlens: Sequence[int], chunk_size: int = CHUNK_SIZE) -> list[int]:
+    """FLA's varlen chunk table from host offsets, flattened: ``(sequence n, chunk c of it)`` for every
+    ``chunk_size``-token chunk of every sequence, in order (a sequence of length 0 has none). As a ``[num_chunks, 2]``
+    int64 tensor it equals ``fla.ops.utils.index.prepare_chunk_indices(cu_seqlens, chunk_size)``, which on a device
+    costs ~12 small launches and a host sync (``repeat_interleave`` reads its output size)."""
+    return [
+        v
+        for n, (start, end) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:]))
+        for c in range(-(-(end - start) // chunk_size))
+        for v in (n, c)
+    ]
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -106,10 +128,13 @@ def gated_delta_rule_prefill_reference(
     state: torch.Tensor,  # [S, Hv, K, V]  (written at state_slots)
     cu_seqlens: torch.Tensor,  # [N + 1] int32
     state_slots: torch.Tensor,  # [N] int32
+    cu_seqlens_long: torch.Tensor | None = None,  # [N + 1] int64: cu_seqlens again (the CUDA kernel's hint)
+    chunk_indices: torch.Tensor | None = None,  # [num_chunks, 2] int64: host_chunk_indices(cu_seqlens) (the same)
 ) -> torch.Tensor:
+    bounds = cu_seqlens.tolist()
+    _check_hints(bounds, cu_seqlens_long, chunk_indices)
     qn, kn, g, beta = prepare_inputs(q, k, a, b, A_log, dt_bias, v.shape[1])
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    bounds = cu_seqlens.tolist()
     for i, slot in enumerate(state_slots.tolist()):
         start, end = bounds[i], bounds[i + 1]
         o, final = chunked_reference(
@@ -120,13 +145,28 @@ def gated_delta_rule_prefill_reference(
     return out.to(v.dtype)
 
 
-def _gated_delta_rule_prefill_fake(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, state_slots):
+def _check_hints(bounds: list[int], cu_seqlens_long: torch.Tensor | None, chunk_indices: torch.Tensor | None) -> None:
+    """The optional arguments of the prefill op must equal what they summarise (checked by the reference only)."""
+    if cu_seqlens_long is not None and (cu_seqlens_long.dtype != torch.long or cu_seqlens_long.tolist() != bounds):
+        raise ValueError("cu_seqlens_long must be cu_seqlens as int64")
+    if chunk_indices is not None:
+        want = host_chunk_indices(bounds)
+        if chunk_indices.dtype != torch.long or chunk_indices.shape != (len(want) // 2, 2) or (
+            chunk_indices.flatten().tolist() != want
+        ):
+            raise ValueError("chunk_indices must be host_chunk_indices(cu_seqlens) as a [num_chunks, 2] int64 tensor")
+
+
+def _gated_delta_rule_prefill_fake(
+    q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, state_slots, cu_seqlens_long=None, chunk_indices=None
+):
     return v.new_empty(v.shape)  # references return contiguous tensors
 
 
 gated_delta_rule_prefill = define_op(
     "gated_delta_rule_prefill(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
-    "Tensor(a!) state, Tensor cu_seqlens, Tensor state_slots) -> Tensor",
+    "Tensor(a!) state, Tensor cu_seqlens, Tensor state_slots, Tensor? cu_seqlens_long=None, "
+    "Tensor? chunk_indices=None) -> Tensor",
     reference=gated_delta_rule_prefill_reference,
     cuda=lazy_kernel("delta_rule_kernels", "gated_delta_rule_prefill"),
     fake=_gated_delta_rule_prefill_fake,

@@ -15,12 +15,16 @@ runner with three buckets (1, 2, 4) is built per module and shared by every test
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from compiled_engine.runtime import Runtime
+from compiled_engine.sequence import Sequence
+from compiled_engine.step_inputs import StepInputs, pack_step
 from graphs import (
     BucketPolicy,
     DecodeGraphRunner,
@@ -51,6 +55,7 @@ MAX_NUM_SEQS = 6  # > the largest bucket: batches of 5-6 take the eager fallback
 MAX_MODEL_LEN = 128
 BLOCK_SIZE = 16
 NUM_KV_BLOCKS = 64
+STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "block_tables", "context_lens", "state_slots")
 # --------------------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------------------
@@ -151,8 +156,6 @@ def test_bucket_policy_rejects_bad_input():
 
 
 def test_static_inputs_pad_lanes_and_stale_columns():
-    from compiled_engine.step_inputs import StepInputs
-
     static = StaticDecodeInputs(max_batch=4, max_blocks_per_seq=5, block_size=BLOCK_SIZE, device="cpu")
     wide = StepInputs(
         input_ids=torch.tensor([7, 8, 9, 10]),
@@ -162,7 +165,7 @@ def test_static_inputs_pad_lanes_and_stale_columns():
         context_lens=torch.tensor([71, 72, 73, 74], dtype=torch.int32),
         state_slots=torch.tensor([4, 3, 2, 1], dtype=torch.int32),
     )
-    static.fill(wide, bucket=4)
+    static.fill(wide)
     narrow = StepInputs(
         input_ids=torch.tensor([5]),
         positions=torch.tensor([17]),
@@ -171,15 +174,75 @@ def test_static_inputs_pad_lanes_and_stale_columns():
         context_lens=torch.tensor([18], dtype=torch.int32),
         state_slots=torch.tensor([2], dtype=torch.int32),
     )
-    static.fill(narrow, bucket=2)
-    assert static.input_ids[:2].tolist() == [5, 0] and static.positions[:2].tolist() == [17, 0]
-    assert static.slot_mapping[:2].tolist() == [33, NULL_BLOCK * BLOCK_SIZE]
-    assert static.block_tables[:2].tolist() == [[1, 2] + [NULL_BLOCK] * 3, [NULL_BLOCK] * 5]
-    assert static.context_lens[:2].tolist() == [18, 0] and static.state_slots[:2].tolist() == [2, NULL_SLOT]
+    static.fill(narrow)
+    assert static.input_ids.tolist() == [5, 0, 0, 0] and static.positions.tolist() == [17, 0, 0, 0]
+    assert static.slot_mapping.tolist() == [33] + [NULL_BLOCK * BLOCK_SIZE] * 3
+    assert static.block_tables.tolist() == [[1, 2] + [NULL_BLOCK] * 3] + [[NULL_BLOCK] * 5] * 3
+    assert static.context_lens.tolist() == [18, 0, 0, 0] and static.state_slots.tolist() == [2] + [NULL_SLOT] * 3
     with pytest.raises(ValueError):
         static.fill(StepInputs(*(t.repeat(5, *([1] * (t.dim() - 1))) for t in (
             narrow.input_ids, narrow.positions, narrow.slot_mapping, narrow.block_tables, narrow.context_lens,
-            narrow.state_slots))), bucket=4)
+            narrow.state_slots))))
+
+
+def _decode_sequences(rows: list[tuple[int, int, int]], block_size: int) -> list[Sequence]:
+    """Decode-ready sequences from (context, slot, first block): one uncomputed token, blocks first..first+k-1."""
+    seqs = []
+    for i, (context, slot, first) in enumerate(rows):
+        seq = Sequence(i, [(7 * i + j) % 50 for j in range(context + 1)], 1, num_computed_tokens=context)
+        seq.block_table = list(range(first, first + context // block_size + 1))
+        seq.state_slot = slot
+        seqs.append(seq)
+    return seqs
+
+
+@given(data=st.data())
+def test_static_inputs_equal_a_freshly_padded_copy_of_each_step(data):
+    """Whatever came before, after ``fill(step)`` row i < N holds the step's row i (its block table null beyond the
+    step's width) and every other row is a padding lane; packed (pack_step) and field-by-field steps alike."""
+    max_batch, max_blocks, block_size = 6, 5, 4
+    static = StaticDecodeInputs(max_batch, max_blocks, block_size, device="cpu")
+    row = st.tuples(st.integers(0, max_blocks * block_size - 1), st.integers(1, 9), st.integers(1, 20))
+    for _ in range(data.draw(st.integers(1, 6), label="steps")):
+        seqs = _decode_sequences(data.draw(st.lists(row, min_size=1, max_size=max_batch), label="rows"), block_size)
+        step = pack_step(seqs, [1] * len(seqs), False, block_size, torch.device("cpu"))
+        if data.draw(st.booleans(), label="field by field"):
+            step = dataclasses.replace(step, **{f: getattr(step, f).clone() for f in STEP_FIELDS})
+        static.fill(step)
+        n, width = len(seqs), step.block_tables.shape[1]
+        pads = {"input_ids": 0, "positions": 0, "slot_mapping": NULL_BLOCK * block_size, "context_lens": 0,
+                "state_slots": NULL_SLOT, "block_tables": NULL_BLOCK}
+        for name in STEP_FIELDS:
+            got, want = getattr(static, name), torch.full_like(getattr(static, name), pads[name])
+            if name == "block_tables":
+                want[:n, :width] = step.block_tables
+            else:
+                want[:n] = getattr(step, name)
+            assert torch.equal(got, want), name
+
+
+def test_static_inputs_fill_a_packed_step_in_three_copies():
+    """A step as pack_step packs it lands in three copies (one kernel launch each on a GPU), and no fills, when it
+    is no smaller and no narrower than the one before."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountWrites(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.writes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.copy_, torch.ops.aten.fill_):
+                self.writes.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    static = StaticDecodeInputs(max_batch=8, max_blocks_per_seq=6, block_size=4, device="cpu")
+    for n in (1, 3, 7, 8):
+        seqs = _decode_sequences([(2 * i + 5, i + 1, 10 * i + 1) for i in range(n)], block_size=4)
+        step = pack_step(seqs, [1] * n, False, 4, torch.device("cpu"))
+        with CountWrites() as count:
+            static.fill(step)
+        assert count.writes == ["copy_"] * 3, (n, count.writes)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -246,3 +246,31 @@ def test_no_recompile_and_replays_are_fast(gpu_compiled):
     assert graph_stats() == stats0 and skips() == skips0
     replay_ms = {k: min(v) * 1e3 for k, v in timings.items()}
     print(f"\nstep ms, replayed (incl. input copies + logits clone): {replay_ms}; eager batch 1: {eager_ms:.2f}")
+
+
+def test_copy_false_is_the_graph_output_and_the_default_copy_outlives_the_next_replay(gpu_compiled):
+    """``runner(step, copy=False)`` (what the engine samples from) equals eager decode; the default result is the
+    caller's own: later replays leave it as it was."""
+    rt, runner, _ = gpu_compiled
+    seqs = [rt.add_sequence([3, 1, 4, 1, 5][: i + 2]) for i in range(3)]
+    try:
+        rt.prefill(seqs)
+        for token in (9, 2, 6):
+            for seq in seqs:
+                seq.token_ids.append(token)
+            with torch.inference_mode():
+                step = rt.build_step(seqs, [1] * len(seqs), is_prefill=False)
+                before = snapshot(rt.model)
+                eager = rt.model.compute_logits(rt.model(step))
+                restore(rt.model, before)
+                if token == 9:
+                    kept = runner(step)
+                    kept_values = kept.clone()
+                    compiled = kept
+                else:
+                    compiled = runner(step, copy=False)
+                assert_logits_close(compiled, eager)
+        assert torch.equal(kept, kept_values)
+    finally:
+        for seq in seqs:
+            rt.release(seq)

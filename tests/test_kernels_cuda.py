@@ -344,6 +344,85 @@ def test_gated_delta_rule_prefill_fp32_and_bf16_pool():
         _assert_close_relative(state, want_state, max_abs=max_abs, max_rel_norm=max_rel, what=f"{state_dtype} state")
 
 
+def _fla_fields(cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cu_seqlens_long and chunk_indices as pack_step makes them: 16-byte-aligned views of one new int64 tensor."""
+    bounds = cu.tolist()
+    chunks = delta_rule.host_chunk_indices(bounds)
+    at = -(-len(bounds) // 2) * 2
+    packed = torch.zeros(at + len(chunks), dtype=torch.long)
+    packed[: len(bounds)] = torch.tensor(bounds)
+    packed[at:] = torch.tensor(chunks, dtype=torch.long)
+    packed = packed.to(DEV)
+    return packed[: len(bounds)], packed[at:].view(-1, 2)
+
+
+def _kernels_launched(fn) -> int:
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def test_gated_delta_rule_prefill_fla_fields_change_nothing_and_sync_nothing():
+    """With pack_step's cu_seqlens_long / chunk_indices: the same result as without, no host sync, and FLA's
+    identity memo hits when the same objects come again (the next layer of the same step)."""
+    gen = _seeded(11)
+    layout = LINEAR_LAYOUTS[0]
+    cu = torch.tensor([0, 70, 70, 71, 200, 456], dtype=torch.int32, device=DEV)  # a zero-length sequence too
+    slots = torch.tensor([3, 1, 4, 2, 5], dtype=torch.int32, device=DEV)
+    q, k, v, a, b, A_log, dt_bias = _gdr_inputs(gen, 456, layout, torch.bfloat16)
+    state = _randn(gen, 6, layout[1], layout[2], layout[3], scale=0.3)
+    args = (q, k, v, a, b, A_log, dt_bias)
+    op = torch.ops.ce.gated_delta_rule_prefill
+
+    plain_state = state.clone()
+    plain = op(*args, plain_state, cu, slots)  # also warms FLA's autotuner (which syncs)
+    fields = _fla_fields(cu)
+    with_state = state.clone()
+    got = op(*args, with_state, cu, slots, *fields)
+    assert torch.equal(got, plain) and torch.equal(with_state, plain_state)
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call (.item(), .tolist(), ...) raises
+    try:
+        for _ in range(3):  # three layers of one step
+            op(*args, state.clone(), cu, slots, *fields)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+    # Kernels per call: without the fields FLA copies cu_seqlens and builds the chunk table (and syncs); with new
+    # fields it still derives its chunk offsets from them; with the same fields again (the next layer) it does not.
+    fresh = _fla_fields(cu)
+    without = _kernels_launched(lambda: op(*args, state.clone(), cu, slots))
+    first = _kernels_launched(lambda: op(*args, state.clone(), cu, slots, *fresh))
+    again = _kernels_launched(lambda: op(*args, state.clone(), cu, slots, *fresh))
+    assert again < first < without, (again, first, without)
+
+
+def test_eager_prefill_step_has_no_host_sync(qwen3_5_text_tied_path):
+    """A whole eager prefill forward (the engine's path: pack_step, then every layer) never waits for the GPU."""
+    from compiled_engine.runtime import Runtime
+
+    rt = Runtime.from_pretrained(str(qwen3_5_text_tied_path), device="cuda", dtype="bfloat16", max_model_len=512,
+                                 max_num_seqs=4, num_kv_blocks=128, block_size=16)
+    seqs = [rt.add_sequence([(5 * i + j) % 50 + 1 for j in range(n)]) for i, n in enumerate((300, 1, 64, 129))]
+    try:
+        with torch.inference_mode():
+            step = rt.build_step(seqs, [len(s.token_ids) for s in seqs], is_prefill=True)
+            rt.model(step)  # warm: autotuning and first compiles sync
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                hidden = rt.model(step)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            assert torch.isfinite(hidden.float()).all()
+    finally:
+        for seq in seqs:
+            rt.release(seq)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Linear: the skinny GEMM (M <= SKINNY_MAX_ROWS) and the dispatch to cuBLAS
 # ----------------------------------------------------------------------------------------------------------------

@@ -666,6 +666,15 @@ def test_opcheck(name):
     _opcheck(op, args)
 
 
+def test_opcheck_gated_delta_rule_prefill_with_fla_fields():
+    """The optional cu_seqlens_long / chunk_indices arguments (views of one int64 buffer, as pack_step makes them)."""
+    op, args = OPCHECK_CASES["gated_delta_rule_prefill"]
+    cu = args[8]
+    packed = torch.tensor([*cu.tolist(), 0, *dr.host_chunk_indices(cu.tolist())], dtype=torch.long)
+    n = cu.shape[0]
+    _opcheck(op, (*args, packed[:n], packed[n + 1 :].view(-1, 2)))
+
+
 def test_every_op_is_covered():
     """Every op registered under torch.ops.ce has an opcheck case here (a new op must add one)."""
     registered = {

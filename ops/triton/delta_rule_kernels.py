@@ -162,6 +162,8 @@ def gated_delta_rule_prefill(
     state: torch.Tensor,  # [S, Hv, K, V]  (written at state_slots)
     cu_seqlens: torch.Tensor,  # [N + 1] int32
     state_slots: torch.Tensor,  # [N] int32
+    cu_seqlens_long: torch.Tensor | None = None,  # [N + 1] int64, the same offsets: one object for a whole step
+    chunk_indices: torch.Tensor | None = None,  # [num_chunks, 2] int64: ops.delta_rule.host_chunk_indices
 ) -> torch.Tensor:
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
@@ -171,9 +173,12 @@ def gated_delta_rule_prefill(
     # Gates in fp32 exactly as the reference computes them ([T, Hv]: tiny next to q/k/v).
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
     beta = b.float().sigmoid()
-    # FLA's prepare_* helpers cache on tensor identity: hand it a fresh cu_seqlens every call, so a caller that
-    # refills one static buffer in place never gets chunk indices computed for an earlier batch.
-    cu = cu_seqlens.to(torch.long, copy=True)
+    # FLA memoises what it derives from cu_seqlens (chunk offsets; chunk indices when not given) on the identity of
+    # the tensor object (fla.utils.tensor_cache, `is`, last 4 calls). The dispatcher hands this function the
+    # caller's own Python objects, so the step's cu_seqlens_long, passed by every layer, hits from layer 2 on. It
+    # is new every step and never refilled (StepInputs), so a hit is never stale. Without it: a fresh int64 copy
+    # per call, which can never be stale, nor hit.
+    cu = cu_seqlens_long if cu_seqlens_long is not None else cu_seqlens.to(torch.long, copy=True)
     # FLA l2-normalises q and k in the kernel with the same x * rsqrt(sum(x^2) + 1e-6) and scales q by K**-0.5;
     # value heads > key heads (Qwen3-Next's r = Hv / Hk) are FLA's native GVA, value head j on key head j // r.
     o, final = chunk_gated_delta_rule(
@@ -187,6 +192,7 @@ def gated_delta_rule_prefill(
         output_final_state=True,
         use_qk_l2norm_in_kernel=True,
         cu_seqlens=cu,
+        chunk_indices=chunk_indices,  # None: FLA derives them on the device (~12 launches and a host sync)
     )
     state.index_copy_(0, slots, final.to(state.dtype))
     return o[0].to(v.dtype)
