@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One H200 call (device tool, kind nvidia-h200, carry .whl, timeout 600) that checks and measures the engine as it is
-# now, stage after stage (about 8.5 minutes):
-#   1. the skinny-GEMM kernel tests (tests/test_kernels_cuda.py -k linear; if they fail, every later stage runs with
-#      CE_SKINNY_GEMM=0, i.e. cuBLAS, and the log says so), then the prefill kernels' tests (-k prefill);
-#   2. bench step_profile (decode at batch 1/8/64/256 and one prefill step: GPU ms by kernel category, host ms,
-#      kernels per step); it compiles the 0.8B decode graphs cold (~75 s), every later engine finds them cached;
-#   3. bench prefix (caching off and on);
-#   4. tests/test_compile_gpu.py (CUDA graphs captured, compiled == eager);
-#   5. bench latency + throughput, then throughput with prefix caching on.
+# now, stage after stage (about 9 minutes), most needed first:
+#   1. bench step_profile (decode at batch 1/8/64/256 and one 8,192-token prefill step: GPU ms by kernel category,
+#      host ms, kernels and device->host copies per step); it compiles the 0.8B decode graphs cold (~75 s), every
+#      later engine finds them cached;
+#   2. tests/test_compile_gpu.py (CUDA graphs captured, compiled == eager, copy=False);
+#   3. bench latency + throughput, then throughput with prefix caching on (the same code: on vs off);
+#   4. the kernel tests of what changed: skinny GEMM, delta-rule prefill (FLA hints, no host sync), prefill kernels
+#      (if the skinny GEMM's fail, the log says so: rerun with CE_SKINNY_GEMM=0 before trusting stage 1-3's numbers);
+#   5. bench snapshot_methods (prefix snapshots: chunk ends vs FLA's per-chunk states), then bench prefix.
 # HF's numbers come from bench/run_h200.sh (they do not change with our code); tensor parallelism from
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
@@ -39,18 +40,17 @@ stage() {  # stage NAME MAX_S CMD...: CMD under min(MAX_S, what is left of the b
 }
 
 BENCH=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 256 --max-model-len 4096)
-stage test_linear 80 python3 -m pytest -q -x tests/test_kernels_cuda.py -k linear -p no:cacheprovider || {
-    echo "skinny GEMM tests failed: CE_SKINNY_GEMM=0 (cuBLAS) from here on"; export CE_SKINNY_GEMM=0; }
-stage test_prefill_kernels 60 python3 -m pytest -q tests/test_kernels_cuda.py -k prefill -p no:cacheprovider
-stage step_profile 150 python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
-stage prefix 110 python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
+stage step_profile 170 python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
 stage test_compile 150 python3 -m pytest -q -x tests/test_compile_gpu.py -p no:cacheprovider --durations=5
 stage main 100 python3 -m bench latency,throughput -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/main"
 stage throughput_prefix_on 60 python3 -m bench throughput "${BENCH[@]}" --enable-prefix-caching --out "$WORK/throughput_on"
+stage test_kernels 90 python3 -m pytest -q tests/test_kernels_cuda.py -k "linear or delta_rule_prefill or host_sync or paged_attention_prefill or conv1d_prefill" -p no:cacheprovider
+stage snapshot_methods 45 python3 -m bench snapshot_methods --out "$WORK/snapshot"
+stage prefix 110 python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
 
-dirs=(); for d in profile prefix main throughput_on; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
+dirs=(); for d in profile main throughput_on snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done
 tar czf "$OUT/session.tgz" -C "$WORK" . && ls "$OUT"
-echo "done at +$(( $(date +%s) - T0 ))s (CE_SKINNY_GEMM=${CE_SKINNY_GEMM:-1})"
+echo "done at +$(( $(date +%s) - T0 ))s"
