@@ -40,7 +40,7 @@ from compiled_engine.prefix_cache import PrefixCache, PrefixHit
 from compiled_engine.sequence import Sequence
 from compiled_engine.step_inputs import StepInputs, pack_step
 from compiled_engine.tp_workers import TensorParallelWorkers
-from ops.library import NULL_SLOT
+from ops.library import NULL_BLOCK, NULL_SLOT
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,24 @@ CPU_KV_CACHE_BYTES = 1 << 30  # default KV budget on CPU, where no device memory
 
 class OutOfBlocksError(RuntimeError):
     """The KV cache has no free block for the requested step."""
+
+
+# Prefill steps run at start-up after the largest one, for their shapes, not their memory: Triton compiles a kernel
+# variant per class of each integer argument (1, a multiple of 16, anything else), and FLA's chunked delta-rule
+# kernels take the step's token count and sequence count. A class first met while serving compiled ~10 kernels in
+# the middle of it: the first steps of the H200 throughput run took 9.6 s (2026-11-29). These lengths give one
+# sequence and several, token totals that are multiples of 16 and totals that are not.
+WARMUP_PREFILL_LENGTHS = ([17], [17, 20], [16, 16])
+
+
+class _NullSequence:
+    """What ``pack_step`` reads of a sequence, for a start-up step: ``n`` zero tokens on the null block and slot."""
+
+    def __init__(self, n: int, block_size: int):
+        self.token_ids = [0] * n
+        self.num_computed_tokens = 0
+        self.block_table = [NULL_BLOCK] * math.ceil(n / block_size)
+        self.state_slot = NULL_SLOT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,37 +282,29 @@ class Runtime:
         """Peak bytes of the largest prefill (max_num_batched_tokens tokens) and decode (max_num_seqs) steps.
 
         The steps run on a 2-block KV cache with every token routed to the null block and every sequence to the
-        null slot: the numbers are garbage, the memory traffic and allocation pattern are real.
+        null slot: the numbers are garbage, the memory traffic and allocation pattern are real. They are packed by
+        ``pack_step``, as served steps are, and a few small prefills follow the largest one: see
+        ``WARMUP_PREFILL_LENGTHS``.
         """
         block_size = self.config.block_size
         allocate_kv_cache(self.model, 2, block_size, self.device, self.dtype)
         tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
-        dev = self.device
 
-        def step(num_tokens: int, num_seqs: int, is_prefill: bool) -> StepInputs:
-            per_seq = num_tokens // num_seqs
-            zeros = lambda n, dtype: torch.zeros(n, dtype=dtype, device=dev)  # noqa: E731
-            blocks = math.ceil(per_seq / block_size)
-            return StepInputs(
-                input_ids=zeros(num_tokens, torch.long),
-                positions=torch.arange(num_tokens, device=dev) % per_seq,
-                slot_mapping=zeros(num_tokens, torch.long),
-                block_tables=torch.zeros(num_seqs, blocks, dtype=torch.int32, device=dev),
-                context_lens=torch.full((num_seqs,), per_seq, dtype=torch.int32, device=dev),
-                state_slots=zeros(num_seqs, torch.int32),
-                cu_seqlens=torch.arange(0, num_tokens + 1, per_seq, dtype=torch.int32, device=dev) if is_prefill else None,
-                is_prefill=is_prefill,
-            )
+        def step(lengths: list[int], is_prefill: bool) -> StepInputs:
+            seqs = [_NullSequence(n, block_size) for n in lengths]
+            return pack_step(seqs, lengths if is_prefill else [1] * len(seqs), is_prefill, block_size, self.device)
 
-        torch.cuda.synchronize(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        baseline = torch.cuda.memory_allocated(dev)
-        prefill = step(tokens, 1, True)
-        self.model.compute_logits(self.model(prefill)[prefill.last_token_indices()])
-        decode = step(self.config.max_num_seqs, self.config.max_num_seqs, False)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        baseline = torch.cuda.memory_allocated(self.device)
+        third = tokens // 3
+        for lengths in ([tokens], [third, third, tokens - 2 * third], *WARMUP_PREFILL_LENGTHS):
+            prefill = step(lengths, True)
+            self.model.compute_logits(self.model(prefill)[prefill.last_token_indices()])
+        decode = step([1] * self.config.max_num_seqs, False)
         self.model.compute_logits(self.model(decode))
-        torch.cuda.synchronize(dev)
-        peak = torch.cuda.max_memory_allocated(dev) - baseline
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - baseline
         reset_state_slot(self.model, NULL_SLOT)
         return peak
 
