@@ -2,7 +2,7 @@
 # One H200 call (device tool, kind nvidia-h200, carry .whl, timeout 600) that checks and measures the engine as it is
 # now, stage after stage (about 9 minutes), most needed first:
 #   1. bench step_profile (decode at batch 1/8/64/256 and one 8,192-token prefill step: GPU ms by kernel category,
-#      host ms, kernels and device->host copies per step); it compiles the 0.8B decode graphs cold (~75 s), every
+#      host ms, kernels and device->host copies per step); it compiles the 0.8B decode graphs cold (~200 s), every
 #      later engine finds them cached;
 #   2. tests/test_compile_gpu.py (CUDA graphs captured, compiled == eager, copy=False);
 #   3. bench latency + throughput, then throughput with prefix caching on (the same code: on vs off);
@@ -40,7 +40,7 @@ stage() {  # stage NAME MAX_S CMD...: CMD under min(MAX_S, what is left of the b
 }
 
 BENCH=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 256 --max-model-len 4096)
-stage step_profile 170 python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
+stage step_profile 240 python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
 stage test_compile 150 python3 -m pytest -q -x tests/test_compile_gpu.py -p no:cacheprovider --durations=5
 stage main 100 python3 -m bench latency,throughput -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/main"
 stage throughput_prefix_on 60 python3 -m bench throughput "${BENCH[@]}" --enable-prefix-caching --out "$WORK/throughput_on"
