@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: the runtime's memory plan")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="shard our engine over N GPUs")
     p.add_argument("--enable-prefix-caching", action="store_true", help="prefix caching on in every scenario")
+    p.add_argument("--overlap-decode", action="store_true",
+                   help="LLM(overlap_decode=True): the host prepares the next decode step while the GPU runs this one")
     p.add_argument("--bandwidth-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 cuda, 64 cpu)")
     p.add_argument("--hf-limit", type=int, default=None, help="HF runs only the first N requests of a workload")
     p.add_argument("--hf-batch-size", type=int, default=64, help="HF pad-left batch size")
@@ -129,6 +131,7 @@ def run(names, modules, kwargs, args, argv) -> int:
         out=out, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
         tensor_parallel_size=args.tensor_parallel_size, enable_prefix_caching=args.enable_prefix_caching,
+        overlap_decode=args.overlap_decode,
         bandwidth_mib=args.bandwidth_mib, hf_limit=args.hf_limit, hf_batch_size=args.hf_batch_size,
         hf_max_time=args.hf_max_time, argv=argv,
     )

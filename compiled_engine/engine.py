@@ -9,6 +9,8 @@
 
 One ``step()``: schedule a batch -> run it on the runtime (prefill or decode) -> sample on the device -> append
 the tokens on the host (the one device->host copy of the step) -> finish requests that hit a stop condition.
+With ``overlap_decode=True`` a decode step's tokens are read back only after the next step is launched
+(``_step_overlapped``), so the host's work for step N+1 runs while the GPU computes step N.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from compiled_engine.runtime import Runtime
 from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
-from compiled_engine.scheduler import Scheduler
+from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence
 
 
@@ -59,6 +61,36 @@ class Request:
     finish_reason: str | None = None
 
 
+PLACEHOLDER_TOKEN = 0  # an overlapped step's token before it is read back: never read (the device has the real one)
+
+
+@dataclass
+class _InFlight:
+    """A decode step launched but not read back: its requests in row order, where each one's placeholder token sits,
+    and the sampled tokens (on the device; their host copy is on its way)."""
+
+    requests: list[Request]
+    indices: list[int]
+    tokens: torch.Tensor  # [N] int64 on the device: the next step's input ids
+    _host: torch.Tensor  # [N] int64 host copy, complete once _copied has passed
+    _copied: torch.cuda.Event | None
+
+    @classmethod
+    def start(cls, requests: list[Request], tokens: torch.Tensor, indices: list[int]) -> "_InFlight":
+        if not tokens.is_cuda:
+            return cls(requests, indices, tokens, tokens, None)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return cls(requests, indices, tokens, host, copied)
+
+    def host_tokens(self) -> list[int]:
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._host.tolist()
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -66,7 +98,9 @@ class LLMEngine:
         tokenizer=None,
         *,
         max_num_batched_tokens: int = 8192,
+        overlap_decode: bool = False,
     ):
+        """``overlap_decode``: read each decode step's tokens back during the next step (``_step_overlapped``)."""
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(runtime, runtime.config.max_num_seqs, max_num_batched_tokens)
@@ -75,6 +109,8 @@ class LLMEngine:
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
         self._seed_source = random.Random()
         self._next_id = 0
+        self.overlap_decode = overlap_decode
+        self._in_flight: _InFlight | None = None
 
     # --------------------------------------------------------------------------------------------- requests
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams | None) -> tuple[list[int], SamplingParams]:
@@ -113,6 +149,8 @@ class LLMEngine:
         request = self.requests.get(request_id)
         if request is None:
             raise ValueError(f"unknown request id {request_id!r}")
+        if self._in_flight is not None and request in self._in_flight.requests:  # drop its placeholder token
+            del request.seq.token_ids[self._in_flight.indices[self._in_flight.requests.index(request)] :]
         self._finish(request, "abort")
         del self.requests[request_id]
         return self._output(request, [])
@@ -123,48 +161,148 @@ class LLMEngine:
     # ------------------------------------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """Run one batch. Returns an output for each request that finished in this step, and for each request that
-        got a token in it unless its ``output_kind`` is FINAL_ONLY."""
+        got a token in it unless its ``output_kind`` is FINAL_ONLY.
+
+        With ``overlap_decode``, a decode step's tokens are read back during the next step (see
+        ``_step_overlapped``): its outputs come one ``step()`` later.
+        """
+        if self.overlap_decode:
+            return self._step_overlapped()
         batch = self.scheduler.schedule()
         if batch is None:
             return []
+        requests, tokens = self._launch(batch)
+        return self._accept_placed(requests, tokens, self._place(requests))
+
+    def _launch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None) -> tuple[list[Request], torch.Tensor]:
+        """Run ``batch`` on the runtime and sample: the requests that get a token, and their tokens on the device."""
         seqs = batch.seqs
         if batch.is_prefill:
             logits = self.runtime.prefill(seqs, batch.num_tokens)
             # Only sequences whose every token is now computed produce a token (not the middle chunks of a prompt).
             rows = [i for i, s in enumerate(seqs) if s.num_uncomputed_tokens == 0]
-            if not rows:
-                return []
             if len(rows) != len(seqs):
                 seqs = [seqs[i] for i in rows]
-                logits = logits[torch.tensor(rows, device=logits.device)]
+                logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
         else:
             # Every sequence gets a token. No copy: with a compiled decode these logits are the graph's output
             # buffer, valid until the next decode step; they are sampled right here, before it.
-            logits = self.runtime.decode_step(seqs, copy=False)
+            logits = self.runtime.decode_step(seqs, copy=False, input_ids=input_ids)
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
-        tokens = self._sample(requests, logits).tolist()  # the step's one device -> host copy
+        return requests, (self._sample(requests, logits) if requests else logits.new_empty(0, dtype=torch.long))
+
+    def _accept(self, requests: list[Request], indices: list[int]) -> list[RequestOutput]:
+        """Finish what the new tokens (at ``indices`` of each request's token_ids) stop; the step's outputs."""
         now = time.perf_counter()
         outputs = []
-        for request, token in zip(requests, tokens):
-            request.seq.token_ids.append(token)
+        for request, index in zip(requests, indices):
+            seq = request.seq
+            token = seq.token_ids[index]
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self._stop_reason(request, token)
+            reason = self._stop_reason(request, token, generated=index + 1 - seq.num_prompt_tokens)
             if reason is not None:
                 self._finish(request, reason)
                 del self.requests[request.request_id]
             elif request.params.output_kind is RequestOutputKind.FINAL_ONLY:
                 continue  # an output copies the generated tokens: O(batch x length) a step, for nobody
-            outputs.append(self._output(request, [token]))
+            outputs.append(self._output(request, [token], upto=index + 1))
         return outputs
 
+    # ------------------------------------------------------------------------------- overlapped decode steps
+    def _step_overlapped(self) -> list[RequestOutput]:
+        """One step in which the host's work overlaps the GPU's.
+
+        Without overlap every step ends by reading its tokens back, so the GPU idles while the host schedules and
+        packs the next step (bench/NOTES.md: 0.9 ms a step at batch 1, 2.3 ms at batch 256 on the H200 host).
+        Here a decode step is launched and left in flight: each of its sequences gets a placeholder token (the
+        lengths, hence positions, KV slots and blocks of the next step, are known), and the next decode step takes
+        its input ids from the in-flight step's sampled tokens on the device. The host reads a step's tokens
+        back after it has launched the next one, then finishes what they stop. What this costs: a sequence stopped
+        by EOS or a stop token computes one more token, thrown away; prefill steps still run synchronously.
+        Where the overlap is lost (outputs unaffected): a batch with non-greedy requests copies its sampling
+        parameters from pageable memory, and a tensor-parallel step builds its command header the same way; each
+        such copy waits for the GPU.
+        """
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None and not self._may_run_ahead():
+            return self._complete(in_flight)
+        batch = self.scheduler.schedule()
+        if batch is not None and not batch.is_prefill and in_flight is not None:
+            batch = self._without_length_stops(batch)
+        if batch is None:
+            return self._complete(in_flight) if in_flight is not None else []
+        if batch.is_prefill:  # reads its tokens back, which also waits for the in-flight decode step
+            outputs = self._complete(in_flight) if in_flight is not None else []
+            requests, tokens = self._launch(batch)
+            return outputs + self._accept_placed(requests, tokens, self._place(requests))
+        input_ids = self._next_input_ids(batch.seqs, in_flight) if in_flight is not None else None
+        requests, tokens = self._launch(batch, input_ids)
+        self._in_flight = _InFlight.start(requests, tokens, self._place(requests))
+        return self._complete(in_flight) if in_flight is not None else []
+
+    def _may_run_ahead(self) -> bool:
+        """Whether the next step may be scheduled before the in-flight step's tokens are known: never while the
+        prefix cache would hash placeholder tokens, nor when a decode step could run out of KV blocks (each
+        sequence needs at most one more), which would preempt a sequence whose last token is a placeholder."""
+        return (
+            self.runtime.prefix_cache is None
+            and self.runtime.blocks.num_free >= len(self.scheduler.running)
+        )
+
+    def _without_length_stops(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+        """The decode batch less the sequences that the in-flight token will finish by length (known now)."""
+        limit = self.runtime.max_model_len
+        seqs = [
+            s for s in batch.seqs
+            if s.num_generated_tokens < self._request_of_seq[s.seq_id].params.max_tokens and len(s) < limit
+        ]
+        if not seqs:
+            return None
+        return ScheduledBatch(False, seqs, [1] * len(seqs))
+
+    def _next_input_ids(self, seqs: list[Sequence], in_flight: "_InFlight") -> torch.Tensor:
+        """The in-flight step's sampled tokens, in the order of ``seqs`` (a subsequence of its rows)."""
+        row_of = {r.seq.seq_id: i for i, r in enumerate(in_flight.requests)}
+        rows = [row_of[s.seq_id] for s in seqs]
+        if rows == list(range(len(in_flight.requests))):
+            return in_flight.tokens
+        index = torch.tensor(rows, dtype=torch.long)
+        if in_flight.tokens.is_cuda:  # pinned and asynchronous: a pageable copy would wait for the GPU
+            index = index.pin_memory().to(in_flight.tokens.device, non_blocking=True)
+        return in_flight.tokens[index]
+
+    @staticmethod
+    def _place(requests: list[Request]) -> list[int]:
+        """Append a placeholder token to each request's sequence; where each one sits."""
+        indices = []
+        for request in requests:
+            request.seq.token_ids.append(PLACEHOLDER_TOKEN)
+            indices.append(len(request.seq.token_ids) - 1)
+        return indices
+
+    def _accept_placed(self, requests: list[Request], tokens: torch.Tensor, indices: list[int]) -> list[RequestOutput]:
+        """Read ``tokens`` back (the step's one device -> host copy) into the placeholders, then ``_accept``."""
+        for request, index, token in zip(requests, indices, tokens.tolist()):
+            request.seq.token_ids[index] = token
+        return self._accept(requests, indices)
+
+    def _complete(self, in_flight: "_InFlight") -> list[RequestOutput]:
+        """Read an in-flight step's tokens back into its placeholders, then finish what they stop. Requests that
+        stopped meanwhile (the previous step's EOS, an abort) are skipped: their token is the one thrown away."""
+        values = in_flight.host_tokens()
+        live = [(r, i, t) for r, i, t in zip(in_flight.requests, in_flight.indices, values) if r.finish_reason is None]
+        for request, index, token in live:
+            request.seq.token_ids[index] = token
+        return self._accept([r for r, _, _ in live], [i for _, i, _ in live])
+
     # ------------------------------------------------------------------------------------------------ helpers
-    def _stop_reason(self, request: Request, token: int) -> str | None:
-        seq, params = request.seq, request.params
-        generated = seq.num_generated_tokens
+    def _stop_reason(self, request: Request, token: int, generated: int) -> str | None:
+        """``generated``: the request's generated tokens up to and including ``token``."""
+        params = request.params
         if token in request.stop_ids and generated >= params.min_tokens:
             return "stop"
-        if generated >= params.max_tokens or len(seq) >= self.runtime.max_model_len:
+        if generated >= params.max_tokens or request.seq.num_prompt_tokens + generated >= self.runtime.max_model_len:
             return "length"
         return None
 
@@ -208,16 +346,18 @@ class LLMEngine:
             use_min_p=any(p.min_p > 0 for p in params),
         )
 
-    def _output(self, request: Request, new_tokens: list[int]) -> RequestOutput:
+    def _output(self, request: Request, new_tokens: list[int], upto: int | None = None) -> RequestOutput:
+        """``upto``: the request's tokens end there (an overlapped step may have placed one more after them)."""
         seq = request.seq
         finished = request.finish_reason is not None
+        generated = seq.token_ids[seq.num_prompt_tokens : upto]  # a new list (a slice)
         text = None
         if finished and self.tokenizer is not None:
-            text = self.tokenizer.decode(seq.generated_token_ids, skip_special_tokens=True)
+            text = self.tokenizer.decode(generated, skip_special_tokens=True)
         return RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
-            token_ids=seq.generated_token_ids,  # a new list (a slice)
+            token_ids=generated,
             new_token_ids=new_tokens,
             finished=finished,
             finish_reason=request.finish_reason,

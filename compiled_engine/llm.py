@@ -47,12 +47,15 @@ class LLM:
         enforce_eager: bool | None = None,
         tensor_parallel_size: int = 1,
         max_num_batched_tokens: int = 8192,
+        overlap_decode: bool = False,
         **runtime_config,
     ):
         """``model``: a checkpoint folder; None builds (or reuses) the embedded tiny Qwen3.5-architecture model.
 
         ``enforce_eager``: skip torch.compile and CUDA graphs. Default: compiled on CUDA, eager on CPU.
         ``tensor_parallel_size``: shard the model over that many processes / GPUs (``close()`` stops them).
+        ``overlap_decode``: the host schedules and packs the next decode step while the GPU runs this one
+        (LLMEngine._step_overlapped). Off by default until the H200 numbers are in (bench/NOTES.md).
         ``runtime_config``: max_model_len, max_num_seqs, block_size, num_kv_blocks, gpu_memory_utilization,
         state_dtype (see README "Knobs").
         """
@@ -80,7 +83,9 @@ class LLM:
             if self.runtime.workers is not None:  # every rank compiles and captures in lockstep
                 self.runtime.workers.send_compile()
             self.runtime.decode_fn = compile_decode(self.runtime)
-        self.engine = LLMEngine(self.runtime, self.tokenizer, max_num_batched_tokens=max_num_batched_tokens)
+        self.engine = LLMEngine(
+            self.runtime, self.tokenizer, max_num_batched_tokens=max_num_batched_tokens, overlap_decode=overlap_decode
+        )
 
     def close(self) -> None:
         """Stop tensor-parallel workers, if any."""

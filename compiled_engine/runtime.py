@@ -402,13 +402,17 @@ class Runtime:
         return logits
 
     @torch.inference_mode()
-    def decode_step(self, seqs: Seq[Sequence], *, copy: bool = True) -> torch.Tensor:
+    def decode_step(self, seqs: Seq[Sequence], *, copy: bool = True, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """One new token per sequence (its last appended one). Returns fp32 logits ``[N, vocab]``.
 
         ``copy=False``: with a compiled decode the logits are then the graph's output buffer itself, valid only
         until the next ``decode_step`` (whose replay overwrites it); for callers that consume them at once, as
         LLMEngine does (it samples from them), saving a ``[N, vocab]`` fp32 copy per step. By default the logits
         are the caller's to keep.
+
+        ``input_ids`` (``[N]`` int64 on the runtime's device): the new tokens, instead of each sequence's last
+        token on the host. LLMEngine's overlapped decode passes the previous step's sampled tokens this way, before
+        the host has read them back (its sequences hold a placeholder there).
         """
         if not seqs:
             raise ValueError("a step needs at least one sequence")
@@ -422,7 +426,14 @@ class Runtime:
                 raise ValueError(f"sequence {seq.seq_id} has no state slot (released?)")
             if seq.num_computed_tokens >= limit:
                 raise ValueError(f"sequence {seq.seq_id} would exceed max_model_len={limit}")
+        if input_ids is not None and (
+            input_ids.shape != (len(seqs),) or input_ids.dtype != torch.long or input_ids.device.type != self.device.type
+        ):
+            raise ValueError(f"input_ids must be [{len(seqs)}] int64 on {self.device}, got "
+                             f"{tuple(input_ids.shape)} {input_ids.dtype} on {input_ids.device}")
         step = self._build_checked_step(seqs, [1] * len(seqs), is_prefill=False)
+        if input_ids is not None:
+            step = dataclasses.replace(step, input_ids=input_ids)
         logits = self.execute(step, copy=copy)
         self._record_prefixes(seqs)
         return logits

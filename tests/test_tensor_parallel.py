@@ -143,3 +143,17 @@ def test_a_tp_engine_never_closed_still_lets_the_interpreter_exit(tmp_path):
     from compiled_engine.tiny_model import ensure_tiny_model
 
     run_tp_engine_without_close(ensure_tiny_model(str(tmp_path / "tiny")), "cpu")
+
+
+def test_tp2_overlapped_decode_equals_tp1(tmp_path):
+    """The next step's input ids come from rank 0's device tensor of sampled tokens: the workers get them in the
+    step broadcast like any other field."""
+    from compiled_engine.tiny_model import ensure_tiny_model
+
+    path = ensure_tiny_model(str(tmp_path / "tiny"))
+    prompts = prompts_for(257)
+    single = LLM(path, device="cpu", enforce_eager=True, max_model_len=256).generate(prompts, GREEDY, use_tqdm=False)
+    with LLM(path, device="cpu", enforce_eager=True, max_model_len=256, tensor_parallel_size=2,
+             overlap_decode=True) as llm:
+        sharded = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in sharded] == [o.token_ids for o in single]

@@ -1,0 +1,143 @@
+"""Overlapped decode (``LLM(overlap_decode=True)``): the host schedules the next decode step before reading this
+one's tokens back. It must change no output: every test runs the same requests through the synchronous engine (the
+oracle, itself checked against HF in tests/test_engine.py) or HF directly, and compares token for token, finish
+reason for finish reason, with nothing leaked.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from compiled_engine import SamplingParams
+from tests.test_engine import GREEDY, MODEL, assert_clean, check_invariants, heavy_settings, make_llm, prompt
+from tests import hf_models
+
+
+@pytest.fixture(scope="module")
+def model_path(build_hf_model):
+    return build_hf_model(MODEL)
+
+
+@pytest.fixture(scope="module")
+def engines(model_path):
+    """(synchronous, overlapped) engines, small enough that KV blocks run short (preemption, sync fallbacks)."""
+    knobs = dict(max_num_seqs=4, num_kv_blocks=24, max_num_batched_tokens=64)
+    return make_llm(model_path, **knobs).engine, make_llm(model_path, overlap_decode=True, **knobs).engine
+
+
+def run(engine, requests, abort=None, late=()):
+    """Queue ``requests`` ((id, prompt, params)), then step to the end: the ``late`` ones join after 3 steps, and
+    ``abort`` = (id, k) aborts that request once it has reported k tokens (a point both engines reach with the
+    same tokens: the overlapped one reports each token one step later). Returns {id: (token_ids, finish_reason)}."""
+    for rid, tokens, params in requests:
+        engine.add_request(rid, tokens, params)
+    results, reported = {}, {}
+    for step in range(5000):
+        if not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            assert out.request_id not in results, f"{out.request_id} reported after it finished"
+            reported.setdefault(out.request_id, []).extend(out.new_token_ids)
+            assert out.token_ids == reported[out.request_id]
+            if out.finished:
+                results[out.request_id] = (out.token_ids, out.finish_reason)
+        check_invariants(engine)
+        if step == 3:
+            for rid, tokens, params in late:
+                engine.add_request(rid, tokens, params)
+        if abort is not None and abort[0] in engine.requests and len(reported.get(abort[0], ())) >= abort[1]:
+            out = engine.abort_request(abort[0])
+            results[out.request_id] = (out.token_ids, out.finish_reason)
+    assert_clean(engine)
+    return results
+
+
+def stop_token_of(engine, tokens, params) -> int:
+    """A token the synchronous engine generates mid-way for this request: a stop token that really fires."""
+    (generated, _), = run(engine, [("probe", tokens, params)]).values()
+    return generated[len(generated) // 2]
+
+
+@heavy_settings(6)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    max_tokens=st.lists(st.integers(1, 12), min_size=6, max_size=6),
+    sampled=st.booleans(),
+    abort_after=st.one_of(st.none(), st.integers(1, 4)),
+    seed=st.integers(0, 3),
+)
+def test_overlapped_outputs_equal_synchronous(engines, lengths, max_tokens, sampled, abort_after, seed):
+    sync, overlapped = engines
+    base = dict(temperature=0.8, top_k=20, seed=seed) if sampled else dict(GREEDY)
+    base.pop("ignore_eos", None)
+    requests = []
+    for i, n in enumerate(lengths):
+        params = SamplingParams(max_tokens=max_tokens[i], ignore_eos=True, **base)
+        requests.append((f"r{i}", prompt(n, seed), params))
+    # one request stops on a token it really generates, one not before min_tokens
+    rid, tokens, params = requests[0]
+    stop = stop_token_of(sync, tokens, SamplingParams(max_tokens=12, ignore_eos=True, **base))
+    requests[0] = (rid, tokens, SamplingParams(max_tokens=12, stop_token_ids=[stop], **base))
+    late = [
+        ("late", prompt(7, seed + 1), SamplingParams(max_tokens=5, min_tokens=3, stop_token_ids=[stop], **base)),
+        ("long", prompt(120, seed), SamplingParams(max_tokens=20, ignore_eos=True, **base)),  # max_model_len stops it
+    ]
+    abort = ("r1", abort_after) if abort_after is not None and len(requests) > 1 else None
+    expected = run(sync, requests, abort, late)
+    assert run(overlapped, requests, abort, late) == expected
+
+
+def test_overlapped_generate_equals_hf_greedy(model_path, load_hf_model):
+    prompts = [prompt(n, 5) for n in (3, 17, 40)]
+    llm = make_llm(model_path, overlap_decode=True, max_num_seqs=3)
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=10, **GREEDY), use_tqdm=False)
+    model = load_hf_model(MODEL)
+    assert [o.token_ids for o in outputs] == [hf_models.hf_greedy(model, p, 10) for p in prompts]
+    assert_clean(llm.engine)
+
+
+def test_decode_step_input_ids_replace_the_last_tokens_and_are_checked(model_path):
+    rt = make_llm(model_path).runtime
+    a, b = rt.add_sequence(prompt(5)), rt.add_sequence(prompt(9))
+    rt.prefill([a, b])
+    a.token_ids.append(11)
+    b.token_ids.append(22)
+    expected = rt.decode_step([a, b])
+    a2, b2 = rt.add_sequence(prompt(5)), rt.add_sequence(prompt(9))
+    rt.prefill([a2, b2])
+    a2.token_ids.append(0)  # placeholders: the device ids win
+    b2.token_ids.append(0)
+    with pytest.raises(ValueError, match=r"input_ids must be \[2\] int64"):
+        rt.decode_step([a2, b2], input_ids=torch.tensor([11, 22], dtype=torch.int32))
+    assert a2.num_computed_tokens == 5  # a refused step reserves and advances nothing
+    got = rt.decode_step([a2, b2], input_ids=torch.tensor([11, 22]))
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_abort_of_a_request_in_flight_reports_only_its_read_tokens(engines):
+    sync, overlapped = engines
+    requests = [(f"r{i}", prompt(5 + i, 9), SamplingParams(max_tokens=10, **GREEDY)) for i in range(3)]
+    expected = run(sync, requests, abort=("r1", 2))
+    assert expected["r1"][1] == "abort" and len(expected["r1"][0]) == 2
+    assert run(overlapped, requests, abort=("r1", 2)) == expected
+
+
+def test_length_stops_compute_no_extra_token(engines, monkeypatch):
+    """A sequence whose in-flight token is its last (max_tokens, max_model_len) is left out of the next step: the
+    overlapped engine decodes exactly the rows the synchronous one does (only EOS / stop-token stops cost a row)."""
+    requests = [
+        ("a", prompt(4, 1), SamplingParams(max_tokens=3, **GREEDY)),
+        ("b", prompt(9, 1), SamplingParams(max_tokens=7, **GREEDY)),
+        ("long", prompt(120, 1), SamplingParams(max_tokens=20, **GREEDY)),  # stopped by max_model_len=128
+    ]
+    rows = []
+    for engine in engines:
+        decoded = []
+        real = engine.runtime.decode_step
+        monkeypatch.setattr(engine.runtime, "decode_step", lambda seqs, **kw: decoded.append(len(seqs)) or real(seqs, **kw))
+        results = run(engine, requests)
+        rows.append((sum(decoded), results))
+        monkeypatch.undo()
+    assert rows[0] == rows[1]
