@@ -23,7 +23,7 @@ def model_path(build_hf_model):
 @pytest.fixture(scope="module")
 def engines(model_path):
     """(synchronous, overlapped) engines, small enough that KV blocks run short (preemption, sync fallbacks)."""
-    knobs = dict(max_num_seqs=4, num_kv_blocks=24, max_num_batched_tokens=64)
+    knobs = dict(max_num_seqs=4, num_kv_blocks=12, max_num_batched_tokens=64)
     return make_llm(model_path, **knobs).engine, make_llm(model_path, overlap_decode=True, **knobs).engine
 
 
