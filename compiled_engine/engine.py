@@ -220,9 +220,6 @@ class LLMEngine:
         its input ids from the in-flight step's sampled tokens on the device. The host reads a step's tokens
         back after it has launched the next one, then finishes what they stop. What this costs: a sequence stopped
         by EOS or a stop token computes one more token, thrown away; prefill steps still run synchronously.
-        Where the overlap is lost (outputs unaffected): a batch with non-greedy requests copies its sampling
-        parameters from pageable memory, and a tensor-parallel step builds its command header the same way; each
-        such copy waits for the GPU.
         """
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None and not self._may_run_ahead():
@@ -328,18 +325,30 @@ class LLMEngine:
                     suppress_rows.append(row)
                     suppress_tokens.append(token)
 
-        def tensor(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=device)
-
+        # Two host buffers, one copy each (pinned and asynchronous on CUDA): nine pageable copies would each wait
+        # for the GPU to drain, which also undoes overlap_decode.
+        b, n = len(requests), len(suppress_rows)
+        int64 = torch.tensor(
+            [p.top_k for p in params] + [r.seed for r in requests] + [r.seq.num_generated_tokens for r in requests]
+            + suppress_rows + suppress_tokens,
+            dtype=torch.int64,
+        )
+        fp32 = torch.tensor(
+            [p.temperature for p in params] + [p.top_p for p in params] + [p.min_p for p in params], dtype=torch.float32
+        )
+        if device.type == "cuda":
+            int64, fp32 = (t.pin_memory().to(device, non_blocking=True) for t in (int64, fp32))
+        else:
+            int64, fp32 = int64.to(device), fp32.to(device)
         return SamplingBatch(
-            temperature=tensor([p.temperature for p in params], torch.float32),
-            top_k=tensor([p.top_k for p in params], torch.int64),
-            top_p=tensor([p.top_p for p in params], torch.float32),
-            min_p=tensor([p.min_p for p in params], torch.float32),
-            seeds=tensor([r.seed for r in requests], torch.int64),
-            counters=tensor([r.seq.num_generated_tokens for r in requests], torch.int64),
-            suppress_rows=tensor(suppress_rows, torch.int64),
-            suppress_tokens=tensor(suppress_tokens, torch.int64),
+            temperature=fp32[:b],
+            top_k=int64[:b],
+            top_p=fp32[b : 2 * b],
+            min_p=fp32[2 * b :],
+            seeds=int64[b : 2 * b],
+            counters=int64[2 * b : 3 * b],
+            suppress_rows=int64[3 * b : 3 * b + n],
+            suppress_tokens=int64[3 * b + n :],
             all_greedy=all(p.greedy for p in params),
             use_top_k=any(p.top_k > 0 for p in params),
             use_top_p=any(p.top_p < 1 for p in params),

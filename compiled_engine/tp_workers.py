@@ -131,9 +131,10 @@ class TensorParallelWorkers:
         dist.broadcast(self._header(values), 0)
 
     def _header(self, values: list[int]) -> torch.Tensor:
-        header = torch.zeros(HEADER_SIZE, dtype=torch.int64, device=self.device)
-        header[: len(values)] = torch.tensor(values, dtype=torch.int64)
-        return header
+        header = torch.tensor(values + [0] * (HEADER_SIZE - len(values)), dtype=torch.int64)
+        if self.device.type == "cuda":  # pinned and asynchronous: a pageable copy would wait for the GPU to drain
+            return header.pin_memory().to(self.device, non_blocking=True)
+        return header.to(self.device)
 
     def send_step(self, step: StepInputs, all_logits: bool) -> None:
         tokens, seqs, max_blocks = step.input_ids.shape[0], step.state_slots.shape[0], step.block_tables.shape[1]
