@@ -401,3 +401,80 @@ def save_plot(ctx: Context, name: str, draw) -> str | None:
     finally:
         plt.close(fig)
     return path.name
+
+
+class StepLog:
+    """Times every engine step of one ``generate`` (host wall time between the step's call and its return: the
+    step's sampled tokens come back to the host inside it, so a step that yields a token includes its device time).
+
+    Wraps ``llm.engine.step`` and ``llm.engine.scheduler.schedule`` on the instances for the duration of the ``with``
+    block; an engine without them is left alone and the summary is empty.
+    """
+
+    SLOWEST = 5
+
+    def __init__(self, llm):
+        self.engine = getattr(llm, "engine", None)
+        self.scheduler = getattr(self.engine, "scheduler", None)
+        self.steps: list[tuple[str, int, int, float]] = []  # (kind, sequences, tokens, seconds)
+        self.held_back = 0
+
+    def __enter__(self) -> "StepLog":
+        if self.engine is None or self.scheduler is None:
+            return self
+        engine, scheduler = self.engine, self.scheduler
+        step, schedule = engine.step, scheduler.schedule
+        held_before = getattr(scheduler, "num_held_back", 0)
+        batch_of_step = []
+
+        def logged_schedule():
+            batch = schedule()
+            batch_of_step.append(batch)
+            return batch
+
+        def logged_step():
+            batch_of_step.clear()
+            start = time.perf_counter()
+            outputs = step()
+            seconds = time.perf_counter() - start
+            batch = batch_of_step[0] if batch_of_step else None
+            if batch is not None:
+                kind = "prefill" if batch.is_prefill else "decode"
+                self.steps.append((kind, len(batch.seqs), sum(batch.num_tokens), seconds))
+            return outputs
+
+        wrapped_before = ("step" in vars(engine), "schedule" in vars(scheduler))
+
+        def restore():
+            for obj, name, original, was_attribute in ((engine, "step", step, wrapped_before[0]),
+                                                       (scheduler, "schedule", schedule, wrapped_before[1])):
+                if was_attribute:
+                    setattr(obj, name, original)
+                else:
+                    delattr(obj, name)  # back to the class's method
+            self.held_back = getattr(scheduler, "num_held_back", 0) - held_before
+
+        engine.step, scheduler.schedule = logged_step, logged_schedule
+        self._restore = restore
+        return self
+
+    def __exit__(self, *exc) -> None:
+        restore = getattr(self, "_restore", None)
+        if restore is not None:
+            restore()
+
+    def summary(self) -> dict:
+        by_kind = {}
+        for kind in ("prefill", "decode"):
+            steps = [s for s in self.steps if s[0] == kind]
+            by_kind[kind] = {"steps": len(steps), "tokens": sum(s[2] for s in steps),
+                             "host_s": sum(s[3] for s in steps)}
+        slowest = sorted(self.steps, key=lambda s: -s[3])[: self.SLOWEST]
+        return {**by_kind, "held_back": self.held_back,
+                "first": [_step_row(s) for s in self.steps[: self.SLOWEST]],
+                "slowest": [_step_row(s) for s in slowest]}
+
+
+def _step_row(step: tuple[str, int, int, float]) -> dict:
+    kind, seqs, tokens, seconds = step
+    return {"kind": kind, "seqs": seqs, "tokens": tokens, "s": round(seconds, 4)}

@@ -17,8 +17,10 @@ from __future__ import annotations
 import random
 import time
 
+import torch
+
 from bench.bounds import workload_decode_bound
-from bench.common import Context, greedy, random_prompt, ratio, request_timings, save_plot
+from bench.common import Context, StepLog, greedy, random_prompt, ratio, request_timings, save_plot
 
 
 def workload(num_requests: int = 256, min_len: int = 100, max_len: int = 1024, seed: int = 0, vocab_size: int = 10001):
@@ -119,10 +121,13 @@ def _timed_generate(ctx: Context, llm, prompts: list[list[int]], output_lens: li
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
     preemptions_before = llm.engine.scheduler.num_preemptions
     ctx.sync()
+    allocator_before = _allocator_counters(ctx.device)
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    with StepLog(llm) as log:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
     ctx.sync()
     wall = time.perf_counter() - start
+    allocator = {k: v - allocator_before[k] for k, v in _allocator_counters(ctx.device).items()}
     generated = sum(len(o.token_ids) for o in outputs)
     if generated != sum(output_lens):
         raise RuntimeError(f"generated {generated} tokens, expected {sum(output_lens)} (ignore_eos not honoured?)")
@@ -135,11 +140,23 @@ def _timed_generate(ctx: Context, llm, prompts: list[list[int]], output_lens: li
         "total_tok_s": (generated + prompt_tokens) / wall,
         "requests_per_s": len(prompts) / wall,
         "preemptions": llm.engine.scheduler.num_preemptions - preemptions_before,
+        "allocator": allocator,
+        "steps": log.summary(),  # the first and slowest steps: where a cold first step shows
         **request_timings(outputs),
         "ttft_s_per_request": [o.first_token_time - o.arrival_time for o in outputs],
         "tpot_s_per_request": [(o.finished_time - o.first_token_time) / (len(o.token_ids) - 1)
                                for o in outputs if len(o.token_ids) > 1],
     }
+
+
+def _allocator_counters(device: torch.device) -> dict:
+    """CUDA caching-allocator counters: during the timed run, ``num_alloc_retries`` (a cudaMalloc failed and the
+    cache was flushed, synchronising the device) and ``num_device_alloc`` (cudaMalloc calls) should stay near zero.
+    Recorded to explain the ~10 s first prefill step of the H200 runs (bench/NOTES.md)."""
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {k: stats.get(k, 0) for k in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")}
 
 
 def _draw(plt, ours: dict) -> None:
