@@ -14,11 +14,12 @@ one varlen batch; ``decode_step`` runs exactly one token per sequence. Both allo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import weakref
-from typing import Sequence as Seq
+from typing import Iterator, Sequence as Seq
 
 import torch
 
@@ -30,6 +31,7 @@ from compiled_engine.cache import (
     allocate_state_pools,
     kv_bytes_per_block,
     reset_state_slot,
+    reset_state_slots,
 )
 from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import check_divisible
@@ -166,6 +168,7 @@ class Runtime:
         if self.prefix_cache is not None:
             self.prefix_cache.bind_blocks(self.blocks)
         self._next_seq_id = 0
+        self._queued_resets: list[int] | None = None  # fresh slots to zero, inside batched_admissions()
         # ``decode_fn(step, copy=...)``: a decode step's logits. Replaced by graphs.DecodeGraphRunner when decode is
         # compiled, whose ``copy=False`` result is valid only until its next call; the eager path is the model itself.
         self.decode_fn = self._forward_last_logits
@@ -351,9 +354,29 @@ class Runtime:
         if hit is None:
             if self.workers is not None:
                 self.workers.send_reset_slot(seq.state_slot)
-            reset_state_slot(self.model, seq.state_slot)
+            if self._queued_resets is not None:  # inside batched_admissions(): zeroed with the others at its end
+                self._queued_resets.append(seq.state_slot)
+            else:
+                reset_state_slot(self.model, seq.state_slot)
         else:
             self.prefix_cache.apply(seq, hit)
+
+    @contextlib.contextmanager
+    def batched_admissions(self) -> Iterator[None]:
+        """Within the block, ``assign_slot``'s state work is queued and done when it ends: one fill per state tensor
+        for all the fresh slots, one gather and one scatter for all the prefix-cache restores. Nothing may read an
+        assigned slot inside the block (the scheduler only admits there; the step runs after it)."""
+        if self._queued_resets is not None:  # nested: the outermost block does the work
+            yield
+            return
+        restores = self.prefix_cache.batched_restores() if self.prefix_cache is not None else contextlib.nullcontext()
+        self._queued_resets = []
+        try:
+            with restores:
+                yield
+        finally:
+            queued, self._queued_resets = self._queued_resets, None
+            reset_state_slots(self.model, queued)
 
     def release(self, seq: Sequence) -> None:
         """Free the sequence's KV blocks and state slot; it can be re-run from scratch (preemption)."""

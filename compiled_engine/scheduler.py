@@ -16,7 +16,6 @@ requests that arrive together with a shared prefix compute it once, not once eac
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -93,9 +92,8 @@ class Scheduler:
                 seqs.append(seq)
                 counts.append(n)
                 budget -= n
-        # Then waiting sequences (their prefix-cache hits restored together, after the loop).
-        prefix_cache = self.runtime.prefix_cache
-        with prefix_cache.batched_restores() if prefix_cache is not None else contextlib.nullcontext():
+        # Then waiting sequences (their fresh slots zeroed and prefix-cache hits restored together, after the loop).
+        with self.runtime.batched_admissions():
             self._admit(seqs, counts, budget, blocks_free)
         if not seqs:
             return None

@@ -288,6 +288,26 @@ def test_one_state_slot_per_sequence_stable_for_its_life(model_path):
     assert len(slot_of) == 7 and len(set(slot_of.values())) == 3  # 7 lives share the 3 slots: freed and reused
 
 
+def test_one_scheduling_pass_zeroes_every_fresh_slot_and_nothing_else(model_path):
+    """The slots a prefill pass admits into are zeroed together at its end (one fill per state tensor): a slot's
+    previous sequence leaves no state behind, and the other slots keep theirs."""
+    engine = make_llm(model_path, max_num_seqs=4, max_num_batched_tokens=256).engine
+    runtime = engine.runtime
+    pools = [t for layer in runtime.model.layers if hasattr(layer.mixer, "recurrent_state")
+             for t in (layer.mixer.recurrent_state, layer.mixer.conv_state)]
+    for pool in pools:
+        pool.fill_(7.0)  # what finished sequences might have left
+    for i in range(3):
+        engine.add_request(f"r{i}", prompt(5 + i), SamplingParams(max_tokens=1, **GREEDY))
+    batch = engine.scheduler.schedule()  # admits all three, runs nothing
+    slots = sorted(s.state_slot for s in batch.seqs)
+    assert batch.is_prefill and len(slots) == 3
+    for pool in pools:
+        assert not pool[slots].any()
+        others = [s for s in range(pool.shape[0]) if s not in slots]
+        assert (pool[others] == 7.0).all()
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Preemption by recompute
 # --------------------------------------------------------------------------------------------------------------
