@@ -172,8 +172,9 @@ def _prune(configs: list, named_args: dict, **kwargs) -> list:
 
 
 # Tuning results kept in Triton's cache directory, keyed by the kernel's source, the configs and the key values: a
-# warm start-up skips the ~14 keys x 6 configs of benchmarks (run 4 on the H200: decode start-up 27.5 s warm, against
-# 11.7 s in run 1 before this kernel). Triton has the option from 3.4 on (FLA passes it from the same version).
+# warm start-up skips the ~14 keys x 6 configs of benchmarks, which every process otherwise reruns (run 4 on the H200:
+# decode start-up 16.5 s in a process that found the compile caches warm, against 11.7 s warm in run 1 before this
+# kernel). Triton has the option from 3.4 on (FLA passes it from the same version).
 _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
