@@ -260,10 +260,10 @@ class LLMEngine:
 
     def _next_input_ids(self, seqs: list[Sequence], in_flight: "_InFlight") -> torch.Tensor:
         """The in-flight step's sampled tokens, in the order of ``seqs`` (a subsequence of its rows)."""
+        if len(seqs) == len(in_flight.requests):  # the steady state: a subsequence as long is the same rows
+            return in_flight.tokens
         row_of = {r.seq.seq_id: i for i, r in enumerate(in_flight.requests)}
         rows = [row_of[s.seq_id] for s in seqs]
-        if rows == list(range(len(in_flight.requests))):
-            return in_flight.tokens
         index = torch.tensor(rows, dtype=torch.long)
         if in_flight.tokens.is_cuda:  # pinned and asynchronous: a pageable copy would wait for the GPU
             index = index.pin_memory().to(in_flight.tokens.device, non_blocking=True)

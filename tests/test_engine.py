@@ -58,11 +58,13 @@ def prompt(length: int, seed: int = 0) -> list[int]:
     return [rng.randrange(VOCAB) for _ in range(length)]
 
 
-def drain(engine: LLMEngine, max_steps: int = 5000, on_step=None) -> dict[str, RequestOutput]:
+def drain(engine: LLMEngine, max_steps: int = 5000, on_step=None, streamed=None) -> dict[str, RequestOutput]:
     """Step until no request is left. Returns each request's final output; checks that the streamed new ids add
-    up to the final token ids and that nothing is reported after it finished."""
+    up to the final token ids and that nothing is reported after it finished. ``streamed`` (a dict, filled in as
+    the steps go: request id -> new ids reported so far) lets ``on_step`` see what has been reported."""
     finals: dict[str, RequestOutput] = {}
-    streamed = {rid: list(r.seq.generated_token_ids) for rid, r in engine.requests.items()}
+    streamed = {} if streamed is None else streamed
+    streamed.update({rid: list(r.seq.generated_token_ids) for rid, r in engine.requests.items()})
     for _ in range(max_steps):
         if not engine.has_unfinished_requests():
             break

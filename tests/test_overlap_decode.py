@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from compiled_engine import SamplingParams
-from tests.test_engine import GREEDY, MODEL, assert_clean, check_invariants, heavy_settings, make_llm, prompt
+from tests.test_engine import GREEDY, MODEL, assert_clean, check_invariants, drain, heavy_settings, make_llm, prompt
 from tests import hf_models
 
 
@@ -28,30 +28,27 @@ def engines(model_path):
 
 
 def run(engine, requests, abort=None, late=()):
-    """Queue ``requests`` ((id, prompt, params)), then step to the end: the ``late`` ones join after 3 steps, and
+    """Queue ``requests`` ((id, prompt, params)), then step to the end: the ``late`` ones join after 4 steps, and
     ``abort`` = (id, k) aborts that request once it has reported k tokens (a point both engines reach with the
     same tokens: the overlapped one reports each token one step later). Returns {id: (token_ids, finish_reason)}."""
     for rid, tokens, params in requests:
         engine.add_request(rid, tokens, params)
-    results, reported = {}, {}
-    for step in range(5000):
-        if not engine.has_unfinished_requests():
-            break
-        for out in engine.step():
-            assert out.request_id not in results, f"{out.request_id} reported after it finished"
-            reported.setdefault(out.request_id, []).extend(out.new_token_ids)
-            assert out.token_ids == reported[out.request_id]
-            if out.finished:
-                results[out.request_id] = (out.token_ids, out.finish_reason)
+    reported, aborted, step = {}, {}, 0
+
+    def on_step():
+        nonlocal step
+        step += 1
         check_invariants(engine)
-        if step == 3:
+        if step == 4:
             for rid, tokens, params in late:
                 engine.add_request(rid, tokens, params)
         if abort is not None and abort[0] in engine.requests and len(reported.get(abort[0], ())) >= abort[1]:
             out = engine.abort_request(abort[0])
-            results[out.request_id] = (out.token_ids, out.finish_reason)
+            aborted[out.request_id] = (out.token_ids, out.finish_reason)
+
+    finals = drain(engine, on_step=on_step, streamed=reported)
     assert_clean(engine)
-    return results
+    return {**{rid: (o.token_ids, o.finish_reason) for rid, o in finals.items()}, **aborted}
 
 
 def stop_token_of(engine, tokens, params) -> int:
