@@ -413,11 +413,16 @@ class StepLog:
 
     SLOWEST = 5
 
-    def __init__(self, llm):
+    def __init__(self, llm, profile_first_step: bool = False):
+        """``profile_first_step``: run the first step under cProfile (Triton compiles and autotuning show there, and
+        waits for the GPU in the call that waits) and keep its largest entries in the summary. That one step then
+        also carries cProfile's overhead."""
         self.engine = getattr(llm, "engine", None)
         self.scheduler = getattr(self.engine, "scheduler", None)
         self.steps: list[tuple[str, int, int, float]] = []  # (kind, sequences, tokens, seconds)
         self.held_back = 0
+        self.profile_first_step = profile_first_step
+        self.first_step_profile: dict | None = None
 
     def __enter__(self) -> "StepLog":
         if self.engine is None or self.scheduler is None:
@@ -434,8 +439,12 @@ class StepLog:
 
         def logged_step():
             batch_of_step.clear()
+            profiled = self.profile_first_step and not self.steps
             start = time.perf_counter()
-            outputs = step()
+            if profiled:
+                outputs, self.first_step_profile = _profiled_call(step)
+            else:
+                outputs = step()
             seconds = time.perf_counter() - start
             batch = batch_of_step[0] if batch_of_step else None
             if batch is not None:
@@ -470,9 +479,36 @@ class StepLog:
             by_kind[kind] = {"steps": len(steps), "tokens": sum(s[2] for s in steps),
                              "host_s": sum(s[3] for s in steps)}
         slowest = sorted(self.steps, key=lambda s: -s[3])[: self.SLOWEST]
-        return {**by_kind, "held_back": self.held_back,
-                "first": [_step_row(s) for s in self.steps[: self.SLOWEST]],
-                "slowest": [_step_row(s) for s in slowest]}
+        summary = {**by_kind, "held_back": self.held_back,
+                   "first": [_step_row(s) for s in self.steps[: self.SLOWEST]],
+                   "slowest": [_step_row(s) for s in slowest]}
+        if self.first_step_profile is not None:
+            summary["first_step_profile"] = self.first_step_profile
+        return summary
+
+
+def _profiled_call(fn, top: int = 25) -> tuple[object, dict]:
+    """``fn()`` under cProfile: its result and the ``top`` functions by cumulative time. Time the host spends waiting
+    for the GPU shows up in the call that waits (a ``.tolist()`` or synchronize). cProfile only: torch.profiler
+    added ~2 s to the profiled step (CPU-measured), which would distort the run it explains."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        result = fn()
+    finally:
+        profile.disable()
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (primitive calls, calls, self s, cumulative s, _)
+
+    def largest(column: int) -> list[dict]:
+        rows = sorted(stats.items(), key=lambda item: -item[1][column])[:top]
+        return [{"function": f"{name} ({'/'.join(file.rsplit('/', 2)[-2:])}:{line})", "calls": calls,
+                 "self_s": round(own, 4), "cum_s": round(cum, 4)}
+                for (file, line, name), (_, calls, own, cum, _) in rows]
+
+    return result, {"by_cumulative_time": largest(3), "by_self_time": largest(2)}
 
 
 def _step_row(step: tuple[str, int, int, float]) -> dict:
