@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: the runtime's memory plan")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="shard our engine over N GPUs")
     p.add_argument("--enable-prefix-caching", action="store_true", help="prefix caching on in every scenario")
-    p.add_argument("--overlap-decode", action="store_true",
-                   help="LLM(overlap_decode=True): the host prepares the next decode step while the GPU runs this one")
+    p.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false",
+                   help="LLM(overlap_decode=False): read each decode step's tokens back before the next is built")
     p.add_argument("--bandwidth-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 cuda, 64 cpu)")
     p.add_argument("--hf-limit", type=int, default=None, help="HF runs only the first N requests of a workload")
     p.add_argument("--hf-batch-size", type=int, default=64, help="HF pad-left batch size")

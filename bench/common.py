@@ -50,7 +50,7 @@ class Options:
     num_kv_blocks: int | None = None  # default: the runtime's memory plan
     tensor_parallel_size: int = 1  # shard our engine over this many GPUs (HF always runs on one)
     enable_prefix_caching: bool = False  # for every scenario's engine (prefix runs both modes regardless)
-    overlap_decode: bool = False  # LLM(overlap_decode=True) for every scenario's engine
+    overlap_decode: bool = True  # LLM(overlap_decode=...) for every scenario's engine (LLM's default)
     bandwidth_mib: int | None = None  # copy buffer size; default 1024 on CUDA, 64 on CPU
     hf_limit: int | None = None  # HF runs at most this many requests of a workload (throughput, prefix)
     hf_batch_size: int = 64  # HF pad-left batch size
@@ -121,8 +121,7 @@ class Context:
             kwargs["num_kv_blocks"] = self.opts.num_kv_blocks
         if self.opts.enable_prefix_caching:
             kwargs["enable_prefix_caching"] = True
-        if self.opts.overlap_decode:
-            kwargs["overlap_decode"] = True
+        kwargs["overlap_decode"] = self.opts.overlap_decode
         if self.opts.tensor_parallel_size != 1:
             kwargs["tensor_parallel_size"] = self.opts.tensor_parallel_size
         return {**kwargs, **extra}

@@ -1,10 +1,11 @@
 """latency: batch 1, a 128-token prompt, 512 greedy new tokens (ignore_eos).
 
 What is timed (after one warm-up request of the same prompt length):
-  * engine: one request driven through ``LLMEngine.add_request`` / ``step()``, with a synchronised timestamp after
-    every step. TTFT = add_request -> the step that returned the first token (prefill + first sample); every later
-    step is one decode step (scheduler + runtime decode + sampler + the device->host token copy). Decode tok/s =
-    (new_tokens - 1) / (last step - first-token step). Repeated ``repeats`` times; the median run is reported.
+  * engine: one request driven through ``LLMEngine.add_request`` / ``step()``, a timestamp when each token reaches
+    the caller in an output (the host has read it back, so its step is done). TTFT = add_request -> the first
+    token; each later interval is one decode step (scheduler + runtime decode + sampler + the device->host token
+    copy; with overlap_decode the host's part overlaps the next step's GPU work). Decode tok/s = (new_tokens - 1)
+    / (last token - first token). Repeated ``repeats`` times; the median run is reported.
   * runtime: the same prompt through ``Runtime.prefill`` / ``decode_step`` + argmax with no scheduler or sampler,
     to separate the runtime's step time from the engine's host overhead.
 Bound: batch-1 decode reads every weight once, so tok/s <= copy bandwidth / weight_bytes (bench/bounds.py).
@@ -111,8 +112,9 @@ def _engine_run(ctx: Context, engine, prompt: list[int], new_tokens: int) -> dic
     request_id = engine.add_request(None, prompt, greedy(new_tokens))
     stamps, first, finished = [], None, False
     while not finished:
+        # No device sync here: a token in an output has been read back to the host, so its step is done, and a sync
+        # would stop overlap_decode from running the next step ahead (it did, until 2026-11-29's run 6).
         outputs = engine.step()
-        ctx.sync()
         now = time.perf_counter()
         for out in outputs:
             if out.request_id == request_id:

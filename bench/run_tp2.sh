@@ -16,7 +16,19 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 WORK=$(mktemp -d /tmp/tp2.XXXXXX)
 export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" TRITON_CACHE_DIR="$WORK/triton"
-timeout ${TP2_TEST_S:-300} python3 -m pytest -q -s tests/test_tensor_parallel_gpu.py -p no:cacheprovider >"$OUT/tp2_tests.log" 2>&1
+# The tests, under a time limit that leaves evidence: at the limit every process still running (pytest = rank 0, and the
+# spawned rank 1) gets SIGABRT, on which faulthandler prints its Python stacks into the log (twice before, the test
+# was killed at its limit with nothing in the log saying where it was).
+PYTHONFAULTHANDLER=1 python3 -m pytest -q -s tests/test_tensor_parallel_gpu.py -p no:cacheprovider \
+    -o log_cli=true --log-cli-level=INFO >"$OUT/tp2_tests.log" 2>&1 &
+pid=$!
+for ((i = 0; i < ${TP2_TEST_S:-300}; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+if kill -0 "$pid" 2>/dev/null; then
+    echo "tp2 tests: still running at ${TP2_TEST_S:-300}s; Python stacks of each process follow" >>"$OUT/tp2_tests.log"
+    pkill -ABRT -f multiprocessing.spawn; kill -ABRT "$pid"; sleep 5
+    pkill -KILL -f multiprocessing.spawn; kill -KILL "$pid" 2>/dev/null
+fi
+wait "$pid"
 echo "tp2 tests: exit $?"; tail -n 8 "$OUT/tp2_tests.log"
 [ "${TP2_BENCH:-1}" = 0 ] && exit 0
 COMMON=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 256 --max-model-len 4096)

@@ -13,6 +13,10 @@ plainly (wall ms per step), then again under ``torch.profiler``. Per step it rep
     linear layer (FLA deriving its chunk table, bench/NOTES.md "Next" 3).
 Prefill: ``prefill_seqs`` fresh sequences of ``prefill_len`` tokens in one ``Runtime.prefill`` step (8,192 tokens
 by default: the engine's ``max_num_batched_tokens``), measured the same way (its logits' argmax read back).
+Engine decode: the same batch sizes through ``LLMEngine.step`` (scheduler, sampler, bookkeeping, and
+``overlap_decode`` as the engine is configured), timed and profiled the same way; with overlap the GPU should be
+busy for the whole step (wall ~ GPU ms) unless the host's work per step is longer than the GPU's. The host's
+largest Python functions over those steps (cProfile, which slows them) say where its time goes.
 On a CPU there are no device kernels: only wall ms is reported (the harness's smoke test runs it there).
 """
 
@@ -74,6 +78,7 @@ def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, pr
         row["bound_ms"] = decode_bound(mb, bandwidth, batch, context + steps)["ms_per_step"]
         row["fraction_of_bound"] = row["bound_ms"] / row["wall_ms"]
         rows.append(row)
+    engine_rows = [_profile_engine_decode(ctx, batch, context, steps, top, rng) for batch in batches]
     prompts = [random_prompt(rng, prefill_len, ctx.model_config.vocab_size) for _ in range(prefill_seqs)]
     prefill = _profile(ctx, lambda: _prefill_once(runtime, prompts), repeats=3, top=top)
     prefill.update(sequences=prefill_seqs, tokens=prefill_seqs * prefill_len,
@@ -83,6 +88,7 @@ def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, pr
         "workload": {"batches": batches, "context": context, "steps": steps, "greedy": True, "seed": seed,
                      "prefill_seqs": prefill_seqs, "prefill_len": prefill_len},
         "rows": rows,
+        "engine_rows": engine_rows,
         "prefill": prefill,
         "bound": {"formula": "decode step bytes (weights + state read/write + KV read) / copy bandwidth",
                   "ms_per_step": [r["bound_ms"] for r in rows]},
@@ -107,6 +113,43 @@ def _profile_batch(ctx: Context, runtime, seqs, steps: int, top: int) -> dict:
             seq.token_ids.append(token)
 
     return {"batch": len(seqs), **_profile(ctx, decode_step, repeats=steps, top=top)}
+
+
+def _profile_engine_decode(ctx: Context, batch: int, context: int, steps: int, top: int, rng) -> dict:
+    """Decode steps of ``batch`` requests through ``LLMEngine.step``, once every request has its first token."""
+    import cProfile
+    import pstats
+
+    from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
+
+    engine = ctx.llm().engine
+    params = SamplingParams(temperature=0.0, max_tokens=4 * steps + 16, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
+    ids = [engine.add_request(None, random_prompt(rng, context, ctx.model_config.vocab_size), params)
+           for _ in range(batch)]
+    try:
+        while any(engine.requests[i].first_token_time is None for i in ids):
+            engine.step()
+        row = {"batch": batch, "overlap_decode": engine.overlap_decode, **_profile(ctx, engine.step, steps, top)}
+        host = cProfile.Profile()
+        host.enable()
+        for _ in range(steps):
+            engine.step()
+        host.disable()
+        stats = pstats.Stats(host).stats
+        ranked = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+        row["host_functions_by_self_ms_per_step"] = [
+            {"function": f"{name} ({'/'.join(file.rsplit('/', 2)[-2:])}:{line})", "self_ms": own / steps * 1e3,
+             "cum_ms": cum / steps * 1e3}
+            for (file, line, name), (_, _, own, cum, _) in ranked
+        ]
+        return row
+    finally:
+        for request_id in ids:
+            if request_id in engine.requests:
+                engine.abort_request(request_id)
+        while engine.step():  # an overlapped step still in flight
+            pass
 
 
 @torch.inference_mode()
@@ -165,6 +208,8 @@ def summary_lines(head: str, result: dict) -> list[str]:
     lines = [f"{head} decode at context {result['workload']['context']}:"]
     for r in result["rows"]:
         lines += _row_lines(f"batch {r['batch']}", r, f" | bound {r['bound_ms']:.3f} ms ({100 * r['fraction_of_bound']:.1f}%)")
+    for r in result.get("engine_rows", []):
+        lines += _row_lines(f"engine batch {r['batch']}{' overlapped' if r['overlap_decode'] else ''}", r, "")
     p = result["prefill"]
     lines += _row_lines(f"prefill {p['sequences']} x {p['tokens'] // p['sequences']} tokens", p, f" | {p['tok_s']:.0f} tok/s")
     return lines

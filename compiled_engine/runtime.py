@@ -58,9 +58,22 @@ class OutOfBlocksError(RuntimeError):
 # variant per class of each integer argument (1, a multiple of 16, anything else), and FLA's chunked delta-rule
 # kernels take the step's token and sequence counts, so a class first met while serving would compile in the middle
 # of it. These lengths give one sequence and several, token totals that are multiples of 16 and totals that are
-# not. (They did not remove the ~10 s first prefill step of the H200 throughput runs: its cause is still open,
-# bench/NOTES.md.)
+# not.
 WARMUP_PREFILL_LENGTHS = ([17], [17, 20], [16, 16])
+
+
+def largest_prefill_lengths(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int) -> list[int]:
+    """Sequence lengths of the largest prefill step the scheduler can build: ``max_num_batched_tokens`` tokens in
+    all (fewer only if ``max_num_seqs`` full-length sequences hold fewer), no sequence over ``max_model_len``.
+
+    The start-up step must be this large, not one sequence of at most ``max_model_len``: FLA tunes its l2norm kernel
+    per bucket of the step's token count, and a cold tune (25 Triton compiles) inside the first served step took it to
+    12.5 s on the H200 (bench/results/h200-2026-11-29/run6-session); the activation peak of the memory plan was
+    undercounted the same way.
+    """
+    total = min(max_num_batched_tokens, max_model_len * max_num_seqs)
+    full, rest = divmod(total, max_model_len)
+    return [max_model_len] * full + ([rest] if rest else [])
 
 
 class _NullSequence:
@@ -292,7 +305,9 @@ class Runtime:
         """
         block_size = self.config.block_size
         allocate_kv_cache(self.model, 2, block_size, self.device, self.dtype)
-        tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
+        largest = largest_prefill_lengths(self.config.max_num_batched_tokens, self.max_model_len,
+                                          self.config.max_num_seqs)
+        halves = [n for piece in largest for n in (piece // 2, piece - piece // 2) if n]  # more sequences, same total
 
         def step(lengths: list[int], is_prefill: bool) -> StepInputs:
             seqs = [_NullSequence(n, block_size) for n in lengths]
@@ -301,8 +316,7 @@ class Runtime:
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         baseline = torch.cuda.memory_allocated(self.device)
-        third = tokens // 3
-        for lengths in ([tokens], [third, third, tokens - 2 * third], *WARMUP_PREFILL_LENGTHS):
+        for lengths in (largest, halves, *WARMUP_PREFILL_LENGTHS):
             prefill = step(lengths, True)
             self.model.compute_logits(self.model(prefill)[prefill.last_token_indices()])
         decode = step([1] * self.config.max_num_seqs, False)

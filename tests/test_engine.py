@@ -268,6 +268,24 @@ def test_at_most_max_num_seqs_run(model_path, load_hf_model):
         assert finals[rid].token_ids == hf_greedy(load_hf_model, tokens, 3 + i % 4), rid
 
 
+@pytest.mark.parametrize("budget, max_model_len, max_num_seqs", [(64, 24, 8), (64, 32, 8), (40, 128, 4), (200, 24, 3)])
+def test_the_startup_prefill_is_the_schedulers_largest_step(model_path, budget, max_model_len, max_num_seqs):
+    """The start-up step that sizes the memory plan and warms the kernels (Runtime._measure_activation_peak) has the
+    shape of the largest step the scheduler builds: full-length prompts, more than fit, cut by its token budget."""
+    from compiled_engine.runtime import largest_prefill_lengths
+
+    llm = make_llm(model_path, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                   max_num_batched_tokens=budget, block_size=4, num_kv_blocks=512)
+    engine = llm.engine
+    for i in range(max_num_seqs + 2):
+        engine.add_request(f"r{i}", prompt(max_model_len, i), SamplingParams(max_tokens=1, **GREEDY))
+    first = engine.scheduler.schedule()
+    assert first.is_prefill
+    assert first.num_tokens == largest_prefill_lengths(budget, max_model_len, max_num_seqs)
+    for rid in [f"r{i}" for i in range(max_num_seqs + 2)]:
+        engine.abort_request(rid)
+
+
 def test_one_state_slot_per_sequence_stable_for_its_life(model_path):
     llm = make_llm(model_path, max_num_seqs=3, max_num_batched_tokens=24)
     engine = llm.engine

@@ -7,7 +7,9 @@ the equivalence is judged on teacher-forced logits (relative error against TP=1)
 
 from __future__ import annotations
 
+import gc
 import random
+import time
 
 import pytest
 import torch
@@ -51,13 +53,17 @@ def test_tp2_equals_tp1_on_two_gpus():
     prompts = [[rng.randrange(vocab) for _ in range(n)] for n in PROMPT_LENGTHS]
     continuation = [[rng.randrange(vocab) for _ in range(DECODE_STEPS)] for _ in PROMPT_LENGTHS]
 
+    start = time.perf_counter()
     # The reference decodes eagerly (compiled == eager is tests/test_compile_gpu.py's business): one cold compile less.
     single = LLM(path, enforce_eager=True, **KNOBS)
     reference = teacher_forced_logits(single.runtime, prompts, continuation)
     del single
+    gc.collect()
     torch.cuda.empty_cache()
+    print(f"\n[{time.perf_counter() - start:.0f} s] TP=1 reference done", flush=True)  # progress: bench/run_tp2.sh
 
     with LLM(path, tensor_parallel_size=2, **KNOBS) as llm:  # every rank compiles and captures its decode graphs
+        print(f"[{time.perf_counter() - start:.0f} s] TP=2 engine built and compiled", flush=True)
         assert isinstance(llm.runtime.decode_fn, DecodeGraphRunner)
         assert llm.runtime.model.tp.world_size == 2
         sharded = teacher_forced_logits(llm.runtime, prompts, continuation)
