@@ -15,6 +15,7 @@ reports its traceback and exits; the driver's next collective then fails and the
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import queue
 import time
@@ -163,8 +164,7 @@ class TensorParallelWorkers:
             if process.is_alive():
                 process.kill()
             process.join()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group(self.device)
 
     def shutdown(self) -> None:
         """Stop the workers and leave the process group; safe to call twice and after errors."""
@@ -179,12 +179,31 @@ class TensorParallelWorkers:
                     dist.broadcast(self._header([CMD_STOP]), 0)
             except Exception:  # a dead peer: nothing to tell it
                 pass
-            dist.destroy_process_group()
+            leave_process_group(self.device)
         for process in self.processes:
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
                 process.join()
+
+
+def leave_process_group(device: torch.device) -> None:
+    """``destroy_process_group``, after freeing this process's CUDA graphs.
+
+    NCCL cannot destroy a communicator while a CUDA graph that captured its collectives exists: ncclCommDestroy
+    waits for those graphs to go (pytorch/pytorch#115388). The decode graphs hold every all-reduce of the step, and
+    the TP=2 GPU test hung there on both ranks after its last step (bench/results/h200-2026-11-29/run7-tp2). The
+    graphs are cudagraph trees', which are per process, so all of this process's go: these ranks cannot step any
+    more, and any other compiled function records its graphs again on its next call.
+    """
+    if not dist.is_initialized():
+        return
+    if device.type == "cuda":
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()
+        gc.collect()  # the graphs' last references may sit in reference cycles
+    dist.destroy_process_group()
 
 
 def step_tensors(step: StepInputs) -> list[torch.Tensor]:
@@ -250,8 +269,7 @@ def worker_main(rank: int, world_size: int, port: int, device_type: str, args: d
     except BaseException:
         reports.put((rank, traceback.format_exc()))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group(device)
 
 
 @torch.inference_mode()

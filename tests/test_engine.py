@@ -47,8 +47,10 @@ def heavy_settings(max_examples: int, **kw) -> settings:
 
 def make_llm(path, **knobs) -> LLM:
     """A CPU fp32 eager LLM with small defaults; ``knobs`` override them (RuntimeConfig fields,
-    max_num_batched_tokens)."""
-    config = dict(max_model_len=128, max_num_seqs=4, block_size=16, max_num_batched_tokens=256)
+    max_num_batched_tokens, overlap_decode). Its engine is the synchronous one, whose ``step()`` returns each step's
+    own tokens, which these tests drive step by step; tests/test_overlap_decode.py compares LLM's default, the
+    overlapped engine, against it."""
+    config = dict(max_model_len=128, max_num_seqs=4, block_size=16, max_num_batched_tokens=256, overlap_decode=False)
     config.update(knobs)
     return LLM(str(path), device="cpu", dtype="float32", enforce_eager=True, **config)
 
