@@ -2,7 +2,8 @@
 
 Needs two CUDA devices (the ``nvidia-h200-x2`` machine); skipped otherwise. Run: ``bash bench/run_tp2.sh``.
 bf16 with random weights: greedy tokens can legitimately diverge where the top-2 logits are within rounding, so
-the equivalence is judged on teacher-forced logits (relative error against TP=1), and greedy agreement is reported.
+the equivalence is judged on teacher-forced logits: their relative error against an fp32 TP=1 oracle must stay
+within a factor of bf16 TP=1's own; argmax agreement with bf16 TP=1 is checked too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ pytestmark = [
 
 PROMPT_LENGTHS = (1, 100, 700)
 DECODE_STEPS = 16
-BF16_RELATIVE_TOLERANCE = 2e-2  # ||tp2 - tp1|| / ||tp1|| over all teacher-forced logits
+# Judged against an fp32 TP=1 oracle, relative to what bf16 costs without sharding: bf16 TP=2 differed from bf16 TP=1
+# by 4.6e-2 (with every argmax equal) on the H200 (run 8), above a fixed 2e-2 guess, so the yardstick is measured.
+# TP=2 may round a little more (each all-reduce sums bf16 partials), hence the factor; a sharding bug is ~1.
+BF16_NOISE_FACTOR = 2.0
+BF16_FLOOR_LIMIT = 0.1
 # One decode bucket (batch 1): each rank compiles its graphs cold, and the test was killed at 240-250 s twice on the
 # x2 machine (2026-11-29) with 17 buckets and then with 4 (three Dynamo compiles per rank). Batch 1 is one compile,
 # and the graph still holds every all-reduce of the step. Sequences are therefore run one after another.
@@ -54,25 +59,35 @@ def test_tp2_equals_tp1_on_two_gpus():
     continuation = [[rng.randrange(vocab) for _ in range(DECODE_STEPS)] for _ in PROMPT_LENGTHS]
 
     start = time.perf_counter()
-    # The reference decodes eagerly (compiled == eager is tests/test_compile_gpu.py's business): one cold compile less.
-    single = LLM(path, enforce_eager=True, **KNOBS)
-    reference = teacher_forced_logits(single.runtime, prompts, continuation)
-    del single
-    gc.collect()
-    torch.cuda.empty_cache()
-    print(f"\n[{time.perf_counter() - start:.0f} s] TP=1 reference done", flush=True)  # progress: bench/run_tp2.sh
 
+    def eager(dtype: str) -> torch.Tensor:  # compiled == eager is tests/test_compile_gpu.py's business
+        llm = LLM(path, enforce_eager=True, **{**KNOBS, "dtype": dtype})
+        logits = teacher_forced_logits(llm.runtime, prompts, continuation)
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(f"[{time.perf_counter() - start:.0f} s] TP=1 {dtype} done", flush=True)  # progress: bench/run_tp2.sh
+        return logits
+
+    oracle = eager("float32")
+    reference = eager("bfloat16")
     with LLM(path, tensor_parallel_size=2, **KNOBS) as llm:  # every rank compiles and captures its decode graphs
         print(f"[{time.perf_counter() - start:.0f} s] TP=2 engine built and compiled", flush=True)
         assert isinstance(llm.runtime.decode_fn, DecodeGraphRunner)
         assert llm.runtime.model.tp.world_size == 2
         sharded = teacher_forced_logits(llm.runtime, prompts, continuation)
-    error = ((sharded - reference).norm() / reference.norm()).item()
-    agreement = (sharded.argmax(-1) == reference.argmax(-1)).float().mean().item()
-    print(f"\nTP=2 vs TP=1: relative logit error {error:.2e}, argmax agreement {agreement:.1%}")
-    assert error < BF16_RELATIVE_TOLERANCE
-    assert agreement > 0.9
 
+    def relative_error(x: torch.Tensor, y: torch.Tensor) -> float:
+        return ((x - y).norm() / y.norm()).item()
+
+    floor = relative_error(reference, oracle)  # what bf16 alone costs on one GPU
+    error = relative_error(sharded, oracle)
+    agreement = (sharded.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    print(f"\nrelative logit error against fp32 TP=1: bf16 TP=1 {floor:.2e}, bf16 TP=2 {error:.2e}; "
+          f"TP=2 vs TP=1 {relative_error(sharded, reference):.2e}, argmax agreement {agreement:.1%}")
+    assert floor < BF16_FLOOR_LIMIT  # the yardstick itself is sane
+    assert error < BF16_NOISE_FACTOR * floor
+    assert agreement > 0.9
 
 def test_a_tp2_engine_never_closed_exits_on_nccl(tmp_path):
     from compiled_engine.tiny_model import ensure_tiny_model
