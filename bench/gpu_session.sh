@@ -2,7 +2,7 @@
 # One H200 call (device tool, kind nvidia-h200, carry .whl, timeout 600) that checks and measures the engine as it is
 # now, stage after stage (about 9 minutes), most needed first:
 #   1. bench latency + throughput (it compiles the 0.8B decode graphs cold, ~200 s; every later engine finds them
-#      cached; throughput profiles its first step), then the same with overlap_decode;
+#      cached; throughput profiles its first step), then the same with the synchronous engine (--no-overlap-decode);
 #   2. the kernel tests of what changed: skinny GEMM, delta-rule prefill (FLA hints, no host sync), prefill kernels
 #      (if the skinny GEMM's fail, the log says so: rerun with CE_SKINNY_GEMM=0 before trusting stage 1's numbers);
 #   3. tests/test_compile_gpu.py (CUDA graphs captured, compiled == eager, copy=False);
@@ -41,14 +41,14 @@ stage() {  # stage NAME MAX_S CMD...: CMD under min(MAX_S, what is left of the b
 
 BENCH=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 256 --max-model-len 4096)
 stage main 300 python3 -m bench latency,throughput -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/main"
-stage main_overlap 100 python3 -m bench latency,throughput -p latency.repeats=2 "${BENCH[@]}" --overlap-decode --out "$WORK/main_overlap"
+stage main_sync 100 python3 -m bench latency,throughput -p latency.repeats=2 "${BENCH[@]}" --no-overlap-decode --out "$WORK/main_sync"
 stage test_kernels 90 python3 -m pytest -q tests/test_kernels_cuda.py -k "linear or delta_rule_prefill or host_sync or paged_attention_prefill or conv1d_prefill" -p no:cacheprovider
 stage test_compile 100 python3 -m pytest -q -x tests/test_compile_gpu.py -p no:cacheprovider --durations=5
 stage throughput_prefix_on 60 python3 -m bench throughput "${BENCH[@]}" --enable-prefix-caching --out "$WORK/throughput_on"
 stage step_profile 120 python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
 stage snapshot_methods 45 python3 -m bench snapshot_methods --out "$WORK/snapshot"
 stage prefix 110 python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
-dirs=(); for d in profile main main_overlap throughput_on snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
+dirs=(); for d in profile main main_sync throughput_on snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done

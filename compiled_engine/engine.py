@@ -100,7 +100,9 @@ class LLMEngine:
         max_num_batched_tokens: int = 8192,
         overlap_decode: bool = False,
     ):
-        """``overlap_decode``: read each decode step's tokens back during the next step (``_step_overlapped``)."""
+        """``overlap_decode``: read each decode step's tokens back during the next step (``_step_overlapped``). Off
+        here, so that each ``step()`` returns its own tokens to a caller that streams them; ``LLM``, which only
+        returns finished outputs, turns it on."""
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(runtime, runtime.config.max_num_seqs, max_num_batched_tokens)
