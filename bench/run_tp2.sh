@@ -22,9 +22,9 @@ export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" TRITON_CACHE_DIR="$WORK/triton"
 PYTHONFAULTHANDLER=1 python3 -m pytest -q -s tests/test_tensor_parallel_gpu.py -p no:cacheprovider \
     -o log_cli=true --log-cli-level=INFO >"$OUT/tp2_tests.log" 2>&1 &
 pid=$!
-for ((i = 0; i < ${TP2_TEST_S:-300}; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+for ((i = 0; i < ${TP2_TEST_S:-420}; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
 if kill -0 "$pid" 2>/dev/null; then
-    echo "tp2 tests: still running at ${TP2_TEST_S:-300}s; Python stacks of each process follow" >>"$OUT/tp2_tests.log"
+    echo "tp2 tests: still running at ${TP2_TEST_S:-420}s; Python stacks of each process follow" >>"$OUT/tp2_tests.log"
     pkill -ABRT -f multiprocessing.spawn; kill -ABRT "$pid"; sleep 5
     pkill -KILL -f multiprocessing.spawn; kill -KILL "$pid" 2>/dev/null
 fi
