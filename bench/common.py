@@ -441,7 +441,7 @@ class StepLog:
             profiled = self.profile_first_step and not self.steps
             start = time.perf_counter()
             if profiled:
-                outputs, self.first_step_profile = _profiled_call(step)
+                outputs, self.first_step_profile = profiled_call(step)
             else:
                 outputs = step()
             seconds = time.perf_counter() - start
@@ -486,10 +486,11 @@ class StepLog:
         return summary
 
 
-def _profiled_call(fn, top: int = 25) -> tuple[object, dict]:
-    """``fn()`` under cProfile: its result and the ``top`` functions by cumulative time. Time the host spends waiting
-    for the GPU shows up in the call that waits (a ``.tolist()`` or synchronize). cProfile only: torch.profiler
-    added ~2 s to the profiled step (CPU-measured), which would distort the run it explains."""
+def profiled_call(fn, top: int = 25, calls: int = 1) -> tuple[object, dict]:
+    """``fn()`` under cProfile: its result and the ``top`` Python functions by cumulative and by self time, in seconds
+    per one of the ``calls`` that ``fn`` makes. Time the host spends waiting for the GPU shows up in the call that
+    waits (a ``.tolist()`` or synchronize). cProfile only: torch.profiler added ~2 s to a profiled engine step
+    (CPU-measured), which would distort the run it explains."""
     import cProfile
     import pstats
 
@@ -503,9 +504,9 @@ def _profiled_call(fn, top: int = 25) -> tuple[object, dict]:
 
     def largest(column: int) -> list[dict]:
         rows = sorted(stats.items(), key=lambda item: -item[1][column])[:top]
-        return [{"function": f"{name} ({'/'.join(file.rsplit('/', 2)[-2:])}:{line})", "calls": calls,
-                 "self_s": round(own, 4), "cum_s": round(cum, 4)}
-                for (file, line, name), (_, calls, own, cum, _) in rows]
+        return [{"function": f"{name} ({'/'.join(file.rsplit('/', 2)[-2:])}:{line})", "calls": n / calls,
+                 "self_s": round(own / calls, 6), "cum_s": round(cum / calls, 6)}
+                for (file, line, name), (_, n, own, cum, _) in rows]
 
     return result, {"by_cumulative_time": largest(3), "by_self_time": largest(2)}
 

@@ -29,7 +29,7 @@ from collections import defaultdict
 import torch
 
 from bench.bounds import decode_bound
-from bench.common import Context, random_prompt
+from bench.common import Context, profiled_call, random_prompt
 
 # Kernel name -> category, first match wins (names are lower-cased). Our Triton kernels are named after their op
 # (ops/triton/*); Inductor's generated kernels start with "triton_"; cuBLAS/CUTLASS GEMMs carry gemm-ish names.
@@ -117,9 +117,6 @@ def _profile_batch(ctx: Context, runtime, seqs, steps: int, top: int) -> dict:
 
 def _profile_engine_decode(ctx: Context, batch: int, context: int, steps: int, top: int, rng) -> dict:
     """Decode steps of ``batch`` requests through ``LLMEngine.step``, once every request has its first token."""
-    import cProfile
-    import pstats
-
     from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 
     engine = ctx.llm().engine
@@ -131,18 +128,7 @@ def _profile_engine_decode(ctx: Context, batch: int, context: int, steps: int, t
         while any(engine.requests[i].first_token_time is None for i in ids):
             engine.step()
         row = {"batch": batch, "overlap_decode": engine.overlap_decode, **_profile(ctx, engine.step, steps, top)}
-        host = cProfile.Profile()
-        host.enable()
-        for _ in range(steps):
-            engine.step()
-        host.disable()
-        stats = pstats.Stats(host).stats
-        ranked = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
-        row["host_functions_by_self_ms_per_step"] = [
-            {"function": f"{name} ({'/'.join(file.rsplit('/', 2)[-2:])}:{line})", "self_ms": own / steps * 1e3,
-             "cum_ms": cum / steps * 1e3}
-            for (file, line, name), (_, _, own, cum, _) in ranked
-        ]
+        _, row["host_functions_per_step"] = profiled_call(lambda: [engine.step() for _ in range(steps)], top, steps)
         return row
     finally:
         for request_id in ids:

@@ -192,9 +192,9 @@ def leave_process_group(device: torch.device) -> None:
 
     NCCL cannot destroy a communicator while a CUDA graph that captured its collectives exists: ncclCommDestroy
     waits for those graphs to go (pytorch/pytorch#115388). The decode graphs hold every all-reduce of the step, and
-    the TP=2 GPU test hung there on both ranks after its last step (bench/results/h200-2026-11-29/run7-tp2). The
-    graphs are cudagraph trees', which are per process, so all of this process's go: these ranks cannot step any
-    more, and any other compiled function records its graphs again on its next call.
+    the TP=2 GPU test hung there on both ranks after its last step (bench/results/h200-2026-11-29/run7-9-tp2-test).
+    The graphs are cudagraph trees', which are per process, so all of this process's go: these ranks cannot step
+    any more, and any other compiled function records its graphs again on its next call.
     """
     if not dist.is_initialized():
         return

@@ -97,6 +97,8 @@ def test_sweep(smoke):
 def test_throughput(smoke):
     r = smoke[2]["throughput"]
     ours = r["ours"]
+    profile = ours["steps"]["first_step_profile"]  # the first step under cProfile: the engine's step is in it
+    assert any(f["function"].startswith("step (compiled_engine/engine.py") for f in profile["by_cumulative_time"])
     assert ours["requests"] == 4 and r["workload"]["output_tokens"] == ours["output_tokens"]
     assert positive(ours["output_tok_s"]) and positive(ours["wall_s"])
     assert ours["ttft_ms"]["n"] == 4 and positive(ours["ttft_ms"]["p50"]) and positive(ours["tpot_ms"]["p99"])
@@ -200,6 +202,11 @@ def test_step_profile(smoke):
         assert positive(row["wall_ms"]) and positive(row["bound_ms"])
         assert row["fraction_of_bound"] == pytest.approx(row["bound_ms"] / row["wall_ms"])
         assert "gpu_ms" not in row  # no device kernels on a CPU
+    assert [row["batch"] for row in r["engine_rows"]] == [1, 2]
+    for row in r["engine_rows"]:  # the engine's own decode steps, overlapped (LLM's default), with a host profile
+        assert row["overlap_decode"] and positive(row["wall_ms"])
+        cumulative = row["host_functions_per_step"]["by_cumulative_time"]
+        assert any(f["function"].startswith("step (compiled_engine/engine.py") for f in cumulative)
     assert r["prefill"]["tokens"] == 16 and positive(r["prefill"]["tok_s"])
 
 
