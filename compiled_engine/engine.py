@@ -153,6 +153,7 @@ class LLMEngine:
             raise ValueError(f"unknown request id {request_id!r}")
         if self._in_flight is not None and request in self._in_flight.requests:  # drop its placeholder token
             del request.seq.token_ids[self._in_flight.indices[self._in_flight.requests.index(request)] :]
+            request.seq.num_placeholder_tokens = 0
         self._finish(request, "abort")
         del self.requests[request_id]
         return self._output(request, [])
@@ -238,16 +239,19 @@ class LLMEngine:
         input_ids = self._next_input_ids(batch.seqs, in_flight) if in_flight is not None else None
         requests, tokens = self._launch(batch, input_ids)
         self._in_flight = _InFlight.start(requests, tokens, self._place(requests))
-        return self._complete(in_flight) if in_flight is not None else []
+        if in_flight is None:
+            return []
+        outputs = self._complete(in_flight)
+        # The tokens just read back were this step's inputs: now the prefix cache can hash them, index the blocks
+        # they fill and snapshot a boundary this step reached. The copy queues behind this step, before the next.
+        self.runtime.record_prefixes([r.seq for r in requests if r.finish_reason is None])
+        return outputs
 
     def _may_run_ahead(self) -> bool:
-        """Whether the next step may be scheduled before the in-flight step's tokens are known: never while the
-        prefix cache would hash placeholder tokens, nor when a decode step could run out of KV blocks (each
-        sequence needs at most one more), which would preempt a sequence whose last token is a placeholder."""
-        return (
-            self.runtime.prefix_cache is None
-            and self.runtime.blocks.num_free >= len(self.scheduler.running)
-        )
+        """Whether the next step may be scheduled before the in-flight step's tokens are known: not when a decode
+        step could run out of KV blocks (each sequence needs at most one more), which would preempt a sequence
+        whose last token is a placeholder. (The prefix cache hashes only known tokens: Sequence.num_known_tokens.)"""
+        return self.runtime.blocks.num_free >= len(self.scheduler.running)
 
     def _without_length_stops(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The decode batch less the sequences that the in-flight token will finish by length (known now)."""
@@ -276,14 +280,22 @@ class LLMEngine:
         """Append a placeholder token to each request's sequence; where each one sits."""
         indices = []
         for request in requests:
-            request.seq.token_ids.append(PLACEHOLDER_TOKEN)
-            indices.append(len(request.seq.token_ids) - 1)
+            seq = request.seq
+            seq.token_ids.append(PLACEHOLDER_TOKEN)
+            seq.num_placeholder_tokens += 1
+            indices.append(len(seq.token_ids) - 1)
         return indices
+
+    @staticmethod
+    def _fill(request: Request, index: int, token: int) -> None:
+        """A placeholder's value, read back (placeholders are filled in the order they were placed)."""
+        request.seq.token_ids[index] = token
+        request.seq.num_placeholder_tokens -= 1
 
     def _accept_placed(self, requests: list[Request], tokens: torch.Tensor, indices: list[int]) -> list[RequestOutput]:
         """Read ``tokens`` back (the step's one device -> host copy) into the placeholders, then ``_accept``."""
         for request, index, token in zip(requests, indices, tokens.tolist()):
-            request.seq.token_ids[index] = token
+            self._fill(request, index, token)
         return self._accept(requests, indices)
 
     def _complete(self, in_flight: "_InFlight") -> list[RequestOutput]:
@@ -292,7 +304,7 @@ class LLMEngine:
         values = in_flight.host_tokens()
         live = [(r, i, t) for r, i, t in zip(in_flight.requests, in_flight.indices, values) if r.finish_reason is None]
         for request, index, token in live:
-            request.seq.token_ids[index] = token
+            self._fill(request, index, token)
         return self._accept([r for r, _, _ in live], [i for _, i, _ in live])
 
     # ------------------------------------------------------------------------------------------------ helpers

@@ -113,6 +113,8 @@ class PrefixCache:
         """``seq.block_hashes``, extended to at least ``full`` blocks (not copied: it may be longer)."""
         hashes = seq.block_hashes
         size = self.block_size
+        if full * size > seq.num_known_tokens:  # a placeholder's hash would be memoised, and wrong, for good
+            raise AssertionError(f"sequence {seq.seq_id}: hashing {full} blocks of {seq.num_known_tokens} known tokens")
         while len(hashes) < full:
             i = len(hashes)
             hashes.append(chain_hash(hashes[-1] if hashes else b"", seq.token_ids[i * size : (i + 1) * size]))
@@ -145,10 +147,10 @@ class PrefixCache:
         """Keys of the snapshots the running ``seq`` will take as it computes the tokens it already has.
 
         Prefill chunks end at every boundary (Scheduler._chunk), so these are the boundaries in
-        ``(num_computed_tokens, len(token_ids)]``.
+        ``(num_computed_tokens, num_known_tokens]`` (a placeholder's boundary is named once its token is known).
         """
         first = seq.num_computed_tokens // self.interval * self.interval + self.interval
-        last = len(seq.token_ids) // self.interval * self.interval
+        last = seq.num_known_tokens // self.interval * self.interval
         if first > last:
             return []
         hashes = self._hashes(seq, last // self.block_size)
@@ -190,16 +192,19 @@ class PrefixCache:
         """Index the sequence's newly full blocks; snapshot its state if it sits exactly on a boundary.
 
         Called for every sequence after every step: a decode step that fills no block and reaches no boundary
-        returns after two integer tests.
+        returns after two integer tests. Only known tokens are hashed: a step whose input was a placeholder (an
+        overlapped decode step's) leaves its last block and boundary to the call its engine makes once that token
+        is read back, which comes before the next step can change the state (LLMEngine._step_overlapped).
         """
         computed = seq.num_computed_tokens
-        full = computed // self.block_size
+        known = min(computed, seq.num_known_tokens)
+        full = known // self.block_size
         if full > seq.num_indexed_blocks:
             hashes = self._hashes(seq, full)
             for i in range(seq.num_indexed_blocks, full):
                 self.blocks.index(seq.block_table[i], hashes[i])
             seq.num_indexed_blocks = full
-        if computed and computed % self.interval == 0:
+        if known == computed and computed and computed % self.interval == 0:
             self._take_snapshot(seq.block_hashes[full - 1], seq.state_slot)
 
     def _take_snapshot(self, key: bytes, slot: int) -> None:

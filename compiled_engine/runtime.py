@@ -436,7 +436,7 @@ class Runtime:
                 raise ValueError(f"sequence {seq.seq_id}: cannot compute {n} of {seq.num_uncomputed_tokens} tokens")
         step = self.build_step(seqs, counts, is_prefill=True)
         logits = self.execute(step, all_logits)
-        self._record_prefixes(seqs)
+        self.record_prefixes(seqs)
         return logits
 
     @torch.inference_mode()
@@ -473,7 +473,7 @@ class Runtime:
         if input_ids is not None:
             step = dataclasses.replace(step, input_ids=input_ids)
         logits = self.execute(step, copy=copy)
-        self._record_prefixes(seqs)
+        self.record_prefixes(seqs)
         return logits
 
     def execute(self, step: StepInputs, all_logits: bool = False, copy: bool = True) -> torch.Tensor:
@@ -504,7 +504,9 @@ class Runtime:
             hidden = hidden[step.last_token_indices()]
         return self.model.compute_logits(hidden)
 
-    def _record_prefixes(self, seqs: Seq[Sequence]) -> None:
+    def record_prefixes(self, seqs: Seq[Sequence]) -> None:
+        """Enter the sequences' newly computed blocks and boundary states in the prefix cache (if on). Steps do it
+        themselves; LLMEngine calls it again once an overlapped step's input tokens are read back."""
         if self.prefix_cache is not None:
             for seq in seqs:
                 self.prefix_cache.record(seq)

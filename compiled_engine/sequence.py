@@ -23,10 +23,18 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at the last admission
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks (prefix cache)
     num_indexed_blocks: int = 0  # of block_table, how many are entered in the prefix-cache index
+    # Trailing tokens that are placeholders: sampled on the device, not read back yet (LLMEngine's overlapped
+    # decode). The prefix cache hashes only the tokens before them.
+    num_placeholder_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Leading tokens whose values the host has: all but the trailing placeholders."""
+        return len(self.token_ids) - self.num_placeholder_tokens
 
     @property
     def num_generated_tokens(self) -> int:

@@ -20,11 +20,22 @@ def model_path(build_hf_model):
     return build_hf_model(MODEL)
 
 
+ENGINE_KNOBS = dict(max_num_seqs=4, num_kv_blocks=12, max_num_batched_tokens=64)
+CACHING = dict(enable_prefix_caching=True, prefix_snapshot_interval=64, num_prefix_snapshots=2)
+
+
 @pytest.fixture(scope="module")
 def engines(model_path):
     """(synchronous, overlapped) engines, small enough that KV blocks run short (preemption, sync fallbacks)."""
-    knobs = dict(max_num_seqs=4, num_kv_blocks=12, max_num_batched_tokens=64)
-    return make_llm(model_path, **knobs).engine, make_llm(model_path, overlap_decode=True, **knobs).engine
+    return (make_llm(model_path, **ENGINE_KNOBS).engine,
+            make_llm(model_path, overlap_decode=True, **ENGINE_KNOBS).engine)
+
+
+@pytest.fixture(scope="module")
+def caching_engines(model_path):
+    """The same pair with prefix caching on: a 64-token snapshot interval and room for only 2 snapshots."""
+    return (make_llm(model_path, **ENGINE_KNOBS, **CACHING).engine,
+            make_llm(model_path, overlap_decode=True, **ENGINE_KNOBS, **CACHING).engine)
 
 
 def run(engine, requests, abort=None, late=()):
@@ -57,15 +68,17 @@ def stop_token_of(engine, tokens, params) -> int:
     return generated[len(generated) // 2]
 
 
-@heavy_settings(6)
-@given(
+STREAMS = dict(
     lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6),
     max_tokens=st.lists(st.integers(1, 12), min_size=6, max_size=6),
     sampled=st.booleans(),
     abort_after=st.one_of(st.none(), st.integers(1, 4)),
     seed=st.integers(0, 3),
 )
-def test_overlapped_outputs_equal_synchronous(engines, lengths, max_tokens, sampled, abort_after, seed):
+
+
+def check_stream(engines, lengths, max_tokens, sampled, abort_after, seed):
+    """The same request stream through both engines gives the same tokens and finish reasons."""
     sync, overlapped = engines
     base = dict(temperature=0.8, top_k=20, seed=seed) if sampled else dict(GREEDY)
     base.pop("ignore_eos", None)
@@ -84,6 +97,41 @@ def test_overlapped_outputs_equal_synchronous(engines, lengths, max_tokens, samp
     abort = ("r1", abort_after) if abort_after is not None and len(requests) > 1 else None
     expected = run(sync, requests, abort, late)
     assert run(overlapped, requests, abort, late) == expected
+
+
+@heavy_settings(6)
+@given(**STREAMS)
+def test_overlapped_outputs_equal_synchronous(engines, lengths, max_tokens, sampled, abort_after, seed):
+    check_stream(engines, lengths, max_tokens, sampled, abort_after, seed)
+
+
+@heavy_settings(6)
+@given(**STREAMS)
+def test_overlapped_outputs_equal_synchronous_with_prefix_caching(caching_engines, lengths, max_tokens, sampled,
+                                                                  abort_after, seed):
+    check_stream(caching_engines, lengths, max_tokens, sampled, abort_after, seed)
+
+
+def test_overlapped_decode_snapshots_boundaries_it_crosses_like_the_synchronous_one(model_path):
+    """Prefix caching with overlap: a snapshot boundary reached while decoding is keyed by tokens the host reads
+    back one step late, and must still be taken from the state right after that step. Turn 2 of each conversation
+    (turn 1's prompt + reply + more) hits only if turn 1 left the decode-time snapshot at 64 under the right key,
+    and decodes the same tokens only if that snapshot holds the right state."""
+    from tests.test_prefix_cache import assert_clean as assert_cache_clean
+
+    results = []
+    for overlap in (False, True):
+        llm = make_llm(model_path, overlap_decode=overlap, max_model_len=256, enable_prefix_caching=True,
+                       prefix_snapshot_interval=64, num_prefix_snapshots=4)
+        turn1 = [prompt(58, 1), prompt(63, 2), prompt(40, 3)]  # each crosses 64 while decoding
+        replies = llm.generate(turn1, SamplingParams(max_tokens=30, **GREEDY), use_tqdm=False)
+        turn2 = [p + r.token_ids + prompt(9, 4) for p, r in zip(turn1, replies)]
+        answers = llm.generate(turn2, SamplingParams(max_tokens=8, **GREEDY), use_tqdm=False)
+        assert_cache_clean(llm)
+        results.append([(o.token_ids, o.num_cached_tokens) for o in replies + answers])
+    synchronous, overlapped = results
+    assert [cached for _, cached in synchronous] == [0, 0, 0, 64, 64, 64]  # the case under test happens
+    assert overlapped == synchronous
 
 
 def test_overlapped_generate_equals_hf_greedy(model_path, load_hf_model):
