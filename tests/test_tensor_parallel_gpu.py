@@ -29,7 +29,7 @@ DECODE_STEPS = 16
 # by 4.6e-2 (with every argmax equal) on the H200 (run 8), above a fixed 2e-2 guess, so the yardstick is measured.
 # TP=2 may round a little more (each all-reduce sums bf16 partials), hence the factor; a sharding bug is ~1.
 BF16_NOISE_FACTOR = 2.0
-BF16_FLOOR_LIMIT = 0.1
+BF16_FLOOR_LIMIT = 0.25  # bf16 TP=1 against fp32 must itself be rounding noise, not a broken path (~1)
 # One decode bucket (batch 1): each rank compiles its graphs cold, and the test was killed at 240-250 s twice on the
 # x2 machine (2026-11-29) with 17 buckets and then with 4 (three Dynamo compiles per rank). Batch 1 is one compile,
 # and the graph still holds every all-reduce of the step. Sequences are therefore run one after another.
@@ -90,6 +90,7 @@ def test_tp2_equals_tp1_on_two_gpus():
     assert floor < BF16_FLOOR_LIMIT  # the yardstick itself is sane
     assert error < BF16_NOISE_FACTOR * floor
     assert agreement > 0.9
+
 
 def test_a_tp2_engine_never_closed_exits_on_nccl(tmp_path):
     from compiled_engine.tiny_model import ensure_tiny_model
