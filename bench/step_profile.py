@@ -57,7 +57,8 @@ def category(kernel_name: str) -> str:
 def requirements(batches=(1, 256), context: int = 1024, steps: int = 20, prefill_seqs: int = 16,
                  prefill_len: int = 512, **_) -> tuple[int, int]:
     batches = [batches] if isinstance(batches, int) else list(batches)
-    return max(batches + [prefill_seqs]), max(context + 2 * steps + 8, prefill_len + 1)
+    # the engine rows generate up to 4 * steps + 16 tokens after their context (_profile_engine_decode)
+    return max(batches + [prefill_seqs]), max(context + 4 * steps + 17, prefill_len + 1)
 
 
 def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, prefill_seqs: int = 16,
