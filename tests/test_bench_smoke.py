@@ -204,7 +204,8 @@ def test_step_profile(smoke):
         assert "gpu_ms" not in row  # no device kernels on a CPU
     assert [row["batch"] for row in r["engine_rows"]] == [1, 2]
     for row in r["engine_rows"]:  # the engine's own decode steps, overlapped (LLM's default), with a host profile
-        assert row["overlap_decode"] and positive(row["wall_ms"])
+        assert row["overlap_decode"] and positive(row["wall_ms"]) and positive(row["bound_ms"])
+        assert row["fraction_of_bound"] == pytest.approx(row["bound_ms"] / row["wall_ms"])
         cumulative = row["host_functions_per_step"]["by_cumulative_time"]
         assert any(f["function"].startswith("step (compiled_engine/engine.py") for f in cumulative)
     assert r["prefill"]["tokens"] == 16 and positive(r["prefill"]["tok_s"])
