@@ -48,7 +48,7 @@ def run(
     profile_first_step: bool = True,
 ) -> dict:
     """``profile_first_step``: profile the timed run's first step (bench.common.StepLog); it was ~10 s on the H200
-    (bench/NOTES.md) and the profile says where that goes. It adds the profilers' overhead to that one step."""
+    (bench/NOTES.md) and the profile says where that goes. It adds cProfile's overhead to that one step."""
     ctx.require(*requirements(num_requests, max_len))
     llm = ctx.llm()
     prompts, output_lens = workload(num_requests, min_len, max_len, seed, ctx.model_config.vocab_size)
