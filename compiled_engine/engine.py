@@ -242,9 +242,10 @@ class LLMEngine:
         if in_flight is None:
             return []
         outputs = self._complete(in_flight)
-        # The tokens just read back were this step's inputs: now the prefix cache can hash them, index the blocks
-        # they fill and snapshot a boundary this step reached. The copy queues behind this step, before the next.
-        self.runtime.record_prefixes([r.seq for r in requests if r.finish_reason is None])
+        if self.runtime.prefix_cache is not None:
+            # The tokens just read back were this step's inputs: now the cache can hash them, index the blocks they
+            # fill and snapshot a boundary this step reached. The copy queues behind this step, before the next.
+            self.runtime.record_prefixes([r.seq for r in requests if r.finish_reason is None])
         return outputs
 
     def _may_run_ahead(self) -> bool:
@@ -255,11 +256,7 @@ class LLMEngine:
 
     def _without_length_stops(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The decode batch less the sequences that the in-flight token will finish by length (known now)."""
-        limit = self.runtime.max_model_len
-        seqs = [
-            s for s in batch.seqs
-            if s.num_generated_tokens < self._request_of_seq[s.seq_id].params.max_tokens and len(s) < limit
-        ]
+        seqs = [s for s in batch.seqs if not self._reaches_length(self._request_of_seq[s.seq_id], s.num_generated_tokens)]
         if not seqs:
             return None
         return ScheduledBatch(False, seqs, [1] * len(seqs))
@@ -313,9 +310,15 @@ class LLMEngine:
         params = request.params
         if token in request.stop_ids and generated >= params.min_tokens:
             return "stop"
-        if generated >= params.max_tokens or request.seq.num_prompt_tokens + generated >= self.runtime.max_model_len:
+        if self._reaches_length(request, generated):
             return "length"
         return None
+
+    def _reaches_length(self, request: Request, generated: int) -> bool:
+        """Whether ``generated`` tokens finish the request by length (max_tokens or max_model_len)."""
+        return generated >= request.params.max_tokens or (
+            request.seq.num_prompt_tokens + generated >= self.runtime.max_model_len
+        )
 
     def _finish(self, request: Request, reason: str) -> None:
         del self._request_of_seq[request.seq.seq_id]
