@@ -34,8 +34,7 @@ echo "tp2 tests: exit $?"; tail -n 8 "$OUT/tp2_tests.log"
 COMMON=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 256 --max-model-len 4096)
 for tp in 2 1; do  # TP=2 first
     timeout 150 python3 -m bench latency,throughput "${COMMON[@]}" --tensor-parallel-size "$tp" \
-        -p latency.repeats=1 --out "$WORK/tp$tp" >>"$WORK/bench.log" 2>&1
+        -p latency.repeats=1 --out "$OUT/tp$tp" >>"$OUT/bench_log.txt" 2>&1  # into $OUT as it goes: a cut run keeps it
     echo "bench tp=$tp: exit $?"
 done
-python3 -m bench report "$WORK/tp1" "$WORK/tp2" --out "$OUT" | tee "$OUT/summary_tp.txt"
-tail -c 200000 "$WORK/bench.log" >"$OUT/bench_log.txt"
+python3 -m bench report "$OUT/tp1" "$OUT/tp2" --out "$OUT" | tee "$OUT/summary_tp.txt"
