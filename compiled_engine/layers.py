@@ -8,11 +8,12 @@ instead of two or four.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from compiled_engine.distributed import TensorParallel
+from ops.activation import silu_mul
 from ops.linear import linear
+from ops.norm import rms_norm
 
 
 def empty_parameter(*shape: int) -> nn.Parameter:
@@ -21,7 +22,9 @@ def empty_parameter(*shape: int) -> nn.Parameter:
 
 
 class RMSNorm(nn.Module):
-    """Zero-centred RMSNorm (Qwen3.5/Qwen3-Next): ``x * rsqrt(mean(x^2) + eps) * (1 + w)``, computed in fp32."""
+    """Zero-centred RMSNorm (Qwen3.5/Qwen3-Next): ``x * rsqrt(mean(x^2) + eps) * (1 + w)``, computed in fp32.
+
+    The math is ops/norm.py's ``rms_norm_reference`` (one kernel per call outside compiled graphs)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -29,9 +32,7 @@ class RMSNorm(nn.Module):
         self.weight = empty_parameter(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps, zero_centred=True)
 
 
 class GatedRMSNorm(nn.Module):
@@ -43,9 +44,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = empty_parameter(dim)
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return ((self.weight * normed) * F.silu(gate.float())).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps, zero_centred=False, gate=gate)
 
 
 class RotaryEmbedding(nn.Module):
@@ -91,5 +90,5 @@ class MLP(nn.Module):
         self.down_proj = empty_parameter(hidden_size, self.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.gate_up_proj).split(self.intermediate_size, dim=-1)
-        return self.tp.all_reduce(linear(F.silu(gate) * up, self.down_proj))
+        activated = silu_mul(linear(x, self.gate_up_proj))  # silu(gate) * up: gate_up's rows are [gate | up]
+        return self.tp.all_reduce(linear(activated, self.down_proj))

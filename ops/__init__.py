@@ -14,9 +14,10 @@ Importing this package registers everything. Conventions shared by all ops:
 """
 
 # importing the op modules registers their ops
-from ops import conv1d, delta_rule, flash_attention, kv_cache, linear, paged_attention  # noqa: F401
+from ops import activation, conv1d, delta_rule, flash_attention, kv_cache, linear, norm, paged_attention  # noqa: F401
 from ops.library import NULL_BLOCK, NULL_SLOT
 
 __all__ = [
-    "NULL_BLOCK", "NULL_SLOT", "conv1d", "delta_rule", "flash_attention", "kv_cache", "linear", "paged_attention"
+    "NULL_BLOCK", "NULL_SLOT", "activation", "conv1d", "delta_rule", "flash_attention", "kv_cache", "linear", "norm",
+    "paged_attention",
 ]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import ops
-from ops import conv1d, delta_rule, kv_cache, paged_attention
+from ops import activation, conv1d, delta_rule, kv_cache, norm, paged_attention
 from ops.linear import SKINNY_MAX_ROWS
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -440,6 +440,59 @@ LINEAR_SHAPES = {
 }
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# RMSNorm (eager steps; compiled graphs fuse the same math themselves)
+# ----------------------------------------------------------------------------------------------------------------
+
+NORM_CASES = {  # (heads, dim, gated, strided) of the Qwen3.5-0.8B norms, with the views the model passes
+    "layer_norm": (1, 1024, False, False),
+    "q_norm": (8, 256, False, True),  # q: the first half of each head's [q | gate] in the qkv output
+    "k_norm": (2, 256, False, True),
+    "gated_norm": (16, 128, True, True),  # gate: z, a slice of the in_proj output
+}
+
+
+def _norm_inputs(gen, tokens, heads, dim, gated, strided, dtype):
+    if strided:
+        x = _randn(gen, tokens, heads, 2 * dim, dtype=dtype, scale=3.0)[..., :dim]
+        gate = _randn(gen, tokens, 5 + heads * dim, dtype=dtype)[:, 5:].view(tokens, heads, dim)
+    else:
+        x, gate = _randn(gen, tokens, heads, dim, dtype=dtype, scale=3.0), _randn(gen, tokens, heads, dim, dtype=dtype)
+    return x, _randn(gen, dim, dtype=dtype, scale=0.5), gate if gated else None
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 2048])
+@pytest.mark.parametrize("name", list(NORM_CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rms_norm_matches_reference_and_float64(name, tokens, dtype):
+    heads, dim, gated, strided = NORM_CASES[name]
+    x, weight, gate = _norm_inputs(_seeded(tokens), tokens, heads, dim, gated, strided, dtype)
+    got = torch.ops.ce.rms_norm(x, weight, gate, 1e-6, not gated)
+    assert got.shape == x.shape and got.dtype == dtype and got.is_contiguous()
+    # The reference rounds where the kernel rounds: at most one output rounding apart (fp32 sums in another order).
+    torch.testing.assert_close(got, norm.rms_norm_reference(x, weight, gate, 1e-6, not gated), **TOL[dtype])
+    # float64 math with no intermediate rounding: the gated norm's two bf16 roundings inside are within TOL too.
+    xd = x.double()
+    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)
+    want = normed * weight.double() * F.silu(gate.double()) if gated else normed * (1.0 + weight.double())
+    torch.testing.assert_close(got.double(), want, **{k: 2 * v for k, v in TOL[dtype].items()})
+
+
+@pytest.mark.parametrize("rows", [1, 7, 2048])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_silu_mul_matches_reference_and_float64(rows, dtype):
+    """The MLP's silu(gate) * up on Qwen3.5-0.8B's gate_up rows (I = 3,584), and on strided rows."""
+    gen = _seeded(rows)
+    for gate_up in (_randn(gen, rows, 2 * 3584, dtype=dtype, scale=3.0),
+                    _randn(gen, rows, 2 * 3584 + 64, dtype=dtype, scale=3.0)[:, 32:-32]):
+        got = torch.ops.ce.silu_mul(gate_up)
+        assert got.shape == (rows, 3584) and got.dtype == dtype and got.is_contiguous()
+        torch.testing.assert_close(got, activation.silu_mul_reference(gate_up), **TOL[dtype])
+        gate, up = gate_up.double()[:, :3584], gate_up.double()[:, 3584:]
+        torch.testing.assert_close(got.double(), gate * torch.sigmoid(gate) * up,
+                                   **{k: 2 * v for k, v in TOL[dtype].items()})
+
+
 def _linear_inputs(gen, rows, n, k, dtype=torch.bfloat16):
     return _randn(gen, rows, k, dtype=dtype), _randn(gen, n, k, dtype=dtype, scale=k**-0.5)  # outputs ~ N(0, 1)
 
@@ -640,11 +693,16 @@ def _opcheck_cases():
                                     (qd, kd, vd, ad, bd, A_log, dt_bias, _randn(gen, 4, hv, dk, dv, scale=0.3),
                                      slots3)),
         "linear": (torch.ops.ce.linear.default, (_randn(gen, 3, 256, dtype=bf16), _randn(gen, 512, 256, dtype=bf16))),
+        "silu_mul": (torch.ops.ce.silu_mul.default, (_randn(gen, 5, 2 * 3584 + 64, dtype=bf16)[:, 32:-32],)),
+        "rms_norm": (torch.ops.ce.rms_norm.default,
+                     (_randn(gen, 5, 16, 256, dtype=bf16)[..., :128], _randn(gen, 128, dtype=bf16),
+                      _randn(gen, 5, 16, 128, dtype=bf16), 1e-6, False)),
     }
 
 
 OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "paged_attention_prefill", "causal_conv1d_prefill",
-                 "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "linear"]
+                 "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "linear", "rms_norm",
+                 "silu_mul"]
 
 
 @pytest.mark.parametrize("name", OPCHECK_NAMES)
@@ -662,6 +720,8 @@ KERNEL_NAMES = {
     "gated_delta_rule_prefill": "chunk_gated_delta_rule_fwd",  # FLA's kernels (prefix of their names)
     "gated_delta_rule_decode": "_gdr_decode_kernel",
     "linear": "_skinny_gemm_kernel",  # 3 rows of bf16
+    "rms_norm": "_rms_norm_kernel",
+    "silu_mul": "_silu_mul_kernel",
 }
 
 

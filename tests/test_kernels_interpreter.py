@@ -31,8 +31,16 @@ ATOL = RTOL = 1e-4
 def _child_checks() -> dict:
     import torch
 
-    from ops import conv1d, delta_rule, kv_cache, paged_attention
-    from ops.triton import conv1d_kernels, delta_rule_kernels, gemv_kernels, kv_cache_kernels, paged_attention_kernels
+    from ops import activation, conv1d, delta_rule, kv_cache, norm, paged_attention
+    from ops.triton import (
+        activation_kernels,
+        conv1d_kernels,
+        delta_rule_kernels,
+        gemv_kernels,
+        kv_cache_kernels,
+        norm_kernels,
+        paged_attention_kernels,
+    )
 
     torch.manual_seed(0)
 
@@ -160,7 +168,37 @@ def _child_checks() -> dict:
     # no split; a split with a short last part (5 chunks over 3); more splits than K chunks (empty K ranges)
     gemm_configs = [(16, 32, 1), (16, 16, 3), (32, 64, 4)]
 
+    def check_rms_norm(tokens, heads, dim, gated, strided):
+        """x (and gate) as the model passes them: strided views of a wider projection output when ``strided``."""
+        if strided:  # a head's first half of a [T, H, 2D] row block (q of q_gate); the gate one slice of a wide row
+            x = torch.randn(tokens, heads, 2 * dim)[..., :dim]
+            gate = torch.randn(tokens, 3 + heads * dim)[:, 3:].view(tokens, heads, dim)
+        else:
+            x, gate = torch.randn(tokens, heads, dim), torch.randn(tokens, heads, dim)
+        x = x * 3.0 + 0.5  # rows of different scale than 1, so rstd matters
+        weight = torch.randn(dim)
+        gate = gate if gated else None
+        want = norm.rms_norm_reference(x, weight, gate, 1e-6, not gated)
+        got = norm_kernels.rms_norm(x, weight, gate, 1e-6, not gated)
+        assert got.is_contiguous() and got.shape == x.shape
+        compare("rms_norm", got, want)
+
+    def check_silu_mul(rows, half, strided):
+        gate_up = torch.randn(rows, 2 * half + 6)[:, 3:-3] if strided else torch.randn(rows, 2 * half)
+        got = activation_kernels.silu_mul(gate_up)
+        assert got.is_contiguous() and got.shape == (rows, half)
+        compare("silu_mul", got, activation.silu_mul_reference(gate_up))
+
     checks = {
+        # a column block past the row's end (1,100 > BLOCK), strided rows (a slice of wider rows), no rows
+        "silu_mul": lambda: check_silu_mul(3, 1100, strided=False),
+        "silu_mul_strided_rows": lambda: check_silu_mul(4, 40, strided=True),
+        "silu_mul_no_rows": lambda: check_silu_mul(0, 8, strided=False),
+        # rows not a multiple of BLOCK_R, D not a power of two, H = 1 (layer norms) and H > 1 (per-head norms)
+        "rms_norm_zero_centred": lambda: check_rms_norm(7, 1, 48, gated=False, strided=False),
+        "rms_norm_strided_heads": lambda: check_rms_norm(5, 3, 32, gated=False, strided=True),
+        "rms_norm_gated_strided": lambda: check_rms_norm(9, 4, 16, gated=True, strided=True),
+        "rms_norm_no_rows": lambda: check_rms_norm(0, 2, 16, gated=True, strided=False),
         "store_kv": check_store_kv,
         "decode_gqa2_d16_bs4_split1": lambda: check_decode(4, 2, 16, 4, 1),
         "decode_gqa2_d16_bs4_split4": lambda: check_decode(4, 2, 16, 4, 4),
@@ -203,6 +241,13 @@ def _child_checks() -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 CHECK_NAMES = [
+    "silu_mul",
+    "silu_mul_strided_rows",
+    "silu_mul_no_rows",
+    "rms_norm_zero_centred",
+    "rms_norm_strided_heads",
+    "rms_norm_gated_strided",
+    "rms_norm_no_rows",
     "store_kv",
     "decode_gqa2_d16_bs4_split1",
     "decode_gqa2_d16_bs4_split4",

@@ -6,7 +6,9 @@ Oracles (none of them shares code with ops/):
   * causal conv1d: ``torch.nn.functional.conv1d`` in float64 with left zero padding (or the slot's history), SiLU;
   * paged attention: ``torch.nn.functional.scaled_dot_product_attention`` in float64 over dense K/V;
   * store_kv: reading rows back;
-  * linear: a float64 matmul.
+  * linear: a float64 matmul;
+  * rms_norm: the norm's formula in float64 (DESIGN.md "Model math"), and the compiled path against the eager one;
+  * silu_mul: ``x * sigmoid(x) * up`` in float64.
 In-place ops also must not touch pool rows outside the batch (``torch.equal``), and padding lanes (slot 0 / block 0)
 write nothing but the null row.
 """
@@ -25,7 +27,9 @@ from hypothesis import strategies as st
 import ops
 from ops import NULL_BLOCK, NULL_SLOT
 from ops import delta_rule as dr
+from ops.activation import silu_mul
 from ops.linear import linear
+from ops.norm import rms_norm
 
 ce = torch.ops.ce
 
@@ -601,6 +605,71 @@ def test_linear_wrapper_flattens_leading_dims(lead, seed):
     torch.testing.assert_close(out.double(), x.double() @ weight.double().T, atol=1e-5, rtol=1e-5)
 
 
+@given(
+    tokens=st.integers(0, 9),
+    heads=st.sampled_from([0, 1, 3]),  # 0: a 2-D x [T, D] (the layer norms); else [T, H, D] (per-head norms)
+    dim=st.sampled_from([8, 48]),
+    gated=st.booleans(),
+    strided=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_rms_norm_matches_float64(tokens, heads, dim, gated, strided, dtype, seed):
+    """ops.norm.rms_norm (eager: ce::rms_norm) against the formula in float64, on the views the model passes."""
+    g = _gen(seed)
+    lead = (tokens,) if heads == 0 else (tokens, heads)
+    if strided:  # the first half of wider rows, as q is of the attention's [q | gate] rows
+        x = _randn(g, *lead, 2 * dim, scale=3.0, dtype=dtype)[..., :dim]
+    else:
+        x = _randn(g, *lead, dim, scale=3.0, dtype=dtype)
+    weight = _randn(g, dim, scale=0.5, dtype=dtype)
+    gate = _randn(g, *lead, dim, dtype=dtype) if gated else None
+    out = rms_norm(x, weight, 1e-6, zero_centred=not gated, gate=gate)
+    assert out.shape == x.shape and out.dtype == dtype
+    xd = x.double()
+    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)
+    want = normed * weight.double() * F.silu(gate.double()) if gated else normed * (1.0 + weight.double())
+    torch.testing.assert_close(out.double(), want, **_tol(dtype))
+
+
+@given(
+    lead=st.sampled_from([(0,), (1,), (5,), (2, 3)]),
+    half=st.integers(1, 40),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_silu_mul_matches_float64(lead, half, dtype, seed):
+    """ops.activation.silu_mul (eager: ce::silu_mul) on [..., gate | up] against float64."""
+    gate_up = _randn(_gen(seed), *lead, 2 * half, scale=3.0, dtype=dtype)
+    out = silu_mul(gate_up)
+    assert out.shape == (*lead, half) and out.dtype == dtype
+    gate, up = gate_up.double()[..., :half], gate_up.double()[..., half:]
+    torch.testing.assert_close(out.double(), gate * torch.sigmoid(gate) * up, **_tol(dtype))
+
+
+def test_fused_elementwise_ops_compiled_path_equals_eager():
+    """Inside torch.compile rms_norm and silu_mul are plain torch (Inductor fuses them with their neighbours),
+    outside they are the ops: the two paths give the same values, and the compiled graph calls neither op."""
+    g = _gen(7)
+    x, z = _randn(g, 5, 4, 16, scale=2.0), _randn(g, 5, 4, 16)
+    weight = _randn(g, 16)
+
+    def norms(x, z, weight):
+        return (rms_norm(x, weight, 1e-6, zero_centred=True), rms_norm(x, weight, 1e-6, zero_centred=False, gate=z),
+                silu_mul(x))
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(norms, backend=backend, fullgraph=True)(x, z, weight)
+    for got, want in zip(compiled, norms(x, z, weight)):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert graphs and "rms_norm" not in graphs[0].code and "silu_mul" not in graphs[0].code
+
+
 # --------------------------------------------------------------------------------------------------------------
 # opcheck: schema (mutations declared), fake kernel, AOT dispatch — realistic small inputs with null slot/block
 # --------------------------------------------------------------------------------------------------------------
@@ -654,6 +723,8 @@ def _opcheck_cases():
             ce.gated_delta_rule_decode.default,
             (d["q"], d["k"], d["v"], d["a"], d["b"], d["A_log"], d["dt_bias"], state.clone(), slots3),
         ),
+        "silu_mul": (ce.silu_mul.default, (_randn(g, 5, 20)[:, 2:18],)),
+        "rms_norm": (ce.rms_norm.default, (_randn(g, 3, 2, 16)[..., :8], _randn(g, 8), _randn(g, 3, 2, 8), 1e-6, False)),
     }
 
 
