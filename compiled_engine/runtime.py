@@ -37,6 +37,7 @@ from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import check_divisible
 from ops.flash_attention import check_flash_attn_usable
 from compiled_engine.loader import load_model
+from compiled_engine.gated_deltanet import GatedDeltaNet
 from compiled_engine.model import HybridModel
 from compiled_engine.prefix_cache import PrefixCache, PrefixHit
 from compiled_engine.sequence import Sequence
@@ -60,6 +61,11 @@ class OutOfBlocksError(RuntimeError):
 # of it. These lengths give one sequence and several, token totals that are multiples of 16 and totals that are
 # not.
 WARMUP_PREFILL_LENGTHS = ([17], [17, 20], [16, 16])
+# FLA's l2norm kernel (q and k of every linear-attention layer) autotunes per bucket NB = cdiv(rows, 65536) of its
+# rows, rows = tokens x key heads (fla/modules/norm/l2norm.py, fla-core 0.6). A bucket first met while serving is
+# ~10 s of Triton compiles and timed launches inside that step: on the H200 (run 12), with 16,384-token steps, the
+# last prefill (11,755 tokens, bucket 3 of 4) took 10.2 s. So start-up runs one prefill in every bucket.
+FLA_L2NORM_BUCKET_ROWS = 65536
 
 
 def largest_prefill_lengths(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int) -> list[int]:
@@ -74,6 +80,14 @@ def largest_prefill_lengths(max_num_batched_tokens: int, max_model_len: int, max
     total = min(max_num_batched_tokens, max_model_len * max_num_seqs)
     full, rest = divmod(total, max_model_len)
     return [max_model_len] * full + ([rest] if rest else [])
+
+
+def l2norm_bucket_totals(largest_total: int, key_heads: int) -> list[int]:
+    """A token total in each of FLA's l2norm buckets below the largest step's (``FLA_L2NORM_BUCKET_ROWS``): the top
+    of each, ``b`` buckets' worth of rows. ``key_heads``: linear-attention key heads on this rank."""
+    per_bucket = max(1, FLA_L2NORM_BUCKET_ROWS // key_heads)
+    largest_bucket = math.ceil(largest_total * key_heads / FLA_L2NORM_BUCKET_ROWS)
+    return [b * per_bucket for b in range(1, largest_bucket)]
 
 
 class _NullSequence:
@@ -300,14 +314,17 @@ class Runtime:
 
         The steps run on a 2-block KV cache with every token routed to the null block and every sequence to the
         null slot: the numbers are garbage, the memory traffic and allocation pattern are real. They are packed by
-        ``pack_step``, as served steps are, and a few small prefills follow the largest one: see
-        ``WARMUP_PREFILL_LENGTHS``.
+        ``pack_step``, as served steps are, and smaller prefills follow the largest one, for the kernel variants and
+        autotuning buckets they meet: see ``FLA_L2NORM_BUCKET_ROWS`` and ``WARMUP_PREFILL_LENGTHS``.
         """
         block_size = self.config.block_size
         allocate_kv_cache(self.model, 2, block_size, self.device, self.dtype)
         largest = largest_prefill_lengths(self.config.max_num_batched_tokens, self.max_model_len,
                                           self.config.max_num_seqs)
         halves = [n for piece in largest for n in (piece // 2, piece - piece // 2) if n]  # more sequences, same total
+        key_heads = next((m.num_k_heads for m in self.model.modules() if isinstance(m, GatedDeltaNet)), None)
+        totals = l2norm_bucket_totals(sum(largest), key_heads) if key_heads else []
+        buckets = [largest_prefill_lengths(total, self.max_model_len, self.config.max_num_seqs) for total in totals]
 
         def step(lengths: list[int], is_prefill: bool) -> StepInputs:
             seqs = [_NullSequence(n, block_size) for n in lengths]
@@ -316,7 +333,7 @@ class Runtime:
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         baseline = torch.cuda.memory_allocated(self.device)
-        for lengths in (largest, halves, *WARMUP_PREFILL_LENGTHS):
+        for lengths in (largest, halves, *buckets, *WARMUP_PREFILL_LENGTHS):
             prefill = step(lengths, True)
             self.model.compute_logits(self.model(prefill)[prefill.last_token_indices()])
         decode = step([1] * self.config.max_num_seqs, False)

@@ -21,7 +21,9 @@ import random
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import settings
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from compiled_engine import LLM, LLMEngine, RequestOutput, RequestOutputKind, SamplingParams
 from compiled_engine.sequence import Sequence
@@ -286,6 +288,50 @@ def test_the_startup_prefill_is_the_schedulers_largest_step(model_path, budget, 
     assert first.num_tokens == largest_prefill_lengths(budget, max_model_len, max_num_seqs)
     for rid in [f"r{i}" for i in range(max_num_seqs + 2)]:
         engine.abort_request(rid)
+
+
+@given(budget=st.integers(1, 70000), key_heads=st.integers(1, 64), data=st.data())
+def test_startup_prefills_cover_every_fla_l2norm_bucket_a_step_can_meet(budget, key_heads, data):
+    """Every prefill step of at most ``budget`` tokens falls in an l2norm autotune bucket that a start-up prefill
+    (the largest step, then ``l2norm_bucket_totals``) already met. Bucket of a step: FLA 0.6's
+    ``cdiv(tokens * heads, 2048 * 32)`` (fla/modules/norm/l2norm.py), written out here."""
+    from compiled_engine.runtime import l2norm_bucket_totals
+
+    def bucket(tokens):
+        return -(-tokens * key_heads // (2048 * 32))
+
+    warmed = {bucket(t) for t in [budget, *l2norm_bucket_totals(budget, key_heads)]}
+    assert all(t <= budget for t in l2norm_bucket_totals(budget, key_heads))
+    served = data.draw(st.integers(1, budget))
+    assert bucket(served) in warmed
+
+
+def test_startup_runs_a_prefill_in_every_l2norm_bucket(model_path, monkeypatch):
+    """Runtime._measure_activation_peak (the start-up steps, CUDA-only) run on the CPU with the memory calls stubbed
+    and FLA's bucket shrunk to 16 rows, so that a 64-token budget spans several buckets: the prefill steps it runs must
+    meet the bucket of every step size the scheduler can build."""
+    import compiled_engine.runtime as runtime_module
+    from compiled_engine.runtime import Runtime
+
+    monkeypatch.setattr(runtime_module, "FLA_L2NORM_BUCKET_ROWS", 16)
+    for name in ("synchronize", "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: 0)
+    rt = Runtime.from_pretrained(model_path, device="cpu", max_num_batched_tokens=64, max_model_len=32,
+                                 max_num_seqs=4, num_kv_blocks=64)
+    key_heads = rt.model_config.linear_num_key_heads
+    seen = []
+    forward = rt.model.forward
+    monkeypatch.setattr(rt.model, "forward",
+                        lambda step: seen.append((step.is_prefill, step.input_ids.shape[0])) or forward(step))
+    rt._measure_activation_peak()
+    assert (False, 4) in seen  # the decode step at max_num_seqs ran too
+
+    def bucket(tokens):
+        return -(-tokens * key_heads // 16)
+
+    warmed = {bucket(tokens) for is_prefill, tokens in seen if is_prefill}
+    assert len(warmed) > 4  # more buckets than the fixed start-up shapes alone would meet
+    assert all(bucket(tokens) in warmed for tokens in range(1, 65)), (sorted(warmed), key_heads)
 
 
 def test_one_state_slot_per_sequence_stable_for_its_life(model_path):
