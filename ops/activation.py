@@ -2,7 +2,8 @@
 
 Why an op: outside a compiled graph (every prefill step) the plain-torch form is two kernels (``silu`` writes a
 ``[T, I]`` tensor, the multiply reads it back) over the widest activations of the model (I = 3,584 for
-Qwen3.5-0.8B); the kernel reads gate and up once and writes the product once. Inside ``torch.compile`` (the decode
+Qwen3.5-0.8B); the kernel reads gate and up once and writes the product once (measured with ``ce::rms_norm``: see
+ops/norm.py). Inside ``torch.compile`` (the decode
 graphs) :func:`silu_mul` runs the plain-torch definition, which Inductor fuses by itself.
 
 * ``ce::silu_mul(gate_up [T, 2I]) -> [T, I]`` contiguous, in gate_up's dtype: gate is the first half of each row,
