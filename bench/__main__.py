@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="shard our engine over N GPUs")
     p.add_argument("--enable-prefix-caching", action="store_true", help="prefix caching on in every scenario")
     p.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false",
-                   help="LLM(overlap_decode=False): read each decode step's tokens back before the next is built")
+                   help="LLM(overlap_decode=False): read each step's tokens back before the next is built")
     p.add_argument("--bandwidth-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 cuda, 64 cpu)")
     p.add_argument("--hf-limit", type=int, default=None, help="HF runs only the first N requests of a workload")
     p.add_argument("--hf-batch-size", type=int, default=64, help="HF pad-left batch size")

@@ -9,7 +9,7 @@
 
 One ``step()``: schedule a batch -> run it on the runtime (prefill or decode) -> sample on the device -> append
 the tokens on the host (the one device->host copy of the step) -> finish requests that hit a stop condition.
-With ``overlap_decode=True`` a decode step's tokens are read back only after the next step is launched
+With ``overlap_decode=True`` a step's tokens are read back only after the next step is launched
 (``_step_overlapped``), so the host's work for step N+1 runs while the GPU computes step N.
 """
 
@@ -64,10 +64,18 @@ class Request:
 PLACEHOLDER_TOKEN = 0  # an overlapped step's token before it is read back: never read (the device has the real one)
 
 
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting for the GPU: on CUDA a pageable copy would wait for the
+    stream to drain (undoing overlap), so it goes pinned and asynchronous."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 @dataclass
 class _InFlight:
-    """A decode step launched but not read back: its requests in row order, where each one's placeholder token sits,
-    and the sampled tokens (on the device; their host copy is on its way)."""
+    """A step launched but not read back: the requests it gives a token, in row order, where each one's placeholder
+    token sits, and the sampled tokens (on the device; their host copy is on its way)."""
 
     requests: list[Request]
     indices: list[int]
@@ -100,9 +108,9 @@ class LLMEngine:
         max_num_batched_tokens: int = 8192,
         overlap_decode: bool = False,
     ):
-        """``overlap_decode``: read each decode step's tokens back during the next step (``_step_overlapped``). Off
-        here, so that each ``step()`` returns its own tokens to a caller that streams them; ``LLM``, which only
-        returns finished outputs, turns it on."""
+        """``overlap_decode``: read each step's tokens back during the next step (``_step_overlapped``). Off here, so
+        that each ``step()`` returns its own tokens to a caller that streams them; ``LLM``, which only returns
+        finished outputs, turns it on."""
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(runtime, runtime.config.max_num_seqs, max_num_batched_tokens)
@@ -166,8 +174,8 @@ class LLMEngine:
         """Run one batch. Returns an output for each request that finished in this step, and for each request that
         got a token in it unless its ``output_kind`` is FINAL_ONLY.
 
-        With ``overlap_decode``, a decode step's tokens are read back during the next step (see
-        ``_step_overlapped``): its outputs come one ``step()`` later.
+        With ``overlap_decode``, a step's tokens are read back during the next step (see ``_step_overlapped``): its
+        outputs come one ``step()`` later.
         """
         if self.overlap_decode:
             return self._step_overlapped()
@@ -186,7 +194,7 @@ class LLMEngine:
             rows = [i for i, s in enumerate(seqs) if s.num_uncomputed_tokens == 0]
             if len(rows) != len(seqs):
                 seqs = [seqs[i] for i in rows]
-                logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+                logits = logits[_to_device(torch.tensor(rows, dtype=torch.long), logits.device)]
         else:
             # Every sequence gets a token. No copy: with a compiled decode these logits are the graph's output
             # buffer, valid until the next decode step; they are sampled right here, before it.
@@ -212,17 +220,18 @@ class LLMEngine:
             outputs.append(self._output(request, [token], upto=index + 1))
         return outputs
 
-    # ------------------------------------------------------------------------------- overlapped decode steps
+    # ------------------------------------------------------------------------------------- overlapped steps
     def _step_overlapped(self) -> list[RequestOutput]:
         """One step in which the host's work overlaps the GPU's.
 
         Without overlap every step ends by reading its tokens back, so the GPU idles while the host schedules and
         packs the next step (bench/NOTES.md: 0.9 ms a step at batch 1, 2.3 ms at batch 256 on the H200 host).
-        Here a decode step is launched and left in flight: each of its sequences gets a placeholder token (the
-        lengths, hence positions, KV slots and blocks of the next step, are known), and the next decode step takes
-        its input ids from the in-flight step's sampled tokens on the device. The host reads a step's tokens
-        back after it has launched the next one, then finishes what they stop. What this costs: a sequence stopped
-        by EOS or a stop token computes one more token, thrown away; prefill steps still run synchronously.
+        Here a step (prefill or decode) is launched and left in flight: each sequence it gives a token gets a
+        placeholder token (the lengths, hence positions, KV slots and blocks of the next step, are known), and the
+        next decode step takes those sequences' input ids from the in-flight step's sampled tokens on the device.
+        The host reads a step's tokens back after it has launched the next one, then finishes what they stop. What
+        this costs: a sequence stopped by EOS or a stop token computes one more token, thrown away. When KV blocks
+        run short the in-flight step is read back first (``_may_run_ahead``).
         """
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None and not self._may_run_ahead():
@@ -232,19 +241,19 @@ class LLMEngine:
             batch = self._without_length_stops(batch)
         if batch is None:
             return self._complete(in_flight) if in_flight is not None else []
-        if batch.is_prefill:  # reads its tokens back, which also waits for the in-flight decode step
-            outputs = self._complete(in_flight) if in_flight is not None else []
-            requests, tokens = self._launch(batch)
-            return outputs + self._accept_placed(requests, tokens, self._place(requests))
-        input_ids = self._next_input_ids(batch.seqs, in_flight) if in_flight is not None else None
+        input_ids = None
+        if not batch.is_prefill and in_flight is not None:
+            input_ids = self._next_input_ids(batch.seqs, in_flight)
         requests, tokens = self._launch(batch, input_ids)
-        self._in_flight = _InFlight.start(requests, tokens, self._place(requests))
+        if requests:  # a prefill of middle chunks only gives no token
+            self._in_flight = _InFlight.start(requests, tokens, self._place(requests))
         if in_flight is None:
             return []
         outputs = self._complete(in_flight)
-        if self.runtime.prefix_cache is not None:
+        if self.runtime.prefix_cache is not None and not batch.is_prefill:
             # The tokens just read back were this step's inputs: now the cache can hash them, index the blocks they
             # fill and snapshot a boundary this step reached. The copy queues behind this step, before the next.
+            # (A prefill step's inputs are prompt tokens, known and recorded when it ran.)
             self.runtime.record_prefixes([r.seq for r in requests if r.finish_reason is None])
         return outputs
 
@@ -262,15 +271,30 @@ class LLMEngine:
         return ScheduledBatch(False, seqs, [1] * len(seqs))
 
     def _next_input_ids(self, seqs: list[Sequence], in_flight: "_InFlight") -> torch.Tensor:
-        """The in-flight step's sampled tokens, in the order of ``seqs`` (a subsequence of its rows)."""
-        if len(seqs) == len(in_flight.requests):  # the steady state: a subsequence as long is the same rows
+        """The decode step's input ids on the device: the in-flight step's sampled token for each sequence it gave
+        one (a placeholder on the host), the host's last token for the others (after an in-flight prefill, the
+        sequences that were already decoding)."""
+        if len(seqs) == len(in_flight.requests) and all(  # the steady state: the same rows in the same order
+            r.seq is s for r, s in zip(in_flight.requests, seqs)
+        ):
             return in_flight.tokens
         row_of = {r.seq.seq_id: i for i, r in enumerate(in_flight.requests)}
-        rows = [row_of[s.seq_id] for s in seqs]
-        index = torch.tensor(rows, dtype=torch.long)
-        if in_flight.tokens.is_cuda:  # pinned and asynchronous: a pageable copy would wait for the GPU
-            index = index.pin_memory().to(in_flight.tokens.device, non_blocking=True)
-        return in_flight.tokens[index]
+        rows = [row_of.get(s.seq_id, -1) for s in seqs]
+        device = in_flight.tokens.device
+        if all(row >= 0 for row in rows):  # a subsequence of the in-flight rows (length stops left out)
+            return in_flight.tokens[_to_device(torch.tensor(rows, dtype=torch.long), device)]
+        # Known tokens from the host, in-flight ones scattered over them on the device: one packed copy.
+        taken = [(i, row) for i, row in enumerate(rows) if row >= 0]
+        packed = torch.tensor(
+            [s.token_ids[-1] if row < 0 else PLACEHOLDER_TOKEN for s, row in zip(seqs, rows)]
+            + [i for i, _ in taken] + [row for _, row in taken],
+            dtype=torch.long,
+        )
+        packed = _to_device(packed, device)
+        n, k = len(seqs), len(taken)
+        ids = packed[:n].clone()
+        ids[packed[n : n + k]] = in_flight.tokens[packed[n + k :]]
+        return ids
 
     @staticmethod
     def _place(requests: list[Request]) -> list[int]:
@@ -353,10 +377,7 @@ class LLMEngine:
         fp32 = torch.tensor(
             [p.temperature for p in params] + [p.top_p for p in params] + [p.min_p for p in params], dtype=torch.float32
         )
-        if device.type == "cuda":
-            int64, fp32 = (t.pin_memory().to(device, non_blocking=True) for t in (int64, fp32))
-        else:
-            int64, fp32 = int64.to(device), fp32.to(device)
+        int64, fp32 = _to_device(int64, device), _to_device(fp32, device)
         return SamplingBatch(
             temperature=fp32[:b],
             top_k=int64[:b],

@@ -54,9 +54,10 @@ class LLM:
 
         ``enforce_eager``: skip torch.compile and CUDA graphs. Default: compiled on CUDA, eager on CPU.
         ``tensor_parallel_size``: shard the model over that many processes / GPUs (``close()`` stops them).
-        ``overlap_decode``: the host schedules and packs the next decode step while the GPU runs this one
-        (LLMEngine._step_overlapped); outputs are unchanged. On by default: on the H200 it took the decode steps
-        of the throughput workload from 5.40 to 3.67 ms each (bench/results/h200-2026-11-29/run6-session).
+        ``overlap_decode``: the host schedules and packs the next step while the GPU runs this one
+        (LLMEngine._step_overlapped; prefill steps too since 2026-11-29, not yet measured on a GPU); outputs are
+        unchanged. On by default: on the H200 it took the decode steps of the throughput workload from 5.40 to
+        3.67 ms each (bench/results/h200-2026-11-29/run6-session).
         ``runtime_config``: max_model_len, max_num_seqs, block_size, num_kv_blocks, gpu_memory_utilization,
         state_dtype (see README "Knobs").
         """

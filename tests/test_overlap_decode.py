@@ -1,5 +1,5 @@
-"""Overlapped decode (``LLM(overlap_decode=True)``): the host schedules the next decode step before reading this
-one's tokens back. It must change no output: every test runs the same requests through the synchronous engine (the
+"""Overlapped steps (``LLM(overlap_decode=True)``): the host schedules the next step before reading this one's tokens
+back (prefill and decode steps alike). It must change no output: every test runs the same requests through the synchronous engine (the
 oracle, itself checked against HF in tests/test_engine.py) or HF directly, and compares token for token, finish
 reason for finish reason, with nothing leaked.
 """
@@ -110,6 +110,34 @@ def test_overlapped_outputs_equal_synchronous(engines, lengths, max_tokens, samp
 def test_overlapped_outputs_equal_synchronous_with_prefix_caching(caching_engines, lengths, max_tokens, sampled,
                                                                   abort_after, seed):
     check_stream(caching_engines, lengths, max_tokens, sampled, abort_after, seed)
+
+
+@pytest.mark.parametrize("caching", [{}, CACHING])
+def test_a_prefill_in_flight_hands_its_tokens_to_the_next_decode(model_path, caching, monkeypatch):
+    """Prefill steps are left in flight too: the next decode takes the new sequences' first tokens from the device
+    and the older sequences' last tokens from the host (both kinds in one step, checked with a spy), a prompt chunked
+    over several steps runs next to them, and a request finished by its prefill token alone (max_tokens=1) is not
+    decoded. Outputs equal the synchronous engine's. KV blocks to spare, so that no step falls back to reading the
+    in-flight one back first."""
+    knobs = dict(ENGINE_KNOBS, num_kv_blocks=40, **caching)
+    sync, overlapped = (make_llm(model_path, overlap_decode=o, **knobs).engine for o in (False, True))
+    mixed = []
+    next_input_ids = type(overlapped)._next_input_ids
+
+    def spy(self, seqs, in_flight):
+        in_flight_ids = {r.seq.seq_id for r in in_flight.requests}
+        mixed.append(len({s.seq_id in in_flight_ids for s in seqs}) == 2)
+        return next_input_ids(self, seqs, in_flight)
+
+    monkeypatch.setattr(type(overlapped), "_next_input_ids", spy)
+
+    def params(n):
+        return SamplingParams(max_tokens=n, **GREEDY)
+
+    requests = [("a", prompt(5, 7), params(14)), ("b", prompt(9, 7), params(1))]
+    late = [("c", prompt(100, 7), params(6)), ("d", prompt(3, 7), params(1)), ("e", prompt(7, 7), params(5))]
+    assert run(overlapped, requests, late=late) == run(sync, requests, late=late)
+    assert any(mixed)
 
 
 def test_overlapped_decode_snapshots_boundaries_it_crosses_like_the_synchronous_one(model_path):
