@@ -1,7 +1,7 @@
-"""Overlapped steps (``LLM(overlap_decode=True)``): the host schedules the next step before reading this one's tokens
-back (prefill and decode steps alike). It must change no output: every test runs the same requests through the synchronous engine (the
-oracle, itself checked against HF in tests/test_engine.py) or HF directly, and compares token for token, finish
-reason for finish reason, with nothing leaked.
+"""Overlapped steps (``LLM(overlap_decode=True)``): the host schedules the next step, prefill or decode, before
+reading this one's tokens back. It must change no output: every test runs the same requests through the synchronous
+engine (the oracle, itself checked against HF in tests/test_engine.py) or HF directly, and compares token for token,
+finish reason for finish reason, with nothing leaked.
 """
 
 from __future__ import annotations
