@@ -20,6 +20,10 @@ cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the output folder}"
 T0=$(date +%s)
 BUDGET=${GPU_SESSION_S:-560}
+# STAGES="test_kernels main ...": run only these stages (default: all, in order); STAGE_LIMITS="test_compile=300 ...":
+# override a stage's own time limit (the budget still caps it).
+declare -A LIMIT_S=()
+for item in ${STAGE_LIMITS:-}; do LIMIT_S[${item%%=*}]=${item#*=}; done
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 CE_NO_SHRINK=1
 export COMPILED_ENGINE_CACHE=/tmp/compiled_engine_cache TORCHINDUCTOR_CACHE_DIR=/tmp/ce_inductor TRITON_CACHE_DIR=/tmp/ce_triton
@@ -28,8 +32,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "from bench.models import resolve_model; resolve_model('qwen3.5-0.8b', 'cuda')" || exit 1  # build once
 
 stage() {  # stage NAME MAX_S CMD...: CMD under min(MAX_S, what is left of the budget), output to $WORK/NAME.log
-    local name=$1 limit=$2 left=$(( BUDGET - ($(date +%s) - T0) - 10 ))
+    local name=$1 limit=${LIMIT_S[$1]:-$2} left=$(( BUDGET - ($(date +%s) - T0) - 10 ))
     shift 2
+    if [ -n "${STAGES:-}" ] && [[ " $STAGES " != *" $name "* ]]; then return 0; fi
     (( limit > left )) && limit=$left
     if (( limit < 25 )); then echo "$name: skipped (${limit}s left)"; return 99; fi
     echo "$name (timeout ${limit}s) at +$(( $(date +%s) - T0 ))s"
