@@ -120,12 +120,21 @@ class LLM:
         params = [dataclasses.replace(p or SamplingParams(), output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         ids = [self.engine.add_request(None, tokens, p) for tokens, p in zip(token_lists, params)]
         results: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm) as bar:
-            while len(results) < len(ids):
-                for out in self.engine.step():
-                    if out.finished:
-                        results[out.request_id] = out
-                        bar.update(1)
+        wanted = set(ids)
+        try:
+            with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm) as bar:
+                while len(results) < len(ids):
+                    for out in self.engine.step():
+                        if out.finished and out.request_id in wanted:
+                            results[out.request_id] = out
+                            bar.update(1)
+        except BaseException:
+            # An interrupted call (Ctrl-C, a failed step) leaves none of its requests queued: the next call would
+            # otherwise compute them too, and wait for them.
+            for request_id in ids:
+                if request_id in self.engine.requests:
+                    self.engine.abort_request(request_id)
+            raise
         return [results[i] for i in ids]
 
     def _normalise_prompts(self, prompts) -> list[Prompt]:

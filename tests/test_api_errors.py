@@ -211,6 +211,31 @@ def test_generate_rejects_bad_input_before_queueing(llm, load_hf_model):
     assert [o.token_ids for o in outs] == [hf_greedy(load_hf_model, p, 3) for p in ([1, 2], [3, 4])]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_interrupted_generate_leaves_nothing_queued(model_path, load_hf_model, monkeypatch, overlap):
+    """Ctrl-C (or a failed step) in the middle of generate(): the exception reaches the caller, the call's requests
+    are aborted (no block or slot held), and the next generate() returns HF's greedy tokens for
+    its own prompts."""
+    llm = make_llm(model_path, max_model_len=64, max_num_seqs=4, block_size=8, max_num_batched_tokens=32,
+                   overlap_decode=overlap)
+    engine = llm.engine
+    step, calls = engine.step, []
+
+    def interrupted_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return step()
+
+    monkeypatch.setattr(engine, "step", interrupted_step)
+    params = SamplingParams(max_tokens=6, **GREEDY)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([prompt(20, 1), prompt(9, 2)], params, use_tqdm=False)
+    assert_clean(engine)
+    outs = llm.generate([[5, 6, 7], prompt(9, 2)], params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf_greedy(load_hf_model, p, 6) for p in ([5, 6, 7], prompt(9, 2))]
+
+
 def test_generate_with_bad_stop_token_ids_queues_nothing(model_path):
     llm = make_llm(model_path, max_model_len=64)
     good = SamplingParams(max_tokens=2, **GREEDY)
