@@ -403,8 +403,10 @@ def save_plot(ctx: Context, name: str, draw) -> str | None:
 
 
 class StepLog:
-    """Times every engine step of one ``generate`` (host wall time between the step's call and its return: the
-    step's sampled tokens come back to the host inside it, so a step that yields a token includes its device time).
+    """Times every engine step of one ``generate`` (host wall time between the step's call and its return). A
+    synchronous step reads its tokens back inside the call, so it includes its device time; with ``overlap_decode``
+    a call waits for the previous step's tokens instead, so a step's device time is charged to the next call (the
+    totals hold; the split by kind is approximate).
 
     Wraps ``llm.engine.step`` and ``llm.engine.scheduler.schedule`` on the instances for the duration of the ``with``
     block; an engine without them is left alone and the summary is empty.

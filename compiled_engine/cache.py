@@ -18,6 +18,7 @@ import torch
 
 from compiled_engine.config import LINEAR_ATTENTION
 from compiled_engine.model import HybridModel
+from compiled_engine.step_inputs import upload
 from ops.library import NULL_BLOCK, NULL_SLOT
 
 
@@ -83,9 +84,7 @@ def reset_state_slots(model: HybridModel, slots: list[int]) -> None:
     mixers = [layer.mixer for layer in model.layers if layer.layer_type == LINEAR_ATTENTION]
     if not slots or not mixers:
         return
-    device = mixers[0].recurrent_state.device
-    pinned = device.type == "cuda"  # a pinned, non-blocking upload: no stream sync
-    index = torch.tensor(slots, dtype=torch.long, pin_memory=pinned).to(device, non_blocking=True)
+    index = upload(torch.tensor(slots, dtype=torch.long), mixers[0].recurrent_state.device)
     for mixer in mixers:
         mixer.conv_state.index_fill_(0, index, 0)
         mixer.recurrent_state.index_fill_(0, index, 0)

@@ -26,6 +26,7 @@ from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence
+from compiled_engine.step_inputs import upload
 
 
 @dataclass
@@ -62,14 +63,6 @@ class Request:
 
 
 PLACEHOLDER_TOKEN = 0  # an overlapped step's token before it is read back: never read (the device has the real one)
-
-
-def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor on ``device`` without waiting for the GPU: on CUDA a pageable copy would wait for the
-    stream to drain (undoing overlap), so it goes pinned and asynchronous."""
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
 
 
 @dataclass
@@ -194,7 +187,7 @@ class LLMEngine:
             rows = [i for i, s in enumerate(seqs) if s.num_uncomputed_tokens == 0]
             if len(rows) != len(seqs):
                 seqs = [seqs[i] for i in rows]
-                logits = logits[_to_device(torch.tensor(rows, dtype=torch.long), logits.device)]
+                logits = logits[upload(torch.tensor(rows, dtype=torch.long), logits.device)]
         else:
             # Every sequence gets a token. No copy: with a compiled decode these logits are the graph's output
             # buffer, valid until the next decode step; they are sampled right here, before it.
@@ -282,7 +275,7 @@ class LLMEngine:
         rows = [row_of.get(s.seq_id, -1) for s in seqs]
         device = in_flight.tokens.device
         if all(row >= 0 for row in rows):  # a subsequence of the in-flight rows (length stops left out)
-            return in_flight.tokens[_to_device(torch.tensor(rows, dtype=torch.long), device)]
+            return in_flight.tokens[upload(torch.tensor(rows, dtype=torch.long), device)]
         # Known tokens from the host, in-flight ones scattered over them on the device: one packed copy.
         taken = [(i, row) for i, row in enumerate(rows) if row >= 0]
         packed = torch.tensor(
@@ -290,7 +283,7 @@ class LLMEngine:
             + [i for i, _ in taken] + [row for _, row in taken],
             dtype=torch.long,
         )
-        packed = _to_device(packed, device)
+        packed = upload(packed, device)
         n, k = len(seqs), len(taken)
         ids = packed[:n].clone()
         ids[packed[n : n + k]] = in_flight.tokens[packed[n + k :]]
@@ -377,7 +370,7 @@ class LLMEngine:
         fp32 = torch.tensor(
             [p.temperature for p in params] + [p.top_p for p in params] + [p.min_p for p in params], dtype=torch.float32
         )
-        int64, fp32 = _to_device(int64, device), _to_device(fp32, device)
+        int64, fp32 = upload(int64, device), upload(fp32, device)
         return SamplingBatch(
             temperature=fp32[:b],
             top_k=int64[:b],

@@ -34,6 +34,7 @@ from compiled_engine.cache import BlockAllocator
 from compiled_engine.config import LINEAR_ATTENTION
 from compiled_engine.model import HybridModel
 from compiled_engine.sequence import Sequence
+from compiled_engine.step_inputs import upload
 from ops.delta_rule import CHUNK_SIZE
 
 
@@ -258,9 +259,7 @@ class PrefixCache:
         if not self.recurrent:
             return
         device = self.recurrent[0].device
-        pinned = device.type == "cuda"  # a pinned, non-blocking upload: no stream sync
-        rows_t = torch.tensor(rows, dtype=torch.long, pin_memory=pinned).to(device, non_blocking=True)
-        slots_t = torch.tensor(slots, dtype=torch.long, pin_memory=pinned).to(device, non_blocking=True)
+        rows_t, slots_t = (upload(torch.tensor(values, dtype=torch.long), device) for values in (rows, slots))
         for mixer, recurrent, conv in zip(self.linear_layers, self.recurrent, self.conv):
             mixer.recurrent_state.index_copy_(0, slots_t, recurrent.index_select(0, rows_t))
             mixer.conv_state.index_copy_(0, slots_t, conv.index_select(0, rows_t))

@@ -36,8 +36,8 @@ from compiled_engine.cache import (
 from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import check_divisible
 from ops.flash_attention import check_flash_attn_usable
-from compiled_engine.loader import load_model
 from compiled_engine.gated_deltanet import GatedDeltaNet
+from compiled_engine.loader import load_model
 from compiled_engine.model import HybridModel
 from compiled_engine.prefix_cache import PrefixCache, PrefixHit
 from compiled_engine.sequence import Sequence

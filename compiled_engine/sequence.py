@@ -24,7 +24,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks (prefix cache)
     num_indexed_blocks: int = 0  # of block_table, how many are entered in the prefix-cache index
     # Trailing tokens that are placeholders: sampled on the device, not read back yet (LLMEngine's overlapped
-    # decode). The prefix cache hashes only the tokens before them.
+    # steps). The prefix cache hashes only the tokens before them.
     num_placeholder_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
 

@@ -63,6 +63,15 @@ def _offsets(sizes: list[int], multiple: int) -> list[int]:
     return starts + [end]
 
 
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting for the GPU: on CUDA a copy from pageable memory waits for
+    the stream to drain (stalling the host and undoing any overlap), so it goes through pinned memory,
+    asynchronously. Every host -> device copy of the step path goes through here."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 def pack_step(seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_size: int, device: torch.device) -> StepInputs:
     """The StepInputs of computing the next ``counts[i]`` tokens of each sequence (its blocks already reserved).
 
@@ -105,12 +114,7 @@ def pack_step(seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_s
     tables = at32[3]
     for row, seq in zip(packed32[tables : tables + num_seqs * width].reshape(num_seqs, width), seqs):
         row[: len(seq.block_table)] = seq.block_table
-    int64, int32 = torch.from_numpy(packed64), torch.from_numpy(packed32)
-    if device.type == "cuda":
-        int64 = int64.pin_memory().to(device, non_blocking=True)
-        int32 = int32.pin_memory().to(device, non_blocking=True)
-    elif device.type != "cpu":
-        int64, int32 = int64.to(device), int32.to(device)
+    int64, int32 = upload(torch.from_numpy(packed64), device), upload(torch.from_numpy(packed32), device)
     t, n = num_tokens, num_seqs
     return StepInputs(
         input_ids=int64[at64[0] : at64[0] + t],

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from compiled_engine.distributed import TensorParallel, free_port
-from compiled_engine.step_inputs import StepInputs
+from compiled_engine.step_inputs import StepInputs, upload
 
 CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE, CMD_SNAPSHOT_SAVE, CMD_SNAPSHOT_RESTORE = 0, 1, 2, 3, 4, 5
 HEADER_SIZE = 8
@@ -132,10 +132,7 @@ class TensorParallelWorkers:
         dist.broadcast(self._header(values), 0)
 
     def _header(self, values: list[int]) -> torch.Tensor:
-        header = torch.tensor(values + [0] * (HEADER_SIZE - len(values)), dtype=torch.int64)
-        if self.device.type == "cuda":  # pinned and asynchronous: a pageable copy would wait for the GPU to drain
-            return header.pin_memory().to(self.device, non_blocking=True)
-        return header.to(self.device)
+        return upload(torch.tensor(values + [0] * (HEADER_SIZE - len(values)), dtype=torch.int64), self.device)
 
     def send_step(self, step: StepInputs, all_logits: bool) -> None:
         tokens, seqs, max_blocks = step.input_ids.shape[0], step.state_slots.shape[0], step.block_tables.shape[1]
