@@ -8,7 +8,9 @@
 #   3. bench step_profile (runtime decode at batch 1/8/64/256, the engine's own overlapped decode steps at the same
 #      batches, one 8,192-token prefill step: GPU ms by kernel category, host ms, kernels per step);
 #   4. throughput with 16,384-token prefill steps, throughput with prefix caching on, latency + throughput with the
-#      synchronous engine (--no-overlap-decode), the compile tests, bench snapshot_methods, bench prefix.
+#      synchronous engine (--no-overlap-decode), the compile tests, bench snapshot_methods, bench prefix;
+#   5. bench/ops_microbench.py (the decode ops alone, batch 1-256) and bench/gemv_sweep.py (skinny GEMM configs timed
+#      back to back): tuning data, each best run alone (STAGES=gemv_sweep).
 # HF's numbers come from bench/run_h200.sh (they do not change with our code); tensor parallelism from
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
@@ -54,6 +56,11 @@ stage main_sync 60 python3 -m bench latency,throughput -p latency.repeats=2 "${B
 stage test_compile 100 python3 -m pytest -q -x tests/test_compile_gpu.py -p no:cacheprovider --durations=5
 stage snapshot_methods 45 python3 -m bench snapshot_methods --out "$WORK/snapshot"
 stage prefix 110 python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
+stage ops_microbench 90 python3 bench/ops_microbench.py --out "$WORK/ops_microbench" --batches 1,8,64,256 --no-baseline \
+    --skip linear,paged_attention_prefill,causal_conv1d_prefill,gated_delta_rule_prefill
+[ -f "$WORK/ops_microbench/ops_microbench.json" ] && cp "$WORK/ops_microbench/ops_microbench.json" "$OUT/"
+stage gemv_sweep 200 python3 bench/gemv_sweep.py --out "$WORK/gemv_sweep"
+[ -f "$WORK/gemv_sweep/gemv_sweep.json" ] && cp "$WORK/gemv_sweep/gemv_sweep.json" "$OUT/"
 dirs=(); for d in profile main throughput_16k throughput_on main_sync snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"

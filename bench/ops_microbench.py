@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside benc
 
 import ops  # noqa: E402,F401  (registers torch.ops.ce)
 from ops.linear import SKINNY_MAX_ROWS, linear  # noqa: E402
-from ops.triton import delta_rule_kernels, gemv_kernels, paged_attention_kernels  # noqa: E402
+from ops.triton import delta_rule_kernels, gated_deltanet_kernels, gemv_kernels, paged_attention_kernels  # noqa: E402
 
 
 @dataclass
@@ -258,6 +258,21 @@ def run(args) -> dict:
                                  graph=True)
                     add("  sweep gdr_decode", batch, us, rec_bytes + act_bytes, "graph",
                         f"block_v {block_v} warps {warps}", block_v=block_v, num_warps=warps)
+        # --- the whole Gated DeltaNet decode between in_proj and out_proj: the fused kernel against its pieces
+        value_width = hv * dv
+        projected = rand(batch, s.conv_dim + value_width + 2 * hv)
+        norm_weight = rand(dv)
+        fused_bytes = rec_bytes + 2 * state_bytes + (projected.numel() + batch * value_width) * bf16
+        for fused, warps in [(True, 8), (False, 8)] + ([(True, 4), (True, 16)] if args.sweep else []):
+            us = timed(f"gated_deltanet_decode fused={fused} warps={warps} B={batch}",
+                       lambda: gated_deltanet_kernels.gated_deltanet_decode(
+                           projected, weight, conv_state, A_log, dt_bias, norm_weight, state, slots, hk, dk, hv, dv,
+                           1e-6, num_warps=warps, fused=fused),
+                       graph=True)
+            op = "gated_deltanet_decode" if fused else "  unfused conv+delta+norm"
+            add(op if warps == 8 else "  sweep gated_deltanet_decode", batch, us, fused_bytes, "graph",
+                f"one kernel, {warps} warps" if fused else "3 kernels", num_warps=warps)
+        del projected
         if args.baseline:
             try:
                 from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule

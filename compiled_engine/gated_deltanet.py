@@ -2,7 +2,9 @@
 
 One fused input projection gives ``[q (Hk*K) | k (Hk*K) | v (Hv*V) | z (Hv*V) | b (Hv) | a (Hv)]`` (the loader brings
 Qwen3.5's four projections and Qwen3-Next's grouped ones to this layout). q,k,v go through the causal conv (+SiLU),
-then the gated delta rule; the output is normalised by the gated RMSNorm with ``silu(z)`` and projected out.
+then the gated delta rule; the output is normalised by the gated RMSNorm with ``silu(z)`` and projected out. At decode
+everything between the two projections is one op, ``ce::gated_deltanet_decode`` (one kernel on CUDA); prefill runs
+the unfused varlen ops.
 
 Mutates: ``conv_state`` and ``recurrent_state`` (this layer's pool buffers) at the rows ``step.state_slots``.
 """
@@ -47,29 +49,34 @@ class GatedDeltaNet(nn.Module):
         self.register_buffer("recurrent_state", None, persistent=False)
 
     def forward(self, x: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        tokens = x.shape[0]
-        mixed_qkv, z, b, a = linear(x, self.in_proj).split(self.split_sizes, dim=-1)
-        if step.is_prefill:
-            mixed_qkv = torch.ops.ce.causal_conv1d_prefill(
-                mixed_qkv, self.conv_weight, self.conv_state, step.cu_seqlens, step.state_slots
-            )
-        else:
-            mixed_qkv = torch.ops.ce.causal_conv1d_decode(mixed_qkv, self.conv_weight, self.conv_state, step.state_slots)
+        projected = linear(x, self.in_proj)
+        o = self._prefill(projected, step) if step.is_prefill else self._decode(projected, step)
+        return self.tp.all_reduce(linear(o, self.out_proj))  # out_proj is row-parallel
+
+    def _decode(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """One token per sequence: conv, delta rule and gated norm in one op (one kernel on CUDA) -> [B, Hv*V]."""
+        return torch.ops.ce.gated_deltanet_decode(
+            projected, self.conv_weight, self.conv_state, self.A_log, self.dt_bias, self.norm.weight,
+            self.recurrent_state, step.state_slots, self.num_k_heads, self.head_k_dim, self.num_v_heads,
+            self.head_v_dim, self.norm.eps,
+        )
+
+    def _prefill(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """Varlen tokens packed by ``step.cu_seqlens``: unfused conv, chunked delta rule, gated norm -> [T, Hv*V]."""
+        tokens = projected.shape[0]
+        mixed_qkv, z, b, a = projected.split(self.split_sizes, dim=-1)
+        mixed_qkv = torch.ops.ce.causal_conv1d_prefill(
+            mixed_qkv, self.conv_weight, self.conv_state, step.cu_seqlens, step.state_slots
+        )
         q, k, v = mixed_qkv.split(self.qkv_split, dim=-1)
         q = q.reshape(tokens, self.num_k_heads, self.head_k_dim)
         k = k.reshape(tokens, self.num_k_heads, self.head_k_dim)
         v = v.reshape(tokens, self.num_v_heads, self.head_v_dim)
-        a, b = a.contiguous(), b.contiguous()
-        if step.is_prefill:
-            # The step's own cu_seqlens_long and chunk_indices objects, the same in every layer: FLA derives nothing
-            # from them with a host sync, and memoises the rest on their identity (ops/delta_rule.py).
-            o = torch.ops.ce.gated_delta_rule_prefill(
-                q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.cu_seqlens, step.state_slots,
-                step.cu_seqlens_long, step.chunk_indices,
-            )
-        else:
-            o = torch.ops.ce.gated_delta_rule_decode(
-                q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.state_slots
-            )
+        # The step's own cu_seqlens_long and chunk_indices objects, the same in every layer: FLA derives nothing from
+        # them with a host sync, and memoises the rest on their identity (ops/delta_rule.py).
+        o = torch.ops.ce.gated_delta_rule_prefill(
+            q, k, v, a.contiguous(), b.contiguous(), self.A_log, self.dt_bias, self.recurrent_state, step.cu_seqlens,
+            step.state_slots, step.cu_seqlens_long, step.chunk_indices,
+        )
         o = self.norm(o, z.reshape(tokens, self.num_v_heads, self.head_v_dim))
-        return self.tp.all_reduce(linear(o.reshape(tokens, -1), self.out_proj))  # out_proj is row-parallel
+        return o.reshape(tokens, -1)

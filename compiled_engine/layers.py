@@ -11,9 +11,8 @@ import torch
 from torch import nn
 
 from compiled_engine.distributed import TensorParallel
-from ops.activation import silu_mul
-from ops.linear import linear
-from ops.norm import rms_norm
+from ops.linear import linear, silu_mul_linear
+from ops.norm import add_rms_norm_op, rms_norm
 
 
 def empty_parameter(*shape: int) -> nn.Parameter:
@@ -33,6 +32,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, zero_centred=True)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(residual + x, norm(residual + x))`` for ``[T, D]`` rows, in one kernel (ce::add_rms_norm)."""
+        return add_rms_norm_op(x, residual, self.weight, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -90,5 +93,5 @@ class MLP(nn.Module):
         self.down_proj = empty_parameter(hidden_size, self.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        activated = silu_mul(linear(x, self.gate_up_proj))  # silu(gate) * up: gate_up's rows are [gate | up]
-        return self.tp.all_reduce(linear(activated, self.down_proj))
+        # silu(gate) * up (gate_up's rows are [gate | up]) is computed by the down projection as it reads them
+        return self.tp.all_reduce(silu_mul_linear(linear(x, self.gate_up_proj), self.down_proj))

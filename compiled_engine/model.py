@@ -37,9 +37,19 @@ class DecoderLayer(nn.Module):
     def mixer(self) -> nn.Module:
         return self.linear_attn if self.layer_type == LINEAR_ATTENTION else self.self_attn
 
-    def forward(self, x: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        x = x + self.mixer(self.input_layernorm(x), step)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, step: StepInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm residual layer, written with the residual stream carried apart (vLLM's form): ``hidden`` is the
+        previous layer's MLP output, not yet added to ``residual`` (at the first layer: the embedding, and residual
+        is None). Each residual add and the norm after it are one op (ce::add_rms_norm). Returns this layer's MLP
+        output and the residual stream before it is added."""
+        if residual is None:
+            residual, normed = hidden, self.input_layernorm(hidden)
+        else:
+            residual, normed = self.input_layernorm.add_and_norm(hidden, residual)
+        residual, normed = self.post_attention_layernorm.add_and_norm(self.mixer(normed, step), residual)
+        return self.mlp(normed), residual
 
 
 class HybridModel(nn.Module):
@@ -62,10 +72,10 @@ class HybridModel(nn.Module):
 
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` of the step's new tokens, after the final norm."""
-        x = self.embed(step.input_ids)
+        hidden, residual = self.embed(step.input_ids), None
         for layer in self.layers:
-            x = layer(x, step)
-        return self.norm(x)
+            hidden, residual = layer(hidden, residual, step)
+        return self.norm.add_and_norm(hidden, residual)[1]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:

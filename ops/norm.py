@@ -13,6 +13,9 @@ fuses it with its neighbours (the residual add before it, the cast after it), wh
   x's dtype. x and gate may have any strides over T and H; their last dimension must be contiguous (the views the
   model passes: a head's slice of a fused projection's output row).
 * :func:`rms_norm`: the model's entry point, for x of shape ``[..., D]`` with 2 or 3 dimensions.
+* ``ce::add_rms_norm(x [T, D], residual [T, D], weight [D], eps) -> (residual + x, the zero-centred norm of it)``: a
+  decoder layer's residual add and the norm that follows, one kernel in every step, compiled graphs included (it is
+  launched with PDL, so at batch 1 the weight matmul after it starts loading while it runs: ops/triton/pdl.py).
 """
 
 from __future__ import annotations
@@ -69,3 +72,23 @@ def rms_norm(
         gate3 = None if gate is None else gate.unsqueeze(1)
         return rms_norm_op(x.unsqueeze(1), weight, gate3, eps, zero_centred).view(x.shape)
     return rms_norm_op(x, weight, gate, eps, zero_centred)
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``summed = residual + x`` (in x's dtype, as HF's residual adds), then its zero-centred norm."""
+    summed = residual + x
+    return summed, rms_norm_reference(summed, weight, None, eps, True)
+
+
+def _add_rms_norm_fake(x, residual, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+add_rms_norm_op = define_op(
+    "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+    reference=add_rms_norm_reference,
+    cuda=lazy_kernel("norm_kernels", "add_rms_norm"),
+    fake=_add_rms_norm_fake,
+)

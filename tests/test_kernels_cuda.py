@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import ops
-from ops import activation, conv1d, delta_rule, kv_cache, norm, paged_attention
+from ops import activation, conv1d, delta_rule, gated_deltanet_decode, kv_cache, norm, paged_attention
 from ops.linear import SKINNY_MAX_ROWS
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -298,6 +298,101 @@ def _assert_close_relative(got, want, *, max_abs, max_rel_norm, what):
     assert err <= max_abs and rel <= max_rel_norm, f"{what}: max abs err {err:.3e}, relative norm err {rel:.3e}"
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Fused Gated DeltaNet decode (conv + delta rule + gated norm)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _gated_deltanet_inputs(gen, rows, layout, dtype, state_dtype, num_slots, strided):
+    """projected rows ([q | k | v | z | b | a], a slice of wider rows when ``strided``), weights and both pools."""
+    hk, hv, dk, dv = layout
+    sizes = gated_deltanet_decode.split_sizes(hk, dk, hv, dv)
+    channels, width = sum(sizes[:3]), sum(sizes)
+    wide = _randn(gen, rows, width + 24, dtype=dtype)
+    projected = wide[:, 8 : 8 + width] if strided else wide[:, :width].contiguous()
+    projected[:, -2 * hv :] *= 2  # b and a, scaled as in _gdr_inputs
+    conv_weight = _randn(gen, channels, CONV_WIDTH, dtype=dtype, scale=0.5)
+    conv_state = _randn(gen, num_slots, channels, CONV_WIDTH - 1, dtype=dtype)
+    A_log, dt_bias = _randn(gen, hv, scale=0.5), _randn(gen, hv)  # fp32 parameters, as in the checkpoints
+    norm_weight = (_randn(gen, dv, scale=0.5) + 1.0).to(dtype)
+    rec_state = _randn(gen, num_slots, hv, dk, dv, dtype=state_dtype, scale=0.3)
+    return projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state
+
+
+def _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec):
+    """Pools but the null slot. The conv state is a shifted copy: exact. The recurrent state: the kernel's and the
+    reference's bf16 conv outputs may round a tie apart (fp32 sums in another order), moving a state column by
+    ~1e-3; a bf16 pool may also round a tie the other way (one ulp)."""
+    torch.testing.assert_close(conv_state[1:], want_conv[1:], atol=0, rtol=0)
+    fp32_pool = rec_state.dtype == torch.float32
+    _assert_close_relative(rec_state[1:], want_rec[1:], max_abs=1e-2 if fp32_pool else 2e-2,
+                           max_rel_norm=3e-4 if fp32_pool else 2e-3, what="recurrent state")
+
+
+@given(
+    batch=st.integers(1, 256),
+    layout=st.sampled_from(LINEAR_LAYOUTS),
+    dtype=st.sampled_from([torch.bfloat16, torch.bfloat16, torch.float32]),
+    state_dtype=st.sampled_from([torch.float32, torch.float32, torch.bfloat16]),
+    padding=st.integers(0, 4),
+    strided=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+@settings(max_examples=10, deadline=None, phases=PHASES)
+def test_gated_deltanet_decode_matches_reference(batch, layout, dtype, state_dtype, padding, strided, seed):
+    gen = _seeded(seed)
+    hk, hv, dk, dv = layout
+    num_slots = batch + 2
+    slots = torch.cat([_live_slots(gen, batch, num_slots), torch.zeros(padding, dtype=torch.int32, device=DEV)])
+    projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state = _gated_deltanet_inputs(
+        gen, batch + padding, layout, dtype, state_dtype, num_slots, strided)
+    want_conv, want_rec = conv_state.clone(), rec_state.clone()
+    heads = (hk, dk, hv, dv, 1e-6)
+    want = gated_deltanet_decode.gated_deltanet_decode_reference(
+        projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *heads)
+    got = torch.ops.ce.gated_deltanet_decode(
+        projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *heads)
+    assert got.shape == (batch + padding, hv * dv) and got.dtype == dtype and got.is_contiguous()
+    torch.testing.assert_close(got[:batch], want[:batch], **TOL[dtype])
+    _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
+
+
+def test_gated_deltanet_decode_replays_in_cuda_graph_with_new_inputs():
+    """Captured once, replayed with new projected rows and new slots (padding lanes on the second replay): each
+    replay equals the reference run on clones of the pools. Hv = 2 Hk, strided projected rows."""
+    gen = _seeded(12)
+    batch, layout = 8, LINEAR_LAYOUTS[1]
+    hk, hv, dk, dv = layout
+    num_slots = 2 * batch + 1
+    projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state = _gated_deltanet_inputs(
+        gen, batch, layout, torch.bfloat16, torch.float32, num_slots, strided=True)
+    slots = _live_slots(gen, batch, num_slots)
+    heads = (hk, dk, hv, dv, 1e-6)
+
+    def step():
+        return torch.ops.ce.gated_deltanet_decode(
+            projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *heads)
+
+    step()  # compile the kernel outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for padding in (0, 3):
+        live = batch - padding
+        new_slots = torch.cat([_live_slots(gen, live, num_slots),
+                               torch.zeros(padding, dtype=torch.int32, device=DEV)])
+        new_rows = _randn(gen, batch, projected.shape[1], dtype=torch.bfloat16)
+        want_conv, want_rec = conv_state.clone(), rec_state.clone()
+        want = gated_deltanet_decode.gated_deltanet_decode_reference(
+            new_rows, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, new_slots, *heads)
+        projected.copy_(new_rows)
+        slots.copy_(new_slots)
+        graph.replay()
+        torch.testing.assert_close(out[:live], want[:live], **TOL[torch.bfloat16])
+        _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
+
+
 @given(
     num_seqs=st.integers(1, 8),
     max_len=st.integers(1, 300),
@@ -478,6 +573,31 @@ def test_rms_norm_matches_reference_and_float64(name, tokens, dtype):
     torch.testing.assert_close(got.double(), want, **{k: 2 * v for k, v in TOL[dtype].items()})
 
 
+@pytest.mark.parametrize("tokens", [1, 16, 256, 2048])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_add_rms_norm_matches_reference_and_float64(tokens, dtype):
+    """A decoder layer's residual add + norm (hidden 1,024): against the reference, and the norm of the rounded sum
+    in float64; replayed in a CUDA graph with new inputs (it is launched with PDL)."""
+    gen = _seeded(tokens)
+    x, residual = _randn(gen, tokens, 1024, dtype=dtype, scale=3.0), _randn(gen, tokens, 1024, dtype=dtype, scale=3.0)
+    weight = _randn(gen, 1024, dtype=dtype, scale=0.5)
+    summed, normed = torch.ops.ce.add_rms_norm(x, residual, weight, 1e-6)
+    want_sum, want_norm = norm.add_rms_norm_reference(x, residual, weight, 1e-6)
+    torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)  # one rounding of an exact fp32 sum
+    torch.testing.assert_close(normed, want_norm, **TOL[dtype])
+    sd = summed.double()
+    want = sd * torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + weight.double())
+    torch.testing.assert_close(normed.double(), want, **{k: 2 * v for k, v in TOL[dtype].items()})
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = torch.ops.ce.add_rms_norm(x, residual, weight, 1e-6)
+    x.copy_(_randn(gen, tokens, 1024, dtype=dtype, scale=3.0))
+    graph.replay()
+    for got, want in zip(captured, norm.add_rms_norm_reference(x, residual, weight, 1e-6)):
+        torch.testing.assert_close(got, want, **TOL[dtype])
+
+
 @pytest.mark.parametrize("rows", [1, 7, 2048])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_silu_mul_matches_reference_and_float64(rows, dtype):
@@ -571,6 +691,58 @@ def test_linear_replays_in_cuda_graph():
             graph.replay()
             torch.testing.assert_close(out, torch.ops.ce.linear(x, weight), atol=0, rtol=0)
             _assert_linear_close(out, x, weight)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8, 16, 17, 64])
+@pytest.mark.parametrize("name", ["mlp_down", "tp2_mlp_down"])
+def test_silu_mul_linear_on_model_shapes(name, rows):
+    """The MLP's activation + down projection: our skinny GEMM with the activation in its x loads up to 16 rows,
+    ce::silu_mul + cuBLAS above; against float64 (through the two bf16 roundings the unfused ops make)."""
+    n, k = LINEAR_SHAPES[name]
+    gen = _seeded(rows)
+    gate_up = _randn(gen, rows, 2 * k, dtype=torch.bfloat16)
+    weight = _randn(gen, n, k, dtype=torch.bfloat16, scale=k**-0.5)
+    got = torch.ops.ce.silu_mul_linear(gate_up, weight)
+    assert got.shape == (rows, n) and got.dtype == torch.bfloat16
+    activated = activation.silu_mul_reference(gate_up)  # bf16, rounded as the kernel rounds its x loads
+    _assert_linear_close(got, activated, weight)
+    gate, up = gate_up.double()[:, :k], gate_up.double()[:, k:]
+    want = (gate * torch.sigmoid(gate) * up) @ weight.double().T
+    _assert_close_relative(got, want, max_abs=5e-2, max_rel_norm=8e-3, what=f"silu_mul_linear {name}")
+    graph_inputs = gate_up.clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.ce.silu_mul_linear(graph_inputs, weight)
+    graph_inputs.copy_(_randn(gen, rows, 2 * k, dtype=torch.bfloat16))
+    graph.replay()
+    torch.testing.assert_close(out, torch.ops.ce.silu_mul_linear(graph_inputs, weight), atol=0, rtol=0)
+
+
+def test_linear_chain_with_pdl_in_cuda_graph():
+    """Back-to-back skinny GEMMs, each reading the one before (launched with PDL where the GPU has it), replayed
+    in a CUDA graph: every output equals the eager chain's, so no kernel read its x before the previous wrote it."""
+    gen = _seeded(21)
+    weights = [_randn(gen, 1024, 1024, dtype=torch.bfloat16, scale=1024**-0.5) for _ in range(6)]
+    x = _randn(gen, 1, 1024, dtype=torch.bfloat16)
+
+    def chain(h):
+        outs = []
+        for i, w in enumerate(weights):
+            h = torch.ops.ce.silu_mul_linear(torch.cat([h, h], dim=-1), w) if i % 2 else torch.ops.ce.linear(h, w)
+            outs.append(h)
+        return outs
+
+    chain(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain(x)
+    for _ in range(3):
+        x.copy_(_randn(gen, 1, 1024, dtype=torch.bfloat16))
+        graph.replay()
+        for got, want in zip(outs, chain(x)):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -669,6 +841,7 @@ def _opcheck_cases():
     slots3 = torch.tensor([2, 1, 3], dtype=torch.int32, device=DEV)
     q, k, v, a, b, A_log, dt_bias = _gdr_inputs(gen, 40, (hk, hv, dk, dv), bf16)
     qd, kd, vd, ad, bd, _, _ = _gdr_inputs(gen, 3, (hk, hv, dk, dv), bf16)
+    fused = _gated_deltanet_inputs(gen, 3, (hk, hv, dk, dv), bf16, torch.float32, 4, strided=True)
     return {
         "store_kv": (torch.ops.ce.store_kv.default,
                      (_randn(gen, 3, hkv, d, dtype=bf16), _randn(gen, 3, hkv, d, dtype=bf16), k_cache.clone(),
@@ -692,8 +865,15 @@ def _opcheck_cases():
         "gated_delta_rule_decode": (torch.ops.ce.gated_delta_rule_decode.default,
                                     (qd, kd, vd, ad, bd, A_log, dt_bias, _randn(gen, 4, hv, dk, dv, scale=0.3),
                                      slots3)),
+        "gated_deltanet_decode": (torch.ops.ce.gated_deltanet_decode.default,
+                                  (*fused, slots3, hk, dk, hv, dv, 1e-6)),
         "linear": (torch.ops.ce.linear.default, (_randn(gen, 3, 256, dtype=bf16), _randn(gen, 512, 256, dtype=bf16))),
         "silu_mul": (torch.ops.ce.silu_mul.default, (_randn(gen, 5, 2 * 3584 + 64, dtype=bf16)[:, 32:-32],)),
+        "add_rms_norm": (torch.ops.ce.add_rms_norm.default,
+                         (_randn(gen, 3, 1024, dtype=bf16), _randn(gen, 3, 1024, dtype=bf16), _randn(gen, 1024, dtype=bf16),
+                          1e-6)),
+        "silu_mul_linear": (torch.ops.ce.silu_mul_linear.default,
+                            (_randn(gen, 3, 2 * 3584, dtype=bf16), _randn(gen, 1024, 3584, dtype=bf16))),
         "rms_norm": (torch.ops.ce.rms_norm.default,
                      (_randn(gen, 5, 16, 256, dtype=bf16)[..., :128], _randn(gen, 128, dtype=bf16),
                       _randn(gen, 5, 16, 128, dtype=bf16), 1e-6, False)),
@@ -701,8 +881,9 @@ def _opcheck_cases():
 
 
 OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "paged_attention_prefill", "causal_conv1d_prefill",
-                 "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "linear", "rms_norm",
-                 "silu_mul"]
+                 "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "gated_deltanet_decode",
+                 "linear", "rms_norm",
+                 "silu_mul", "silu_mul_linear", "add_rms_norm"]
 
 
 @pytest.mark.parametrize("name", OPCHECK_NAMES)
@@ -719,9 +900,12 @@ KERNEL_NAMES = {
     "causal_conv1d_decode": "_conv_decode_kernel",
     "gated_delta_rule_prefill": "chunk_gated_delta_rule_fwd",  # FLA's kernels (prefix of their names)
     "gated_delta_rule_decode": "_gdr_decode_kernel",
+    "gated_deltanet_decode": "_gated_deltanet_decode_kernel",
     "linear": "_skinny_gemm_kernel",  # 3 rows of bf16
     "rms_norm": "_rms_norm_kernel",
     "silu_mul": "_silu_mul_kernel",
+    "silu_mul_linear": "_skinny_gemm_kernel",
+    "add_rms_norm": "_add_rms_norm_kernel",
 }
 
 

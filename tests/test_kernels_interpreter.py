@@ -31,11 +31,12 @@ ATOL = RTOL = 1e-4
 def _child_checks() -> dict:
     import torch
 
-    from ops import activation, conv1d, delta_rule, kv_cache, norm, paged_attention
+    from ops import activation, conv1d, delta_rule, gated_deltanet_decode, kv_cache, norm, paged_attention
     from ops.triton import (
         activation_kernels,
         conv1d_kernels,
         delta_rule_kernels,
+        gated_deltanet_kernels,
         gemv_kernels,
         kv_cache_kernels,
         norm_kernels,
@@ -151,17 +152,51 @@ def _child_checks() -> dict:
         compare("delta decode out", got, want)
         compare("delta decode state", state, want_state)
 
-    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False):
-        """Each config (block_n, block_k, split_k) against a float64 matmul; ragged N and K throughout."""
-        x = torch.randn(rows, k)
+    def check_gated_deltanet_decode(k_heads, v_heads, dk, dv, fused=True):
+        """The fused decode op: output and both pools (but the null slot) against the reference. Two padding lanes
+        on the null slot; projected rows are a slice of wider rows (row stride > width). ``fused=False``: the
+        launcher's large-batch path through the unfused kernels, on the same strided views."""
+        batch, num_slots, width = 5, 8, 4
+        slots = torch.tensor([5, 0, 2, 0, 7], dtype=torch.int32)
+        sizes = gated_deltanet_decode.split_sizes(k_heads, dk, v_heads, dv)
+        channels = sum(sizes[:3])
+        projected = torch.randn(batch, sum(sizes) + 9)[:, 4:-5]
+        projected[:, -2 * v_heads :] *= 3  # b and a
+        projected[0, -v_heads] = 30.0  # a of lane 0's value head 0: softplus's linear branch
+        conv_weight = torch.randn(channels, width) * 0.5
+        conv_state = torch.randn(num_slots, channels, width - 1)
+        A_log, dt_bias = torch.randn(v_heads) * 0.5, torch.randn(v_heads)
+        norm_weight = torch.randn(dv)
+        rec_state = torch.randn(num_slots, v_heads, dk, dv)
+        want_conv, want_rec = conv_state.clone(), rec_state.clone()
+        args = (k_heads, dk, v_heads, dv, 1e-6)
+        want = gated_deltanet_decode.gated_deltanet_decode_reference(
+            projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *args)
+        got = gated_deltanet_kernels.gated_deltanet_decode(
+            projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *args, fused=fused)
+        assert got.shape == (batch, v_heads * dv) and got.is_contiguous()
+        live = slots != 0
+        compare("gated deltanet decode out", got[live], want[live])
+        compare("gated deltanet decode conv state", conv_state[1:], want_conv[1:])
+        compare("gated deltanet decode recurrent state", rec_state[1:], want_rec[1:])
+
+    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False, gated=False):
+        """Each config (block_n, block_k, split_k) against a float64 matmul; ragged N and K throughout. ``gated``:
+        x is [gate | up] (2K wide) and the matmul's input silu(gate) * up (ce::silu_mul_linear)."""
+        width = 2 * k if gated else k
+        x = torch.randn(rows, width) * (3.0 if gated else 1.0)
         weight = torch.randn(n, k) * k**-0.5
         if strided:  # x with a K stride of 2, weight rows with a row stride > K
-            x = torch.randn(rows, 2 * k)[:, ::2]
+            x = torch.randn(rows, 2 * width)[:, ::2]
             weight = (torch.randn(n, k + 5) * k**-0.5)[:, :k]
-        want = x.double() @ weight.double().T
+        x_in = x.double()
+        if gated:
+            gate, up = x_in[:, :k], x_in[:, k:]
+            x_in = gate * torch.sigmoid(gate) * up
+        want = x_in @ weight.double().T
         for block_n, block_k, split_k in configs:
             config = gemv_kernels.triton.Config({"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k})
-            got = gemv_kernels.skinny_gemm(x, weight, config, block_m)
+            got = gemv_kernels.skinny_gemm(x, weight, config, block_m, gated)
             assert got.shape == (rows, n) and got.dtype == x.dtype
             compare(f"skinny gemm {block_n}x{block_k} split {split_k}", got.double(), want)
 
@@ -183,6 +218,16 @@ def _child_checks() -> dict:
         assert got.is_contiguous() and got.shape == x.shape
         compare("rms_norm", got, want)
 
+    def check_add_rms_norm(tokens, dim, strided):
+        x, residual = torch.randn(tokens, dim) * 3.0, torch.randn(tokens, dim) * 3.0
+        if strided:  # rows of a wider tensor
+            x = torch.randn(tokens, dim + 7)[:, 7:] * 3.0
+        weight = torch.randn(dim)
+        want_sum, want_norm = norm.add_rms_norm_reference(x, residual, weight, 1e-6)
+        got_sum, got_norm = norm_kernels.add_rms_norm(x, residual, weight, 1e-6)
+        compare("add_rms_norm sum", got_sum, want_sum)
+        compare("add_rms_norm norm", got_norm, want_norm)
+
     def check_silu_mul(rows, half, strided):
         gate_up = torch.randn(rows, 2 * half + 6)[:, 3:-3] if strided else torch.randn(rows, 2 * half)
         got = activation_kernels.silu_mul(gate_up)
@@ -192,6 +237,9 @@ def _child_checks() -> dict:
     checks = {
         # a column block past the row's end (1,100 > BLOCK), strided rows (a slice of wider rows), no rows
         "silu_mul": lambda: check_silu_mul(3, 1100, strided=False),
+        "add_rms_norm": lambda: check_add_rms_norm(5, 48, strided=False),  # D not a power of two
+        "add_rms_norm_strided": lambda: check_add_rms_norm(3, 64, strided=True),
+        "add_rms_norm_no_rows": lambda: check_add_rms_norm(0, 16, strided=False),
         "silu_mul_strided_rows": lambda: check_silu_mul(4, 40, strided=True),
         "silu_mul_no_rows": lambda: check_silu_mul(0, 8, strided=False),
         # rows not a multiple of BLOCK_R, D not a power of two, H = 1 (layer norms) and H > 1 (per-head norms)
@@ -212,12 +260,18 @@ def _child_checks() -> dict:
         "conv_decode": check_conv_decode,
         "delta_decode_hv_eq_hk": lambda: check_gdr_decode(2, 2, 16, 32, 16),
         "delta_decode_hv_3x_hk": lambda: check_gdr_decode(2, 6, 32, 16, 8),
+        "gated_deltanet_decode_hv_eq_hk": lambda: check_gated_deltanet_decode(2, 2, 16, 32),
+        # Hv = 3 Hk, and K, V not powers of two (masked tiles; the norm's mean over V, not BLOCK_V)
+        "gated_deltanet_decode_hv_3x_hk_ragged": lambda: check_gated_deltanet_decode(2, 6, 12, 20),
+        "gated_deltanet_decode_unfused_path": lambda: check_gated_deltanet_decode(2, 6, 12, 20, fused=False),
         "gemm_m1_gemv": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(4, 32, 1)]),
         "gemm_m3_dot": lambda: check_skinny_gemm(3, 37, 75, gemm_configs),
         "gemm_m8_dot": lambda: check_skinny_gemm(8, 37, 75, gemm_configs),
         "gemm_m16_dot": lambda: check_skinny_gemm(16, 37, 75, gemm_configs),
         "gemm_m1_on_dot_path": lambda: check_skinny_gemm(1, 37, 75, gemm_configs, block_m=16),
         "gemm_strided_inputs": lambda: check_skinny_gemm(5, 37, 75, gemm_configs, strided=True),
+        "gemm_gated_m1": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(2, 64, 1)], gated=True),
+        "gemm_gated_m5_strided": lambda: check_skinny_gemm(5, 37, 75, gemm_configs, strided=True, gated=True),
         # the tuned configs themselves, on a small ragged shape
         "gemm_gemv_configs": lambda: check_skinny_gemm(
             1, 40, 600, [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]) for c in
@@ -242,6 +296,9 @@ def _child_checks() -> dict:
 
 CHECK_NAMES = [
     "silu_mul",
+    "add_rms_norm",
+    "add_rms_norm_strided",
+    "add_rms_norm_no_rows",
     "silu_mul_strided_rows",
     "silu_mul_no_rows",
     "rms_norm_zero_centred",
@@ -261,12 +318,17 @@ CHECK_NAMES = [
     "conv_decode",
     "delta_decode_hv_eq_hk",
     "delta_decode_hv_3x_hk",
+    "gated_deltanet_decode_hv_eq_hk",
+    "gated_deltanet_decode_hv_3x_hk_ragged",
+    "gated_deltanet_decode_unfused_path",
     "gemm_m1_gemv",
     "gemm_m3_dot",
     "gemm_m8_dot",
     "gemm_m16_dot",
     "gemm_m1_on_dot_path",
     "gemm_strided_inputs",
+    "gemm_gated_m1",
+    "gemm_gated_m5_strided",
     "gemm_gemv_configs",
     "gemm_dot_configs",
 ]

@@ -4,6 +4,7 @@ Oracles (none of them shares code with ops/):
   * gated delta rule: a float64 token-by-token loop written from DESIGN.md "Model math", and HF transformers'
     torch chunked/recurrent gated delta rule; plus the internal ``chunked_reference`` ≡ ``recurrent_reference``;
   * causal conv1d: ``torch.nn.functional.conv1d`` in float64 with left zero padding (or the slot's history), SiLU;
+  * fused Gated DeltaNet decode: the conv and delta-rule oracles and the gated norm's formula, composed;
   * paged attention: ``torch.nn.functional.scaled_dot_product_attention`` in float64 over dense K/V;
   * store_kv: reading rows back;
   * linear: a float64 matmul;
@@ -28,7 +29,7 @@ import ops
 from ops import NULL_BLOCK, NULL_SLOT
 from ops import delta_rule as dr
 from ops.activation import silu_mul
-from ops.linear import linear
+from ops.linear import linear, silu_mul_linear
 from ops.norm import rms_norm
 
 ce = torch.ops.ce
@@ -416,6 +417,55 @@ def test_causal_conv1d_prefill_then_decode_equals_one_prefill(prefix, steps, pad
 
 
 # --------------------------------------------------------------------------------------------------------------
+# fused Gated DeltaNet decode (conv + delta rule + gated norm)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@given(batch=st.integers(1, 3), padding=st.integers(0, 2), heads=HEADS, strided=st.booleans(), seed=SEEDS,
+       pool_dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_gated_deltanet_decode_matches_oracles(batch, padding, heads, strided, seed, pool_dtype):
+    """ce::gated_deltanet_decode ≡ the float64 oracles composed on the in_proj row [q | k | v | z | b | a]:
+    silu(F.conv1d) over [history, x] on the q|k|v channels, the delta-rule oracle, then the gated norm's formula
+    with z (DESIGN.md "Model math"); the conv state shifts by one; padding lanes write only the null slot."""
+    Hk, r = heads
+    Hv, K, V, W = r * Hk, 8, 16, 4
+    key_dim, value_dim = Hk * K, Hv * V
+    C = 2 * key_dim + value_dim
+    P = C + value_dim + 2 * Hv
+    g = _gen(seed)
+    wide = _randn(g, batch + padding, P + 6)
+    projected = wide[:, 3 : 3 + P] if strided else wide[:, :P].contiguous()
+    conv_weight = _randn(g, C, W, scale=W**-0.5)
+    num_slots = batch + 3
+    conv_pool = _randn(g, num_slots, C, W - 1)
+    rec_pool = _randn(g, num_slots, Hv, K, V, scale=0.5, dtype=pool_dtype)
+    A_log = torch.empty(Hv).uniform_(0.05, 3.0, generator=g).log()
+    dt_bias = _randn(g, Hv, scale=0.5)
+    norm_weight = _randn(g, V, scale=0.5) + 1.0
+    slots = torch.cat([_live_slots(g, batch, num_slots), torch.full((padding,), NULL_SLOT, dtype=torch.int32)])
+    conv_before, rec_before = conv_pool.clone(), rec_pool.clone()
+    out = ce.gated_deltanet_decode(projected, conv_weight, conv_pool, A_log, dt_bias, norm_weight, rec_pool, slots,
+                                   Hk, K, Hv, V, 1e-6)
+    assert out.shape == (batch + padding, value_dim) and out.dtype == projected.dtype
+    _assert_rows_unchanged(conv_before, conv_pool, slots.tolist())
+    _assert_rows_unchanged(rec_before, rec_pool, slots.tolist())
+    for i, slot in enumerate(slots[:batch].tolist()):
+        x = projected[i : i + 1]
+        mixed = _conv_oracle(conv_before[slot], x[:, :C], conv_weight)  # [1, C] float64
+        q, k = mixed[:, :key_dim].view(1, Hk, K), mixed[:, key_dim : 2 * key_dim].view(1, Hk, K)
+        v = mixed[:, 2 * key_dim :].view(1, Hv, V)
+        b, a = x[:, C + value_dim : C + value_dim + Hv], x[:, C + value_dim + Hv :]
+        o, s_ref = _delta_oracle(q, k, v, a, b, A_log, dt_bias, rec_before[slot])
+        o = o[0]  # [Hv, V]
+        z = x[0, C : C + value_dim].double().view(Hv, V)
+        want = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight.double() * F.silu(z)
+        torch.testing.assert_close(out[i].double().view(Hv, V), want, atol=1e-5, rtol=1e-5)
+        assert torch.equal(conv_pool[slot], torch.cat([conv_before[slot], x[:, :C].t()], dim=1)[:, 1:])
+        tol = dict(atol=1e-5, rtol=1e-5) if pool_dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(rec_pool[slot], s_ref.to(pool_dtype), **tol)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # KV store and paged attention
 # --------------------------------------------------------------------------------------------------------------
 
@@ -607,6 +657,48 @@ def test_linear_wrapper_flattens_leading_dims(lead, seed):
 
 @given(
     tokens=st.integers(0, 9),
+    dim=st.sampled_from([8, 48, 1024]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_add_rms_norm_matches_float64(tokens, dim, dtype, seed):
+    """ce::add_rms_norm (a decoder layer's residual add + norm): the sum, and the zero-centred norm of the sum as
+    rounded to the activations' dtype (HF's residual adds round there), against float64."""
+    g = _gen(seed)
+    x, residual = _randn(g, tokens, dim, scale=3.0, dtype=dtype), _randn(g, tokens, dim, scale=3.0, dtype=dtype)
+    weight = _randn(g, dim, scale=0.5, dtype=dtype)
+    summed, normed = ce.add_rms_norm(x, residual, weight, 1e-6)
+    assert summed.shape == normed.shape == (tokens, dim) and summed.dtype == normed.dtype == dtype
+    torch.testing.assert_close(summed.double(), x.double() + residual.double(), **_tol(dtype))
+    sd = summed.double()
+    want = sd * torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + weight.double())
+    torch.testing.assert_close(normed.double(), want, **_tol(dtype))
+
+
+@given(
+    lead=st.sampled_from([(), (1,), (3,), (2, 3), (0,)]),
+    k=st.integers(1, 40),
+    n=st.integers(1, 40),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_silu_mul_linear_matches_float64(lead, k, n, dtype, seed):
+    """ops.linear.silu_mul_linear (ce::silu_mul_linear: the MLP's activation and down projection) against
+    ``(silu(gate) * up) @ weight.T`` in float64."""
+    g = _gen(seed)
+    gate_up = _randn(g, *lead, 2 * k, scale=3.0, dtype=dtype)
+    weight = _randn(g, n, k, scale=k**-0.5, dtype=dtype)
+    out = silu_mul_linear(gate_up, weight)
+    assert out.shape == (*lead, n) and out.dtype == dtype
+    gate, up = gate_up.double()[..., :k], gate_up.double()[..., k:]
+    want = (gate * torch.sigmoid(gate) * up) @ weight.double().T
+    torch.testing.assert_close(out.double(), want, **{key: 2 * v for key, v in _tol(dtype).items()})
+    with pytest.raises(ValueError, match="2 x weight"):
+        silu_mul_linear(gate_up[..., 1:], weight)
+
+
+@given(
+    tokens=st.integers(0, 9),
     heads=st.sampled_from([0, 1, 3]),  # 0: a 2-D x [T, D] (the layer norms); else [T, H, D] (per-head norms)
     dim=st.sampled_from([8, 48]),
     gated=st.booleans(),
@@ -723,7 +815,15 @@ def _opcheck_cases():
             ce.gated_delta_rule_decode.default,
             (d["q"], d["k"], d["v"], d["a"], d["b"], d["A_log"], d["dt_bias"], state.clone(), slots3),
         ),
+        "gated_deltanet_decode": (  # projected rows [q | k | v | z | b | a] as a slice of wider rows
+            ce.gated_deltanet_decode.default,
+            (_randn(g, 3, 2 * Hk * K + 2 * Hv * V + 2 * Hv + 4)[:, 2:-2], _randn(g, 2 * Hk * K + Hv * V, W),
+             _randn(g, 5, 2 * Hk * K + Hv * V, W - 1), d["A_log"], d["dt_bias"], _randn(g, V), state.clone(), slots3,
+             Hk, K, Hv, V, 1e-6),
+        ),
         "silu_mul": (ce.silu_mul.default, (_randn(g, 5, 20)[:, 2:18],)),
+        "silu_mul_linear": (ce.silu_mul_linear.default, (_randn(g, 3, 16), _randn(g, 5, 8))),
+        "add_rms_norm": (ce.add_rms_norm.default, (_randn(g, 3, 8), _randn(g, 3, 8), _randn(g, 8), 1e-6)),
         "rms_norm": (ce.rms_norm.default, (_randn(g, 3, 2, 16)[..., :8], _randn(g, 8), _randn(g, 3, 2, 8), 1e-6, False)),
     }
 

@@ -1,5 +1,7 @@
 """Triton kernel for ``ce::linear`` at few rows (decode): ``out[M, N] = x[M, K] @ weight[N, K]^T``, M = 1..16.
 
+(and for ``ce::silu_mul_linear``: the same with ``silu(gate) * up`` computed from x = ``[gate | up]`` as it loads.)
+
 Why: a decode step at batch 1..16 reads every weight once and does M multiply-adds per weight element, so its weight
 matmuls should run at memory bandwidth. cuBLAS picks kernels made for large M on these small matrices: 0.94 ms for
 the 97 matmuls of a Qwen3.5-0.8B step at batch 1 on an H200, 37.5% of the bandwidth bound.
@@ -20,7 +22,14 @@ Design, for bandwidth:
     partial sums to ``partials[SPLIT_K, M, N]``; a second small kernel adds them up and casts. No atomics, no
     memset: every program writes its whole partial tile, zeros for an empty K range included. SPLIT_K == 1 writes
     the output directly, in one launch.
-  * tuning: ``triton.autotune`` over a few configs per path, keyed on (N, K), one autotuner per path (the M
+  * latency, not only bandwidth: most of these matrices are 4-17 MB, 1-4 µs of DRAM time, and a launch, its
+    ramp-up and its tail cost ~3 µs more (bench/gemv_sweep.py). Two things hide some of it. Programmatic dependent
+    launch (ops/triton/pdl.py): the kernel lets the next one start at once, and loads its first weight chunk, which
+    no earlier kernel writes, before waiting for the earlier kernels to finish and reading x. Every load of a chunk
+    is issued one iteration ahead of its use.
+  * GATED_X: the MLP's down projection reads ``silu(gate) * up`` straight from the gate_up output (``[gate | up]``
+    rows) instead of a separate ``ce::silu_mul`` launch (``ce::silu_mul_linear`` in ops/linear.py).
+  * tuning: ``triton.autotune`` over a few configs per path, keyed on (N, K, GATED_X), one autotuner per path (the M
     bucket: M == 1 or 2..16); triton adds the argument dtypes to the key. The split configs' timings include the
     reduction launch (it runs as the autotuner's post_hook, inside the timed call), so a split wins only if it pays
     for its second launch. The benchmark flushes the L2 before each run (``triton.testing.do_bench``): in a decode
@@ -40,11 +49,27 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from ops.triton.pdl import pdl_flags
+
 DOT_ROWS = 16  # tl.dot needs every dimension >= 16: 2..16 rows of x are padded to 16
 # Widest output for which split configs are tried. Past it every config has well over 132 programs without a split
 # (lm_head: N = 248320), and the partials buffer (MAX_SPLIT_K * M * N fp32) would grow with the vocabulary.
 SPLIT_K_MAX_N = 16384
 SUM_BLOCK = 1024  # elements per program of the split-K reduction
+
+
+@triton.jit
+def _x_chunk(ptrs, up_offset, mask, GATED_X: tl.constexpr):
+    """x's values at ``ptrs``, in x's dtype. GATED_X: x rows are ``[gate | up]`` and the values are
+    ``silu(gate) * up`` at ``ptrs`` and ``ptrs + up_offset``, rounded as ``ce::silu_mul`` rounds them (silu's output
+    in x's dtype, then the product)."""
+    xv = tl.load(ptrs, mask=mask, other=0.0)
+    if GATED_X:
+        up = tl.load(ptrs + up_offset, mask=mask, other=0.0)
+        gate = xv.to(tl.float32)
+        activated = (gate * tl.sigmoid(gate)).to(xv.dtype)
+        xv = (activated.to(tl.float32) * up.to(tl.float32)).to(xv.dtype)
+    return xv
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled variant for every M of a path, not one for M = 16 and one else
@@ -66,7 +91,13 @@ def _skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    GATED_X: tl.constexpr,  # x is [M, 2K] = [gate | up] and the matmul's input is silu(gate) * up
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent launch (see the module docstring)
 ):
+    if USE_PDL:
+        # The next kernel on the stream, if it is launched with PDL too, may start now: its weight loads overlap
+        # this kernel's instead of waiting for its tail. It waits (gdc_wait) before it reads what this one writes.
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -79,26 +110,34 @@ def _skinny_gemm_kernel(
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
     w_rows = weight + offs_n.to(tl.int64)[:, None] * stride_w_n  # int64: N * K may pass 2**31 (large vocabularies)
+    x_up = K * stride_x_k  # GATED_X: where the up half of an x row starts
+
+    # The weights do not depend on the kernels before this one, so the first chunk is loaded before waiting for
+    # them (with PDL, while they still run); each iteration then loads the next chunk before it computes.
+    ks = k_begin + offs_k
+    w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & (ks < k_end)[None, :], other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # everything the previous kernels wrote (x) is visible from here on
 
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k in range(k_begin, k_end, BLOCK_K):
             ks = k + offs_k
-            k_mask = ks < K
-            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            xk = tl.load(x + ks * stride_x_k, mask=k_mask, other=0.0)
+            xk = _x_chunk(x + ks * stride_x_k, x_up, ks < k_end, GATED_X)
             acc += w.to(tl.float32) * xk.to(tl.float32)[None, :]
+            ks += BLOCK_K
+            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & (ks < k_end)[None, :], other=0.0)
         result = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
     else:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         x_cols = x + offs_m[None, :] * stride_x_m  # x^T: [BLOCK_K, BLOCK_M] tiles
         for k in range(k_begin, k_end, BLOCK_K):
             ks = k + offs_k
-            k_mask = ks < K
-            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            xt = tl.load(x_cols + ks[:, None] * stride_x_k, mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+            xt = _x_chunk(x_cols + ks[:, None] * stride_x_k, x_up, (ks < k_end)[:, None] & m_mask[None, :], GATED_X)
             # "ieee": fp32 inputs (the interpreter tests) multiply in fp32, not tf32; bf16/fp16 ignore the setting.
             acc = tl.dot(w, xt, acc, input_precision="ieee")
+            ks += BLOCK_K
+            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & (ks < k_end)[None, :], other=0.0)
         result = acc  # [BLOCK_N, BLOCK_M]
 
     mask = n_mask[:, None] & m_mask[None, :]
@@ -142,13 +181,17 @@ def _config(block_n: int, block_k: int, split_k: int, num_warps: int, num_stages
 
 # Few configs: each one costs a compile and a benchmark per (N, K) at start-up. Column-block counts are for the
 # Qwen3.5-0.8B shapes: N = 1024 (out_proj, down_proj, o_proj), 5120..8224 (qkv, gate_up, in_proj), 248320 (lm_head).
+# Chosen from bench/gemv_sweep.py on an H200 (each config timed back to back in one CUDA graph, as a decode step
+# runs them; bench/results/h200-2026-11-29/run13-gemv-sweep): at N = 1024 the best are many programs of 2-4 rows
+# that load the whole K range at once (3.7 µs for 4 MB against 4.6 µs for the best of the earlier list: those
+# matmuls are latency-bound, not bandwidth-bound); the wide ones do best with 8-32 rows and 256-512 columns.
 GEMV_CONFIGS = [  # M == 1
-    _config(4, 512, 1, 4, 3),  # N = 1024: 256 programs without a split
-    _config(8, 256, 1, 4, 4),
+    _config(2, 2048, 1, 8, 1),  # N = 1024, K = 2048 (3584): whole rows in one (two) loads, 512 programs
+    _config(4, 1024, 1, 8, 2),
+    _config(4, 512, 1, 4, 3),  # qkv
+    _config(8, 512, 1, 4, 3),  # gate_up
+    _config(32, 256, 1, 8, 3),  # in_proj, lm_head
     _config(16, 256, 1, 4, 3),
-    _config(32, 256, 1, 8, 3),  # wide N: fewer, fatter programs
-    _config(16, 256, 4, 4, 3),  # N = 1024: 64 column blocks x 4 splits
-    _config(8, 512, 2, 4, 3),
 ]
 DOT_CONFIGS = [  # M = 2..16
     _config(16, 256, 1, 4, 4),  # N = 1024: 64 programs
@@ -181,7 +224,7 @@ _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature
 def _autotuned(configs: list):
     return triton.autotune(
         configs=configs,
-        key=["N", "K"],  # the M bucket is the tuner itself: one per BLOCK_M
+        key=["N", "K", "GATED_X"],  # the M bucket is the tuner itself: one per BLOCK_M
         prune_configs_by={"early_config_prune": _prune},
         post_hook=_sum_split_k,
         # Shorter than the default (25 ms warm-up, 100 ms timed) per config: start-up tunes ~14 keys x 6 configs,
@@ -211,17 +254,22 @@ def _tuner(block_m: int):
 
 
 def skinny_gemm(
-    x: torch.Tensor,  # [M, K], 1 <= M <= DOT_ROWS
+    x: torch.Tensor,  # [M, K] (gated: [M, 2K]), 1 <= M <= DOT_ROWS
     weight: torch.Tensor,  # [N, K], same dtype as x
     config: triton.Config | None = None,
     block_m: int | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """``x @ weight.T`` -> [M, N] in x's dtype, fp32 accumulation.
+    """``x @ weight.T`` -> [M, N] in x's dtype, fp32 accumulation; ``gated``: ``silu_mul(x) @ weight.T``.
 
     ``config`` (and ``block_m``, which defaults to :func:`block_rows`) run one fixed configuration without tuning:
     the interpreter tests (which cannot benchmark) and the microbenchmark's sweep use them; the op passes neither.
     """
     rows, k = x.shape
+    if gated:
+        if k % 2:
+            raise ValueError(f"a gated skinny_gemm takes x = [gate | up] with an even width, got {k}")
+        k //= 2
     n = weight.shape[0]
     block_m = block_rows(rows) if block_m is None else block_m
     if rows > block_m:
@@ -233,13 +281,14 @@ def skinny_gemm(
         splits = config.kwargs["SPLIT_K"]
     partials = x.new_empty((splits, rows, n), dtype=torch.float32) if splits > 1 else None
     args = (x, weight, out, partials, rows, n, k, *x.stride(), *weight.stride(), *out.stride())
+    flags = {"BLOCK_M": block_m, "GATED_X": gated, **pdl_flags(x)}
     if config is None:
         tuner = _tuner(block_m)
-        tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, BLOCK_M=block_m)
+        tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
         config = tuner.best_config
     else:
         _skinny_gemm_kernel[(triton.cdiv(n, config.kwargs["BLOCK_N"]), config.kwargs["SPLIT_K"])](
-            *args, BLOCK_M=block_m, **config.all_kwargs()
+            *args, **flags, **config.all_kwargs()
         )
     _sum_split_k({"partials": partials, "out": out, "M": rows, "N": n, "SPLIT_K": config.kwargs["SPLIT_K"]})
     return out

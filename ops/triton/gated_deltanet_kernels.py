@@ -1,0 +1,289 @@
+"""Triton kernel for ``ce::gated_deltanet_decode``: a Gated DeltaNet layer's decode step between its two GEMMs.
+
+Why: at decode batch 1 the unfused path launches ~5 small kernels per linear layer between in_proj and out_proj
+(the copy making ``a``/``b`` contiguous, the conv decode ~3.9 µs, the delta-rule decode ~3.7 µs, the gated
+RMSNorm), each mostly launch latency. This kernel does all of it in one launch, reading q, k, v, z, b and a straight
+from the in_proj output row by offset (no split copies) and writing the normed output that out_proj reads.
+
+Grid ``(batch, key head)``. Program (b, h) owns a DISJOINT set of conv channels and recurrent-state heads: the K
+q-channels of key head h, its K k-channels, the v-channels of its value heads ``h*G .. h*G + G - 1`` (G = Hv / Hk;
+value head j reads key head j // G, repeat_interleave), and those value heads' ``[K, V]`` state tiles. So:
+  * conv: a program loads the history of its channels, ``tl.debug_barrier()``, then writes the shifted history in
+    place (the barrier orders the program's own threads, as in ``_conv_decode_kernel``); no other program reads or
+    writes these channels of this slot, so programs cannot race;
+  * recurrent state: each ``[K, V]`` tile is read and written by one program only, and its store depends on
+    ``u = (v - S^T k) * beta``, a reduction over the whole loaded tile, so every read precedes every write;
+  * padding lanes all point at the null slot 0 and race with each other there by design: nobody reads slot 0.
+Each program computes q and k once (conv + SiLU + l2norm) and reuses them for its G value heads, which it walks in
+turn (``tl.static_range``): per head, S *= exp(g); u = (v - S^T k) * beta; S += k (x) u; o = S^T q; store S; then
+the gated RMSNorm of o over V with ``silu(z)`` and the shared weight, stored at ``out[b, j*V:(j+1)*V]``.
+All of a head's loads (state tile, inputs, conv windows) are issued before its barrier and before any cross-warp
+reduction, so at batch 1 a program waits for two round trips to memory (the slot, then everything else), not one per
+step of the math.
+
+Rounding follows the unfused references exactly: conv outputs cast to projected's dtype (the conv op's output),
+the delta-rule output cast to it (the delta op's output), the normalised output cast to it and, as torch would,
+the weight product rounded to ``promote_types(norm_weight, projected)``; state math is fp32.
+
+Registers: the whole ``[BLOCK_K, BLOCK_V]`` fp32 tile (128 x 128 = 16K values at the model shapes) lives in
+registers, hence ``num_warps=8`` by default (64 tile values a thread). Compiled offline for sm_90 with the model's
+strides (Triton 3.9 and its CUDA 13 ptxas, not the GPU image's Triton 3.6): 8 warps take 247-255 registers a thread
+with 0-40 bytes of spills (issuing every load up front keeps more values live; in math order it was 167-197
+registers and no spills, but four dependent round trips at batch 1); 16 warps hit the 128-register cap and spill
+~160 bytes; 4 warps cannot hold the tile. Above 128 registers a thread, one 8-warp program is resident per SM either
+way. At batch 1 the grid is only Hk programs (16 for Qwen3.5-0.8B): the launches saved, not bandwidth, are the point
+there; at large batch the GPU has to show that this kernel keeps up with the unfused delta-rule kernel (a
+``[128, 64]`` tile, 4 warps, up to 3 programs an SM).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ops.gated_deltanet_decode import check_shapes, split_sizes
+from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels
+from ops.triton.pdl import pdl_flags
+
+# Sequences up to which the fused kernel runs; above, the unfused kernels (conv, delta rule, norm: 3 launches). At
+# small batch the launches are the cost, at large batch the state traffic, where the unfused delta-rule kernel's
+# [K, 64] tiles keep up to 3 programs an SM streaming (84% of copy bandwidth at batch 256 on an H200).
+FUSED_MAX_BATCH = 256
+
+L2NORM_EPS = tl.constexpr(1e-6)  # ops.delta_rule.L2NORM_EPS
+SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch.nn.functional.softplus's default: softplus(x) = x above it
+
+
+@triton.jit
+def _conv_step(
+    x_row,  # this sequence's projected row
+    weight,
+    state_rows,  # conv_state + slot * stride_slot + offs_c * stride_c: this sequence's rows of these channels
+    offs_c,
+    c_mask,
+    stride_x_c,
+    stride_w_c,
+    stride_w_k,
+    stride_s_k,
+    WIDTH: tl.constexpr,
+    HIST_P: tl.constexpr,  # next power of two >= WIDTH - 1
+):
+    """silu(causal conv) of channels ``offs_c`` for one new token, and their next history, without writing it.
+
+    Returns the output rounded to projected's dtype (the unfused conv op's output) in fp32, and the shifted history
+    ``[len(offs_c), HIST_P]`` for :func:`_store_history`, which the caller runs after a barrier."""
+    offs_k = tl.arange(0, HIST_P)
+    mask = c_mask[:, None] & (offs_k < WIDTH - 1)[None, :]
+    history = tl.load(state_rows[:, None] + offs_k[None, :] * stride_s_k, mask=mask, other=0.0)
+    # The same history shifted left by one column (column k <- k + 1), read now, before the in-place write.
+    shifted = tl.load(state_rows[:, None] + (offs_k + 1)[None, :] * stride_s_k,
+                      mask=c_mask[:, None] & (offs_k + 1 < WIDTH - 1)[None, :], other=0.0)
+    # As in the reference, the new input enters the window (and the state) in the state's dtype.
+    x_new = tl.load(x_row + offs_c * stride_x_c, mask=c_mask, other=0.0).to(history.dtype)
+    w_hist = tl.load(weight + offs_c[:, None] * stride_w_c + offs_k[None, :] * stride_w_k, mask=mask, other=0.0)
+    w_new = tl.load(weight + offs_c * stride_w_c + (WIDTH - 1) * stride_w_k, mask=c_mask, other=0.0)
+    acc = tl.sum(history.to(tl.float32) * w_hist.to(tl.float32), 1) + x_new.to(tl.float32) * w_new.to(tl.float32)
+    y = acc * tl.sigmoid(acc)
+    new_history = tl.where((offs_k == WIDTH - 2)[None, :], x_new[:, None], shifted)
+    return y.to(x_row.dtype.element_ty).to(tl.float32), new_history
+
+
+@triton.jit
+def _store_history(state_rows, c_mask, new_history, stride_s_k, WIDTH: tl.constexpr, HIST_P: tl.constexpr):
+    offs_k = tl.arange(0, HIST_P)
+    mask = c_mask[:, None] & (offs_k < WIDTH - 1)[None, :]
+    tl.store(state_rows[:, None] + offs_k[None, :] * stride_s_k, new_history, mask=mask)
+
+
+@triton.jit
+def _gated_deltanet_decode_kernel(
+    projected,
+    conv_weight,
+    conv_state,
+    A_log,
+    dt_bias,
+    norm_weight,
+    recurrent_state,
+    state_slots,
+    out,  # contiguous [B, Hv * V]
+    scale,  # K ** -0.5
+    eps,  # the gated RMSNorm's
+    stride_p_b,
+    stride_p_c,
+    stride_w_c,
+    stride_w_k,
+    stride_cs_slot,
+    stride_cs_c,
+    stride_cs_k,
+    stride_rs_slot,
+    stride_rs_h,
+    stride_rs_k,
+    stride_rs_v,
+    NUM_K_HEADS: tl.constexpr,
+    NUM_V_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,  # NUM_V_HEADS // NUM_K_HEADS
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    WIDTH: tl.constexpr,
+    HIST_P: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    ROUND_WEIGHT_PRODUCT: tl.constexpr,  # norm_weight * normed rounds to projected's dtype (torch's promotion)
+    USE_PDL: tl.constexpr,  # ops/triton/pdl.py: out_proj's weight loads may start while this kernel runs
+):
+    KEY_DIM = NUM_K_HEADS * DK
+    VALUE_DIM = NUM_V_HEADS * DV
+    Z_START = 2 * KEY_DIM + VALUE_DIM  # [q | k | v | z | b | a]
+    B_START = Z_START + VALUE_DIM
+    A_START = B_START + NUM_V_HEADS
+
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    offs_v = tl.arange(0, BLOCK_V)
+    v_mask = offs_v < DV
+    norm_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)  # a weight: read before the wait
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # in_proj's output (projected), the slots and the states are read after this
+
+    seq = tl.program_id(0).to(tl.int64)
+    k_head = tl.program_id(1)
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    row = projected + seq * stride_p_b
+    conv_rows = conv_state + slot * stride_cs_slot
+    dtype = out.dtype.element_ty
+    offs_k = tl.arange(0, BLOCK_K)
+    k_mask = offs_k < DK
+    tile_mask = k_mask[:, None] & v_mask[None, :]
+
+    q_channels = k_head * DK + offs_k
+    k_channels = KEY_DIM + k_head * DK + offs_k
+    q_rows = conv_rows + q_channels * stride_cs_c
+    k_rows = conv_rows + k_channels * stride_cs_c
+
+    for j in tl.static_range(GROUP):
+        v_head = k_head * GROUP + j
+        # Loads first, in this order: the state tile (the long pole), this head's inputs, the conv windows. Nothing
+        # before the barrier below waits on a load (the l2norms' cross-warp sums come after it), so at batch 1 the
+        # program waits for one round trip to memory (after the slot's), not one per step of the math.
+        tile = (recurrent_state + slot * stride_rs_slot + v_head * stride_rs_h + offs_k[:, None] * stride_rs_k
+                + offs_v[None, :] * stride_rs_v)
+        s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
+        gate_in = (tl.load(row + (A_START + v_head) * stride_p_c).to(tl.float32)
+                   + tl.load(dt_bias + v_head).to(tl.float32))
+        decay_rate = tl.exp(tl.load(A_log + v_head).to(tl.float32))
+        beta = tl.sigmoid(tl.load(row + (B_START + v_head) * stride_p_c).to(tl.float32))
+        z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0).to(tl.float32)
+        if j == 0:  # q and k of this key head, shared by its value heads: conv + SiLU (l2norm below)
+            q, q_history = _conv_step(row, conv_weight, q_rows, q_channels, k_mask, stride_p_c, stride_w_c,
+                                      stride_w_k, stride_cs_k, WIDTH, HIST_P)
+            k, k_history = _conv_step(row, conv_weight, k_rows, k_channels, k_mask, stride_p_c, stride_w_c,
+                                      stride_w_k, stride_cs_k, WIDTH, HIST_P)
+        v_channels = 2 * KEY_DIM + v_head * DV + offs_v
+        v_rows = conv_rows + v_channels * stride_cs_c
+        v, v_history = _conv_step(row, conv_weight, v_rows, v_channels, v_mask, stride_p_c, stride_w_c, stride_w_k,
+                                  stride_cs_k, WIDTH, HIST_P)
+        tl.debug_barrier()  # every conv-history read of this program happens before any history write below
+        if j == 0:
+            _store_history(q_rows, k_mask, q_history, stride_cs_k, WIDTH, HIST_P)
+            _store_history(k_rows, k_mask, k_history, stride_cs_k, WIDTH, HIST_P)
+            q = q * tl.rsqrt(tl.sum(q * q, 0) + L2NORM_EPS) * scale  # l2norm in fp32, q scaled by K**-0.5
+            k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
+        _store_history(v_rows, v_mask, v_history, stride_cs_k, WIDTH, HIST_P)
+
+        softplus = tl.where(gate_in > SOFTPLUS_THRESHOLD, gate_in,
+                            tl.log(1.0 + tl.exp(tl.minimum(gate_in, SOFTPLUS_THRESHOLD))))
+        s = s * tl.exp(-decay_rate * softplus)  # S *= exp(g)
+        u = (v - tl.sum(s * k[:, None], 0)) * beta  # u = (v - S^T k) beta
+        s = s + k[:, None] * u[None, :]  # S += k (x) u
+        o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
+        tl.store(tile, s.to(recurrent_state.dtype.element_ty), mask=tile_mask)
+
+        # Gated RMSNorm over V, rounded where the unfused path rounds (ops/norm.py rms_norm_reference).
+        o = o.to(dtype).to(tl.float32)  # the delta-rule op's output, in v's dtype
+        rstd = tl.rsqrt(tl.sum(o * o, 0) / DV + eps)
+        scaled = norm_w * (o * rstd).to(dtype).to(tl.float32)
+        if ROUND_WEIGHT_PRODUCT:
+            scaled = scaled.to(dtype).to(tl.float32)
+        y = scaled * (z * tl.sigmoid(z))
+        tl.store(out + seq * VALUE_DIM + v_head * DV + offs_v, y.to(dtype), mask=v_mask)
+
+
+def gated_deltanet_decode(
+    projected: torch.Tensor,  # [B, P]: [q | k | v | z | b | a], last dim contiguous
+    conv_weight: torch.Tensor,  # [C, W]
+    conv_state: torch.Tensor,  # [S, C, W-1]  (written at state_slots)
+    A_log: torch.Tensor,  # [Hv]
+    dt_bias: torch.Tensor,  # [Hv]
+    norm_weight: torch.Tensor,  # [V]
+    recurrent_state: torch.Tensor,  # [S, Hv, K, V]  (written at state_slots)
+    state_slots: torch.Tensor,  # [B] int32
+    num_k_heads: int,
+    head_k_dim: int,
+    num_v_heads: int,
+    head_v_dim: int,
+    eps: float,
+    num_warps: int = 8,
+    fused: bool | None = None,
+) -> torch.Tensor:
+    """The fused kernel up to ``FUSED_MAX_BATCH`` sequences (or as ``fused`` says), the unfused kernels above."""
+    check_shapes(projected, conv_weight, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    batch = projected.shape[0]
+    width = conv_weight.shape[1]
+    if not (batch <= FUSED_MAX_BATCH if fused is None else fused):
+        return _unfused(projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, recurrent_state, state_slots,
+                        num_k_heads, head_k_dim, num_v_heads, head_v_dim, eps)
+    out = torch.empty((batch, num_v_heads * head_v_dim), dtype=projected.dtype, device=projected.device)
+    if batch == 0:
+        return out
+    norm_weight = norm_weight.contiguous()  # [V]: a no-op for a parameter
+    _gated_deltanet_decode_kernel[(batch, num_k_heads)](
+        projected,
+        conv_weight,
+        conv_state,
+        A_log,
+        dt_bias,
+        norm_weight,
+        recurrent_state,
+        state_slots,
+        out,
+        head_k_dim**-0.5,
+        eps,
+        *projected.stride(),
+        *conv_weight.stride(),
+        *conv_state.stride(),
+        *recurrent_state.stride(),
+        NUM_K_HEADS=num_k_heads,
+        NUM_V_HEADS=num_v_heads,
+        GROUP=num_v_heads // num_k_heads,
+        DK=head_k_dim,
+        DV=head_v_dim,
+        WIDTH=width,
+        HIST_P=triton.next_power_of_2(width - 1),
+        BLOCK_K=triton.next_power_of_2(head_k_dim),
+        BLOCK_V=triton.next_power_of_2(head_v_dim),
+        ROUND_WEIGHT_PRODUCT=torch.promote_types(norm_weight.dtype, projected.dtype) == projected.dtype,
+        num_warps=num_warps,
+        **pdl_flags(projected),
+    )
+    return out
+
+
+def _unfused(projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, recurrent_state, state_slots,
+             num_k_heads, head_k_dim, num_v_heads, head_v_dim, eps) -> torch.Tensor:
+    """The same result from the unfused decode kernels (conv, delta rule, gated norm: the reference's pieces),
+    reading their inputs as strided views of ``projected`` (no copies)."""
+    batch = projected.shape[0]
+    q_width, k_width, v_width, z_width, b_width, _ = split_sizes(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    channels = q_width + k_width + v_width
+    mixed = conv1d_kernels.causal_conv1d_decode(projected[:, :channels], conv_weight, conv_state, state_slots)
+    q, k, v = mixed.split([q_width, k_width, v_width], dim=-1)
+    z_start = channels
+    b_start = z_start + z_width
+    o = delta_rule_kernels.gated_delta_rule_decode(
+        q.view(batch, num_k_heads, head_k_dim), k.view(batch, num_k_heads, head_k_dim),
+        v.view(batch, num_v_heads, head_v_dim), projected[:, b_start + b_width:], projected[:, b_start:b_start + b_width],
+        A_log, dt_bias, recurrent_state, state_slots,
+    )
+    z = projected[:, z_start:z_start + z_width].view(batch, num_v_heads, head_v_dim)
+    return norm_kernels.rms_norm(o, norm_weight, z, eps, False).view(batch, -1)

@@ -1,0 +1,52 @@
+"""Programmatic dependent launch (PDL) for the decode kernels: overlap a kernel's start with its predecessor's end.
+
+A batch-1 decode step is a chain of ~300 short kernels (most 2-8 µs), each of which used to start only once the one
+before it had finished and flushed its writes: ~3 µs of launch, ramp-up and tail per kernel
+(bench/gemv_sweep.py). On Hopper and newer, a kernel launched with the ``launch_pdl`` option may start while the
+kernel before it still runs, as soon as that one has executed ``gdc_launch_dependents`` in every program (or
+finished). It must then execute ``gdc_wait`` before it reads anything an earlier kernel wrote, or writes anything
+an earlier kernel may still read; ``gdc_wait`` returns once the earlier kernel has completed and its writes are
+visible. What comes before the wait may only read what no kernel of the step writes: the weights.
+
+The protocol of every PDL kernel here, in this order:
+  1. ``gdc_launch_dependents()``: the next kernel may be scheduled (it cannot get past its own wait before this one
+     completes, so this is safe at the very start);
+  2. loads of weights (constant during a step);
+  3. ``gdc_wait()``;
+  4. everything else: loads of activations and states, all stores.
+
+A kernel launched without PDL after a PDL kernel waits for it as usual, so PDL and plain kernels (Inductor's,
+cuBLAS) mix freely; the overlap only happens between two adjacent PDL kernels. Captured into a CUDA graph, the
+dependency becomes a programmatic edge (CUDA 12.3 on).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.cache
+def pdl_supported() -> bool:
+    """Whether kernels may be launched with PDL: a Hopper or newer GPU, a Triton with the launch option and the
+    ``griddepcontrol`` intrinsics (3.4 on), not the interpreter, and not turned off with ``CE_PDL=0`` (read once: to
+    compare, or where a driver mishandles PDL inside CUDA graphs)."""
+    if os.environ.get("CE_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    try:
+        import triton.language as tl
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    has_option = "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+    has_intrinsics = hasattr(tl.extra.cuda, "gdc_wait") and hasattr(tl.extra.cuda, "gdc_launch_dependents")
+    return has_option and has_intrinsics and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def pdl_flags(tensor: torch.Tensor) -> dict:
+    """Launch arguments for a PDL-capable kernel (its ``USE_PDL`` constexpr and Triton's ``launch_pdl`` option)
+    working on ``tensor``'s device: PDL on CUDA where supported, off on the CPU (the interpreter)."""
+    use = tensor.is_cuda and pdl_supported()
+    return {"USE_PDL": True, "launch_pdl": True} if use else {"USE_PDL": False}
