@@ -3,14 +3,14 @@
 # now, stage after stage (about 9 minutes), most needed first:
 #   1. the CUDA kernel tests of what changed (KERNEL_TESTS: a pytest -k expression; their Triton compiles are slow:
 #      the whole file does not fit a call);
-#   2. bench latency + throughput + sweep with LLM's defaults (it compiles the 0.8B decode graphs cold, ~100-200 s;
+#   2. bench/ops_microbench.py: the decode ops alone at batch 1-256 (~40 s);
+#   3. bench latency + throughput + sweep with LLM's defaults (it compiles the 0.8B decode graphs cold, ~100-200 s;
 #      every later engine finds them cached; throughput profiles its first step);
-#   3. bench step_profile (runtime decode at batch 1/8/64/256, the engine's own overlapped decode steps at the same
+#   4. bench step_profile (runtime decode at batch 1/8/64/256, the engine's own overlapped decode steps at the same
 #      batches, one 8,192-token prefill step: GPU ms by kernel category, host ms, kernels per step);
-#   4. throughput with 16,384-token prefill steps, throughput with prefix caching on, latency + throughput with the
+#   5. throughput with 16,384-token prefill steps, throughput with prefix caching on, latency + throughput with the
 #      synchronous engine (--no-overlap-decode), the compile tests, bench snapshot_methods, bench prefix;
-#   5. bench/ops_microbench.py (the decode ops alone, batch 1-256) and bench/gemv_sweep.py (skinny GEMM configs timed
-#      back to back): tuning data, each best run alone (STAGES=gemv_sweep).
+#   6. bench/gemv_sweep.py (skinny GEMM configs timed back to back): tuning data, best run alone (STAGES=gemv_sweep).
 # HF's numbers come from bench/run_h200.sh (they do not change with our code); tensor parallelism from
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
@@ -48,6 +48,9 @@ stage() {  # stage NAME MAX_S CMD...: CMD under min(MAX_S, what is left of the b
 
 BENCH=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 256 --max-model-len 4096)
 stage test_kernels 90 python3 -m pytest -v tests/test_kernels_cuda.py -k "${KERNEL_TESTS:-rms_norm or silu_mul}" -p no:cacheprovider
+stage ops_microbench 90 python3 bench/ops_microbench.py --out "$WORK/ops_microbench" --batches 1,8,64,256 --no-baseline \
+    --skip linear,paged_attention_prefill,causal_conv1d_prefill,gated_delta_rule_prefill
+[ -f "$WORK/ops_microbench/ops_microbench.json" ] && cp "$WORK/ops_microbench/ops_microbench.json" "$OUT/"
 stage main 260 python3 -m bench latency,throughput,sweep -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/main"
 stage step_profile 90 python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
 stage throughput_16k 60 python3 -m bench throughput "${BENCH[@]}" --max-num-batched-tokens 16384 --out "$WORK/throughput_16k"
@@ -56,9 +59,6 @@ stage main_sync 60 python3 -m bench latency,throughput -p latency.repeats=2 "${B
 stage test_compile 100 python3 -m pytest -q -x tests/test_compile_gpu.py -p no:cacheprovider --durations=5
 stage snapshot_methods 45 python3 -m bench snapshot_methods --out "$WORK/snapshot"
 stage prefix 110 python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
-stage ops_microbench 90 python3 bench/ops_microbench.py --out "$WORK/ops_microbench" --batches 1,8,64,256 --no-baseline \
-    --skip linear,paged_attention_prefill,causal_conv1d_prefill,gated_delta_rule_prefill
-[ -f "$WORK/ops_microbench/ops_microbench.json" ] && cp "$WORK/ops_microbench/ops_microbench.json" "$OUT/"
 stage gemv_sweep 200 python3 bench/gemv_sweep.py --out "$WORK/gemv_sweep"
 [ -f "$WORK/gemv_sweep/gemv_sweep.json" ] && cp "$WORK/gemv_sweep/gemv_sweep.json" "$OUT/"
 dirs=(); for d in profile main throughput_16k throughput_on main_sync snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
