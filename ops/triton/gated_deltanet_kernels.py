@@ -48,8 +48,9 @@ from ops.triton.pdl import pdl_flags
 
 # Sequences up to which the fused kernel runs; above, the unfused kernels (conv, delta rule, norm: 3 launches). At
 # small batch the launches are the cost, at large batch the state traffic, where the unfused delta-rule kernel's
-# [K, 64] tiles keep up to 3 programs an SM streaming (84% of copy bandwidth at batch 256 on an H200).
-FUSED_MAX_BATCH = 256
+# [K, 64] tiles keep up to 3 programs an SM streaming. Measured on an H200 (bench/ops_microbench.py, one call per
+# graph, run15-session), fused against unfused: batch 1 11.7 / 17.2 µs, 8 14.9 / 21.9, 64 71.4 / 57.5, 256 246 / 178.
+FUSED_MAX_BATCH = 16
 
 L2NORM_EPS = tl.constexpr(1e-6)  # ops.delta_rule.L2NORM_EPS
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch.nn.functional.softplus's default: softplus(x) = x above it
