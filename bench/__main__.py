@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs")
     p.add_argument("--max-num-seqs", type=int, default=None, help="default: what the scenarios need")
     p.add_argument("--max-model-len", type=int, default=None, help="default: what the scenarios need")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget of a prefill step (default: LLM's: 16384 on a GPU of 70 GiB or more, else 8192)")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: the runtime's memory plan")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="shard our engine over N GPUs")
     p.add_argument("--enable-prefix-caching", action="store_true", help="prefix caching on in every scenario")

@@ -46,7 +46,7 @@ class Options:
     out: str | None = None
     max_num_seqs: int | None = None  # default: what the scenarios of the run need
     max_model_len: int | None = None  # default: what the scenarios of the run need
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int | None = None  # default: LLM's (16,384 on a GPU of 70 GiB or more, else 8,192)
     num_kv_blocks: int | None = None  # default: the runtime's memory plan
     tensor_parallel_size: int = 1  # shard our engine over this many GPUs (HF always runs on one)
     enable_prefix_caching: bool = False  # for every scenario's engine (prefix runs both modes regardless)
@@ -168,7 +168,7 @@ class Context:
             "block_size": rt.config.block_size,
             "num_kv_blocks": rt.cache_config.num_kv_blocks,
             "state_dtype": str(rt.config.state_dtype).removeprefix("torch."),
-            "max_num_batched_tokens": self.opts.max_num_batched_tokens,
+            "max_num_batched_tokens": self._llm.engine.scheduler.max_num_batched_tokens,
             "enforce_eager": self.enforce_eager,
             "enable_prefix_caching": rt.config.enable_prefix_caching,
             "overlap_decode": self._llm.engine.overlap_decode,

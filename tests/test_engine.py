@@ -571,3 +571,24 @@ def test_generate_returns_prompt_order_and_tqdm_is_switchable(model_path, load_h
     assert "generating" in err and "1/1" in err
     assert len(outs) == 1 and outs[0].token_ids == hf_greedy(load_hf_model, prompts[1], 6)
     assert_clean(llm.engine)
+
+
+@pytest.mark.parametrize("total_gib, want", [(None, 8192), (40, 8192), (80, 16384), (141, 16384)])
+def test_default_prefill_budget_follows_vllm_llm_class(monkeypatch, total_gib, want):
+    """LLM's default max_num_batched_tokens: 16,384 on a GPU of 70 GiB or more, 8,192 on smaller ones and the CPU
+    (vLLM's rule for its LLM class); an explicit value always wins (test_chunked_prefill_* pass their own)."""
+    from types import SimpleNamespace
+
+    from compiled_engine.runtime import default_max_num_batched_tokens
+
+    if total_gib is None:
+        assert default_max_num_batched_tokens(torch.device("cpu")) == want
+        return
+    props = SimpleNamespace(total_memory=total_gib * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    assert default_max_num_batched_tokens(torch.device("cuda", 0)) == want
+
+
+def test_llm_resolves_the_default_prefill_budget(model_path):
+    llm = make_llm(model_path, max_num_seqs=2, max_num_batched_tokens=None)
+    assert llm.engine.scheduler.max_num_batched_tokens == 8192 == llm.runtime.config.max_num_batched_tokens  # CPU
