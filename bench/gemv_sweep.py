@@ -162,9 +162,11 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for rows in args.rows:
         best = sweep(rows, copy_gbps, result["rows"])
-        result["best"][rows] = {name: {"us": round(us, 3), "block_m": bm, "config": c} for name, (us, bm, c) in best.items()}
+        result["best"][rows] = {name: {"us": round(us, 3), "block_m": bm, "config": c}
+                                for name, (us, bm, c) in best.items()}
         result["step"][rows] = whole_step(rows, best, copy_gbps)
-        (args.out / "gemv_sweep.json").write_text(json.dumps(result, indent=1))  # after each row count: a cut run keeps some
+        # written after each row count: a run cut short keeps what it measured
+        (args.out / "gemv_sweep.json").write_text(json.dumps(result, indent=1))
     result["wall_s"] = round(time.time() - start, 1)
     (args.out / "gemv_sweep.json").write_text(json.dumps(result, indent=1))
     for rows, best in result["best"].items():

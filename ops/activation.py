@@ -3,8 +3,8 @@
 Why an op: outside a compiled graph (every prefill step) the plain-torch form is two kernels (``silu`` writes a
 ``[T, I]`` tensor, the multiply reads it back) over the widest activations of the model (I = 3,584 for
 Qwen3.5-0.8B); the kernel reads gate and up once and writes the product once (measured with ``ce::rms_norm``: see
-ops/norm.py). Inside ``torch.compile`` (the decode
-graphs) :func:`silu_mul` runs the plain-torch definition, which Inductor fuses by itself.
+ops/norm.py). The model reaches it through ``ce::silu_mul_linear`` (ops/linear.py), whose skinny GEMM computes the
+activation itself at decode batch sizes and calls this op above them.
 
 * ``ce::silu_mul(gate_up [T, 2I]) -> [T, I]`` contiguous, in gate_up's dtype: gate is the first half of each row,
   up the second (the layout of the fused ``gate_up_proj``). Rows may be strided; the columns must be contiguous.
@@ -38,9 +38,7 @@ silu_mul_op = define_op(
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of gate_up ``[..., 2I]`` -> ``[..., I]`` (see the module docstring for which path)."""
-    if torch.compiler.is_compiling():
-        return silu_mul_reference(gate_up)
+    """``silu(gate) * up`` of gate_up ``[..., 2I]`` -> ``[..., I]`` through ``ce::silu_mul``."""
     if gate_up.shape[-1] % 2:
         raise ValueError(f"silu_mul needs an even last dimension (gate | up), got {gate_up.shape[-1]}")
     out = silu_mul_op(gate_up.reshape(-1, gate_up.shape[-1]))

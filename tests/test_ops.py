@@ -739,16 +739,15 @@ def test_silu_mul_matches_float64(lead, half, dtype, seed):
     torch.testing.assert_close(out.double(), gate * torch.sigmoid(gate) * up, **_tol(dtype))
 
 
-def test_fused_elementwise_ops_compiled_path_equals_eager():
-    """Inside torch.compile rms_norm and silu_mul are plain torch (Inductor fuses them with their neighbours),
-    outside they are the ops: the two paths give the same values, and the compiled graph calls neither op."""
+def test_rms_norm_compiled_path_equals_eager():
+    """Inside torch.compile rms_norm is plain torch (Inductor fuses it with its neighbours), outside it is the op:
+    the two paths give the same values, and the compiled graph does not call the op."""
     g = _gen(7)
     x, z = _randn(g, 5, 4, 16, scale=2.0), _randn(g, 5, 4, 16)
     weight = _randn(g, 16)
 
     def norms(x, z, weight):
-        return (rms_norm(x, weight, 1e-6, zero_centred=True), rms_norm(x, weight, 1e-6, zero_centred=False, gate=z),
-                silu_mul(x))
+        return rms_norm(x, weight, 1e-6, zero_centred=True), rms_norm(x, weight, 1e-6, zero_centred=False, gate=z)
 
     graphs = []
 
@@ -759,7 +758,7 @@ def test_fused_elementwise_ops_compiled_path_equals_eager():
     compiled = torch.compile(norms, backend=backend, fullgraph=True)(x, z, weight)
     for got, want in zip(compiled, norms(x, z, weight)):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-    assert graphs and "rms_norm" not in graphs[0].code and "silu_mul" not in graphs[0].code
+    assert graphs and "rms_norm" not in graphs[0].code
 
 
 # --------------------------------------------------------------------------------------------------------------

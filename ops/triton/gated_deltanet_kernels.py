@@ -281,10 +281,11 @@ def _unfused(projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, re
     q, k, v = mixed.split([q_width, k_width, v_width], dim=-1)
     z_start = channels
     b_start = z_start + z_width
+    a = projected[:, b_start + b_width:]
+    b = projected[:, b_start:b_start + b_width]
     o = delta_rule_kernels.gated_delta_rule_decode(
         q.view(batch, num_k_heads, head_k_dim), k.view(batch, num_k_heads, head_k_dim),
-        v.view(batch, num_v_heads, head_v_dim), projected[:, b_start + b_width:], projected[:, b_start:b_start + b_width],
-        A_log, dt_bias, recurrent_state, state_slots,
+        v.view(batch, num_v_heads, head_v_dim), a, b, A_log, dt_bias, recurrent_state, state_slots,
     )
     z = projected[:, z_start:z_start + z_width].view(batch, num_v_heads, head_v_dim)
     return norm_kernels.rms_norm(o, norm_weight, z, eps, False).view(batch, -1)
