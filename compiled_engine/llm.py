@@ -57,9 +57,11 @@ class LLM:
         ``max_num_batched_tokens``: the token budget of a prefill step; default 16,384 on a GPU of 70 GiB or more,
         8,192 elsewhere (vLLM's LLM-class rule: runtime.default_max_num_batched_tokens).
         ``overlap_decode``: the host schedules and packs the next step while the GPU runs this one
-        (LLMEngine._step_overlapped; prefill steps too since 2026-11-29, not yet measured on a GPU); outputs are
-        unchanged. On by default: on the H200 it took the decode steps of the throughput workload from 5.40 to
-        3.67 ms each (bench/results/h200-2026-11-29/run6-session).
+        (LLMEngine._step_overlapped; prefill steps too since 2026-11-29); outputs are unchanged. On by default: on
+        the H200 it took the decode steps of the throughput workload from 5.40 to 3.67 ms each
+        (bench/results/h200-2026-11-29/run6-session). Its prefill half is not a measured gain: with 8,192-token
+        steps that workload's prefill took 1.30 s in run 17 against 0.74 s with synchronous prefill steps in run 12
+        (per-step GPU and host cost unchanged; bench/NOTES.md lists it for the next GPU session).
         ``runtime_config``: max_model_len, max_num_seqs, block_size, num_kv_blocks, gpu_memory_utilization,
         state_dtype (see README "Knobs").
         """
