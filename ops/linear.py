@@ -75,15 +75,11 @@ def _silu_mul_linear_cuda(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.
     return F.linear(silu_mul_op(gate_up), weight)
 
 
-def _silu_mul_linear_fake(gate_up, weight):
-    return gate_up.new_empty((gate_up.shape[0], weight.shape[0]))
-
-
 silu_mul_linear_op = define_op(
     "silu_mul_linear(Tensor gate_up, Tensor weight) -> Tensor",
     reference=silu_mul_linear_reference,
     cuda=_silu_mul_linear_cuda,
-    fake=_silu_mul_linear_fake,
+    fake=_linear_fake,  # [rows, N] as linear's
 )
 
 
