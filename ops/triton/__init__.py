@@ -7,9 +7,13 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
   conv1d_kernels            causal_conv1d_prefill (varlen, state by slot), causal_conv1d_decode (in place)
   delta_rule_kernels        gated_delta_rule_decode (our kernel, state pool in place), gated_delta_rule_prefill (FLA)
   gated_deltanet_kernels    gated_deltanet_decode (conv + delta rule + gated norm of a decode step, one launch)
-  gemv_kernels              skinny_gemm (linear at M <= 16: GEMV / padded tensor-core tiles, split-K, autotuned)
+  gemv_kernels              skinny_gemm (linear and silu_mul_linear at M <= 16: GEMV / padded tensor-core tiles,
+                            split-K, autotuned)
   activation_kernels        silu_mul (the SwiGLU MLP's silu(gate) * up, one pass)
-  norm_kernels              rms_norm (zero-centred or gated by silu, one pass per row, strided rows)
+  norm_kernels              rms_norm (zero-centred or gated by silu, one pass per row, strided rows), add_rms_norm
+                            (a layer's residual add + norm)
+
+and ``pdl``: programmatic dependent launch, the protocol the decode kernels follow (launch flags, when to wait).
 
 This package itself imports neither triton nor FLA: the op modules register :func:`lazy_kernel` wrappers as their
 ``cuda=`` implementations, so ``import ops`` works on CPU-only machines without triton, and triton is first
