@@ -30,6 +30,17 @@ SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch.nn.functional.softplus's defaul
 
 
 @triton.jit
+def decay_and_beta(a, b, A_log, dt_bias):
+    """The gates of one value head and token, fp32: ``exp(g)`` with ``g = -exp(A_log) * softplus(a + dt_bias)``
+    (softplus with torch's threshold), and ``beta = sigmoid(b)``. Shared with the fused decode kernel
+    (ops/triton/gated_deltanet_kernels.py)."""
+    gate_in = a.to(tl.float32) + dt_bias.to(tl.float32)
+    softplus = tl.where(gate_in > SOFTPLUS_THRESHOLD, gate_in,
+                        tl.log(1.0 + tl.exp(tl.minimum(gate_in, SOFTPLUS_THRESHOLD))))
+    return tl.exp(-tl.exp(A_log.to(tl.float32)) * softplus), tl.sigmoid(b.to(tl.float32))
+
+
+@triton.jit
 def _gdr_decode_kernel(
     q,
     k,
@@ -84,12 +95,9 @@ def _gdr_decode_kernel(
                     other=0.0).to(tl.float32)
     q_vec = q_vec * tl.rsqrt(tl.sum(q_vec * q_vec, 0) + L2NORM_EPS) * scale
     k_vec = k_vec * tl.rsqrt(tl.sum(k_vec * k_vec, 0) + L2NORM_EPS)
-    gate_in = tl.load(a + seq * stride_a_b + v_head * stride_a_h).to(tl.float32) + tl.load(dt_bias + v_head).to(
-        tl.float32)
-    softplus = tl.where(gate_in > SOFTPLUS_THRESHOLD, gate_in,
-                        tl.log(1.0 + tl.exp(tl.minimum(gate_in, SOFTPLUS_THRESHOLD))))
-    decay = tl.exp(-tl.exp(tl.load(A_log + v_head).to(tl.float32)) * softplus)  # exp(g)
-    beta = tl.sigmoid(tl.load(b + seq * stride_b_b + v_head * stride_b_h).to(tl.float32))
+    decay, beta = decay_and_beta(tl.load(a + seq * stride_a_b + v_head * stride_a_h),
+                                 tl.load(b + seq * stride_b_b + v_head * stride_b_h), tl.load(A_log + v_head),
+                                 tl.load(dt_bias + v_head))
     v_vec = tl.load(v + seq * stride_v_b + v_head * stride_v_h + offs_v * stride_v_v, mask=v_mask,
                     other=0.0).to(tl.float32)
 

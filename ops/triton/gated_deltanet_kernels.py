@@ -44,6 +44,8 @@ import triton.language as tl
 
 from ops.gated_deltanet_decode import check_shapes, split_sizes
 from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels
+from ops.triton.conv1d_kernels import conv_step, store_history
+from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta
 from ops.triton.pdl import pdl_flags
 
 # Sequences up to which the fused kernel runs; above, the unfused kernels (conv, delta rule, norm: 3 launches). At
@@ -51,51 +53,6 @@ from ops.triton.pdl import pdl_flags
 # [K, 64] tiles keep up to 3 programs an SM streaming. Measured on an H200 (bench/ops_microbench.py, one call per
 # graph, run15-session), fused against unfused: batch 1 11.7 / 17.2 µs, 8 14.9 / 21.9, 64 71.4 / 57.5, 256 246 / 178.
 FUSED_MAX_BATCH = 16
-
-L2NORM_EPS = tl.constexpr(1e-6)  # ops.delta_rule.L2NORM_EPS
-SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch.nn.functional.softplus's default: softplus(x) = x above it
-
-
-@triton.jit
-def _conv_step(
-    x_row,  # this sequence's projected row
-    weight,
-    state_rows,  # conv_state + slot * stride_slot + offs_c * stride_c: this sequence's rows of these channels
-    offs_c,
-    c_mask,
-    stride_x_c,
-    stride_w_c,
-    stride_w_k,
-    stride_s_k,
-    WIDTH: tl.constexpr,
-    HIST_P: tl.constexpr,  # next power of two >= WIDTH - 1
-):
-    """silu(causal conv) of channels ``offs_c`` for one new token, and their next history, without writing it.
-
-    Returns the output rounded to projected's dtype (the unfused conv op's output) in fp32, and the shifted history
-    ``[len(offs_c), HIST_P]`` for :func:`_store_history`, which the caller runs after a barrier."""
-    offs_k = tl.arange(0, HIST_P)
-    mask = c_mask[:, None] & (offs_k < WIDTH - 1)[None, :]
-    history = tl.load(state_rows[:, None] + offs_k[None, :] * stride_s_k, mask=mask, other=0.0)
-    # The same history shifted left by one column (column k <- k + 1), read now, before the in-place write.
-    shifted = tl.load(state_rows[:, None] + (offs_k + 1)[None, :] * stride_s_k,
-                      mask=c_mask[:, None] & (offs_k + 1 < WIDTH - 1)[None, :], other=0.0)
-    # As in the reference, the new input enters the window (and the state) in the state's dtype.
-    x_new = tl.load(x_row + offs_c * stride_x_c, mask=c_mask, other=0.0).to(history.dtype)
-    w_hist = tl.load(weight + offs_c[:, None] * stride_w_c + offs_k[None, :] * stride_w_k, mask=mask, other=0.0)
-    w_new = tl.load(weight + offs_c * stride_w_c + (WIDTH - 1) * stride_w_k, mask=c_mask, other=0.0)
-    acc = tl.sum(history.to(tl.float32) * w_hist.to(tl.float32), 1) + x_new.to(tl.float32) * w_new.to(tl.float32)
-    y = acc * tl.sigmoid(acc)
-    new_history = tl.where((offs_k == WIDTH - 2)[None, :], x_new[:, None], shifted)
-    return y.to(x_row.dtype.element_ty).to(tl.float32), new_history
-
-
-@triton.jit
-def _store_history(state_rows, c_mask, new_history, stride_s_k, WIDTH: tl.constexpr, HIST_P: tl.constexpr):
-    offs_k = tl.arange(0, HIST_P)
-    mask = c_mask[:, None] & (offs_k < WIDTH - 1)[None, :]
-    tl.store(state_rows[:, None] + offs_k[None, :] * stride_s_k, new_history, mask=mask)
-
 
 @triton.jit
 def _gated_deltanet_decode_kernel(
@@ -170,31 +127,30 @@ def _gated_deltanet_decode_kernel(
         tile = (recurrent_state + slot * stride_rs_slot + v_head * stride_rs_h + offs_k[:, None] * stride_rs_k
                 + offs_v[None, :] * stride_rs_v)
         s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
-        gate_in = (tl.load(row + (A_START + v_head) * stride_p_c).to(tl.float32)
-                   + tl.load(dt_bias + v_head).to(tl.float32))
-        decay_rate = tl.exp(tl.load(A_log + v_head).to(tl.float32))
-        beta = tl.sigmoid(tl.load(row + (B_START + v_head) * stride_p_c).to(tl.float32))
+        a_val = tl.load(row + (A_START + v_head) * stride_p_c)
+        b_val = tl.load(row + (B_START + v_head) * stride_p_c)
+        A_log_val = tl.load(A_log + v_head)
+        dt_bias_val = tl.load(dt_bias + v_head)
         z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0).to(tl.float32)
         if j == 0:  # q and k of this key head, shared by its value heads: conv + SiLU (l2norm below)
-            q, q_history = _conv_step(row, conv_weight, q_rows, q_channels, k_mask, stride_p_c, stride_w_c,
+            q, q_history = conv_step(row, conv_weight, q_rows, q_channels, k_mask, stride_p_c, stride_w_c,
                                       stride_w_k, stride_cs_k, WIDTH, HIST_P)
-            k, k_history = _conv_step(row, conv_weight, k_rows, k_channels, k_mask, stride_p_c, stride_w_c,
+            k, k_history = conv_step(row, conv_weight, k_rows, k_channels, k_mask, stride_p_c, stride_w_c,
                                       stride_w_k, stride_cs_k, WIDTH, HIST_P)
         v_channels = 2 * KEY_DIM + v_head * DV + offs_v
         v_rows = conv_rows + v_channels * stride_cs_c
-        v, v_history = _conv_step(row, conv_weight, v_rows, v_channels, v_mask, stride_p_c, stride_w_c, stride_w_k,
+        v, v_history = conv_step(row, conv_weight, v_rows, v_channels, v_mask, stride_p_c, stride_w_c, stride_w_k,
                                   stride_cs_k, WIDTH, HIST_P)
         tl.debug_barrier()  # every conv-history read of this program happens before any history write below
         if j == 0:
-            _store_history(q_rows, k_mask, q_history, stride_cs_k, WIDTH, HIST_P)
-            _store_history(k_rows, k_mask, k_history, stride_cs_k, WIDTH, HIST_P)
+            store_history(q_rows, k_mask, q_history, stride_cs_k, WIDTH, HIST_P)
+            store_history(k_rows, k_mask, k_history, stride_cs_k, WIDTH, HIST_P)
             q = q * tl.rsqrt(tl.sum(q * q, 0) + L2NORM_EPS) * scale  # l2norm in fp32, q scaled by K**-0.5
             k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
-        _store_history(v_rows, v_mask, v_history, stride_cs_k, WIDTH, HIST_P)
+        store_history(v_rows, v_mask, v_history, stride_cs_k, WIDTH, HIST_P)
 
-        softplus = tl.where(gate_in > SOFTPLUS_THRESHOLD, gate_in,
-                            tl.log(1.0 + tl.exp(tl.minimum(gate_in, SOFTPLUS_THRESHOLD))))
-        s = s * tl.exp(-decay_rate * softplus)  # S *= exp(g)
+        decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
+        s = s * decay  # S *= exp(g)
         u = (v - tl.sum(s * k[:, None], 0)) * beta  # u = (v - S^T k) beta
         s = s + k[:, None] * u[None, :]  # S += k (x) u
         o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
