@@ -6,7 +6,8 @@
 #   2. bench/ops_microbench.py: the decode ops alone at batch 1-256 (~40 s);
 #   3. bench latency + throughput + sweep with LLM's defaults (it compiles the 0.8B decode graphs cold, ~100-200 s;
 #      every later engine finds them cached; throughput profiles its first step);
-#   4. bench latency with CE_PDL=0 (programmatic dependent launch off: the A/B for ops/triton/pdl.py);
+#   4. bench latency again in a fresh process (the spread between processes: autotuner picks, host), and with CE_PDL=0
+#      (programmatic dependent launch off: the A/B for ops/triton/pdl.py);
 #      bench step_profile (runtime decode at batch 1/8/64/256, the engine's own overlapped decode steps at the same
 #      batches, one 8,192-token prefill step: GPU ms by kernel category, host ms, kernels per step);
 #   5. throughput with 16,384-token prefill steps, throughput with prefix caching on, latency + throughput with the
@@ -16,6 +17,8 @@
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
 # timeout, cut to what is left of GPU_SESSION_S (default 560 s); a stage cut short loses only its own numbers.
+# EXPORT_CACHE=1: the compile caches come back under $OUT/cache; copied into .cecache (git-ignored) and carried, a
+# later call restores them.
 # Results: $OUT/results.json + summary.txt (bench report of every stage), test logs, and $OUT/session.tgz (all logs
 # and JSON; the device tool returns at most 8 files).
 set -uo pipefail
@@ -31,6 +34,11 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 CE_NO_SHRINK=1
 export COMPILED_ENGINE_CACHE=/tmp/compiled_engine_cache TORCHINDUCTOR_CACHE_DIR=/tmp/ce_inductor TRITON_CACHE_DIR=/tmp/ce_triton
 WORK=$(mktemp -d /tmp/gpu-session.XXXXXX)
+# Compile caches carried from an earlier call (EXPORT_CACHE=1 below; carry .cecache): Triton's kernels and autotune
+# picks and Inductor's graphs, so a fresh machine skips most of the cold build (~100 s of a call).
+if ls .cecache/compile-cache.tgz.* >/dev/null 2>&1; then
+    cat .cecache/compile-cache.tgz.* | tar xzf - -C /tmp && echo "compile caches restored: $(du -sh /tmp/ce_triton /tmp/ce_inductor | tr '\n' ' ')"
+fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "from bench.models import resolve_model; resolve_model('qwen3.5-0.8b', 'cuda')" || exit 1  # build once
 
@@ -53,8 +61,11 @@ stage ops_microbench 90 python3 bench/ops_microbench.py --out "$WORK/ops_microbe
     --skip linear,paged_attention_prefill,causal_conv1d_prefill,gated_delta_rule_prefill
 [ -f "$WORK/ops_microbench/ops_microbench.json" ] && cp "$WORK/ops_microbench/ops_microbench.json" "$OUT/"
 stage main 260 python3 -m bench latency,throughput,sweep -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/main"
+stage latency_again 90 python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/latency_again"
 stage latency_pdl_off 60 env CE_PDL=0 python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/latency_pdl_off"
 stage step_profile 90 python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
+stage step_profile_pdl_off 120 env CE_PDL=0 python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8 -p top=40 \
+    --out "$WORK/profile_pdl_off"
 stage throughput_16k 60 python3 -m bench throughput "${BENCH[@]}" --max-num-batched-tokens 16384 --out "$WORK/throughput_16k"
 stage throughput_prefix_on 60 python3 -m bench throughput "${BENCH[@]}" --enable-prefix-caching --out "$WORK/throughput_on"
 stage main_sync 60 python3 -m bench latency,throughput -p latency.repeats=2 "${BENCH[@]}" --no-overlap-decode --out "$WORK/main_sync"
@@ -63,9 +74,14 @@ stage snapshot_methods 45 python3 -m bench snapshot_methods --out "$WORK/snapsho
 stage prefix 110 python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
 stage gemv_sweep 200 python3 bench/gemv_sweep.py --out "$WORK/gemv_sweep"
 [ -f "$WORK/gemv_sweep/gemv_sweep.json" ] && cp "$WORK/gemv_sweep/gemv_sweep.json" "$OUT/"
-dirs=(); for d in profile main latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
+dirs=(); for d in profile profile_pdl_off main latency_again latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done
 tar czf "$OUT/session.tgz" -C "$WORK" . && ls "$OUT"
+if [ "${EXPORT_CACHE:-0}" = 1 ]; then  # at most 3 parts of 15 MiB (the device tool returns 8 files, 16 MiB each)
+    mkdir -p "$OUT/cache" && tar czf - -C /tmp ce_triton ce_inductor | split -b 15m - "$OUT/cache/compile-cache.tgz."
+    if (( $(ls "$OUT/cache" | wc -l) > 3 )); then echo "compile caches too large to export"; rm -r "$OUT/cache"; fi
+    ls -la "$OUT/cache" 2>/dev/null
+fi
 echo "done at +$(( $(date +%s) - T0 ))s"

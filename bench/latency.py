@@ -8,6 +8,11 @@ What is timed (after one warm-up request of the same prompt length):
     / (last token - first token). Repeated ``repeats`` times; the median run is reported.
   * runtime: the same prompt through ``Runtime.prefill`` / ``decode_step`` + argmax with no scheduler or sampler,
     to separate the runtime's step time from the engine's host overhead.
+  * graph replay (CUDA, compiled decode): the batch-1 decode graph replayed ``replays`` times back to back on one
+    step's inputs, timed with CUDA events: the GPU time of a step with no host work between steps. Against the
+    engine's step time it says whether a step is GPU-bound (equal) or waits for the host. ``host_ms_per_replay``
+    is the host's cost of one replay call (Dynamo guards, cudagraph-tree bookkeeping, the graph launch). The
+    skinny GEMM autotuner's picks are recorded beside it: they can differ between processes.
 Bound: batch-1 decode reads every weight once, so tok/s <= copy bandwidth / weight_bytes (bench/bounds.py).
 Achieved bandwidth = weight_bytes x decode steps/s (as gpt-fast reports it); its fraction of the copy bandwidth
 equals the fraction of the bound.
@@ -35,6 +40,7 @@ def run(
     repeats: int = 3,
     warmup_tokens: int = 16,
     seed: int = 0,
+    replays: int = 200,
 ) -> dict:
     if new_tokens < 2:
         raise ValueError("latency needs new_tokens >= 2 (one prefill token, at least one decode step)")
@@ -46,6 +52,7 @@ def run(
     runs = [_engine_run(ctx, llm.engine, prompt, new_tokens) for _ in range(repeats)]
     median_run = sorted(runs, key=lambda r: r["decode_tok_s"])[len(runs) // 2]
     runtime_only = _runtime_run(ctx, llm.runtime, prompt, new_tokens)
+    graph_replay = _graph_replay_run(ctx, llm.runtime, prompt, replays)
 
     mb = ctx.model_bytes()
     bw = ctx.bandwidth()["bytes_per_s"]
@@ -69,6 +76,7 @@ def run(
             "ours": ours,
             "repeats_decode_tok_s": [r["decode_tok_s"] for r in runs],
             "runtime_only": with_bandwidth(runtime_only),
+            "graph_replay": graph_replay and with_bandwidth(graph_replay),
             "bound": {
                 "tok_s": bound_weights_only,
                 "formula": "copy_bandwidth / weight_bytes",
@@ -157,6 +165,49 @@ def _runtime_run(ctx: Context, runtime, prompt: list[int], new_tokens: int) -> d
         "ms_per_step": distribution(step_s, 1e3),
         "note": "Runtime.prefill/decode_step + argmax only: no scheduler, sampler or request bookkeeping",
     }
+
+
+@torch.inference_mode()
+def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int) -> dict | None:
+    from graphs.decode_graph import DecodeGraphRunner
+
+    runner = runtime.decode_fn
+    if ctx.device.type != "cuda" or not isinstance(runner, DecodeGraphRunner):
+        return None
+    seq = runtime.add_sequence(prompt)
+    try:
+        seq.token_ids.append(int(runtime.prefill([seq])[0].argmax()))
+        runtime.decode_step([seq], copy=False)  # copies a live batch-1 step into the graph's static buffers
+        for _ in range(3):
+            runner.replay_last(1)
+        ctx.sync()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        host_start = time.perf_counter()
+        start.record()
+        for _ in range(replays):
+            runner.replay_last(1)
+        host_s = time.perf_counter() - host_start
+        end.record()
+        end.synchronize()
+        gpu_ms = start.elapsed_time(end) / replays
+    finally:
+        runtime.release(seq)
+    return {
+        "replays": replays,
+        "ms_per_step": gpu_ms,
+        "decode_tok_s": 1e3 / gpu_ms,
+        "host_ms_per_replay": host_s / replays * 1e3,
+        "skinny_gemm_picks": _skinny_gemm_picks(),
+        "note": "one batch-1 step's graph replayed back to back (CUDA events): GPU time without per-step host work",
+    }
+
+
+def _skinny_gemm_picks() -> dict:
+    """The skinny GEMM autotuners' choice per key, as strings (the M == 1 GEMV path and the 2..16-row path)."""
+    from ops.triton import gemv_kernels
+
+    return {f"rows={rows} {key}": str(config)
+            for rows in (1, 2) for key, config in gemv_kernels.autotuner(rows).cache.items()}
 
 
 def _draw(plt, step_ms: list[float], bound_ms: float) -> None:

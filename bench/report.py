@@ -42,6 +42,8 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
             f"TTFT {_f(o['ttft_ms'], '.1f')} ms | bound {_f(r['bound']['tok_s'])} tok/s | "
             f"{_f(100 * r['fraction_of_bound'], '.1f')}% of bound, {_f(o['achieved_bandwidth_GBps'])} GB/s | "
             f"runtime-only {_f(r['runtime_only']['decode_tok_s'])} tok/s"
+            + (f" | graph replay {_f(r['graph_replay']['ms_per_step'], '.3f')} ms/step GPU, host "
+               f"{_f(r['graph_replay']['host_ms_per_replay'], '.3f')} ms/replay" if r.get("graph_replay") else "")
             + (f" | HF {_f(hf.get('decode_tok_s'))} tok/s, ours/HF {_f(r['ratio_vs_hf']['decode_tok_s'], '.1f')}x"
                if hf else "")
         )

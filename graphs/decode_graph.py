@@ -281,6 +281,17 @@ class DecodeGraphRunner:
         logits = self._replay(self.policy.bucket_for(n))[:n]
         return logits.clone() if copy else logits
 
+    @torch.inference_mode()
+    def replay_last(self, num_sequences: int) -> torch.Tensor:
+        """Replay the graph of ``num_sequences`` on the step last copied into the static buffers (no new inputs).
+
+        For benchmarks: back-to-back replays measure the GPU time of a step without the host's per-step work. The
+        replay repeats that step's in-place cache and state updates, so the sequences in it are garbage afterwards.
+        """
+        if not (self.warmed_up and self.policy.covers(num_sequences)):
+            raise ValueError(f"no warmed-up graph for {num_sequences} sequences (buckets {list(self.buckets)})")
+        return self._replay(self.policy.bucket_for(num_sequences))[:num_sequences]
+
     def _replay(self, bucket: int) -> torch.Tensor:
         if self._mark_step:
             # A new step: outputs of the previous replay may now be overwritten (callers were told so).

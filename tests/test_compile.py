@@ -407,3 +407,26 @@ def test_runner_rejects_bad_steps(compiled):
             runner(prefill_step)
     finally:
         rt.release(seq)
+
+
+def test_replay_last_repeats_the_last_step(compiled):
+    """The bench's GPU-time probe: replaying without new inputs reruns the last step, updates included."""
+    rt, runner, _ = compiled
+    seqs = [rt.add_sequence([4, 4, 2][: i + 1]) for i in range(3)]
+    try:
+        rt.prefill(seqs)
+        for seq in seqs:
+            seq.token_ids.append(13)
+        before = snapshot(rt.model)
+        want = rt.decode_step(seqs)
+        after = snapshot(rt.model)
+        restore(rt.model, before)
+        got = runner.replay_last(len(seqs)).clone()
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        for name, buf in cache_buffers(rt.model).items():
+            assert torch.equal(buf, after[name]), name
+        with pytest.raises(ValueError, match="no warmed-up graph"):
+            runner.replay_last(MAX_NUM_SEQS + 1)
+    finally:
+        for seq in seqs:
+            rt.release(seq)
