@@ -6,9 +6,12 @@
     view = runner(step, copy=False)       # no copy: valid until the runner's next call (see __call__)
 
 Per step the host does only this: validate shapes, copy the step into the static buffers (three copies, plus
-resets only where the previous step left stale rows or columns: graphs/static_inputs.py), mark a new CUDA-graph
-step, replay, and (unless the caller says it consumes the logits before the next step) clone the live rows of the
-logits. Everything from token ids to fp32 logits, the in-place cache/state updates included, is one graph:
+resets only where the previous step left stale rows or columns: graphs/static_inputs.py), replay the bucket's CUDA
+graph, and (unless the caller says it consumes the logits before the next step) clone the live rows of the logits.
+The graphs are captured by the runner itself (``capture="runner"``, the default): the model is compiled without
+cudagraph trees and each bucket's compiled call is captured into a ``torch.cuda.CUDAGraph``, so a replay is one
+``graph.replay()``. ``capture="trees"`` leaves capture and replay to torch's reduce-overhead (cudagraph trees),
+which costs ~0.3 ms of host time per step in guards and bookkeeping (``CUDA_GRAPH_CAPTURES``). Everything from token ids to fp32 logits, the in-place cache/state updates included, is one graph:
 traced with ``fullgraph=True`` (a graph break raises), static tensor shapes with the bucket size as the only
 symbolic value (at most three compiles: see ``expected_compiles``), every kernel a ``torch.ops.ce`` custom op or an
 aten op; one CUDA graph per bucket.
@@ -21,7 +24,8 @@ What makes the CUDA graphs real rather than silently skipped (each one a rule of
   ``fullgraph=True`` turns into an error). The CPU reference kernels do call ``.tolist()``, but inside opaque
   custom ops that Dynamo does not trace.
 
-After warm-up the calls run under ``set_stance("fail_on_recompile")``, scoped to the call (the stance is
+After warm-up the compiled calls (cudagraph trees' replays, batches beyond the graphs) run under
+``set_stance("fail_on_recompile")``, scoped to the call (the stance is
 process-global; a context manager keeps unrelated compiled code in the process unaffected): a guard that fails
 after start-up is a bug (a dtype or device that changed, a cache that was reallocated) and raises instead of
 compiling for tens of seconds in the middle of serving.
@@ -47,6 +51,13 @@ from graphs.static_inputs import StaticDecodeInputs
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODE = "reduce-overhead"
+# Who captures and replays the CUDA graphs of mode="reduce-overhead" (CE_CUDA_GRAPHS overrides the default):
+#   "runner": the runner, around a torch.compile without cudagraphs: one torch.cuda.CUDAGraph per bucket, replayed
+#             with graph.replay() (~0.03 ms of host time a step);
+#   "trees":  torch's cudagraph trees (mode="reduce-overhead" as torch implements it): every replay goes through
+#             Dynamo's guards, AOTAutograd's wrappers and the trees' bookkeeping, 0.305 ms of host time per batch-1
+#             step on the H200 host (bench latency's graph_replay, 2026-11-30), where the step's GPU time is 0.92 ms.
+CUDA_GRAPH_CAPTURES = ("runner", "trees")
 
 
 def decode_forward(
@@ -188,6 +199,7 @@ class DecodeGraphRunner:
         mode: str | None = DEFAULT_MODE,
         fullgraph: bool = True,
         backend: str | Callable | None = None,
+        capture: str | None = None,
     ):
         _check_caches_allocated(model)
         self.model = model
@@ -206,12 +218,21 @@ class DecodeGraphRunner:
         # took minutes for the Qwen3.5-0.8B shape), and still one CUDA graph per bucket: cudagraph trees record one
         # per distinct batch size.
         compile_kwargs = dict(fullgraph=fullgraph, dynamic=None)
+        cuda_graphs = self.device.type == "cuda" and backend is None and (mode or "").startswith("reduce-overhead")
+        capture = capture or os.environ.get("CE_CUDA_GRAPHS", "runner")
+        if capture not in CUDA_GRAPH_CAPTURES:
+            raise ValueError(f"capture must be one of {CUDA_GRAPH_CAPTURES}, got {capture!r}")
+        # The runner's own graphs need a compile without cudagraph trees: "default" is reduce-overhead without them.
+        self.capture = capture if cuda_graphs else None
         if backend is not None:
             self._compiled = torch.compile(fn, backend=backend, **compile_kwargs)
         else:
-            self._compiled = torch.compile(fn, mode=mode, **compile_kwargs)
+            compile_mode = "default" if self.capture == "runner" else mode
+            self._compiled = torch.compile(fn, mode=compile_mode, **compile_kwargs)
         self._stance: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-        self._mark_step = self.device.type == "cuda" and (mode or "").startswith("reduce-overhead")
+        self._mark_step = self.capture == "trees"
+        # capture == "runner": bucket -> (its CUDA graph, the logits buffer the graph writes), filled by warmup().
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.warmed_up = False
         self.startup_seconds: float | None = None
         self.bucket_seconds: dict[int, float] = {}
@@ -226,6 +247,11 @@ class DecodeGraphRunner:
     def buckets(self) -> tuple[int, ...]:
         return self.policy.sizes
 
+    @property
+    def captured_buckets(self) -> tuple[int, ...]:
+        """The buckets with a CUDA graph of the runner's own (``capture="runner"``), after warmup()."""
+        return tuple(sorted(self._graphs))
+
     # --------------------------------------------------------------------------------------------------- start-up
     @torch.inference_mode()
     def warmup(self) -> float:
@@ -234,17 +260,27 @@ class DecodeGraphRunner:
         Largest first: CUDA graphs of one runner share a memory pool, and a smaller graph recorded after a larger
         one reuses the larger one's memory instead of growing the pool. Every lane of the dummy batches is a padding
         lane (null slot, null block, context 0), so warm-up never touches a live sequence's state or KV.
-        On CUDA each bucket runs three times: cudagraph trees run a function eagerly once (warm-up), record it on
-        the second call and replay from the third; the third call checks the replay path before serving does.
+        On CUDA each bucket runs three times. Cudagraph trees run a function eagerly once (warm-up), record it on
+        the second call and replay from the third. The runner's own capture runs it eagerly twice (compile, Triton's
+        JIT and autotuning: none of it may happen inside a capture), captures it into a graph in a memory pool that
+        all buckets share, and replays it once. Either way the last call checks the replay path before serving does.
         """
         enable_compile_caches()
         raise_recompile_limit(len(self.policy))
-        runs = 3 if self._mark_step else 1
+        runs = 3 if self._mark_step else 2 if self.capture == "runner" else 1
+        pool = torch.cuda.graph_pool_handle() if self.capture == "runner" else None
         start = time.perf_counter()
         self.static.clear()
         for bucket in reversed(self.policy.sizes):
             t0 = time.perf_counter()
             for _ in range(runs):
+                self._replay(bucket)
+            if self.capture == "runner":
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool), self._stance():
+                    logits = self._compiled(self.model, *self.static.tensors(), bucket)
+                self._graphs[bucket] = (graph, logits)
                 self._replay(bucket)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -258,7 +294,7 @@ class DecodeGraphRunner:
             self.mode or "custom backend",
             len(self.policy),
             list(self.policy.sizes),
-            " and captured" if self._mark_step else "",
+            f" and captured ({self.capture})" if self.capture else "",
             self.startup_seconds,
         )
         return self.startup_seconds
@@ -269,7 +305,8 @@ class DecodeGraphRunner:
         """fp32 logits ``[N, vocab]`` of the decode ``step``.
 
         ``copy=False`` returns the live rows of the graph's output buffer itself: valid only until this runner's
-        next call, whose replay overwrites it (cudagraph trees then make reading it an error). For callers that
+        next call, whose replay overwrites it (cudagraph trees then make reading it an error; the runner's own
+        graphs just write the next step's logits there). For callers that
         consume the logits at once, as the engine does (it samples from them): at batch 256 and a 248k
         vocabulary the copy reads and writes 254 MB every step. ``copy=True``: the caller's to keep.
         """
@@ -293,6 +330,11 @@ class DecodeGraphRunner:
         return self._replay(self.policy.bucket_for(num_sequences))[:num_sequences]
 
     def _replay(self, bucket: int) -> torch.Tensor:
+        captured = self._graphs.get(bucket)
+        if captured is not None:
+            graph, logits = captured
+            graph.replay()  # reads the static buffers as they are now; overwrites `logits`
+            return logits
         if self._mark_step:
             # A new step: outputs of the previous replay may now be overwritten (callers were told so).
             torch.compiler.cudagraph_mark_step_begin()

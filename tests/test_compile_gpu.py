@@ -1,8 +1,9 @@
 """Compiled decode on CUDA: the graphs are really captured and replayed, and replays equal eager decode.
 
 The same properties as tests/test_compile.py, with CUDA graphs in play (DESIGN.md, "Compile rules"):
-* capture is real: ``torch._inductor.config.triton.cudagraph_or_error`` (where this torch has it) turns a skipped
-  graph into an error, and ``counters["inductor"]["cudagraph_skips"]`` must stay 0;
+* capture is real: with the runner's own capture (the default) every bucket has its ``torch.cuda.CUDAGraph``; with
+  cudagraph trees (``CE_CUDA_GRAPHS=trees``) ``torch._inductor.config.triton.cudagraph_or_error`` (where this torch
+  has it) turns a skipped graph into an error, and ``counters["inductor"]["cudagraph_skips"]`` must stay 0;
 * one CUDA graph per bucket (at most three compiles: graphs.expected_compiles), no graph break, no recompile after warm-up; warm-up leaves live sequences alone;
 * replayed logits equal eager logits (fp32 model; the same ``ce`` CUDA kernels run in both, so only Inductor's
   fusions differ); rows outside the batch are bit-identical after a replay; padding writes only null rows;
@@ -124,6 +125,10 @@ def test_graphs_captured_one_per_bucket(gpu_compiled):
     assert facts["graphs_compiled"] == expected_compiles(BUCKETS)
     assert facts["graph_breaks"] == 0
     assert facts["cudagraph_skips"] == 0, "reduce-overhead skipped CUDA graphs (see TORCH_LOGS=perf_hints)"
+    if runner.capture == "runner":  # the runner's own graphs (graphs/decode_graph.py CUDA_GRAPH_CAPTURES)
+        assert runner.captured_buckets == tuple(sorted(BUCKETS))
+    else:
+        assert runner.capture == "trees" and runner.captured_buckets == ()
     assert facts["warmup_changed"] == {}, "warm-up changed non-null rows of live sequences"
 
 
