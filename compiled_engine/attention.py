@@ -2,7 +2,9 @@
 
 Per token: ``[q_h | gate_h]`` per head from the doubled q projection; q_norm/k_norm (zero-centred RMSNorm over
 head_dim) before partial RoPE; the new K/V are stored into the cache, then paged attention reads every cached
-token of the sequence; ``out = o_proj(attn * sigmoid(gate))``.
+token of the sequence; ``out = o_proj(attn * sigmoid(gate))``. With the "triton" backend, decode does everything
+between qkv_proj and o_proj in one op, ``ce::attention_decode`` (one kernel, plus a reduce when the context is
+split); prefill, and the flash-attn backend, run the unfused ops.
 
 Mutates: ``k_cache`` and ``v_cache`` (this layer's buffers) at ``step.slot_mapping``.
 """
@@ -35,7 +37,8 @@ class FullAttention(nn.Module):
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
         self.tp = tp
         flash = backend == "flash_attn"
-        self.decode_op = torch.ops.ce.flash_paged_attention_decode if flash else torch.ops.ce.paged_attention_decode
+        # Decode: "triton" runs ce::attention_decode; "flash_attn" the unfused ops around flash-attn's decode kernel.
+        self.fused_decode = not flash
         self.prefill_op = torch.ops.ce.flash_paged_attention_prefill if flash else torch.ops.ce.paged_attention_prefill
         self.num_heads = config.num_attention_heads // tp.world_size
         self.num_kv_heads = config.num_key_value_heads // tp.world_size
@@ -55,8 +58,25 @@ class FullAttention(nn.Module):
         self.register_buffer("v_cache", None, persistent=False)
 
     def forward(self, x: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        tokens = x.shape[0]
-        q_gate, k, v = linear(x, self.qkv_proj).split(self.split_sizes, dim=-1)
+        projected = linear(x, self.qkv_proj)
+        if self.fused_decode and not step.is_prefill:
+            gated = self._fused_decode(projected, step)
+        else:
+            gated = self._unfused(projected, step)
+        return self.tp.all_reduce(linear(gated, self.o_proj))  # o_proj is row-parallel
+
+    def _fused_decode(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """One token per sequence: norms, RoPE, KV store, paged attention and the gate in one op -> [B, Hq*D]."""
+        return torch.ops.ce.attention_decode(
+            projected, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.rotary.inv_freq, step.positions,
+            self.k_cache, self.v_cache, step.slot_mapping, step.block_tables, step.context_lens, self.num_heads,
+            self.num_kv_heads, self.head_dim, self.scale,
+        )
+
+    def _unfused(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """Prefill (varlen), and decode with the flash-attn backend: the ops one by one -> [T, Hq*D]."""
+        tokens = projected.shape[0]
+        q_gate, k, v = projected.split(self.split_sizes, dim=-1)
         q, gate = q_gate.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = self.q_norm(q)
         k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))
@@ -67,7 +87,8 @@ class FullAttention(nn.Module):
             attn = self.prefill_op(
                 q, self.k_cache, self.v_cache, step.cu_seqlens, step.context_lens, step.block_tables, self.scale
             )
-        else:
-            attn = self.decode_op(q, self.k_cache, self.v_cache, step.block_tables, step.context_lens, self.scale)
-        gated = attn.reshape(tokens, -1) * torch.sigmoid(gate.reshape(tokens, -1))
-        return self.tp.all_reduce(linear(gated, self.o_proj))  # o_proj is row-parallel
+        else:  # only the flash-attn backend decodes here
+            attn = torch.ops.ce.flash_paged_attention_decode(
+                q, self.k_cache, self.v_cache, step.block_tables, step.context_lens, self.scale
+            )
+        return attn.reshape(tokens, -1) * torch.sigmoid(gate.reshape(tokens, -1))

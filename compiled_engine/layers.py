@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from compiled_engine.distributed import TensorParallel
+from ops.attention_decode import rotary_reference
 from ops.linear import linear, silu_mul_linear
 from ops.norm import add_rms_norm_op, rms_norm
 
@@ -58,25 +59,15 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, rotary_dim: int, theta: float):
         super().__init__()
-        self.rotary_dim = rotary_dim
         # Built on the CPU even when the model is constructed on ``meta``: it is derived, not loaded.
         exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim
         inv_freq = 1.0 / (theta**exponents)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q [T, Hq, D], k [T, Hkv, D] rotated at ``positions`` [T]."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos = emb.cos().to(q.dtype)[:, None, :]
-        sin = emb.sin().to(q.dtype)[:, None, :]
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        rot, keep = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        half = self.rotary_dim // 2
-        rotated_half = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-        return torch.cat([rot * cos + rotated_half * sin, keep], dim=-1)
+        """q [T, Hq, D], k [T, Hkv, D] rotated at ``positions`` [T] (the math: ops/attention_decode.py, which the
+        fused decode op's kernel follows)."""
+        return rotary_reference(positions, self.inv_freq, q, k)
 
 
 class MLP(nn.Module):

@@ -26,7 +26,8 @@ def test_flash_backend_model_runs_the_flash_ops_and_matches_triton_backend(qwen3
     for backend in ("triton", "flash_attn"):
         model, _ = load_model(path, config, torch.device("cpu"), torch.float32, attention_backend=backend)
         attn = model.layers[config.full_attention_layers[0]].self_attn
-        assert ("flash" in attn.decode_op._qualified_op_name) == (backend == "flash_attn")
+        assert ("flash" in attn.prefill_op._qualified_op_name) == (backend == "flash_attn")
+        assert attn.fused_decode == (backend == "triton")  # flash-attn decodes with its kernel, unfused
         rt = Runtime(model, RuntimeConfig(max_model_len=128, max_num_seqs=2), torch.device("cpu"), torch.float32)
         seq = rt.add_sequence(list(range(1, 40)))
         rows = [rt.prefill([seq])]

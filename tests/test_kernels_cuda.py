@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 
 import ops
-from ops import activation, conv1d, delta_rule, gated_deltanet_decode, kv_cache, norm, paged_attention
+from ops import (
+    activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, kv_cache, norm, paged_attention,
+)
 from ops.linear import SKINNY_MAX_ROWS
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -172,6 +174,106 @@ def test_paged_attention_prefill_matches_reference(num_seqs, max_new, max_prefix
     want = paged_attention.paged_attention_prefill_reference(q, k_cache, v_cache, cu, lens, tables, scale)
     got = torch.ops.ce.paged_attention_prefill(q, k_cache, v_cache, cu, lens, tables, scale)
     torch.testing.assert_close(got, want, **TOL[dtype])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fused attention decode (q/k norm + RoPE + KV store + paged attention + output gate)
+# ----------------------------------------------------------------------------------------------------------------
+
+ROTARY_DIM, ROPE_THETA = 64, 1e7  # Qwen3.5-0.8B: partial_rotary_factor 0.25 of head_dim 256
+
+
+def _attention_decode_args(gen, layout, tables, lens, block_size, num_blocks, dtype, position_offset=0):
+    """The op's arguments: projected rows (a slice of wider rows), norm weights, inv_freq, positions, caches, the slot
+    of each new token (position context_len - 1; the null row for padding lanes), tables and lens."""
+    hq, hkv, d = layout
+    width = sum(attention_decode.split_sizes(hq, hkv, d))
+    projected = _randn(gen, lens.shape[0], width + 16, dtype=dtype, scale=2.0)[:, 8 : 8 + width]
+    q_weight, k_weight = _randn(gen, d, dtype=dtype, scale=0.5), _randn(gen, d, dtype=dtype, scale=0.5)
+    inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, ROTARY_DIM, 2, device=DEV, dtype=torch.float32) / ROTARY_DIM)
+    k_cache = _randn(gen, num_blocks, block_size, hkv, d, dtype=dtype)
+    v_cache = _randn(gen, num_blocks, block_size, hkv, d, dtype=dtype)
+    pos = (lens - 1).clamp_min(0).long()
+    slots = _decode_slots(tables, lens, block_size)
+    return [projected, q_weight, k_weight, 1e-6, inv_freq, pos + position_offset, k_cache, v_cache, slots, tables,
+            lens, hq, hkv, d, d**-0.5]
+
+
+def _decode_slots(tables, lens, block_size):
+    pos = (lens - 1).clamp_min(0).long()
+    rows = tables.gather(1, (pos // block_size)[:, None])[:, 0].long() * block_size + pos % block_size
+    return torch.where(lens > 0, rows, 0)
+
+
+def _assert_attention_decode_close(got, want, k_cache, want_k, v_cache, want_v, lens, dtype):
+    """Outputs of live lanes, zeros for padding lanes; caches but the null block: v is a copy (exact), k normalised
+    and rotated (a bf16 product may round a tie the other way: one ulp)."""
+    live = lens > 0
+    torch.testing.assert_close(got[live], want[live], **TOL[dtype])
+    assert torch.all(got[~live] == 0), "padding lanes (context 0) must be zeros"
+    torch.testing.assert_close(k_cache[1:], want_k[1:], **TOL[dtype])
+    torch.testing.assert_close(v_cache[1:], want_v[1:], atol=0, rtol=0)
+
+
+@given(
+    batch=st.sampled_from([1, 8, 64, 160]),  # 160 x 2 KV heads fill an H200 twice: the one-split path
+    max_context=st.integers(1, 1000),
+    dtype=st.sampled_from([torch.bfloat16, torch.bfloat16, torch.float32]),
+    padding_fraction=st.sampled_from([0.0, 0.25]),
+    far_positions=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+@settings(max_examples=10, deadline=None, phases=PHASES)
+def test_attention_decode_matches_reference(batch, max_context, dtype, padding_fraction, far_positions, seed):
+    """Qwen3.5-0.8B's attention shapes (Hq 8, Hkv 2, D 256, rotary_dim 64, theta 1e7, block_size 16) against the
+    reference. ``far_positions``: rotary positions up to 2**18 past the context (the op reads them as given), so
+    cos/sin of angles up to ~2.6e5 rad are checked against torch's."""
+    gen = _seeded(seed)
+    block_size = 16
+    lens = torch.randint(1, max_context + 1, (batch,), generator=gen, device=DEV)
+    lens[torch.rand(batch, generator=gen, device=DEV) < padding_fraction] = 0  # padding lanes
+    lens = lens.to(torch.int32)
+    num_blocks, tables = _paged_layout(gen, lens.tolist(), block_size, 2)
+    offset = torch.randint(0, 2**18, (batch,), generator=gen, device=DEV) if far_positions else 0
+    args = _attention_decode_args(gen, ATTN_LAYOUTS[0], tables, lens, block_size, num_blocks, dtype, offset)
+    want_k, want_v = args[6].clone(), args[7].clone()
+    want = attention_decode.attention_decode_reference(*args[:6], want_k, want_v, *args[8:])
+    got = torch.ops.ce.attention_decode(*args)
+    assert got.shape == (batch, 8 * 256) and got.dtype == dtype and got.is_contiguous()
+    _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, dtype)
+
+
+def test_attention_decode_replays_in_cuda_graph_with_new_inputs():
+    """Captured once (the kernel and its reduce, launched with PDL), replayed with new projected rows, contexts up to
+    1,024 (padding lanes included), positions and slots: each replay equals the reference run on clones of the caches.
+    The split count comes from static shapes, so contexts longer than the captured ones are still right."""
+    gen = _seeded(13)
+    batch, block_size, max_blocks = 8, 16, 64
+    bf16 = torch.bfloat16
+    tables = (torch.arange(batch * max_blocks, device=DEV, dtype=torch.int32) + 1).view(batch, max_blocks)
+    lens = torch.full((batch,), 3, dtype=torch.int32, device=DEV)
+    args = _attention_decode_args(gen, ATTN_LAYOUTS[0], tables, lens, block_size, batch * max_blocks + 1, bf16)
+    projected, positions, k_cache, v_cache, slots = args[0], args[5], args[6], args[7], args[8]
+
+    torch.ops.ce.attention_decode(*args)  # compile the kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.ce.attention_decode(*args)
+    for context in ([1000, 1, 0, 517, 1024, 33, 250, 999], [5, 700, 64, 1, 0, 1023, 16, 17]):
+        new_lens = torch.tensor(context, dtype=torch.int32, device=DEV)
+        new_rows = _randn(gen, batch, projected.shape[1], dtype=bf16, scale=2.0)
+        new_positions = (new_lens - 1).clamp_min(0).long()
+        new_slots = _decode_slots(tables, new_lens, block_size)
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        want = attention_decode.attention_decode_reference(new_rows, *args[1:5], new_positions, want_k, want_v,
+                                                           new_slots, tables, new_lens, *args[11:])
+        projected.copy_(new_rows)
+        positions.copy_(new_positions)
+        slots.copy_(new_slots)
+        lens.copy_(new_lens)
+        graph.replay()
+        _assert_attention_decode_close(out, want, k_cache, want_k, v_cache, want_v, new_lens, bf16)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -835,6 +937,7 @@ def _opcheck_cases():
     k_cache = _randn(gen, 9, bs, hkv, d, dtype=bf16)
     v_cache = _randn(gen, 9, bs, hkv, d, dtype=bf16)
     tables = torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0], [0, 0, 0, 0]], dtype=torch.int32, device=DEV)
+    decode_lens = torch.tensor([40, 20, 0], dtype=torch.int32, device=DEV)
     hk, hv, dk, dv = LINEAR_LAYOUTS[1]
     channels = 96
     cu = torch.tensor([0, 5, 6, 40], dtype=torch.int32, device=DEV)
@@ -849,6 +952,8 @@ def _opcheck_cases():
         "paged_attention_decode": (torch.ops.ce.paged_attention_decode.default,
                                    (_randn(gen, 3, hq, d, dtype=bf16), k_cache, v_cache, tables,
                                     torch.tensor([40, 20, 0], dtype=torch.int32, device=DEV), d**-0.5)),
+        "attention_decode": (torch.ops.ce.attention_decode.default,
+                             tuple(_attention_decode_args(gen, (hq, hkv, d), tables, decode_lens, bs, 9, bf16))),
         "paged_attention_prefill": (torch.ops.ce.paged_attention_prefill.default,
                                     (_randn(gen, 12, hq, d, dtype=bf16), k_cache, v_cache,
                                      torch.tensor([0, 10, 12], dtype=torch.int32, device=DEV),
@@ -880,7 +985,8 @@ def _opcheck_cases():
     }
 
 
-OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "paged_attention_prefill", "causal_conv1d_prefill",
+OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "attention_decode", "paged_attention_prefill",
+                 "causal_conv1d_prefill",
                  "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "gated_deltanet_decode",
                  "linear", "rms_norm",
                  "silu_mul", "silu_mul_linear", "add_rms_norm"]
@@ -895,6 +1001,7 @@ def test_opcheck_on_cuda(name):
 KERNEL_NAMES = {
     "store_kv": "_store_kv_kernel",
     "paged_attention_decode": "_paged_decode_kernel",
+    "attention_decode": "_attention_decode_kernel",
     "paged_attention_prefill": "_paged_prefill_kernel",
     "causal_conv1d_prefill": "_conv_prefill_out_kernel",
     "causal_conv1d_decode": "_conv_decode_kernel",

@@ -31,9 +31,12 @@ ATOL = RTOL = 1e-4
 def _child_checks() -> dict:
     import torch
 
-    from ops import activation, conv1d, delta_rule, gated_deltanet_decode, kv_cache, norm, paged_attention
+    from ops import (
+        activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, kv_cache, norm, paged_attention,
+    )
     from ops.triton import (
         activation_kernels,
+        attention_decode_kernels,
         conv1d_kernels,
         delta_rule_kernels,
         gated_deltanet_kernels,
@@ -89,6 +92,37 @@ def _child_checks() -> dict:
         )
         compare("decode out", got, want)
         assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
+
+    def check_attention_decode(q_heads, kv_heads, dim, rotary_dim, block_size, num_splits, strided=True,
+                               block_n=None):
+        """The fused decode op: output and caches (but the null block) against the reference. Context 0 (a padding
+        lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows."""
+        context_lens = [0, 1, 5, 17, 40]
+        batch = len(context_lens)
+        num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 2
+        k_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
+        v_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
+        tables = paged_layout(batch, context_lens, block_size, num_blocks)
+        slots = torch.tensor([int(tables[i, (c - 1) // block_size]) * block_size + (c - 1) % block_size if c else 0
+                              for i, c in enumerate(context_lens)])
+        lens = torch.tensor(context_lens, dtype=torch.int32)
+        positions = (lens - 1).clamp_min(0).long()
+        width = sum(attention_decode.split_sizes(q_heads, kv_heads, dim))
+        projected = torch.randn(batch, width + 9)[:, 4:-5] if strided else torch.randn(batch, width)
+        q_weight, k_weight = torch.randn(dim) * 0.5, torch.randn(dim) * 0.5
+        inv_freq = 1.0 / 100.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        args = (q_weight, k_weight, 1e-6, inv_freq, positions)
+        heads = (q_heads, kv_heads, dim, dim**-0.5)
+        want = attention_decode.attention_decode_reference(projected, *args, want_k, want_v, slots, tables, lens,
+                                                           *heads)
+        got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables, lens,
+                                                        *heads, num_splits=num_splits, block_n=block_n)
+        assert got.shape == (batch, q_heads * dim) and got.is_contiguous()
+        compare("attention decode out", got, want)
+        assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
+        compare("attention decode k_cache", k_cache[1:], want_k[1:])
+        compare("attention decode v_cache", v_cache[1:], want_v[1:])
 
     def check_prefill(q_heads, kv_heads, dim, block_size, q_lens=(3, 0, 40, 1), prefixes=(5, 2, 9, 0)):
         # q_len 0: a sequence with no new tokens; 40 > one query tile
@@ -252,6 +286,16 @@ def _child_checks() -> dict:
         "decode_gqa2_d16_bs4_split4": lambda: check_decode(4, 2, 16, 4, 4),
         "decode_gqa3_d32_bs16_split2": lambda: check_decode(6, 2, 32, 16, 2),
         "decode_auto_splits": lambda: check_decode(2, 1, 16, 8, None),
+        # (Hq, Hkv, D, rotary_dim, block_size, splits): the model's partial rotary (1/4) and full rotary; blocks smaller
+        # and larger than the key tile; one split (gated in the kernel), and splits (gated in the reduce, the last one
+        # owning the new token), 3 of them: not a power of two
+        "attention_decode_gqa2_d16_bs4_split1": lambda: check_attention_decode(4, 2, 16, 4, 4, 1),
+        "attention_decode_gqa2_d16_bs4_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4),
+        "attention_decode_gqa4_d32_bs16_split2": lambda: check_attention_decode(8, 2, 32, 8, 16, 2),
+        "attention_decode_mha_full_rotary_split3": lambda: check_attention_decode(2, 2, 16, 16, 16, 3),
+        "attention_decode_d24_contiguous_split1": lambda: check_attention_decode(3, 1, 24, 6, 4, 1, strided=False),
+        "attention_decode_auto_splits": lambda: check_attention_decode(2, 1, 16, 8, 8, None),
+        "attention_decode_bs32_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16),
         "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
         "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
         "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
@@ -310,6 +354,13 @@ CHECK_NAMES = [
     "decode_gqa2_d16_bs4_split4",
     "decode_gqa3_d32_bs16_split2",
     "decode_auto_splits",
+    "attention_decode_gqa2_d16_bs4_split1",
+    "attention_decode_gqa2_d16_bs4_split4",
+    "attention_decode_gqa4_d32_bs16_split2",
+    "attention_decode_mha_full_rotary_split3",
+    "attention_decode_d24_contiguous_split1",
+    "attention_decode_auto_splits",
+    "attention_decode_bs32_tile16_split2",
     "prefill_gqa2_d16_bs4",
     "prefill_gqa3_d32_bs16",
     "prefill_empty_runs",

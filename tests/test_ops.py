@@ -6,6 +6,8 @@ Oracles (none of them shares code with ops/):
   * causal conv1d: ``torch.nn.functional.conv1d`` in float64 with left zero padding (or the slot's history), SiLU;
   * fused Gated DeltaNet decode: the conv and delta-rule oracles and the gated norm's formula, composed;
   * paged attention: ``torch.nn.functional.scaled_dot_product_attention`` in float64 over dense K/V;
+  * fused attention decode: the model's unfused decode ops (bitwise), and the norm, RoPE, SDPA and gate formulas in
+    float64;
   * store_kv: reading rows back;
   * linear: a float64 matmul;
   * rms_norm: the norm's formula in float64 (DESIGN.md "Model math"), and the compiled path against the eager one;
@@ -624,6 +626,97 @@ def test_store_kv_roundtrip(n_tokens, padding, shapes, dtypes, seed):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# fused attention decode (q/k norm + RoPE + KV store + paged attention + output gate)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _decode_slots(tables: torch.Tensor, lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The cache row of each sequence's new token (position context_len - 1); the null row for padding lanes."""
+    rows = [int(tables[i, (n - 1) // block_size]) * block_size + (n - 1) % block_size if n else NULL_BLOCK * block_size
+            for i, n in enumerate(lens.tolist())]
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def _zero_centred_norm_oracle(x, weight, eps):
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.double())
+
+
+def _rope_oracle(x, position, rotary_dim, theta):
+    """NeoX rotate-half RoPE of x [H, D] (float64) on its first rotary_dim channels (DESIGN.md "Model math")."""
+    half = rotary_dim // 2
+    angle = position * theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / rotary_dim)
+    x1, x2 = x[:, :half], x[:, half:rotary_dim]
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin(), x[:, rotary_dim:]], -1)
+
+
+@given(
+    contexts=st.lists(st.one_of(st.integers(1, 70), st.sampled_from([1, 2, 16, 17, 65])), min_size=1, max_size=3),
+    padding=st.integers(0, 2),
+    shapes=st.tuples(
+        st.sampled_from([1, 2]),  # Hkv
+        st.sampled_from([1, 4]),  # group: Hq = group * Hkv
+        st.sampled_from([8, 32]),  # head_dim
+        st.sampled_from([4, 2, 1]),  # rotary_dim = head_dim / this: partial (the model's 1/4) or full
+        st.sampled_from([4, 128]),  # block_size: smaller and larger than the CUDA kernel's key tiles (16-64 tokens)
+    ),
+    strided=st.booleans(),
+    seed=SEEDS,
+)
+def test_attention_decode_equals_unfused_ops_and_oracle(contexts, padding, shapes, strided, seed):
+    """ce::attention_decode on float64 inputs ≡ the model's unfused decode path (ops.norm.rms_norm as q_norm/k_norm,
+    the RotaryEmbedding module, ce::store_kv, ce::paged_attention_decode, attn * sigmoid(gate)): the same output and
+    the same cache writes, bitwise; and ≡ a float64 oracle of DESIGN.md's formulas (zero-centred norm, rotate-half
+    RoPE, SDPA over the cached tokens plus the new one, the gate). Padding lanes (context 0, the null row): zeros."""
+    from compiled_engine.layers import RotaryEmbedding
+
+    Hkv, group, D, rotary_div, block_size = shapes
+    Hq, rotary_dim, theta = group * Hkv, D // rotary_div, 100.0  # a small theta: every channel pair turns visibly
+    g = _gen(seed)
+    dtype = torch.float64
+    k_cache, v_cache, tables, dense = _kv_setup(g, contexts, block_size, Hkv, D, dtype, padding=padding)
+    lens = torch.tensor(contexts + [0] * padding, dtype=torch.int32)
+    batch = lens.shape[0]
+    positions = (lens - 1).clamp_min(0).long()
+    slots = _decode_slots(tables, lens, block_size)
+    width = 2 * Hq * D + 2 * Hkv * D
+    wide = _randn(g, batch, width + 6, scale=2.0, dtype=dtype)
+    projected = wide[:, 3 : 3 + width] if strided else wide[:, :width].contiguous()
+    q_weight, k_weight = _randn(g, D, scale=0.5, dtype=dtype), _randn(g, D, scale=0.5, dtype=dtype)
+    rotary = RotaryEmbedding(rotary_dim, theta)
+    eps, scale = 1e-6, D**-0.5
+    k_fused, v_fused = k_cache.clone(), v_cache.clone()
+    out = ce.attention_decode(projected, q_weight, k_weight, eps, rotary.inv_freq, positions, k_fused, v_fused, slots,
+                              tables, lens, Hq, Hkv, D, scale)
+    assert out.shape == (batch, Hq * D) and out.dtype == dtype
+
+    # The unfused path, as compiled_engine/attention.py computes decode with the flash-attn backend (and did before
+    # this op with ours).
+    q_gate, k, v = projected.split([2 * Hq * D, Hkv * D, Hkv * D], dim=-1)
+    q, gate = q_gate.reshape(batch, Hq, 2 * D).chunk(2, dim=-1)
+    q = rms_norm(q, q_weight, eps, zero_centred=True)
+    k = rms_norm(k.reshape(batch, Hkv, D), k_weight, eps, zero_centred=True)
+    q, k = rotary(positions, q, k)
+    ce.store_kv(k, v.reshape(batch, Hkv, D), k_cache, v_cache, slots)
+    attn = ce.paged_attention_decode(q, k_cache, v_cache, tables, lens, scale)
+    assert torch.equal(out, attn.reshape(batch, -1) * torch.sigmoid(gate.reshape(batch, -1)))
+    assert torch.equal(k_fused, k_cache) and torch.equal(v_fused, v_cache)
+    assert torch.equal(out[len(contexts) :], torch.zeros_like(out[len(contexts) :])), "padding lanes must be zeros"
+
+    for i, (length, (k_dense, v_dense)) in enumerate(zip(contexts, dense)):
+        row = projected[i].double()
+        q_i, gate_i = row[: 2 * Hq * D].view(Hq, 2, D).unbind(1)  # per head [q_h | gate_h]
+        k_i, v_i = row[2 * Hq * D :].view(2, Hkv, D).unbind(0)
+        q_i = _rope_oracle(_zero_centred_norm_oracle(q_i, q_weight, eps), length - 1, rotary_dim, theta)
+        k_i = _rope_oracle(_zero_centred_norm_oracle(k_i, k_weight, eps), length - 1, rotary_dim, theta)
+        keys = torch.cat([k_dense[: length - 1].double(), k_i[None]])  # the cached tokens, then the new one
+        values = torch.cat([v_dense[: length - 1].double(), v_i[None]])
+        want = _sdpa_oracle(q_i[None], keys, values, length - 1, scale)[0] * torch.sigmoid(gate_i)
+        # fp32 inside the op (norm statistics, angles, attention): 1e-4
+        torch.testing.assert_close(out[i].view(Hq, D), want, atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # linear
 # --------------------------------------------------------------------------------------------------------------
 
@@ -780,6 +873,7 @@ def _opcheck_cases():
     conv_state = _randn(g, 5, C, W - 1)
     k_cache, v_cache, tables, _ = _kv_setup(g, [5, 9], 4, 2, 8, torch.float32, padding=1)
     lens = torch.tensor([5, 9, 0], dtype=torch.int32)
+    inv_freq = 1.0 / 100.0 ** (torch.arange(0, 4, 2, dtype=torch.float32) / 4)  # rotary_dim 4 of head_dim 8
     return {
         "store_kv": (
             ce.store_kv.default,
@@ -800,6 +894,12 @@ def _opcheck_cases():
         "flash_paged_attention_prefill": (
             ce.flash_paged_attention_prefill.default,
             (_randn(g, 5, 4, 8), k_cache, v_cache, _cu_seqlens([2, 3, 0]), lens, tables, 8**-0.5),
+        ),
+        "attention_decode": (  # projected rows [q_gate | k | v] as a slice of wider rows; Hq 4, Hkv 2, D 8
+            ce.attention_decode.default,
+            (_randn(g, 3, 2 * 4 * 8 + 2 * 2 * 8 + 4)[:, 2:-2], _randn(g, 8), _randn(g, 8), 1e-6, inv_freq,
+             (lens - 1).clamp_min(0).long(), k_cache.clone(), v_cache.clone(), _decode_slots(tables, lens, 4), tables,
+             lens, 4, 2, 8, 8**-0.5),
         ),
         "causal_conv1d_prefill": (ce.causal_conv1d_prefill.default, (conv_x, conv_w, conv_state.clone(), cu, slots3)),
         "linear": (ce.linear.default, (_randn(g, 3, 8), _randn(g, 5, 8))),

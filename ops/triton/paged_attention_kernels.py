@@ -11,7 +11,9 @@ Decode is flash-decoding: grid ``(B, Hkv, NUM_SPLITS)``; split ``s`` covers the 
 *actual* context (slice length computed on the device from ``context_lens``), so the grid is fixed by static
 shapes (CUDA-graph capturable, no host sync) while the work stays balanced for any context length. With one
 split the kernel writes the normalised output itself; otherwise a reduce kernel merges the per-split
-(max, sum, accumulator) triples. ``context_len == 0`` (padding lane) gives zeros.
+(max, sum, accumulator) triples. ``context_len == 0`` (padding lane) gives zeros. ``ce::attention_decode``
+(ops/triton/attention_decode_kernels.py) reuses the tile helpers, the partials' layout and the reduce kernel, which
+can also apply the layer's output gate.
 
 Prefill is a varlen flash-attention forward over the paged cache: a program owns ``BLOCK_M`` new tokens of one
 sequence times the ``G`` query heads of one KV head, and attends causally by absolute position to the cached
@@ -27,6 +29,8 @@ import math
 import torch
 import triton
 import triton.language as tl
+
+from ops.triton.pdl import pdl_flags
 
 # Prefill tiles find their sequence by a prefix sum over the step's sequence lengths, SEQS_P wide. At least 256 wide,
 # so the kernel is compiled once for every step of up to 256 sequences instead of once per power of two (a variant
@@ -81,6 +85,25 @@ def _attend_tile(q, k, v, scores_mask, m_i, l_i, acc, scale_log2, DOT_FP32: tl.c
         pv = tl.dot(p.to(v.dtype), v)
     acc = acc * alpha[:, None] + pv
     return m_new, l_i, acc
+
+
+@triton.jit
+def _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, acc, g_mask, offs_d, d_mask,
+                    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """A split's (max, sum, accumulator) for query heads ``heads``, where ``_paged_decode_reduce_kernel`` reads them."""
+    row = (seq * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [GROUP_P] index into [B, Hq, NUM_SPLITS]
+    tl.store(part_max + row, m_i, mask=g_mask)
+    tl.store(part_sum + row, l_i, mask=g_mask)
+    tl.store(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _sigmoid_gated(attn, gate, dtype: tl.constexpr):
+    """``attn * sigmoid(gate)`` in ``dtype``, rounded where the model's unfused ``attn * torch.sigmoid(gate)`` rounds:
+    the attention output and the sigmoid each in ``dtype``, then their product."""
+    a = attn.to(dtype).to(tl.float32)
+    g = tl.sigmoid(gate.to(tl.float32)).to(dtype).to(tl.float32)
+    return (a * g).to(dtype)
 
 
 @triton.jit
@@ -168,10 +191,8 @@ def _paged_decode_kernel(
             mask=g_mask[:, None] & d_mask[None, :],
         )
     else:
-        row = (seq * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [GROUP_P] index into [B, Hq, NUM_SPLITS]
-        tl.store(part_max + row, m_i, mask=g_mask)
-        tl.store(part_sum + row, l_i, mask=g_mask)
-        tl.store(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask[:, None] & d_mask[None, :])
+        _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, acc, g_mask, offs_d, d_mask,
+                        NUM_Q_HEADS, HEAD_DIM, NUM_SPLITS)
 
 
 @triton.jit
@@ -180,15 +201,24 @@ def _paged_decode_reduce_kernel(
     part_max,
     part_sum,
     out_ptr,
+    gate_ptr,  # GATED: [B, Hq, D] by the strides below; the output is attn * sigmoid(gate)
     stride_o_b,
     stride_o_h,
     stride_o_d,
+    stride_g_b,
+    stride_g_h,
+    stride_g_d,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     NUM_SPLITS_P: tl.constexpr,
+    GATED: tl.constexpr,
+    USE_PDL: tl.constexpr,  # ops/triton/pdl.py: no weights to load, so it waits at once
 ):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, NUM_SPLITS_P)
@@ -206,6 +236,9 @@ def _paged_decode_reduce_kernel(
     acc = tl.load(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :],
                   other=0.0)
     out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    if GATED:
+        gate = tl.load(gate_ptr + seq * stride_g_b + head * stride_g_h + offs_d * stride_g_d, mask=d_mask, other=0.0)
+        out = _sigmoid_gated(out, gate, out_ptr.dtype.element_ty)
     tl.store(out_ptr + seq * stride_o_b + head * stride_o_h + offs_d * stride_o_d,
              out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
@@ -242,6 +275,37 @@ def decode_num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: in
     cap = triton.cdiv(max_blocks * block_size, 64)
     splits = max(1, min(want, cap, 64))
     return 1 << (splits.bit_length() - 1)
+
+
+def reduce_splits(
+    part_acc: torch.Tensor,  # [B, Hq, NUM_SPLITS, D] fp32
+    part_max: torch.Tensor,  # [B, Hq, NUM_SPLITS] fp32
+    part_sum: torch.Tensor,  # [B, Hq, NUM_SPLITS] fp32
+    out: torch.Tensor,  # [B, Hq, D], any strides (written)
+    gate: torch.Tensor | None = None,  # [B, Hq, D], any strides: out = attn * sigmoid(gate)
+    use_pdl: bool = False,  # launched with PDL (ops/triton/pdl.py) after a PDL split kernel
+) -> None:
+    """Merge the split kernel's per-split (max, sum, accumulator) triples into ``out``: one program per query head."""
+    batch, num_q_heads, num_splits, head_dim = part_acc.shape
+    head_dim_p = triton.next_power_of_2(head_dim)
+    gate_or_out = out if gate is None else gate  # a placeholder pointer the GATED=False kernel never reads
+    _paged_decode_reduce_kernel[(batch, num_q_heads)](
+        part_acc,
+        part_max,
+        part_sum,
+        out,
+        gate_or_out,
+        *out.stride(),
+        *gate_or_out.stride(),
+        NUM_Q_HEADS=num_q_heads,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P=head_dim_p,
+        NUM_SPLITS=num_splits,
+        NUM_SPLITS_P=triton.next_power_of_2(num_splits),
+        GATED=gate is not None,
+        num_warps=4 if head_dim_p >= 128 else 1,
+        **(pdl_flags(out) if use_pdl else {"USE_PDL": False}),
+    )
 
 
 def paged_attention_decode(
@@ -300,19 +364,7 @@ def paged_attention_decode(
         num_warps=num_warps,
     )
     if num_splits > 1:
-        _paged_decode_reduce_kernel[(batch, num_q_heads)](
-            part_acc,
-            part_max,
-            part_sum,
-            out,
-            *out.stride(),
-            NUM_Q_HEADS=num_q_heads,
-            HEAD_DIM=head_dim,
-            HEAD_DIM_P=head_dim_p,
-            NUM_SPLITS=num_splits,
-            NUM_SPLITS_P=triton.next_power_of_2(num_splits),
-            num_warps=4 if head_dim_p >= 128 else 1,
-        )
+        reduce_splits(part_acc, part_max, part_sum, out)
     return out
 
 

@@ -1,0 +1,122 @@
+"""``ce::attention_decode``: everything a full-attention layer does between qkv_proj and o_proj at decode.
+
+Why one op: at decode batch 1 the layer's work between its two GEMMs is tiny, and the unfused path launches ~7
+kernels for it (q_norm, k_norm, rotary, ``ce::store_kv``, the paged attention split and reduce kernels, the sigmoid
+gate), each costing a few µs of launch and dependency latency. On CUDA this op is one kernel, plus a reduce kernel
+when the context is split (ops/triton/attention_decode_kernels.py). Prefill, and the flash-attn backend, keep the
+unfused ops, which stay the pieces this op is defined by.
+
+``attention_decode(projected [B, P], q_norm_weight [D], k_norm_weight [D], eps, inv_freq [rotary_dim / 2],
+positions [B], k_cache, v_cache, slot_mapping [B], block_tables, context_lens [B], Hq, Hkv, D, scale) -> [B, Hq*D]``:
+
+* ``projected`` is the qkv_proj output row of each sequence, ``[q_gate (Hq*2*D) | k (Hkv*D) | v (Hkv*D)]``, where
+  head h's block of q_gate is ``[q_h (D) | gate_h (D)]``; it may have any strides (rows of a wider buffer, say: the
+  kernel reads it by offset, no copy).
+* ``k_cache`` / ``v_cache`` ``[num_blocks, block_size, Hkv, D]`` are written at ``slot_mapping`` (the new token's
+  K/V); padding lanes (context_len 0) point at the null block and produce zeros.
+* The new token is at position ``context_lens[b] - 1``, and ``slot_mapping[b]`` must be that position's cache row
+  in ``block_tables[b]`` (as the engine builds them): the CUDA kernel attends to the new token from registers instead
+  of reading back the row it writes.
+* The result, contiguous in projected's dtype, is by definition the composition the model's unfused path computes,
+  with its roundings: the zero-centred ``rms_norm_reference`` of q and k over D, :func:`rotary_reference`,
+  ``store_kv_reference``, ``paged_attention_decode_reference``, then ``attn * sigmoid(gate)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ops.kv_cache import store_kv_reference
+from ops.library import define_op
+from ops.norm import rms_norm_reference
+from ops.paged_attention import paged_attention_decode_reference
+from ops.triton import lazy_kernel
+
+
+def rotary_reference(
+    positions: torch.Tensor, inv_freq: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX (rotate-half) RoPE of q ``[T, Hq, D]`` and k ``[T, Hkv, D]`` at ``positions`` ``[T]`` on the first
+    ``rotary_dim = 2 * len(inv_freq)`` channels of each head; the other channels are kept (partial rotary).
+
+    The angles are fp32 (``inv_freq`` is fp32); cos and sin are cast to q's dtype, and the rotation is computed in
+    that dtype, as HF's ``apply_rotary_pos_emb`` does.
+    """
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos = emb.cos().to(q.dtype)[:, None, :]
+    sin = emb.sin().to(q.dtype)[:, None, :]
+    return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+
+
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rotary_dim = cos.shape[-1]
+    rot, keep = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated_half = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    return torch.cat([rot * cos + rotated_half * sin, keep], dim=-1)
+
+
+def split_sizes(num_heads: int, num_kv_heads: int, head_dim: int) -> list[int]:
+    """Widths of ``projected``'s ``[q_gate | k | v]`` blocks."""
+    return [2 * num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+
+
+def check_shapes(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim) -> None:
+    """The argument checks the reference and the kernel share."""
+    width = sum(split_sizes(num_heads, num_kv_heads, head_dim))
+    if projected.dim() != 2 or projected.shape[1] != width:
+        raise ValueError(f"attention_decode: projected must be [B, {width}] ([q_gate | k | v]), "
+                         f"got {tuple(projected.shape)}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"attention_decode: {num_heads=} is not a multiple of {num_kv_heads=}")
+    if inv_freq.dim() != 1 or not 0 < 2 * inv_freq.shape[0] <= head_dim:
+        raise ValueError(f"attention_decode: inv_freq must be [rotary_dim / 2] with rotary_dim <= {head_dim=}, "
+                         f"got {tuple(inv_freq.shape)}")
+    if k_cache.dim() != 4 or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
+        raise ValueError(f"attention_decode: the caches must be [num_blocks, block_size, {num_kv_heads}, {head_dim}], "
+                         f"got {tuple(k_cache.shape)}")
+
+
+def attention_decode_reference(
+    projected: torch.Tensor,  # [B, P]: [q_gate | k | v]
+    q_norm_weight: torch.Tensor,  # [D]
+    k_norm_weight: torch.Tensor,  # [D]
+    eps: float,
+    inv_freq: torch.Tensor,  # [rotary_dim / 2] fp32
+    positions: torch.Tensor,  # [B] int64
+    k_cache: torch.Tensor,  # [NB, BS, Hkv, D]  (written at slot_mapping)
+    v_cache: torch.Tensor,  # [NB, BS, Hkv, D]  (written at slot_mapping)
+    slot_mapping: torch.Tensor,  # [B] int64
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    context_lens: torch.Tensor,  # [B] int32, the new token included
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+) -> torch.Tensor:
+    check_shapes(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
+    batch = projected.shape[0]
+    q_gate, k, v = projected.split(split_sizes(num_heads, num_kv_heads, head_dim), dim=-1)
+    q, gate = q_gate.reshape(batch, num_heads, 2 * head_dim).chunk(2, dim=-1)
+    q = rms_norm_reference(q, q_norm_weight, None, eps, zero_centred=True)
+    k = rms_norm_reference(k.reshape(batch, num_kv_heads, head_dim), k_norm_weight, None, eps, zero_centred=True)
+    q, k = rotary_reference(positions, inv_freq, q, k)
+    store_kv_reference(k, v.reshape(batch, num_kv_heads, head_dim), k_cache, v_cache, slot_mapping)
+    attn = paged_attention_decode_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return attn.reshape(batch, -1) * torch.sigmoid(gate.reshape(batch, -1))
+
+
+def _attention_decode_fake(projected, q_norm_weight, k_norm_weight, eps, inv_freq, positions, k_cache, v_cache,
+                           slot_mapping, block_tables, context_lens, num_heads, num_kv_heads, head_dim, scale):
+    return projected.new_empty((projected.shape[0], num_heads * head_dim))
+
+
+attention_decode = define_op(
+    "attention_decode(Tensor projected, Tensor q_norm_weight, Tensor k_norm_weight, float eps, Tensor inv_freq, "
+    "Tensor positions, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
+    "Tensor context_lens, int num_heads, int num_kv_heads, int head_dim, float scale) -> Tensor",
+    reference=attention_decode_reference,
+    cuda=lazy_kernel("attention_decode_kernels", "attention_decode"),
+    fake=_attention_decode_fake,
+)
