@@ -54,9 +54,15 @@ class FullAttention(nn.Module):
         self.register_buffer("k_cache", None, persistent=False)
         self.register_buffer("v_cache", None, persistent=False)
 
-    def forward(self, x: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        tokens = x.shape[0]
-        q_gate, k, v = linear(x, self.qkv_proj).split(self.split_sizes, dim=-1)
+    @property
+    def input_weight(self) -> nn.Parameter:
+        """The input projection's weight: the decoder layer runs that projection, fused with the norm before it."""
+        return self.qkv_proj
+
+    def forward(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """From the qkv_proj output ``[T, q_gate | k | v]`` to the o_proj output ``[T, hidden]``."""
+        tokens = projected.shape[0]
+        q_gate, k, v = projected.split(self.split_sizes, dim=-1)
         q, gate = q_gate.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = self.q_norm(q)
         k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))
