@@ -18,6 +18,7 @@
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
 # timeout, cut to what is left of GPU_SESSION_S (default 560 s); a stage cut short loses only its own numbers.
+# EXTRA_PYTHONPATH: appended to PYTHONPATH (a sitecustomize.py that dumps stacks, say).
 # EXPORT_CACHE=1: the compile caches come back under $OUT/cache; copied into .cecache (git-ignored) and carried, a
 # later call restores them.
 # Results: $OUT/results.json + summary.txt (bench report of every stage), test logs, and $OUT/session.tgz (all logs
@@ -32,7 +33,7 @@ BUDGET=${GPU_SESSION_S:-560}
 declare -A LIMIT_S=()
 for item in ${STAGE_LIMITS:-}; do LIMIT_S[${item%%=*}]=${item#*=}; done
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 CE_NO_SHRINK=1
+export PYTHONPATH=$PWD:/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} PYTHONUNBUFFERED=1 CE_NO_SHRINK=1
 export COMPILED_ENGINE_CACHE=/tmp/compiled_engine_cache TORCHINDUCTOR_CACHE_DIR=/tmp/ce_inductor TRITON_CACHE_DIR=/tmp/ce_triton
 WORK=$(mktemp -d /tmp/gpu-session.XXXXXX)
 # Compile caches carried from an earlier call (EXPORT_CACHE=1 below; carry .cecache): Triton's kernels and autotune
@@ -83,6 +84,7 @@ cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done
 tar czf "$OUT/session.tgz" -C "$WORK" . && ls "$OUT"
 if [ "${EXPORT_CACHE:-0}" = 1 ]; then  # at most 3 parts of 15 MiB (the device tool returns 8 files, 16 MiB each)
+    rm -f "$OUT"/*.png  # room for them among the 8: the plots are in session.tgz too
     mkdir -p "$OUT/cache" && tar czf - -C /tmp ce_triton ce_inductor | split -b 15m - "$OUT/cache/compile-cache.tgz."
     if (( $(ls "$OUT/cache" | wc -l) > 3 )); then echo "compile caches too large to export"; rm -r "$OUT/cache"; fi
     ls -la "$OUT/cache" 2>/dev/null
