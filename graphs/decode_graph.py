@@ -349,6 +349,11 @@ def compile_decode(runtime, buckets: Iterable[int] | None = None, mode: str | No
     ``kwargs`` go to DecodeGraphRunner (``fullgraph``, ``backend``).
     """
     block_size = runtime.config.block_size
+    if runtime.model.tp.world_size > 1:
+        # Tensor parallel: cudagraph trees, unless asked otherwise. compiled_engine.tp_workers.leave_process_group
+        # frees the trees' graphs before NCCL destroys its communicator (which waits for every graph that captured
+        # its collectives), and the runner's own capture has not run under tensor parallelism on a GPU yet.
+        kwargs.setdefault("capture", "trees")
     runner = DecodeGraphRunner(
         runtime.model,
         max_num_seqs=runtime.config.max_num_seqs,
