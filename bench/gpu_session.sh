@@ -18,7 +18,8 @@
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
 # timeout, cut to what is left of GPU_SESSION_S (default 560 s); a stage cut short loses only its own numbers.
-# EXTRA_PYTHONPATH: appended to PYTHONPATH (a sitecustomize.py that dumps stacks, say).
+# EXTRA_PYTHONPATH: appended to PYTHONPATH; $PWD/bench/stack_dumps makes every Python process print its whole stack
+# each CE_STACK_DUMP_S seconds (where a stage's start-up time goes).
 # EXPORT_CACHE=1: the compile caches come back under $OUT/cache; copied into .cecache (git-ignored) and carried, a
 # later call restores them.
 # Results: $OUT/results.json + summary.txt (bench report of every stage), test logs, and $OUT/session.tgz (all logs

@@ -244,3 +244,30 @@ def test_snapshot_methods_boundary_indexing():
     assert [p["q"].flatten()[[0, 127, 128, 255]].tolist() for p in parts] == [[0, 127, 256, 383],
                                                                               [128, 255, 384, 511]]
     assert all(p["cu"].tolist() == [0, 128, 256] for p in parts)
+
+
+def test_stack_dumps_show_the_caller_of_a_deep_recursion(tmp_path):
+    """bench/stack_dumps: the whole stack, outermost frame first, a recursion collapsed (faulthandler cuts at 100)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "deep.py"
+    script.write_text(
+        "import time\n"
+        "def recurse(n):\n"
+        "    return recurse(n - 1) if n else time.sleep(1.5)\n"
+        "def outermost_caller():\n"
+        "    recurse(300)\n"
+        "outermost_caller()\n"
+    )
+    folder = Path(__file__).resolve().parents[1] / "bench" / "stack_dumps"
+    env = dict(os.environ, PYTHONPATH=str(folder), CE_STACK_DUMP_S="0.5")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    dumps = done.stderr
+    assert done.returncode == 0 and "[stack dump" in dumps
+    first = dumps.split("[stack dump")[1]
+    assert "outermost_caller" in first and "recurse  x" in first
+    count = int(first.split("recurse  x")[1].split()[0])
+    assert count == 301  # recurse(300) .. recurse(0): the whole depth, in one line
