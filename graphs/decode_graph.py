@@ -47,6 +47,7 @@ from torch import nn
 from compiled_engine.step_inputs import StepInputs
 from graphs.buckets import BucketPolicy
 from graphs.static_inputs import StaticDecodeInputs
+from ops.library import OPS
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +138,31 @@ def enable_compile_caches() -> None:
         return
     if "TORCHINDUCTOR_AUTOGRAD_CACHE" not in os.environ and hasattr(functorch_config, "enable_autograd_cache"):
         functorch_config.enable_autograd_cache = True
+
+
+def register_inductor_fallbacks(ops: Iterable[torch._ops.OpOverload]) -> None:
+    """Register custom ops with Inductor as fallbacks (opaque calls) before it compiles, as its implicit path would.
+
+    Why: when Inductor first meets a custom op in a graph, torch <= 2.12 formats every input of that call for an
+    INFO log line, eagerly, logged or not (``operator_str`` in ``GraphLowering.call_function``; torch 2.13 formats
+    it lazily). An input's IR prints its own inputs' IR, so the text doubles with every residual-connected layer
+    before the call: an op first used at the end of the 24-layer decode graph kept Inductor busy for minutes on the
+    H200 (bench/results/h200-2026-11-29/run20-add-norm-linear; reproduced on the CPU with torch 2.13 and
+    ``TORCH_LOGS=inductor``). An op already registered skips that path. The layout constraint is the one the
+    implicit path derives from the op's tags (ops/library.py tags every op ``needs_exact_strides``). Internal
+    APIs, the same in torch 2.11 and 2.13; where they are missing, Inductor's implicit path runs as before.
+    """
+    try:
+        from torch._inductor import lowering
+        from torch._library.utils import get_layout_constraint_tag
+    except ImportError:  # pragma: no cover (a torch without these modules)
+        return
+    if not all(hasattr(lowering, name) for name in ("lowerings", "make_fallback", "tag_to_layout_constraint")):
+        return  # pragma: no cover
+    for op in ops:
+        if op not in lowering.lowerings:
+            constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+            lowering.make_fallback(op, layout_constraint=constraint)
 
 
 def raise_recompile_limit(num_graphs: int) -> None:
@@ -266,6 +292,7 @@ class DecodeGraphRunner:
         all buckets share, and replays it once. Either way the last call checks the replay path before serving does.
         """
         enable_compile_caches()
+        register_inductor_fallbacks(OPS)
         raise_recompile_limit(len(self.policy))
         runs = 3 if self._mark_step else 2 if self.capture == "runner" else 1
         pool = torch.cuda.graph_pool_handle() if self.capture == "runner" else None

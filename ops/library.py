@@ -12,6 +12,7 @@ import torch
 
 NAMESPACE = "ce"
 LIB = torch.library.Library(NAMESPACE, "DEF")
+OPS: list[torch._ops.OpOverload] = []  # every op define_op has registered, in definition order
 
 # Reserved rows. Padding lanes of a bucketed decode batch point at them; no live sequence ever owns them.
 NULL_SLOT = 0  # row 0 of every state pool (recurrent and conv)
@@ -40,4 +41,6 @@ def define_op(
     LIB.impl(name, reference, "CPU")
     LIB.impl(name, cuda if cuda is not None else reference, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIB)
-    return getattr(getattr(torch.ops, NAMESPACE), name).default
+    op = getattr(getattr(torch.ops, NAMESPACE), name).default
+    OPS.append(op)
+    return op

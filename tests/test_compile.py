@@ -430,3 +430,59 @@ def test_replay_last_repeats_the_last_step(compiled):
     finally:
         for seq in seqs:
             rt.release(seq)
+
+
+def test_ce_ops_are_inductor_fallbacks_with_their_tags_layout_constraint(compiled):
+    """register_inductor_fallbacks (run by warmup) registered every ce op as the implicit path would have."""
+    from torch._inductor import lowering
+    from torch._library.utils import get_layout_constraint_tag
+
+    from graphs.decode_graph import register_inductor_fallbacks
+    from ops.library import OPS
+
+    register_inductor_fallbacks(OPS)  # idempotent: the fixture's warmup already did it
+    assert len(OPS) >= 10
+    for op in OPS:
+        assert op in lowering.lowerings, op
+        want = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+        assert want is lowering.constrain_to_fake_tensors  # EXACT_STRIDES (ops/library.py)
+        assert lowering._maybe_layout_constraints.get(op) is want, op
+
+
+_FRESH_COMPILE = """
+import io, logging, sys
+import torch
+records = []
+class Collect(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())  # formats the message, as a handler that prints it would
+log = logging.getLogger("torch._inductor.graph")
+log.setLevel(logging.INFO)
+log.addHandler(Collect())
+from compiled_engine.runtime import Runtime
+from graphs import compile_decode
+rt = Runtime.from_pretrained(sys.argv[1], device="cpu", dtype="float32", max_model_len=64, max_num_seqs=1,
+                             num_kv_blocks=8, block_size=16)
+compile_decode(rt, buckets=(1,))
+print("FALLBACKS", [m.split(chr(10))[1][:60] for m in records if m.startswith("Creating implicit fallback")])
+"""
+
+
+def test_a_fresh_decode_compile_creates_no_implicit_fallback_for_a_ce_op(qwen3_5_text_tied_path, tmp_path):
+    """The implicit path formats its log line from every input's IR, which before torch 2.13 happened eagerly and
+    doubled with every layer before the op (run 20: minutes). In a fresh process, with that line logged, none of
+    our ops may take it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+               TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    done = subprocess.run([sys.executable, "-c", _FRESH_COMPILE, str(qwen3_5_text_tied_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(l for l in done.stdout.splitlines() if l.startswith("FALLBACKS"))
+    assert "ce." not in line and "ce::" not in line, line
