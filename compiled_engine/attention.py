@@ -57,8 +57,13 @@ class FullAttention(nn.Module):
         self.register_buffer("k_cache", None, persistent=False)
         self.register_buffer("v_cache", None, persistent=False)
 
-    def forward(self, x: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        projected = linear(x, self.qkv_proj)
+    @property
+    def input_weight(self) -> nn.Parameter:
+        """The input projection's weight: the decoder layer runs that projection, fused with the norm before it."""
+        return self.qkv_proj
+
+    def forward(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """From the qkv_proj output ``[T, q_gate | k | v]`` to the o_proj output ``[T, hidden]``."""
         if self.fused_decode and not step.is_prefill:
             gated = self._fused_decode(projected, step)
         else:

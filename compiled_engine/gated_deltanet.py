@@ -48,8 +48,13 @@ class GatedDeltaNet(nn.Module):
         self.register_buffer("conv_state", None, persistent=False)
         self.register_buffer("recurrent_state", None, persistent=False)
 
-    def forward(self, x: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        projected = linear(x, self.in_proj)
+    @property
+    def input_weight(self) -> nn.Parameter:
+        """The input projection's weight: the decoder layer runs that projection, fused with the norm before it."""
+        return self.in_proj
+
+    def forward(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """From the in_proj output ``[T, P]`` to the out_proj output ``[T, hidden]``."""
         o = self._prefill(projected, step) if step.is_prefill else self._decode(projected, step)
         return self.tp.all_reduce(linear(o, self.out_proj))  # out_proj is row-parallel
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from compiled_engine.distributed import TensorParallel
 from ops.attention_decode import rotary_reference
-from ops.linear import linear, silu_mul_linear
+from ops.linear import add_rms_norm_linear_op, silu_mul_linear
 from ops.norm import add_rms_norm_op, rms_norm
 
 
@@ -37,6 +37,13 @@ class RMSNorm(nn.Module):
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(residual + x, norm(residual + x))`` for ``[T, D]`` rows, in one kernel (ce::add_rms_norm)."""
         return add_rms_norm_op(x, residual, self.weight, self.eps)
+
+    def add_norm_linear(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(residual + x) @ weight.T, residual + x)``: the norm in the prologue of the projection after it
+        (ce::add_rms_norm_linear: one kernel at decode batch sizes)."""
+        return add_rms_norm_linear_op(x, residual, self.weight, self.eps, weight)
 
 
 class GatedRMSNorm(nn.Module):
@@ -83,6 +90,7 @@ class MLP(nn.Module):
         self.gate_up_proj = empty_parameter(2 * self.intermediate_size, hidden_size)
         self.down_proj = empty_parameter(hidden_size, self.intermediate_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # silu(gate) * up (gate_up's rows are [gate | up]) is computed by the down projection as it reads them
-        return self.tp.all_reduce(silu_mul_linear(linear(x, self.gate_up_proj), self.down_proj))
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The MLP after its gate_up projection (which the decoder layer fuses with the norm before it):
+        ``silu(gate) * up`` is computed by the down projection as it reads gate_up's ``[gate | up]`` rows."""
+        return self.tp.all_reduce(silu_mul_linear(gate_up, self.down_proj))

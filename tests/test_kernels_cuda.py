@@ -821,6 +821,33 @@ def test_silu_mul_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(out, torch.ops.ce.silu_mul_linear(graph_inputs, weight), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 8, 16, 17, 64])
+@pytest.mark.parametrize("name", ["gdn_in_proj", "mlp_gate_up", "attn_qkv"])
+def test_add_rms_norm_linear_on_model_shapes(name, rows):
+    """A layer's residual add + norm + the projection after it: our skinny GEMM computing the norm in its prologue
+    up to 16 rows, ce::add_rms_norm + cuBLAS above. The sum exactly as the reference rounds it; the projection of
+    the norm against float64; replayed in a CUDA graph with new inputs."""
+    n, k = LINEAR_SHAPES[name]
+    gen = _seeded(rows)
+    x, residual = _randn(gen, rows, k, dtype=torch.bfloat16, scale=3.0), _randn(gen, rows, k, dtype=torch.bfloat16)
+    norm_weight = _randn(gen, k, dtype=torch.bfloat16, scale=0.5)
+    weight = _randn(gen, n, k, dtype=torch.bfloat16, scale=k**-0.5)
+    out, summed = torch.ops.ce.add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight)
+    assert out.shape == (rows, n) and summed.shape == (rows, k)
+    want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
+    torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)
+    _assert_linear_close(out, normed, weight)  # normed: bf16, rounded as the kernel rounds its x loads
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_out, captured_sum = torch.ops.ce.add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight)
+    x.copy_(_randn(gen, rows, k, dtype=torch.bfloat16, scale=3.0))
+    graph.replay()
+    eager_out, eager_sum = torch.ops.ce.add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight)
+    torch.testing.assert_close(captured_out, eager_out, atol=0, rtol=0)
+    torch.testing.assert_close(captured_sum, eager_sum, atol=0, rtol=0)
+
+
 def test_linear_chain_with_pdl_in_cuda_graph():
     """Back-to-back skinny GEMMs, each reading the one before (launched with PDL where the GPU has it), replayed
     in a CUDA graph: every output equals the eager chain's, so no kernel read its x before the previous wrote it."""
@@ -977,6 +1004,9 @@ def _opcheck_cases():
         "add_rms_norm": (torch.ops.ce.add_rms_norm.default,
                          (_randn(gen, 3, 1024, dtype=bf16), _randn(gen, 3, 1024, dtype=bf16), _randn(gen, 1024, dtype=bf16),
                           1e-6)),
+        "add_rms_norm_linear": (torch.ops.ce.add_rms_norm_linear.default,
+                                (_randn(gen, 3, 1024, dtype=bf16), _randn(gen, 3, 1024, dtype=bf16),
+                                 _randn(gen, 1024, dtype=bf16), 1e-6, _randn(gen, 7168, 1024, dtype=bf16))),
         "silu_mul_linear": (torch.ops.ce.silu_mul_linear.default,
                             (_randn(gen, 3, 2 * 3584, dtype=bf16), _randn(gen, 1024, 3584, dtype=bf16))),
         "rms_norm": (torch.ops.ce.rms_norm.default,
@@ -989,7 +1019,7 @@ OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "attention_decode", "page
                  "causal_conv1d_prefill",
                  "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "gated_deltanet_decode",
                  "linear", "rms_norm",
-                 "silu_mul", "silu_mul_linear", "add_rms_norm"]
+                 "silu_mul", "silu_mul_linear", "add_rms_norm", "add_rms_norm_linear"]
 
 
 @pytest.mark.parametrize("name", OPCHECK_NAMES)
@@ -1013,6 +1043,7 @@ KERNEL_NAMES = {
     "silu_mul": "_silu_mul_kernel",
     "silu_mul_linear": "_skinny_gemm_kernel",
     "add_rms_norm": "_add_rms_norm_kernel",
+    "add_rms_norm_linear": "_skinny_gemm_kernel",
 }
 
 

@@ -252,6 +252,22 @@ def _child_checks() -> dict:
         assert got.is_contiguous() and got.shape == x.shape
         compare("rms_norm", got, want)
 
+    def check_add_rms_norm_gemm(rows, n, k, configs, block_m=None):
+        """ce::add_rms_norm_linear's skinny GEMM: the sum exactly, the projection of the norm against float64 (x a
+        strided view, as the model's branch outputs can be)."""
+        x = torch.randn(rows, k + 6)[:, 3:-3] * 3.0
+        residual = torch.randn(rows, k) * 3.0
+        norm_weight = torch.randn(k) * 0.5
+        weight = torch.randn(n, k) * k**-0.5
+        want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
+        want = normed.double() @ weight.double().T
+        for block_n, block_k, split_k in configs:
+            config = gemv_kernels.triton.Config({"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k})
+            out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config,
+                                                                block_m)
+            compare(f"add_rms_norm gemm sum {block_n}x{block_k} split {split_k}", summed, want_sum)
+            compare(f"add_rms_norm gemm {block_n}x{block_k} split {split_k}", out.double(), want)
+
     def check_add_rms_norm(tokens, dim, strided):
         x, residual = torch.randn(tokens, dim) * 3.0, torch.randn(tokens, dim) * 3.0
         if strided:  # rows of a wider tensor
@@ -314,6 +330,9 @@ def _child_checks() -> dict:
         "gemm_m16_dot": lambda: check_skinny_gemm(16, 37, 75, gemm_configs),
         "gemm_m1_on_dot_path": lambda: check_skinny_gemm(1, 37, 75, gemm_configs, block_m=16),
         "gemm_strided_inputs": lambda: check_skinny_gemm(5, 37, 75, gemm_configs, strided=True),
+        "gemm_norm_m1": lambda: check_add_rms_norm_gemm(1, 37, 75, gemm_configs + [(2, 64, 1)]),
+        "gemm_norm_m5": lambda: check_add_rms_norm_gemm(5, 37, 75, gemm_configs),
+        "gemm_norm_m1_on_dot_path": lambda: check_add_rms_norm_gemm(1, 37, 75, gemm_configs, block_m=16),
         "gemm_gated_m1": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(2, 64, 1)], gated=True),
         "gemm_gated_m5_strided": lambda: check_skinny_gemm(5, 37, 75, gemm_configs, strided=True, gated=True),
         # the tuned configs themselves, on a small ragged shape
@@ -378,6 +397,9 @@ CHECK_NAMES = [
     "gemm_m16_dot",
     "gemm_m1_on_dot_path",
     "gemm_strided_inputs",
+    "gemm_norm_m1",
+    "gemm_norm_m5",
+    "gemm_norm_m1_on_dot_path",
     "gemm_gated_m1",
     "gemm_gated_m5_strided",
     "gemm_gemv_configs",

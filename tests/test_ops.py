@@ -32,6 +32,7 @@ from ops import NULL_BLOCK, NULL_SLOT
 from ops import delta_rule as dr
 from ops.activation import silu_mul
 from ops.linear import linear, silu_mul_linear
+from ops.linear import add_rms_norm_linear_op
 from ops.norm import rms_norm
 
 ce = torch.ops.ce
@@ -769,6 +770,28 @@ def test_add_rms_norm_matches_float64(tokens, dim, dtype, seed):
 
 
 @given(
+    tokens=st.integers(0, 20),  # across the CUDA kernel's switch from the Triton skinny GEMM to cuBLAS at 16
+    k=st.sampled_from([8, 48, 1024]),
+    n=st.integers(1, 40),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_add_rms_norm_linear_matches_float64(tokens, k, n, dtype, seed):
+    """ce::add_rms_norm_linear (residual add + norm + the projection after them): the sum, and the projection of
+    the norm of the rounded sum, against float64."""
+    g = _gen(seed)
+    x, residual = _randn(g, tokens, k, scale=3.0, dtype=dtype), _randn(g, tokens, k, scale=3.0, dtype=dtype)
+    norm_weight = _randn(g, k, scale=0.5, dtype=dtype)
+    weight = _randn(g, n, k, scale=k**-0.5, dtype=dtype)
+    out, summed = add_rms_norm_linear_op(x, residual, norm_weight, 1e-6, weight)
+    assert out.shape == (tokens, n) and summed.shape == (tokens, k) and out.dtype == summed.dtype == dtype
+    torch.testing.assert_close(summed.double(), x.double() + residual.double(), **_tol(dtype))
+    sd = summed.double()
+    normed = sd * torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + norm_weight.double())
+    torch.testing.assert_close(out.double(), normed @ weight.double().T, **{key: 2 * v for key, v in _tol(dtype).items()})
+
+
+@given(
     lead=st.sampled_from([(), (1,), (3,), (2, 3), (0,)]),
     k=st.integers(1, 40),
     n=st.integers(1, 40),
@@ -923,6 +946,8 @@ def _opcheck_cases():
         "silu_mul": (ce.silu_mul.default, (_randn(g, 5, 20)[:, 2:18],)),
         "silu_mul_linear": (ce.silu_mul_linear.default, (_randn(g, 3, 16), _randn(g, 5, 8))),
         "add_rms_norm": (ce.add_rms_norm.default, (_randn(g, 3, 8), _randn(g, 3, 8), _randn(g, 8), 1e-6)),
+        "add_rms_norm_linear": (ce.add_rms_norm_linear.default,
+                                (_randn(g, 3, 8), _randn(g, 3, 8), _randn(g, 8), 1e-6, _randn(g, 5, 8))),
         "rms_norm": (ce.rms_norm.default, (_randn(g, 3, 2, 16)[..., :8], _randn(g, 8), _randn(g, 3, 2, 8), 1e-6, False)),
     }
 

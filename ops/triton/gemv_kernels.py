@@ -27,9 +27,11 @@ Design, for bandwidth:
     launch (ops/triton/pdl.py): the kernel lets the next one start at once; and (GEMV path) it loads its first
     weight chunk, which no earlier kernel writes, before waiting for the earlier kernels to finish and reading x,
     then issues every chunk's load one iteration ahead of its use.
-  * GATED_X: the MLP's down projection reads ``silu(gate) * up`` straight from the gate_up output (``[gate | up]``
-    rows) instead of a separate ``ce::silu_mul`` launch (``ce::silu_mul_linear`` in ops/linear.py).
-  * tuning: ``triton.autotune`` over a few configs per path, keyed on (N, K, GATED_X), one autotuner per path (the M
+  * prologues that save a launch each: GATED_X, the MLP's down projection reads ``silu(gate) * up`` straight from
+    the gate_up output (``[gate | up]`` rows) instead of a separate ``ce::silu_mul`` launch (``ce::silu_mul_linear``);
+    NORM_X, a layer's residual add and RMSNorm run in the prologue of the projection after them, every program
+    first summing its rows' squares over the whole K (``ce::add_rms_norm_linear``). Both in ops/linear.py.
+  * tuning: ``triton.autotune`` over a few configs per path, keyed on (N, K, GATED_X, NORM_X), one autotuner per path (the M
     bucket: M == 1 or 2..16); triton adds the argument dtypes to the key. The split configs' timings include the
     reduction launch (it runs as the autotuner's post_hook, inside the timed call), so a split wins only if it pays
     for its second launch. The benchmark flushes the L2 before each run (``triton.testing.do_bench``): in a decode
@@ -59,17 +61,45 @@ SUM_BLOCK = 1024  # elements per program of the split-K reduction
 
 
 @triton.jit
-def _x_chunk(ptrs, up_offset, mask, GATED_X: tl.constexpr):
-    """x's values at ``ptrs``, in x's dtype. GATED_X: x rows are ``[gate | up]`` and the values are
-    ``silu(gate) * up`` at ``ptrs`` and ``ptrs + up_offset``, rounded as ``ce::silu_mul`` rounds them (silu's output
-    in x's dtype, then the product)."""
-    xv = tl.load(ptrs, mask=mask, other=0.0)
+def _x_chunk(x_ptrs, mask, up_offset, r_ptrs, norm_w, rstd, GATED_X: tl.constexpr, NORM_X: tl.constexpr):
+    """x's values at ``x_ptrs`` as the matmul consumes them, in x's dtype.
+
+    GATED_X: x rows are ``[gate | up]``: ``silu(gate) * up`` (up at ``x_ptrs + up_offset``), rounded as
+    ``ce::silu_mul`` rounds (silu's output in x's dtype, then the product).
+    NORM_X: the zero-centred RMSNorm of ``residual + x`` (residual at ``r_ptrs``), rounded as ``ce::add_rms_norm``
+    rounds (the sum in x's dtype, the norm in fp32, cast once); ``rstd`` and ``norm_w`` (fp32) broadcast to x's tile.
+    """
+    xv = tl.load(x_ptrs, mask=mask, other=0.0)
     if GATED_X:
-        up = tl.load(ptrs + up_offset, mask=mask, other=0.0)
+        up = tl.load(x_ptrs + up_offset, mask=mask, other=0.0)
         gate = xv.to(tl.float32)
         activated = (gate * tl.sigmoid(gate)).to(xv.dtype)
         xv = (activated.to(tl.float32) * up.to(tl.float32)).to(xv.dtype)
+    if NORM_X:
+        summed = (tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32) + xv.to(tl.float32)).to(xv.dtype)
+        xv = (summed.to(tl.float32) * rstd * (1.0 + norm_w)).to(xv.dtype)
     return xv
+
+
+@triton.jit
+def _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps, write_summed,
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """NORM_X's first pass over whole rows: ``rsqrt(mean(s^2) + eps)`` [BLOCK_M] of ``s = residual + x`` (rounded to
+    x's dtype), storing s to ``summed`` (contiguous [M, K]) where ``write_summed`` (one program of the grid)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        ks = k + offs_k
+        mask = m_mask[:, None] & (ks < K)[None, :]
+        xv = tl.load(x + offs_m[:, None] * stride_x_m + ks[None, :] * stride_x_k, mask=mask, other=0.0)
+        rv = tl.load(residual + offs_m[:, None] * stride_r_m + ks[None, :], mask=mask, other=0.0)
+        s = (rv.to(tl.float32) + xv.to(tl.float32)).to(xv.dtype)
+        if write_summed:
+            tl.store(summed + offs_m[:, None] * K + ks[None, :], s, mask=mask)
+        squares += s.to(tl.float32) * s.to(tl.float32)
+    return tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled variant for every M of a path, not one for M = 16 and one else
@@ -87,11 +117,17 @@ def _skinny_gemm_kernel(
     stride_w_k,
     stride_o_m,
     stride_o_n,
+    residual,  # NORM_X: [M, K], unit stride along K; otherwise unused (x)
+    norm_weight,  # NORM_X: [K]
+    summed,  # NORM_X: contiguous [M, K], written with residual + x by one program
+    stride_r_m,
+    eps,
     BLOCK_M: tl.constexpr,  # 1: CUDA-core GEMV; 16: tensor cores, x's rows padded to 16
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     GATED_X: tl.constexpr,  # x is [M, 2K] = [gate | up] and the matmul's input is silu(gate) * up
+    NORM_X: tl.constexpr,  # the matmul's input is the zero-centred RMSNorm of residual + x
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent launch (see the module docstring)
 ):
     if USE_PDL:
@@ -119,10 +155,18 @@ def _skinny_gemm_kernel(
         w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & (ks < k_end)[None, :], other=0.0)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()  # everything the previous kernels wrote (x) is visible from here on
+        rstd = 1.0
+        if NORM_X:
+            rstd = _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps,
+                                  pid_n + pid_k == 0, 1, BLOCK_K)
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k in range(k_begin, k_end, BLOCK_K):
             ks = k + offs_k
-            xk = _x_chunk(x + ks * stride_x_k, x_up, ks < k_end, GATED_X)
+            k_mask = ks < k_end
+            norm_w = 0.0
+            if NORM_X:
+                norm_w = tl.load(norm_weight + ks, mask=k_mask, other=0.0).to(tl.float32)
+            xk = _x_chunk(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_w, rstd, GATED_X, NORM_X)
             acc += w.to(tl.float32) * xk.to(tl.float32)[None, :]
             ks += BLOCK_K
             w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & (ks < k_end)[None, :], other=0.0)
@@ -133,13 +177,22 @@ def _skinny_gemm_kernel(
         # bound in bench/results/h200-2026-11-29/run15-session against 24.3% with this loop in run17-session.)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
+        rstd = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        if NORM_X:
+            rstd = _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps,
+                                  pid_n + pid_k == 0, BLOCK_M, BLOCK_K)
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         x_cols = x + offs_m[None, :] * stride_x_m  # x^T: [BLOCK_K, BLOCK_M] tiles
+        r_cols = residual + offs_m[None, :] * stride_r_m
         for k in range(k_begin, k_end, BLOCK_K):
             ks = k + offs_k
             k_mask = ks < k_end
             w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            xt = _x_chunk(x_cols + ks[:, None] * stride_x_k, x_up, k_mask[:, None] & m_mask[None, :], GATED_X)
+            norm_w = 0.0
+            if NORM_X:
+                norm_w = tl.load(norm_weight + ks, mask=k_mask, other=0.0).to(tl.float32)[:, None]
+            xt = _x_chunk(x_cols + ks[:, None] * stride_x_k, k_mask[:, None] & m_mask[None, :], x_up,
+                          r_cols + ks[:, None], norm_w, rstd[None, :], GATED_X, NORM_X)
             # "ieee": fp32 inputs (the interpreter tests) multiply in fp32, not tf32; bf16/fp16 ignore the setting.
             acc = tl.dot(w, xt, acc, input_precision="ieee")
         result = acc  # [BLOCK_N, BLOCK_M]
@@ -228,7 +281,7 @@ _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature
 def _autotuned(configs: list):
     return triton.autotune(
         configs=configs,
-        key=["N", "K", "GATED_X"],  # the M bucket is the tuner itself: one per BLOCK_M
+        key=["N", "K", "GATED_X", "NORM_X"],  # the M bucket is the tuner itself: one per BLOCK_M
         prune_configs_by={"early_config_prune": _prune},
         post_hook=_sum_split_k,
         # Shorter than the default (25 ms warm-up, 100 ms timed) per config: start-up tunes ~14 keys x 6 configs,
@@ -269,11 +322,35 @@ def skinny_gemm(
     ``config`` (and ``block_m``, which defaults to :func:`block_rows`) run one fixed configuration without tuning:
     the interpreter tests (which cannot benchmark) and the microbenchmark's sweep use them; the op passes neither.
     """
+    if gated and x.shape[1] % 2:
+        raise ValueError(f"a gated skinny_gemm takes x = [gate | up] with an even width, got {x.shape[1]}")
+    return _launch(x, weight, config, block_m, gated=gated)
+
+
+def add_rms_norm_skinny_gemm(
+    x: torch.Tensor,  # [M, K], 1 <= M <= DOT_ROWS
+    residual: torch.Tensor,  # [M, K], unit stride along K
+    norm_weight: torch.Tensor,  # [K]
+    eps: float,
+    weight: torch.Tensor,  # [N, K]
+    config: triton.Config | None = None,
+    block_m: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(residual + x) @ weight.T, residual + x)``: a decoder layer's residual add and norm in the
+    prologue of the matmul after them (``ce::add_rms_norm_linear``). Every program recomputes the rows' statistics
+    from x and residual (a few KB read from L2 per program) instead of waiting for a separate norm kernel."""
     rows, k = x.shape
-    if gated:
-        if k % 2:
-            raise ValueError(f"a gated skinny_gemm takes x = [gate | up] with an even width, got {k}")
-        k //= 2
+    if residual.shape != x.shape or residual.stride(1) != 1 or norm_weight.shape != (k,):
+        raise ValueError(f"add_rms_norm_skinny_gemm: residual must be [M, K] = {tuple(x.shape)} with unit stride "
+                         f"along K and norm_weight [K]; got {tuple(residual.shape)}, {tuple(norm_weight.shape)}")
+    summed = x.new_empty((rows, k))
+    out = _launch(x, weight, config, block_m, norm=(residual, norm_weight.contiguous(), eps, summed))
+    return out, summed
+
+
+def _launch(x, weight, config, block_m, gated: bool = False, norm: tuple | None = None) -> torch.Tensor:
+    rows, k = x.shape
+    k = k // 2 if gated else k
     n = weight.shape[0]
     block_m = block_rows(rows) if block_m is None else block_m
     if rows > block_m:
@@ -284,8 +361,10 @@ def skinny_gemm(
     else:
         splits = config.kwargs["SPLIT_K"]
     partials = x.new_empty((splits, rows, n), dtype=torch.float32) if splits > 1 else None
-    args = (x, weight, out, partials, rows, n, k, *x.stride(), *weight.stride(), *out.stride())
-    flags = {"BLOCK_M": block_m, "GATED_X": gated, **pdl_flags(x)}
+    residual, norm_weight, eps, summed = norm if norm is not None else (x, x, 0.0, x)  # unused placeholders
+    args = (x, weight, out, partials, rows, n, k, *x.stride(), *weight.stride(), *out.stride(),
+            residual, norm_weight, summed, residual.stride(0), eps)
+    flags = {"BLOCK_M": block_m, "GATED_X": gated, "NORM_X": norm is not None, **pdl_flags(x)}
     if config is None:
         tuner = _tuner(block_m)
         tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
