@@ -11,10 +11,11 @@ graph, and (unless the caller says it consumes the logits before the next step) 
 The graphs are captured by the runner itself (``capture="runner"``, the default): the model is compiled without
 cudagraph trees and each bucket's compiled call is captured into a ``torch.cuda.CUDAGraph``, so a replay is one
 ``graph.replay()``. ``capture="trees"`` leaves capture and replay to torch's reduce-overhead (cudagraph trees),
-which costs ~0.3 ms of host time per step in guards and bookkeeping (``CUDA_GRAPH_CAPTURES``). Everything from token ids to fp32 logits, the in-place cache/state updates included, is one graph:
-traced with ``fullgraph=True`` (a graph break raises), static tensor shapes with the bucket size as the only
-symbolic value (at most three compiles: see ``expected_compiles``), every kernel a ``torch.ops.ce`` custom op or an
-aten op; one CUDA graph per bucket.
+which costs ~0.3 ms of host time per step in guards and bookkeeping (``CUDA_GRAPH_CAPTURES``).
+Everything from token ids to fp32 logits, the in-place cache/state updates included, is one graph: traced with
+``fullgraph=True`` (a graph break raises), static tensor shapes with the bucket size as the only symbolic value (at
+most three compiles: see ``expected_compiles``), every kernel a ``torch.ops.ce`` custom op or an aten op; one CUDA
+graph per bucket.
 
 What makes the CUDA graphs real rather than silently skipped (each one a rule of DESIGN.md, "Compile rules"):
 * every tensor the graph reads lives at a fixed address: weights and caches are module parameters/buffers, the
@@ -54,7 +55,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODE = "reduce-overhead"
 # Who captures and replays the CUDA graphs of mode="reduce-overhead" (CE_CUDA_GRAPHS overrides the default):
 #   "runner": the runner, around a torch.compile without cudagraphs: one torch.cuda.CUDAGraph per bucket, replayed
-#             with graph.replay() (~0.03 ms of host time a step);
+#             with graph.replay() (0.013 ms of host time a step, same measurement);
 #   "trees":  torch's cudagraph trees (mode="reduce-overhead" as torch implements it): every replay goes through
 #             Dynamo's guards, AOTAutograd's wrappers and the trees' bookkeeping, 0.305 ms of host time per batch-1
 #             step on the H200 host (bench latency's graph_replay, 2026-11-30), where the step's GPU time is 0.92 ms.
@@ -286,10 +287,10 @@ class DecodeGraphRunner:
         Largest first: CUDA graphs of one runner share a memory pool, and a smaller graph recorded after a larger
         one reuses the larger one's memory instead of growing the pool. Every lane of the dummy batches is a padding
         lane (null slot, null block, context 0), so warm-up never touches a live sequence's state or KV.
-        On CUDA each bucket runs three times. Cudagraph trees run a function eagerly once (warm-up), record it on
-        the second call and replay from the third. The runner's own capture runs it eagerly twice (compile, Triton's
-        JIT and autotuning: none of it may happen inside a capture), captures it into a graph in a memory pool that
-        all buckets share, and replays it once. Either way the last call checks the replay path before serving does.
+        Cudagraph trees run each bucket's function eagerly once (warm-up), record it on the second call and replay
+        from the third. The runner's own capture runs it eagerly twice (compile, Triton's JIT and autotuning: none of
+        it may happen inside a capture), captures it into a graph in a memory pool that all buckets share, and
+        replays it once. Either way the last call checks the replay path before serving does.
         """
         enable_compile_caches()
         register_inductor_fallbacks(OPS)
