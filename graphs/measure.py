@@ -93,6 +93,10 @@ def prefill_forward(model, step):
 @torch.inference_mode()
 def measure_prefill(rt, cases, repeats: int) -> list[dict]:
     """cases: (num_sequences, tokens each). The same StepInputs is re-run: cache writes land in the same rows."""
+    from graphs.decode_graph import register_inductor_fallbacks
+    from ops.library import OPS
+
+    register_inductor_fallbacks(OPS)  # as the decode runner does: torch <= 2.12 would print deep IR otherwise
     compiled = torch.compile(prefill_forward, dynamic=True, fullgraph=True)
     results = []
     for num_seqs, length in cases:
