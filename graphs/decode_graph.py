@@ -257,7 +257,6 @@ class DecodeGraphRunner:
             compile_mode = "default" if self.capture == "runner" else mode
             self._compiled = torch.compile(fn, mode=compile_mode, **compile_kwargs)
         self._stance: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-        self._mark_step = self.capture == "trees"
         # capture == "runner": bucket -> (its CUDA graph, the logits buffer the graph writes), filled by warmup().
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.warmed_up = False
@@ -295,7 +294,7 @@ class DecodeGraphRunner:
         enable_compile_caches()
         register_inductor_fallbacks(OPS)
         raise_recompile_limit(len(self.policy))
-        runs = 3 if self._mark_step else 2 if self.capture == "runner" else 1
+        runs = {"trees": 3, "runner": 2}.get(self.capture, 1)
         pool = torch.cuda.graph_pool_handle() if self.capture == "runner" else None
         start = time.perf_counter()
         self.static.clear()
@@ -363,7 +362,7 @@ class DecodeGraphRunner:
             graph, logits = captured
             graph.replay()  # reads the static buffers as they are now; overwrites `logits`
             return logits
-        if self._mark_step:
+        if self.capture == "trees":
             # A new step: outputs of the previous replay may now be overwritten (callers were told so).
             torch.compiler.cudagraph_mark_step_begin()
         with self._stance():

@@ -54,6 +54,7 @@ from ops.triton.pdl import pdl_flags
 # graph, run15-session), fused against unfused: batch 1 11.7 / 17.2 µs, 8 14.9 / 21.9, 64 71.4 / 57.5, 256 246 / 178.
 FUSED_MAX_BATCH = 16
 
+
 @triton.jit
 def _gated_deltanet_decode_kernel(
     projected,
