@@ -5,7 +5,7 @@ A batch-1 decode step runs 97 weight matmuls of 4-508 MB one after another in on
 the L2 flushed before it, as the autotuner and ``ops_microbench`` time it) it also pays the graph launch. Here
 each (shape, config) is one CUDA graph of ``calls`` matmuls on distinct weight copies (together over 128 MB, so
 every call reads DRAM, not the 50 MB L2), timed per matmul. Then the whole step: the 97 matmuls in model order in
-one graph, through ``ce::linear`` (the autotuner's picks), through cuBLAS, and with each shape's best swept config.
+one graph, through ``ce::linear`` (its configs), through cuBLAS, and with each shape's best swept config.
 
     python bench/gemv_sweep.py --out DIR [--rows 1,8]     # JSON in DIR/gemv_sweep.json, table on stdout
 """
@@ -99,9 +99,10 @@ def sweep(rows: int, copy_gbps: float, out_rows: list) -> dict[str, tuple]:
             print(f"M={rows} {name:<13} [{n:>6}, {k:>4}] {label:<44} {us:8.2f} µs {gbps / copy_gbps:6.1%}",
                   flush=True)
 
-        record("ce::linear (autotuned)",
+        record("ce::linear (its pick)",
                graph_us_per_call([lambda w=weights[i % len(weights)]: linear(x, w) for i in range(calls)]),
-               config=str(gemv_kernels.autotuner(rows).best_config))
+               config=str(gemv_kernels.gemv_config(n, k) if rows == 1
+                          else gemv_kernels.dot_autotuner().best_config))
         record("cuBLAS", graph_us_per_call(
             [lambda w=weights[i % len(weights)]: torch.nn.functional.linear(x, w) for i in range(calls)]))
         for bm, c in candidates:

@@ -13,7 +13,8 @@
 #      batches, one 8,192-token prefill step: GPU ms by kernel category, host ms, kernels per step);
 #   5. throughput with 16,384-token prefill steps, throughput with prefix caching on, latency + throughput with the
 #      synchronous engine (--no-overlap-decode), the compile tests, bench snapshot_methods, bench prefix;
-#   6. bench/gemv_sweep.py (skinny GEMM configs timed back to back): tuning data, best run alone (STAGES=gemv_sweep).
+#   6. bench/gemv_chain.py (the step's matmul chain, coordinate descent over the one-row configs: gemv_config's data)
+#      and bench/gemv_sweep.py (skinny GEMM configs timed back to back): tuning data, best run alone.
 # HF's numbers come from bench/run_h200.sh (they do not change with our code); tensor parallelism from
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
@@ -77,6 +78,8 @@ stage main_sync 60 python3 -m bench latency,throughput -p latency.repeats=2 "${B
 stage test_compile 100 python3 -m pytest -q -x tests/test_compile_gpu.py -p no:cacheprovider --durations=5
 stage snapshot_methods 45 python3 -m bench snapshot_methods --out "$WORK/snapshot"
 stage prefix 110 python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
+stage gemv_chain 150 python3 bench/gemv_chain.py --out "$WORK/gemv_chain"
+[ -f "$WORK/gemv_chain/gemv_chain.json" ] && cp "$WORK/gemv_chain/gemv_chain.json" "$OUT/"
 stage gemv_sweep 200 python3 bench/gemv_sweep.py --out "$WORK/gemv_sweep"
 [ -f "$WORK/gemv_sweep/gemv_sweep.json" ] && cp "$WORK/gemv_sweep/gemv_sweep.json" "$OUT/"
 dirs=(); for d in profile profile_pdl_off main latency_again latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done

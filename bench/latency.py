@@ -12,7 +12,7 @@ What is timed (after one warm-up request of the same prompt length):
     step's inputs, timed with CUDA events: the GPU time of a step with no host work between steps. Against the
     engine's step time it says whether a step is GPU-bound (equal) or waits for the host. ``host_ms_per_replay``
     is the host's cost of one replay call (Dynamo guards, cudagraph-tree bookkeeping, the graph launch). The
-    skinny GEMM autotuner's picks are recorded beside it: they can differ between processes.
+    skinny GEMM's configs are recorded beside it (the 2..16-row autotuner's picks can differ between processes).
 Bound: batch-1 decode reads every weight once, so tok/s <= copy bandwidth / weight_bytes (bench/bounds.py).
 Achieved bandwidth = weight_bytes x decode steps/s (as gpt-fast reports it); its fraction of the copy bandwidth
 equals the fraction of the bound.
@@ -203,11 +203,14 @@ def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int) ->
 
 
 def _skinny_gemm_picks() -> dict:
-    """The skinny GEMM autotuners' choice per key, as strings (the M == 1 GEMV path and the 2..16-row path)."""
+    """The skinny GEMM's configs, as strings: the 2..16-row autotuner's pick per key, and the one-row rule's configs
+    (``gemv_config``: narrow outputs, everything else)."""
     from ops.triton import gemv_kernels
 
-    return {f"rows={rows} {key}": str(config)
-            for rows in (1, 2) for key, config in gemv_kernels.autotuner(rows).cache.items()}
+    picks = {f"rows=2 {key}": str(config) for key, config in gemv_kernels.dot_autotuner().cache.items()}
+    picks["rows=1 N <= %d" % gemv_kernels.GEMV_NARROW_N] = str(gemv_kernels.GEMV_NARROW)
+    picks["rows=1 wider"] = str(gemv_kernels.GEMV_WIDE)
+    return picks
 
 
 def _draw(plt, step_ms: list[float], bound_ms: float) -> None:

@@ -337,7 +337,8 @@ def bench_linear(s: Shape, args, timed, add) -> None:
             nbytes = 2 * (n * k + rows * k + rows * n)
             us = timed(f"linear {name} M={rows}", lambda: linear(x, weight), graph=True)
             if rows <= SKINNY_MAX_ROWS:
-                note = f"[{n}, {k}] skinny GEMM, {_config_note(gemv_kernels.autotuner(rows).best_config)}"
+                picked = gemv_kernels.gemv_config(n, k) if rows == 1 else gemv_kernels.dot_autotuner().best_config
+                note = f"[{n}, {k}] skinny GEMM, {_config_note(picked)}"
             else:
                 note = f"[{n}, {k}] cuBLAS (above {SKINNY_MAX_ROWS} rows)"
             base = timed(f"linear cuBLAS {name} M={rows}", lambda: torch.nn.functional.linear(x, weight), graph=True)

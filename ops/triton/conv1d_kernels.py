@@ -184,34 +184,42 @@ def causal_conv1d_prefill(
 
 
 @triton.jit
-def conv_step(
-    x_row,  # this sequence's input row
+def conv_load(
     weight,
     state_rows,  # conv_state + slot * stride_slot + offs_c * stride_c: this sequence's rows of these channels
     offs_c,
     c_mask,
-    stride_x_c,
     stride_w_c,
     stride_w_k,
     stride_s_k,
     WIDTH: tl.constexpr,
     HIST_P: tl.constexpr,  # next power of two >= WIDTH - 1
 ):
-    """silu(causal conv) of channels ``offs_c`` for one new token, and their next history, without writing it.
+    """The loads of one conv step that do not need the new input: the channels' history, the same history shifted
+    left by one column (column k <- k + 1, read now, before the in-place write), and their weights. Split from
+    :func:`conv_apply` so a kernel may issue them before it waits for the kernel that writes the input."""
+    offs_k = tl.arange(0, HIST_P)
+    mask = c_mask[:, None] & (offs_k < WIDTH - 1)[None, :]
+    history = tl.load(state_rows[:, None] + offs_k[None, :] * stride_s_k, mask=mask, other=0.0)
+    shifted = tl.load(state_rows[:, None] + (offs_k + 1)[None, :] * stride_s_k,
+                      mask=c_mask[:, None] & (offs_k + 1 < WIDTH - 1)[None, :], other=0.0)
+    w_hist = tl.load(weight + offs_c[:, None] * stride_w_c + offs_k[None, :] * stride_w_k, mask=mask, other=0.0)
+    w_new = tl.load(weight + offs_c * stride_w_c + (WIDTH - 1) * stride_w_k, mask=c_mask, other=0.0)
+    return history, shifted, w_hist, w_new
+
+
+@triton.jit
+def conv_apply(x_row, offs_c, c_mask, stride_x_c, history, shifted, w_hist, w_new, WIDTH: tl.constexpr,
+               HIST_P: tl.constexpr):
+    """silu(causal conv) of channels ``offs_c`` for one new token (read from ``x_row``), from :func:`conv_load`'s
+    values, and their next history, without writing it.
 
     Returns the output rounded to x's dtype (the conv op's output) in fp32, and the shifted history
     ``[len(offs_c), HIST_P]`` for :func:`store_history`, which the caller runs after a barrier (the decode kernel
     here, and ops/triton/gated_deltanet_kernels.py's fused kernel)."""
     offs_k = tl.arange(0, HIST_P)
-    mask = c_mask[:, None] & (offs_k < WIDTH - 1)[None, :]
-    history = tl.load(state_rows[:, None] + offs_k[None, :] * stride_s_k, mask=mask, other=0.0)
-    # The same history shifted left by one column (column k <- k + 1), read now, before the in-place write.
-    shifted = tl.load(state_rows[:, None] + (offs_k + 1)[None, :] * stride_s_k,
-                      mask=c_mask[:, None] & (offs_k + 1 < WIDTH - 1)[None, :], other=0.0)
     # As in the reference, the new input enters the window (and the state) in the state's dtype.
     x_new = tl.load(x_row + offs_c * stride_x_c, mask=c_mask, other=0.0).to(history.dtype)
-    w_hist = tl.load(weight + offs_c[:, None] * stride_w_c + offs_k[None, :] * stride_w_k, mask=mask, other=0.0)
-    w_new = tl.load(weight + offs_c * stride_w_c + (WIDTH - 1) * stride_w_k, mask=c_mask, other=0.0)
     acc = tl.sum(history.to(tl.float32) * w_hist.to(tl.float32), 1) + x_new.to(tl.float32) * w_new.to(tl.float32)
     y = acc * tl.sigmoid(acc)
     new_history = tl.where((offs_k == WIDTH - 2)[None, :], x_new[:, None], shifted)
@@ -251,8 +259,10 @@ def _conv_decode_kernel(
     c_mask = offs_c < num_channels
     slot = tl.load(state_slots + seq).to(tl.int64)
     state_rows = conv_state + slot * stride_s_slot + offs_c * stride_s_c
-    y, new_history = conv_step(x + seq * stride_x_b, weight, state_rows, offs_c, c_mask, stride_x_c, stride_w_c,
-                               stride_w_k, stride_s_k, WIDTH, HIST_P)
+    history, shifted, w_hist, w_new = conv_load(weight, state_rows, offs_c, c_mask, stride_w_c, stride_w_k,
+                                                stride_s_k, WIDTH, HIST_P)
+    y, new_history = conv_apply(x + seq * stride_x_b, offs_c, c_mask, stride_x_c, history, shifted, w_hist, w_new,
+                                WIDTH, HIST_P)
     tl.store(out + seq * stride_o_b + offs_c * stride_o_c, y.to(out.dtype.element_ty), mask=c_mask)
     tl.debug_barrier()  # every read of this slot's history happens before any write below
     store_history(state_rows, c_mask, new_history, stride_s_k, WIDTH, HIST_P)

@@ -17,9 +17,10 @@ value head j reads key head j // G, repeat_interleave), and those value heads' `
 Each program computes q and k once (conv + SiLU + l2norm) and reuses them for its G value heads, which it walks in
 turn (``tl.static_range``): per head, S *= exp(g); u = (v - S^T k) * beta; S += k (x) u; o = S^T q; store S; then
 the gated RMSNorm of o over V with ``silu(z)`` and the shared weight, stored at ``out[b, j*V:(j+1)*V]``.
-All of a head's loads (state tile, inputs, conv windows) are issued before its barrier and before any cross-warp
-reduction, so at batch 1 a program waits for two round trips to memory (the slot, then everything else), not one per
-step of the math.
+Loads come before any math. With PDL, what does not depend on in_proj's output (the slot, the conv history and
+the first value head's state tile: written in a step by this kernel only) is loaded before ``gdc_wait``, while
+in_proj still runs; after it a program waits for one round trip to memory (the projected row), not one per step of
+the math.
 
 Rounding follows the unfused references exactly: conv outputs cast to projected's dtype (the conv op's output),
 the delta-rule output cast to it (the delta op's output), the normalised output cast to it and, as torch would,
@@ -44,7 +45,7 @@ import triton.language as tl
 
 from ops.gated_deltanet_decode import check_shapes, split_sizes
 from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels
-from ops.triton.conv1d_kernels import conv_step, store_history
+from ops.triton.conv1d_kernels import conv_apply, conv_load, store_history
 from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta
 from ops.triton.pdl import pdl_flags
 
@@ -99,49 +100,64 @@ def _gated_deltanet_decode_kernel(
 
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    offs_v = tl.arange(0, BLOCK_V)
-    v_mask = offs_v < DV
-    norm_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)  # a weight: read before the wait
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # in_proj's output (projected), the slots and the states are read after this
-
     seq = tl.program_id(0).to(tl.int64)
     k_head = tl.program_id(1)
-    slot = tl.load(state_slots + seq).to(tl.int64)
-    row = projected + seq * stride_p_b
-    conv_rows = conv_state + slot * stride_cs_slot
-    dtype = out.dtype.element_ty
     offs_k = tl.arange(0, BLOCK_K)
+    offs_v = tl.arange(0, BLOCK_V)
     k_mask = offs_k < DK
+    v_mask = offs_v < DV
     tile_mask = k_mask[:, None] & v_mask[None, :]
+    dtype = out.dtype.element_ty
 
+    # Before the wait (with PDL, while in_proj still runs): everything that does not depend on in_proj's output.
+    # Besides the weights (ops/triton/pdl.py), that is this sequence's slot (a step input, copied in before the
+    # step's first kernel) and its conv history and recurrent state in this layer, which no kernel of the step but
+    # this one writes. The first value head's state tile (the long pole) and windows are loaded here; the rest of a
+    # group's heads (GROUP > 1) after the wait. Then only the projected row is left to fetch: one round trip.
+    norm_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    conv_rows = conv_state + slot * stride_cs_slot
+    state_heads = recurrent_state + slot * stride_rs_slot + offs_k[:, None] * stride_rs_k + offs_v[None, :] * stride_rs_v
     q_channels = k_head * DK + offs_k
     k_channels = KEY_DIM + k_head * DK + offs_k
     q_rows = conv_rows + q_channels * stride_cs_c
     k_rows = conv_rows + k_channels * stride_cs_c
+    q_hist, q_shifted, q_w_hist, q_w_new = conv_load(conv_weight, q_rows, q_channels, k_mask, stride_w_c, stride_w_k,
+                                                     stride_cs_k, WIDTH, HIST_P)
+    k_hist, k_shifted, k_w_hist, k_w_new = conv_load(conv_weight, k_rows, k_channels, k_mask, stride_w_c, stride_w_k,
+                                                     stride_cs_k, WIDTH, HIST_P)
+    first_v_head = k_head * GROUP
+    s_first = tl.load(state_heads + first_v_head * stride_rs_h, mask=tile_mask, other=0.0).to(tl.float32)
+    v_channels = 2 * KEY_DIM + first_v_head * DV + offs_v
+    v_hist, v_shifted, v_w_hist, v_w_new = conv_load(conv_weight, conv_rows + v_channels * stride_cs_c, v_channels,
+                                                     v_mask, stride_w_c, stride_w_k, stride_cs_k, WIDTH, HIST_P)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # in_proj's output (projected) is read after this
+    row = projected + seq * stride_p_b
 
     for j in tl.static_range(GROUP):
-        v_head = k_head * GROUP + j
-        # Loads first, in this order: the state tile (the long pole), this head's inputs, the conv windows. Nothing
-        # before the barrier below waits on a load (the l2norms' cross-warp sums come after it), so at batch 1 the
-        # program waits for one round trip to memory (after the slot's), not one per step of the math.
-        tile = (recurrent_state + slot * stride_rs_slot + v_head * stride_rs_h + offs_k[:, None] * stride_rs_k
-                + offs_v[None, :] * stride_rs_v)
-        s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
+        v_head = first_v_head + j
+        tile = state_heads + v_head * stride_rs_h
+        v_channels = 2 * KEY_DIM + v_head * DV + offs_v
+        v_rows = conv_rows + v_channels * stride_cs_c
+        if j == 0:
+            s = s_first
+        else:  # loads first: nothing before the barrier below waits on a load
+            s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
+            v_hist, v_shifted, v_w_hist, v_w_new = conv_load(conv_weight, v_rows, v_channels, v_mask, stride_w_c,
+                                                             stride_w_k, stride_cs_k, WIDTH, HIST_P)
         a_val = tl.load(row + (A_START + v_head) * stride_p_c)
         b_val = tl.load(row + (B_START + v_head) * stride_p_c)
         A_log_val = tl.load(A_log + v_head)
         dt_bias_val = tl.load(dt_bias + v_head)
         z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0).to(tl.float32)
         if j == 0:  # q and k of this key head, shared by its value heads: conv + SiLU (l2norm below)
-            q, q_history = conv_step(row, conv_weight, q_rows, q_channels, k_mask, stride_p_c, stride_w_c,
-                                      stride_w_k, stride_cs_k, WIDTH, HIST_P)
-            k, k_history = conv_step(row, conv_weight, k_rows, k_channels, k_mask, stride_p_c, stride_w_c,
-                                      stride_w_k, stride_cs_k, WIDTH, HIST_P)
-        v_channels = 2 * KEY_DIM + v_head * DV + offs_v
-        v_rows = conv_rows + v_channels * stride_cs_c
-        v, v_history = conv_step(row, conv_weight, v_rows, v_channels, v_mask, stride_p_c, stride_w_c, stride_w_k,
-                                  stride_cs_k, WIDTH, HIST_P)
+            q, q_history = conv_apply(row, q_channels, k_mask, stride_p_c, q_hist, q_shifted, q_w_hist, q_w_new,
+                                      WIDTH, HIST_P)
+            k, k_history = conv_apply(row, k_channels, k_mask, stride_p_c, k_hist, k_shifted, k_w_hist, k_w_new,
+                                      WIDTH, HIST_P)
+        v, v_history = conv_apply(row, v_channels, v_mask, stride_p_c, v_hist, v_shifted, v_w_hist, v_w_new, WIDTH,
+                                  HIST_P)
         tl.debug_barrier()  # every conv-history read of this program happens before any history write below
         if j == 0:
             store_history(q_rows, k_mask, q_history, stride_cs_k, WIDTH, HIST_P)

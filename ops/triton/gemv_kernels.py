@@ -31,11 +31,12 @@ Design, for bandwidth:
     the gate_up output (``[gate | up]`` rows) instead of a separate ``ce::silu_mul`` launch (``ce::silu_mul_linear``);
     NORM_X, a layer's residual add and RMSNorm run in the prologue of the projection after them, every program
     first summing its rows' squares over the whole K (``ce::add_rms_norm_linear``). Both in ops/linear.py.
-  * tuning: ``triton.autotune`` over a few configs per path, keyed on (N, K, GATED_X, NORM_X), one autotuner per path (the M
-    bucket: M == 1 or 2..16); triton adds the argument dtypes to the key. The split configs' timings include the
-    reduction launch (it runs as the autotuner's post_hook, inside the timed call), so a split wins only if it pays
-    for its second launch. The benchmark flushes the L2 before each run (``triton.testing.do_bench``): in a decode
-    step the 1.5 GB of weights never stay in the 50 MB L2.
+  * configs: at one row (the GEMV path) by rule (``gemv_config``), from the model's matmul chain timed as a decode
+    step runs it (bench/gemv_chain.py); at 2..16 rows by ``triton.autotune`` over a few configs, keyed on (N, K,
+    GATED_X, NORM_X); triton adds the argument dtypes to the key. The split configs' timings include the reduction
+    launch (it runs as the autotuner's post_hook, inside the timed call), so a split wins only if it pays for its
+    second launch. The benchmark flushes the L2 before each run (``triton.testing.do_bench``): in a decode step the
+    1.5 GB of weights never stay in the 50 MB L2.
 
 Tuning runs on the first call of each key and synchronises with the host, so it must not happen inside a CUDA-graph
 capture: in the engine the first call of each shape is the eager warm-up run of its decode bucket, before capture.
@@ -58,32 +59,48 @@ DOT_ROWS = 16  # tl.dot needs every dimension >= 16: 2..16 rows of x are padded 
 # (lm_head: N = 248320), and the partials buffer (MAX_SPLIT_K * M * N fp32) would grow with the vocabulary.
 SPLIT_K_MAX_N = 16384
 SUM_BLOCK = 1024  # elements per program of the split-K reduction
+NORM_BLOCK_MAX = 8192  # the GEMV path's row-statistics pass reads rows up to this wide in one load
 
 
 @triton.jit
-def _x_chunk(x_ptrs, mask, up_offset, r_ptrs, norm_w, rstd, GATED_X: tl.constexpr, NORM_X: tl.constexpr):
-    """x's values at ``x_ptrs`` as the matmul consumes them, in x's dtype.
-
-    GATED_X: x rows are ``[gate | up]``: ``silu(gate) * up`` (up at ``x_ptrs + up_offset``), rounded as
-    ``ce::silu_mul`` rounds (silu's output in x's dtype, then the product).
-    NORM_X: the zero-centred RMSNorm of ``residual + x`` (residual at ``r_ptrs``), rounded as ``ce::add_rms_norm``
-    rounds (the sum in x's dtype, the norm in fp32, cast once); ``rstd`` and ``norm_w`` (fp32) broadcast to x's tile.
-    """
+def _x_load(x_ptrs, mask, up_offset, r_ptrs, nw_ptrs, nw_mask, GATED_X: tl.constexpr, NORM_X: tl.constexpr):
+    """The raw loads behind one chunk of x (x, and up, residual, norm weight where the prologue needs them), split
+    from :func:`_x_value` so the GEMV loop can issue the next chunk's loads before it computes this one's."""
     xv = tl.load(x_ptrs, mask=mask, other=0.0)
+    up = xv
+    rv = xv
+    nw = 0.0
     if GATED_X:
         up = tl.load(x_ptrs + up_offset, mask=mask, other=0.0)
+    if NORM_X:
+        rv = tl.load(r_ptrs, mask=mask, other=0.0)
+        nw = tl.load(nw_ptrs, mask=nw_mask, other=0.0).to(tl.float32)
+    return xv, up, rv, nw
+
+
+@triton.jit
+def _x_value(xv, up, rv, nw, rstd, GATED_X: tl.constexpr, NORM_X: tl.constexpr):
+    """x's values as the matmul consumes them, in x's dtype, from :func:`_x_load`'s loads.
+
+    GATED_X: x rows are ``[gate | up]``: ``silu(gate) * up``, rounded as ``ce::silu_mul`` rounds (silu's output in
+    x's dtype, then the product).
+    NORM_X: the zero-centred RMSNorm of ``residual + x``, rounded as ``ce::add_rms_norm`` rounds (the sum in x's
+    dtype, the norm in fp32, cast once); ``rstd`` and the norm weight ``nw`` (fp32) broadcast to x's tile.
+    """
+    if GATED_X:
         gate = xv.to(tl.float32)
         activated = (gate * tl.sigmoid(gate)).to(xv.dtype)
         xv = (activated.to(tl.float32) * up.to(tl.float32)).to(xv.dtype)
     if NORM_X:
-        summed = (tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32) + xv.to(tl.float32)).to(xv.dtype)
-        xv = (summed.to(tl.float32) * rstd * (1.0 + norm_w)).to(xv.dtype)
+        summed = (rv.to(tl.float32) + xv.to(tl.float32)).to(xv.dtype)
+        xv = (summed.to(tl.float32) * rstd * (1.0 + nw)).to(xv.dtype)
     return xv
 
 
 @triton.jit
 def _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps, write_summed,
                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    # BLOCK_K >= K (the GEMV path's NORM_BLOCK) makes this one pass: one round trip to memory, not one per chunk.
     """NORM_X's first pass over whole rows: ``rsqrt(mean(s^2) + eps)`` [BLOCK_M] of ``s = residual + x`` (rounded to
     x's dtype), storing s to ``summed`` (contiguous [M, K]) where ``write_summed`` (one program of the grid)."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -128,6 +145,7 @@ def _skinny_gemm_kernel(
     SPLIT_K: tl.constexpr,
     GATED_X: tl.constexpr,  # x is [M, 2K] = [gate | up] and the matmul's input is silu(gate) * up
     NORM_X: tl.constexpr,  # the matmul's input is the zero-centred RMSNorm of residual + x
+    NORM_BLOCK: tl.constexpr,  # NORM_X, GEMV path: the row-statistics pass's block, >= K where K allows
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent launch (see the module docstring)
 ):
     if USE_PDL:
@@ -149,27 +167,31 @@ def _skinny_gemm_kernel(
     x_up = K * stride_x_k  # GATED_X: where the up half of an x row starts
 
     if BLOCK_M == 1:
-        # The weights do not depend on the kernels before this one, so the first chunk is loaded before waiting for
-        # them (with PDL, while they still run); each iteration then loads the next chunk before it computes.
+        # At one row this kernel is a chain of memory round trips, so every load is issued as early as it may be:
+        # the first weight chunk before waiting for the earlier kernels (no kernel writes weights; with PDL they may
+        # still be running); after the wait the rows' statistics in one pass over the whole row (NORM_BLOCK >= K);
+        # then each iteration issues the next chunk's weight and x loads before computing the current chunk.
         ks = k_begin + offs_k
-        w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & (ks < k_end)[None, :], other=0.0)
+        k_mask = ks < k_end
+        w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()  # everything the previous kernels wrote (x) is visible from here on
         rstd = 1.0
         if NORM_X:
             rstd = _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps,
-                                  pid_n + pid_k == 0, 1, BLOCK_K)
+                                  pid_n + pid_k == 0, 1, NORM_BLOCK)
+        xv, up, rv, nw = _x_load(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_weight + ks, k_mask,
+                                 GATED_X, NORM_X)
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k in range(k_begin, k_end, BLOCK_K):
-            ks = k + offs_k
-            k_mask = ks < k_end
-            norm_w = 0.0
-            if NORM_X:
-                norm_w = tl.load(norm_weight + ks, mask=k_mask, other=0.0).to(tl.float32)
-            xk = _x_chunk(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_w, rstd, GATED_X, NORM_X)
-            acc += w.to(tl.float32) * xk.to(tl.float32)[None, :]
             ks += BLOCK_K
-            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & (ks < k_end)[None, :], other=0.0)
+            k_mask = ks < k_end
+            w_next = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            next_x = _x_load(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_weight + ks, k_mask, GATED_X,
+                             NORM_X)
+            acc += w.to(tl.float32) * _x_value(xv, up, rv, nw, rstd, GATED_X, NORM_X).to(tl.float32)[None, :]
+            w = w_next
+            xv, up, rv, nw = next_x
         result = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
     else:
         # The tensor-core path keeps its loads inside the loop, where Triton's pipeliner stages them through shared
@@ -188,11 +210,10 @@ def _skinny_gemm_kernel(
             ks = k + offs_k
             k_mask = ks < k_end
             w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            norm_w = 0.0
-            if NORM_X:
-                norm_w = tl.load(norm_weight + ks, mask=k_mask, other=0.0).to(tl.float32)[:, None]
-            xt = _x_chunk(x_cols + ks[:, None] * stride_x_k, k_mask[:, None] & m_mask[None, :], x_up,
-                          r_cols + ks[:, None], norm_w, rstd[None, :], GATED_X, NORM_X)
+            xv, up, rv, nw = _x_load(x_cols + ks[:, None] * stride_x_k, k_mask[:, None] & m_mask[None, :], x_up,
+                                     r_cols + ks[:, None], norm_weight + ks[:, None], k_mask[:, None], GATED_X,
+                                     NORM_X)
+            xt = _x_value(xv, up, rv, nw, rstd[None, :], GATED_X, NORM_X)
             # "ieee": fp32 inputs (the interpreter tests) multiply in fp32, not tf32; bf16/fp16 ignore the setting.
             acc = tl.dot(w, xt, acc, input_precision="ieee")
         result = acc  # [BLOCK_N, BLOCK_M]
@@ -236,20 +257,28 @@ def _config(block_n: int, block_k: int, split_k: int, num_warps: int, num_stages
     )
 
 
-# Few configs: each one costs a compile and a benchmark per (N, K) at start-up. Column-block counts are for the
-# Qwen3.5-0.8B shapes: N = 1024 (out_proj, down_proj, o_proj), 5120..8224 (qkv, gate_up, in_proj), 248320 (lm_head).
-# Chosen from bench/gemv_sweep.py on an H200 (each config timed back to back in one CUDA graph, as a decode step
-# runs them; bench/results/h200-2026-11-29/run13-gemv-sweep): at N = 1024 the best are many programs of 2-4 rows
-# that load the whole K range at once (3.7 µs for 4 MB against 4.6 µs for the best of the earlier list: those
-# matmuls are latency-bound, not bandwidth-bound); the wide ones do best with 8-32 rows and 256-512 columns.
-GEMV_CONFIGS = [  # M == 1
-    _config(2, 2048, 1, 8, 1),  # N = 1024, K = 2048 (3584): whole rows in one (two) loads, 512 programs
-    _config(4, 1024, 1, 8, 2),
-    _config(4, 512, 1, 4, 3),  # qkv
-    _config(8, 512, 1, 4, 3),  # gate_up
-    _config(32, 256, 1, 8, 3),  # in_proj, lm_head
-    _config(16, 256, 1, 4, 3),
-]
+# M == 1 (the GEMV path): configs by rule, not by the autotuner. A batch-1 step is a chain of dependent PDL launches,
+# where a config's worth depends on what it overlaps; the autotuner times each call alone (the L2 flushed, nothing
+# before it) and ranked them wrongly: in run 23 it picked 16 x 256 for the [1024, 2048] out_proj, which takes 7.95 µs a
+# call in a chain against 2.34 for 2 x 2048 (run 14's sweep), and the step's GPU time went from 0.824 to 0.953 ms. The
+# rule comes from bench/gemv_chain.py: the model's 97 matmuls in model order, with their prologues, timed in one CUDA
+# graph, each role's candidates tried with the others fixed (bench/results/h200-2026-11-29/run24-session).
+GEMV_NARROW_N = 2048  # outputs up to this wide: latency-bound (4-8 MB), many programs of 2 rows loading whole K rows
+GEMV_NARROW = _config(2, 2048, 1, 8, 1)  # out_proj, o_proj [1024, 2048]; down [1024, 3584] in two loads
+GEMV_WIDE = _config(8, 256, 1, 4, 4)  # in_proj, gate_up, qkv [5120..8224, 1024]; lm_head
+
+
+def gemv_config(n: int, k: int) -> triton.Config:
+    """The GEMV path's config for a [n, k] weight (see ``GEMV_NARROW_N``)."""
+    return GEMV_NARROW if n <= GEMV_NARROW_N else GEMV_WIDE
+
+
+# Every config gemv_config may return, and a few more (the tests run them all; bench/ops_microbench.py sweeps them).
+GEMV_CONFIGS = [GEMV_NARROW, GEMV_WIDE, _config(4, 1024, 1, 8, 2), _config(4, 512, 1, 4, 3),
+                _config(32, 256, 1, 8, 3)]
+# M = 2..16: autotuned. Few configs: each one costs a compile and a benchmark per (N, K) at start-up. Column-block
+# counts are for the Qwen3.5-0.8B shapes: N = 1024 (out_proj, down_proj, o_proj), 5120..8224 (qkv, gate_up, in_proj),
+# 248320 (lm_head).
 DOT_CONFIGS = [  # M = 2..16
     _config(16, 256, 1, 4, 4),  # N = 1024: 64 programs
     _config(32, 256, 1, 4, 3),
@@ -272,7 +301,7 @@ def _prune(configs: list, named_args: dict, **kwargs) -> list:
 
 
 # Tuning results kept in Triton's cache directory, keyed by the kernel's source, the configs and the key values: a
-# warm start-up skips the ~14 keys x 6 configs of benchmarks, which every process otherwise reruns (run 4 on the H200:
+# warm start-up skips the ~7 keys x 6 configs of benchmarks, which every process otherwise reruns (run 4 on the H200:
 # decode start-up 16.5 s in a process that found the compile caches warm, against 11.7 s warm in run 1 before this
 # kernel). Triton has the option from 3.4 on (FLA passes it from the same version).
 _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
@@ -281,18 +310,16 @@ _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature
 def _autotuned(configs: list):
     return triton.autotune(
         configs=configs,
-        key=["N", "K", "GATED_X", "NORM_X"],  # the M bucket is the tuner itself: one per BLOCK_M
+        key=["N", "K", "GATED_X", "NORM_X"],
         prune_configs_by={"early_config_prune": _prune},
         post_hook=_sum_split_k,
-        # Shorter than the default (25 ms warm-up, 100 ms timed) per config: start-up tunes ~14 keys x 6 configs,
+        # Shorter than the default (25 ms warm-up, 100 ms timed) per config: start-up tunes ~7 keys x 6 configs,
         # and a call takes 1..150 µs, so 20 ms is still hundreds of timed runs.
         do_bench=functools.partial(triton.testing.do_bench, warmup=5, rep=20),
         **_CACHE_RESULTS,
     )(_skinny_gemm_kernel)
 
 
-# One autotuner per path (its own cache and config list) around the same kernel.
-_GEMV_TUNER = _autotuned(GEMV_CONFIGS)
 _DOT_TUNER = _autotuned(DOT_CONFIGS)
 
 
@@ -301,13 +328,9 @@ def block_rows(rows: int) -> int:
     return 1 if rows == 1 else DOT_ROWS
 
 
-def autotuner(rows: int):
-    """The autotuner serving ``rows`` rows of x; its ``best_config`` is the config of its last call."""
-    return _tuner(block_rows(rows))
-
-
-def _tuner(block_m: int):
-    return _GEMV_TUNER if block_m == 1 else _DOT_TUNER
+def dot_autotuner():
+    """The 2..16-row path's autotuner; its ``cache`` maps each tuned key to its pick."""
+    return _DOT_TUNER
 
 
 def skinny_gemm(
@@ -356,6 +379,8 @@ def _launch(x, weight, config, block_m, gated: bool = False, norm: tuple | None 
     if rows > block_m:
         raise ValueError(f"skinny_gemm with BLOCK_M = {block_m} takes at most {block_m} rows, got {rows}")
     out = x.new_empty((rows, n))
+    if config is None and block_m == 1:
+        config = gemv_config(n, k)
     if config is None:  # room for whichever config the tuner picks
         splits = MAX_SPLIT_K if n <= SPLIT_K_MAX_N else 1
     else:
@@ -364,11 +389,11 @@ def _launch(x, weight, config, block_m, gated: bool = False, norm: tuple | None 
     residual, norm_weight, eps, summed = norm if norm is not None else (x, x, 0.0, x)  # unused placeholders
     args = (x, weight, out, partials, rows, n, k, *x.stride(), *weight.stride(), *out.stride(),
             residual, norm_weight, summed, residual.stride(0), eps)
-    flags = {"BLOCK_M": block_m, "GATED_X": gated, "NORM_X": norm is not None, **pdl_flags(x)}
+    flags = {"BLOCK_M": block_m, "GATED_X": gated, "NORM_X": norm is not None,
+             "NORM_BLOCK": min(triton.next_power_of_2(k), NORM_BLOCK_MAX), **pdl_flags(x)}
     if config is None:
-        tuner = _tuner(block_m)
-        tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
-        config = tuner.best_config
+        _DOT_TUNER[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
+        config = _DOT_TUNER.best_config
     else:
         _skinny_gemm_kernel[(triton.cdiv(n, config.kwargs["BLOCK_N"]), config.kwargs["SPLIT_K"])](
             *args, **flags, **config.all_kwargs()

@@ -6,12 +6,14 @@ before it had finished and flushed its writes: ~3 µs of launch, ramp-up and tai
 kernel before it still runs, as soon as that one has executed ``gdc_launch_dependents`` in every program (or
 finished). It must then execute ``gdc_wait`` before it reads anything an earlier kernel wrote, or writes anything
 an earlier kernel may still read; ``gdc_wait`` returns once the earlier kernel has completed and its writes are
-visible. What comes before the wait may only read what no kernel of the step writes: the weights.
+visible. What comes before the wait may only read what no earlier kernel of the step writes: the weights, the step's
+inputs (copied in before its first kernel, which is not a PDL launch), and state that only this kernel writes in a
+step (the fused GDN kernel's conv history and recurrent state of its own layer).
 
 The protocol of every PDL kernel here, in this order:
   1. ``gdc_launch_dependents()``: the next kernel may be scheduled (it cannot get past its own wait before this one
      completes, so this is safe at the very start);
-  2. loads of weights (constant during a step);
+  2. loads of weights (constant during a step), and of what else no earlier kernel of the step writes (above);
   3. ``gdc_wait()``;
   4. everything else: loads of activations and states, all stores.
 
