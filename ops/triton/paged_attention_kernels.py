@@ -11,9 +11,9 @@ Decode is flash-decoding: grid ``(B, Hkv, NUM_SPLITS)``; split ``s`` covers the 
 *actual* context (slice length computed on the device from ``context_lens``), so the grid is fixed by static
 shapes (CUDA-graph capturable, no host sync) while the work stays balanced for any context length. With one
 split the kernel writes the normalised output itself; otherwise a reduce kernel merges the per-split
-(max, sum, accumulator) triples. ``context_len == 0`` (padding lane) gives zeros. ``ce::attention_decode``
-(ops/triton/attention_decode_kernels.py) reuses the tile helpers, the partials' layout and the reduce kernel, which
-can also apply the layer's output gate.
+(max, sum, accumulator) triples (:func:`_merge_splits`). ``context_len == 0`` (padding lane) gives zeros.
+``ce::attention_decode`` (ops/triton/attention_decode_kernels.py) reuses the tile helpers, the partials' layout and
+the merge, which it runs in the last split program of each (sequence, KV head) instead of a second launch.
 
 Prefill is a varlen flash-attention forward over the paged cache: a program owns ``BLOCK_M`` new tokens of one
 sequence times the ``G`` query heads of one KV head, and attends causally by absolute position to the cached
@@ -30,7 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton.pdl import pdl_flags
 
 # Prefill tiles find their sequence by a prefix sum over the step's sequence lengths, SEQS_P wide. At least 256 wide,
 # so the kernel is compiled once for every step of up to 256 sequences instead of once per power of two (a variant
@@ -95,6 +94,31 @@ def _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, a
     tl.store(part_max + row, m_i, mask=g_mask)
     tl.store(part_sum + row, l_i, mask=g_mask)
     tl.store(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM: tl.constexpr,
+                  CACHE_MODIFIER: tl.constexpr):
+    """One query head's attention output ``[HEAD_DIM_P]`` (fp32) from its splits' (max, sum, accumulator) triples,
+    which ``_store_partials`` wrote at rows ``row0 + offs_s`` of ``[B * Hq * NUM_SPLITS]``: the only place this merge
+    is written, shared by ``_paged_decode_reduce_kernel`` and ``ce::attention_decode``'s last split program, so the
+    two compute it with the same operations in the same order. ``CACHE_MODIFIER``: ``tl.load``'s (``".cg"`` where
+    the partials were written by other programs of the same launch: read from L2, never from a stale L1 line)."""
+    row = row0 + offs_s
+    m = tl.load(part_max + row, mask=s_mask, other=NEG_BIG, cache_modifier=CACHE_MODIFIER)
+    l = tl.load(part_sum + row, mask=s_mask, other=0.0, cache_modifier=CACHE_MODIFIER)
+    m_all = tl.max(m, 0)
+    # Empty splits have m = NEG_BIG and l = acc = 0, so their weight is exp2(NEG_BIG - m_all) = 0 whenever any
+    # split saw a key, and the sum is 0 (-> zeros) when none did (padding lane).
+    w = tl.exp2(m - m_all)
+    total = tl.sum(w * l, 0)
+    # A split's sum is 0 exactly when it saw no key (its largest score alone adds exp2(0) = 1), and then it stored
+    # acc = +0.0, which is what the masked load returns: skipping those rows changes no bit and saves their traffic
+    # (most splits are empty at short contexts: batch 1 has 64 splits of >= 64 tokens). ``!=``, not ``>``: a NaN sum
+    # still loads its row (NaN in, NaN out, as before).
+    acc = tl.load(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=(s_mask & (l != 0.0))[:, None] & d_mask[None, :], other=0.0, cache_modifier=CACHE_MODIFIER)
+    return tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
 
 
 @triton.jit
@@ -201,44 +225,23 @@ def _paged_decode_reduce_kernel(
     part_max,
     part_sum,
     out_ptr,
-    gate_ptr,  # GATED: [B, Hq, D] by the strides below; the output is attn * sigmoid(gate)
     stride_o_b,
     stride_o_h,
     stride_o_d,
-    stride_g_b,
-    stride_g_h,
-    stride_g_d,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     NUM_SPLITS_P: tl.constexpr,
-    GATED: tl.constexpr,
-    USE_PDL: tl.constexpr,  # ops/triton/pdl.py: no weights to load, so it waits at once
 ):
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, NUM_SPLITS_P)
     offs_d = tl.arange(0, HEAD_DIM_P)
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
-    row = (seq * NUM_Q_HEADS + head) * NUM_SPLITS + offs_s
-    m = tl.load(part_max + row, mask=s_mask, other=NEG_BIG)
-    l = tl.load(part_sum + row, mask=s_mask, other=0.0)
-    m_all = tl.max(m, 0)
-    # Empty splits have m = NEG_BIG and l = acc = 0, so their weight is exp2(NEG_BIG - m_all) = 0 whenever any
-    # split saw a key, and the sum is 0 (-> zeros) when none did (padding lane).
-    w = tl.exp2(m - m_all)
-    total = tl.sum(w * l, 0)
-    acc = tl.load(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :],
-                  other=0.0)
-    out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    if GATED:
-        gate = tl.load(gate_ptr + seq * stride_g_b + head * stride_g_h + offs_d * stride_g_d, mask=d_mask, other=0.0)
-        out = _sigmoid_gated(out, gate, out_ptr.dtype.element_ty)
+    row0 = (seq * NUM_Q_HEADS + head) * NUM_SPLITS
+    out = _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM, "")
     tl.store(out_ptr + seq * stride_o_b + head * stride_o_h + offs_d * stride_o_d,
              out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
@@ -282,29 +285,22 @@ def reduce_splits(
     part_max: torch.Tensor,  # [B, Hq, NUM_SPLITS] fp32
     part_sum: torch.Tensor,  # [B, Hq, NUM_SPLITS] fp32
     out: torch.Tensor,  # [B, Hq, D], any strides (written)
-    gate: torch.Tensor | None = None,  # [B, Hq, D], any strides: out = attn * sigmoid(gate)
-    use_pdl: bool = False,  # launched with PDL (ops/triton/pdl.py) after a PDL split kernel
 ) -> None:
     """Merge the split kernel's per-split (max, sum, accumulator) triples into ``out``: one program per query head."""
     batch, num_q_heads, num_splits, head_dim = part_acc.shape
     head_dim_p = triton.next_power_of_2(head_dim)
-    gate_or_out = out if gate is None else gate  # a placeholder pointer the GATED=False kernel never reads
     _paged_decode_reduce_kernel[(batch, num_q_heads)](
         part_acc,
         part_max,
         part_sum,
         out,
-        gate_or_out,
         *out.stride(),
-        *gate_or_out.stride(),
         NUM_Q_HEADS=num_q_heads,
         HEAD_DIM=head_dim,
         HEAD_DIM_P=head_dim_p,
         NUM_SPLITS=num_splits,
         NUM_SPLITS_P=triton.next_power_of_2(num_splits),
-        GATED=gate is not None,
         num_warps=4 if head_dim_p >= 128 else 1,
-        **(pdl_flags(out) if use_pdl else {"USE_PDL": False}),
     )
 
 
