@@ -6,7 +6,7 @@ What is timed (after one warm-up request of the same prompt length):
     token; each later interval is one decode step (scheduler + runtime decode + sampler + the device->host token
     copy; with overlap_decode the host's part overlaps the next step's GPU work). Decode tok/s = (new_tokens - 1)
     / (last token - first token). Repeated ``repeats`` times; the median run is reported.
-  * runtime: the same prompt through ``Runtime.prefill`` / ``decode_step`` + argmax with no scheduler or sampler,
+  * runtime: the same prompt through ``Runtime.prefill`` / ``decode`` (greedy tokens) with no scheduler or sampler,
     to separate the runtime's step time from the engine's host overhead.
   * graph replay (CUDA, compiled decode): the batch-1 decode graph replayed ``replays`` times back to back on one
     step's inputs, timed with CUDA events: the GPU time of a step with no host work between steps. Against the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import torch
 
@@ -152,7 +153,7 @@ def _runtime_run(ctx: Context, runtime, prompt: list[int], new_tokens: int) -> d
         step_s = []
         for _ in range(new_tokens - 1):
             t0 = time.perf_counter()
-            seq.token_ids.append(int(runtime.decode_step([seq], copy=False)[0].argmax()))  # .item() synchronises
+            seq.token_ids.append(int(runtime.decode([seq]).greedy_tokens[0]))  # int() synchronises
             step_s.append(time.perf_counter() - t0)
         decode_s = time.perf_counter() - first
     finally:
@@ -163,7 +164,7 @@ def _runtime_run(ctx: Context, runtime, prompt: list[int], new_tokens: int) -> d
         "decode_s": decode_s,
         "decode_tok_s": len(step_s) / decode_s,
         "ms_per_step": distribution(step_s, 1e3),
-        "note": "Runtime.prefill/decode_step + argmax only: no scheduler, sampler or request bookkeeping",
+        "note": "Runtime.prefill + Runtime.decode's greedy tokens only: no scheduler, sampler or request bookkeeping",
     }
 
 
@@ -177,7 +178,7 @@ def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int) ->
     seq = runtime.add_sequence(prompt)
     try:
         seq.token_ids.append(int(runtime.prefill([seq])[0].argmax()))
-        runtime.decode_step([seq], copy=False)  # copies a live batch-1 step into the graph's static buffers
+        runtime.decode([seq])  # copies a live batch-1 step into the graph's static buffers
         for _ in range(3):
             runner.replay_last(1)
         ctx.sync()
@@ -190,6 +191,7 @@ def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int) ->
         end.record()
         end.synchronize()
         gpu_ms = start.elapsed_time(end) / replays
+        path = _profiled_critical_path(lambda: runner.replay_last(1), CRITICAL_PATH_REPLAYS)
     finally:
         runtime.release(seq)
     return {
@@ -198,8 +200,62 @@ def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int) ->
         "decode_tok_s": 1e3 / gpu_ms,
         "host_ms_per_replay": host_s / replays * 1e3,
         "skinny_gemm_picks": _skinny_gemm_picks(),
+        "critical_path": path,
         "note": "one batch-1 step's graph replayed back to back (CUDA events): GPU time without per-step host work",
     }
+
+
+CRITICAL_PATH_REPLAYS = 12
+
+
+def _profiled_critical_path(replay, replays: int) -> dict:
+    """``replays`` back-to-back replays under the torch profiler (CUPTI records each kernel of a graph replay), then
+    :func:`critical_path` of their kernels."""
+    import json
+    import tempfile
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    kernels = [(e["name"], str(e.get("args", {}).get("grid", "")), float(e["ts"]), float(e["dur"]))
+               for e in events if e.get("cat") == "kernel"]
+    return critical_path(kernels, replays)
+
+
+def critical_path(kernels: list[tuple[str, str, float, float]], replays: int) -> dict:
+    """Where a step's time goes when its kernels overlap (PDL): each kernel is charged the time from the previous
+    kernel's end to its own end, so the charges of a step add up to its span and a kernel that mostly overlapped the
+    one before costs little. ``kernels``: (name, grid, start µs, duration µs) of ``replays`` identical steps; the
+    first step (which waited on whatever ran before) is left out. Returns per (name, grid) the kernels per step,
+    their µs per step (charged, and their own durations summed, which overlap), and the step's span."""
+    kernels = sorted(kernels, key=lambda k: k[2])
+    if replays < 2 or not kernels or len(kernels) % replays:
+        return {"error": f"{len(kernels)} kernels in {replays} replays: not one step's worth each"}
+    per_step = len(kernels) // replays
+    rows: dict[str, dict] = {}
+    spans = []
+    for r in range(1, replays):
+        previous_end = max(start + duration for _, _, start, duration in kernels[(r - 1) * per_step : r * per_step])
+        step_start = previous_end
+        for name, grid, start, duration in kernels[r * per_step : (r + 1) * per_step]:
+            end = start + duration
+            row = rows.setdefault(f"{name[:80]} grid={grid}", {"count": 0, "charged_us": 0.0, "duration_us": 0.0})
+            row["count"] += 1
+            row["charged_us"] += max(0.0, end - previous_end)
+            row["duration_us"] += duration
+            previous_end = max(previous_end, end)
+        spans.append(previous_end - step_start)
+    steps = replays - 1
+    table = {key: {"per_step": row["count"] / steps, "charged_us_per_step": row["charged_us"] / steps,
+                   "duration_us_per_step": row["duration_us"] / steps}
+             for key, row in sorted(rows.items(), key=lambda kv: -kv[1]["charged_us"])}
+    return {"kernels_per_step": per_step, "span_us": sum(spans) / steps, "by_kernel": table}
 
 
 def _skinny_gemm_picks() -> dict:

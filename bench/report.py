@@ -29,6 +29,9 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     return lines
 
 
+CRITICAL_PATH_ROWS = 16  # kernels of the latency critical path printed in the summary
+
+
 def _scenario_lines(key: str, r: dict) -> list[str]:
     lines = []
     if "error" in r:
@@ -47,6 +50,13 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
             + (f" | HF {_f(hf.get('decode_tok_s'))} tok/s, ours/HF {_f(r['ratio_vs_hf']['decode_tok_s'], '.1f')}x"
                if hf else "")
         )
+        path = (r.get("graph_replay") or {}).get("critical_path") or {}
+        if "by_kernel" in path:
+            lines.append(f"{'':<11} critical path of the batch-1 graph: {_f(path['span_us'], '.1f')} µs, "
+                         f"{path['kernels_per_step']} kernels; µs charged (end after the previous end) per step:")
+            for name, row in list(path["by_kernel"].items())[:CRITICAL_PATH_ROWS]:
+                lines.append(f"{'':<13} {_f(row['charged_us_per_step'], '8.1f')} µs  x{_f(row['per_step'], '.0f'):<3} "
+                             f"(own {_f(row['duration_us_per_step'], '.1f')})  {name}")
     elif scenario == "sweep":
         lines.append(f"{head} context {_f(r['bound']['context'], '.0f')}:   batch   tok/s    bound   %bound"
                      + ("     HF tok/s  ours/HF" if "hf" in r else ""))

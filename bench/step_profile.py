@@ -1,7 +1,7 @@
 """step_profile: where the time of a decode step (at a few batch sizes) and of a prefill step goes (torch profiler).
 
 Decode, for each batch size B: B sequences with a ``context``-token prompt are prefilled, then ``steps`` decode steps run the
-engine's own path (``Runtime.decode_step`` + argmax + ``.tolist()``, the step's one device -> host copy), first timed
+engine's own path (``Runtime.decode``'s greedy tokens + ``.tolist()``, the step's one device -> host copy), first timed
 plainly (wall ms per step), then again under ``torch.profiler``. Per step it reports:
   * wall ms, and GPU ms: the summed duration of the step's kernels and copies (the GPU is busy this long);
   * host ms = wall - GPU: each step waits for its tokens, so host work and GPU work of a step do not overlap and
@@ -118,7 +118,7 @@ def _profile_batch(ctx: Context, runtime, seqs, steps: int, top: int) -> dict:
             seq.token_ids.append(token)
 
     def decode_step() -> None:
-        tokens = runtime.decode_step(seqs, copy=False).argmax(dim=-1).tolist()  # the engine's one device -> host copy
+        tokens = runtime.decode(seqs).greedy_tokens.tolist()  # the engine's one device -> host copy
         for seq, token in zip(seqs, tokens):
             seq.token_ids.append(token)
 

@@ -188,12 +188,15 @@ class LLMEngine:
             if len(rows) != len(seqs):
                 seqs = [seqs[i] for i in rows]
                 logits = logits[upload(torch.tensor(rows, dtype=torch.long), logits.device)]
+            greedy_tokens = None
         else:
-            # Every sequence gets a token. No copy: with a compiled decode these logits are the graph's output
-            # buffer, valid until the next decode step; they are sampled right here, before it.
-            logits = self.runtime.decode_step(seqs, copy=False, input_ids=input_ids)
+            # Every sequence gets a token. No copy: with a compiled decode the logits and greedy tokens are the
+            # graph's output buffers, valid until the next decode step; they are used right here, before it.
+            logits, greedy_tokens = self.runtime.decode(seqs, input_ids=input_ids)
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
-        return requests, (self._sample(requests, logits) if requests else logits.new_empty(0, dtype=torch.long))
+        if not requests:
+            return requests, logits.new_empty(0, dtype=torch.long)
+        return requests, self._sample(requests, logits, greedy_tokens)
 
     def _accept(self, requests: list[Request], indices: list[int]) -> list[RequestOutput]:
         """Finish what the new tokens (at ``indices`` of each request's token_ids) stop; the step's outputs."""
@@ -343,11 +346,14 @@ class LLMEngine:
         request.finished_time = time.perf_counter()
         self.scheduler.finish(request.seq)
 
-    def _sample(self, requests: list[Request], logits: torch.Tensor) -> torch.Tensor:
+    def _sample(
+        self, requests: list[Request], logits: torch.Tensor, greedy_tokens: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The requests' next tokens. ``greedy_tokens``: each row's argmax, when the step computed it (decode)."""
         # All greedy and nothing to suppress (the common serving and benchmark case): argmax, without building the
         # nine per-row parameter tensors (nine host -> device copies per step).
         if all(r.params.greedy and r.seq.num_generated_tokens >= r.params.min_tokens for r in requests):
-            return logits.argmax(dim=-1)
+            return logits.argmax(dim=-1) if greedy_tokens is None else greedy_tokens
         return sample(logits, self._sampling_batch(requests, logits.device))
 
     def _sampling_batch(self, requests: list[Request], device: torch.device) -> SamplingBatch:

@@ -1,12 +1,15 @@
 """The hybrid decoder: embedding, N pre-norm decoder layers (Gated DeltaNet or full attention), final norm, lm_head.
 
 ``forward(step)`` maps a StepInputs to hidden states of the new tokens; ``compute_logits`` projects the rows the
-caller asks for. The layer mixers own their caches as buffers (see compiled_engine/cache.py), so one forward
+caller asks for to fp32 logits (prefill), ``decode_output`` a decode step's rows to logits in the model's dtype and
+each row's greedy token (what the compiled decode graph returns). The layer mixers own their caches as buffers (see compiled_engine/cache.py), so one forward
 mutates exactly: every attention layer's ``k_cache``/``v_cache`` and every linear layer's ``conv_state``/
 ``recurrent_state``.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +21,17 @@ from compiled_engine.distributed import SINGLE, TensorParallel
 from compiled_engine.gated_deltanet import GatedDeltaNet
 from compiled_engine.layers import MLP, RMSNorm, empty_parameter
 from compiled_engine.step_inputs import StepInputs
+from ops.argmax import argmax_op
 from ops.linear import linear
+
+
+class DecodeOutput(NamedTuple):
+    """What a decode step produces on the device: ``logits`` ``[N, vocab]`` in the model's dtype, and
+    ``greedy_tokens`` ``[N]`` int64, each row's argmax (torch.argmax's rule), computed in the same graph so that
+    greedy sampling needs no kernel of its own."""
+
+    logits: torch.Tensor
+    greedy_tokens: torch.Tensor
 
 
 class DecoderLayer(nn.Module):
@@ -91,5 +104,14 @@ class HybridModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[rows, vocab]`` for the given hidden rows (gathered from every rank's vocab shard)."""
+        return self._logits(hidden).float()
+
+    def decode_output(self, hidden: torch.Tensor) -> DecodeOutput:
+        """A decode step's logits in the model's dtype and its greedy tokens (``ce::argmax``: two short kernels
+        instead of an fp32 conversion of the logits and torch's argmax after the graph)."""
+        logits = self._logits(hidden)
+        return DecodeOutput(logits, argmax_op(logits))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.tp.all_gather_last_dim(linear(hidden, self.lm_head))
-        return logits[:, : self.config.vocab_size].float()
+        return logits[:, : self.config.vocab_size]

@@ -4,7 +4,9 @@
     seq = rt.add_sequence(prompt_token_ids)       # takes a state slot (zeroed)
     logits = rt.prefill([seq])                     # [1, vocab] fp32: logits after the last prompt token
     seq.token_ids.append(next_token)
-    logits = rt.decode_step([seq])                 # one new token per sequence
+    logits = rt.decode_step([seq])                 # one new token per sequence: [1, vocab] fp32
+    out = rt.decode([seq])                         # the same step as the engine runs it: out.greedy_tokens [1],
+                                                   # out.logits in the model dtype, valid until the next decode
     rt.release(seq)                                # frees its KV blocks and its state slot
 
 ``prefill`` runs every not-yet-computed token of each sequence (or ``num_tokens[i]`` of them: chunked prefill) as
@@ -38,7 +40,7 @@ from compiled_engine.distributed import check_divisible
 from ops.flash_attention import check_flash_attn_usable
 from compiled_engine.gated_deltanet import GatedDeltaNet
 from compiled_engine.loader import load_model
-from compiled_engine.model import HybridModel
+from compiled_engine.model import DecodeOutput, HybridModel
 from compiled_engine.prefix_cache import PrefixCache, PrefixHit
 from compiled_engine.sequence import Sequence
 from compiled_engine.step_inputs import StepInputs, pack_step
@@ -206,9 +208,10 @@ class Runtime:
             self.prefix_cache.bind_blocks(self.blocks)
         self._next_seq_id = 0
         self._queued_resets: list[int] | None = None  # fresh slots to zero, inside batched_admissions()
-        # ``decode_fn(step, copy=...)``: a decode step's logits. Replaced by graphs.DecodeGraphRunner when decode is
-        # compiled, whose ``copy=False`` result is valid only until its next call; the eager path is the model itself.
-        self.decode_fn = self._forward_last_logits
+        # ``decode_fn(step) -> DecodeOutput``: a decode step's logits and greedy tokens. Replaced by
+        # graphs.DecodeGraphRunner when decode is compiled, whose outputs are valid only until its next call; the
+        # eager path is the model itself.
+        self.decode_fn = self._decode_eager
         logger.info(
             "KV cache: %d blocks of %d tokens (%d tokens); %d state slots; concurrency limit %d sequences "
             "of max_model_len=%d",
@@ -466,13 +469,19 @@ class Runtime:
         return logits
 
     @torch.inference_mode()
-    def decode_step(self, seqs: Seq[Sequence], *, copy: bool = True, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """One new token per sequence (its last appended one). Returns fp32 logits ``[N, vocab]``.
+    def decode_step(self, seqs: Seq[Sequence], *, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """One new token per sequence (its last appended one). Returns fp32 logits ``[N, vocab]``, the caller's to
+        keep. :meth:`decode` is the same step without the fp32 copy, plus each row's greedy token."""
+        return self.decode(seqs, input_ids=input_ids).logits.float()
 
-        ``copy=False``: with a compiled decode the logits are then the graph's output buffer itself, valid only
-        until the next ``decode_step`` (whose replay overwrites it); for callers that consume them at once, as
-        LLMEngine does (it samples from them), saving a ``[N, vocab]`` fp32 copy per step. By default the logits
-        are the caller's to keep.
+    @torch.inference_mode()
+    def decode(self, seqs: Seq[Sequence], *, input_ids: torch.Tensor | None = None) -> DecodeOutput:
+        """One new token per sequence (its last appended one): the step's ``DecodeOutput``, i.e. logits ``[N, vocab]``
+        in the model's dtype and ``greedy_tokens`` ``[N]`` int64 (each row's argmax), both on the device.
+
+        With a compiled decode these are the graph's output buffers, valid only until the next ``decode``/
+        ``decode_step`` (whose replay overwrites them): for callers that consume them at once, as LLMEngine does (it
+        samples from them), saving a ``[N, vocab]`` copy per step.
 
         ``input_ids`` (``[N]`` int64 on the runtime's device): the new tokens, instead of each sequence's last
         token on the host. LLMEngine's overlapped decode passes the previous step's sampled tokens this way, before
@@ -485,7 +494,7 @@ class Runtime:
         for seq in seqs:
             uncomputed = len(seq.token_ids) - seq.num_computed_tokens
             if uncomputed != 1:
-                raise ValueError(f"sequence {seq.seq_id} has {uncomputed} uncomputed tokens; decode_step needs 1")
+                raise ValueError(f"sequence {seq.seq_id} has {uncomputed} uncomputed tokens; a decode step needs 1")
             if seq.state_slot is None:
                 raise ValueError(f"sequence {seq.seq_id} has no state slot (released?)")
             if seq.num_computed_tokens >= limit:
@@ -498,22 +507,20 @@ class Runtime:
         step = self._build_checked_step(seqs, [1] * len(seqs), is_prefill=False)
         if input_ids is not None:
             step = dataclasses.replace(step, input_ids=input_ids)
-        logits = self.execute(step, copy=copy)
+        out = self.execute(step)
         self.record_prefixes(seqs)
-        return logits
+        return out
 
-    def execute(self, step: StepInputs, all_logits: bool = False, copy: bool = True) -> torch.Tensor:
-        """Run one step on the model (on every tensor-parallel rank): fp32 logits of the rows asked for.
-
-        ``copy=False`` (decode only): the logits may be valid only until the next decode step (``decode_step``).
-        """
+    def execute(self, step: StepInputs, all_logits: bool = False) -> torch.Tensor | DecodeOutput:
+        """Run one step on the model (on every tensor-parallel rank). A prefill step returns fp32 logits of the rows
+        asked for; a decode step its ``DecodeOutput`` (valid until the next decode step: ``decode``)."""
         if self.workers is None:
-            return self._execute_local(step, all_logits, copy)
+            return self._execute_local(step, all_logits)
         if self.workers.closed:
             raise RuntimeError("the tensor-parallel workers are stopped (closed, or a step failed)")
         try:
             self.workers.send_step(step, all_logits)
-            return self._execute_local(step, all_logits, copy)
+            return self._execute_local(step, all_logits)
         except Exception as error:
             # The ranks are out of lockstep now (some may wait in a collective forever): stop them, then report the
             # worker's own error if one sent it, else ours.
@@ -522,9 +529,9 @@ class Runtime:
             finally:
                 self.workers.abort()
 
-    def _execute_local(self, step: StepInputs, all_logits: bool, copy: bool) -> torch.Tensor:
+    def _execute_local(self, step: StepInputs, all_logits: bool) -> torch.Tensor | DecodeOutput:
         if not step.is_prefill:
-            return self.decode_fn(step, copy=copy)
+            return self.decode_fn(step)
         hidden = self.model(step)
         if not all_logits:
             hidden = hidden[step.last_token_indices()]
@@ -537,8 +544,8 @@ class Runtime:
             for seq in seqs:
                 self.prefix_cache.record(seq)
 
-    def _forward_last_logits(self, step: StepInputs, copy: bool = True) -> torch.Tensor:
-        return self.model.compute_logits(self.model(step))  # a new tensor whatever ``copy`` says
+    def _decode_eager(self, step: StepInputs) -> DecodeOutput:
+        return self.model.decode_output(self.model(step))
 
     def build_step(self, seqs: Seq[Sequence], counts: Seq[int], is_prefill: bool) -> StepInputs:
         """Reserve KV blocks for the new tokens, then pack the step's metadata into tensors on the device."""

@@ -76,11 +76,11 @@ def pack_step(seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_s
     """The StepInputs of computing the next ``counts[i]`` tokens of each sequence (its blocks already reserved).
 
     Reads each sequence's tokens, ``num_computed_tokens`` and ``block_table``; changes nothing. Every field is
-    packed into one int64 and one int32 host buffer, each moved to ``device`` in a single pinned, asynchronous copy;
-    the fields are views of those two device tensors. (One ``torch.tensor(..., device="cuda")`` per field would be
-    seven copies from pageable memory, each of which waits for the GPU to go idle first.) Each field starts on a
-    16-byte boundary: Triton compiles a kernel variant per pointer alignment, and an offset that depended on the
-    step's token or sequence count would compile new variants in the middle of serving.
+    packed into one host buffer (an int64 part and an int32 part), moved to ``device`` in a single pinned,
+    asynchronous copy; the fields are views of that device tensor. (One ``torch.tensor(..., device="cuda")`` per
+    field would be seven copies from pageable memory, each of which waits for the GPU to go idle first.) Each field
+    starts on a 16-byte boundary: Triton compiles a kernel variant per pointer alignment, and an offset that depended
+    on the step's token or sequence count would compile new variants in the middle of serving.
     """
     starts = [seq.num_computed_tokens for seq in seqs]
     if is_prefill:
@@ -103,18 +103,22 @@ def pack_step(seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_s
     width = max(len(seq.block_table) for seq in seqs)
     # int64: input_ids | positions | slot_mapping | cu_seqlens (again, for FLA) | chunk indices
     at64 = _offsets([num_tokens, num_tokens, num_tokens, len(cu_seqlens), len(chunks)], _ALIGN // 8)
-    packed64 = np.zeros(at64[-1], dtype=np.int64)
-    for begin, values in zip(at64, (input_ids, positions, slot_mapping, cu_seqlens, chunks)):
-        packed64[begin : begin + len(values)] = values
     # int32: context_lens | state_slots | cu_seqlens | block tables (the null block beyond their end)
     at32 = _offsets([num_seqs, num_seqs, len(cu_seqlens), num_seqs * width], _ALIGN // 4)
-    packed32 = np.full(at32[-1], NULL_BLOCK, dtype=np.int32)
+    # Both in one byte buffer, the int32 part from a 16-byte boundary: one host -> device copy per step.
+    bytes64 = -(-at64[-1] * 8 // _ALIGN) * _ALIGN
+    packed = np.zeros(bytes64 + at32[-1] * 4, dtype=np.uint8)
+    packed64, packed32 = packed[:bytes64].view(np.int64), packed[bytes64:].view(np.int32)
+    for begin, values in zip(at64, (input_ids, positions, slot_mapping, cu_seqlens, chunks)):
+        packed64[begin : begin + len(values)] = values
+    packed32[:] = NULL_BLOCK
     for begin, values in zip(at32, (context_lens, state_slots, cu_seqlens)):
         packed32[begin : begin + len(values)] = values
     tables = at32[3]
     for row, seq in zip(packed32[tables : tables + num_seqs * width].reshape(num_seqs, width), seqs):
         row[: len(seq.block_table)] = seq.block_table
-    int64, int32 = upload(torch.from_numpy(packed64), device), upload(torch.from_numpy(packed32), device)
+    on_device = upload(torch.from_numpy(packed), device)
+    int64, int32 = on_device[:bytes64].view(torch.int64), on_device[bytes64:].view(torch.int32)
     t, n = num_tokens, num_seqs
     return StepInputs(
         input_ids=int64[at64[0] : at64[0] + t],

@@ -289,7 +289,7 @@ def serve(runtime, rank: int, device: torch.device) -> None:
         if command == CMD_STEP:
             _maybe_fail(rank, "step")
             step, all_logits = receive_step(values, device)
-            runtime.execute(step, all_logits, copy=False)  # rank 0 samples: this rank's logits are dropped
+            runtime.execute(step, all_logits)  # rank 0 samples: this rank's outputs are dropped
         elif command == CMD_RESET_SLOT:
             reset_state_slot(runtime.model, values[1])
         elif command == CMD_SNAPSHOT_SAVE:

@@ -2,17 +2,17 @@
 
     runner = DecodeGraphRunner(model, max_num_seqs=256, max_blocks_per_seq=512, device="cuda")
     runner.warmup()                       # compile + capture every bucket, largest first
-    logits = runner(step)                 # step: an unpadded decode StepInputs from Runtime.build_step
-    view = runner(step, copy=False)       # no copy: valid until the runner's next call (see __call__)
+    out = runner(step)                    # step: an unpadded decode StepInputs from Runtime.build_step
+    out.logits, out.greedy_tokens         # the graph's own buffers: valid until the runner's next call
 
 Per step the host does only this: validate shapes, copy the step into the static buffers (three copies, plus
 resets only where the previous step left stale rows or columns: graphs/static_inputs.py), replay the bucket's CUDA
-graph, and (unless the caller says it consumes the logits before the next step) clone the live rows of the logits.
+graph, and return views of the live rows of its outputs.
 The graphs are captured by the runner itself (``capture="runner"``, the default): the model is compiled without
 cudagraph trees and each bucket's compiled call is captured into a ``torch.cuda.CUDAGraph``, so a replay is one
 ``graph.replay()``. ``capture="trees"`` leaves capture and replay to torch's reduce-overhead (cudagraph trees),
 which costs ~0.3 ms of host time per step in guards and bookkeeping (``CUDA_GRAPH_CAPTURES``).
-Everything from token ids to fp32 logits, the in-place cache/state updates included, is one graph: traced with
+Everything from token ids to logits and greedy tokens, the in-place cache/state updates included, is one graph: traced with
 ``fullgraph=True`` (a graph break raises), static tensor shapes with the bucket size as the only symbolic value (at
 most three compiles: see ``expected_compiles``), every kernel a ``torch.ops.ce`` custom op or an aten op; one CUDA
 graph per bucket.
@@ -45,6 +45,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from compiled_engine.model import DecodeOutput
 from compiled_engine.step_inputs import StepInputs
 from graphs.buckets import BucketPolicy
 from graphs.static_inputs import StaticDecodeInputs
@@ -71,8 +72,9 @@ def decode_forward(
     context_lens: torch.Tensor,
     state_slots: torch.Tensor,
     batch: int,
-) -> torch.Tensor:
-    """The traced function: static buffers (first ``batch`` rows) -> fp32 logits ``[batch, vocab]``.
+) -> DecodeOutput:
+    """The traced function: static buffers (first ``batch`` rows) -> the model's ``DecodeOutput`` (logits
+    ``[batch, vocab]`` in the model's dtype, greedy tokens ``[batch]``).
 
     The full buffers are the inputs and the bucket's rows are sliced inside the graph, so the graph's inputs are
     always the same static tensors (sliced views as inputs would be "new" inputs that reduce-overhead copies).
@@ -87,7 +89,7 @@ def decode_forward(
         cu_seqlens=None,
         is_prefill=False,
     )
-    return model.compute_logits(model(step))
+    return model.decode_output(model(step))
 
 
 def expected_compiles(buckets: Iterable[int]) -> int:
@@ -196,7 +198,7 @@ def _block_size_of(model: nn.Module) -> int:
 
 def _check_caches_allocated(model: nn.Module) -> None:
     for name, module in model.named_modules():
-        for buffer in ("k_cache", "v_cache", "conv_state", "recurrent_state"):
+        for buffer in ("k_cache", "v_cache", "split_counters", "conv_state", "recurrent_state"):
             if buffer in module._buffers and module._buffers[buffer] is None:
                 raise ValueError(
                     f"{name}.{buffer} is not allocated: build the runner after the caches "
@@ -207,7 +209,7 @@ def _check_caches_allocated(model: nn.Module) -> None:
 class DecodeGraphRunner:
     """Bucketed, compiled (and on CUDA, graph-captured) decode step of a HybridModel.
 
-    ``__call__(step)`` takes an unpadded decode StepInputs and returns fp32 logits ``[N, vocab]``. A batch larger
+    ``__call__(step)`` takes an unpadded decode StepInputs and returns its ``DecodeOutput``. A batch larger
     than the largest bucket (only possible with explicit ``buckets`` short of ``max_num_seqs``) runs the eager
     model instead.
 
@@ -257,8 +259,8 @@ class DecodeGraphRunner:
             compile_mode = "default" if self.capture == "runner" else mode
             self._compiled = torch.compile(fn, mode=compile_mode, **compile_kwargs)
         self._stance: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-        # capture == "runner": bucket -> (its CUDA graph, the logits buffer the graph writes), filled by warmup().
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # capture == "runner": bucket -> (its CUDA graph, the output buffers the graph writes), filled by warmup().
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
         self.warmed_up = False
         self.startup_seconds: float | None = None
         self.bucket_seconds: dict[int, float] = {}
@@ -306,8 +308,8 @@ class DecodeGraphRunner:
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool), self._stance():
-                    logits = self._compiled(self.model, *self.static.tensors(), bucket)
-                self._graphs[bucket] = (graph, logits)
+                    outputs = self._compiled(self.model, *self.static.tensors(), bucket)
+                self._graphs[bucket] = (graph, outputs)
                 self._replay(bucket)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -328,25 +330,21 @@ class DecodeGraphRunner:
 
     # ------------------------------------------------------------------------------------------------------ steps
     @torch.inference_mode()
-    def __call__(self, step: StepInputs, copy: bool = True) -> torch.Tensor:
-        """fp32 logits ``[N, vocab]`` of the decode ``step``.
-
-        ``copy=False`` returns the live rows of the graph's output buffer itself: valid only until this runner's
-        next call, whose replay overwrites it (cudagraph trees then make reading it an error; the runner's own
-        graphs just write the next step's logits there). For callers that
-        consume the logits at once, as the engine does (it samples from them): at batch 256 and a 248k
-        vocabulary the copy reads and writes 254 MB every step. ``copy=True``: the caller's to keep.
-        """
+    def __call__(self, step: StepInputs) -> DecodeOutput:
+        """The decode ``step``'s logits (model dtype) and greedy tokens: views of the live rows of the graph's
+        output buffers, valid only until this runner's next call, whose replay overwrites them (cudagraph trees then
+        make reading them an error). No copy: at batch 256 and a 248k vocabulary the logits are 127 MB, and the
+        engine consumes them (samples) before the next step; ``Runtime.decode_step`` returns an fp32 copy."""
         n = step.num_sequences
         if not self.policy.covers(n):
             self.static.check(step)
-            return self.model.compute_logits(self.model(step))  # a new tensor: no copy needed
+            return self.model.decode_output(self.model(step))
         self.static.fill(step)  # validates the step
-        logits = self._replay(self.policy.bucket_for(n))[:n]
-        return logits.clone() if copy else logits
+        logits, greedy_tokens = self._replay(self.policy.bucket_for(n))
+        return DecodeOutput(logits[:n], greedy_tokens[:n])
 
     @torch.inference_mode()
-    def replay_last(self, num_sequences: int) -> torch.Tensor:
+    def replay_last(self, num_sequences: int) -> DecodeOutput:
         """Replay the graph of ``num_sequences`` on the step last copied into the static buffers (no new inputs).
 
         For benchmarks: back-to-back replays measure the GPU time of a step without the host's per-step work. The
@@ -354,14 +352,15 @@ class DecodeGraphRunner:
         """
         if not (self.warmed_up and self.policy.covers(num_sequences)):
             raise ValueError(f"no warmed-up graph for {num_sequences} sequences (buckets {list(self.buckets)})")
-        return self._replay(self.policy.bucket_for(num_sequences))[:num_sequences]
+        logits, greedy_tokens = self._replay(self.policy.bucket_for(num_sequences))
+        return DecodeOutput(logits[:num_sequences], greedy_tokens[:num_sequences])
 
-    def _replay(self, bucket: int) -> torch.Tensor:
+    def _replay(self, bucket: int) -> DecodeOutput:
         captured = self._graphs.get(bucket)
         if captured is not None:
-            graph, logits = captured
-            graph.replay()  # reads the static buffers as they are now; overwrites `logits`
-            return logits
+            graph, outputs = captured
+            graph.replay()  # reads the static buffers as they are now; overwrites `outputs`
+            return outputs
         if self.capture == "trees":
             # A new step: outputs of the previous replay may now be overwritten (callers were told so).
             torch.compiler.cudagraph_mark_step_begin()

@@ -12,7 +12,7 @@ zeros for it) and token id 0. The ops never read a padding lane's result back in
 
 Few copies per step: each copy or fill is a kernel launch (a few µs of host time on a GPU, where at large batch
 the host is half of a decode step). The six buffers are views of two packed ones, laid out field after field as
-``compiled_engine.step_inputs.pack_step`` packs a step into its two device buffers:
+``compiled_engine.step_inputs.pack_step`` packs a step into the int64 and int32 parts of its device buffer:
 
     int64 [3, R]:           input_ids | positions | slot_mapping
     int32 [2 R + R W]:      context_lens | state_slots | block_tables [R, W]
@@ -22,8 +22,9 @@ assumes aligned inputs and would copy a misaligned one at every call); W is ``ma
 reads these views, so their sharing two allocations costs nothing (DESIGN.md's "separate allocations" rule is
 about buffers a graph mutates). In a packed step the three int64 fields lie at equal distances in one buffer, and
 so do context_lens and state_slots in the other: each group is one strided copy, the block table a third. Three
-copies per step, plus resets only where the previous step left stale rows or columns (the invariant of
-``StaticDecodeInputs``), instead of re-padding every field up to the bucket at every step.
+copies per step (four when the input ids come from elsewhere, as the overlapped engine's sampled tokens do), plus
+resets only where the previous step left stale rows or columns (the invariant of ``StaticDecodeInputs``), instead
+of re-padding every field up to the bucket at every step.
 """
 
 from __future__ import annotations
@@ -133,21 +134,34 @@ class StaticDecodeInputs:
 def _copy_rows(dst: torch.Tensor, fields: Sequence[torch.Tensor]) -> None:
     """``dst[i] = fields[i]`` for 1-D fields of ``dst.shape[1]`` elements each.
 
-    One copy when the fields lie at equal distances in one buffer (as pack_step packs them: field after field,
-    each start rounded up to an alignment), else one copy per field (a step built field by field, as
-    tensor-parallel workers receive it).
+    One copy per run of consecutive fields that lie at equal distances in one buffer (as pack_step packs them:
+    field after field, each start rounded up to an alignment): one copy for a packed step, two when its first field
+    comes from elsewhere (the overlapped engine's input ids: the previous step's tokens), one per field for a step
+    built field by field (as tensor-parallel workers receive it).
     """
-    first, n = fields[0], dst.shape[1]
-    size, start = first.element_size(), first.data_ptr()
-    gap = fields[1].data_ptr() - start if len(fields) > 1 else n * size
+    start = 0
+    while start < len(fields):
+        stop = start + 1
+        while stop < len(fields) and _evenly_spaced(fields[start : stop + 1], dst.shape[1]):
+            stop += 1
+        run = fields[start:stop]
+        if len(run) == 1:
+            dst[start].copy_(run[0], non_blocking=True)
+        else:
+            gap = (run[1].data_ptr() - run[0].data_ptr()) // run[0].element_size()
+            dst[start:stop].copy_(run[0].as_strided((len(run), dst.shape[1]), (gap, 1)), non_blocking=True)
+        start = stop
+
+
+def _evenly_spaced(fields: Sequence[torch.Tensor], n: int) -> bool:
+    """Whether ``fields`` (two or more) are contiguous length-``n`` rows of one buffer, equal distances apart."""
+    first = fields[0]
+    size, begin = first.element_size(), first.data_ptr()
+    gap = fields[1].data_ptr() - begin
     storage = first.untyped_storage().data_ptr()
     # (Inference-mode views do not record their base, so "one buffer" is checked by storage and address.)
-    if gap >= n * size and gap % size == 0 and all(
+    return gap >= n * size and gap % size == 0 and all(
         f.dtype == first.dtype and f.shape == (n,) and (n == 1 or f.stride() == (1,))
-        and f.data_ptr() == start + i * gap and f.untyped_storage().data_ptr() == storage
+        and f.data_ptr() == begin + i * gap and f.untyped_storage().data_ptr() == storage
         for i, f in enumerate(fields)
-    ):
-        dst.copy_(first.as_strided((len(fields), n), (gap // size, 1)), non_blocking=True)
-    else:
-        for row, field in zip(dst, fields):
-            row.copy_(field, non_blocking=True)
+    )

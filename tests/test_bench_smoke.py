@@ -222,6 +222,35 @@ def test_step_profile_categories():
     assert category("something_new") == "other"
 
 
+def test_critical_path_charges_each_kernel_from_the_previous_end():
+    """Two replays of a 3-kernel step, hand-computed: a kernel that started early (PDL) and ended 1 µs after the one
+    before is charged 1 µs; one that ended before the previous one ended is charged 0; the first replay is dropped;
+    the charges add up to the span."""
+    from bench.latency import critical_path
+    from bench.report import summary_lines
+
+    def step(t0):  # (name, grid, start, duration)
+        return [("gemv", "[4, 1, 1]", t0, 5.0), ("gdn", "[1, 16, 1]", t0 + 2.0, 4.0), ("tiny", "[1, 1, 1]", t0 + 3.0, 1.0)]
+
+    path = critical_path(step(0.0) + step(100.0) + step(110.0), replays=3)
+    rows = path["by_kernel"]
+    # replay 2: previous end 6 (replay 1's gdn); gemv ends 105 (charged 99), gdn 106 (1), tiny 104 (0); span 100.
+    # replay 3: previous end 106; gemv 115 (9), gdn 116 (1), tiny 114 (0); span 10.
+    assert path["kernels_per_step"] == 3 and path["span_us"] == pytest.approx(55.0)
+    assert rows["gemv grid=[4, 1, 1]"]["charged_us_per_step"] == pytest.approx(54.0)
+    assert rows["gdn grid=[1, 16, 1]"]["charged_us_per_step"] == pytest.approx(1.0)
+    assert rows["tiny grid=[1, 1, 1]"]["charged_us_per_step"] == 0.0
+    assert rows["gdn grid=[1, 16, 1]"]["duration_us_per_step"] == pytest.approx(4.0)
+    assert sum(r["charged_us_per_step"] for r in rows.values()) == pytest.approx(path["span_us"])
+    assert "error" in critical_path(step(0.0) + step(10.0)[:2], replays=2)
+    latency = {"scenario": "latency", "ours": {"decode_tok_s": 1.0, "ms_per_step": {"p50": 1.0}, "ttft_ms": 1.0,
+                                               "achieved_bandwidth_GBps": 1.0},
+               "bound": {"tok_s": 2.0}, "fraction_of_bound": 0.5, "runtime_only": {"decode_tok_s": 1.0},
+               "graph_replay": {"ms_per_step": 1.0, "host_ms_per_replay": 0.01, "critical_path": path}}
+    text = "\n".join(summary_lines({"latency": latency}))
+    assert "critical path of the batch-1 graph: 55.0 µs" in text and "gemv grid=[4, 1, 1]" in text
+
+
 def test_snapshot_methods_skips_on_cpu(smoke):
     """GPU only (FLA's Triton kernels): on the CPU it records why, with the 0.8B layer shape it would time."""
     r = smoke[2]["snapshot_methods"]

@@ -22,6 +22,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from compiled_engine.model import DecodeOutput
 from compiled_engine.runtime import Runtime
 from compiled_engine.sequence import Sequence
 from compiled_engine.step_inputs import StepInputs, pack_step
@@ -62,7 +63,7 @@ STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "block_tables", "contex
 
 
 @torch.inference_mode()
-def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs) -> torch.Tensor:
+def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs) -> DecodeOutput:
     """One decode step of ``seqs`` run eagerly and compiled from the same caches; checks; keeps the compiled state."""
     step = rt.build_step(seqs, [1] * len(seqs), is_prefill=False)
     model = rt.model
@@ -71,9 +72,10 @@ def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs) -> torch.Tensor:
     eager_after = snapshot(model)
     restore(model, before)
     compiled = runner(step)
-    assert compiled.shape == eager.shape and compiled.dtype == torch.float32
-    assert_logits_close(compiled, eager)
-    assert_same_greedy(compiled, eager)
+    assert compiled.logits.shape == eager.shape and compiled.logits.dtype == rt.dtype
+    assert_logits_close(compiled.logits.float(), eager)
+    assert_same_greedy(compiled.greedy_tokens, eager)  # ce::argmax, inside the graph
+    assert torch.equal(compiled.greedy_tokens, compiled.logits.argmax(dim=-1))
     n = len(seqs)
     padded = runner.policy.covers(n) and runner.policy.bucket_for(n) > n
     assert_isolated(model, before, step, block_size=rt.config.block_size, padded=padded)
@@ -221,9 +223,11 @@ def test_static_inputs_equal_a_freshly_padded_copy_of_each_step(data):
             assert torch.equal(got, want), name
 
 
-def test_static_inputs_fill_a_packed_step_in_three_copies():
+@pytest.mark.parametrize("separate_ids", [False, True])
+def test_static_inputs_fill_a_packed_step_in_three_copies(separate_ids):
     """A step as pack_step packs it lands in three copies (one kernel launch each on a GPU), and no fills, when it
-    is no smaller and no narrower than the one before."""
+    is no smaller and no narrower than the one before; four when its input ids are a tensor of their own (the
+    overlapped engine's: the previous step's tokens), positions and slot_mapping still one copy together."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CountWrites(TorchDispatchMode):
@@ -240,9 +244,13 @@ def test_static_inputs_fill_a_packed_step_in_three_copies():
     for n in (1, 3, 7, 8):
         seqs = _decode_sequences([(2 * i + 5, i + 1, 10 * i + 1) for i in range(n)], block_size=4)
         step = pack_step(seqs, [1] * n, False, 4, torch.device("cpu"))
+        if separate_ids:
+            step = dataclasses.replace(step, input_ids=torch.arange(100, 100 + n))
         with CountWrites() as count:
             static.fill(step)
-        assert count.writes == ["copy_"] * 3, (n, count.writes)
+        assert count.writes == ["copy_"] * (4 if separate_ids else 3), (n, count.writes)
+        for name in ("input_ids", "positions", "slot_mapping", "context_lens", "state_slots"):
+            assert torch.equal(getattr(static, name)[:n], getattr(step, name)), (n, name)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -421,8 +429,9 @@ def test_replay_last_repeats_the_last_step(compiled):
         want = rt.decode_step(seqs)
         after = snapshot(rt.model)
         restore(rt.model, before)
-        got = runner.replay_last(len(seqs)).clone()
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        got = runner.replay_last(len(seqs))
+        torch.testing.assert_close(got.logits.float(), want, atol=0, rtol=0)
+        assert torch.equal(got.greedy_tokens, want.argmax(dim=-1))
         for name, buf in cache_buffers(rt.model).items():
             assert torch.equal(buf, after[name]), name
         with pytest.raises(ValueError, match="no warmed-up graph"):
@@ -459,6 +468,7 @@ class Collect(logging.Handler):
 log = logging.getLogger("torch._inductor.graph")
 log.setLevel(logging.INFO)
 log.addHandler(Collect())
+from compiled_engine.model import DecodeOutput
 from compiled_engine.runtime import Runtime
 from graphs import compile_decode
 rt = Runtime.from_pretrained(sys.argv[1], device="cpu", dtype="float32", max_model_len=64, max_num_seqs=1,

@@ -185,7 +185,8 @@ ROTARY_DIM, ROPE_THETA = 64, 1e7  # Qwen3.5-0.8B: partial_rotary_factor 0.25 of 
 
 def _attention_decode_args(gen, layout, tables, lens, block_size, num_blocks, dtype, position_offset=0):
     """The op's arguments: projected rows (a slice of wider rows), norm weights, inv_freq, positions, caches, the slot
-    of each new token (position context_len - 1; the null row for padding lanes), tables and lens."""
+    of each new token (position context_len - 1; the null row for padding lanes), tables, lens, and last the split
+    counters: zeros, rows rounded up to 16 as compiled_engine/cache.py allocates them."""
     hq, hkv, d = layout
     width = sum(attention_decode.split_sizes(hq, hkv, d))
     projected = _randn(gen, lens.shape[0], width + 16, dtype=dtype, scale=2.0)[:, 8 : 8 + width]
@@ -195,8 +196,9 @@ def _attention_decode_args(gen, layout, tables, lens, block_size, num_blocks, dt
     v_cache = _randn(gen, num_blocks, block_size, hkv, d, dtype=dtype)
     pos = (lens - 1).clamp_min(0).long()
     slots = _decode_slots(tables, lens, block_size)
+    counters = torch.zeros(-(-lens.shape[0] // 16) * 16, hkv, dtype=torch.int32, device=DEV)
     return [projected, q_weight, k_weight, 1e-6, inv_freq, pos + position_offset, k_cache, v_cache, slots, tables,
-            lens, hq, hkv, d, d**-0.5]
+            lens, hq, hkv, d, d**-0.5, counters]
 
 
 def _decode_slots(tables, lens, block_size):
@@ -205,9 +207,11 @@ def _decode_slots(tables, lens, block_size):
     return torch.where(lens > 0, rows, 0)
 
 
-def _assert_attention_decode_close(got, want, k_cache, want_k, v_cache, want_v, lens, dtype):
+def _assert_attention_decode_close(got, want, k_cache, want_k, v_cache, want_v, lens, dtype, counters):
     """Outputs of live lanes, zeros for padding lanes; caches but the null block: v is a copy (exact), k normalised
-    and rotated (a bf16 product may round a tie the other way: one ulp)."""
+    and rotated (a bf16 product may round a tie the other way: one ulp); the split counters all zero again (the last
+    split program of each group resets its counter)."""
+    assert torch.all(counters == 0), f"split counters left non-zero: {counters.nonzero().tolist()}"
     live = lens > 0
     torch.testing.assert_close(got[live], want[live], **TOL[dtype])
     assert torch.all(got[~live] == 0), "padding lanes (context 0) must be zeros"
@@ -227,7 +231,8 @@ def _assert_attention_decode_close(got, want, k_cache, want_k, v_cache, want_v, 
 def test_attention_decode_matches_reference(batch, max_context, dtype, padding_fraction, far_positions, seed):
     """Qwen3.5-0.8B's attention shapes (Hq 8, Hkv 2, D 256, rotary_dim 64, theta 1e7, block_size 16) against the
     reference. ``far_positions``: rotary positions up to 2**18 past the context (the op reads them as given), so
-    cos/sin of angles up to ~2.6e5 rad are checked against torch's."""
+    cos/sin of angles up to ~2.6e5 rad are checked against torch's. Contexts past 64 tokens split (up to 16 splits):
+    the last split program of each (sequence, KV head) merges them."""
     gen = _seeded(seed)
     block_size = 16
     lens = torch.randint(1, max_context + 1, (batch,), generator=gen, device=DEV)
@@ -240,20 +245,21 @@ def test_attention_decode_matches_reference(batch, max_context, dtype, padding_f
     want = attention_decode.attention_decode_reference(*args[:6], want_k, want_v, *args[8:])
     got = torch.ops.ce.attention_decode(*args)
     assert got.shape == (batch, 8 * 256) and got.dtype == dtype and got.is_contiguous()
-    _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, dtype)
+    _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, dtype, args[15])
 
 
 def test_attention_decode_replays_in_cuda_graph_with_new_inputs():
-    """Captured once (the kernel and its reduce, launched with PDL), replayed with new projected rows, contexts up to
-    1,024 (padding lanes included), positions and slots: each replay equals the reference run on clones of the caches.
-    The split count comes from static shapes, so contexts longer than the captured ones are still right."""
+    """Captured once (one kernel, launched with PDL, merging its splits in the last split program of each group),
+    replayed with new projected rows, contexts up to 1,024 (padding lanes included), positions and slots: each replay
+    equals the reference run on clones of the caches, and leaves the split counters zero for the next replay. The
+    split count comes from static shapes, so contexts longer than the captured ones are still right."""
     gen = _seeded(13)
     batch, block_size, max_blocks = 8, 16, 64
     bf16 = torch.bfloat16
     tables = (torch.arange(batch * max_blocks, device=DEV, dtype=torch.int32) + 1).view(batch, max_blocks)
     lens = torch.full((batch,), 3, dtype=torch.int32, device=DEV)
     args = _attention_decode_args(gen, ATTN_LAYOUTS[0], tables, lens, block_size, batch * max_blocks + 1, bf16)
-    projected, positions, k_cache, v_cache, slots = args[0], args[5], args[6], args[7], args[8]
+    projected, positions, k_cache, v_cache, slots, counters = args[0], args[5], args[6], args[7], args[8], args[15]
 
     torch.ops.ce.attention_decode(*args)  # compile the kernels outside the capture
     torch.cuda.synchronize()
@@ -273,7 +279,34 @@ def test_attention_decode_replays_in_cuda_graph_with_new_inputs():
         slots.copy_(new_slots)
         lens.copy_(new_lens)
         graph.replay()
-        _assert_attention_decode_close(out, want, k_cache, want_k, v_cache, want_v, new_lens, bf16)
+        _assert_attention_decode_close(out, want, k_cache, want_k, v_cache, want_v, new_lens, bf16, counters)
+
+
+def test_attention_decode_split_merge_launches_no_reduce_kernel():
+    """With the context split (batch 1, up to 1,024 tokens: 16 splits), ce::attention_decode is one launch: the
+    last split program of each (sequence, KV head) merges the splits, so no ``_paged_decode_reduce_kernel`` runs,
+    nor a memset of split counters (the op is given its zeroed buffer). The result still equals the reference."""
+    from ops.triton.paged_attention_kernels import decode_num_splits
+
+    gen = _seeded(17)
+    batch, block_size, max_blocks = 1, 16, 64
+    tables = (torch.arange(batch * max_blocks, device=DEV, dtype=torch.int32) + 1).view(batch, max_blocks)
+    lens = torch.tensor([900], dtype=torch.int32, device=DEV)
+    args = _attention_decode_args(gen, ATTN_LAYOUTS[0], tables, lens, block_size, batch * max_blocks + 1,
+                                  torch.bfloat16)
+    assert decode_num_splits(batch, ATTN_LAYOUTS[0][1], max_blocks, block_size, lens.device) > 1
+    torch.ops.ce.attention_decode(*args)  # compile outside the profiled region
+    torch.cuda.synchronize()
+    want_k, want_v = args[6].clone(), args[7].clone()
+    want = attention_decode.attention_decode_reference(*args[:6], want_k, want_v, *args[8:])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        got = torch.ops.ce.attention_decode(*args)
+        torch.cuda.synchronize()
+    kernels = [event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("_attention_decode_kernel" in name for name in kernels) == 1, kernels
+    assert not any("_paged_decode_reduce_kernel" in name for name in kernels), kernels
+    assert not any("memset" in name.lower() or "fill" in name.lower() for name in kernels), kernels
+    _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, torch.bfloat16, args[15])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -848,6 +881,39 @@ def test_add_rms_norm_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(captured_sum, eager_sum, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_argmax_matches_torch_after_lm_head_in_cuda_graph(rows, dtype):
+    """ce::argmax of the lm_head's output (a PDL skinny GEMM before it, as in the decode graph) equals torch.argmax
+    of the same logits, eager and replayed in a CUDA graph with new inputs; ties (the first index wins, across and
+    inside chunks), a NaN (wins over +inf) and a row of -inf only follow torch's rule."""
+    gen = _seeded(rows)
+    hidden = _randn(gen, rows, 1024, dtype=dtype)
+    lm_head = _randn(gen, 248320, 1024, dtype=dtype, scale=1024**-0.5)
+
+    def step():
+        logits = torch.ops.ce.linear(hidden, lm_head)
+        return logits, torch.ops.ce.argmax(logits)
+
+    logits, tokens = step()
+    assert tokens.dtype == torch.long and torch.equal(tokens, torch.argmax(logits, dim=-1))
+    special = _randn(gen, 4, 248320, dtype=dtype)
+    special[0, [7, 200000]] = 40.0  # tie across chunks
+    special[1, [5000, 5001]] = 40.0  # tie inside a chunk
+    special[2, [9, 100]] = float("nan")
+    special[2, 3] = float("inf")
+    special[3] = float("-inf")
+    assert torch.equal(torch.ops.ce.argmax(special), torch.argmax(special, dim=-1))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_logits, captured_tokens = step()
+    for _ in range(2):
+        hidden.copy_(_randn(gen, rows, 1024, dtype=dtype))
+        graph.replay()
+        assert torch.equal(captured_tokens, torch.argmax(captured_logits, dim=-1))
+
+
 def test_linear_chain_with_pdl_in_cuda_graph():
     """Back-to-back skinny GEMMs, each reading the one before (launched with PDL where the GPU has it), replayed
     in a CUDA graph: every output equals the eager chain's, so no kernel read its x before the previous wrote it."""
@@ -979,8 +1045,11 @@ def _opcheck_cases():
         "paged_attention_decode": (torch.ops.ce.paged_attention_decode.default,
                                    (_randn(gen, 3, hq, d, dtype=bf16), k_cache, v_cache, tables,
                                     torch.tensor([40, 20, 0], dtype=torch.int32, device=DEV), d**-0.5)),
+        # wider tables (null-block columns): up to 256 tokens, so the kernel splits the context (4 splits at batch 3)
+        # and the split counters are used
         "attention_decode": (torch.ops.ce.attention_decode.default,
-                             tuple(_attention_decode_args(gen, (hq, hkv, d), tables, decode_lens, bs, 9, bf16))),
+                             tuple(_attention_decode_args(gen, (hq, hkv, d), F.pad(tables, (0, 12)), decode_lens, bs, 9,
+                                                          bf16))),
         "paged_attention_prefill": (torch.ops.ce.paged_attention_prefill.default,
                                     (_randn(gen, 12, hq, d, dtype=bf16), k_cache, v_cache,
                                      torch.tensor([0, 10, 12], dtype=torch.int32, device=DEV),
@@ -1012,6 +1081,7 @@ def _opcheck_cases():
         "rms_norm": (torch.ops.ce.rms_norm.default,
                      (_randn(gen, 5, 16, 256, dtype=bf16)[..., :128], _randn(gen, 128, dtype=bf16),
                       _randn(gen, 5, 16, 128, dtype=bf16), 1e-6, False)),
+        "argmax": (torch.ops.ce.argmax.default, (_randn(gen, 3, 248320 + 64, dtype=bf16)[:, :248320],)),
     }
 
 
@@ -1019,7 +1089,7 @@ OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "attention_decode", "page
                  "causal_conv1d_prefill",
                  "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "gated_deltanet_decode",
                  "linear", "rms_norm",
-                 "silu_mul", "silu_mul_linear", "add_rms_norm", "add_rms_norm_linear"]
+                 "silu_mul", "silu_mul_linear", "add_rms_norm", "add_rms_norm_linear", "argmax"]
 
 
 @pytest.mark.parametrize("name", OPCHECK_NAMES)
@@ -1044,6 +1114,7 @@ KERNEL_NAMES = {
     "silu_mul_linear": "_skinny_gemm_kernel",
     "add_rms_norm": "_add_rms_norm_kernel",
     "add_rms_norm_linear": "_skinny_gemm_kernel",
+    "argmax": "_argmax_chunks_kernel",
 }
 
 

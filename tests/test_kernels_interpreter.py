@@ -10,6 +10,7 @@ autotuner benchmarks on a GPU).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -36,6 +37,7 @@ def _child_checks() -> dict:
     )
     from ops.triton import (
         activation_kernels,
+        argmax_kernels,
         attention_decode_kernels,
         conv1d_kernels,
         delta_rule_kernels,
@@ -93,10 +95,42 @@ def _child_checks() -> dict:
         compare("decode out", got, want)
         assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
 
+    @contextlib.contextmanager
+    def shuffled_programs(seed):
+        """The interpreter runs each launch's programs in a random order instead of x, y, z nested loops: it still runs
+        them one at a time, but the programs of one (sequence, KV head) group no longer run back to back, so a split
+        counter shared by two groups (an indexing bug) is caught. Relies on the interpreter setting every program's
+        ids through ``interpreter_builder.set_grid_idx``, starting each launch at (0, 0, 0) (Triton 3.x)."""
+        from triton.runtime import interpreter
+
+        builder = interpreter.interpreter_builder
+        assert "set_grid_idx" not in vars(builder) and hasattr(builder, "set_grid_idx")
+        gen = torch.Generator().manual_seed(seed)
+        order = []
+
+        def set_grid_idx(x, y, z):
+            nx, ny, nz = builder.grid_dim
+            if (x, y, z) == (0, 0, 0):  # a new launch: a new order
+                order[:] = torch.randperm(nx * ny * nz, generator=gen).tolist()
+            i = order[(x * ny + y) * nz + z]
+            type(builder).set_grid_idx(builder, i // (ny * nz), i // nz % ny, i % nz)
+
+        builder.set_grid_idx = set_grid_idx
+        try:
+            yield
+        finally:
+            del builder.set_grid_idx
+
     def check_attention_decode(q_heads, kv_heads, dim, rotary_dim, block_size, num_splits, strided=True,
-                               block_n=None):
+                               block_n=None, calls=1, own_counters=True, shuffled=False):
         """The fused decode op: output and caches (but the null block) against the reference. Context 0 (a padding
-        lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows."""
+        lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows.
+
+        The split counters (the last split program of each (sequence, KV head) merges the splits) are a zeroed
+        buffer with more rows than lanes, as the engine's, and must be all zeros again after every call. ``calls``:
+        that many calls in a row on the same counters and caches, new projected rows each time (a counter not reset
+        would leave no program merging the second call: its output would be garbage). ``own_counters=False``: the
+        wrapper's fallback allocates them. ``shuffled``: the programs run in a random order (shuffled_programs)."""
         context_lens = [0, 1, 5, 17, 40]
         batch = len(context_lens)
         num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 2
@@ -108,21 +142,27 @@ def _child_checks() -> dict:
         lens = torch.tensor(context_lens, dtype=torch.int32)
         positions = (lens - 1).clamp_min(0).long()
         width = sum(attention_decode.split_sizes(q_heads, kv_heads, dim))
-        projected = torch.randn(batch, width + 9)[:, 4:-5] if strided else torch.randn(batch, width)
         q_weight, k_weight = torch.randn(dim) * 0.5, torch.randn(dim) * 0.5
         inv_freq = 1.0 / 100.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
-        want_k, want_v = k_cache.clone(), v_cache.clone()
         args = (q_weight, k_weight, 1e-6, inv_freq, positions)
         heads = (q_heads, kv_heads, dim, dim**-0.5)
-        want = attention_decode.attention_decode_reference(projected, *args, want_k, want_v, slots, tables, lens,
-                                                           *heads)
-        got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables, lens,
-                                                        *heads, num_splits=num_splits, block_n=block_n)
-        assert got.shape == (batch, q_heads * dim) and got.is_contiguous()
-        compare("attention decode out", got, want)
-        assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
-        compare("attention decode k_cache", k_cache[1:], want_k[1:])
-        compare("attention decode v_cache", v_cache[1:], want_v[1:])
+        counters = torch.zeros(batch + 3, kv_heads, dtype=torch.int32) if own_counters else None
+        for call in range(calls):
+            projected = torch.randn(batch, width + 9)[:, 4:-5] if strided else torch.randn(batch, width)
+            want_k, want_v = k_cache.clone(), v_cache.clone()
+            want = attention_decode.attention_decode_reference(projected, *args, want_k, want_v, slots, tables, lens,
+                                                               *heads)
+            with shuffled_programs(call) if shuffled else contextlib.nullcontext():
+                got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables,
+                                                                lens, *heads, counters, num_splits=num_splits,
+                                                                block_n=block_n)
+            assert got.shape == (batch, q_heads * dim) and got.is_contiguous()
+            compare(f"attention decode out (call {call})", got, want)
+            assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
+            compare(f"attention decode k_cache (call {call})", k_cache[1:], want_k[1:])
+            compare(f"attention decode v_cache (call {call})", v_cache[1:], want_v[1:])
+            if counters is not None:
+                assert torch.all(counters == 0), f"call {call} left split counters {counters.tolist()}"
 
     def check_prefill(q_heads, kv_heads, dim, block_size, q_lens=(3, 0, 40, 1), prefixes=(5, 2, 9, 0)):
         # q_len 0: a sequence with no new tokens; 40 > one query tile
@@ -284,7 +324,31 @@ def _child_checks() -> dict:
         assert got.is_contiguous() and got.shape == (rows, half)
         compare("silu_mul", got, activation.silu_mul_reference(gate_up))
 
+    def check_argmax(rows, vocab, chunk, dtype=torch.float32, strided=False):
+        """ce::argmax's two passes against torch.argmax (the op's definition), with the cases its rule is about:
+        ties (the first index wins, within a chunk and across chunks), a NaN (the first NaN wins, even over +inf),
+        rows of -inf only, +inf; rows a strided view when ``strided``."""
+        logits = torch.randn(rows, vocab + 7)[:, :vocab] if strided else torch.randn(rows, vocab)
+        if rows > 0:
+            logits[0, [3, vocab - 2]] = 50.0  # a tie across chunks (chunk < vocab)
+        if rows > 1:
+            logits[1, [vocab // 2, vocab // 2 + 1]] = 50.0  # a tie inside a chunk
+        if rows > 2:
+            logits[2, [1, vocab - 1]] = float("nan")
+            logits[2, 0] = float("inf")
+        if rows > 3:
+            logits[3] = float("-inf")
+        if rows > 4:
+            logits[4, vocab - 1] = float("inf")
+        logits = logits.to(dtype)
+        got = argmax_kernels.argmax(logits, chunk)
+        want = torch.argmax(logits, dim=-1)
+        assert got.dtype == torch.long and torch.equal(got, want), f"argmax: got {got.tolist()}, want {want.tolist()}"
+
     checks = {
+        "argmax_chunks": lambda: check_argmax(6, 300, chunk=64),
+        "argmax_one_chunk_strided": lambda: check_argmax(5, 50, chunk=64, strided=True),
+        "argmax_no_rows": lambda: check_argmax(0, 10, chunk=16),
         # a column block past the row's end (1,100 > BLOCK), strided rows (a slice of wider rows), no rows
         "silu_mul": lambda: check_silu_mul(3, 1100, strided=False),
         "add_rms_norm": lambda: check_add_rms_norm(5, 48, strided=False),  # D not a power of two
@@ -303,8 +367,8 @@ def _child_checks() -> dict:
         "decode_gqa3_d32_bs16_split2": lambda: check_decode(6, 2, 32, 16, 2),
         "decode_auto_splits": lambda: check_decode(2, 1, 16, 8, None),
         # (Hq, Hkv, D, rotary_dim, block_size, splits): the model's partial rotary (1/4) and full rotary; blocks smaller
-        # and larger than the key tile; one split (gated in the kernel), and splits (gated in the reduce, the last one
-        # owning the new token), 3 of them: not a power of two
+        # and larger than the key tile; one split (gated in the kernel), and splits (merged and gated by the last split
+        # program of each group to finish, the last split owning the new token), 3 of them: not a power of two
         "attention_decode_gqa2_d16_bs4_split1": lambda: check_attention_decode(4, 2, 16, 4, 4, 1),
         "attention_decode_gqa2_d16_bs4_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4),
         "attention_decode_gqa4_d32_bs16_split2": lambda: check_attention_decode(8, 2, 32, 8, 16, 2),
@@ -312,6 +376,14 @@ def _child_checks() -> dict:
         "attention_decode_d24_contiguous_split1": lambda: check_attention_decode(3, 1, 24, 6, 4, 1, strided=False),
         "attention_decode_auto_splits": lambda: check_attention_decode(2, 1, 16, 8, 8, None),
         "attention_decode_bs32_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16),
+        # two calls in a row on the same counters (the first call's last programs must have reset them), programs in
+        # a random order
+        "attention_decode_twice_same_counters_split3": lambda: check_attention_decode(4, 2, 16, 4, 4, 3, calls=2,
+                                                                                     shuffled=True),
+        "attention_decode_twice_same_counters_split4": lambda: check_attention_decode(8, 2, 32, 8, 16, 4, calls=2,
+                                                                                     shuffled=True),
+        "attention_decode_fallback_counters_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4,
+                                                                                   own_counters=False),
         "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
         "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
         "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
@@ -358,6 +430,9 @@ def _child_checks() -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 CHECK_NAMES = [
+    "argmax_chunks",
+    "argmax_one_chunk_strided",
+    "argmax_no_rows",
     "silu_mul",
     "add_rms_norm",
     "add_rms_norm_strided",
@@ -380,6 +455,9 @@ CHECK_NAMES = [
     "attention_decode_d24_contiguous_split1",
     "attention_decode_auto_splits",
     "attention_decode_bs32_tile16_split2",
+    "attention_decode_twice_same_counters_split3",
+    "attention_decode_twice_same_counters_split4",
+    "attention_decode_fallback_counters_split4",
     "prefill_gqa2_d16_bs4",
     "prefill_gqa3_d32_bs16",
     "prefill_empty_runs",

@@ -1,0 +1,34 @@
+"""``ce::argmax``: each row's greedy token, the first index of its maximum, in the decode graph.
+
+Why an op: greedy decoding needs ``logits.argmax(-1)`` of every decode step. Outside the graph that was torch's
+reduction over fp32 logits, 8.3 µs at batch 1 (248,320 logits) on an H200 plus a launch gap, and the graph had to
+write fp32 logits for it (a conversion kernel: 2 µs at batch 1, ~90 µs at batch 256); Inductor does not split an
+argmax over one long row across programs, so in the graph it would be one program reading the whole row. The CUDA
+kernel is two short PDL launches (ops/triton/argmax_kernels.py) reading the model-dtype logits the lm_head wrote.
+
+* ``ce::argmax(logits [B, V]) -> [B]`` int64: torch.argmax's rule, exactly: the first index of the maximum, and a
+  NaN counts as larger than everything (the first NaN wins). Rows may be strided; columns must be contiguous.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ops.library import define_op
+from ops.triton import lazy_kernel
+
+
+def argmax_reference(logits: torch.Tensor) -> torch.Tensor:
+    return torch.argmax(logits, dim=-1)
+
+
+def _argmax_fake(logits):
+    return logits.new_empty((logits.shape[0],), dtype=torch.long)
+
+
+argmax_op = define_op(
+    "argmax(Tensor logits) -> Tensor",
+    reference=argmax_reference,
+    cuda=lazy_kernel("argmax_kernels", "argmax"),
+    fake=_argmax_fake,
+)
