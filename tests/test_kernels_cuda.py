@@ -282,10 +282,14 @@ def test_attention_decode_replays_in_cuda_graph_with_new_inputs():
         _assert_attention_decode_close(out, want, k_cache, want_k, v_cache, want_v, new_lens, bf16, counters)
 
 
-def test_attention_decode_split_merge_launches_no_reduce_kernel():
-    """With the context split (batch 1, up to 1,024 tokens: 16 splits), ce::attention_decode is one launch: the
-    last split program of each (sequence, KV head) merges the splits, so no ``_paged_decode_reduce_kernel`` runs,
-    nor a memset of split counters (the op is given its zeroed buffer). The result still equals the reference."""
+@pytest.mark.parametrize("merge_in_kernel", [False, True])
+def test_attention_decode_split_merge_launches(merge_in_kernel):
+    """With the context split (batch 1, up to 1,024 tokens: 16 splits) ce::attention_decode is the split kernel plus
+    the reduce kernel (the default), or with the merge in the kernel (MERGE_IN_KERNEL) one launch: the last split
+    program of each (sequence, KV head) merges the splits, with no memset of split counters (it is given its zeroed
+    buffer) and the counters zero again after it. Either way the result equals the reference, called twice in a row
+    on the same counters."""
+    from ops.triton import attention_decode_kernels
     from ops.triton.paged_attention_kernels import decode_num_splits
 
     gen = _seeded(17)
@@ -295,18 +299,24 @@ def test_attention_decode_split_merge_launches_no_reduce_kernel():
     args = _attention_decode_args(gen, ATTN_LAYOUTS[0], tables, lens, block_size, batch * max_blocks + 1,
                                   torch.bfloat16)
     assert decode_num_splits(batch, ATTN_LAYOUTS[0][1], max_blocks, block_size, lens.device) > 1
-    torch.ops.ce.attention_decode(*args)  # compile outside the profiled region
+
+    def call():
+        return attention_decode_kernels.attention_decode(*args, merge_in_kernel=merge_in_kernel)
+
+    call()  # compile outside the profiled region
     torch.cuda.synchronize()
-    want_k, want_v = args[6].clone(), args[7].clone()
-    want = attention_decode.attention_decode_reference(*args[:6], want_k, want_v, *args[8:])
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        got = torch.ops.ce.attention_decode(*args)
-        torch.cuda.synchronize()
-    kernels = [event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-    assert sum("_attention_decode_kernel" in name for name in kernels) == 1, kernels
-    assert not any("_paged_decode_reduce_kernel" in name for name in kernels), kernels
-    assert not any("memset" in name.lower() or "fill" in name.lower() for name in kernels), kernels
-    _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, torch.bfloat16, args[15])
+    for _ in range(2):
+        want_k, want_v = args[6].clone(), args[7].clone()
+        want = attention_decode.attention_decode_reference(*args[:6], want_k, want_v, *args[8:])
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            got = call()
+            torch.cuda.synchronize()
+        kernels = [event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+        assert sum("_attention_decode_kernel" in name for name in kernels) == 1, kernels
+        reduces = sum("_paged_decode_reduce_kernel" in name for name in kernels)
+        assert reduces == (0 if merge_in_kernel else 1), kernels
+        assert not any("memset" in name.lower() or "fill" in name.lower() for name in kernels), kernels
+        _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, torch.bfloat16, args[15])
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -122,12 +122,14 @@ def _child_checks() -> dict:
             del builder.set_grid_idx
 
     def check_attention_decode(q_heads, kv_heads, dim, rotary_dim, block_size, num_splits, strided=True,
-                               block_n=None, calls=1, own_counters=True, shuffled=False):
+                               block_n=None, calls=1, own_counters=True, shuffled=False, merge_in_kernel=None):
         """The fused decode op: output and caches (but the null block) against the reference. Context 0 (a padding
         lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows.
 
-        The split counters (the last split program of each (sequence, KV head) merges the splits) are a zeroed
-        buffer with more rows than lanes, as the engine's, and must be all zeros again after every call. ``calls``:
+        ``merge_in_kernel``: how a split context is merged (the kernel module's MERGE_IN_KERNEL by default: the
+        reduce kernel). The split counters (with the merge in the kernel, the last split program of each (sequence,
+        KV head) merges the splits) are a zeroed buffer with more rows than lanes, as the engine's, and must be all
+        zeros again after every call. ``calls``:
         that many calls in a row on the same counters and caches, new projected rows each time (a counter not reset
         would leave no program merging the second call: its output would be garbage). ``own_counters=False``: the
         wrapper's fallback allocates them. ``shuffled``: the programs run in a random order (shuffled_programs)."""
@@ -155,7 +157,7 @@ def _child_checks() -> dict:
             with shuffled_programs(call) if shuffled else contextlib.nullcontext():
                 got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables,
                                                                 lens, *heads, counters, num_splits=num_splits,
-                                                                block_n=block_n)
+                                                                block_n=block_n, merge_in_kernel=merge_in_kernel)
             assert got.shape == (batch, q_heads * dim) and got.is_contiguous()
             compare(f"attention decode out (call {call})", got, want)
             assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
@@ -367,8 +369,8 @@ def _child_checks() -> dict:
         "decode_gqa3_d32_bs16_split2": lambda: check_decode(6, 2, 32, 16, 2),
         "decode_auto_splits": lambda: check_decode(2, 1, 16, 8, None),
         # (Hq, Hkv, D, rotary_dim, block_size, splits): the model's partial rotary (1/4) and full rotary; blocks smaller
-        # and larger than the key tile; one split (gated in the kernel), and splits (merged and gated by the last split
-        # program of each group to finish, the last split owning the new token), 3 of them: not a power of two
+        # and larger than the key tile; one split (gated in the kernel), and splits (merged and gated by the reduce
+        # kernel, the last split owning the new token), 3 of them: not a power of two
         "attention_decode_gqa2_d16_bs4_split1": lambda: check_attention_decode(4, 2, 16, 4, 4, 1),
         "attention_decode_gqa2_d16_bs4_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4),
         "attention_decode_gqa4_d32_bs16_split2": lambda: check_attention_decode(8, 2, 32, 8, 16, 2),
@@ -376,14 +378,16 @@ def _child_checks() -> dict:
         "attention_decode_d24_contiguous_split1": lambda: check_attention_decode(3, 1, 24, 6, 4, 1, strided=False),
         "attention_decode_auto_splits": lambda: check_attention_decode(2, 1, 16, 8, 8, None),
         "attention_decode_bs32_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16),
-        # two calls in a row on the same counters (the first call's last programs must have reset them), programs in
-        # a random order
-        "attention_decode_twice_same_counters_split3": lambda: check_attention_decode(4, 2, 16, 4, 4, 3, calls=2,
-                                                                                     shuffled=True),
-        "attention_decode_twice_same_counters_split4": lambda: check_attention_decode(8, 2, 32, 8, 16, 4, calls=2,
-                                                                                     shuffled=True),
-        "attention_decode_fallback_counters_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4,
-                                                                                   own_counters=False),
+        # the merge in the kernel (MERGE_IN_KERNEL): two calls in a row on the same counters (the first call's last
+        # programs must have reset them), programs in a random order; the wrapper's own counters
+        "attention_decode_merge_in_kernel_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4,
+                                                                                 merge_in_kernel=True),
+        "attention_decode_twice_same_counters_split3": lambda: check_attention_decode(
+            4, 2, 16, 4, 4, 3, calls=2, shuffled=True, merge_in_kernel=True),
+        "attention_decode_twice_same_counters_split4": lambda: check_attention_decode(
+            8, 2, 32, 8, 16, 4, calls=2, shuffled=True, merge_in_kernel=True),
+        "attention_decode_fallback_counters_split4": lambda: check_attention_decode(
+            4, 2, 16, 4, 4, 4, own_counters=False, merge_in_kernel=True),
         "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
         "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
         "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
@@ -455,6 +459,7 @@ CHECK_NAMES = [
     "attention_decode_d24_contiguous_split1",
     "attention_decode_auto_splits",
     "attention_decode_bs32_tile16_split2",
+    "attention_decode_merge_in_kernel_split4",
     "attention_decode_twice_same_counters_split3",
     "attention_decode_twice_same_counters_split4",
     "attention_decode_fallback_counters_split4",

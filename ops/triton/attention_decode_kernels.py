@@ -2,8 +2,9 @@
 
 Why: at decode batch 1 the unfused path launches ~7 small kernels per attention layer (q_norm, k_norm, rotary,
 store_kv, the paged attention split and reduce kernels, the sigmoid gate), each mostly launch and dependency
-latency. This is one kernel, whether or not the context is split, reading q, gate, k and v straight from the
-qkv_proj output row by offset (no split copies) and writing the gated output o_proj reads.
+latency. This is one kernel (plus the reduce kernel when the context is split, unless ``MERGE_IN_KERNEL``), reading
+q, gate, k and v straight from the qkv_proj output row by offset (no split copies) and writing the gated output
+o_proj reads.
 
 Grid ``(B, Hkv, NUM_SPLITS)``, as the paged decode kernel (ops/triton/paged_attention_kernels.py, whose tile loads,
 online-softmax step, split count, partials and split merge this reuses). Program (b, h, s):
@@ -17,13 +18,14 @@ online-softmax step, split count, partials and split merge this reuses). Program
     token into its softmax from registers, rounded to the cache dtype first, i.e. exactly what the reference reads
     back from the cache. No program reads a row another program of the launch writes, so there is no ordering to
     enforce. The owner does at most one token more than the others: no imbalance worth a smarter choice;
-  * one split: normalise, multiply by ``sigmoid(gate)`` and store ``[B, Hq*D]``; more: store the partials, and the
-    LAST of the group's NUM_SPLITS programs to finish merges them (below).
+  * one split: normalise, multiply by ``sigmoid(gate)`` and store ``[B, Hq*D]``; more: store the partials, which
+    the reduce kernel (launched with PDL) merges and gates, or with ``MERGE_IN_KERNEL`` the LAST of the group's
+    NUM_SPLITS programs to finish (below).
 A padding lane (context_len 0) attends to nothing and writes zeros; its owner still stores k and v, into the null
 block its slot points at (padding lanes race there by design; nobody reads it).
 
-Split merge, "last block done" (saves the reduce kernel's launch: ~1.5-2 µs of a batch-1 step's dependent chain per
-attention layer, PDL included). ``split_counters[b, h]`` (int32, zero between calls) counts the finished splits of
+Split merge in the kernel, "last block done" (``MERGE_IN_KERNEL``; meant to save the reduce kernel's launch, ~1.5-2
+µs of a batch-1 step's dependent chain per attention layer, but measured slower: see ``MERGE_IN_KERNEL``). ``split_counters[b, h]`` (int32, zero between calls) counts the finished splits of
 group (b, h). Each split program stores its partials, passes a CTA barrier, and adds 1 with an ``acq_rel`` atomic
 at GPU scope; the program that reads NUM_SPLITS - 1 merges the group's partials with ``_merge_splits`` (the code the
 paged decode's reduce kernel runs, same operations in the same order; compiled offline for sm_90a at D 256, 64
@@ -52,8 +54,8 @@ gate as ``_sigmoid_gated`` does, stores the ``G`` output rows and stores 0 back 
 Cost: the merging program reads, per query head, the ``D`` fp32 accumulator of every split that saw a key (empty
 splits are masked off) from L2: at batch 1 and the 0.8B shape (64 splits of >= 64 tokens, G = 4) 4 KiB per
 non-empty split and head, up to ``4 x 64 x 256 x 4`` bytes = 256 KiB past 4,032 tokens of context, in one program per
-KV head, where the reduce kernel spread it over one program per query head: a serial tail to weigh against the
-launch it saves, on a GPU.
+KV head, where the reduce kernel spreads it over one program per query head: a serial tail that, on the H200,
+outweighed the launch it saves (``MERGE_IN_KERNEL``).
 
 PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_wait``, everything else after (the
 counter atomics and the partials' loads included), and o_proj's skinny GEMM (a PDL kernel) can load its weights while
@@ -67,12 +69,14 @@ spill stores with 16 splits, 460 with one, where the paged decode kernel takes 2
 (paged: 316). With the split merge in the kernel (offline again, ptxas 13.4, 16-byte aligned pointers, 4 warps):
 255 registers and 556 bytes of spill stores at 4 and 16 splits, where the same compile of the kernel without it
 takes 512, 176 at 64 splits (512), one split unchanged (428); 8 warps at 64 splits: 189 registers, no spills.
-Timings not measured yet: written without a GPU. ``tl.cos``/``tl.sin`` compile to libdevice's
+``tl.cos``/``tl.sin`` compile to libdevice's
 ``__nv_cosf``/``__nv_sinf`` (full range reduction, as torch's), not the approximate instructions: positions reach
 ~1e5 and ``inv_freq[0]`` is 1.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -90,8 +94,17 @@ from ops.triton.paged_attention_kernels import (
     _store_partials,
     _tile_n,
     decode_num_splits,
+    reduce_splits,
 )
 from ops.triton.pdl import pdl_flags
+
+# How a split context is merged: by the reduce kernel, a second PDL launch (False, the default), or by the last split
+# program of each (sequence, KV head), counting finished splits in ``split_counters`` ("last block done", below:
+# True). The in-kernel merge saves a launch but serialises the merge of the G query heads in one program behind an
+# atomic round trip: in bench/results/h200-2026-11-30/run25-session the batch-1 graph took 0.779 ms with it (the
+# attention kernel charged 17.5 µs a layer on the critical path) against 0.736 ms in run 24 with the reduce kernel
+# (a machine with 2% more copy bandwidth). CE_ATTENTION_MERGE=kernel selects it, to compare (read once, at import).
+MERGE_IN_KERNEL = os.environ.get("CE_ATTENTION_MERGE", "reduce") == "kernel"
 
 
 @triton.jit
@@ -159,6 +172,7 @@ def _attention_decode_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    MERGE_IN_KERNEL: tl.constexpr,  # NUM_SPLITS > 1: the last split merges (True), or the reduce kernel after (False)
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py
 ):
     K_START = 2 * NUM_Q_HEADS * HEAD_DIM  # [q_gate | k | v]
@@ -250,6 +264,7 @@ def _attention_decode_kernel(
     else:
         _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, acc, g_mask, offs_d, d_mask,
                         NUM_Q_HEADS, HEAD_DIM, NUM_SPLITS)
+    if NUM_SPLITS > 1 and MERGE_IN_KERNEL:
         # "Last block done" (module docstring): every warp's partial stores are issued before the one thread that
         # runs the scalar atomic releases them with the increment. (Triton 3.9 inserts this barrier itself before an
         # acq_rel atomic; older versions may not, so it is explicit: one more bar.sync where both exist.)
@@ -293,9 +308,11 @@ def attention_decode(
     num_splits: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
+    merge_in_kernel: bool | None = None,
 ) -> torch.Tensor:
     """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n`` and
-    ``num_warps`` override the defaults (the paged decode kernel's split count and key tile, 4 warps).
+    ``num_warps`` override the defaults (the paged decode kernel's split count and key tile, 4 warps), and
+    ``merge_in_kernel`` the module's ``MERGE_IN_KERNEL`` (which merges a split context: see there).
 
     ``split_counters``: the persistent zeroed buffer the split programs count on (the layer's, from
     compiled_engine/cache.py); the kernel leaves it zero. Without one (a test calling this directly) a zeroed one is
@@ -312,11 +329,14 @@ def attention_decode(
     dot_fp32 = _dot_fp32(projected, k_cache)
     if block_n is None:
         block_n = _tile_n(head_dim, 4 if dot_fp32 else k_cache.element_size())
+    merge_in_kernel = MERGE_IN_KERNEL if merge_in_kernel is None else merge_in_kernel
     if num_splits > 1:
         part_acc = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=out.device)
         part_max = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=out.device)
         part_sum = torch.empty_like(part_max)
-        if split_counters is None:
+        if not merge_in_kernel:
+            split_counters = context_lens.view(-1, 1)  # never touched (a placeholder pointer; strides unused)
+        elif split_counters is None:
             split_counters = torch.zeros(batch, num_kv_heads, dtype=torch.int32, device=out.device)
         elif (split_counters.dim() != 2 or split_counters.dtype != torch.int32 or split_counters.shape[0] < batch
               or split_counters.shape[1] < num_kv_heads or split_counters.device != out.device):
@@ -348,7 +368,7 @@ def attention_decode(
         *k_cache.stride(),
         *v_cache.stride(),
         *block_tables.stride(),
-        *(split_counters.stride() if num_splits > 1 else (0, 0)),
+        *(split_counters.stride() if num_splits > 1 and merge_in_kernel else (0, 0)),
         NUM_Q_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         GROUP=num_heads // num_kv_heads,
@@ -361,7 +381,14 @@ def attention_decode(
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
         DOT_FP32=dot_fp32,
+        MERGE_IN_KERNEL=merge_in_kernel,
         num_warps=num_warps,
         **pdl_flags(projected),
     )
+    if num_splits > 1 and not merge_in_kernel:
+        # gate_h of each row: D channels at offset (2h + 1) * D of projected, as a [B, Hq, D] view (no copy)
+        stride_b, stride_c = projected.stride()
+        gate = projected.as_strided((batch, num_heads, head_dim), (stride_b, 2 * head_dim * stride_c, stride_c),
+                                    projected.storage_offset() + head_dim * stride_c)
+        reduce_splits(part_acc, part_max, part_sum, out.view(batch, num_heads, head_dim), gate, use_pdl=True)
     return out

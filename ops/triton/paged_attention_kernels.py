@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.triton.pdl import pdl_flags
+
 
 # Prefill tiles find their sequence by a prefix sum over the step's sequence lengths, SEQS_P wide. At least 256 wide,
 # so the kernel is compiled once for every step of up to 256 sequences instead of once per power of two (a variant
@@ -225,15 +227,24 @@ def _paged_decode_reduce_kernel(
     part_max,
     part_sum,
     out_ptr,
+    gate_ptr,  # GATED: [B, Hq, D] by the strides below; the output is attn * sigmoid(gate)
     stride_o_b,
     stride_o_h,
     stride_o_d,
+    stride_g_b,
+    stride_g_h,
+    stride_g_d,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     NUM_SPLITS_P: tl.constexpr,
+    GATED: tl.constexpr,
+    USE_PDL: tl.constexpr,  # ops/triton/pdl.py: no weights to load, so it waits at once
 ):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, NUM_SPLITS_P)
@@ -242,6 +253,9 @@ def _paged_decode_reduce_kernel(
     d_mask = offs_d < HEAD_DIM
     row0 = (seq * NUM_Q_HEADS + head) * NUM_SPLITS
     out = _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM, "")
+    if GATED:
+        gate = tl.load(gate_ptr + seq * stride_g_b + head * stride_g_h + offs_d * stride_g_d, mask=d_mask, other=0.0)
+        out = _sigmoid_gated(out, gate, out_ptr.dtype.element_ty)
     tl.store(out_ptr + seq * stride_o_b + head * stride_o_h + offs_d * stride_o_d,
              out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
@@ -285,22 +299,29 @@ def reduce_splits(
     part_max: torch.Tensor,  # [B, Hq, NUM_SPLITS] fp32
     part_sum: torch.Tensor,  # [B, Hq, NUM_SPLITS] fp32
     out: torch.Tensor,  # [B, Hq, D], any strides (written)
+    gate: torch.Tensor | None = None,  # [B, Hq, D], any strides: out = attn * sigmoid(gate)
+    use_pdl: bool = False,  # launched with PDL (ops/triton/pdl.py) after a PDL split kernel
 ) -> None:
     """Merge the split kernel's per-split (max, sum, accumulator) triples into ``out``: one program per query head."""
     batch, num_q_heads, num_splits, head_dim = part_acc.shape
     head_dim_p = triton.next_power_of_2(head_dim)
+    gate_or_out = out if gate is None else gate  # a placeholder pointer the GATED=False kernel never reads
     _paged_decode_reduce_kernel[(batch, num_q_heads)](
         part_acc,
         part_max,
         part_sum,
         out,
+        gate_or_out,
         *out.stride(),
+        *gate_or_out.stride(),
         NUM_Q_HEADS=num_q_heads,
         HEAD_DIM=head_dim,
         HEAD_DIM_P=head_dim_p,
         NUM_SPLITS=num_splits,
         NUM_SPLITS_P=triton.next_power_of_2(num_splits),
+        GATED=gate is not None,
         num_warps=4 if head_dim_p >= 128 else 1,
+        **(pdl_flags(out) if use_pdl else {"USE_PDL": False}),
     )
 
 
