@@ -5,7 +5,7 @@ A batch-1 decode step is a chain of dependent kernels, launched with PDL (ops/tr
 while the one before still runs, prefetch weights, and must then wait for its input. How long a config takes there
 depends on what it overlaps, so a config timed alone (the autotuner: one call, the L2 flushed, nothing before it)
 can be ranked wrongly: the autotuner once picked 16 x 256 for out_proj's [1024, 2048] where 2 x 2048 takes a third
-of the time in a chain (bench/results/h200-2026-11-29/run23-session). Here the 97 matmuls of a Qwen3.5-0.8B step run
+of the time in a chain (bench/results/h200-2026-11-30/run23-baseline). Here the 97 matmuls of a Qwen3.5-0.8B step run
 in model order in one CUDA graph, as the model calls them: in_proj / qkv and gate_up with the residual add + RMSNorm
 in their prologue (``add_rms_norm_skinny_gemm``), out_proj / o_proj reading the first 2,048 columns of the one
 before, down with the SiLU gate in its prologue, lm_head last, every layer with its own weights (1.5 GB: DRAM, not

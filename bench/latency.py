@@ -264,7 +264,8 @@ def _skinny_gemm_picks() -> dict:
     from ops.triton import gemv_kernels
 
     picks = {f"rows=2 {key}": str(config) for key, config in gemv_kernels.dot_autotuner().cache.items()}
-    picks["rows=1 N <= %d" % gemv_kernels.GEMV_NARROW_N] = str(gemv_kernels.GEMV_NARROW)
+    picks["rows=1 N <= %d, K <= 2048" % gemv_kernels.GEMV_NARROW_N] = str(gemv_kernels.GEMV_NARROW)
+    picks["rows=1 N <= %d, K > 2048" % gemv_kernels.GEMV_NARROW_N] = str(gemv_kernels.GEMV_NARROW_LONG_K)
     picks["rows=1 wider"] = str(gemv_kernels.GEMV_WIDE)
     return picks
 

@@ -259,22 +259,28 @@ def _config(block_n: int, block_k: int, split_k: int, num_warps: int, num_stages
 
 # M == 1 (the GEMV path): configs by rule, not by the autotuner. A batch-1 step is a chain of dependent PDL launches,
 # where a config's worth depends on what it overlaps; the autotuner times each call alone (the L2 flushed, nothing
-# before it) and ranked them wrongly: in run 23 it picked 16 x 256 for the [1024, 2048] out_proj, which takes 7.95 µs a
-# call in a chain against 2.34 for 2 x 2048 (run 14's sweep), and the step's GPU time went from 0.824 to 0.953 ms. The
+# before it) and ranked them wrongly: in run 23 (bench/results/h200-2026-11-30/run23-baseline) it picked 16 x 256 for
+# the [1024, 2048] out_proj, which takes 7.95 µs a call in a chain against 2.34 for 2 x 2048 (run 14's sweep), and the
+# step's GPU time went from 0.824 to 0.953 ms. The
 # rule comes from bench/gemv_chain.py: the model's 97 matmuls in model order, with their prologues, timed in one CUDA
-# graph, each role's candidates tried with the others fixed (bench/results/h200-2026-11-29/run24-session).
-GEMV_NARROW_N = 2048  # outputs up to this wide: latency-bound (4-8 MB), many programs of 2 rows loading whole K rows
-GEMV_NARROW = _config(2, 2048, 1, 8, 1)  # out_proj, o_proj [1024, 2048]; down [1024, 3584] in two loads
+# graph, each role's candidates tried with the others fixed (bench/results/h200-2026-11-30/run24-gemv-rule: the rule
+# then took 535.9 µs a step, the descent's best 523.9; of that gap only down's 4 x 2048 was beyond the run's ~3 µs
+# noise, in both passes, and is taken here; the wide roles' alternatives were within it).
+GEMV_NARROW_N = 2048  # outputs up to this wide: latency-bound (4-8 MB), many programs loading K in 2,048-wide rows
+GEMV_NARROW = _config(2, 2048, 1, 8, 1)  # out_proj, o_proj [1024, 2048]: whole rows in one load, 512 programs
+GEMV_NARROW_LONG_K = _config(4, 2048, 1, 8, 1)  # K > 2048, down [1024, 3584]: two loads, 256 programs (-12 µs a step)
 GEMV_WIDE = _config(8, 256, 1, 4, 4)  # in_proj, gate_up, qkv [5120..8224, 1024]; lm_head
 
 
 def gemv_config(n: int, k: int) -> triton.Config:
     """The GEMV path's config for a [n, k] weight (see ``GEMV_NARROW_N``)."""
-    return GEMV_NARROW if n <= GEMV_NARROW_N else GEMV_WIDE
+    if n <= GEMV_NARROW_N:
+        return GEMV_NARROW if k <= 2048 else GEMV_NARROW_LONG_K
+    return GEMV_WIDE
 
 
 # Every config gemv_config may return, and a few more (the tests run them all; bench/ops_microbench.py sweeps them).
-GEMV_CONFIGS = [GEMV_NARROW, GEMV_WIDE, _config(4, 1024, 1, 8, 2), _config(4, 512, 1, 4, 3),
+GEMV_CONFIGS = [GEMV_NARROW, GEMV_NARROW_LONG_K, GEMV_WIDE, _config(4, 1024, 1, 8, 2), _config(4, 512, 1, 4, 3),
                 _config(32, 256, 1, 8, 3)]
 # M = 2..16: autotuned. Few configs: each one costs a compile and a benchmark per (N, K) at start-up. Column-block
 # counts are for the Qwen3.5-0.8B shapes: N = 1024 (out_proj, down_proj, o_proj), 5120..8224 (qkv, gate_up, in_proj),
