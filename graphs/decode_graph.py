@@ -12,8 +12,8 @@ The graphs are captured by the runner itself (``capture="runner"``, the default)
 cudagraph trees and each bucket's compiled call is captured into a ``torch.cuda.CUDAGraph``, so a replay is one
 ``graph.replay()``. ``capture="trees"`` leaves capture and replay to torch's reduce-overhead (cudagraph trees),
 which costs ~0.3 ms of host time per step in guards and bookkeeping (``CUDA_GRAPH_CAPTURES``).
-Everything from token ids to logits and greedy tokens, the in-place cache/state updates included, is one graph: traced with
-``fullgraph=True`` (a graph break raises), static tensor shapes with the bucket size as the only symbolic value (at
+Everything from token ids to logits and greedy tokens, the in-place cache/state updates included, is one graph:
+traced with ``fullgraph=True`` (a graph break raises), static tensor shapes with the bucket size as the only symbolic value (at
 most three compiles: see ``expected_compiles``), every kernel a ``torch.ops.ce`` custom op or an aten op; one CUDA
 graph per bucket.
 

@@ -25,8 +25,8 @@ A padding lane (context_len 0) attends to nothing and writes zeros; its owner st
 block its slot points at (padding lanes race there by design; nobody reads it).
 
 Split merge in the kernel, "last block done" (``MERGE_IN_KERNEL``; meant to save the reduce kernel's launch, ~1.5-2
-µs of a batch-1 step's dependent chain per attention layer, but measured slower: see ``MERGE_IN_KERNEL``). ``split_counters[b, h]`` (int32, zero between calls) counts the finished splits of
-group (b, h). Each split program stores its partials, passes a CTA barrier, and adds 1 with an ``acq_rel`` atomic
+µs of a batch-1 step's dependent chain per attention layer, but measured slower: see ``MERGE_IN_KERNEL``).
+``split_counters[b, h]`` (int32, zero between calls) counts the finished splits of group (b, h). Each split program stores its partials, passes a CTA barrier, and adds 1 with an ``acq_rel`` atomic
 at GPU scope; the program that reads NUM_SPLITS - 1 merges the group's partials with ``_merge_splits`` (the code the
 paged decode's reduce kernel runs, same operations in the same order; compiled offline for sm_90a at D 256, 64
 splits, 4 warps, its tiles get the same layouts in both kernels, hence the same fp32 summation order), applies the

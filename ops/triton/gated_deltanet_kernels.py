@@ -117,7 +117,8 @@ def _gated_deltanet_decode_kernel(
     norm_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)
     slot = tl.load(state_slots + seq).to(tl.int64)
     conv_rows = conv_state + slot * stride_cs_slot
-    state_heads = recurrent_state + slot * stride_rs_slot + offs_k[:, None] * stride_rs_k + offs_v[None, :] * stride_rs_v
+    state_heads = (recurrent_state + slot * stride_rs_slot + offs_k[:, None] * stride_rs_k
+                   + offs_v[None, :] * stride_rs_v)
     q_channels = k_head * DK + offs_k
     k_channels = KEY_DIM + k_head * DK + offs_k
     q_rows = conv_rows + q_channels * stride_cs_c
