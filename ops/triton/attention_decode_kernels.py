@@ -86,9 +86,8 @@ from ops.attention_decode import check_shapes
 from ops.triton.paged_attention_kernels import (
     LOG2E,
     NEG_BIG,
-    _attend_tile,
+    _attend_range,
     _dot_fp32,
-    _load_kv_tile,
     _merge_splits,
     _sigmoid_gated,
     _store_partials,
@@ -243,15 +242,10 @@ def _attention_decode_kernel(
     per_split = tl.cdiv(tl.cdiv(cached, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, cached)
-    bt_row = block_tables + seq * stride_bt_b
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        k = _load_kv_tile(k_cache, bt_row, stride_bt_n, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, BLOCK_SIZE)
-        v = _load_kv_tile(v_cache, bt_row, stride_bt_n, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
-        m_i, l_i, acc = _attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, scale_log2, DOT_FP32)
+    m_i, l_i, acc = _attend_range(q, k_cache, v_cache, block_tables + seq * stride_bt_b, stride_bt_n, start, end,
+                                  kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
+                                  stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, m_i,
+                                  l_i, acc, scale_log2, BLOCK_SIZE, BLOCK_N, DOT_FP32)
 
     if NUM_SPLITS == 1:
         # l_i == 0 only for a padding lane, whose acc is 0: zeros, not 0/0, times the gate.

@@ -313,20 +313,17 @@ def _prune(configs: list, named_args: dict, **kwargs) -> list:
 _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
-def _autotuned(configs: list):
-    return triton.autotune(
-        configs=configs,
-        key=["N", "K", "GATED_X", "NORM_X"],
-        prune_configs_by={"early_config_prune": _prune},
-        post_hook=_sum_split_k,
-        # Shorter than the default (25 ms warm-up, 100 ms timed) per config: start-up tunes ~7 keys x 6 configs,
-        # and a call takes 1..150 µs, so 20 ms is still hundreds of timed runs.
-        do_bench=functools.partial(triton.testing.do_bench, warmup=5, rep=20),
-        **_CACHE_RESULTS,
-    )(_skinny_gemm_kernel)
-
-
-_DOT_TUNER = _autotuned(DOT_CONFIGS)
+# The 2..16-row path's autotuner (the one-row path uses gemv_config).
+_DOT_TUNER = triton.autotune(
+    configs=DOT_CONFIGS,
+    key=["N", "K", "GATED_X", "NORM_X"],
+    prune_configs_by={"early_config_prune": _prune},
+    post_hook=_sum_split_k,
+    # Shorter than the default (25 ms warm-up, 100 ms timed) per config: start-up tunes ~7 keys x 6 configs, and a
+    # call takes 1..150 µs, so 20 ms is still hundreds of timed runs.
+    do_bench=functools.partial(triton.testing.do_bench, warmup=5, rep=20),
+    **_CACHE_RESULTS,
+)(_skinny_gemm_kernel)
 
 
 def block_rows(rows: int) -> int:

@@ -89,6 +89,25 @@ def _attend_tile(q, k, v, scores_mask, m_i, l_i, acc, scale_log2, DOT_FP32: tl.c
 
 
 @triton.jit
+def _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, start, end, kv_head, offs_d, d_mask,
+                  stride_k_block, stride_k_offset, stride_k_head, stride_k_dim,
+                  stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
+                  m_i, l_i, acc, scale_log2, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DOT_FP32: tl.constexpr):
+    """Fold the cached keys/values at positions ``[start, end)`` of one sequence's KV head (block table row
+    ``bt_row``) into (m_i, l_i, acc), BLOCK_N at a time: a decode split's whole key loop."""
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        k = _load_kv_tile(k_cache, bt_row, stride_bt_n, offs_n, n_mask, kv_head, offs_d, d_mask,
+                          stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, BLOCK_SIZE)
+        v = _load_kv_tile(v_cache, bt_row, stride_bt_n, offs_n, n_mask, kv_head, offs_d, d_mask,
+                          stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
+        m_i, l_i, acc = _attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, scale_log2, DOT_FP32)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, acc, g_mask, offs_d, d_mask,
                     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
     """A split's (max, sum, accumulator) for query heads ``heads``, where ``_paged_decode_reduce_kernel`` reads them."""
@@ -198,15 +217,10 @@ def _paged_decode_kernel(
     m_i = tl.full([GROUP_P], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([GROUP_P], dtype=tl.float32)
     acc = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
-    bt_row = block_tables + seq * stride_bt_b
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        k = _load_kv_tile(k_cache, bt_row, stride_bt_n, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, BLOCK_SIZE)
-        v = _load_kv_tile(v_cache, bt_row, stride_bt_n, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
-        m_i, l_i, acc = _attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, scale_log2, DOT_FP32)
+    m_i, l_i, acc = _attend_range(q, k_cache, v_cache, block_tables + seq * stride_bt_b, stride_bt_n, start, end,
+                                  kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
+                                  stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, m_i,
+                                  l_i, acc, scale_log2, BLOCK_SIZE, BLOCK_N, DOT_FP32)
 
     if NUM_SPLITS == 1:
         # l_i == 0 only for a padding lane (context_len 0), whose acc is 0: write zeros, not 0/0.
