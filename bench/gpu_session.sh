@@ -8,13 +8,13 @@
 #      every later engine finds them cached; throughput profiles its first step);
 #   4. bench latency again in a fresh process (the spread between processes: autotuner picks, host), with cudagraph
 #      trees instead of the runner's own CUDA graphs (CE_CUDA_GRAPHS=trees), with the attention split merge in the
-#      kernel (CE_ATTENTION_MERGE=kernel), and with CE_PDL=0 (programmatic
+#      kernel (CE_ATTENTION_MERGE=kernel), without the GEMV's L2 prefetch (CE_L2_PREFETCH=0), and with CE_PDL=0 (programmatic
 #      dependent launch off: the A/B for ops/triton/pdl.py);
 #      bench step_profile (runtime decode at batch 1/8/64/256, the engine's own overlapped decode steps at the same
 #      batches, one 8,192-token prefill step: GPU ms by kernel category, host ms, kernels per step);
 #   5. throughput with 16,384-token prefill steps, throughput with prefix caching on, latency + throughput with the
 #      synchronous engine (--no-overlap-decode), the compile tests, bench snapshot_methods, bench prefix;
-#   6. bench/gemv_chain.py (the step's matmul chain, coordinate descent over the one-row configs: gemv_config's data)
+#   6. bench/gemv_chain.py (the step's matmul chain: the rule's configs with and without the L2 prefetch; coordinate descent over the one-row configs: gemv_config's data)
 #      and bench/gemv_sweep.py (skinny GEMM configs timed back to back): tuning data, best run alone.
 # HF's numbers come from bench/run_h200.sh (they do not change with our code); tensor parallelism from
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
@@ -71,6 +71,8 @@ stage latency_trees 120 env CE_CUDA_GRAPHS=trees python3 -m bench latency -p lat
     --out "$WORK/latency_trees"
 stage latency_merge_kernel 90 env CE_ATTENTION_MERGE=kernel python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" \
     --out "$WORK/latency_merge_kernel"
+stage latency_prefetch_off 90 env CE_L2_PREFETCH=0 python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" \
+    --out "$WORK/latency_prefetch_off"
 stage latency_pdl_off 60 env CE_PDL=0 python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/latency_pdl_off"
 stage step_profile 90 python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8,64,256 --out "$WORK/profile"
 stage step_profile_pdl_off 120 env CE_PDL=0 python3 -m bench step_profile "${BENCH[@]}" -p batches=1,8 -p top=40 \
@@ -81,11 +83,14 @@ stage main_sync 60 python3 -m bench latency,throughput -p latency.repeats=2 "${B
 stage test_compile 100 python3 -m pytest -q -x tests/test_compile_gpu.py -p no:cacheprovider --durations=5
 stage snapshot_methods 45 python3 -m bench snapshot_methods --out "$WORK/snapshot"
 stage prefix 110 python3 -m bench prefix "${BENCH[@]}" --out "$WORK/prefix"
+stage gemv_chain_rule 60 python3 bench/gemv_chain.py --passes 0 --out "$WORK/gemv_chain_rule"
+stage gemv_chain_rule_prefetch_off 60 env CE_L2_PREFETCH=0 python3 bench/gemv_chain.py --passes 0 \
+    --out "$WORK/gemv_chain_rule_prefetch_off"
 stage gemv_chain 150 python3 bench/gemv_chain.py --out "$WORK/gemv_chain"
 [ -f "$WORK/gemv_chain/gemv_chain.json" ] && cp "$WORK/gemv_chain/gemv_chain.json" "$OUT/"
 stage gemv_sweep 200 python3 bench/gemv_sweep.py --out "$WORK/gemv_sweep"
 [ -f "$WORK/gemv_sweep/gemv_sweep.json" ] && cp "$WORK/gemv_sweep/gemv_sweep.json" "$OUT/"
-dirs=(); for d in profile profile_pdl_off main latency_again latency_trees latency_merge_kernel latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
+dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_merge_kernel latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done

@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from ops.triton.l2_prefetch import l2_prefetch_flags, prefetch_l2_slab
 from ops.triton.pdl import pdl_flags
 
 DOT_ROWS = 16  # tl.dot needs every dimension >= 16: 2..16 rows of x are padded to 16
@@ -145,8 +146,10 @@ def _skinny_gemm_kernel(
     SPLIT_K: tl.constexpr,
     GATED_X: tl.constexpr,  # x is [M, 2K] = [gate | up] and the matmul's input is silu(gate) * up
     NORM_X: tl.constexpr,  # the matmul's input is the zero-centred RMSNorm of residual + x
+    prefetch_programs,  # PREFETCH_L2: how many programs (the first ones) share the weight's L2 prefetch
     NORM_BLOCK: tl.constexpr,  # NORM_X, GEMV path: the row-statistics pass's block, >= K where K allows
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent launch (see the module docstring)
+    PREFETCH_L2: tl.constexpr,  # the weight is brought into L2 before the wait (ops/triton/l2_prefetch.py)
 ):
     if USE_PDL:
         # The next kernel on the stream, if it is launched with PDL too, may start now: its weight loads overlap
@@ -154,6 +157,9 @@ def _skinny_gemm_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    if PREFETCH_L2:  # the whole (contiguous) weight, split over the first programs, before anything is waited for
+        prefetch_l2_slab(weight, N * K * weight.dtype.element_ty.primitive_bitwidth // 8,
+                         pid_k * tl.num_programs(0) + pid_n, prefetch_programs)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -393,7 +399,7 @@ def _launch(x, weight, config, block_m, gated: bool = False, norm: tuple | None 
     args = (x, weight, out, partials, rows, n, k, *x.stride(), *weight.stride(), *out.stride(),
             residual, norm_weight, summed, residual.stride(0), eps)
     flags = {"BLOCK_M": block_m, "GATED_X": gated, "NORM_X": norm is not None,
-             "NORM_BLOCK": min(triton.next_power_of_2(k), NORM_BLOCK_MAX), **pdl_flags(x)}
+             "NORM_BLOCK": min(triton.next_power_of_2(k), NORM_BLOCK_MAX), **pdl_flags(x), **l2_prefetch_flags(weight)}
     if config is None:
         _DOT_TUNER[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
         config = _DOT_TUNER.best_config
