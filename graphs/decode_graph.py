@@ -261,6 +261,7 @@ class DecodeGraphRunner:
         self._stance: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         # capture == "runner": bucket -> (its CUDA graph, the output buffers the graph writes), filled by warmup().
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
+        self._pool = None  # the memory pool the runner's graphs share (set by warmup)
         self.warmed_up = False
         self.startup_seconds: float | None = None
         self.bucket_seconds: dict[int, float] = {}
@@ -296,23 +297,12 @@ class DecodeGraphRunner:
         enable_compile_caches()
         register_inductor_fallbacks(OPS)
         raise_recompile_limit(len(self.policy))
-        runs = {"trees": 3, "runner": 2}.get(self.capture, 1)
-        pool = torch.cuda.graph_pool_handle() if self.capture == "runner" else None
+        self._pool = torch.cuda.graph_pool_handle() if self.capture == "runner" else None
         start = time.perf_counter()
         self.static.clear()
         for bucket in reversed(self.policy.sizes):
             t0 = time.perf_counter()
-            for _ in range(runs):
-                self._replay(bucket)
-            if self.capture == "runner":
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool), self._stance():
-                    outputs = self._compiled(self.model, *self.static.tensors(), bucket)
-                self._graphs[bucket] = (graph, outputs)
-                self._replay(bucket)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            self._compile_and_capture(bucket)
             self.bucket_seconds[bucket] = time.perf_counter() - t0
             logger.debug("decode bucket %d: compiled and captured in %.1f s", bucket, self.bucket_seconds[bucket])
         self.startup_seconds = time.perf_counter() - start
@@ -327,6 +317,33 @@ class DecodeGraphRunner:
             self.startup_seconds,
         )
         return self.startup_seconds
+
+    def _compile_and_capture(self, bucket: int) -> None:
+        runs = {"trees": 3, "runner": 2}.get(self.capture, 1)
+        for _ in range(runs):
+            self._replay(bucket)
+        if self.capture == "runner":
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool), self._stance():
+                outputs = self._compiled(self.model, *self.static.tensors(), bucket)
+            self._graphs[bucket] = (graph, outputs)
+            self._replay(bucket)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def recapture(self, bucket: int) -> None:
+        """Record ``bucket``'s CUDA graph again (runner capture only), on whatever the static buffers hold.
+
+        For benchmarks that compare launch-time kernel options (ops/triton/l2_prefetch.py's policy): a CUDA graph
+        keeps the launches it recorded, so a changed option takes effect in a new recording. Like ``replay_last``,
+        the two eager runs and the replay repeat the last step's cache and state updates.
+        """
+        if self.capture != "runner" or bucket not in self._graphs:
+            raise ValueError(f"no runner-captured graph of bucket {bucket} to record again ({self.capture=})")
+        del self._graphs[bucket]
+        self._compile_and_capture(bucket)
 
     # ------------------------------------------------------------------------------------------------------ steps
     @torch.inference_mode()

@@ -810,21 +810,21 @@ def test_skinny_gemm_l2_prefetch(monkeypatch):
     bit of the result: a hint, not a value."""
     from ops.triton import gemv_kernels, l2_prefetch
 
-    if not l2_prefetch.l2_prefetch_supported():
-        pytest.skip("no bulk L2 prefetch here (pre-Hopper GPU or CE_L2_PREFETCH=0)")
-    for name in ("gdn_out_proj", "mlp_down"):
+    if l2_prefetch.l2_prefetch_policy() == "off":
+        pytest.skip("no L2 prefetch here (pre-Hopper GPU or CE_L2_PREFETCH=0)")
+    for name in ("gdn_in_proj", "mlp_gate_up"):  # >= LARGE_BYTES: prefetched by every policy but "off"
         n, k = LINEAR_SHAPES[name]
         x, weight = _linear_inputs(_seeded(21), 1, n, k)
-        assert l2_prefetch.l2_prefetch_flags(weight)["PREFETCH_L2"]
+        assert l2_prefetch.l2_prefetch_flags(weight, 512)["PREFETCH_L2"]
         prefetched = gemv_kernels.skinny_gemm(x, weight)
         _assert_linear_close(prefetched, x, weight)
         with monkeypatch.context() as patch:
-            patch.setattr(gemv_kernels, "l2_prefetch_flags", lambda w: {"PREFETCH_L2": False, "prefetch_programs": 1})
+            patch.setattr(gemv_kernels, "l2_prefetch_flags", lambda w, p: {"PREFETCH_L2": False, "prefetch_programs": 1})
             torch.testing.assert_close(gemv_kernels.skinny_gemm(x, weight), prefetched, atol=0, rtol=0)
     compiled = [kernel for cache in gemv_kernels._skinny_gemm_kernel.device_caches.values() for kernel in cache[0].values()]
     assert any("cp.async.bulk.prefetch.L2" in kernel.asm["ptx"] for kernel in compiled)
     lm_head = torch.empty(248320, 1024, dtype=torch.bfloat16, device="cuda")  # 508 MB: larger than half the L2
-    assert not l2_prefetch.l2_prefetch_flags(lm_head)["PREFETCH_L2"]
+    assert not l2_prefetch.l2_prefetch_flags(lm_head, 31040)["PREFETCH_L2"]
 
 
 def test_linear_dispatch():

@@ -399,13 +399,15 @@ def _launch(x, weight, config, block_m, gated: bool = False, norm: tuple | None 
     args = (x, weight, out, partials, rows, n, k, *x.stride(), *weight.stride(), *out.stride(),
             residual, norm_weight, summed, residual.stride(0), eps)
     flags = {"BLOCK_M": block_m, "GATED_X": gated, "NORM_X": norm is not None,
-             "NORM_BLOCK": min(triton.next_power_of_2(k), NORM_BLOCK_MAX), **pdl_flags(x), **l2_prefetch_flags(weight)}
+             "NORM_BLOCK": min(triton.next_power_of_2(k), NORM_BLOCK_MAX), **pdl_flags(x)}
     if config is None:
+        # Every tuned config has at least N / 128 programs: the prefetch's share is sized for that many.
+        flags.update(l2_prefetch_flags(weight, triton.cdiv(n, max(c.kwargs["BLOCK_N"] for c in DOT_CONFIGS))))
         _DOT_TUNER[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
         config = _DOT_TUNER.best_config
     else:
-        _skinny_gemm_kernel[(triton.cdiv(n, config.kwargs["BLOCK_N"]), config.kwargs["SPLIT_K"])](
-            *args, **flags, **config.all_kwargs()
-        )
+        grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]), config.kwargs["SPLIT_K"])
+        flags.update(l2_prefetch_flags(weight, grid[0] * grid[1]))
+        _skinny_gemm_kernel[grid](*args, **flags, **config.all_kwargs())
     _sum_split_k({"partials": partials, "out": out, "M": rows, "N": n, "SPLIT_K": config.kwargs["SPLIT_K"]})
     return out

@@ -10,7 +10,8 @@ contiguous slabs and ask the TMA unit to bring each one into L2 (``cp.async.bulk
 64 KB, issued by one thread, nothing waited for). After the wait the kernel's loads hit L2 instead of DRAM.
 
 A prefetch is a hint: it changes no value, only where a later load finds its data. Hopper or newer (sm_90: the
-bulk prefetch instruction), CUDA only (the interpreter cannot run inline PTX), off with ``CE_L2_PREFETCH=0``.
+bulk prefetch instruction), CUDA only (the interpreter cannot run inline PTX); ``CE_L2_PREFETCH`` picks the policy
+(below; ``0`` turns it off).
 Matrices larger than half the L2 (the lm_head: 508 MB) are not prefetched: they would evict themselves, and a kernel
 that large is bandwidth-bound anyway.
 """
@@ -28,13 +29,29 @@ PIECE_BYTES = tl.constexpr(65536)  # bytes per prefetch instruction: well under 
 DEFAULT_L2_BYTES = 50 * 2**20  # H100 / H200, where the device does not report its L2 size
 
 
+# Which weights are prefetched, and by whom (``CE_L2_PREFETCH``; bench latency's ``prefetch_policies`` A/B):
+#   "whole": the first programs (one per SM) prefetch the whole weight, in one slab each;
+#   "large": the same, for weights of LARGE_BYTES or more only (not the 4-7 MB out_proj / o_proj / down, whose
+#            prefetch competes with a latency-bound predecessor: the fused GDN kernel, attention, gate_up);
+#   "tile":  every program prefetches only its own rows (only the programs launched early gain anything);
+#   "off":   none.
+L2_PREFETCH_POLICIES = ("whole", "large", "tile", "off")
+DEFAULT_L2_PREFETCH = "whole"
+LARGE_BYTES = 8 * 2**20
+
+
 @functools.cache
-def l2_prefetch_supported() -> bool:
-    """Whether kernels may issue bulk L2 prefetches: a Hopper or newer GPU, not the interpreter, not turned off with
-    ``CE_L2_PREFETCH=0`` (read once)."""
-    if os.environ.get("CE_L2_PREFETCH", "1") == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+def l2_prefetch_policy() -> str:
+    """The policy in force: ``CE_L2_PREFETCH`` (read once; "0" means "off"), "off" where bulk prefetches cannot run:
+    before Hopper (sm_90: the instruction) and in the interpreter (no inline PTX)."""
+    policy = os.environ.get("CE_L2_PREFETCH", DEFAULT_L2_PREFETCH)
+    policy = "off" if policy == "0" else policy
+    if policy not in L2_PREFETCH_POLICIES:
+        raise ValueError(f"CE_L2_PREFETCH must be one of {L2_PREFETCH_POLICIES} (or 0), got {policy!r}")
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if interpreted or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        return "off"
+    return policy
 
 
 @functools.cache
@@ -44,18 +61,20 @@ def _device_facts(index: int) -> tuple[int, int]:
     return props.multi_processor_count, getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES
 
 
-def l2_prefetch_flags(weight: torch.Tensor) -> dict:
-    """Launch arguments of a kernel with the :func:`prefetch_l2_slab` prologue for ``weight``: its ``PREFETCH_L2``
-    constexpr and ``prefetch_programs`` (how many programs share the prefetch: one per SM, the first ones launched).
-    Off unless ``weight`` is one contiguous, 16-byte aligned CUDA buffer of at most half the L2."""
+def l2_prefetch_flags(weight: torch.Tensor, programs: int) -> dict:
+    """Launch arguments of a kernel of ``programs`` programs with the :func:`prefetch_l2_slab` prologue for
+    ``weight``: its ``PREFETCH_L2`` constexpr and ``prefetch_programs`` (how many programs, the first ones, share
+    the prefetch). Off unless the policy says otherwise and ``weight`` is one contiguous, 16-byte aligned CUDA
+    buffer of at most half the L2."""
     off = {"PREFETCH_L2": False, "prefetch_programs": 1}
-    if not (weight.is_cuda and l2_prefetch_supported() and weight.is_contiguous() and weight.data_ptr() % 16 == 0):
+    policy = l2_prefetch_policy()
+    if policy == "off" or not (weight.is_cuda and weight.is_contiguous() and weight.data_ptr() % 16 == 0):
         return off
     sms, l2_bytes = _device_facts(weight.device.index if weight.device.index is not None else torch.cuda.current_device())
     nbytes = weight.numel() * weight.element_size()
-    if nbytes % 16 or nbytes > l2_bytes // 2:
+    if nbytes % 16 or nbytes > l2_bytes // 2 or (policy == "large" and nbytes < LARGE_BYTES):
         return off
-    return {"PREFETCH_L2": True, "prefetch_programs": sms}
+    return {"PREFETCH_L2": True, "prefetch_programs": programs if policy == "tile" else min(sms, programs)}
 
 
 @triton.jit
