@@ -45,7 +45,7 @@ def run(
     warmup_tokens: int = 16,
     seed: int = 0,
     replays: int = 200,
-    prefetch_policies: str = "",
+    prefetch_policies: str | list[str] = (),
 ) -> dict:
     if new_tokens < 2:
         raise ValueError("latency needs new_tokens >= 2 (one prefill token, at least one decode step)")
@@ -57,7 +57,9 @@ def run(
     runs = [_engine_run(ctx, llm.engine, prompt, new_tokens) for _ in range(repeats)]
     median_run = sorted(runs, key=lambda r: r["decode_tok_s"])[len(runs) // 2]
     runtime_only = _runtime_run(ctx, llm.runtime, prompt, new_tokens)
-    policies = tuple(p for p in prefetch_policies.split(",") if p)
+    if isinstance(prefetch_policies, str):  # one policy, or "a,b" from Python
+        prefetch_policies = prefetch_policies.split(",")
+    policies = tuple(p for p in prefetch_policies if p)
     graph_replay = _graph_replay_run(ctx, llm.runtime, prompt, replays, policies)
 
     mb = ctx.model_bytes()
