@@ -208,7 +208,8 @@ class Runtime:
             self.prefix_cache.bind_blocks(self.blocks)
         self._next_seq_id = 0
         self._queued_resets: list[int] | None = None  # fresh slots to zero, inside batched_admissions()
-        # ``decode_fn(step) -> DecodeOutput``: a decode step's logits and greedy tokens. Replaced by
+        # ``decode_fn(step) -> DecodeOutput``: a decode step's logits and greedy tokens. It may name the device it
+        # wants its steps built on as ``decode_fn.step_device`` (the runtime's device otherwise). Replaced by
         # graphs.DecodeGraphRunner when decode is compiled, whose outputs are valid only until its next call; the
         # eager path is the model itself.
         self.decode_fn = self._decode_eager
@@ -504,7 +505,10 @@ class Runtime:
         ):
             raise ValueError(f"input_ids must be [{len(seqs)}] int64 on {self.device}, got "
                              f"{tuple(input_ids.shape)} {input_ids.dtype} on {input_ids.device}")
-        step = self._build_checked_step(seqs, [1] * len(seqs), is_prefill=False)
+        # A decode function may take its steps built elsewhere (``step_device``: the graph runner takes them on the
+        # host, one copy into its graph's buffers); tensor-parallel ranks get theirs broadcast from the device.
+        device = getattr(self.decode_fn, "step_device", self.device) if self.workers is None else self.device
+        step = self._build_checked_step(seqs, [1] * len(seqs), is_prefill=False, device=device)
         if input_ids is not None:
             step = dataclasses.replace(step, input_ids=input_ids)
         out = self.execute(step)
@@ -558,10 +562,13 @@ class Runtime:
                 raise ValueError(f"sequence {seq.seq_id} would exceed max_model_len={self.max_model_len}")
         return self._build_checked_step(seqs, counts, is_prefill)
 
-    def _build_checked_step(self, seqs: Seq[Sequence], counts: Seq[int], is_prefill: bool) -> StepInputs:
-        """build_step after its checks (decode_step makes them in its own pass over the sequences)."""
+    def _build_checked_step(
+        self, seqs: Seq[Sequence], counts: Seq[int], is_prefill: bool, device: torch.device | None = None
+    ) -> StepInputs:
+        """build_step after its checks (decode makes them in its own pass over the sequences), on ``device`` (the
+        runtime's by default)."""
         self._reserve_blocks(seqs, counts)
-        step = pack_step(seqs, counts, is_prefill, self.config.block_size, self.device)
+        step = pack_step(seqs, counts, is_prefill, self.config.block_size, device or self.device)
         for seq, n in zip(seqs, counts):
             seq.num_computed_tokens += n
         return step

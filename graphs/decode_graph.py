@@ -5,9 +5,9 @@
     out = runner(step)                    # step: an unpadded decode StepInputs from Runtime.build_step
     out.logits, out.greedy_tokens         # the graph's own buffers: valid until the runner's next call
 
-Per step the host does only this: validate shapes, copy the step into the static buffers (three copies, plus
-resets only where the previous step left stale rows or columns: graphs/static_inputs.py), replay the bucket's CUDA
-graph, and return views of the live rows of its outputs.
+Per step the host does only this: validate shapes, copy the step into the static buffers (one copy for a step
+built on the host, the input ids left in place by the previous replay where they are its greedy tokens:
+graphs/static_inputs.py), replay the bucket's CUDA graph, and return views of the live rows of its outputs.
 The graphs are captured by the runner itself (``capture="runner"``, the default): the model is compiled without
 cudagraph trees and each bucket's compiled call is captured into a ``torch.cuda.CUDAGraph``, so a replay is one
 ``graph.replay()``. ``capture="trees"`` leaves capture and replay to torch's reduce-overhead (cudagraph trees),
@@ -35,6 +35,7 @@ compiling for tens of seconds in the middle of serving.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -78,6 +79,8 @@ def decode_forward(
 
     The full buffers are the inputs and the bucket's rows are sliced inside the graph, so the graph's inputs are
     always the same static tensors (sliced views as inputs would be "new" inputs that reduce-overhead copies).
+    Mutates ``input_ids[:batch]``: the greedy tokens are written there too, after every read of them, so that when
+    the same sequences decode on greedily the next step's input ids need no copy (``StaticDecodeInputs.fill``).
     """
     step = StepInputs(
         input_ids=input_ids[:batch],
@@ -89,7 +92,7 @@ def decode_forward(
         cu_seqlens=None,
         is_prefill=False,
     )
-    return model.decode_output(model(step))
+    return model.decode_output(model(step), next_input_ids=step.input_ids)
 
 
 def expected_compiles(buckets: Iterable[int]) -> int:
@@ -262,6 +265,8 @@ class DecodeGraphRunner:
         # capture == "runner": bucket -> (its CUDA graph, the output buffers the graph writes), filled by warmup().
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
         self._pool = None  # the memory pool the runner's graphs share (set by warmup)
+        # The greedy tokens the last replay returned: the graph also left them in static.input_ids[:n].
+        self._last_greedy: torch.Tensor | None = None
         self.warmed_up = False
         self.startup_seconds: float | None = None
         self.bucket_seconds: dict[int, float] = {}
@@ -271,6 +276,10 @@ class DecodeGraphRunner:
                 list(self.policy.sizes),
                 max_num_seqs,
             )
+
+    # Where ``Runtime.decode`` builds the steps it passes (``decode_fn.step_device``): on the host, so that a step
+    # reaches the graph's buffers in one copy (graphs/static_inputs.py) instead of an upload plus device copies.
+    step_device = torch.device("cpu")
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -306,6 +315,7 @@ class DecodeGraphRunner:
             self.bucket_seconds[bucket] = time.perf_counter() - t0
             logger.debug("decode bucket %d: compiled and captured in %.1f s", bucket, self.bucket_seconds[bucket])
         self.startup_seconds = time.perf_counter() - start
+        self._last_greedy = None  # warm-up's runs wrote the padding lanes' tokens into the input ids
         self._stance = _fail_on_recompile
         self.warmed_up = True
         logger.info(
@@ -343,6 +353,7 @@ class DecodeGraphRunner:
         if self.capture != "runner" or bucket not in self._graphs:
             raise ValueError(f"no runner-captured graph of bucket {bucket} to record again ({self.capture=})")
         del self._graphs[bucket]
+        self._last_greedy = None  # the eager runs rewrite the input ids
         self._compile_and_capture(bucket)
 
     # ------------------------------------------------------------------------------------------------------ steps
@@ -351,26 +362,37 @@ class DecodeGraphRunner:
         """The decode ``step``'s logits (model dtype) and greedy tokens: views of the live rows of the graph's
         output buffers, valid only until this runner's next call, whose replay overwrites them (cudagraph trees then
         make reading them an error). No copy: at batch 256 and a 248k vocabulary the logits are 127 MB, and the
-        engine consumes them (samples) before the next step; ``Runtime.decode_step`` returns an fp32 copy."""
+        engine consumes them (samples) before the next step; ``Runtime.decode_step`` returns an fp32 copy.
+
+        ``step``'s fields may be on the host (``step_device``: one copy into the graph's buffers) or the device.
+        Input ids that are the greedy tokens this runner returned last (the engine feeds them back while every
+        request decodes greedily) are already in the graph's input buffer: they are not copied."""
         n = step.num_sequences
         if not self.policy.covers(n):
             self.static.check(step)
-            return self.model.decode_output(self.model(step))
+            self._last_greedy = None
+            return self.model.decode_output(self.model(_on_device(step, self.device)))
+        last = self._last_greedy
+        if last is not None and step.input_ids.shape == last.shape and step.input_ids.data_ptr() == last.data_ptr():
+            step = dataclasses.replace(step, input_ids=self.static.input_ids[:n])
         self.static.fill(step)  # validates the step
         logits, greedy_tokens = self._replay(self.policy.bucket_for(n))
-        return DecodeOutput(logits[:n], greedy_tokens[:n])
+        self._last_greedy = greedy_tokens[:n]
+        return DecodeOutput(logits[:n], self._last_greedy)
 
     @torch.inference_mode()
     def replay_last(self, num_sequences: int) -> DecodeOutput:
         """Replay the graph of ``num_sequences`` on the step last copied into the static buffers (no new inputs).
 
         For benchmarks: back-to-back replays measure the GPU time of a step without the host's per-step work. The
-        replay repeats that step's in-place cache and state updates, so the sequences in it are garbage afterwards.
+        replay repeats that step's in-place cache and state updates (its input ids are the previous replay's greedy
+        tokens), so the sequences in it are garbage afterwards.
         """
         if not (self.warmed_up and self.policy.covers(num_sequences)):
             raise ValueError(f"no warmed-up graph for {num_sequences} sequences (buckets {list(self.buckets)})")
         logits, greedy_tokens = self._replay(self.policy.bucket_for(num_sequences))
-        return DecodeOutput(logits[:num_sequences], greedy_tokens[:num_sequences])
+        self._last_greedy = greedy_tokens[:num_sequences]
+        return DecodeOutput(logits[:num_sequences], self._last_greedy)
 
     def _replay(self, bucket: int) -> DecodeOutput:
         captured = self._graphs.get(bucket)
@@ -383,6 +405,13 @@ class DecodeGraphRunner:
             torch.compiler.cudagraph_mark_step_begin()
         with self._stance():
             return self._compiled(self.model, *self.static.tensors(), bucket)
+
+
+def _on_device(step: StepInputs, device: torch.device) -> StepInputs:
+    """``step`` with its tensors on ``device`` (a host-built step for the eager model, past the largest bucket)."""
+    moved = {f.name: getattr(step, f.name).to(device) for f in dataclasses.fields(step)
+             if isinstance(getattr(step, f.name), torch.Tensor)}
+    return dataclasses.replace(step, **moved)
 
 
 def compile_decode(runtime, buckets: Iterable[int] | None = None, mode: str | None = DEFAULT_MODE, **kwargs) -> DecodeGraphRunner:

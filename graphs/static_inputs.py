@@ -3,34 +3,41 @@
 A CUDA graph replays with the device addresses it was recorded with, so every tensor a decode graph reads must
 live at one address for the runtime's whole life. These buffers are allocated once, sized for the largest bucket,
 and marked ``torch._dynamo.mark_static_address``: reduce-overhead then reads them in place instead of copying
-every non-static input into its own graph-owned buffer at each replay. Each step copies the (unpadded) StepInputs
-built by ``Runtime.build_step`` into the first N rows; every other row is a padding lane.
+every non-static input into its own graph-owned buffer at each replay. Each step writes its (unpadded) StepInputs
+into the first N rows; every other row is a padding lane.
 
 A padding lane touches only the reserved rows (ops/library.py): state slot ``NULL_SLOT``, block table all
 ``NULL_BLOCK``, KV ``slot_mapping`` row 0 (offset 0 of the null block), ``context_len`` 0 (paged attention returns
-zeros for it) and token id 0. The ops never read a padding lane's result back into a live sequence.
+zeros for it) and a valid token id (0, or a token an earlier step left there). The ops never read a padding lane's
+result back into a live sequence.
 
-Few copies per step: each copy or fill is a kernel launch (a few µs of host time on a GPU, where at large batch
-the host is half of a decode step). The six buffers are views of two packed ones, laid out field after field as
-``compiled_engine.step_inputs.pack_step`` packs a step into the int64 and int32 parts of its device buffer:
+Few copies per step: at batch 1 the GPU's time between two graphs is the step's copies, each a few µs (bench/NOTES.md:
+the engine's step was 25 µs longer than its graph with one upload and four device copies). All six buffers are
+views of one device allocation, laid out field after field:
 
-    int64 [3, R]:           input_ids | positions | slot_mapping
-    int32 [2 R + R W]:      context_lens | state_slots | block_tables [R, W]
+    int64 [3, R]:       input_ids | positions | slot_mapping
+    int32 [2 R + R W]:  context_lens | state_slots | block_tables [R, W]
 
 R is ``max_batch`` rounded up to a multiple of 16, so every view starts 16-byte aligned (Inductor's GPU code
 assumes aligned inputs and would copy a misaligned one at every call); W is ``max_blocks_per_seq``. The graph only
-reads these views, so their sharing two allocations costs nothing (DESIGN.md's "separate allocations" rule is
-about buffers a graph mutates). In a packed step the three int64 fields lie at equal distances in one buffer, and
-so do context_lens and state_slots in the other: each group is one strided copy, the block table a third. Three
-copies per step (four when the input ids come from elsewhere, as the overlapped engine's sampled tokens do), plus
-resets only where the previous step left stale rows or columns (the invariant of ``StaticDecodeInputs``), instead
-of re-padding every field up to the bucket at every step.
+reads these views, except ``input_ids``, which it also overwrites with its greedy tokens (after reading them:
+graphs/decode_graph.py); the views share an allocation at no cost (DESIGN.md's "separate allocations" rule is about
+buffers that different graphs mutate).
+
+A step built on the host (``Runtime.decode`` builds them so for the runner: ``DecodeGraphRunner.step_device``) is
+written into a host staging buffer with the same layout and lands in **one** host -> device copy of the byte range
+it changed: from positions (from input_ids when they come from the host) to state_slots, and through the block
+tables only when they changed (at batch 1, once every ``block_size`` steps). Two staging buffers take turns, so the
+host never writes one that a queued copy may still be reading. Input ids that are already in place (the graph's own
+greedy tokens, when the same sequences decode on: the runner passes this buffer's own rows) are not copied at all.
+A step whose fields are on the device (tensor-parallel workers receive them so) is copied field group by field group.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from compiled_engine.step_inputs import StepInputs
@@ -40,6 +47,7 @@ PAD_TOKEN_ID = 0
 PAD_POSITION = 0
 PAD_CONTEXT_LEN = 0
 ROW_ALIGN = 16  # rows per field are a multiple of this: 64-byte (int32) and 128-byte (int64) aligned views
+STAGING_BUFFERS = 2  # host staging buffers taking turns (see the module docstring)
 
 
 class StaticDecodeInputs:
@@ -59,21 +67,38 @@ class StaticDecodeInputs:
         self.max_batch = max_batch
         self.max_blocks_per_seq = max_blocks_per_seq
         self.device = torch.device(device)
-        pad_kv_row = NULL_BLOCK * block_size  # offset 0 of the null block in the flat KV cache
-        rows = -(-max_batch // ROW_ALIGN) * ROW_ALIGN
+        self._pad_kv_row = NULL_BLOCK * block_size  # offset 0 of the null block in the flat KV cache
+        rows = self._rows = -(-max_batch // ROW_ALIGN) * ROW_ALIGN
+        self._int32_start = 3 * rows * 8  # bytes: where the int32 part starts
+        self._tables_start = self._int32_start + 2 * rows * 4
+        self._row_bytes = max_blocks_per_seq * 4  # one block-table row
+        nbytes = self._tables_start + rows * self._row_bytes
         # dtypes as StepInputs documents them; a mismatch would be a different graph (and a recompile).
-        self._int64 = torch.empty(3, rows, dtype=torch.long, device=self.device)
-        int32 = torch.empty(2 * rows + rows * max_blocks_per_seq, dtype=torch.int32, device=self.device)
-        self._int32_rows = int32[: 2 * rows].view(2, rows)  # context_lens and state_slots, one row each
+        self._bytes = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        self._int64, self._int32_rows, tables = self._views(self._bytes)
         self.input_ids, self.positions, self.slot_mapping = (self._int64[i, :max_batch] for i in range(3))
         self.context_lens, self.state_slots = (self._int32_rows[i, :max_batch] for i in range(2))
-        self.block_tables = int32[2 * rows :].view(rows, max_blocks_per_seq)[:max_batch]
+        self.block_tables = tables[:max_batch]
         for t in self.tensors():  # what the graph reads
             torch._dynamo.mark_static_address(t)
         # The padding lane's values, one column per packed group: a reset of k rows is one broadcasting copy.
-        self._pad_int64 = torch.tensor([[PAD_TOKEN_ID], [PAD_POSITION], [pad_kv_row]], dtype=torch.long, device=self.device)
+        self._pad_int64 = torch.tensor([[PAD_TOKEN_ID], [PAD_POSITION], [self._pad_kv_row]], dtype=torch.long,
+                                       device=self.device)
         self._pad_int32 = torch.tensor([[PAD_CONTEXT_LEN], [NULL_SLOT]], dtype=torch.int32, device=self.device)
-        self.clear()  # sets ``_live`` and ``_width``
+        # Host steps: staging buffers laid out as ``_bytes`` (pinned: asynchronous copies), as numpy views.
+        pinned = self.device.type == "cuda"
+        self._stages = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(STAGING_BUFFERS)]
+        self._stage_views = [tuple(v.numpy() for v in self._views(stage)) for stage in self._stages]
+        self._stage_copied: list[torch.cuda.Event | None] = [None] * STAGING_BUFFERS  # each one's last copy
+        self._turn = 0
+        self.clear()  # sets ``_live``, ``_width`` and ``_host_tables``
+
+    def _views(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(int64 [3, R], int32 [2, R], block tables [R, W]) views of a byte buffer laid out as ``_bytes``."""
+        rows = self._rows
+        int64 = buffer[: self._int32_start].view(torch.int64).view(3, rows)
+        int32 = buffer[self._int32_start :].view(torch.int32)
+        return int64, int32[: 2 * rows].view(2, rows), int32[2 * rows :].view(rows, self.max_blocks_per_seq)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The buffers in the order the compiled decode function takes them."""
@@ -96,33 +121,89 @@ class StaticDecodeInputs:
         return n
 
     def fill(self, step: StepInputs) -> int:
-        """Validate ``step`` (N sequences), copy it into rows 0..N-1 and make every other row a padding lane.
+        """Validate ``step`` (N sequences), write it into rows 0..N-1 and make every other row a padding lane.
 
-        Returns N. Three copies when the step's fields are packed as ``pack_step`` packs them (one per field
-        otherwise), plus resets only where the previous step left something stale: rows N..live-1 when this step
-        is smaller, and block-table columns width..old width of the rows both steps use when it is narrower (a
-        block table is "null block beyond its end" by contract, StepInputs).
+        Returns N. A step built on the host lands in one copy (``_stage``); a step on the device in one copy per
+        field group (``_copy_fields``). Input ids that are this buffer's own rows 0..N-1 (``input_ids[:N]``: the
+        last replay's greedy tokens, left there by the graph) are not copied.
         """
         n = self.check(step)
         if n > self.max_batch:
             raise ValueError(f"decode batch of {n} sequences exceeds max_batch={self.max_batch}")
-        width = step.block_tables.shape[1]
-        # copy_ casts and moves: a step built on the CPU for a GPU runner still lands here (non_blocking: the
-        # source is freshly built host memory kept alive by ``step`` until the copy is enqueued).
-        _copy_rows(self._int64[:, :n], (step.input_ids, step.positions, step.slot_mapping))
-        _copy_rows(self._int32_rows[:, :n], (step.context_lens, step.state_slots))
-        self.block_tables[:n, :width].copy_(step.block_tables, non_blocking=True)
-        if width < self._width:
-            self.block_tables[: min(n, self._live), width : self._width].fill_(NULL_BLOCK)
-        if n < self._live:
-            self._pad(n, self._live)
-        self._live, self._width = n, width
+        ids_in_place = step.input_ids.data_ptr() == self.input_ids.data_ptr() and step.input_ids.stride() == (1,)
+        if step.positions.device.type == "cpu":
+            self._stage(step, n, ids_in_place)
+        else:
+            self._copy_fields(step, n, ids_in_place)
+        self._live, self._width = n, step.block_tables.shape[1]
         return n
 
     def clear(self) -> None:
         """Make every row a padding lane (null slot, null block, context 0, token 0)."""
         self._pad(0, self.max_batch)
         self._live, self._width = 0, 0
+        self._host_tables: np.ndarray | None = None  # what the device's block-table rows hold, where known
+
+    # ----------------------------------------------------------------------------------------- host steps
+    def _stage(self, step: StepInputs, n: int, ids_in_place: bool) -> None:
+        """Write the host step into the next staging buffer, then copy the byte range it changed in one copy."""
+        k, self._turn = self._turn, (self._turn + 1) % STAGING_BUFFERS
+        if self._stage_copied[k] is not None:
+            self._stage_copied[k].synchronize()  # the copy that last read this buffer (long done, in practice)
+        int64, int32_rows, tables = self._stage_views[k]
+        if not ids_in_place:
+            ids = step.input_ids
+            if ids.device.type != "cpu":  # e.g. the previous step's sampled tokens: a device copy of their own
+                self.input_ids[:n].copy_(ids, non_blocking=True)
+            else:
+                int64[0, :n], int64[0, n:] = ids.numpy(), PAD_TOKEN_ID
+        host_ids = not ids_in_place and step.input_ids.device.type == "cpu"
+        int64[1, :n], int64[1, n:] = step.positions.numpy(), PAD_POSITION
+        int64[2, :n], int64[2, n:] = step.slot_mapping.numpy(), self._pad_kv_row
+        int32_rows[0, :n], int32_rows[0, n:] = step.context_lens.numpy(), PAD_CONTEXT_LEN
+        int32_rows[1, :n], int32_rows[1, n:] = step.state_slots.numpy(), NULL_SLOT
+        start = 0 if host_ids else self._rows * 8  # from input_ids or from positions
+        stop = self._tables_start
+        table_rows = self._update_host_tables(step.block_tables.numpy(), n)
+        if table_rows:
+            tables[:table_rows] = self._host_tables[:table_rows]
+            stop += table_rows * self._row_bytes
+        stage = self._stages[k]
+        self._bytes[start:stop].copy_(stage[start:stop], non_blocking=True)
+        if self.device.type == "cuda":
+            self._stage_copied[k] = torch.cuda.Event()
+            self._stage_copied[k].record()
+
+    def _update_host_tables(self, step_tables: np.ndarray, n: int) -> int:
+        """Bring ``_host_tables`` (the device's block-table rows as the next copy leaves them) up to this step;
+        returns how many leading rows the copy must carry (0: the device's tables are already right)."""
+        width, live = step_tables.shape[1], self._live
+        host = self._host_tables
+        if host is not None and n == live and width == self._width and np.array_equal(host[:n, :width], step_tables):
+            return 0
+        if host is None:  # unknown (after clear() or a device step): every row the copy carries is rewritten
+            host = self._host_tables = np.full((self._rows, self.max_blocks_per_seq), NULL_BLOCK, dtype=np.int32)
+        host[:n, :width], host[:n, width:] = step_tables, NULL_BLOCK
+        host[n:live] = NULL_BLOCK  # rows the last step used and this one does not: padding lanes again
+        return max(n, live)
+
+    # --------------------------------------------------------------------------------------- device steps
+    def _copy_fields(self, step: StepInputs, n: int, ids_in_place: bool) -> None:
+        """Copy a step whose fields are on the device: one copy per run of evenly spaced fields (pack_step's layout
+        makes input_ids | positions | slot_mapping one run, context_lens | state_slots another), the block table a
+        third, plus resets only where the previous step left stale rows or columns."""
+        width = step.block_tables.shape[1]
+        if ids_in_place:
+            _copy_rows(self._int64[1:, :n], (step.positions, step.slot_mapping))
+        else:
+            _copy_rows(self._int64[:, :n], (step.input_ids, step.positions, step.slot_mapping))
+        _copy_rows(self._int32_rows[:, :n], (step.context_lens, step.state_slots))
+        self.block_tables[:n, :width].copy_(step.block_tables, non_blocking=True)
+        if width < self._width:
+            self.block_tables[: min(n, self._live), width : self._width].fill_(NULL_BLOCK)
+        if n < self._live:
+            self._pad(n, self._live)
+        self._host_tables = None  # the device's tables changed behind the staging path's back
 
     def _pad(self, start: int, stop: int) -> None:
         k = stop - start

@@ -274,3 +274,39 @@ def test_runner_outputs_are_eager_decode_and_its_argmax(gpu_compiled):
     finally:
         for seq in seqs:
             rt.release(seq)
+
+
+def test_greedy_feedback_in_place_equals_host_fed_tokens(gpu_compiled, monkeypatch):
+    """The engine's greedy steady state: each step's input ids are the runner's last greedy tokens, which the graph
+    left in its input buffer (``ce::argmax``'s ``next_input_ids``), so nothing is copied for them. The same greedy
+    generation with the tokens fed from the host (copied in with the step) gives the same tokens and logits, bit for
+    bit; and the in-place path was really taken."""
+    rt, runner, _ = gpu_compiled
+    in_place, fill = [], runner.static.fill
+
+    def watched_fill(step):
+        in_place.append(step.input_ids.data_ptr() == runner.static.input_ids.data_ptr())
+        return fill(step)
+
+    monkeypatch.setattr(runner.static, "fill", watched_fill)
+    runs = {}
+    for feed_back in (True, False):
+        seqs = [rt.add_sequence([2, 7, 1, 8][: i + 1]) for i in range(3)]
+        try:
+            with torch.inference_mode():
+                ids = rt.prefill(seqs).argmax(dim=-1)
+                tokens, logits = [ids.tolist()], []
+                for _ in range(6):
+                    for seq, token in zip(seqs, tokens[-1]):
+                        seq.token_ids.append(token)
+                    out = rt.decode(seqs, input_ids=ids if feed_back else None)
+                    logits.append(out.logits.float().clone())
+                    tokens.append(out.greedy_tokens.tolist())
+                    ids = out.greedy_tokens
+            runs[feed_back] = tokens, logits
+        finally:
+            for seq in seqs:
+                rt.release(seq)
+    assert runs[True][0] == runs[False][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
+    assert in_place[:6] == [False] + [True] * 5 and not any(in_place[6:]), in_place

@@ -343,9 +343,11 @@ def _child_checks() -> dict:
         if rows > 4:
             logits[4, vocab - 1] = float("inf")
         logits = logits.to(dtype)
-        got = argmax_kernels.argmax(logits, chunk)
+        next_ids = torch.full((rows,), -1, dtype=torch.long)  # the graph's next input ids: written with the tokens
+        got = argmax_kernels.argmax(logits, next_ids if rows % 2 else None, chunk=chunk)
         want = torch.argmax(logits, dim=-1)
         assert got.dtype == torch.long and torch.equal(got, want), f"argmax: got {got.tolist()}, want {want.tolist()}"
+        assert torch.equal(next_ids, want if rows % 2 else torch.full_like(want, -1)), "argmax: next_input_ids"
 
     checks = {
         "argmax_chunks": lambda: check_argmax(6, 300, chunk=64),

@@ -13,17 +13,27 @@ from tests import hf_models
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
-def test_compiled_decode_through_llm_generate_matches_hf(build_hf_model, load_hf_model):
-    """enforce_eager=False on CPU: LLM -> engine -> scheduler -> DecodeGraphRunner (Inductor C++) == HF greedy."""
+def test_compiled_decode_through_llm_generate_matches_hf(build_hf_model, load_hf_model, monkeypatch):
+    """enforce_eager=False on CPU: LLM -> engine -> scheduler -> DecodeGraphRunner (Inductor C++) == HF greedy; the
+    steps where the same sequences decode on take their input ids from where the graph left its greedy tokens."""
     name = "qwen3_next_dense"
     model = load_hf_model(name)
     rng = random.Random(5)
     prompts = [[rng.randrange(model.config.vocab_size) for _ in range(n)] for n in (1, 9, 66, 30, 5)]
     llm = LLM(str(build_hf_model(name)), device="cpu", dtype="float32", enforce_eager=False,
               max_model_len=128, max_num_seqs=4)  # 5 prompts over 4 lanes: a later join, buckets 1, 2, 4
-    assert isinstance(llm.runtime.decode_fn, DecodeGraphRunner)
+    runner = llm.runtime.decode_fn
+    assert isinstance(runner, DecodeGraphRunner)
+    in_place, fill = [], runner.static.fill
+
+    def watched_fill(step):
+        in_place.append(step.input_ids.data_ptr() == runner.static.input_ids.data_ptr())
+        return fill(step)
+
+    monkeypatch.setattr(runner.static, "fill", watched_fill)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == [hf_models.hf_greedy(model, p, GREEDY.max_tokens) for p in prompts]
+    assert any(in_place) and not all(in_place), in_place  # in place in the steady state, copied after a join
 
 
 def test_bf16_recurrent_state_pool_stays_close_to_fp32(qwen3_5_text_untied_path):

@@ -964,6 +964,15 @@ def test_opcheck(name):
     _opcheck(op, args)
 
 
+def test_opcheck_argmax_into_next_input_ids():
+    """The optional mutated ``next_input_ids`` (the decode graph's input ids: rows 0..2 of a wider static buffer)
+    holds the same tokens afterwards."""
+    logits, buffer = _randn(torch.Generator().manual_seed(3), 3, 40), torch.zeros(16, dtype=torch.long)
+    _opcheck(ce.argmax.default, (logits, buffer[:3]))
+    tokens = ce.argmax(logits, buffer[:3])
+    assert torch.equal(tokens, logits.argmax(dim=-1)) and torch.equal(buffer[:3], tokens) and not buffer[3:].any()
+
+
 def test_opcheck_gated_delta_rule_prefill_with_fla_fields():
     """The optional cu_seqlens_long / chunk_indices arguments (views of one int64 buffer, as pack_step makes them)."""
     op, args = OPCHECK_CASES["gated_delta_rule_prefill"]
