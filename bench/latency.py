@@ -56,6 +56,7 @@ def run(
 
     runs = [_engine_run(ctx, llm.engine, prompt, new_tokens) for _ in range(repeats)]
     median_run = sorted(runs, key=lambda r: r["decode_tok_s"])[len(runs) // 2]
+    between_graphs = _engine_between_graphs(ctx, llm.engine, prompt)
     runtime_only = _runtime_run(ctx, llm.runtime, prompt, new_tokens)
     if isinstance(prefetch_policies, str):  # one policy, or "a,b" from Python
         prefetch_policies = prefetch_policies.split(",")
@@ -84,6 +85,7 @@ def run(
             "ours": ours,
             "repeats_decode_tok_s": [r["decode_tok_s"] for r in runs],
             "runtime_only": with_bandwidth(runtime_only),
+            "engine_between_graphs": between_graphs,
             "graph_replay": graph_replay and with_bandwidth(graph_replay),
             "bound": {
                 "tok_s": bound_weights_only,
@@ -146,6 +148,50 @@ def _engine_run(ctx: Context, engine, prompt: list[int], new_tokens: int) -> dic
         "decode_tok_s": len(step_s) / decode_s,
         "ms_per_step": distribution(step_s, 1e3),
         "step_ms": [s * 1e3 for s in step_s],
+    }
+
+
+GRAPH_LAST_KERNEL = "_argmax_rows_kernel"  # ce::argmax's second kernel ends every decode graph (and nothing else)
+
+
+def _engine_between_graphs(ctx: Context, engine, prompt: list[int], new_tokens: int = 64) -> dict | None:
+    """What the GPU does between two decode graphs of the engine's batch-1 loop (CUDA, compiled decode): one more
+    request under the torch profiler; for each decode step after the first few, the time from the end of a graph
+    (its last kernel) to the start of the next graph's first kernel, and the copies and kernels in that window."""
+    if ctx.device.type != "cuda":
+        return None
+    import json
+    import tempfile
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _engine_run(ctx, engine, prompt, new_tokens)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    ops = sorted(((e["name"], float(e["ts"]), float(e["dur"])) for e in events
+                  if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda op: op[1])
+    ends = [i for i, (name, _, _) in enumerate(ops) if name.startswith(GRAPH_LAST_KERNEL)]
+    gaps, between = [], {}
+    for i in ends[4:]:  # the first steps follow the prefill
+        end = ops[i][1] + ops[i][2]
+        j = i + 1
+        while j < len(ops) and not (ops[j][0].startswith("triton") or ops[j][0].startswith("_")):
+            name = ops[j][0][:60]
+            between.setdefault(name, []).append(ops[j][2])
+            j += 1
+        if j < len(ops):
+            gaps.append(ops[j][1] - end)
+    if not gaps:
+        return {"error": f"no decode graphs found among {len(ops)} GPU ops"}
+    steps = len(gaps)
+    return {
+        "steps": steps,
+        "gap_us": distribution(gaps, 1.0),
+        "ops_in_gap": {name: {"per_step": len(d) / steps, "us_median": sorted(d)[len(d) // 2]}
+                       for name, d in between.items()},
+        "note": "end of a decode graph's last kernel -> start of the next graph's first kernel (torch profiler)",
     }
 
 

@@ -50,6 +50,11 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
             + (f" | HF {_f(hf.get('decode_tok_s'))} tok/s, ours/HF {_f(r['ratio_vs_hf']['decode_tok_s'], '.1f')}x"
                if hf else "")
         )
+        gap = r.get("engine_between_graphs") or {}
+        if "gap_us" in gap:
+            ops = ", ".join(f"{name} {v['per_step']:.1f}x {v['us_median']:.1f} µs" for name, v in gap["ops_in_gap"].items())
+            lines.append(f"{'':<11} engine, between two decode graphs: {_f(gap['gap_us']['p50'], '.1f')} µs (p50) "
+                         f"over {gap['steps']} steps; in it: {ops or 'nothing'}")
         path = (r.get("graph_replay") or {}).get("critical_path") or {}
         if "by_kernel" in path:
             lines.append(f"{'':<11} critical path of the batch-1 graph: {_f(path['span_us'], '.1f')} µs, "
