@@ -13,7 +13,7 @@ What is timed (after one warm-up request of the same prompt length):
     engine's step time it says whether a step is GPU-bound (equal) or waits for the host. ``host_ms_per_replay``
     is the host's cost of one replay call (Dynamo guards, cudagraph-tree bookkeeping, the graph launch). The
     skinny GEMM's configs are recorded beside it (the 2..16-row autotuner's picks can differ between processes).
-    ``prefetch_policies`` (e.g. ``off,whole,large,tile``): the graph recorded again and timed under each L2 prefetch
+    ``prefetch_policies`` (e.g. ``off,whole,whole:5,tile``): the graph recorded again and timed under each L2 prefetch
     policy of ops/triton/l2_prefetch.py, in the same process, on the same step.
 Bound: batch-1 decode reads every weight once, so tok/s <= copy bandwidth / weight_bytes (bench/bounds.py).
 Achieved bandwidth = weight_bytes x decode steps/s (as gpt-fast reports it); its fraction of the copy bandwidth

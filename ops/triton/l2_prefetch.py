@@ -30,28 +30,28 @@ DEFAULT_L2_BYTES = 50 * 2**20  # H100 / H200, where the device does not report i
 
 
 # Which weights are prefetched, and by whom (``CE_L2_PREFETCH``; bench latency's ``prefetch_policies`` A/B):
-#   "whole": the first programs (one per SM) prefetch the whole weight, in one slab each;
-#   "large": the same, for weights of LARGE_BYTES or more only (not the 4-7 MB out_proj / o_proj / down, whose
-#            prefetch competes with a latency-bound predecessor: the fused GDN kernel, attention, gate_up);
-#   "tile":  every program prefetches only its own rows (only the programs launched early gain anything);
-#   "off":   none.
-L2_PREFETCH_POLICIES = ("whole", "large", "tile", "off")
+#   "whole":    the first programs (one per SM) prefetch the whole weight, in one slab each;
+#   "whole:MB": the same, for weights of at least MB MiB only (e.g. "whole:5" leaves out the 4 MB out_proj and
+#               o_proj, whose prefetch runs during the latency-bound fused GDN kernel and attention);
+#   "tile":     every program prefetches only its own rows (only the programs launched early gain anything);
+#   "off":      none.
+L2_PREFETCH_POLICIES = ("whole", "whole:MB", "tile", "off")
 DEFAULT_L2_PREFETCH = "whole"
-LARGE_BYTES = 8 * 2**20
 
 
 @functools.cache
-def l2_prefetch_policy() -> str:
-    """The policy in force: ``CE_L2_PREFETCH`` (read once; "0" means "off"), "off" where bulk prefetches cannot run:
-    before Hopper (sm_90: the instruction) and in the interpreter (no inline PTX)."""
-    policy = os.environ.get("CE_L2_PREFETCH", DEFAULT_L2_PREFETCH)
-    policy = "off" if policy == "0" else policy
-    if policy not in L2_PREFETCH_POLICIES:
-        raise ValueError(f"CE_L2_PREFETCH must be one of {L2_PREFETCH_POLICIES} (or 0), got {policy!r}")
+def l2_prefetch_policy() -> tuple[str, int]:
+    """The policy in force, as (kind, smallest weight prefetched in bytes): ``CE_L2_PREFETCH`` (read once; "0" means
+    "off"); "off" where bulk prefetches cannot run: before Hopper (sm_90: the instruction) and in the interpreter (no
+    inline PTX)."""
+    text = os.environ.get("CE_L2_PREFETCH", DEFAULT_L2_PREFETCH)
+    kind, _, min_mb = ("off" if text == "0" else text).partition(":")
+    if kind not in ("whole", "tile", "off") or (min_mb and (kind != "whole" or not min_mb.isdigit())):
+        raise ValueError(f"CE_L2_PREFETCH must be one of {L2_PREFETCH_POLICIES} (or 0), got {text!r}")
     interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
     if interpreted or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
-        return "off"
-    return policy
+        return "off", 0
+    return kind, int(min_mb or 0) * 2**20
 
 
 @functools.cache
@@ -67,14 +67,14 @@ def l2_prefetch_flags(weight: torch.Tensor, programs: int) -> dict:
     the prefetch). Off unless the policy says otherwise and ``weight`` is one contiguous, 16-byte aligned CUDA
     buffer of at most half the L2."""
     off = {"PREFETCH_L2": False, "prefetch_programs": 1}
-    policy = l2_prefetch_policy()
-    if policy == "off" or not (weight.is_cuda and weight.is_contiguous() and weight.data_ptr() % 16 == 0):
+    kind, min_bytes = l2_prefetch_policy()
+    if kind == "off" or not (weight.is_cuda and weight.is_contiguous() and weight.data_ptr() % 16 == 0):
         return off
     sms, l2_bytes = _device_facts(weight.device.index if weight.device.index is not None else torch.cuda.current_device())
     nbytes = weight.numel() * weight.element_size()
-    if nbytes % 16 or nbytes > l2_bytes // 2 or (policy == "large" and nbytes < LARGE_BYTES):
+    if nbytes % 16 or nbytes > l2_bytes // 2 or nbytes < min_bytes:
         return off
-    return {"PREFETCH_L2": True, "prefetch_programs": programs if policy == "tile" else min(sms, programs)}
+    return {"PREFETCH_L2": True, "prefetch_programs": programs if kind == "tile" else min(sms, programs)}
 
 
 @triton.jit
