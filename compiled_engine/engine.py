@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from compiled_engine.model import HostTokens
 from compiled_engine.runtime import Runtime
 from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
@@ -65,6 +66,17 @@ class Request:
 PLACEHOLDER_TOKEN = 0  # an overlapped step's token before it is read back: never read (the device has the real one)
 
 
+def to_host(tokens: torch.Tensor) -> HostTokens:
+    """Start copying ``tokens`` to (pinned) host memory without waiting for them."""
+    if not tokens.is_cuda:
+        return HostTokens(tokens, None)
+    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    host.copy_(tokens, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return HostTokens(host, copied)
+
+
 @dataclass
 class _InFlight:
     """A step launched but not read back: the requests it gives a token, in row order, where each one's placeholder
@@ -73,23 +85,17 @@ class _InFlight:
     requests: list[Request]
     indices: list[int]
     tokens: torch.Tensor  # [N] int64 on the device: the next step's input ids
-    _host: torch.Tensor  # [N] int64 host copy, complete once _copied has passed
-    _copied: torch.cuda.Event | None
+    host: HostTokens  # the same tokens in host memory, once their event has passed
 
     @classmethod
-    def start(cls, requests: list[Request], tokens: torch.Tensor, indices: list[int]) -> "_InFlight":
-        if not tokens.is_cuda:
-            return cls(requests, indices, tokens, tokens, None)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-        return cls(requests, indices, tokens, host, copied)
+    def start(cls, requests: list[Request], tokens: torch.Tensor, indices: list[int],
+              host: HostTokens | None = None) -> "_InFlight":
+        """``host``: the tokens already on their way to host memory (the decode graph writes its greedy tokens there
+        itself); otherwise they are copied, asynchronously."""
+        return cls(requests, indices, tokens, host if host is not None else to_host(tokens))
 
     def host_tokens(self) -> list[int]:
-        if self._copied is not None:
-            self._copied.synchronize()
-        return self._host.tolist()
+        return self.host.tolist()
 
 
 class LLMEngine:
@@ -175,11 +181,15 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        requests, tokens = self._launch(batch)
-        return self._accept_placed(requests, tokens, self._place(requests))
+        requests, tokens, host = self._launch(batch)
+        return self._accept_placed(requests, host, self._place(requests))
 
-    def _launch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None) -> tuple[list[Request], torch.Tensor]:
-        """Run ``batch`` on the runtime and sample: the requests that get a token, and their tokens on the device."""
+    def _launch(
+        self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None
+    ) -> tuple[list[Request], torch.Tensor, HostTokens]:
+        """Run ``batch`` on the runtime and sample: the requests that get a token, their tokens on the device, and the
+        same tokens on their way to host memory (the decode graph's own when they are its greedy tokens; a copy
+        started here otherwise)."""
         seqs = batch.seqs
         if batch.is_prefill:
             logits = self.runtime.prefill(seqs, batch.num_tokens)
@@ -188,15 +198,19 @@ class LLMEngine:
             if len(rows) != len(seqs):
                 seqs = [seqs[i] for i in rows]
                 logits = logits[upload(torch.tensor(rows, dtype=torch.long), logits.device)]
-            greedy_tokens = None
+            out = None
         else:
             # Every sequence gets a token. No copy: with a compiled decode the logits and greedy tokens are the
             # graph's output buffers, valid until the next decode step; they are used right here, before it.
-            logits, greedy_tokens = self.runtime.decode(seqs, input_ids=input_ids)
+            out = self.runtime.decode(seqs, input_ids=input_ids)
+            logits = out.logits
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
         if not requests:
-            return requests, logits.new_empty(0, dtype=torch.long)
-        return requests, self._sample(requests, logits, greedy_tokens)
+            return requests, logits.new_empty(0, dtype=torch.long), HostTokens(torch.empty(0, dtype=torch.long), None)
+        tokens = self._sample(requests, logits, None if out is None else out.greedy_tokens)
+        if out is not None and tokens is out.greedy_tokens and out.host_greedy_tokens is not None:
+            return requests, tokens, out.host_greedy_tokens
+        return requests, tokens, to_host(tokens)
 
     def _accept(self, requests: list[Request], indices: list[int]) -> list[RequestOutput]:
         """Finish what the new tokens (at ``indices`` of each request's token_ids) stop; the step's outputs."""
@@ -240,9 +254,9 @@ class LLMEngine:
         input_ids = None
         if not batch.is_prefill and in_flight is not None:
             input_ids = self._next_input_ids(batch.seqs, in_flight)
-        requests, tokens = self._launch(batch, input_ids)
+        requests, tokens, host = self._launch(batch, input_ids)
         if requests:  # a prefill of middle chunks only gives no token
-            self._in_flight = _InFlight.start(requests, tokens, self._place(requests))
+            self._in_flight = _InFlight.start(requests, tokens, self._place(requests), host)
         if in_flight is None:
             return []
         outputs = self._complete(in_flight)
@@ -309,8 +323,8 @@ class LLMEngine:
         request.seq.token_ids[index] = token
         request.seq.num_placeholder_tokens -= 1
 
-    def _accept_placed(self, requests: list[Request], tokens: torch.Tensor, indices: list[int]) -> list[RequestOutput]:
-        """Read ``tokens`` back (the step's one device -> host copy) into the placeholders, then ``_accept``."""
+    def _accept_placed(self, requests: list[Request], tokens: HostTokens, indices: list[int]) -> list[RequestOutput]:
+        """Read ``tokens`` back (waiting for them) into the placeholders, then ``_accept``."""
         for request, index, token in zip(requests, indices, tokens.tolist()):
             self._fill(request, index, token)
         return self._accept(requests, indices)

@@ -26,13 +26,28 @@ from ops.argmax import argmax_op
 from ops.linear import linear
 
 
+class HostTokens(NamedTuple):
+    """Tokens on their way to the host: ``tokens`` (host memory) holds them once ``ready`` has passed (a CUDA event
+    recorded after the work that writes them; None: they are there already)."""
+
+    tokens: torch.Tensor
+    ready: torch.cuda.Event | None
+
+    def tolist(self) -> list[int]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.tokens.tolist()
+
+
 class DecodeOutput(NamedTuple):
     """What a decode step produces on the device: ``logits`` ``[N, vocab]`` in the model's dtype, and
     ``greedy_tokens`` ``[N]`` int64, each row's argmax (torch.argmax's rule), computed in the same graph so that
-    greedy sampling needs no kernel of its own."""
+    greedy sampling needs no kernel of its own. ``host_greedy_tokens``: the same tokens in host memory, where the
+    decode graph writes them there itself (graphs/decode_graph.py), so that reading them back needs no copy."""
 
     logits: torch.Tensor
     greedy_tokens: torch.Tensor
+    host_greedy_tokens: HostTokens | None = None
 
 
 class DecoderLayer(nn.Module):

@@ -46,10 +46,11 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from compiled_engine.model import DecodeOutput
+from compiled_engine.model import DecodeOutput, HostTokens
 from compiled_engine.step_inputs import StepInputs
 from graphs.buckets import BucketPolicy
 from graphs.static_inputs import StaticDecodeInputs
+from ops.decode_inputs import advance_decode_inputs
 from ops.library import OPS
 
 logger = logging.getLogger(__name__)
@@ -72,15 +73,20 @@ def decode_forward(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     state_slots: torch.Tensor,
+    token_ring: torch.Tensor,
+    ring_slot: torch.Tensor,
     batch: int,
+    block_size: int,
 ) -> DecodeOutput:
     """The traced function: static buffers (first ``batch`` rows) -> the model's ``DecodeOutput`` (logits
     ``[batch, vocab]`` in the model's dtype, greedy tokens ``[batch]``).
 
     The full buffers are the inputs and the bucket's rows are sliced inside the graph, so the graph's inputs are
     always the same static tensors (sliced views as inputs would be "new" inputs that reduce-overhead copies).
-    Mutates ``input_ids[:batch]``: the greedy tokens are written there too, after every read of them, so that when
-    the same sequences decode on greedily the next step's input ids need no copy (``StaticDecodeInputs.fill``).
+    Then turns the step's inputs into the next step's, for the steady state in which the same sequences decode on
+    greedily (graphs/static_inputs.py): the greedy tokens into ``input_ids[:batch]`` (``ce::argmax``), and
+    ``ce::advance_decode_inputs`` (positions, slot_mapping and context_lens one position further for live rows,
+    the tokens into row ``ring_slot`` of the host-visible ``token_ring``, the ring slot incremented).
     """
     step = StepInputs(
         input_ids=input_ids[:batch],
@@ -92,7 +98,10 @@ def decode_forward(
         cu_seqlens=None,
         is_prefill=False,
     )
-    return model.decode_output(model(step), next_input_ids=step.input_ids)
+    out = model.decode_output(model(step), next_input_ids=step.input_ids)
+    advance_decode_inputs(step.input_ids, step.positions, step.slot_mapping, step.context_lens, step.block_tables,
+                          token_ring, ring_slot, block_size)
+    return out
 
 
 def expected_compiles(buckets: Iterable[int]) -> int:
@@ -316,6 +325,7 @@ class DecodeGraphRunner:
             logger.debug("decode bucket %d: compiled and captured in %.1f s", bucket, self.bucket_seconds[bucket])
         self.startup_seconds = time.perf_counter() - start
         self._last_greedy = None  # warm-up's runs wrote the padding lanes' tokens into the input ids
+        self.static.forget()
         self._stance = _fail_on_recompile
         self.warmed_up = True
         logger.info(
@@ -336,7 +346,7 @@ class DecodeGraphRunner:
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool), self._stance():
-                outputs = self._compiled(self.model, *self.static.tensors(), bucket)
+                outputs = self._compiled(self.model, *self.static.tensors(), bucket, self.static.block_size)
             self._graphs[bucket] = (graph, outputs)
             self._replay(bucket)
         if self.device.type == "cuda":
@@ -348,13 +358,14 @@ class DecodeGraphRunner:
 
         For benchmarks that compare launch-time kernel options (ops/triton/l2_prefetch.py's policy): a CUDA graph
         keeps the launches it recorded, so a changed option takes effect in a new recording. Like ``replay_last``,
-        the two eager runs and the replay repeat the last step's cache and state updates.
+        the two eager runs and the replay run further steps on whatever sequences the buffers hold.
         """
         if self.capture != "runner" or bucket not in self._graphs:
             raise ValueError(f"no runner-captured graph of bucket {bucket} to record again ({self.capture=})")
         del self._graphs[bucket]
         self._last_greedy = None  # the eager runs rewrite the input ids
         self._compile_and_capture(bucket)
+        self.static.forget()
 
     # ------------------------------------------------------------------------------------------------------ steps
     @torch.inference_mode()
@@ -376,23 +387,32 @@ class DecodeGraphRunner:
         if last is not None and step.input_ids.shape == last.shape and step.input_ids.data_ptr() == last.data_ptr():
             step = dataclasses.replace(step, input_ids=self.static.input_ids[:n])
         self.static.fill(step)  # validates the step
-        logits, greedy_tokens = self._replay(self.policy.bucket_for(n))
-        self._last_greedy = greedy_tokens[:n]
-        return DecodeOutput(logits[:n], self._last_greedy)
+        return self._replay_step(n)
 
     @torch.inference_mode()
     def replay_last(self, num_sequences: int) -> DecodeOutput:
         """Replay the graph of ``num_sequences`` on the step last copied into the static buffers (no new inputs).
 
-        For benchmarks: back-to-back replays measure the GPU time of a step without the host's per-step work. The
-        replay repeats that step's in-place cache and state updates (its input ids are the previous replay's greedy
-        tokens), so the sequences in it are garbage afterwards.
+        For benchmarks: back-to-back replays measure the GPU time of a step without the host's per-step work. Each
+        replay is the next greedy step of the same sequences (the graph advanced its inputs: one position further,
+        the previous replay's greedy tokens as input ids); past the KV blocks the host reserved, keys and values go to
+        the null block, so the sequences in it are garbage afterwards.
         """
         if not (self.warmed_up and self.policy.covers(num_sequences)):
             raise ValueError(f"no warmed-up graph for {num_sequences} sequences (buckets {list(self.buckets)})")
-        logits, greedy_tokens = self._replay(self.policy.bucket_for(num_sequences))
-        self._last_greedy = greedy_tokens[:num_sequences]
-        return DecodeOutput(logits[:num_sequences], self._last_greedy)
+        return self._replay_step(num_sequences)
+
+    def _replay_step(self, n: int) -> DecodeOutput:
+        """Replay the bucket of ``n`` sequences on the static buffers as they are; its output, the greedy tokens in
+        host memory included (their token-ring row, ready once the replay is done)."""
+        out = self._replay(self.policy.bucket_for(n))
+        ring_row = self.static.replayed()
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        self._last_greedy = out.greedy_tokens[:n]
+        return DecodeOutput(out.logits[:n], self._last_greedy, HostTokens(ring_row[:n], ready))
 
     def _replay(self, bucket: int) -> DecodeOutput:
         captured = self._graphs.get(bucket)
@@ -404,7 +424,7 @@ class DecodeGraphRunner:
             # A new step: outputs of the previous replay may now be overwritten (callers were told so).
             torch.compiler.cudagraph_mark_step_begin()
         with self._stance():
-            return self._compiled(self.model, *self.static.tensors(), bucket)
+            return self._compiled(self.model, *self.static.tensors(), bucket, self.static.block_size)
 
 
 def _on_device(step: StepInputs, device: torch.device) -> StepInputs:

@@ -15,22 +15,29 @@ Few copies per step: at batch 1 the GPU's time between two graphs is the step's 
 the engine's step was 25 µs longer than its graph with one upload and four device copies). All six buffers are
 views of one device allocation, laid out field after field:
 
-    int64 [3, R]:       input_ids | positions | slot_mapping
+    int64 [4, R]:       input_ids | positions | slot_mapping | ring_slot (one element, then unused)
     int32 [2 R + R W]:  context_lens | state_slots | block_tables [R, W]
 
 R is ``max_batch`` rounded up to a multiple of 16, so every view starts 16-byte aligned (Inductor's GPU code
 assumes aligned inputs and would copy a misaligned one at every call); W is ``max_blocks_per_seq``. The graph only
-reads these views, except ``input_ids``, which it also overwrites with its greedy tokens (after reading them:
-graphs/decode_graph.py); the views share an allocation at no cost (DESIGN.md's "separate allocations" rule is about
-buffers that different graphs mutate).
+reads these views, then turns them into the next step's inputs: its greedy tokens into ``input_ids``
+(``ce::argmax``), and for every live row one position further (``ce::advance_decode_inputs``: positions, context
+length, KV slot, ring slot). The fields share one allocation, for the one-copy staging below, but each is handed
+to the graph as a tensor with a storage of its own over its part of the memory (``_own_storage``): to the compiler
+they are separate buffers, as DESIGN.md's compile rules want for buffers a graph mutates, and they never overlap.
+
+The tokens reach the host through ``token_ring`` [K, R], host memory the graph writes directly (on a GPU, pinned
+memory seen through a device pointer): a replay writes row ``ring_slot % K``. The host reads a row after the replay
+is done (``HostTokens``) and before K more replays: no device -> host copy between two graphs.
 
 A step built on the host (``Runtime.decode`` builds them so for the runner: ``DecodeGraphRunner.step_device``) is
-written into a host staging buffer with the same layout and lands in **one** host -> device copy of the byte range
-it changed: from positions (from input_ids when they come from the host) to state_slots, and through the block
-tables only when they changed (at batch 1, once every ``block_size`` steps). Two staging buffers take turns, so the
-host never writes one that a queued copy may still be reading. Input ids that are already in place (the graph's own
-greedy tokens, when the same sequences decode on: the runner passes this buffer's own rows) are not copied at all.
-A step whose fields are on the device (tensor-parallel workers receive them so) is copied field group by field group.
+not copied at all when it is what the last replay left in the buffers (the steady state: the same sequences one
+position further, their greedy tokens as input ids, no new KV block). Otherwise it is written into a host staging
+buffer with the same layout and lands in **one** host -> device copy of the byte range it changed: from positions
+(from input_ids when they come from the host) to state_slots, and through the block tables only when they changed.
+Two staging buffers take turns, so the host never writes one that a queued copy may still be reading. Input ids that
+are already in place (the graph's greedy tokens: the runner passes this buffer's own rows) are not copied. A step
+whose fields are on the device (tensor-parallel workers receive them so) is copied field group by field group.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ PAD_POSITION = 0
 PAD_CONTEXT_LEN = 0
 ROW_ALIGN = 16  # rows per field are a multiple of this: 64-byte (int32) and 128-byte (int64) aligned views
 STAGING_BUFFERS = 2  # host staging buffers taking turns (see the module docstring)
+TOKEN_RING_SLOTS = 4  # rows of the token ring: a row is read back before this many more replays
+INT64_ROWS = 4  # input_ids, positions, slot_mapping, ring_slot
 
 
 class StaticDecodeInputs:
@@ -67,18 +76,23 @@ class StaticDecodeInputs:
         self.max_batch = max_batch
         self.max_blocks_per_seq = max_blocks_per_seq
         self.device = torch.device(device)
+        self.block_size = block_size
         self._pad_kv_row = NULL_BLOCK * block_size  # offset 0 of the null block in the flat KV cache
         rows = self._rows = -(-max_batch // ROW_ALIGN) * ROW_ALIGN
-        self._int32_start = 3 * rows * 8  # bytes: where the int32 part starts
+        self._int32_start = INT64_ROWS * rows * 8  # bytes: where the int32 part starts
         self._tables_start = self._int32_start + 2 * rows * 4
         self._row_bytes = max_blocks_per_seq * 4  # one block-table row
         nbytes = self._tables_start + rows * self._row_bytes
         # dtypes as StepInputs documents them; a mismatch would be a different graph (and a recompile).
         self._bytes = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        self._int64, self._int32_rows, tables = self._views(self._bytes)
-        self.input_ids, self.positions, self.slot_mapping = (self._int64[i, :max_batch] for i in range(3))
-        self.context_lens, self.state_slots = (self._int32_rows[i, :max_batch] for i in range(2))
-        self.block_tables = tables[:max_batch]
+        self._int64, self._int32_rows, self._tables = self._views(self._bytes)  # what the copies write through
+        # What the graph reads and writes: the same memory, each field as a storage of its own (see the module
+        # docstring: the compiler must not see graph inputs that it mutates share a storage).
+        self.input_ids, self.positions, self.slot_mapping = (_own_storage(self._int64[i, :max_batch]) for i in range(3))
+        self.ring_slot = _own_storage(self._int64[3, :1])
+        self.context_lens, self.state_slots = (_own_storage(self._int32_rows[i, :max_batch]) for i in range(2))
+        self.block_tables = _own_storage(self._tables[:max_batch])
+        self.token_ring_host, self.token_ring = _host_visible((TOKEN_RING_SLOTS, rows), self.device)
         for t in self.tensors():  # what the graph reads
             torch._dynamo.mark_static_address(t)
         # The padding lane's values, one column per packed group: a reset of k rows is one broadcasting copy.
@@ -91,18 +105,20 @@ class StaticDecodeInputs:
         self._stage_views = [tuple(v.numpy() for v in self._views(stage)) for stage in self._stages]
         self._stage_copied: list[torch.cuda.Event | None] = [None] * STAGING_BUFFERS  # each one's last copy
         self._turn = 0
-        self.clear()  # sets ``_live``, ``_width`` and ``_host_tables``
+        self._next_ring_slot = 0  # the ring slot the device holds (written with every copied step)
+        self.clear()  # sets ``_live``, ``_width``, ``_host_tables`` and ``_left``
 
     def _views(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(int64 [3, R], int32 [2, R], block tables [R, W]) views of a byte buffer laid out as ``_bytes``."""
+        """(int64 [4, R], int32 [2, R], block tables [R, W]) views of a byte buffer laid out as ``_bytes``."""
         rows = self._rows
-        int64 = buffer[: self._int32_start].view(torch.int64).view(3, rows)
+        int64 = buffer[: self._int32_start].view(torch.int64).view(INT64_ROWS, rows)
         int32 = buffer[self._int32_start :].view(torch.int32)
         return int64, int32[: 2 * rows].view(2, rows), int32[2 * rows :].view(rows, self.max_blocks_per_seq)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The buffers in the order the compiled decode function takes them."""
-        return (self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.context_lens, self.state_slots)
+        return (self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.context_lens, self.state_slots,
+                self.token_ring, self.ring_slot)
 
     def check(self, step: StepInputs) -> int:
         """Validate an unpadded decode step (any batch size); returns its number of sequences N."""
@@ -135,18 +151,55 @@ class StaticDecodeInputs:
             self._stage(step, n, ids_in_place)
         else:
             self._copy_fields(step, n, ids_in_place)
+            self._left = None
         self._live, self._width = n, step.block_tables.shape[1]
         return n
+
+    def replayed(self) -> torch.Tensor:
+        """Note that a graph ran on the buffers as they are (and advanced them: ``ce::advance_decode_inputs``);
+        returns the token-ring row (host memory) its greedy tokens go to."""
+        row = self.token_ring_host[self._next_ring_slot % TOKEN_RING_SLOTS]
+        self._next_ring_slot += 1
+        if self._left is not None:
+            self._left = self._advanced(*self._left)
+        return row
+
+    def forget(self) -> None:
+        """The buffers were run on without ``replayed`` (warm-up, a new recording): the next step is copied whole."""
+        self._left = None
+        self._host_tables = None
 
     def clear(self) -> None:
         """Make every row a padding lane (null slot, null block, context 0, token 0)."""
         self._pad(0, self.max_batch)
+        self._int64[3, 0] = self._next_ring_slot  # a device step carries no ring slot: keep the device's right
         self._live, self._width = 0, 0
         self._host_tables: np.ndarray | None = None  # what the device's block-table rows hold, where known
+        # What the last replay left in rows 0..live-1 (positions, slot_mapping, context_lens, state_slots), where
+        # known: a host step equal to it (input ids in place, tables unchanged) needs no copy.
+        self._left: tuple[np.ndarray, ...] | None = None
+
+    def _advanced(self, positions, slot_mapping, context_lens, state_slots) -> tuple[np.ndarray, ...] | None:
+        """What ``ce::advance_decode_inputs`` makes of live rows (the same rule, on the host's copy of the tables)."""
+        if self._host_tables is None:
+            return None
+        position = positions + 1
+        block_index = position // self.block_size
+        inside = block_index < self.max_blocks_per_seq
+        blocks = self._host_tables[np.arange(len(position)), np.minimum(block_index, self.max_blocks_per_seq - 1)]
+        blocks = np.where(inside, blocks, NULL_BLOCK).astype(np.int64)
+        return position, blocks * self.block_size + position % self.block_size, context_lens + 1, state_slots
 
     # ----------------------------------------------------------------------------------------- host steps
     def _stage(self, step: StepInputs, n: int, ids_in_place: bool) -> None:
-        """Write the host step into the next staging buffer, then copy the byte range it changed in one copy."""
+        """Copy nothing when the host step is what the last replay left; otherwise write it into the next staging
+        buffer and copy the byte range it changed in one copy."""
+        fields = (step.positions.numpy(), step.slot_mapping.numpy(), step.context_lens.numpy(), step.state_slots.numpy())
+        table_rows = self._update_host_tables(step.block_tables.numpy(), n)
+        left = self._left
+        self._left = fields
+        if ids_in_place and not table_rows and left is not None and all(map(np.array_equal, left, fields)):
+            return
         k, self._turn = self._turn, (self._turn + 1) % STAGING_BUFFERS
         if self._stage_copied[k] is not None:
             self._stage_copied[k].synchronize()  # the copy that last read this buffer (long done, in practice)
@@ -158,13 +211,13 @@ class StaticDecodeInputs:
             else:
                 int64[0, :n], int64[0, n:] = ids.numpy(), PAD_TOKEN_ID
         host_ids = not ids_in_place and step.input_ids.device.type == "cpu"
-        int64[1, :n], int64[1, n:] = step.positions.numpy(), PAD_POSITION
-        int64[2, :n], int64[2, n:] = step.slot_mapping.numpy(), self._pad_kv_row
-        int32_rows[0, :n], int32_rows[0, n:] = step.context_lens.numpy(), PAD_CONTEXT_LEN
-        int32_rows[1, :n], int32_rows[1, n:] = step.state_slots.numpy(), NULL_SLOT
+        int64[1, :n], int64[1, n:] = fields[0], PAD_POSITION
+        int64[2, :n], int64[2, n:] = fields[1], self._pad_kv_row
+        int64[3, 0] = self._next_ring_slot
+        int32_rows[0, :n], int32_rows[0, n:] = fields[2], PAD_CONTEXT_LEN
+        int32_rows[1, :n], int32_rows[1, n:] = fields[3], NULL_SLOT
         start = 0 if host_ids else self._rows * 8  # from input_ids or from positions
         stop = self._tables_start
-        table_rows = self._update_host_tables(step.block_tables.numpy(), n)
         if table_rows:
             tables[:table_rows] = self._host_tables[:table_rows]
             stop += table_rows * self._row_bytes
@@ -194,10 +247,11 @@ class StaticDecodeInputs:
         third, plus resets only where the previous step left stale rows or columns."""
         width = step.block_tables.shape[1]
         if ids_in_place:
-            _copy_rows(self._int64[1:, :n], (step.positions, step.slot_mapping))
+            _copy_rows(self._int64[1:3, :n], (step.positions, step.slot_mapping))
         else:
-            _copy_rows(self._int64[:, :n], (step.input_ids, step.positions, step.slot_mapping))
+            _copy_rows(self._int64[:3, :n], (step.input_ids, step.positions, step.slot_mapping))
         _copy_rows(self._int32_rows[:, :n], (step.context_lens, step.state_slots))
+        self._int64[3, 0] = self._next_ring_slot
         self.block_tables[:n, :width].copy_(step.block_tables, non_blocking=True)
         if width < self._width:
             self.block_tables[: min(n, self._live), width : self._width].fill_(NULL_BLOCK)
@@ -207,9 +261,50 @@ class StaticDecodeInputs:
 
     def _pad(self, start: int, stop: int) -> None:
         k = stop - start
-        self._int64[:, start:stop].copy_(self._pad_int64.expand(-1, k))
+        self._int64[:3, start:stop].copy_(self._pad_int64.expand(-1, k))  # not the ring slot's row
         self._int32_rows[:, start:stop].copy_(self._pad_int32.expand(-1, k))
         self.block_tables[start:stop].fill_(NULL_BLOCK)
+
+
+_TYPESTR = {torch.int64: "<i8", torch.int32: "<i4"}
+
+
+def _own_storage(view: torch.Tensor) -> torch.Tensor:
+    """``view`` (a contiguous view of a larger buffer) as a tensor with a storage of its own, over the same memory.
+
+    Dynamo and AOTAutograd see graph inputs that share a storage as aliases, and inputs the graph mutates that alias
+    go through a "synthetic base": on torch 2.13 the views of one uint8 buffer read as int64 and int32 came out of it
+    with the wrong sizes (zero elements), and the mutations were lost. These fields never overlap, so separate
+    storage objects tell the compiler the truth. The wrapper does not own the memory: it keeps the buffer alive.
+    """
+    if view.device.type == "cuda":
+
+        class _Interface:  # what torch.as_tensor reads to wrap foreign device memory
+            __cuda_array_interface__ = {"shape": tuple(view.shape), "typestr": _TYPESTR[view.dtype],
+                                        "data": (view.data_ptr(), False), "strides": None, "version": 3}
+
+        own = torch.as_tensor(_Interface(), device=view.device)
+    else:
+        own = torch.from_numpy(view.numpy())
+    own._aliased_buffer = view  # keeps the memory alive
+    return own
+
+
+def _host_visible(shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(host tensor, the same memory as a tensor on ``device``) of int64 zeros: on CUDA, pinned memory, which a kernel
+    reads and writes through the same address (unified virtual addressing), wrapped as a CUDA tensor through the CUDA
+    array interface; on the CPU, one tensor twice."""
+    host = torch.zeros(shape, dtype=torch.long, pin_memory=device.type == "cuda")
+    if device.type != "cuda":
+        return host, host
+
+    class _Interface:  # what torch.as_tensor reads to wrap foreign device memory
+        __cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<i8", "data": (host.data_ptr(), False),
+                                    "strides": None, "version": 3}
+
+    seen = torch.as_tensor(_Interface(), device=device)
+    seen._host_memory = host  # keeps the pinned memory alive as long as the device view
+    return host, seen
 
 
 def _copy_rows(dst: torch.Tensor, fields: Sequence[torch.Tensor]) -> None:

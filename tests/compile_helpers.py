@@ -9,10 +9,12 @@ from ops.library import NULL_BLOCK, NULL_SLOT
 
 # Inductor fuses and vectorises the reductions (norms, softmax) differently from eager, so fp32 results differ by
 # rounding. On these tiny models logits reach ~25 and rounding differences reach ~2e-4 (HF's own fp32 logits are
-# ~2e-4 from float64 here, tests/test_parity.py): compiled and eager logits must agree within
-# 1e-4 + 2e-5 * max|logit| (~6e-4). Observed over ~300 random steps: median 2.5e-5, max 2.5e-4.
+# ~2e-4 from float64 here, tests/test_parity.py), so two fp32 computations may be ~4e-4 apart or more: compiled and
+# eager logits must agree within 1e-4 + 4e-5 * max|logit| (~1e-3). Observed over ~300 random steps: median 2.5e-5,
+# max 2.5e-4; hypothesis later found a step 6.4e-4 apart at max|logit| 22 (a 3-token prompt among 6 live sequences,
+# decoded alone; the same at the 2026-11-30 session's first commit, before this session's changes).
 LOGIT_ATOL = 1e-4
-LOGIT_SCALE_RTOL = 2e-5
+LOGIT_SCALE_RTOL = 4e-5
 # A stream compares against solo eager runs several steps back: batched vs solo decode GEMMs round differently and
 # every earlier step's rounding is carried in the recurrent state (observed over ~800 stream steps: median 4e-5,
 # max 5.4e-4). A sequence that read another one's state or KV would be off by O(1).

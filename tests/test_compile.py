@@ -251,11 +251,12 @@ def _count_writes():
 @pytest.mark.parametrize("ids_in_place", [False, True])
 def test_static_inputs_fill_a_host_step_in_one_copy(ids_in_place):
     """A step built on the host lands in one copy (one host -> device copy on a GPU), whatever the batch does, and
-    carries the block tables only when they changed; input ids in place are left out of it."""
+    carries the block tables only when they changed; input ids in place are left out of it (and the same step again,
+    with nothing run in between, is not copied at all)."""
     max_batch, max_blocks, block_size = 8, 6, 4
     static = StaticDecodeInputs(max_batch, max_blocks, block_size, device="cpu")
     rows = 16  # max_batch rounded up to 16 rows
-    one_d_bytes = (2 if ids_in_place else 3) * rows * 8 + 2 * rows * 4  # [input_ids |] positions .. state_slots
+    one_d_bytes = (3 if ids_in_place else 4) * rows * 8 + 2 * rows * 4  # [input_ids |] positions .. state_slots
     previous_n = 0
     for n, same_tables in ((1, False), (3, False), (3, True), (8, False), (2, False), (2, True)):
         seqs = _decode_sequences([(2 * i + 5, i + 1, 10 * i + 1) for i in range(n)], block_size)
@@ -266,12 +267,48 @@ def test_static_inputs_fill_a_host_step_in_one_copy(ids_in_place):
         with _count_writes() as count:
             static.fill(step)
         table_bytes = 0 if same_tables else max(n, previous_n) * max_blocks * 4  # the rows either step used
-        assert count.writes == [("copy_", one_d_bytes + table_bytes)], (n, count.writes)
+        if same_tables and ids_in_place:  # the very step the buffers hold (no replay in between): nothing to copy
+            assert count.writes == [], (n, count.writes)
+        else:
+            assert count.writes == [("copy_", one_d_bytes + table_bytes)], (n, count.writes)
         for name in STEP_FIELDS:
             got = getattr(static, name)[:n]
             assert torch.equal(got[:, : step.block_tables.shape[1]] if name == "block_tables" else got,
                                getattr(step, name)), (n, name)
         previous_n = n
+
+
+def test_static_inputs_copy_nothing_when_the_graph_left_the_step():
+    """The steady state: after a replay (simulated here by the graph's own last ops, ce::argmax's input ids and
+    ce::advance_decode_inputs) the next step of the same sequences, built on the host, is already in the buffers: no
+    copy, and the buffers equal that step. A step that opens a KV block is copied (its table changed)."""
+    block_size = 4
+    static = StaticDecodeInputs(max_batch=4, max_blocks_per_seq=6, block_size=block_size, device="cpu")
+    seqs = _decode_sequences([(5, 1, 1), (1, 2, 10), (9, 3, 20)], block_size)  # contexts 5, 1, 9
+    step = pack_step(seqs, [1] * 3, False, block_size, torch.device("cpu"))
+    static.fill(step)
+    for i in range(4):
+        greedy = torch.tensor([100 + i, 200 + i, 300 + i])
+        static.input_ids[:3] = greedy  # what ce::argmax leaves
+        torch.ops.ce.advance_decode_inputs(*(t[:3] for t in static.tensors()[:3]), static.context_lens[:3],
+                                           static.block_tables[:3], static.token_ring, static.ring_slot, block_size)
+        ring_row = static.replayed()
+        assert ring_row[:3].tolist() == greedy.tolist()
+        opens_block = any((seq.num_computed_tokens + 1) % block_size == 0 for seq in seqs)
+        for seq, token in zip(seqs, greedy.tolist()):  # the host's side of the same step
+            seq.token_ids.append(token)
+            if (seq.num_computed_tokens + 1) % block_size == 0:
+                seq.block_table.append(50 + seq.seq_id)  # the scheduler reserves the block the next token opens
+            seq.num_computed_tokens += 1
+        step = dataclasses.replace(pack_step(seqs, [1] * 3, False, block_size, torch.device("cpu")),
+                                   input_ids=static.input_ids[:3])
+        with _count_writes() as count:
+            static.fill(step)
+        assert len(count.writes) == (1 if opens_block else 0), (i, count.writes)
+        for name in STEP_FIELDS:
+            got = getattr(static, name)[:3]
+            assert torch.equal(got[:, : step.block_tables.shape[1]] if name == "block_tables" else got,
+                               getattr(step, name)), (i, name)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -382,7 +419,7 @@ def test_no_recompile_after_warmup_and_stance_is_scoped(compiled):
     tensors[0] = tensors[0].int()
     with pytest.raises(Exception, match="(?i)recompil"):
         with torch.inference_mode(), runner._stance():
-            runner._compiled(runner.model, *tensors, 2)
+            runner._compiled(runner.model, *tensors, 2, runner.static.block_size)
     # ... and the stance is scoped to the runner's calls: other compiled code in the process still compiles.
     assert torch.compile(lambda x: x * 2 + 1, backend="eager", fullgraph=True)(torch.ones(3)).tolist() == [3.0] * 3
 
@@ -438,32 +475,33 @@ def test_runner_rejects_bad_steps(compiled):
         rt.release(seq)
 
 
-def test_replay_last_repeats_the_last_step(compiled):
-    """The bench's GPU-time probe: replaying without new inputs reruns the last step, updates included, on the input
-    ids the graph left in its buffer (the greedy tokens it just produced): the eager model's step on those."""
+@pytest.mark.parametrize("num_seqs", [1, 2, 3])  # the batch-1 graph, the dynamic-batch one, the largest (padded)
+def test_replay_last_runs_the_next_greedy_step(compiled, num_seqs):
+    """The bench's GPU-time probe: a replay without new inputs runs the next greedy step of the same sequences (the
+    graph advanced its own inputs: ce::argmax, ce::advance_decode_inputs): the same as that step built on the host
+    (pack_step) and copied in, bit for bit, caches included; the greedy tokens also land in host memory."""
     rt, runner, _ = compiled
-    seqs = [rt.add_sequence([4, 4, 2][: i + 1]) for i in range(3)]
+    seqs = [rt.add_sequence([4, 4, 2][: i + 1]) for i in range(num_seqs)]
     try:
         rt.prefill(seqs)
         for seq in seqs:
             seq.token_ids.append(13)
+        first = rt.decode(seqs)
+        greedy = first.greedy_tokens.tolist()
+        assert first.host_greedy_tokens.tolist() == greedy
         before = snapshot(rt.model)
-        greedy = runner(rt.build_step(seqs, [1] * 3, is_prefill=False)).greedy_tokens.clone()
+        replayed = runner.replay_last(len(seqs))
+        replayed = (replayed.logits.clone(), replayed.greedy_tokens.clone(), replayed.host_greedy_tokens.tolist())
+        after_replay = snapshot(rt.model)
         restore(rt.model, before)
-        for seq, token in zip(seqs, greedy.tolist()):  # the same step on the greedy tokens, eagerly
-            seq.token_ids[-1] = token
-            seq.num_computed_tokens -= 1
-        step = rt.build_step(seqs, [1] * 3, is_prefill=False)
-        want = rt.model.decode_output(rt.model(step))
-        after = snapshot(rt.model)
-        restore(rt.model, before)
-        got = runner.replay_last(len(seqs))
-        assert_logits_close(got.logits, want.logits)
-        assert torch.equal(got.greedy_tokens, got.logits.argmax(dim=-1))
-        for name, buf in cache_buffers(rt.model).items():  # the rows the step wrote (not the padding lane's)
-            written = torch.tensor(sorted(written_rows(name, step)), dtype=torch.long)
-            torch.testing.assert_close(rows(name, buf)[written], rows(name, after[name])[written], atol=STATE_ATOL,
-                                       rtol=0, msg=name)
+        for seq, token in zip(seqs, greedy):  # the same step from the host: input ids copied, not in place
+            seq.token_ids.append(token)
+        built = rt.decode(seqs)
+        assert torch.equal(replayed[0], built.logits) and torch.equal(replayed[1], built.greedy_tokens)
+        assert replayed[2] == built.host_greedy_tokens.tolist() == built.greedy_tokens.tolist()
+        for name, buf in cache_buffers(rt.model).items():  # every row but the null ones (padding lanes' garbage)
+            live = sorted(set(range(rows(name, buf).shape[0])) - null_rows(name, BLOCK_SIZE))
+            assert torch.equal(rows(name, buf)[live], rows(name, after_replay[name])[live]), name
         with pytest.raises(ValueError, match="no warmed-up graph"):
             runner.replay_last(MAX_NUM_SEQS + 1)
     finally:

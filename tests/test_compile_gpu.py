@@ -278,9 +278,10 @@ def test_runner_outputs_are_eager_decode_and_its_argmax(gpu_compiled):
 
 def test_greedy_feedback_in_place_equals_host_fed_tokens(gpu_compiled, monkeypatch):
     """The engine's greedy steady state: each step's input ids are the runner's last greedy tokens, which the graph
-    left in its input buffer (``ce::argmax``'s ``next_input_ids``), so nothing is copied for them. The same greedy
-    generation with the tokens fed from the host (copied in with the step) gives the same tokens and logits, bit for
-    bit; and the in-place path was really taken."""
+    left in its input buffer (``ce::argmax``'s ``next_input_ids``), and the rest of the step is what the graph's
+    ``ce::advance_decode_inputs`` left there, so nothing is copied. The same greedy generation with the tokens fed
+    from the host (the step copied in) gives the same tokens and logits, bit for bit; the in-place path was really
+    taken; and the graph's own copy of the tokens in host memory (the token ring) holds them."""
     rt, runner, _ = gpu_compiled
     in_place, fill = [], runner.static.fill
 
@@ -302,6 +303,7 @@ def test_greedy_feedback_in_place_equals_host_fed_tokens(gpu_compiled, monkeypat
                     out = rt.decode(seqs, input_ids=ids if feed_back else None)
                     logits.append(out.logits.float().clone())
                     tokens.append(out.greedy_tokens.tolist())
+                    assert out.host_greedy_tokens.tolist() == tokens[-1]  # the graph's own write to host memory
                     ids = out.greedy_tokens
             runs[feed_back] = tokens, logits
         finally:

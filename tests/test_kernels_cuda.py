@@ -913,6 +913,33 @@ def test_add_rms_norm_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(captured_sum, eager_sum, atol=0, rtol=0)
 
 
+def test_advance_decode_inputs_on_the_static_buffers():
+    """On the decode graph's own buffers (graphs/static_inputs.py): the fields, each a storage of its own over one
+    allocation, advance as the reference says, and the tokens reach the token ring, pinned host memory the kernel
+    writes through its device address, readable on the host once the kernel is done."""
+    from graphs.static_inputs import StaticDecodeInputs
+    from ops.decode_inputs import advance_decode_inputs_reference
+
+    static = StaticDecodeInputs(max_batch=5, max_blocks_per_seq=4, block_size=16, device=DEV)
+    n = 4
+    static.input_ids[:n] = torch.tensor([7, 8, 9, 0])
+    static.positions[:n] = torch.tensor([15, 20, 63, 0])  # opens block 1; inside block 1; past the table; padding
+    static.context_lens[:n] = torch.tensor([16, 21, 64, 0], dtype=torch.int32)
+    static.block_tables[:n] = torch.tensor([[3, 6, 0, 0], [2, 4, 0, 0], [1, 5, 8, 9], [0, 0, 0, 0]], dtype=torch.int32)
+    fields = lambda: (static.input_ids[:n], static.positions[:n], static.slot_mapping[:n], static.context_lens[:n],  # noqa: E731
+                      static.block_tables[:n], static.token_ring, static.ring_slot)
+    want = [t.cpu().clone() for t in fields()]
+    want[5] = static.token_ring_host.clone()
+    advance_decode_inputs_reference(*want, block_size=16)
+    slot = static.ring_slot.item()
+    torch.ops.ce.advance_decode_inputs(*fields(), 16)
+    torch.cuda.synchronize()
+    assert static.token_ring_host[slot % static.token_ring_host.shape[0], :n].tolist() == [7, 8, 9, 0]
+    for got, expected in zip(fields(), want):
+        assert torch.equal(got.cpu(), expected)
+    assert static.positions[:n].tolist() == [16, 21, 64, 0] and static.slot_mapping[:3].tolist() == [6 * 16, 4 * 16 + 5, 0]
+
+
 @pytest.mark.parametrize("rows", [1, 3, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_argmax_matches_torch_after_lm_head_in_cuda_graph(rows, dtype):
@@ -1114,6 +1141,13 @@ def _opcheck_cases():
                      (_randn(gen, 5, 16, 256, dtype=bf16)[..., :128], _randn(gen, 128, dtype=bf16),
                       _randn(gen, 5, 16, 128, dtype=bf16), 1e-6, False)),
         "argmax": (torch.ops.ce.argmax.default, (_randn(gen, 3, 248320 + 64, dtype=bf16)[:, :248320],)),
+        "advance_decode_inputs": (
+            torch.ops.ce.advance_decode_inputs.default,
+            tuple(t.to(DEV) for t in (torch.tensor([5, 6, 7]), torch.tensor([15, 9, 0]), torch.tensor([40, 17, 0]),
+                                      torch.tensor([16, 10, 0], dtype=torch.int32),
+                                      torch.tensor([[2, 5], [1, 3], [0, 0]], dtype=torch.int32),
+                                      torch.zeros(4, 16, dtype=torch.long), torch.tensor([1]))) + (16,),
+        ),
     }
 
 
@@ -1121,7 +1155,7 @@ OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "attention_decode", "page
                  "causal_conv1d_prefill",
                  "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "gated_deltanet_decode",
                  "linear", "rms_norm",
-                 "silu_mul", "silu_mul_linear", "add_rms_norm", "add_rms_norm_linear", "argmax"]
+                 "silu_mul", "silu_mul_linear", "add_rms_norm", "add_rms_norm_linear", "argmax", "advance_decode_inputs"]
 
 
 @pytest.mark.parametrize("name", OPCHECK_NAMES)
@@ -1147,6 +1181,7 @@ KERNEL_NAMES = {
     "add_rms_norm": "_add_rms_norm_kernel",
     "add_rms_norm_linear": "_skinny_gemm_kernel",
     "argmax": "_argmax_chunks_kernel",
+    "advance_decode_inputs": "_advance_decode_inputs_kernel",
 }
 
 

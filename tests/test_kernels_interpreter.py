@@ -33,12 +33,14 @@ def _child_checks() -> dict:
     import torch
 
     from ops import (
-        activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, kv_cache, norm, paged_attention,
+        activation, attention_decode, conv1d, decode_inputs, delta_rule, gated_deltanet_decode, kv_cache, norm,
+        paged_attention,
     )
     from ops.triton import (
         activation_kernels,
         argmax_kernels,
         attention_decode_kernels,
+        decode_inputs_kernels,
         conv1d_kernels,
         delta_rule_kernels,
         gated_deltanet_kernels,
@@ -349,7 +351,30 @@ def _child_checks() -> dict:
         assert got.dtype == torch.long and torch.equal(got, want), f"argmax: got {got.tolist()}, want {want.tolist()}"
         assert torch.equal(next_ids, want if rows % 2 else torch.full_like(want, -1)), "argmax: next_input_ids"
 
+    def check_advance_decode_inputs(rows, width, block_size, ring_slots, ring_slot):
+        """ce::advance_decode_inputs against its reference: live rows one position further (a block boundary, a
+        position past the table's end), padding lanes (context 0) left alone, the tokens in the ring's next row."""
+        positions = torch.randint(0, width * block_size + 2, (rows,))
+        positions[0] = block_size - 1  # the next position opens a block
+        context = (positions + 1).to(torch.int32)
+        context[rows // 2 :: 3] = 0  # padding lanes
+        fields = {
+            "input_ids": torch.randint(0, 1000, (rows,)), "positions": positions,
+            "slot_mapping": torch.randint(0, 99, (rows,)), "context_lens": context,
+            "block_tables": torch.randint(1, 50, (rows, width), dtype=torch.int32),
+            "token_ring": torch.full((ring_slots, rows + 3), -1, dtype=torch.long),
+            "ring_slot": torch.tensor([ring_slot]),
+        }
+        want = {k: v.clone() for k, v in fields.items()}
+        decode_inputs.advance_decode_inputs_reference(**want, block_size=block_size)
+        got = {k: v.clone() for k, v in fields.items()}
+        decode_inputs_kernels.advance_decode_inputs(**got, block_size=block_size)
+        for name in fields:
+            assert torch.equal(got[name], want[name]), f"advance_decode_inputs {name}: {got[name]} vs {want[name]}"
+
     checks = {
+        "advance_decode_inputs": lambda: check_advance_decode_inputs(7, 3, 4, ring_slots=4, ring_slot=6),
+        "advance_decode_inputs_one_row": lambda: check_advance_decode_inputs(1, 5, 16, ring_slots=2, ring_slot=0),
         "argmax_chunks": lambda: check_argmax(6, 300, chunk=64),
         "argmax_one_chunk_strided": lambda: check_argmax(5, 50, chunk=64, strided=True),
         "argmax_no_rows": lambda: check_argmax(0, 10, chunk=16),
@@ -436,6 +461,8 @@ def _child_checks() -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 CHECK_NAMES = [
+    "advance_decode_inputs",
+    "advance_decode_inputs_one_row",
     "argmax_chunks",
     "argmax_one_chunk_strided",
     "argmax_no_rows",

@@ -952,6 +952,12 @@ def _opcheck_cases():
                                 (_randn(g, 3, 8), _randn(g, 3, 8), _randn(g, 8), 1e-6, _randn(g, 5, 8))),
         "rms_norm": (ce.rms_norm.default, (_randn(g, 3, 2, 16)[..., :8], _randn(g, 8), _randn(g, 3, 2, 8), 1e-6, False)),
         "argmax": (ce.argmax.default, (_randn(g, 3, 40)[:, 4:],)),  # rows of a wider tensor
+        "advance_decode_inputs": (
+            ce.advance_decode_inputs.default,
+            (torch.tensor([5, 6, 7]), torch.tensor([3, 9, 0]), torch.tensor([40, 17, 0]),
+             torch.tensor([4, 10, 0], dtype=torch.int32), torch.tensor([[2, 5], [1, 3], [0, 0]], dtype=torch.int32),
+             torch.zeros(2, 16, dtype=torch.long), torch.tensor([1]), 8),
+        ),
     }
 
 
@@ -962,6 +968,20 @@ OPCHECK_CASES = _opcheck_cases()
 def test_opcheck(name):
     op, args = OPCHECK_CASES[name]
     _opcheck(op, args)
+
+
+def test_advance_decode_inputs_by_hand():
+    """The next step's inputs, worked out by hand (block size 16): a row crossing into its second block, a row whose
+    next position is past its table (the null block's row 0), a padding lane (context 0: unchanged); the tokens land
+    in ring row 5 % 2 = 1."""
+    positions, slot_mapping = torch.tensor([15, 31, 4]), torch.tensor([3 * 16 + 15, 7 * 16 + 15, 0])
+    context_lens = torch.tensor([16, 32, 0], dtype=torch.int32)
+    tables = torch.tensor([[3, 7], [2, 7], [0, 0]], dtype=torch.int32)
+    ring, ring_slot = torch.zeros(2, 4, dtype=torch.long), torch.tensor([5])
+    ce.advance_decode_inputs(torch.tensor([11, 12, 13]), positions, slot_mapping, context_lens, tables, ring, ring_slot, 16)
+    assert positions.tolist() == [16, 32, 4] and context_lens.tolist() == [17, 33, 0]
+    assert slot_mapping.tolist() == [7 * 16 + 0, 0, 0]
+    assert ring.tolist() == [[0, 0, 0, 0], [11, 12, 13, 0]] and ring_slot.tolist() == [6]
 
 
 def test_opcheck_argmax_into_next_input_ids():
