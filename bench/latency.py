@@ -151,7 +151,7 @@ def _engine_run(ctx: Context, engine, prompt: list[int], new_tokens: int) -> dic
     }
 
 
-GRAPH_LAST_KERNEL = "_argmax_rows_kernel"  # ce::argmax's second kernel ends every decode graph (and nothing else)
+GRAPH_LAST_KERNEL = "_next_decode_inputs_kernel"  # ce::advance_decode_inputs ends every decode graph (only there)
 
 
 def _engine_between_graphs(ctx: Context, engine, prompt: list[int], new_tokens: int = 64) -> dict | None:

@@ -122,12 +122,16 @@ class HybridModel(nn.Module):
         """fp32 logits ``[rows, vocab]`` for the given hidden rows (gathered from every rank's vocab shard)."""
         return self._logits(hidden).float()
 
-    def decode_output(self, hidden: torch.Tensor, next_input_ids: torch.Tensor | None = None) -> DecodeOutput:
+    def decode_output(self, hidden: torch.Tensor) -> DecodeOutput:
         """A decode step's logits in the model's dtype and its greedy tokens (``ce::argmax``: two short kernels
-        instead of an fp32 conversion of the logits and torch's argmax after the graph). ``next_input_ids``
-        (mutated): also written with the greedy tokens (the compiled decode's static input ids)."""
-        logits = self._logits(hidden)
-        return DecodeOutput(logits, argmax_op(logits, next_input_ids))
+        instead of an fp32 conversion of the logits and torch's argmax after the graph). The compiled decode ends
+        with ``decode_logits`` and its own epilogue instead (graphs/decode_graph.py)."""
+        logits = self.decode_logits(hidden)
+        return DecodeOutput(logits, argmax_op(logits))
+
+    def decode_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A decode step's logits ``[N, vocab]`` in the model's dtype."""
+        return self._logits(hidden)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.tp.all_gather_last_dim(linear(hidden, self.lm_head))

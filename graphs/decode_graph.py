@@ -83,10 +83,10 @@ def decode_forward(
 
     The full buffers are the inputs and the bucket's rows are sliced inside the graph, so the graph's inputs are
     always the same static tensors (sliced views as inputs would be "new" inputs that reduce-overhead copies).
-    Then turns the step's inputs into the next step's, for the steady state in which the same sequences decode on
-    greedily (graphs/static_inputs.py): the greedy tokens into ``input_ids[:batch]`` (``ce::argmax``), and
-    ``ce::advance_decode_inputs`` (positions, slot_mapping and context_lens one position further for live rows,
-    the tokens into row ``ring_slot`` of the host-visible ``token_ring``, the ring slot incremented).
+    Its epilogue, ``ce::advance_decode_inputs``, picks the greedy tokens and turns the step's inputs into the next
+    step's, for the steady state in which the same sequences decode on greedily (graphs/static_inputs.py): the
+    tokens into ``input_ids[:batch]`` and into row ``ring_slot`` of the host-visible ``token_ring`` (the ring slot
+    incremented), and positions, slot_mapping and context_lens one position further for live rows.
     """
     step = StepInputs(
         input_ids=input_ids[:batch],
@@ -98,10 +98,10 @@ def decode_forward(
         cu_seqlens=None,
         is_prefill=False,
     )
-    out = model.decode_output(model(step), next_input_ids=step.input_ids)
-    advance_decode_inputs(step.input_ids, step.positions, step.slot_mapping, step.context_lens, step.block_tables,
-                          token_ring, ring_slot, block_size)
-    return out
+    logits = model.decode_logits(model(step))
+    greedy_tokens = advance_decode_inputs(logits, step.input_ids, step.positions, step.slot_mapping, step.context_lens,
+                                          step.block_tables, token_ring, ring_slot, block_size)
+    return DecodeOutput(logits, greedy_tokens)
 
 
 def expected_compiles(buckets: Iterable[int]) -> int:

@@ -6,11 +6,8 @@ write fp32 logits for it (a conversion kernel: 2 µs at batch 1, ~90 µs at batc
 argmax over one long row across programs, so in the graph it would be one program reading the whole row. The CUDA
 kernel is two short PDL launches (ops/triton/argmax_kernels.py) reading the model-dtype logits the lm_head wrote.
 
-* ``ce::argmax(logits [B, V], next_input_ids [B]? ) -> [B]`` int64: torch.argmax's rule, exactly: the first index
-  of the maximum, and a NaN counts as larger than everything (the first NaN wins). Rows may be strided; columns must
-  be contiguous. ``next_input_ids`` (optional, mutated): the same tokens are also written there. The compiled decode
-  passes its static input-id buffer (graphs/decode_graph.py), so that when the same sequences decode on greedily the
-  next step's input ids are in place without a copy between the steps.
+* ``ce::argmax(logits [B, V]) -> [B]`` int64: torch.argmax's rule, exactly: the first index of the maximum, and a
+  NaN counts as larger than everything (the first NaN wins). Rows may be strided; columns must be contiguous.
 """
 
 from __future__ import annotations
@@ -21,19 +18,16 @@ from ops.library import define_op
 from ops.triton import lazy_kernel
 
 
-def argmax_reference(logits: torch.Tensor, next_input_ids: torch.Tensor | None = None) -> torch.Tensor:
-    tokens = torch.argmax(logits, dim=-1)
-    if next_input_ids is not None:
-        next_input_ids.copy_(tokens)
-    return tokens
+def argmax_reference(logits: torch.Tensor) -> torch.Tensor:
+    return torch.argmax(logits, dim=-1)
 
 
-def _argmax_fake(logits, next_input_ids=None):
+def _argmax_fake(logits):
     return logits.new_empty((logits.shape[0],), dtype=torch.long)
 
 
 argmax_op = define_op(
-    "argmax(Tensor logits, Tensor(a!)? next_input_ids=None) -> Tensor",
+    "argmax(Tensor logits) -> Tensor",
     reference=argmax_reference,
     cuda=lazy_kernel("argmax_kernels", "argmax"),
     fake=_argmax_fake,

@@ -279,9 +279,9 @@ def test_static_inputs_fill_a_host_step_in_one_copy(ids_in_place):
 
 
 def test_static_inputs_copy_nothing_when_the_graph_left_the_step():
-    """The steady state: after a replay (simulated here by the graph's own last ops, ce::argmax's input ids and
-    ce::advance_decode_inputs) the next step of the same sequences, built on the host, is already in the buffers: no
-    copy, and the buffers equal that step. A step that opens a KV block is copied (its table changed)."""
+    """The steady state: after a replay (simulated here by the graph's epilogue, ce::advance_decode_inputs) the next
+    step of the same sequences, built on the host, is already in the buffers: no copy, and the buffers equal that
+    step. A step that opens a KV block is copied (its table changed)."""
     block_size = 4
     static = StaticDecodeInputs(max_batch=4, max_blocks_per_seq=6, block_size=block_size, device="cpu")
     seqs = _decode_sequences([(5, 1, 1), (1, 2, 10), (9, 3, 20)], block_size)  # contexts 5, 1, 9
@@ -289,8 +289,8 @@ def test_static_inputs_copy_nothing_when_the_graph_left_the_step():
     static.fill(step)
     for i in range(4):
         greedy = torch.tensor([100 + i, 200 + i, 300 + i])
-        static.input_ids[:3] = greedy  # what ce::argmax leaves
-        torch.ops.ce.advance_decode_inputs(*(t[:3] for t in static.tensors()[:3]), static.context_lens[:3],
+        logits = torch.nn.functional.one_hot(greedy, 400).float()
+        torch.ops.ce.advance_decode_inputs(logits, *(t[:3] for t in static.tensors()[:3]), static.context_lens[:3],
                                            static.block_tables[:3], static.token_ring, static.ring_slot, block_size)
         ring_row = static.replayed()
         assert ring_row[:3].tolist() == greedy.tolist()
@@ -478,8 +478,8 @@ def test_runner_rejects_bad_steps(compiled):
 @pytest.mark.parametrize("num_seqs", [1, 2, 3])  # the batch-1 graph, the dynamic-batch one, the largest (padded)
 def test_replay_last_runs_the_next_greedy_step(compiled, num_seqs):
     """The bench's GPU-time probe: a replay without new inputs runs the next greedy step of the same sequences (the
-    graph advanced its own inputs: ce::argmax, ce::advance_decode_inputs): the same as that step built on the host
-    (pack_step) and copied in, bit for bit, caches included; the greedy tokens also land in host memory."""
+    graph advanced its own inputs: ce::advance_decode_inputs): the same as that step built on the host (pack_step)
+    and copied in, bit for bit, caches included; the greedy tokens also land in host memory."""
     rt, runner, _ = compiled
     seqs = [rt.add_sequence([4, 4, 2][: i + 1]) for i in range(num_seqs)]
     try:

@@ -278,8 +278,8 @@ def test_runner_outputs_are_eager_decode_and_its_argmax(gpu_compiled):
 
 def test_greedy_feedback_in_place_equals_host_fed_tokens(gpu_compiled, monkeypatch):
     """The engine's greedy steady state: each step's input ids are the runner's last greedy tokens, which the graph
-    left in its input buffer (``ce::argmax``'s ``next_input_ids``), and the rest of the step is what the graph's
-    ``ce::advance_decode_inputs`` left there, so nothing is copied. The same greedy generation with the tokens fed
+    left in its input buffer, and the rest of the step is what the graph's epilogue (``ce::advance_decode_inputs``)
+    left there, so nothing is copied. The same greedy generation with the tokens fed
     from the host (the step copied in) gives the same tokens and logits, bit for bit; the in-place path was really
     taken; and the graph's own copy of the tokens in host memory (the token ring) holds them."""
     rt, runner, _ = gpu_compiled

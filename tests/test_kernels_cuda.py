@@ -914,15 +914,16 @@ def test_add_rms_norm_linear_on_model_shapes(name, rows):
 
 
 def test_advance_decode_inputs_on_the_static_buffers():
-    """On the decode graph's own buffers (graphs/static_inputs.py): the fields, each a storage of its own over one
-    allocation, advance as the reference says, and the tokens reach the token ring, pinned host memory the kernel
-    writes through its device address, readable on the host once the kernel is done."""
+    """On the decode graph's own buffers (graphs/static_inputs.py): the greedy tokens become the input ids, the
+    fields (each a storage of its own over one allocation) advance as the reference says, and the tokens reach the
+    token ring, pinned host memory the kernel writes through its device address, readable on the host once the kernel
+    is done."""
     from graphs.static_inputs import StaticDecodeInputs
     from ops.decode_inputs import advance_decode_inputs_reference
 
     static = StaticDecodeInputs(max_batch=5, max_blocks_per_seq=4, block_size=16, device=DEV)
     n = 4
-    static.input_ids[:n] = torch.tensor([7, 8, 9, 0])
+    logits = torch.nn.functional.one_hot(torch.tensor([7, 8, 9, 0], device=DEV), 248320).to(torch.bfloat16)
     static.positions[:n] = torch.tensor([15, 20, 63, 0])  # opens block 1; inside block 1; past the table; padding
     static.context_lens[:n] = torch.tensor([16, 21, 64, 0], dtype=torch.int32)
     static.block_tables[:n] = torch.tensor([[3, 6, 0, 0], [2, 4, 0, 0], [1, 5, 8, 9], [0, 0, 0, 0]], dtype=torch.int32)
@@ -930,10 +931,11 @@ def test_advance_decode_inputs_on_the_static_buffers():
                       static.block_tables[:n], static.token_ring, static.ring_slot)
     want = [t.cpu().clone() for t in fields()]
     want[5] = static.token_ring_host.clone()
-    advance_decode_inputs_reference(*want, block_size=16)
+    advance_decode_inputs_reference(logits.cpu(), *want, block_size=16)
     slot = static.ring_slot.item()
-    torch.ops.ce.advance_decode_inputs(*fields(), 16)
+    tokens = torch.ops.ce.advance_decode_inputs(logits, *fields(), 16)
     torch.cuda.synchronize()
+    assert tokens.tolist() == static.input_ids[:n].tolist() == [7, 8, 9, 0]
     assert static.token_ring_host[slot % static.token_ring_host.shape[0], :n].tolist() == [7, 8, 9, 0]
     for got, expected in zip(fields(), want):
         assert torch.equal(got.cpu(), expected)
@@ -1143,7 +1145,8 @@ def _opcheck_cases():
         "argmax": (torch.ops.ce.argmax.default, (_randn(gen, 3, 248320 + 64, dtype=bf16)[:, :248320],)),
         "advance_decode_inputs": (
             torch.ops.ce.advance_decode_inputs.default,
-            tuple(t.to(DEV) for t in (torch.tensor([5, 6, 7]), torch.tensor([15, 9, 0]), torch.tensor([40, 17, 0]),
+            (_randn(gen, 3, 248320, dtype=bf16),)
+            + tuple(t.to(DEV) for t in (torch.tensor([5, 6, 7]), torch.tensor([15, 9, 0]), torch.tensor([40, 17, 0]),
                                       torch.tensor([16, 10, 0], dtype=torch.int32),
                                       torch.tensor([[2, 5], [1, 3], [0, 0]], dtype=torch.int32),
                                       torch.zeros(4, 16, dtype=torch.long), torch.tensor([1]))) + (16,),
@@ -1181,7 +1184,7 @@ KERNEL_NAMES = {
     "add_rms_norm": "_add_rms_norm_kernel",
     "add_rms_norm_linear": "_skinny_gemm_kernel",
     "argmax": "_argmax_chunks_kernel",
-    "advance_decode_inputs": "_advance_decode_inputs_kernel",
+    "advance_decode_inputs": "_next_decode_inputs_kernel",
 }
 
 

@@ -345,35 +345,38 @@ def _child_checks() -> dict:
         if rows > 4:
             logits[4, vocab - 1] = float("inf")
         logits = logits.to(dtype)
-        next_ids = torch.full((rows,), -1, dtype=torch.long)  # the graph's next input ids: written with the tokens
-        got = argmax_kernels.argmax(logits, next_ids if rows % 2 else None, chunk=chunk)
+        got = argmax_kernels.argmax(logits, chunk)
         want = torch.argmax(logits, dim=-1)
         assert got.dtype == torch.long and torch.equal(got, want), f"argmax: got {got.tolist()}, want {want.tolist()}"
-        assert torch.equal(next_ids, want if rows % 2 else torch.full_like(want, -1)), "argmax: next_input_ids"
 
-    def check_advance_decode_inputs(rows, width, block_size, ring_slots, ring_slot):
-        """ce::advance_decode_inputs against its reference: live rows one position further (a block boundary, a
-        position past the table's end), padding lanes (context 0) left alone, the tokens in the ring's next row."""
+    def check_advance_decode_inputs(rows, width, block_size, ring_slots, ring_slot, vocab=300, chunk=64):
+        """ce::advance_decode_inputs against its reference: each row's greedy token (ties, a NaN), live rows one
+        position further (a block boundary, a position past the table's end), padding lanes (context 0) left alone,
+        the tokens in the ring's next row; several chunks per row and more rows than one ROW_BLOCK."""
+        logits = torch.randn(rows, vocab)
+        logits[0, [3, vocab - 2]] = 50.0  # a tie across chunks
+        logits[rows - 1, [1, vocab - 1]] = float("nan")
         positions = torch.randint(0, width * block_size + 2, (rows,))
         positions[0] = block_size - 1  # the next position opens a block
         context = (positions + 1).to(torch.int32)
         context[rows // 2 :: 3] = 0  # padding lanes
         fields = {
-            "input_ids": torch.randint(0, 1000, (rows,)), "positions": positions,
+            "logits": logits, "input_ids": torch.randint(0, 1000, (rows,)), "positions": positions,
             "slot_mapping": torch.randint(0, 99, (rows,)), "context_lens": context,
             "block_tables": torch.randint(1, 50, (rows, width), dtype=torch.int32),
             "token_ring": torch.full((ring_slots, rows + 3), -1, dtype=torch.long),
             "ring_slot": torch.tensor([ring_slot]),
         }
         want = {k: v.clone() for k, v in fields.items()}
-        decode_inputs.advance_decode_inputs_reference(**want, block_size=block_size)
+        want_tokens = decode_inputs.advance_decode_inputs_reference(**want, block_size=block_size)
         got = {k: v.clone() for k, v in fields.items()}
-        decode_inputs_kernels.advance_decode_inputs(**got, block_size=block_size)
-        for name in fields:
+        got_tokens = decode_inputs_kernels.advance_decode_inputs(**got, block_size=block_size, chunk=chunk)
+        assert torch.equal(got_tokens, want_tokens), f"advance_decode_inputs tokens: {got_tokens} vs {want_tokens}"
+        for name in fields.keys() - {"logits"}:  # the rest: what it writes
             assert torch.equal(got[name], want[name]), f"advance_decode_inputs {name}: {got[name]} vs {want[name]}"
 
     checks = {
-        "advance_decode_inputs": lambda: check_advance_decode_inputs(7, 3, 4, ring_slots=4, ring_slot=6),
+        "advance_decode_inputs": lambda: check_advance_decode_inputs(21, 3, 4, ring_slots=4, ring_slot=6),
         "advance_decode_inputs_one_row": lambda: check_advance_decode_inputs(1, 5, 16, ring_slots=2, ring_slot=0),
         "argmax_chunks": lambda: check_argmax(6, 300, chunk=64),
         "argmax_one_chunk_strided": lambda: check_argmax(5, 50, chunk=64, strided=True),

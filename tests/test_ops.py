@@ -954,7 +954,7 @@ def _opcheck_cases():
         "argmax": (ce.argmax.default, (_randn(g, 3, 40)[:, 4:],)),  # rows of a wider tensor
         "advance_decode_inputs": (
             ce.advance_decode_inputs.default,
-            (torch.tensor([5, 6, 7]), torch.tensor([3, 9, 0]), torch.tensor([40, 17, 0]),
+            (_randn(g, 3, 40)[:, 4:], torch.tensor([5, 6, 7]), torch.tensor([3, 9, 0]), torch.tensor([40, 17, 0]),
              torch.tensor([4, 10, 0], dtype=torch.int32), torch.tensor([[2, 5], [1, 3], [0, 0]], dtype=torch.int32),
              torch.zeros(2, 16, dtype=torch.long), torch.tensor([1]), 8),
         ),
@@ -971,26 +971,22 @@ def test_opcheck(name):
 
 
 def test_advance_decode_inputs_by_hand():
-    """The next step's inputs, worked out by hand (block size 16): a row crossing into its second block, a row whose
-    next position is past its table (the null block's row 0), a padding lane (context 0: unchanged); the tokens land
-    in ring row 5 % 2 = 1."""
+    """The greedy tokens and the next step's inputs, worked out by hand (block size 16): a row crossing into its
+    second block, a row whose next position is past its table (the null block's row 0), a padding lane (context 0:
+    unchanged); the tokens become the input ids and land in ring row 5 % 2 = 1."""
     positions, slot_mapping = torch.tensor([15, 31, 4]), torch.tensor([3 * 16 + 15, 7 * 16 + 15, 0])
     context_lens = torch.tensor([16, 32, 0], dtype=torch.int32)
     tables = torch.tensor([[3, 7], [2, 7], [0, 0]], dtype=torch.int32)
     ring, ring_slot = torch.zeros(2, 4, dtype=torch.long), torch.tensor([5])
-    ce.advance_decode_inputs(torch.tensor([11, 12, 13]), positions, slot_mapping, context_lens, tables, ring, ring_slot, 16)
+    logits = torch.zeros(3, 20)
+    logits[0, 11], logits[1, [12, 15]], logits[2, 13] = 1.0, 2.0, float("nan")  # 11; 12 (first of a tie); 13 (NaN)
+    input_ids = torch.tensor([1, 2, 3])
+    tokens = ce.advance_decode_inputs(logits, input_ids, positions, slot_mapping, context_lens, tables, ring, ring_slot,
+                                      16)
+    assert tokens.tolist() == input_ids.tolist() == [11, 12, 13]
     assert positions.tolist() == [16, 32, 4] and context_lens.tolist() == [17, 33, 0]
     assert slot_mapping.tolist() == [7 * 16 + 0, 0, 0]
     assert ring.tolist() == [[0, 0, 0, 0], [11, 12, 13, 0]] and ring_slot.tolist() == [6]
-
-
-def test_opcheck_argmax_into_next_input_ids():
-    """The optional mutated ``next_input_ids`` (the decode graph's input ids: rows 0..2 of a wider static buffer)
-    holds the same tokens afterwards."""
-    logits, buffer = _randn(torch.Generator().manual_seed(3), 3, 40), torch.zeros(16, dtype=torch.long)
-    _opcheck(ce.argmax.default, (logits, buffer[:3]))
-    tokens = ce.argmax(logits, buffer[:3])
-    assert torch.equal(tokens, logits.argmax(dim=-1)) and torch.equal(buffer[:3], tokens) and not buffer[3:].any()
 
 
 def test_opcheck_gated_delta_rule_prefill_with_fla_fields():

@@ -13,10 +13,12 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
                             split-K, autotuned)
   activation_kernels        silu_mul (the SwiGLU MLP's silu(gate) * up, one pass)
   argmax_kernels            argmax (each row's greedy token: chunk winners, then the row's, two launches)
+  decode_inputs_kernels     advance_decode_inputs (the decode graph's epilogue: greedy tokens, the next step's inputs)
   norm_kernels              rms_norm (zero-centred or gated by silu, one pass per row, strided rows), add_rms_norm
                             (a layer's residual add + norm)
 
-and ``pdl``: programmatic dependent launch, the protocol the decode kernels follow (launch flags, when to wait).
+and two helpers: ``pdl``, programmatic dependent launch, the protocol the decode kernels follow (launch flags, when to
+wait); ``l2_prefetch``, the skinny GEMM's prefetch of its weight into L2 before that wait.
 
 This package itself imports neither triton nor FLA: the op modules register :func:`lazy_kernel` wrappers as their
 ``cuda=`` implementations, so ``import ops`` works on CPU-only machines without triton, and triton is first

@@ -27,13 +27,14 @@ MAX_CHUNKS = 1024  # the second pass reads all of a row's chunk winners at once:
 
 
 @triton.jit
-def _winner(values, indices, mask):
-    """(value, index) of torch.argmax's winner among the masked lanes: the first NaN if any, else the first max."""
+def _winner(values, indices, mask, AXIS: tl.constexpr = 0):
+    """(value, index) of torch.argmax's winner among the masked lanes along ``AXIS``: the first NaN if any, else the
+    first max."""
     big = 2147483647
     is_nan = (values != values) & mask
-    first_nan = tl.min(tl.where(is_nan, indices, big), 0)
-    best = tl.max(tl.where(mask & ~is_nan, values, float("-inf")), 0)
-    first_best = tl.min(tl.where(mask & (values == best), indices, big), 0)
+    first_nan = tl.min(tl.where(is_nan, indices, big), AXIS)
+    best = tl.max(tl.where(mask & ~is_nan, values, float("-inf")), AXIS)
+    first_best = tl.min(tl.where(mask & (values == tl.expand_dims(best, AXIS)), indices, big), AXIS)
     any_nan = first_nan < big
     index = tl.where(any_nan, first_nan, first_best)
     value = tl.where(any_nan, float("nan"), best)
@@ -59,8 +60,7 @@ def _argmax_chunks_kernel(logits, part_value, part_index, V, stride_row, num_chu
 
 
 @triton.jit
-def _argmax_rows_kernel(part_value, part_index, out, also_out, num_chunks, CHUNKS_P: tl.constexpr,
-                        ALSO_OUT: tl.constexpr, USE_PDL: tl.constexpr):
+def _argmax_rows_kernel(part_value, part_index, out, num_chunks, CHUNKS_P: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -71,20 +71,15 @@ def _argmax_rows_kernel(part_value, part_index, out, also_out, num_chunks, CHUNK
     indices = tl.load(part_index + row * num_chunks + offs, mask=mask, other=0)
     _, index = _winner(values, indices, mask)
     tl.store(out + row, index.to(tl.int64))
-    if ALSO_OUT:
-        tl.store(also_out + row, index.to(tl.int64))
 
 
-def argmax(logits: torch.Tensor, next_input_ids: torch.Tensor | None = None, chunk: int = CHUNK) -> torch.Tensor:
+def argmax(logits: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
     """``ce::argmax``'s CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``chunk`` (a power of two)
     overrides the first pass's width (the tests use small ones to get several chunks from short rows)."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"argmax: logits must be [B, V] with contiguous columns, got {tuple(logits.shape)} "
                          f"strides {logits.stride()}")
     rows, vocab = logits.shape
-    if next_input_ids is not None and (next_input_ids.shape != (rows,) or next_input_ids.dtype != torch.long):
-        raise ValueError(f"argmax: next_input_ids must be [{rows}] int64, got {tuple(next_input_ids.shape)} "
-                         f"{next_input_ids.dtype}")
     out = torch.empty(rows, dtype=torch.long, device=logits.device)
     if rows == 0:
         return out
@@ -98,8 +93,6 @@ def argmax(logits: torch.Tensor, next_input_ids: torch.Tensor | None = None, chu
     flags = pdl_flags(logits)
     _argmax_chunks_kernel[(rows, num_chunks)](logits, part_value, part_index, vocab, logits.stride(0), num_chunks,
                                               CHUNK=chunk, num_warps=4, **flags)
-    also = next_input_ids is not None
-    _argmax_rows_kernel[(rows,)](part_value, part_index, out, next_input_ids if also else out, num_chunks,
-                                 CHUNKS_P=max(16, triton.next_power_of_2(num_chunks)), ALSO_OUT=also, num_warps=4,
-                                 **flags)
+    _argmax_rows_kernel[(rows,)](part_value, part_index, out, num_chunks,
+                                 CHUNKS_P=max(16, triton.next_power_of_2(num_chunks)), num_warps=4, **flags)
     return out
