@@ -1,6 +1,8 @@
 """latency: batch 1, a 128-token prompt, 512 greedy new tokens (ignore_eos).
 
 What is timed (after one warm-up request of the same prompt length):
+  * engine between graphs (CUDA): one more request under the torch profiler, and what the GPU does between two of
+    its decode graphs (copies, gaps): ``engine_between_graphs``.
   * engine: one request driven through ``LLMEngine.add_request`` / ``step()``, a timestamp when each token reaches
     the caller in an output (the host has read it back, so its step is done). TTFT = add_request -> the first
     token; each later interval is one decode step (scheduler + runtime decode + sampler + the device->host token
@@ -8,8 +10,9 @@ What is timed (after one warm-up request of the same prompt length):
     / (last token - first token). Repeated ``repeats`` times; the median run is reported.
   * runtime: the same prompt through ``Runtime.prefill`` / ``decode`` (greedy tokens) with no scheduler or sampler,
     to separate the runtime's step time from the engine's host overhead.
-  * graph replay (CUDA, compiled decode): the batch-1 decode graph replayed ``replays`` times back to back on one
-    step's inputs, timed with CUDA events: the GPU time of a step with no host work between steps. Against the
+  * graph replay (CUDA, compiled decode): the batch-1 decode graph replayed ``replays`` times back to back with no
+    new inputs (each replay is the next greedy step of the same sequence: the graph advances its own inputs),
+    timed with CUDA events: the GPU time of a step with no host work between steps. Against the
     engine's step time it says whether a step is GPU-bound (equal) or waits for the host. ``host_ms_per_replay``
     is the host's cost of one replay call (Dynamo guards, cudagraph-tree bookkeeping, the graph launch). The
     skinny GEMM's configs are recorded beside it (the 2..16-row autotuner's picks can differ between processes).
@@ -191,7 +194,11 @@ def _engine_between_graphs(ctx: Context, engine, prompt: list[int], new_tokens: 
         "gap_us": distribution(gaps, 1.0),
         "ops_in_gap": {name: {"per_step": len(d) / steps, "us_median": sorted(d)[len(d) // 2]}
                        for name, d in between.items()},
-        "note": "end of a decode graph's last kernel -> start of the next graph's first kernel (torch profiler)",
+        # The profiler slows the host: in a process whose host is slow the engine falls behind under it, and the
+        # gaps (with nothing in them) are host time that the unprofiled steps do not have (run 34: 134 µs here
+        # while the same process's engine step equalled its graph).
+        "note": "end of a decode graph's last kernel -> start of the next graph's first kernel (torch profiler; "
+                "an empty gap is the host, slowed by profiling)",
     }
 
 
@@ -266,10 +273,13 @@ def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int,
 
 def _prefetch_variant(runner, policy: str | None, replays: int) -> dict:
     """The batch-1 graph recorded again under L2 prefetch ``policy`` (ops/triton/l2_prefetch.py; None: the
-    variable unset), then timed as above: an A/B of the policies in one process, on one step."""
+    variable unset), then timed as above: an A/B of the policies in one process, on one sequence."""
     from ops.triton import l2_prefetch
 
-    os.environ.pop("CE_L2_PREFETCH", None) if policy is None else os.environ.__setitem__("CE_L2_PREFETCH", policy)
+    if policy is None:
+        os.environ.pop("CE_L2_PREFETCH", None)
+    else:
+        os.environ["CE_L2_PREFETCH"] = policy
     l2_prefetch.l2_prefetch_policy.cache_clear()  # the policy is read once per process otherwise
     runner.recapture(1)
     if not replays:

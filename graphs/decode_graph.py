@@ -5,9 +5,9 @@
     out = runner(step)                    # step: an unpadded decode StepInputs from Runtime.build_step
     out.logits, out.greedy_tokens         # the graph's own buffers: valid until the runner's next call
 
-Per step the host does only this: validate shapes, copy the step into the static buffers (one copy for a step
-built on the host, the input ids left in place by the previous replay where they are its greedy tokens:
-graphs/static_inputs.py), replay the bucket's CUDA graph, and return views of the live rows of its outputs.
+Per step the host does only this: validate shapes, bring the static buffers to the step (nothing when the step is
+what the last replay left there: the same sequences decoding on greedily; otherwise one copy for a step built on the
+host: graphs/static_inputs.py), replay the bucket's CUDA graph, and return views of the live rows of its outputs.
 The graphs are captured by the runner itself (``capture="runner"``, the default): the model is compiled without
 cudagraph trees and each bucket's compiled call is captured into a ``torch.cuda.CUDAGraph``, so a replay is one
 ``graph.replay()``. ``capture="trees"`` leaves capture and replay to torch's reduce-overhead (cudagraph trees),
@@ -377,7 +377,10 @@ class DecodeGraphRunner:
 
         ``step``'s fields may be on the host (``step_device``: one copy into the graph's buffers) or the device.
         Input ids that are the greedy tokens this runner returned last (the engine feeds them back while every
-        request decodes greedily) are already in the graph's input buffer: they are not copied."""
+        request decodes greedily) are already in the graph's input buffer: they are not copied. The output's
+        ``host_greedy_tokens`` are a row of the graph's token ring in host memory: read them (``tolist`` waits for
+        the replay) before ``graphs.static_inputs.TOKEN_RING_SLOTS`` (4) more calls, which write the ring's rows in
+        turn."""
         n = step.num_sequences
         if not self.policy.covers(n):
             self.static.check(step)

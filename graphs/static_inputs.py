@@ -11,18 +11,18 @@ A padding lane touches only the reserved rows (ops/library.py): state slot ``NUL
 zeros for it) and a valid token id (0, or a token an earlier step left there). The ops never read a padding lane's
 result back into a live sequence.
 
-Few copies per step: at batch 1 the GPU's time between two graphs is the step's copies, each a few µs (bench/NOTES.md:
-the engine's step was 25 µs longer than its graph with one upload and four device copies). All six buffers are
-views of one device allocation, laid out field after field:
+Few copies per step: at batch 1 the GPU's time between two graphs was the step's copies, a few µs each and more in
+the gaps around them (bench/NOTES.md: the engine's step was 25 µs longer than its graph with one upload and four
+device copies, 17 µs with one of each way). The fields are parts of one device allocation, laid out field after field:
 
     int64 [4, R]:       input_ids | positions | slot_mapping | ring_slot (one element, then unused)
     int32 [2 R + R W]:  context_lens | state_slots | block_tables [R, W]
 
 R is ``max_batch`` rounded up to a multiple of 16, so every view starts 16-byte aligned (Inductor's GPU code
 assumes aligned inputs and would copy a misaligned one at every call); W is ``max_blocks_per_seq``. The graph only
-reads these views, then turns them into the next step's inputs: its greedy tokens into ``input_ids``
-(``ce::argmax``), and for every live row one position further (``ce::advance_decode_inputs``: positions, context
-length, KV slot, ring slot). The fields share one allocation, for the one-copy staging below, but each is handed
+reads these fields, then its epilogue (``ce::advance_decode_inputs``) turns them into the next step's inputs: its
+greedy tokens into ``input_ids``, and for every live row one position further (positions, context length, KV slot),
+the ring slot one on. The fields share one allocation, for the one-copy staging below, but each is handed
 to the graph as a tensor with a storage of its own over its part of the memory (``_own_storage``): to the compiler
 they are separate buffers, as DESIGN.md's compile rules want for buffers a graph mutates, and they never overlap.
 
@@ -277,15 +277,7 @@ def _own_storage(view: torch.Tensor) -> torch.Tensor:
     with the wrong sizes (zero elements), and the mutations were lost. These fields never overlap, so separate
     storage objects tell the compiler the truth. The wrapper does not own the memory: it keeps the buffer alive.
     """
-    if view.device.type == "cuda":
-
-        class _Interface:  # what torch.as_tensor reads to wrap foreign device memory
-            __cuda_array_interface__ = {"shape": tuple(view.shape), "typestr": _TYPESTR[view.dtype],
-                                        "data": (view.data_ptr(), False), "strides": None, "version": 3}
-
-        own = torch.as_tensor(_Interface(), device=view.device)
-    else:
-        own = torch.from_numpy(view.numpy())
+    own = _cuda_tensor_at(view, view.device) if view.device.type == "cuda" else torch.from_numpy(view.numpy())
     own._aliased_buffer = view  # keeps the memory alive
     return own
 
@@ -297,14 +289,20 @@ def _host_visible(shape: tuple[int, ...], device: torch.device) -> tuple[torch.T
     host = torch.zeros(shape, dtype=torch.long, pin_memory=device.type == "cuda")
     if device.type != "cuda":
         return host, host
-
-    class _Interface:  # what torch.as_tensor reads to wrap foreign device memory
-        __cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<i8", "data": (host.data_ptr(), False),
-                                    "strides": None, "version": 3}
-
-    seen = torch.as_tensor(_Interface(), device=device)
+    seen = _cuda_tensor_at(host, device)
     seen._host_memory = host  # keeps the pinned memory alive as long as the device view
     return host, seen
+
+
+def _cuda_tensor_at(memory: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A new CUDA tensor (a storage of its own, owning nothing) over ``memory``'s elements (contiguous), read
+    through the CUDA array interface, which is how torch wraps memory it did not allocate."""
+
+    class _Interface:
+        __cuda_array_interface__ = {"shape": tuple(memory.shape), "typestr": _TYPESTR[memory.dtype],
+                                    "data": (memory.data_ptr(), False), "strides": None, "version": 3}
+
+    return torch.as_tensor(_Interface(), device=device)
 
 
 def _copy_rows(dst: torch.Tensor, fields: Sequence[torch.Tensor]) -> None:

@@ -23,10 +23,11 @@ Design, for bandwidth:
     memset: every program writes its whole partial tile, zeros for an empty K range included. SPLIT_K == 1 writes
     the output directly, in one launch.
   * latency, not only bandwidth: most of these matrices are 4-17 MB, 1-4 µs of DRAM time, and a launch, its
-    ramp-up and its tail cost ~3 µs more (bench/gemv_sweep.py). Two things hide some of it. Programmatic dependent
-    launch (ops/triton/pdl.py): the kernel lets the next one start at once; and (GEMV path) it loads its first
-    weight chunk, which no earlier kernel writes, before waiting for the earlier kernels to finish and reading x,
-    then issues every chunk's load one iteration ahead of its use.
+    ramp-up and its tail cost ~3 µs more (bench/gemv_sweep.py). Three things hide some of it. Programmatic dependent
+    launch (ops/triton/pdl.py): the kernel lets the next one start at once; the first programs prefetch the whole
+    weight into L2 before waiting (ops/triton/l2_prefetch.py); and (GEMV path) it loads its first weight chunk,
+    which no earlier kernel writes, before waiting for the earlier kernels to finish and reading x, then issues
+    every chunk's load one iteration ahead of its use.
   * prologues that save a launch each: GATED_X, the MLP's down projection reads ``silu(gate) * up`` straight from
     the gate_up output (``[gate | up]`` rows) instead of a separate ``ce::silu_mul`` launch (``ce::silu_mul_linear``);
     NORM_X, a layer's residual add and RMSNorm run in the prologue of the projection after them, every program
