@@ -44,6 +44,7 @@ CATEGORIES = (
     ("Inductor-fused (norms, rotary, gates, residuals)", ("triton_",)),
     ("copies and fills", ("memcpy", "memset", "copy", "fill")),
     ("argmax and reductions", ("argmax", "reduce")),
+    ("decode epilogue (greedy tokens, next inputs)", ("next_decode_inputs",)),
 )
 
 

@@ -219,6 +219,7 @@ def test_step_profile_categories():
     assert category("_gdr_decode_kernel") == "delta rule"
     assert category("triton_poi_fused_add_mul_0") .startswith("Inductor-fused")
     assert category("Memcpy HtoD (Pinned -> Device)") == "copies and fills"
+    assert category("_next_decode_inputs_kernel").startswith("decode epilogue")
     assert category("something_new") == "other"
 
 
