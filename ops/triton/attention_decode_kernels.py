@@ -245,7 +245,7 @@ def _attention_decode_kernel(
     m_i, l_i, acc = _attend_range(q, k_cache, v_cache, block_tables + seq * stride_bt_b, stride_bt_n, start, end,
                                   kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
                                   stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, m_i,
-                                  l_i, acc, scale_log2, BLOCK_SIZE, BLOCK_N, DOT_FP32)
+                                  l_i, acc, scale_log2, m_i, BLOCK_SIZE, BLOCK_N, DOT_FP32, False)  # no query positions
 
     if NUM_SPLITS == 1:
         # l_i == 0 only for a padding lane, whose acc is 0: zeros, not 0/0, times the gate.

@@ -92,10 +92,12 @@ def _attend_tile(q, k, v, scores_mask, m_i, l_i, acc, scale_log2, DOT_FP32: tl.c
 def _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, start, end, kv_head, offs_d, d_mask,
                   stride_k_block, stride_k_offset, stride_k_head, stride_k_dim,
                   stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
-                  m_i, l_i, acc, scale_log2, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DOT_FP32: tl.constexpr):
+                  m_i, l_i, acc, scale_log2, query_positions, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DOT_FP32: tl.constexpr, CAUSAL: tl.constexpr):
     """Fold the cached keys/values at positions ``[start, end)`` of one sequence's KV head (block table row
-    ``bt_row``) into (m_i, l_i, acc), BLOCK_N at a time: a decode split's whole key loop."""
+    ``bt_row``) into (m_i, l_i, acc), BLOCK_N at a time: a decode split's or a prefill tile's whole key loop.
+    ``CAUSAL``: each query row sees only keys at or before its own position (``query_positions``, one per row;
+    unused otherwise)."""
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -103,7 +105,10 @@ def _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, start, end, kv_head,
                           stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, BLOCK_SIZE)
         v = _load_kv_tile(v_cache, bt_row, stride_bt_n, offs_n, n_mask, kv_head, offs_d, d_mask,
                           stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
-        m_i, l_i, acc = _attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, scale_log2, DOT_FP32)
+        visible = n_mask[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= query_positions[:, None])
+        m_i, l_i, acc = _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2, DOT_FP32)
     return m_i, l_i, acc
 
 
@@ -220,7 +225,7 @@ def _paged_decode_kernel(
     m_i, l_i, acc = _attend_range(q, k_cache, v_cache, block_tables + seq * stride_bt_b, stride_bt_n, start, end,
                                   kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
                                   stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, m_i,
-                                  l_i, acc, scale_log2, BLOCK_SIZE, BLOCK_N, DOT_FP32)
+                                  l_i, acc, scale_log2, m_i, BLOCK_SIZE, BLOCK_N, DOT_FP32, False)  # no query positions
 
     if NUM_SPLITS == 1:
         # l_i == 0 only for a padding lane (context_len 0), whose acc is 0: write zeros, not 0/0.
@@ -484,16 +489,10 @@ def _paged_prefill_kernel(
     m_i = tl.full([ROWS], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM_P], dtype=tl.float32)
-    bt_row = block_tables + seq * stride_bt_b
-    for n0 in range(0, kv_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < kv_end
-        k = _load_kv_tile(k_cache, bt_row, stride_bt_n, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, BLOCK_SIZE)
-        v = _load_kv_tile(v_cache, bt_row, stride_bt_n, offs_n, n_mask, kv_head, offs_d, d_mask,
-                          stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
-        causal = (offs_n[None, :] <= position[:, None]) & n_mask[None, :]
-        m_i, l_i, acc = _attend_tile(q, k, v, causal, m_i, l_i, acc, scale_log2, DOT_FP32)
+    m_i, l_i, acc = _attend_range(q, k_cache, v_cache, block_tables + seq * stride_bt_b, stride_bt_n, 0, kv_end,
+                                  kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
+                                  stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
+                                  m_i, l_i, acc, scale_log2, position, BLOCK_SIZE, BLOCK_N, DOT_FP32, True)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
