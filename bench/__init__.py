@@ -8,7 +8,7 @@ Scenarios (one module each): latency, sweep, throughput, prefix, startup, step_p
 time goes: torch profiler), snapshot_methods (prefix-cache snapshots: prefill chunks ending at boundaries vs FLA's
 per-chunk states; GPU only, skipped on the CPU). Each writes ``<scenario>.json`` (and a
 PNG when matplotlib is importable) to ``--out``. Every number is reported beside its bound from the performance
-model (bench/bounds.py, DESIGN.md "Performance model") using the copy bandwidth measured in the same run
+model (bench/bounds.py, docs/ARCHITECTURE.md "Performance model") using the copy bandwidth measured in the same run
 (bench/bandwidth.py), and, with ``--vs-hf``, beside HF transformers run on the same requests in the same process.
 
 Scenario sizes are keyword arguments of each module's ``run``; ``-p latency.new_tokens=8`` (or ``-p new_tokens=8``

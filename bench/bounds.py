@@ -1,4 +1,4 @@
-"""The performance model (DESIGN.md, "Performance model"): how fast decode could possibly be on this machine.
+"""The performance model (docs/ARCHITECTURE.md, "Performance model"): how fast decode could possibly be on this machine.
 
 Decode is memory-bound. One decode step of a batch of B sequences must at least
   * read every weight once: ``weight_bytes`` (a tied embedding is read once, as lm_head; an untied model's input

@@ -27,7 +27,6 @@ import torch
 from bench.bandwidth import measure_copy_bandwidth
 from bench.bounds import ModelBytes, model_bytes, model_bytes_from_config
 from bench.models import ModelSpec, resolve_model, shape_summary
-from bench.startup import decode_fn_info
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -516,3 +515,13 @@ def profiled_call(fn, top: int = 25, calls: int = 1) -> tuple[object, dict]:
 def _step_row(step: tuple[str, int, int, float]) -> dict:
     kind, seqs, tokens, seconds = step
     return {"kind": kind, "seqs": seqs, "tokens": tokens, "s": round(seconds, 4)}
+
+
+def decode_fn_info(decode_fn) -> dict:
+    """What the compiled decode reports about its own start-up (graphs.DecodeGraphRunner), if anything."""
+    info = {"decode_fn": type(decode_fn).__name__ if not callable(getattr(decode_fn, "__func__", None)) else "eager"}
+    for attr in ("startup_seconds", "bucket_seconds", "buckets"):
+        value = getattr(decode_fn, attr, None)
+        if value is not None:
+            info[f"decode_{attr}"] = {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
+    return info

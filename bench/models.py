@@ -17,7 +17,7 @@ import torch
 
 RANDOM_VERSION = "v1"  # bump when the recipe below changes, so stale caches are rebuilt
 
-# The Qwen3.5-0.8B text shape (DESIGN.md: "The reference workload is the Qwen3.5-0.8B shape").
+# The Qwen3.5-0.8B text shape (the reference workload).
 QWEN3_5_0_8B_CONFIG = {
     "model_type": "qwen3_5_text",
     "architectures": ["Qwen3_5ForCausalLM"],

@@ -6,7 +6,7 @@ Each measurement is a fresh subprocess (``python -m bench.startup CHILD-ARGS``),
 Inside the child, timed with synchronised perf_counter:
   * import_s: importing torch + compiled_engine;
   * load_s: ``Runtime.from_pretrained`` (config, weights to the device, cache allocation);
-  * compile_capture_s: the rest of ``LLM(...)`` -- torch.compile of the decode step and the warm-up/capture of every
+  * compile_capture_s: ``Runtime.compile_decode`` (inside ``from_pretrained``) -- torch.compile of the decode step and the warm-up/capture of every
     bucket's CUDA graph (0 with enforce_eager);
   * first_generate_s: the first ``generate`` (a short prompt, a few tokens): lazy JIT work (Triton prefill kernels,
     autotuning) lands here; second_generate_s: the same again, for contrast;
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 _PROCESS_START = time.perf_counter()
 
@@ -46,8 +47,6 @@ def run(
 ) -> dict:
     """``timeout_s`` bounds each subprocess; ``total_timeout_s`` both (the warm one gets what the cold one left).
     The JSON is written after the cold run too, so a caller's own timeout during the warm run loses only that."""
-    from bench.common import REPO_ROOT
-
     ctx.require(*requirements())
     seqs, length = ctx.engine_limits()
     cache_dir = os.path.abspath(cache_dir) if cache_dir else tempfile.mkdtemp(prefix="bench-startup-")
@@ -68,7 +67,7 @@ def run(
     env = dict(os.environ)
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
     env["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])])
     start = time.perf_counter()
     total = math.inf if total_timeout_s is None else total_timeout_s
     phases = {"cold": _run_child(child_args, env, min(timeout_s, total)),
@@ -132,16 +131,6 @@ def _run_child(child_args: dict, env: dict, timeout_s: float) -> dict:
     return {**json.loads(lines[-1][len(MARKER):]), "process_wall_s": wall}
 
 
-def decode_fn_info(decode_fn) -> dict:
-    """What the compiled decode reports about its own start-up (graphs.DecodeGraphRunner), if anything."""
-    info = {"decode_fn": type(decode_fn).__name__ if not callable(getattr(decode_fn, "__func__", None)) else "eager"}
-    for attr in ("startup_seconds", "bucket_seconds", "buckets"):
-        value = getattr(decode_fn, attr, None)
-        if value is not None:
-            info[f"decode_{attr}"] = {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
-    return info
-
-
 def child(args: dict) -> dict:
     t0 = time.perf_counter()
     import torch
@@ -156,17 +145,25 @@ def child(args: dict) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    timings = {"import_s": time.perf_counter() - t0}
-    original = Runtime.from_pretrained.__func__
+    timings = {"import_s": time.perf_counter() - t0, "compile_capture_s": 0.0}
+    original_load, original_compile = Runtime.from_pretrained.__func__, Runtime.compile_decode
 
     def timed_from_pretrained(cls, *a, **k):
         start = time.perf_counter()
-        runtime = original(cls, *a, **k)
+        runtime = original_load(cls, *a, **k)
         sync()
-        timings["load_s"] = time.perf_counter() - start
+        timings["load_s"] = time.perf_counter() - start - timings["compile_capture_s"]
         return runtime
 
+    def timed_compile(self, *a, **k):
+        start = time.perf_counter()
+        runner = original_compile(self, *a, **k)
+        sync()
+        timings["compile_capture_s"] += time.perf_counter() - start
+        return runner
+
     Runtime.from_pretrained = classmethod(timed_from_pretrained)
+    Runtime.compile_decode = timed_compile
     kwargs = {k: args[k] for k in ("device", "dtype", "enforce_eager", "max_num_seqs", "max_model_len",
                                    "max_num_batched_tokens")}
     if args.get("num_kv_blocks"):
@@ -175,7 +172,8 @@ def child(args: dict) -> dict:
     llm = llm_module.LLM(args["model"], **kwargs)
     sync()
     timings["llm_init_s"] = time.perf_counter() - start
-    timings["compile_capture_s"] = timings["llm_init_s"] - timings.get("load_s", 0.0)
+    from bench.common import decode_fn_info  # after the timed imports
+
     timings.update(decode_fn_info(llm.runtime.decode_fn))
     prompt = [(7 * i) % min(10000, llm.runtime.model_config.vocab_size - 1) for i in range(args["prompt_len"])]
     params = SamplingParams(temperature=0.0, max_tokens=args["new_tokens"], ignore_eos=True)

@@ -1,8 +1,31 @@
-"""compiled_engine: a compiled inference runtime for hybrid Gated-DeltaNet + GQA models (Qwen3.5, Qwen3-Next)."""
+"""compiled_engine: a compiled inference runtime for hybrid Gated-DeltaNet + GQA models (Qwen3.5, Qwen3-Next).
 
-from compiled_engine.engine import LLMEngine, RequestOutput
-from compiled_engine.llm import LLM
-from compiled_engine.runtime import Runtime, RuntimeConfig
-from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
+The public names are imported on first use (PEP 562), so that importing one low module of the package
+(``compiled_engine.model``, ``compiled_engine.config``) does not import the engine above it (docs/ARCHITECTURE.md,
+"Layers").
+"""
 
-__all__ = ["LLM", "LLMEngine", "RequestOutput", "RequestOutputKind", "Runtime", "RuntimeConfig", "SamplingParams"]
+from __future__ import annotations
+
+import importlib
+
+_PUBLIC = {
+    "LLM": "compiled_engine.llm",
+    "LLMEngine": "compiled_engine.engine",
+    "RequestOutput": "compiled_engine.engine",
+    "RequestOutputKind": "compiled_engine.sampling_params",
+    "Runtime": "compiled_engine.runtime",
+    "RuntimeConfig": "compiled_engine.config",
+    "SamplingParams": "compiled_engine.sampling_params",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'compiled_engine' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -20,7 +20,7 @@ import torch
 
 from compiled_engine.config import LINEAR_ATTENTION
 from compiled_engine.model import HybridModel
-from compiled_engine.step_inputs import upload
+from compiled_engine.step import upload
 from ops.library import NULL_BLOCK, NULL_SLOT
 
 

@@ -1,4 +1,5 @@
-"""Model configuration: one flat dataclass read from a checkpoint's ``config.json``.
+"""Configuration: the model's (ModelConfig, one flat dataclass read from a checkpoint's ``config.json``) and the
+runtime's knobs (RuntimeConfig, README "Knobs").
 
 Accepted ``model_type``s:
   * ``qwen3_5_text``  (``Qwen3_5ForCausalLM``): text parameters at the top level;
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+
+import torch
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
 LINEAR_ATTENTION = "linear_attention"
@@ -168,3 +171,38 @@ def _reject_sparse_moe(text: dict) -> None:
             f"Qwen3-Next sparse-MoE layers ({len(sparse)} of them, num_experts={num_experts}) are not supported yet; "
             "only dense-MLP Qwen3-Next checkpoints run"
         )
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Knobs of the runtime (README "Knobs"); ``validate`` names the bad field."""
+
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_num_seqs: int = 256  # concurrent sequences (state slots)
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # overrides the memory plan
+    gpu_memory_utilization: float = 0.9
+    state_dtype: torch.dtype = torch.float32
+    max_num_batched_tokens: int = 8192  # the largest prefill step: sizes the activation peak of the memory plan
+    enable_prefix_caching: bool = False
+    prefix_snapshot_interval: int = 512  # tokens between linear-state snapshots (multiple of block_size and 64)
+    num_prefix_snapshots: int = 64  # snapshot pool size (each holds one sequence's state of every linear layer)
+    attention_backend: str = "triton"  # or "flash_attn" where installed (block_size a multiple of 256)
+
+    def validate(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.attention_backend not in ("triton", "flash_attn"):
+            raise ValueError(f"attention_backend must be 'triton' or 'flash_attn', got {self.attention_backend!r}")
+        if self.state_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"state_dtype must be float32 or bfloat16, got {self.state_dtype}")

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from compiled_engine.model import HostTokens
+from ops.step import HostTokens
 from compiled_engine.runtime import Runtime
 from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence
-from compiled_engine.step_inputs import upload
+from compiled_engine.step import upload
 
 
 @dataclass
@@ -112,7 +112,7 @@ class LLMEngine:
         finished outputs, turns it on."""
         self.runtime = runtime
         self.tokenizer = tokenizer
-        self.scheduler = Scheduler(runtime, runtime.config.max_num_seqs, max_num_batched_tokens)
+        self.scheduler = Scheduler(runtime.caches, runtime.config.max_num_seqs, max_num_batched_tokens)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
@@ -144,7 +144,7 @@ class LLMEngine:
             self._next_id += 1
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        seq = Sequence(self.runtime.new_seq_id(), token_ids, len(token_ids))
+        seq = self.runtime.new_sequence(token_ids)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(62)
         request = Request(request_id, seq, params, seed, stop_ids, list(token_ids))
@@ -260,18 +260,18 @@ class LLMEngine:
         if in_flight is None:
             return []
         outputs = self._complete(in_flight)
-        if self.runtime.prefix_cache is not None and not batch.is_prefill:
+        if self.runtime.caches.prefix_cache is not None and not batch.is_prefill:
             # The tokens just read back were this step's inputs: now the cache can hash them, index the blocks they
             # fill and snapshot a boundary this step reached. The copy queues behind this step, before the next.
             # (A prefill step's inputs are prompt tokens, known and recorded when it ran.)
-            self.runtime.record_prefixes([r.seq for r in requests if r.finish_reason is None])
+            self.runtime.caches.record_prefixes([r.seq for r in requests if r.finish_reason is None])
         return outputs
 
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be scheduled before the in-flight step's tokens are known: not when a decode
         step could run out of KV blocks (each sequence needs at most one more), which would preempt a sequence
         whose last token is a placeholder. (The prefix cache hashes only known tokens: Sequence.num_known_tokens.)"""
-        return self.runtime.blocks.num_free >= len(self.scheduler.running)
+        return self.runtime.caches.num_free_blocks >= len(self.scheduler.running)
 
     def _without_length_stops(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The decode batch less the sequences that the in-flight token will finish by length (known now)."""

@@ -18,7 +18,7 @@ import ops  # noqa: F401  (registers torch.ops.ce)
 from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import TensorParallel
 from compiled_engine.layers import GatedRMSNorm, empty_parameter
-from compiled_engine.step_inputs import StepInputs
+from ops.step import StepInputs
 from ops.linear import linear
 
 

@@ -4,9 +4,9 @@
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(temperature=0, max_tokens=32))
     outs[0].text, outs[0].token_ids
 
-Request flow: LLM.generate -> LLMEngine.add_request / step -> Scheduler.schedule -> Runtime.prefill or
-Runtime.decode_step (-> HybridModel.forward, or the compiled DecodeGraphRunner) -> torch.ops.ce.* kernels ->
-sampler.sample.
+Request flow (docs/ARCHITECTURE.md, "A step's data flow"): LLM.generate -> LLMEngine.add_request / step ->
+Scheduler.schedule -> Runtime.prefill or Runtime.decode -> ModelExecutor.execute -> HybridModel.forward, or the
+compiled graphs.DecodeGraphRunner -> torch.ops.ce.* kernels -> sampler.sample.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import torch
 from tqdm.auto import tqdm
 
 from compiled_engine.engine import LLMEngine, RequestOutput
-from compiled_engine.runtime import Runtime, default_max_num_batched_tokens, resolve_device
+from compiled_engine.memory_plan import default_max_num_batched_tokens
+from compiled_engine.runtime import Runtime, resolve_device
+from compiled_engine.tiny_model import ensure_tiny_model
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -55,42 +57,31 @@ class LLM:
         ``enforce_eager``: skip torch.compile and CUDA graphs. Default: compiled on CUDA, eager on CPU.
         ``tensor_parallel_size``: shard the model over that many processes / GPUs (``close()`` stops them).
         ``max_num_batched_tokens``: the token budget of a prefill step; default 16,384 on a GPU of 70 GiB or more,
-        8,192 elsewhere (vLLM's LLM-class rule: runtime.default_max_num_batched_tokens).
+        8,192 elsewhere (vLLM's LLM-class rule: memory_plan.default_max_num_batched_tokens).
         ``overlap_decode``: the host schedules and packs the next step while the GPU runs this one
-        (LLMEngine._step_overlapped; prefill steps too since 2026-11-29); outputs are unchanged. On by default: on
-        the H200 it took the decode steps of the throughput workload from 5.40 to 3.67 ms each
-        (bench/results/h200-2026-11-29/run6-session). Its prefill half is not a measured gain: with 8,192-token
-        steps that workload's prefill took 1.30 s in run 17 against 0.74 s with synchronous prefill steps in run 12
-        (per-step GPU and host cost unchanged; bench/NOTES.md lists it for the next GPU session).
+        (LLMEngine._step_overlapped); outputs are unchanged. On by default (bench/NOTES.md, "Overlapped steps").
         ``runtime_config``: max_model_len, max_num_seqs, block_size, num_kv_blocks, gpu_memory_utilization,
         state_dtype (see README "Knobs").
         """
         if model is None:
-            from compiled_engine.tiny_model import ensure_tiny_model
-
             model = ensure_tiny_model()
         if not os.path.isdir(model):
             raise FileNotFoundError(f"model folder {model!r} does not exist (no downloads: pass a local checkpoint)")
         if max_num_batched_tokens is None:
             max_num_batched_tokens = default_max_num_batched_tokens(resolve_device(device))
+        if enforce_eager is None:
+            enforce_eager = resolve_device(device).type != "cuda"
         self.runtime = Runtime.from_pretrained(
             model,
             device=device,
             dtype=dtype,
             tensor_parallel_size=tensor_parallel_size,
+            compile=not enforce_eager,
             progress=True,
             max_num_batched_tokens=max_num_batched_tokens,
             **runtime_config,
         )
         self.tokenizer = load_tokenizer(model)
-        if enforce_eager is None:
-            enforce_eager = self.runtime.device.type != "cuda"
-        if not enforce_eager:
-            from graphs import compile_decode
-
-            if self.runtime.workers is not None:  # every rank compiles and captures in lockstep
-                self.runtime.workers.send_compile()
-            self.runtime.decode_fn = compile_decode(self.runtime)
         self.engine = LLMEngine(
             self.runtime, self.tokenizer, max_num_batched_tokens=max_num_batched_tokens, overlap_decode=overlap_decode
         )

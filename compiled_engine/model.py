@@ -10,8 +10,6 @@ compiled_engine/cache.py), so one forward mutates exactly: every attention layer
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,33 +19,9 @@ from compiled_engine.config import LINEAR_ATTENTION, ModelConfig
 from compiled_engine.distributed import SINGLE, TensorParallel
 from compiled_engine.gated_deltanet import GatedDeltaNet
 from compiled_engine.layers import MLP, RMSNorm, empty_parameter
-from compiled_engine.step_inputs import StepInputs
+from ops.step import DecodeOutput, StepInputs
 from ops.argmax import argmax_op
 from ops.linear import linear
-
-
-class HostTokens(NamedTuple):
-    """Tokens on their way to the host: ``tokens`` (host memory) holds them once ``ready`` has passed (a CUDA event
-    recorded after the work that writes them; None: they are there already)."""
-
-    tokens: torch.Tensor
-    ready: torch.cuda.Event | None
-
-    def tolist(self) -> list[int]:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self.tokens.tolist()
-
-
-class DecodeOutput(NamedTuple):
-    """What a decode step produces on the device: ``logits`` ``[N, vocab]`` in the model's dtype, and
-    ``greedy_tokens`` ``[N]`` int64, each row's argmax (torch.argmax's rule), computed in the same graph so that
-    greedy sampling needs no kernel of its own. ``host_greedy_tokens``: the same tokens in host memory, where the
-    decode graph writes them there itself (graphs/decode_graph.py), so that reading them back needs no copy."""
-
-    logits: torch.Tensor
-    greedy_tokens: torch.Tensor
-    host_greedy_tokens: HostTokens | None = None
 
 
 class DecoderLayer(nn.Module):

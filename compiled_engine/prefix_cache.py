@@ -34,7 +34,7 @@ from compiled_engine.cache import BlockAllocator
 from compiled_engine.config import LINEAR_ATTENTION
 from compiled_engine.model import HybridModel
 from compiled_engine.sequence import Sequence
-from compiled_engine.step_inputs import upload
+from compiled_engine.step import upload
 from ops.delta_rule import CHUNK_SIZE
 
 
@@ -66,6 +66,7 @@ class PrefixCache:
         device: torch.device,
         dtype: torch.dtype,
         state_dtype: torch.dtype,
+        mirror: Callable[[str, int, int], None] | None = None,
     ):
         if interval <= 0 or interval % block_size or interval % CHUNK_SIZE:
             raise ValueError(
@@ -89,7 +90,7 @@ class PrefixCache:
         self.free_rows = list(range(num_snapshots - 1, -1, -1))
         # With tensor parallelism, rank 0 keeps the index and LRU; every rank holds its shard of the snapshots, so
         # each copy is mirrored to the other ranks first (``mirror(SAVE | RESTORE, row, slot)``).
-        self.mirror: Callable[[str, int, int], None] | None = None
+        self.mirror = mirror
         self._queued_restores: list[tuple[int, int]] | None = None  # (row, slot) inside batched_restores()
 
     def bind_blocks(self, blocks: BlockAllocator) -> None:

@@ -16,11 +16,10 @@ requests that arrive together with a shared prefix compute it once, not once eac
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 
-from compiled_engine.runtime import Runtime
+from compiled_engine.cache_manager import CacheManager
 from compiled_engine.sequence import Sequence, SequenceStatus
 
 
@@ -32,10 +31,11 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, runtime: Runtime, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, caches: CacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        """``caches``: who holds which blocks and slots; the scheduler asks it whether a step fits."""
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
-        self.runtime = runtime
+        self.caches = caches
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -70,19 +70,19 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.runtime.release(seq)
+        self.caches.release(seq)
         seq.status = SequenceStatus.FINISHED
 
     # -------------------------------------------------------------------------------------------------- policy
     def _schedule_prefill(self) -> ScheduledBatch | None:
         budget = self.max_num_batched_tokens
         seqs, counts = [], []
-        blocks_free = self.runtime.blocks.num_free
+        blocks_free = self.caches.num_free_blocks
         # Sequences already running with a prompt still being computed (chunked prefill) come first.
         for seq in self.running:
             if seq.num_uncomputed_tokens > 1 and budget > 0:
                 n = self._chunk(seq, seq.num_computed_tokens, budget)
-                need = self.runtime.blocks_needed(seq, n)
+                need = self.caches.blocks_needed(seq, n)
                 if need > blocks_free:
                     break
                 blocks_free -= need
@@ -90,7 +90,7 @@ class Scheduler:
                 counts.append(n)
                 budget -= n
         # Then waiting sequences (their fresh slots zeroed and prefix-cache hits restored together, after the loop).
-        with self.runtime.batched_admissions():
+        with self.caches.batched_admissions():
             self._admit(seqs, counts, budget, blocks_free)
         if not seqs:
             return None
@@ -105,13 +105,13 @@ class Scheduler:
         back, keeping its place at the front of the queue, until that snapshot exists: admitting it would compute
         the same tokens a second time. The sequences behind it may go first.
         """
-        prefix_cache = self.runtime.prefix_cache
+        prefix_cache = self.caches.prefix_cache
         pending: set[bytes] | None = None  # upcoming snapshot keys of the running sequences (built when needed)
         held: list[Sequence] = []
         try:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 seq = self.waiting[0]
-                hit = self.runtime.find_cached_prefix(seq)
+                hit = self.caches.find_cached_prefix(seq)
                 cached = hit.num_tokens if hit is not None else 0
                 if prefix_cache is not None and self.running:
                     if pending is None:
@@ -121,14 +121,12 @@ class Scheduler:
                         self.num_held_back += 1
                         continue
                 n = self._chunk(seq, cached, budget)
-                need = math.ceil((cached + n) / self.runtime.config.block_size)
-                if hit is not None:  # shared blocks need no allocation, but unowned ones leave the free pool
-                    need += hit.num_evictable - len(hit.blocks)
+                need = self.caches.blocks_to_admit(hit, n)
                 if need > blocks_free:
                     break
                 blocks_free -= need
                 self.waiting.popleft()
-                self.runtime.assign_slot(seq, hit)
+                self.caches.assign_slot(seq, hit)
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
                 seqs.append(seq)
@@ -142,16 +140,14 @@ class Scheduler:
     def _chunk(self, seq: Sequence, start: int, budget: int) -> int:
         """Tokens to compute from ``start``: all that remain, within the budget, ending at a snapshot boundary."""
         n = min(len(seq.token_ids) - start, budget)
-        if self.runtime.prefix_cache is not None:
-            interval = self.runtime.prefix_cache.interval
-            n = min(n, interval - start % interval)
-        return n
+        limit = self.caches.max_chunk(start)
+        return n if limit is None else min(n, limit)
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         ready = [s for s in self.running if s.num_uncomputed_tokens == 1]
         while ready:
-            need = sum(self.runtime.blocks_needed(s, 1) for s in ready)
-            if need <= self.runtime.blocks.num_free:
+            need = sum(self.caches.blocks_needed(s, 1) for s in ready)
+            if need <= self.caches.num_free_blocks:
                 return ScheduledBatch(False, ready, [1] * len(ready))
             victim = self.running[-1]
             self._preempt(victim)
@@ -168,7 +164,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.runtime.release(seq)
+        self.caches.release(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1

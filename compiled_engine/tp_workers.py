@@ -1,8 +1,8 @@
 """Tensor-parallel worker processes, driven in lockstep by the caller's Runtime (rank 0).
 
 The caller's process is rank 0: it owns the scheduler and all bookkeeping (blocks, slots, sequences) and holds
-shard 0 of the model. Ranks 1..N-1 are processes this module spawns; each loads only its own shard into its own
-Runtime and then serves commands. Every command is a broadcast from rank 0 over the process group itself (NCCL
+shard 0 of the model. Ranks 1..N-1 are processes this module spawns; each loads only its own shard, allocates its
+caches (compiled_engine.memory_plan) and serves commands with its own ModelExecutor. Every command is a broadcast from rank 0 over the process group itself (NCCL
 on GPUs, gloo on CPU): a small int64 header, then the step's tensors. All ranks then run the same model code,
 whose all-reduces / all-gathers meet inside the forward.
 
@@ -27,7 +27,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from compiled_engine.distributed import TensorParallel, free_port
-from compiled_engine.step_inputs import StepInputs, upload
+from compiled_engine.executor import ModelExecutor
+from compiled_engine.loader import load_model
+from compiled_engine.memory_plan import allocate_caches
+from compiled_engine.prefix_cache import SAVE, PrefixCache
+from compiled_engine.step import upload
+from ops.step import StepInputs
 
 CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE, CMD_SNAPSHOT_SAVE, CMD_SNAPSHOT_RESTORE = 0, 1, 2, 3, 4, 5
 HEADER_SIZE = 8
@@ -75,7 +80,7 @@ class TensorParallelWorkers:
             process.start()
         self.closed = False
         # An owner that never calls close() must not hang the interpreter's exit: the workers would sit in their
-        # next broadcast, and rank 0's process group in its teardown (the TP=2 bench did, 2026-11-29). atexit runs
+        # next broadcast, and rank 0's process group in its teardown (seen in the TP=2 bench). atexit runs
         # this before multiprocessing's own exit handler, which was registered earlier.
         atexit.register(self.shutdown)
         try:
@@ -145,8 +150,6 @@ class TensorParallelWorkers:
 
     def send_snapshot(self, direction: str, row: int, slot: int) -> None:
         """Mirror a prefix-cache snapshot copy (compiled_engine/prefix_cache.py) on every worker."""
-        from compiled_engine.prefix_cache import SAVE
-
         command = CMD_SNAPSHOT_SAVE if direction == SAVE else CMD_SNAPSHOT_RESTORE
         self._command([command, row, slot])
 
@@ -189,7 +192,7 @@ def leave_process_group(device: torch.device) -> None:
 
     NCCL cannot destroy a communicator while a CUDA graph that captured its collectives exists: ncclCommDestroy
     waits for those graphs to go (pytorch/pytorch#115388). The decode graphs hold every all-reduce of the step, and
-    the TP=2 GPU test hung there on both ranks after its last step (bench/results/h200-2026-11-29/run7-9-tp2-test).
+    without this the TP=2 GPU test hung there on both ranks after its last step.
     The graphs are cudagraph trees', which are per process, so all of this process's go: these ranks cannot step
     any more, and any other compiled function records its graphs again on its next call.
     """
@@ -241,9 +244,6 @@ def _maybe_fail(rank: int, stage: str) -> None:
 
 def worker_main(rank: int, world_size: int, port: int, device_type: str, args: dict, reports) -> None:
     """Entry point of rank ``rank`` (a spawned process)."""
-    from compiled_engine.loader import load_model
-    from compiled_engine.runtime import Runtime
-
     device = device_for_rank(torch.device(device_type), rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -257,28 +257,31 @@ def worker_main(rank: int, world_size: int, port: int, device_type: str, args: d
         )
         tp = TensorParallel(rank=rank, world_size=world_size)
         _maybe_fail(rank, "load")
-        backend = args["runtime_config"].attention_backend
-        model, _ = load_model(args["path"], args["model_config"], device, args["dtype"], tp=tp, attention_backend=backend)
+        config, dtype = args["runtime_config"], args["dtype"]
+        model, _ = load_model(args["path"], args["model_config"], device, dtype, tp=tp,
+                              attention_backend=config.attention_backend)
         reports.put((rank, "loaded"))
-        runtime = Runtime(model, args["runtime_config"], device, args["dtype"])
+        max_model_len = config.max_model_len or model.config.max_position_embeddings
+        _, prefix_cache = allocate_caches(model, config, max_model_len, device, dtype)
+        executor = ModelExecutor(model, config.block_size, config.max_num_seqs, max_model_len, device)
         reports.put((rank, "ready"))
-        serve(runtime, rank, device)
+        serve(executor, prefix_cache, rank, device)
     except BaseException:
         reports.put((rank, traceback.format_exc()))
     finally:
         leave_process_group(device)
-        # Then exit without the interpreter's teardown: on the x2 H200 machine a worker spent more than 15 s in its
-        # final garbage collection after its work was done (run 9), and rank 0's close() waited for it. Its
-        # reports are flushed first; the OS and the driver free the rest.
+        # Then exit without the interpreter's teardown: a worker's final garbage collection can take longer than
+        # its work (seconds on a large model), and rank 0's close() would wait for it. Its reports are flushed
+        # first; the OS and the driver free the rest.
         reports.close()
         reports.join_thread()
         os._exit(0)
 
 
 @torch.inference_mode()
-def serve(runtime, rank: int, device: torch.device) -> None:
-    from compiled_engine.cache import reset_state_slot
-
+def serve(executor: ModelExecutor, prefix_cache: PrefixCache | None, rank: int, device: torch.device) -> None:
+    """Run rank 0's commands until it says stop: steps (outputs dropped: rank 0 samples), slot resets, prefix-cache
+    snapshot copies and the decode compile, in the order rank 0 issues them."""
     header = torch.empty(HEADER_SIZE, dtype=torch.int64, device=device)
     while True:
         dist.broadcast(header, 0)
@@ -289,16 +292,14 @@ def serve(runtime, rank: int, device: torch.device) -> None:
         if command == CMD_STEP:
             _maybe_fail(rank, "step")
             step, all_logits = receive_step(values, device)
-            runtime.execute(step, all_logits)  # rank 0 samples: this rank's outputs are dropped
+            executor.execute(step, all_logits)
         elif command == CMD_RESET_SLOT:
-            reset_state_slot(runtime.model, values[1])
+            executor.reset_state_slots([values[1]])
         elif command == CMD_SNAPSHOT_SAVE:
-            runtime.prefix_cache.save_state(values[2], values[1])
+            prefix_cache.save_state(values[2], values[1])
         elif command == CMD_SNAPSHOT_RESTORE:
-            runtime.prefix_cache.restore_state(values[1], values[2])
+            prefix_cache.restore_state(values[1], values[2])
         elif command == CMD_COMPILE:
-            from graphs import compile_decode
-
-            runtime.decode_fn = compile_decode(runtime)
+            executor.compile_decode()
         else:
             raise RuntimeError(f"unknown tensor-parallel command {command}")

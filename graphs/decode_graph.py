@@ -17,7 +17,7 @@ traced with ``fullgraph=True`` (a graph break raises), static tensor shapes with
 most three compiles: see ``expected_compiles``), every kernel a ``torch.ops.ce`` custom op or an aten op; one CUDA
 graph per bucket.
 
-What makes the CUDA graphs real rather than silently skipped (each one a rule of DESIGN.md, "Compile rules"):
+What makes the CUDA graphs real rather than silently skipped (each one a rule of docs/ARCHITECTURE.md, "Compile and capture"):
 * every tensor the graph reads lives at a fixed address: weights and caches are module parameters/buffers, the
   step inputs are the static buffers, marked ``mark_static_address``;
 * the caches are mutated only through custom ops that declare the mutation (``Tensor(a!)``);
@@ -46,8 +46,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from compiled_engine.model import DecodeOutput, HostTokens
-from compiled_engine.step_inputs import StepInputs
+from ops.step import DecodeOutput, HostTokens, StepInputs
 from graphs.buckets import BucketPolicy
 from graphs.static_inputs import StaticDecodeInputs
 from ops.decode_inputs import advance_decode_inputs
@@ -435,28 +434,3 @@ def _on_device(step: StepInputs, device: torch.device) -> StepInputs:
     moved = {f.name: getattr(step, f.name).to(device) for f in dataclasses.fields(step)
              if isinstance(getattr(step, f.name), torch.Tensor)}
     return dataclasses.replace(step, **moved)
-
-
-def compile_decode(runtime, buckets: Iterable[int] | None = None, mode: str | None = DEFAULT_MODE, **kwargs) -> DecodeGraphRunner:
-    """Build a DecodeGraphRunner for a ``compiled_engine.runtime.Runtime``, warm it up, and return it.
-
-    Wire it with ``runtime.decode_fn = runner``: ``Runtime.decode_step`` then runs the graphs.
-    ``kwargs`` go to DecodeGraphRunner (``fullgraph``, ``backend``).
-    """
-    block_size = runtime.config.block_size
-    if runtime.model.tp.world_size > 1:
-        # Tensor parallel: cudagraph trees, unless asked otherwise. compiled_engine.tp_workers.leave_process_group
-        # frees the trees' graphs before NCCL destroys its communicator (which waits for every graph that captured
-        # its collectives), and the runner's own capture has not run under tensor parallelism on a GPU yet.
-        kwargs.setdefault("capture", "trees")
-    runner = DecodeGraphRunner(
-        runtime.model,
-        max_num_seqs=runtime.config.max_num_seqs,
-        max_blocks_per_seq=-(-runtime.max_model_len // block_size),
-        device=runtime.device,
-        buckets=buckets,
-        mode=mode,
-        **kwargs,
-    )
-    runner.warmup()
-    return runner

@@ -24,7 +24,7 @@ reads these fields, then its epilogue (``ce::advance_decode_inputs``) turns them
 greedy tokens into ``input_ids``, and for every live row one position further (positions, context length, KV slot),
 the ring slot one on. The fields share one allocation, for the one-copy staging below, but each is handed
 to the graph as a tensor with a storage of its own over its part of the memory (``_own_storage``): to the compiler
-they are separate buffers, as DESIGN.md's compile rules want for buffers a graph mutates, and they never overlap.
+they are separate buffers, as the compile rules of docs/ARCHITECTURE.md want for buffers a graph mutates, and they never overlap.
 
 The tokens reach the host through ``token_ring`` [K, R], host memory the graph writes directly (on a GPU, pinned
 memory seen through a device pointer): a replay writes row ``ring_slot % K``. The host reads a row after the replay
@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from compiled_engine.step_inputs import StepInputs
+from ops.step import StepInputs
 from ops.library import NULL_BLOCK, NULL_SLOT
 
 PAD_TOKEN_ID = 0

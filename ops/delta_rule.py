@@ -1,6 +1,6 @@
 """Gated delta rule (the Gated DeltaNet recurrence), with the recurrent state kept in a pool indexed by slot.
 
-Inputs are the raw post-conv projections; the ops apply, in fp32 (DESIGN.md, "Model math"):
+Inputs are the raw post-conv projections; the ops apply, in fp32 (docs/ARCHITECTURE.md, "Model math"):
   q, k <- l2norm(q), l2norm(k)  with ``x * rsqrt(sum(x^2) + 1e-6)``;  q <- q * K**-0.5
   value head j reads key head ``j // (Hv // Hk)``  (repeat_interleave, not tile)
   g    = -exp(A_log) * softplus(a + dt_bias)      beta = sigmoid(b)

@@ -5,7 +5,7 @@ with ``save_pretrained`` (float32) and returns the folder. ``load_hf`` loads suc
 
 Why re-draw: HF initialises the zero-centred RMSNorm weights to 0 (so ``1 + w`` is the identity), the gated norm
 to 1 and linears with std 0.02, which makes whole blocks nearly invisible — a runtime that dropped them would
-still match the oracle. Here (DESIGN.md, "Testing"):
+still match the oracle. Here (docs/ARCHITECTURE.md, "Testing"):
 
 * zero-centred norms (input/post-attention/final, q_norm/k_norm): ``w ~ N(0, 0.1)``
 * gated norm of the linear layer (``linear_attn.norm``, not zero-centred): ``w ~ 1 + N(0, 0.1)``

@@ -3,7 +3,7 @@
 One ``python -m bench all`` invocation (in-process, startup's subprocesses included) writes every scenario's JSON;
 the tests check that the files exist and hold sane numbers. The sizes are far too small to mean anything: this is
 a smoke test of the harness, not a benchmark. Plus the performance model's numbers for the Qwen3.5-0.8B shape
-(DESIGN.md "Performance model") and the random-checkpoint builder.
+(docs/ARCHITECTURE.md "Performance model") and the random-checkpoint builder.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def test_model_bytes_from_config_match_the_loaded_model(smoke):
 
 
 def test_bounds_of_the_qwen3_5_0_8b_shape():
-    """DESIGN.md: state 18.9 MB per sequence (fp32 recurrent), KV 12 KB per token, ~2,840 tok/s at 4,270 GB/s."""
+    """docs/ARCHITECTURE.md: state 18.9 MB per sequence (fp32 recurrent), KV 12 KB per token, ~2,840 tok/s at 4,270 GB/s."""
     mb = model_bytes_from_config(ModelConfig.from_dict(QWEN3_5_0_8B_CONFIG), torch.bfloat16)
     assert mb.recurrent_state_bytes == 18 * 16 * 128 * 128 * 4  # 18.9 MB
     assert mb.kv_bytes_per_token == 6 * 2 * 2 * 256 * 2  # 12 KB

@@ -1,6 +1,6 @@
 """Compiled decode (graphs/) equals eager decode, on the CPU (Inductor's C++ backend; no CUDA graphs here).
 
-Properties (DESIGN.md, "Compile rules"):
+Properties (docs/ARCHITECTURE.md, "Compile and capture"):
 * compiled ≡ eager: logits within fp32 rounding (1e-4 + 2e-5·max|logit|, see LOGIT_ATOL) and the same greedy
   tokens, over random batches — sizes across the buckets, random context lengths, random slots (a random subset of
   the live sequences, in random order), padding lanes;
@@ -22,15 +22,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compiled_engine.model import DecodeOutput
+from ops.step import DecodeOutput
 from compiled_engine.runtime import Runtime
 from compiled_engine.sequence import Sequence
-from compiled_engine.step_inputs import StepInputs, pack_step
+from compiled_engine.step import pack_step
+from ops.step import StepInputs
 from graphs import (
     BucketPolicy,
     DecodeGraphRunner,
     StaticDecodeInputs,
-    compile_decode,
     default_bucket_sizes,
     expected_compiles,
 )
@@ -106,7 +106,7 @@ def compiled(qwen3_5_text_tied_path):
     rt.prefill(live)
     before = snapshot(rt.model)
     graphs0, breaks0 = graph_stats()
-    runner = compile_decode(rt, buckets=BUCKETS)
+    runner = rt.compile_decode(buckets=BUCKETS)
     graphs1, breaks1 = graph_stats()
     facts = {
         "graphs_compiled": graphs1 - graphs0,
@@ -122,7 +122,6 @@ def compiled(qwen3_5_text_tied_path):
     }
     for seq in live:
         rt.release(seq)
-    rt.decode_fn = runner
     return rt, runner, facts
 
 
@@ -536,12 +535,11 @@ class Collect(logging.Handler):
 log = logging.getLogger("torch._inductor.graph")
 log.setLevel(logging.INFO)
 log.addHandler(Collect())
-from compiled_engine.model import DecodeOutput
+from ops.step import DecodeOutput
 from compiled_engine.runtime import Runtime
-from graphs import compile_decode
 rt = Runtime.from_pretrained(sys.argv[1], device="cpu", dtype="float32", max_model_len=64, max_num_seqs=1,
                              num_kv_blocks=8, block_size=16)
-compile_decode(rt, buckets=(1,))
+rt.compile_decode(buckets=(1,))
 print("FALLBACKS", [m.split(chr(10))[1][:60] for m in records if m.startswith("Creating implicit fallback")])
 """
 

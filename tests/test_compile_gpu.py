@@ -1,6 +1,6 @@
 """Compiled decode on CUDA: the graphs are really captured and replayed, and replays equal eager decode.
 
-The same properties as tests/test_compile.py, with CUDA graphs in play (DESIGN.md, "Compile rules"):
+The same properties as tests/test_compile.py, with CUDA graphs in play (docs/ARCHITECTURE.md, "Compile and capture"):
 * capture is real: with the runner's own capture (the default) every bucket has its ``torch.cuda.CUDAGraph``; with
   cudagraph trees (``CE_CUDA_GRAPHS=trees``) ``torch._inductor.config.triton.cudagraph_or_error`` (where this torch
   has it) turns a skipped graph into an error, and ``counters["inductor"]["cudagraph_skips"]`` must stay 0;
@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compiled_engine.runtime import Runtime
-from graphs import compile_decode, expected_compiles
+from graphs import expected_compiles
 from tests.compile_helpers import (
     STATE_ATOL,
     STREAM_LOGIT_ATOL,
@@ -84,6 +84,7 @@ def gpu_compiled(qwen3_5_text_tied_path):
             str(qwen3_5_text_tied_path),
             device="cuda",
             dtype="float32",
+            compile=False,  # compiled below, with live sequences present
             max_model_len=MAX_MODEL_LEN,
             max_num_seqs=MAX_NUM_SEQS,
             num_kv_blocks=NUM_KV_BLOCKS,
@@ -94,7 +95,7 @@ def gpu_compiled(qwen3_5_text_tied_path):
         before = snapshot(rt.model)
         graphs0, breaks0 = graph_stats()
         skips0 = skips()
-        runner = compile_decode(rt, buckets=BUCKETS)
+        runner = rt.compile_decode(buckets=BUCKETS)
         torch.cuda.synchronize()
         graphs1, breaks1 = graph_stats()
         facts = {
@@ -110,7 +111,6 @@ def gpu_compiled(qwen3_5_text_tied_path):
         }
         for seq in live:
             rt.release(seq)
-        rt.decode_fn = runner
         yield rt, runner, facts
 
 

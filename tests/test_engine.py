@@ -1,4 +1,4 @@
-"""LLMEngine and its scheduler on a tiny HF-verified model (CPU, fp32, eager): the behaviour DESIGN.md "Scheduling"
+"""LLMEngine and its scheduler on a tiny HF-verified model (CPU, fp32, eager): the behaviour docs/ARCHITECTURE.md "Scheduling"
 promises, each checked step by step, with HF transformers' greedy tokens as the oracle for every output.
 
 * new requests join while others decode (prefill steps interleave with decode steps of running sequences);
@@ -90,12 +90,12 @@ def assert_clean(engine: LLMEngine) -> None:
     runtime, scheduler = engine.runtime, engine.scheduler
     assert not engine.requests
     assert not scheduler.waiting and not scheduler.running
-    blocks = runtime.blocks
+    blocks = runtime.caches.blocks
     assert blocks.num_free == runtime.cache_config.num_kv_blocks - 1
     assert sorted(blocks.free + list(getattr(blocks, "evictable", ()))) == list(range(1, blocks.num_blocks))
     assert not any(getattr(blocks, "refcount", ()))
-    assert runtime.slots.num_free == runtime.config.max_num_seqs
-    assert sorted(runtime.slots.free) == list(range(1, runtime.config.max_num_seqs + 1))
+    assert runtime.caches.slots.num_free == runtime.config.max_num_seqs
+    assert sorted(runtime.caches.slots.free) == list(range(1, runtime.config.max_num_seqs + 1))
 
 
 def check_invariants(engine: LLMEngine) -> None:
@@ -105,14 +105,14 @@ def check_invariants(engine: LLMEngine) -> None:
     assert len(running) <= scheduler.max_num_seqs
     slots = [s.state_slot for s in running]
     assert None not in slots and len(set(slots)) == len(slots), f"slots {slots}"
-    assert runtime.slots.num_free == runtime.config.max_num_seqs - len(running)
-    assert not set(slots) & set(runtime.slots.free)
+    assert runtime.caches.slots.num_free == runtime.config.max_num_seqs - len(running)
+    assert not set(slots) & set(runtime.caches.slots.free)
     held = [b for s in running for b in s.block_table]
     assert len(held) == len(set(held)), "a KV block is held twice"
-    assert 0 not in held and 0 not in runtime.blocks.free
-    assert len(runtime.blocks.free) == len(set(runtime.blocks.free))
-    assert not set(held) & set(runtime.blocks.free), "a held block is also free"
-    assert len(held) + runtime.blocks.num_free == runtime.cache_config.num_kv_blocks - 1, "leaked KV blocks"
+    assert 0 not in held and 0 not in runtime.caches.blocks.free
+    assert len(runtime.caches.blocks.free) == len(set(runtime.caches.blocks.free))
+    assert not set(held) & set(runtime.caches.blocks.free), "a held block is also free"
+    assert len(held) + runtime.caches.blocks.num_free == runtime.cache_config.num_kv_blocks - 1, "leaked KV blocks"
     for seq in waiting:
         assert seq.state_slot is None and not seq.block_table and seq.num_computed_tokens == 0
     for seq in running:
@@ -274,9 +274,9 @@ def test_at_most_max_num_seqs_run(model_path, load_hf_model):
 
 @pytest.mark.parametrize("budget, max_model_len, max_num_seqs", [(64, 24, 8), (64, 32, 8), (40, 128, 4), (200, 24, 3)])
 def test_the_startup_prefill_is_the_schedulers_largest_step(model_path, budget, max_model_len, max_num_seqs):
-    """The start-up step that sizes the memory plan and warms the kernels (Runtime._measure_activation_peak) has the
+    """The start-up step that sizes the memory plan and warms the kernels (memory_plan.measure_activation_peak) has the
     shape of the largest step the scheduler builds: full-length prompts, more than fit, cut by its token budget."""
-    from compiled_engine.runtime import largest_prefill_lengths
+    from compiled_engine.memory_plan import largest_prefill_lengths
 
     llm = make_llm(model_path, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                    max_num_batched_tokens=budget, block_size=4, num_kv_blocks=512)
@@ -295,7 +295,7 @@ def test_startup_prefills_cover_every_fla_l2norm_bucket_a_step_can_meet(budget, 
     """Every prefill step of at most ``budget`` tokens falls in an l2norm autotune bucket that a start-up prefill
     (the largest step, then ``l2norm_bucket_totals``) already met. Bucket of a step: FLA 0.6's
     ``cdiv(tokens * heads, 2048 * 32)`` (fla/modules/norm/l2norm.py), written out here."""
-    from compiled_engine.runtime import l2norm_bucket_totals
+    from compiled_engine.memory_plan import l2norm_bucket_totals
 
     def bucket(tokens):
         return -(-tokens * key_heads // (2048 * 32))
@@ -307,13 +307,13 @@ def test_startup_prefills_cover_every_fla_l2norm_bucket_a_step_can_meet(budget, 
 
 
 def test_startup_runs_a_prefill_in_every_l2norm_bucket(model_path, monkeypatch):
-    """Runtime._measure_activation_peak (the start-up steps, CUDA-only) run on the CPU with the memory calls stubbed
+    """memory_plan.measure_activation_peak (the start-up steps, CUDA-only) run on the CPU with the memory calls stubbed
     and FLA's bucket shrunk to 16 rows, so that a 64-token budget spans several buckets: the prefill steps it runs must
     meet the bucket of every step size the scheduler can build."""
-    import compiled_engine.runtime as runtime_module
+    import compiled_engine.memory_plan as memory_plan
     from compiled_engine.runtime import Runtime
 
-    monkeypatch.setattr(runtime_module, "FLA_L2NORM_BUCKET_ROWS", 16)
+    monkeypatch.setattr(memory_plan, "FLA_L2NORM_BUCKET_ROWS", 16)
     for name in ("synchronize", "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated"):
         monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: 0)
     rt = Runtime.from_pretrained(model_path, device="cpu", max_num_batched_tokens=64, max_model_len=32,
@@ -323,7 +323,7 @@ def test_startup_runs_a_prefill_in_every_l2norm_bucket(model_path, monkeypatch):
     forward = rt.model.forward
     monkeypatch.setattr(rt.model, "forward",
                         lambda step: seen.append((step.is_prefill, step.input_ids.shape[0])) or forward(step))
-    rt._measure_activation_peak()
+    memory_plan.measure_activation_peak(rt.model, rt.config, rt.max_model_len, rt.device, rt.dtype)
     assert (False, 4) in seen  # the decode step at max_num_seqs ran too
 
     def bucket(tokens):
@@ -391,14 +391,14 @@ class PreemptionProbe:
 
         def probed(seq: Sequence):
             assert seq in scheduler.running and seq.state_slot is not None
-            blocks_before, slots_before = runtime.blocks.num_free, runtime.slots.num_free
+            blocks_before, slots_before = runtime.caches.blocks.num_free, runtime.caches.slots.num_free
             held, tokens = list(seq.block_table), list(seq.token_ids)
             preempt(seq)
             assert seq not in scheduler.running and scheduler.waiting[0] is seq  # front of the queue
             assert seq.block_table == [] and seq.state_slot is None and seq.num_computed_tokens == 0
-            assert runtime.blocks.num_free == blocks_before + len(held)
-            assert set(held) <= set(runtime.blocks.free)
-            assert runtime.slots.num_free == slots_before + 1
+            assert runtime.caches.blocks.num_free == blocks_before + len(held)
+            assert set(held) <= set(runtime.caches.blocks.free)
+            assert runtime.caches.slots.num_free == slots_before + 1
             assert seq.token_ids == tokens  # prompt and generated tokens are kept, to be recomputed
             self.victims.append(seq.seq_id)
 
@@ -460,11 +460,11 @@ def test_abort_frees_everything(model_path, load_hf_model):
     assert waiting in engine.scheduler.waiting and decoding.num_generated_tokens >= 2
     check_invariants(engine)
 
-    free_blocks, free_slots = runtime.blocks.num_free, runtime.slots.num_free
+    free_blocks, free_slots = runtime.caches.blocks.num_free, runtime.caches.slots.num_free
     held = len(prefilling.block_table)
     out = engine.abort_request("prefilling")
     assert (out.finished, out.finish_reason, out.token_ids) == (True, "abort", [])
-    assert runtime.blocks.num_free == free_blocks + held and runtime.slots.num_free == free_slots + 1
+    assert runtime.caches.blocks.num_free == free_blocks + held and runtime.caches.slots.num_free == free_slots + 1
     assert prefilling.block_table == [] and prefilling.state_slot is None
     check_invariants(engine)
 
@@ -579,7 +579,7 @@ def test_default_prefill_budget_follows_vllm_llm_class(monkeypatch, total_gib, w
     (vLLM's rule for its LLM class); an explicit value always wins (test_chunked_prefill_* pass their own)."""
     from types import SimpleNamespace
 
-    from compiled_engine.runtime import default_max_num_batched_tokens
+    from compiled_engine.memory_plan import default_max_num_batched_tokens
 
     if total_gib is None:
         assert default_max_num_batched_tokens(torch.device("cpu")) == want

@@ -1,7 +1,7 @@
 """The ``torch.ops.ce`` ops on CPU: opcheck, and hypothesis tests against independent oracles.
 
 Oracles (none of them shares code with ops/):
-  * gated delta rule: a float64 token-by-token loop written from DESIGN.md "Model math", and HF transformers'
+  * gated delta rule: a float64 token-by-token loop written from docs/ARCHITECTURE.md "Model math", and HF transformers'
     torch chunked/recurrent gated delta rule; plus the internal ``chunked_reference`` ≡ ``recurrent_reference``;
   * causal conv1d: ``torch.nn.functional.conv1d`` in float64 with left zero padding (or the slot's history), SiLU;
   * fused Gated DeltaNet decode: the conv and delta-rule oracles and the gated norm's formula, composed;
@@ -10,7 +10,7 @@ Oracles (none of them shares code with ops/):
     float64;
   * store_kv: reading rows back;
   * linear: a float64 matmul;
-  * rms_norm: the norm's formula in float64 (DESIGN.md "Model math"), and the compiled path against the eager one;
+  * rms_norm: the norm's formula in float64 (docs/ARCHITECTURE.md "Model math"), and the compiled path against the eager one;
   * silu_mul: ``x * sigmoid(x) * up`` in float64.
 In-place ops also must not touch pool rows outside the batch (``torch.equal``), and padding lanes (slot 0 / block 0)
 write nothing but the null row.
@@ -96,7 +96,7 @@ def _delta_inputs(g, T, Hk, Hv, K, V, dtype=torch.float32, qk_scale=1.0):
 
 
 def _delta_oracle(q, k, v, a, b, A_log, dt_bias, state):
-    """Float64 token-by-token gated delta rule, written from DESIGN.md (not from ops/). -> (o [L,Hv,V], state)."""
+    """Float64 token-by-token gated delta rule, written from docs/ARCHITECTURE.md (not from ops/). -> (o [L,Hv,V], state)."""
     q, k, v, a, b, A_log, dt_bias = (x.double() for x in (q, k, v, a, b, A_log, dt_bias))
     S = state.double().clone()
     L, Hk, K = q.shape
@@ -429,7 +429,7 @@ def test_causal_conv1d_prefill_then_decode_equals_one_prefill(prefix, steps, pad
 def test_gated_deltanet_decode_matches_oracles(batch, padding, heads, strided, seed, pool_dtype):
     """ce::gated_deltanet_decode ≡ the float64 oracles composed on the in_proj row [q | k | v | z | b | a]:
     silu(F.conv1d) over [history, x] on the q|k|v channels, the delta-rule oracle, then the gated norm's formula
-    with z (DESIGN.md "Model math"); the conv state shifts by one; padding lanes write only the null slot."""
+    with z (docs/ARCHITECTURE.md "Model math"); the conv state shifts by one; padding lanes write only the null slot."""
     Hk, r = heads
     Hv, K, V, W = r * Hk, 8, 16, 4
     key_dim, value_dim = Hk * K, Hv * V
@@ -644,7 +644,7 @@ def _zero_centred_norm_oracle(x, weight, eps):
 
 
 def _rope_oracle(x, position, rotary_dim, theta):
-    """NeoX rotate-half RoPE of x [H, D] (float64) on its first rotary_dim channels (DESIGN.md "Model math")."""
+    """NeoX rotate-half RoPE of x [H, D] (float64) on its first rotary_dim channels (docs/ARCHITECTURE.md "Model math")."""
     half = rotary_dim // 2
     angle = position * theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / rotary_dim)
     x1, x2 = x[:, :half], x[:, half:rotary_dim]
@@ -667,7 +667,7 @@ def _rope_oracle(x, position, rotary_dim, theta):
 def test_attention_decode_equals_unfused_ops_and_oracle(contexts, padding, shapes, strided, seed):
     """ce::attention_decode on float64 inputs ≡ the model's unfused decode path (ops.norm.rms_norm as q_norm/k_norm,
     the RotaryEmbedding module, ce::store_kv, ce::paged_attention_decode, attn * sigmoid(gate)): the same output and
-    the same cache writes, bitwise; and ≡ a float64 oracle of DESIGN.md's formulas (zero-centred norm, rotate-half
+    the same cache writes, bitwise; and ≡ a float64 oracle of docs/ARCHITECTURE.md's formulas (zero-centred norm, rotate-half
     RoPE, SDPA over the cached tokens plus the new one, the gate). Padding lanes (context 0, the null row): zeros."""
     from compiled_engine.layers import RotaryEmbedding
 

@@ -39,12 +39,12 @@ def plain_llm(path):
 def assert_clean(llm: LLM) -> None:
     """Every block and slot is free (cached blocks count as free), and every snapshot sits on an indexed block."""
     rt = llm.runtime
-    assert rt.blocks.num_free == rt.blocks.num_blocks - 1
-    assert all(count == 0 for count in rt.blocks.refcount)
-    assert rt.slots.num_free == rt.config.max_num_seqs
-    pc = rt.prefix_cache
+    assert rt.caches.blocks.num_free == rt.caches.blocks.num_blocks - 1
+    assert all(count == 0 for count in rt.caches.blocks.refcount)
+    assert rt.caches.slots.num_free == rt.config.max_num_seqs
+    pc = rt.caches.prefix_cache
     if pc is not None:
-        assert all(key in rt.blocks.block_of_hash for key in pc.row_of_hash)
+        assert all(key in rt.caches.blocks.block_of_hash for key in pc.row_of_hash)
         assert len(pc.row_of_hash) + len(pc.free_rows) == pc.recurrent[0].shape[0]
 
 
@@ -170,7 +170,7 @@ def test_eviction_under_a_small_budget(path, plain_llm):
     expected = [o.token_ids for o in plain_llm.generate(prompts, GREEDY, use_tqdm=False)]
     for _ in range(2):
         assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
-    assert llm.runtime.prefix_cache.num_snapshots == 1
+    assert llm.runtime.caches.prefix_cache.num_snapshots == 1
     assert_clean(llm)
 
 

@@ -26,7 +26,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compiled_engine.runtime import Runtime
-from compiled_engine.step_inputs import StepInputs, pack_step
+from compiled_engine.step import pack_step
+from ops.step import StepInputs
 from ops.delta_rule import CHUNK_SIZE
 from ops.library import NULL_BLOCK
 

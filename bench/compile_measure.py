@@ -1,7 +1,7 @@
 """Does compiling pay? Eager vs compiled prefill, and eager vs graph-replayed decode, on one machine.
 
-    python -m graphs.measure --shape 0.8b --device cuda --dtype bfloat16            # random Qwen3.5-0.8B shape
-    python -m graphs.measure --model PATH --device cpu --dtype float32 --no-decode
+    python -m bench.compile_measure --shape 0.8b --device cuda --dtype bfloat16            # random Qwen3.5-0.8B shape
+    python -m bench.compile_measure --model PATH --device cpu --dtype float32 --no-decode
 
 Prefill: the same varlen StepInputs runs through the eager model and through ``torch.compile(dynamic=True,
 fullgraph=True)`` of the same function (prompt lengths vary, so a static-shape prefill graph would recompile for
@@ -24,7 +24,7 @@ import torch
 
 from compiled_engine.cache import reset_state_slot
 
-# Qwen3.5-0.8B's text shape (DESIGN.md, "Performance model").
+# Qwen3.5-0.8B's text shape (docs/ARCHITECTURE.md, "Performance model").
 SHAPES = {
     "0.8b": dict(
         vocab_size=248320,
@@ -140,10 +140,8 @@ def measure_prefill(rt, cases, repeats: int) -> list[dict]:
 
 @torch.inference_mode()
 def measure_decode(rt, batch_sizes, context: int, steps: int) -> list[dict]:
-    from graphs.decode_graph import compile_decode
-
     t0 = time.perf_counter()
-    runner = compile_decode(rt, buckets=sorted(batch_sizes))
+    runner = rt.compile_decode(buckets=sorted(batch_sizes))
     startup = time.perf_counter() - t0
     results = []
     for batch in batch_sizes:
@@ -204,6 +202,7 @@ def main(argv=None) -> None:
             str(path),
             device=args.device,
             dtype=args.dtype,
+            compile=False,  # measure_decode compiles, timed
             max_model_len=longest + 64,
             max_num_seqs=max([n for n, _ in cases] + batches),
         )

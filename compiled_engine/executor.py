@@ -1,0 +1,118 @@
+"""ModelExecutor: runs a packed step on the model, on every tensor-parallel rank, prefill eagerly and decode through
+its decode function: the eager model, or after ``compile_decode`` the captured graphs (graphs.DecodeGraphRunner).
+
+It owns the model and what runs it; it knows nothing of sequences, blocks or slots (compiled_engine.cache_manager
+decides those, compiled_engine.step packs them into a StepInputs).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from compiled_engine.cache import reset_state_slots
+from compiled_engine.model import HybridModel
+from ops.step import DecodeOutput, StepInputs
+from graphs import DecodeGraphRunner
+
+
+class ModelExecutor:
+    def __init__(
+        self,
+        model: HybridModel,
+        block_size: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        device: torch.device,
+        workers=None,
+    ):
+        """``workers``: rank 0's handle on the other tensor-parallel ranks (compiled_engine.tp_workers), or None.
+        The model's caches must be allocated (compiled_engine.memory_plan.allocate_caches)."""
+        self.model = model
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.device = device
+        self.workers = workers
+        self._decode_fn: Callable[[StepInputs], DecodeOutput] = self._decode_eager
+
+    @property
+    def decode_fn(self) -> Callable[[StepInputs], DecodeOutput]:
+        """What runs a decode step: the eager model, or the DecodeGraphRunner once ``compile_decode`` has run."""
+        return self._decode_fn
+
+    @property
+    def step_device(self) -> torch.device:
+        """Where a decode step should be built: on the host for the graph runner (one copy into its buffers), on
+        the device otherwise (tensor-parallel ranks get rank 0's step broadcast from the device)."""
+        if self.workers is None and isinstance(self._decode_fn, DecodeGraphRunner):
+            return self._decode_fn.step_device
+        return self.device
+
+    def compile_decode(self, buckets: Iterable[int] | None = None, **runner_kwargs) -> DecodeGraphRunner:
+        """Compile and capture the decode step for every bucket (every rank in lockstep), then decode through it.
+
+        ``runner_kwargs`` go to DecodeGraphRunner (``mode``, ``fullgraph``, ``backend``, ``capture``). Sequences
+        that are live meanwhile keep their state: warm-up runs only padding lanes (null slot, null block).
+        """
+        if self.workers is not None:
+            self.workers.send_compile()
+        if self.model.tp.world_size > 1:
+            # Tensor parallel: cudagraph trees, unless asked otherwise: tp_workers.leave_process_group frees the
+            # trees' graphs before NCCL destroys its communicator (which waits for every graph that captured its
+            # collectives); the runner's own capture has not run under tensor parallelism on a GPU.
+            runner_kwargs.setdefault("capture", "trees")
+        runner = DecodeGraphRunner(
+            self.model,
+            max_num_seqs=self.max_num_seqs,
+            max_blocks_per_seq=-(-self.max_model_len // self.block_size),
+            device=self.device,
+            buckets=buckets,
+            **runner_kwargs,
+        )
+        runner.warmup()
+        self._decode_fn = runner
+        return runner
+
+    def execute(self, step: StepInputs, all_logits: bool = False) -> torch.Tensor | DecodeOutput:
+        """Run one step on every rank. A prefill step returns fp32 logits of each sequence's last token (of every
+        token when ``all_logits``); a decode step its ``DecodeOutput`` (with compiled decode: the graph's buffers,
+        valid until the next decode step)."""
+        if self.workers is None:
+            return self._execute_local(step, all_logits)
+        if self.workers.closed:
+            raise RuntimeError("the tensor-parallel workers are stopped (closed, or a step failed)")
+        try:
+            self.workers.send_step(step, all_logits)
+            return self._execute_local(step, all_logits)
+        except Exception as error:
+            # The ranks are out of lockstep now (some may wait in a collective forever): stop them, then report the
+            # worker's own error if one sent it, else ours.
+            try:
+                self.workers.raise_worker_error(error)
+            finally:
+                self.workers.abort()
+
+    def _execute_local(self, step: StepInputs, all_logits: bool) -> torch.Tensor | DecodeOutput:
+        if not step.is_prefill:
+            return self._decode_fn(step)
+        hidden = self.model(step)
+        if not all_logits:
+            hidden = hidden[step.last_token_indices()]
+        return self.model.compute_logits(hidden)
+
+    def _decode_eager(self, step: StepInputs) -> DecodeOutput:
+        return self.model.decode_output(self.model(step))
+
+    def reset_state_slots(self, slots: list[int]) -> None:
+        """Zero these state slots of every linear layer, on every rank: fresh sequences start from zero state."""
+        if self.workers is not None:
+            for slot in slots:
+                self.workers.send_reset_slot(slot)
+        reset_state_slots(self.model, slots)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (no-op without them)."""
+        if self.workers is not None:
+            self.workers.shutdown()

@@ -1,0 +1,69 @@
+"""The tensors of one step: its inputs (StepInputs, everything a forward needs besides the weights and the caches)
+and what a decode step returns (DecodeOutput, HostTokens).
+
+Every op of a step reads slices of a StepInputs; the model reads it and nothing else; graph capture
+(graphs/static_inputs.py) keeps a fixed-address copy of it. No globals: a reader can see every input of a step here,
+and every tensor the step mutates is a cache/pool buffer of a layer.
+
+Prefill packs the new tokens of N sequences back to back (varlen); decode has exactly one token per sequence,
+so T == N. In a bucketed (CUDA-graphed) decode batch, padding lanes point at the null slot and the null block
+with ``context_lens == 0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T] int64: the new tokens
+    positions: torch.Tensor  # [T] int64: their absolute positions (RoPE)
+    slot_mapping: torch.Tensor  # [T] int64: KV-cache row (block * block_size + offset) each new token is written to
+    block_tables: torch.Tensor  # [N, max_blocks] int32: KV blocks of each sequence (0 = null block beyond its end)
+    context_lens: torch.Tensor  # [N] int32: cached tokens of each sequence after this step (prefix + new)
+    state_slots: torch.Tensor  # [N] int32: the row of each sequence in every linear layer's state pools
+    cu_seqlens: torch.Tensor | None = None  # [N + 1] int32: prefill only; sequence n owns tokens [cu[n], cu[n+1])
+    is_prefill: bool = False  # a Python bool: prefill and decode are different graphs
+    # Prefill only, optional: what the chunked delta rule (FLA) would otherwise derive from cu_seqlens in every linear
+    # layer, with a host sync each time (ops/delta_rule.py). Every layer passes these very objects: FLA memoises on
+    # their identity, so they are made anew for each step and never refilled in place.
+    cu_seqlens_long: torch.Tensor | None = None  # [N + 1] int64: cu_seqlens again
+    chunk_indices: torch.Tensor | None = None  # [num_chunks, 2] int64: (sequence, chunk of it) per 64-token chunk
+
+    @property
+    def num_sequences(self) -> int:
+        return self.state_slots.shape[0]
+
+    def last_token_indices(self) -> torch.Tensor:
+        """Index of each sequence's last new token in the packed token dimension."""
+        if self.is_prefill:
+            return (self.cu_seqlens[1:] - 1).long()
+        return torch.arange(self.input_ids.shape[0], device=self.input_ids.device)
+
+
+class HostTokens(NamedTuple):
+    """Tokens on their way to the host: ``tokens`` (host memory) holds them once ``ready`` has passed (a CUDA event
+    recorded after the work that writes them; None: they are there already)."""
+
+    tokens: torch.Tensor
+    ready: torch.cuda.Event | None
+
+    def tolist(self) -> list[int]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.tokens.tolist()
+
+
+class DecodeOutput(NamedTuple):
+    """What a decode step produces on the device: ``logits`` ``[N, vocab]`` in the model's dtype, and
+    ``greedy_tokens`` ``[N]`` int64, each row's argmax (torch.argmax's rule), computed in the same graph so that
+    greedy sampling needs no kernel of its own. ``host_greedy_tokens``: the same tokens in host memory, where the
+    decode graph writes them there itself (graphs/decode_graph.py), so that reading them back needs no copy."""
+
+    logits: torch.Tensor
+    greedy_tokens: torch.Tensor
+    host_greedy_tokens: HostTokens | None = None
