@@ -7,7 +7,7 @@ and a single extra lane is a large fraction of the work) and sparser as they gro
 
     1, 2, 4, 8,  16, 24, 32 (step 8),  48 ... 128 (step 16),  160 ... 256 (step 32),  320, 384, ... (step 64)
 
-Worst-case padding waste: 44% at 9 sequences (runs 16), ~30% at 17 and 33, ~20% from 129 up; 17 graphs for
+Worst-case padding waste: 44% at 9 sequences, ~30% at 17 and 33, ~20% from 129 up; 17 graphs for
 ``max_num_seqs=256``.
 The list stops at ``max_num_seqs`` exactly (appended if it is not already a bucket): no batch can be larger, so a
 larger bucket would only be padding.

@@ -160,9 +160,9 @@ def register_inductor_fallbacks(ops: Iterable[torch._ops.OpOverload]) -> None:
     Why: when Inductor first meets a custom op in a graph, torch <= 2.12 formats every input of that call for an
     INFO log line, eagerly, logged or not (``operator_str`` in ``GraphLowering.call_function``; torch 2.13 formats
     it lazily). An input's IR prints its own inputs' IR, so the text doubles with every residual-connected layer
-    before the call: an op first used at the end of the 24-layer decode graph kept Inductor busy for minutes on the
-    H200 (bench/results/h200-2026-11-29/run20-add-norm-linear; reproduced on the CPU with torch 2.13 and
-    ``TORCH_LOGS=inductor``). An op already registered skips that path. The layout constraint is the one the
+    before the call: an op first used at the end of the 24-layer decode graph kept Inductor busy for minutes
+    (bench/NOTES.md, "Start-up overrun"; reproduced on the CPU with torch 2.13 and ``TORCH_LOGS=inductor``). An op
+    already registered skips that path. The layout constraint is the one the
     implicit path derives from the op's tags (ops/library.py tags every op ``needs_exact_strides``). Internal
     APIs, the same in torch 2.11 and 2.13; where they are missing, Inductor's implicit path runs as before.
     """
