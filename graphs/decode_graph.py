@@ -210,7 +210,7 @@ def _block_size_of(model: nn.Module) -> int:
 
 def _check_caches_allocated(model: nn.Module) -> None:
     for name, module in model.named_modules():
-        for buffer in ("k_cache", "v_cache", "split_counters", "conv_state", "recurrent_state"):
+        for buffer in ("k_cache", "v_cache", "conv_state", "recurrent_state"):
             if buffer in module._buffers and module._buffers[buffer] is None:
                 raise ValueError(
                     f"{name}.{buffer} is not allocated: build the runner after the caches "

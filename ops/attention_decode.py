@@ -2,13 +2,13 @@
 
 Why one op: at decode batch 1 the layer's work between its two GEMMs is tiny, and the unfused path launches ~7
 kernels for it (q_norm, k_norm, rotary, ``ce::store_kv``, the paged attention split and reduce kernels, the sigmoid
-gate), each costing a few µs of launch and dependency latency. On CUDA this op is one kernel, also when the context
-is split: the last split program of each (sequence, KV head) merges the splits (ops/triton/attention_decode_kernels.py).
+gate), each costing a few µs of launch and dependency latency. On CUDA this op is one kernel, plus the paged decode's
+reduce kernel when the context is split (ops/triton/attention_decode_kernels.py).
 Prefill, and the flash-attn backend, keep the unfused ops, which stay the pieces this op is defined by.
 
 ``attention_decode(projected [B, P], q_norm_weight [D], k_norm_weight [D], eps, inv_freq [rotary_dim / 2],
-positions [B], k_cache, v_cache, slot_mapping [B], block_tables, context_lens [B], Hq, Hkv, D, scale,
-split_counters [>= B, Hkv]) -> [B, Hq*D]``:
+positions [B], k_cache, v_cache, slot_mapping [B], block_tables, context_lens [B], Hq, Hkv, D, scale)
+-> [B, Hq*D]``:
 
 * ``projected`` is the qkv_proj output row of each sequence, ``[q_gate (Hq*2*D) | k (Hkv*D) | v (Hkv*D)]``, where
   head h's block of q_gate is ``[q_h (D) | gate_h (D)]``; it may have any strides (rows of a wider buffer, say: the
@@ -21,10 +21,6 @@ split_counters [>= B, Hkv]) -> [B, Hq*D]``:
 * The result, contiguous in projected's dtype, is by definition the composition the model's unfused path computes,
   with its roundings: the zero-centred ``rms_norm_reference`` of q and k over D, :func:`rotary_reference`,
   ``store_kv_reference``, ``paged_attention_decode_reference``, then ``attn * sigmoid(gate)``.
-* ``split_counters`` int32, all zeros, is the CUDA kernel's scratch: its split programs count finished splits of
-  each (sequence, KV head) there, and the last one resets its counter, so the buffer is all zeros again after every
-  call. It is declared mutated (it is written) though no call changes its value; the reference and the fake kernel
-  ignore it. Persistent (a layer's buffer, compiled_engine/cache.py), so that no call pays a memset for it.
 """
 
 from __future__ import annotations
@@ -99,7 +95,6 @@ def attention_decode_reference(
     num_kv_heads: int,
     head_dim: int,
     scale: float,
-    split_counters: torch.Tensor | None = None,  # [>= B, Hkv] int32: the CUDA kernel's scratch, unused here
 ) -> torch.Tensor:
     check_shapes(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     batch = projected.shape[0]
@@ -114,16 +109,14 @@ def attention_decode_reference(
 
 
 def _attention_decode_fake(projected, q_norm_weight, k_norm_weight, eps, inv_freq, positions, k_cache, v_cache,
-                           slot_mapping, block_tables, context_lens, num_heads, num_kv_heads, head_dim, scale,
-                           split_counters):
+                           slot_mapping, block_tables, context_lens, num_heads, num_kv_heads, head_dim, scale):
     return projected.new_empty((projected.shape[0], num_heads * head_dim))
 
 
 attention_decode = define_op(
     "attention_decode(Tensor projected, Tensor q_norm_weight, Tensor k_norm_weight, float eps, Tensor inv_freq, "
     "Tensor positions, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
-    "Tensor context_lens, int num_heads, int num_kv_heads, int head_dim, float scale, Tensor(c!) split_counters) "
-    "-> Tensor",
+    "Tensor context_lens, int num_heads, int num_kv_heads, int head_dim, float scale) -> Tensor",
     reference=attention_decode_reference,
     cuda=lazy_kernel("attention_decode_kernels", "attention_decode"),
     fake=_attention_decode_fake,
