@@ -65,8 +65,7 @@ stage ops_microbench 90 python3 bench/ops_microbench.py --out "$WORK/ops_microbe
     --skip linear,paged_attention_prefill,causal_conv1d_prefill,gated_delta_rule_prefill
 [ -f "$WORK/ops_microbench/ops_microbench.json" ] && cp "$WORK/ops_microbench/ops_microbench.json" "$OUT/"
 stage main 260 python3 -m bench latency,throughput,sweep -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/main"
-stage latency_again 90 python3 -m bench latency -p latency.repeats=2 -p latency.prefetch_policies=off,whole,whole:5,whole:8 "${BENCH[@]}" \
-    --out "$WORK/latency_again"
+stage latency_again 90 python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/latency_again"
 stage latency_trees 120 env CE_CUDA_GRAPHS=trees python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" \
     --out "$WORK/latency_trees"
 stage latency_prefetch_off 90 env CE_L2_PREFETCH=0 python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" \

@@ -352,21 +352,6 @@ class DecodeGraphRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @torch.inference_mode()
-    def recapture(self, bucket: int) -> None:
-        """Record ``bucket``'s CUDA graph again (runner capture only), on whatever the static buffers hold.
-
-        For benchmarks that compare launch-time kernel options (ops/triton/l2_prefetch.py's policy): a CUDA graph
-        keeps the launches it recorded, so a changed option takes effect in a new recording. Like ``replay_last``,
-        the two eager runs and the replay run further steps on whatever sequences the buffers hold.
-        """
-        if self.capture != "runner" or bucket not in self._graphs:
-            raise ValueError(f"no runner-captured graph of bucket {bucket} to record again ({self.capture=})")
-        del self._graphs[bucket]
-        self._last_greedy = None  # the eager runs rewrite the input ids
-        self._compile_and_capture(bucket)
-        self.static.forget()
-
     # ------------------------------------------------------------------------------------------------------ steps
     @torch.inference_mode()
     def __call__(self, step: StepInputs) -> DecodeOutput:
