@@ -52,17 +52,18 @@ from graphs.buckets import BucketPolicy
 from graphs.static_inputs import StaticDecodeInputs
 from ops.decode_inputs import advance_decode_inputs
 from ops.library import OPS
+from ops.options import CUDA_GRAPH_CAPTURES, current_options
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODE = "reduce-overhead"
-# Who captures and replays the CUDA graphs of mode="reduce-overhead" (CE_CUDA_GRAPHS overrides the default):
+# Who captures and replays the CUDA graphs of mode="reduce-overhead" (CUDA_GRAPH_CAPTURES; the default is the
+# cuda_graphs option of ops/options.py, CE_CUDA_GRAPHS):
 #   "runner": the runner, around a torch.compile without cudagraphs: one torch.cuda.CUDAGraph per bucket, replayed
 #             with graph.replay() (0.013 ms of host time a step, same measurement);
 #   "trees":  torch's cudagraph trees (mode="reduce-overhead" as torch implements it): every replay goes through
 #             Dynamo's guards, AOTAutograd's wrappers and the trees' bookkeeping, 0.305 ms of host time per batch-1
-#             step on the H200 host (bench latency's graph_replay, 2026-11-30), where the step's GPU time is 0.92 ms.
-CUDA_GRAPH_CAPTURES = ("runner", "trees")
+#             step on the H200 host (bench latency's graph_replay), where the step's GPU time was 0.92 ms.
 
 
 def decode_forward(
@@ -226,6 +227,8 @@ class DecodeGraphRunner:
     model instead.
 
     ``backend`` overrides ``mode`` with a custom torch.compile backend (debugging, graph counting in tests).
+    ``capture`` ("runner" or "trees", see ``CUDA_GRAPH_CAPTURES``) defaults to the ``cuda_graphs`` option
+    (ops/options.py), read here, when the runner is built.
     The runner holds the caches' addresses: if the caches are reallocated, build a new runner.
     """
 
@@ -260,7 +263,7 @@ class DecodeGraphRunner:
         # per distinct batch size.
         compile_kwargs = dict(fullgraph=fullgraph, dynamic=None)
         cuda_graphs = self.device.type == "cuda" and backend is None and (mode or "").startswith("reduce-overhead")
-        capture = capture or os.environ.get("CE_CUDA_GRAPHS", "runner")
+        capture = capture or current_options().cuda_graphs
         if capture not in CUDA_GRAPH_CAPTURES:
             raise ValueError(f"capture must be one of {CUDA_GRAPH_CAPTURES}, got {capture!r}")
         # The runner's own graphs need a compile without cudagraph trees: "default" is reduce-overhead without them.

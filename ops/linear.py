@@ -19,14 +19,13 @@ inside the opaque op, where M is a plain int: a compiled graph with a symbolic b
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
 from ops.activation import silu_mul_op, silu_mul_reference
 from ops.library import define_op
 from ops.norm import add_rms_norm_op, add_rms_norm_reference
+from ops.options import current_options
 from ops.triton import lazy_kernel
 
 # Rows up to which the Triton skinny GEMM runs instead of cuBLAS: decode buckets 1..16, where cuBLAS's kernel choice
@@ -35,9 +34,6 @@ from ops.triton import lazy_kernel
 # GEMMs take over, as M grows towards prefill's compute-bound sizes.
 SKINNY_MAX_ROWS = 16
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
-# Escape hatch, read once at import: CE_SKINNY_GEMM=0 sends every matmul to cuBLAS (to compare, or where the Triton
-# kernel misbehaves on a new GPU or Triton version).
-SKINNY_GEMM_ENABLED = os.environ.get("CE_SKINNY_GEMM", "1") != "0"
 
 _skinny_gemm = lazy_kernel("gemv_kernels", "skinny_gemm")
 _add_rms_norm_skinny_gemm = lazy_kernel("gemv_kernels", "add_rms_norm_skinny_gemm")
@@ -48,8 +44,10 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the Triton skinny GEMM serves this call (else cuBLAS)."""
-    return (SKINNY_GEMM_ENABLED and x.dim() == 2 and 1 <= x.shape[0] <= SKINNY_MAX_ROWS
+    """Whether the Triton skinny GEMM serves this call (else cuBLAS). The ``skinny_gemm`` option (ops/options.py,
+    ``CE_SKINNY_GEMM=0``) sends every matmul to cuBLAS: to compare, or where the Triton kernel misbehaves on a new GPU
+    or Triton version."""
+    return (current_options().skinny_gemm and x.dim() == 2 and 1 <= x.shape[0] <= SKINNY_MAX_ROWS
             and x.dtype in SKINNY_DTYPES and weight.dtype == x.dtype)
 
 

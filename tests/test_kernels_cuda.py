@@ -797,9 +797,10 @@ def test_linear_every_tuned_config(rows):
         _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
 
 
-def test_skinny_gemm_l2_prefetch(monkeypatch):
+def test_skinny_gemm_l2_prefetch():
     """The weight's L2 prefetch (ops/triton/l2_prefetch.py) is in the compiled GEMV where it is on, and changes no
-    bit of the result: a hint, not a value."""
+    bit of the result: a hint, not a value (the same call with the l2_prefetch option off)."""
+    from ops.options import use_options
     from ops.triton import gemv_kernels, l2_prefetch
 
     if not l2_prefetch.l2_prefetch_enabled():
@@ -810,8 +811,8 @@ def test_skinny_gemm_l2_prefetch(monkeypatch):
         assert l2_prefetch.l2_prefetch_flags(weight, 512)["PREFETCH_L2"]
         prefetched = gemv_kernels.skinny_gemm(x, weight)
         _assert_linear_close(prefetched, x, weight)
-        with monkeypatch.context() as patch:
-            patch.setattr(gemv_kernels, "l2_prefetch_flags", lambda w, p: {"PREFETCH_L2": False, "prefetch_programs": 1})
+        with use_options(l2_prefetch=False):
+            assert not l2_prefetch.l2_prefetch_flags(weight, 512)["PREFETCH_L2"]
             torch.testing.assert_close(gemv_kernels.skinny_gemm(x, weight), prefetched, atol=0, rtol=0)
     compiled = [kernel for cache in gemv_kernels._skinny_gemm_kernel.device_caches.values() for kernel in cache[0].values()]
     assert any("cp.async.bulk.prefetch.L2" in kernel.asm["ptx"] for kernel in compiled)

@@ -10,7 +10,8 @@ contiguous slabs and ask the TMA unit to bring each one into L2 (``cp.async.bulk
 64 KB, issued by one thread, nothing waited for). After the wait the kernel's loads hit L2 instead of DRAM.
 
 A prefetch is a hint: it changes no value, only where a later load finds its data. Hopper or newer (sm_90: the
-bulk prefetch instruction), CUDA only (the interpreter cannot run inline PTX); ``CE_L2_PREFETCH=0`` turns it off.
+bulk prefetch instruction), CUDA only (the interpreter cannot run inline PTX); the ``l2_prefetch`` option
+(ops/options.py, ``CE_L2_PREFETCH=0``) turns it off.
 Matrices larger than half the L2 (the lm_head: 508 MB) are not prefetched: they would evict themselves, and a kernel
 that large is bandwidth-bound anyway. Every other weight is prefetched whole: leaving the smaller ones out, or having
 each program prefetch only its own rows, measured slower (bench/NOTES.md, "Removed alternatives").
@@ -29,20 +30,23 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.options import current_options
+
 PIECE_BYTES = tl.constexpr(65536)  # bytes per prefetch instruction: well under the instruction's 32-bit size field
 DEFAULT_L2_BYTES = 50 * 2**20  # H100 / H200, where the device does not report its L2 size
 
 
 @functools.cache
-def l2_prefetch_enabled() -> bool:
-    """Whether weights are prefetched: ``CE_L2_PREFETCH`` (read once: "whole", the default, or "0"), and never where
-    bulk prefetches cannot run: before Hopper (sm_90: the instruction) and in the interpreter (no inline PTX)."""
-    text = os.environ.get("CE_L2_PREFETCH", "whole")
-    if text not in ("whole", "0"):
-        raise ValueError(f"CE_L2_PREFETCH must be 'whole' or '0', got {text!r}")
+def bulk_prefetch_supported() -> bool:
+    """Whether bulk prefetches can run here: Hopper or newer (sm_90: the instruction), not the interpreter (no inline
+    PTX)."""
     interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    return (text == "whole" and not interpreted and torch.cuda.is_available()
-            and torch.cuda.get_device_capability()[0] >= 9)
+    return not interpreted and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def l2_prefetch_enabled() -> bool:
+    """Whether weights are prefetched: the ``l2_prefetch`` option (ops/options.py), where bulk prefetches can run."""
+    return current_options().l2_prefetch and bulk_prefetch_supported()
 
 
 @functools.cache
