@@ -28,10 +28,14 @@ from __future__ import annotations
 import torch
 
 from ops.kv_cache import store_kv_reference
+from ops.layouts import attention_decode_split_sizes, check_attention_decode_args
 from ops.library import define_op
 from ops.norm import rms_norm_reference
 from ops.paged_attention import paged_attention_decode_reference
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
+
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import attention_decode_kernels
 
 
 def rotary_reference(
@@ -58,27 +62,6 @@ def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([rot * cos + rotated_half * sin, keep], dim=-1)
 
 
-def split_sizes(num_heads: int, num_kv_heads: int, head_dim: int) -> list[int]:
-    """Widths of ``projected``'s ``[q_gate | k | v]`` blocks."""
-    return [2 * num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
-
-
-def check_shapes(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim) -> None:
-    """The argument checks the reference and the kernel share."""
-    width = sum(split_sizes(num_heads, num_kv_heads, head_dim))
-    if projected.dim() != 2 or projected.shape[1] != width:
-        raise ValueError(f"attention_decode: projected must be [B, {width}] ([q_gate | k | v]), "
-                         f"got {tuple(projected.shape)}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"attention_decode: {num_heads=} is not a multiple of {num_kv_heads=}")
-    if inv_freq.dim() != 1 or not 0 < 2 * inv_freq.shape[0] <= head_dim:
-        raise ValueError(f"attention_decode: inv_freq must be [rotary_dim / 2] with rotary_dim <= {head_dim=}, "
-                         f"got {tuple(inv_freq.shape)}")
-    if k_cache.dim() != 4 or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
-        raise ValueError(f"attention_decode: the caches must be [num_blocks, block_size, {num_kv_heads}, {head_dim}], "
-                         f"got {tuple(k_cache.shape)}")
-
-
 def attention_decode_reference(
     projected: torch.Tensor,  # [B, P]: [q_gate | k | v]
     q_norm_weight: torch.Tensor,  # [D]
@@ -96,9 +79,9 @@ def attention_decode_reference(
     head_dim: int,
     scale: float,
 ) -> torch.Tensor:
-    check_shapes(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
+    check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     batch = projected.shape[0]
-    q_gate, k, v = projected.split(split_sizes(num_heads, num_kv_heads, head_dim), dim=-1)
+    q_gate, k, v = projected.split(attention_decode_split_sizes(num_heads, num_kv_heads, head_dim), dim=-1)
     q, gate = q_gate.reshape(batch, num_heads, 2 * head_dim).chunk(2, dim=-1)
     q = rms_norm_reference(q, q_norm_weight, None, eps, zero_centred=True)
     k = rms_norm_reference(k.reshape(batch, num_kv_heads, head_dim), k_norm_weight, None, eps, zero_centred=True)
@@ -118,6 +101,6 @@ attention_decode = define_op(
     "Tensor positions, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
     "Tensor context_lens, int num_heads, int num_kv_heads, int head_dim, float scale) -> Tensor",
     reference=attention_decode_reference,
-    cuda=lazy_kernel("attention_decode_kernels", "attention_decode"),
+    cuda=attention_decode_kernels.attention_decode if HAVE_TRITON else None,
     fake=_attention_decode_fake,
 )

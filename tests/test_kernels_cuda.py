@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import ops
 from ops import (
-    activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, kv_cache, norm, paged_attention,
+    activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, kv_cache, layouts, norm, paged_attention,
 )
 from ops.linear import SKINNY_MAX_ROWS
 
@@ -187,7 +187,7 @@ def _attention_decode_args(gen, layout, tables, lens, block_size, num_blocks, dt
     """The op's arguments: projected rows (a slice of wider rows), norm weights, inv_freq, positions, caches, the slot
     of each new token (position context_len - 1; the null row for padding lanes), tables, lens, heads, scale."""
     hq, hkv, d = layout
-    width = sum(attention_decode.split_sizes(hq, hkv, d))
+    width = sum(layouts.attention_decode_split_sizes(hq, hkv, d))
     projected = _randn(gen, lens.shape[0], width + 16, dtype=dtype, scale=2.0)[:, 8 : 8 + width]
     q_weight, k_weight = _randn(gen, d, dtype=dtype, scale=0.5), _randn(gen, d, dtype=dtype, scale=0.5)
     inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, ROTARY_DIM, 2, device=DEV, dtype=torch.float32) / ROTARY_DIM)
@@ -443,7 +443,7 @@ def _assert_close_relative(got, want, *, max_abs, max_rel_norm, what):
 def _gated_deltanet_inputs(gen, rows, layout, dtype, state_dtype, num_slots, strided):
     """projected rows ([q | k | v | z | b | a], a slice of wider rows when ``strided``), weights and both pools."""
     hk, hv, dk, dv = layout
-    sizes = gated_deltanet_decode.split_sizes(hk, dk, hv, dv)
+    sizes = layouts.gated_deltanet_split_sizes(hk, dk, hv, dv)
     channels, width = sum(sizes[:3]), sum(sizes)
     wide = _randn(gen, rows, width + 24, dtype=dtype)
     projected = wide[:, 8 : 8 + width] if strided else wide[:, :width].contiguous()

@@ -32,8 +32,8 @@ def _child_checks() -> dict:
     import torch
 
     from ops import (
-        activation, attention_decode, conv1d, decode_inputs, delta_rule, gated_deltanet_decode, kv_cache, norm,
-        paged_attention,
+        activation, attention_decode, conv1d, decode_inputs, delta_rule, gated_deltanet_decode, kv_cache, layouts,
+        norm, paged_attention,
     )
     from ops.triton import (
         activation_kernels,
@@ -110,7 +110,7 @@ def _child_checks() -> dict:
                               for i, c in enumerate(context_lens)])
         lens = torch.tensor(context_lens, dtype=torch.int32)
         positions = (lens - 1).clamp_min(0).long()
-        width = sum(attention_decode.split_sizes(q_heads, kv_heads, dim))
+        width = sum(layouts.attention_decode_split_sizes(q_heads, kv_heads, dim))
         q_weight, k_weight = torch.randn(dim) * 0.5, torch.randn(dim) * 0.5
         inv_freq = 1.0 / 100.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
         args = (q_weight, k_weight, 1e-6, inv_freq, positions)
@@ -195,7 +195,7 @@ def _child_checks() -> dict:
         launcher's large-batch path through the unfused kernels, on the same strided views."""
         batch, num_slots, width = 5, 8, 4
         slots = torch.tensor([5, 0, 2, 0, 7], dtype=torch.int32)
-        sizes = gated_deltanet_decode.split_sizes(k_heads, dk, v_heads, dv)
+        sizes = layouts.gated_deltanet_split_sizes(k_heads, dk, v_heads, dv)
         channels = sum(sizes[:3])
         projected = torch.randn(batch, sum(sizes) + 9)[:, 4:-5]
         projected[:, -2 * v_heads :] *= 3  # b and a

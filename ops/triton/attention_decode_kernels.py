@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.attention_decode import check_shapes
+from ops.layouts import check_attention_decode_args
 from ops.triton.paged_attention_kernels import (
     LOG2E,
     NEG_BIG,
@@ -228,7 +228,7 @@ def attention_decode(
 ) -> torch.Tensor:
     """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n`` and
     ``num_warps`` override the defaults (the paged decode kernel's split count and key tile, 4 warps)."""
-    check_shapes(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
+    check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     batch = projected.shape[0]
     out = torch.empty((batch, num_heads * head_dim), dtype=projected.dtype, device=projected.device)
     if batch == 0:
