@@ -19,7 +19,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -209,6 +209,8 @@ class Context:
 
     # ------------------------------------------------------------------------------------------------ output
     def metadata(self, scenario: str) -> dict:
+        from ops.options import current_options
+
         mb = self.model_bytes()
         return {
             "scenario": scenario,
@@ -226,6 +228,7 @@ class Context:
             },
             "dtype": str(self.dtype).removeprefix("torch."),
             "engine": self.engine_summary(),
+            "kernel_options": asdict(current_options()),  # CE_PDL, CE_L2_PREFETCH, ... as this process reads them
             "copy_bandwidth": {k: v for k, v in self.bandwidth().items() if k != "bytes_per_s"},
         }
 

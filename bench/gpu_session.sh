@@ -7,9 +7,8 @@
 #   3. bench latency + throughput + sweep with LLM's defaults (it compiles the 0.8B decode graphs cold, ~100-200 s;
 #      every later engine finds them cached; throughput profiles its first step);
 #   4. bench latency again in a fresh process (the spread between processes: autotuner picks, host), with cudagraph
-#      trees instead of the runner's own CUDA graphs (CE_CUDA_GRAPHS=trees), with the attention split merge in the
-#      kernel (CE_ATTENTION_MERGE=kernel), without the GEMV's L2 prefetch (CE_L2_PREFETCH=0), and with CE_PDL=0 (programmatic
-#      dependent launch off: the A/B for ops/triton/pdl.py);
+#      trees instead of the runner's own CUDA graphs (CE_CUDA_GRAPHS=trees), without the GEMV's L2 prefetch
+#      (CE_L2_PREFETCH=0), and with CE_PDL=0 (programmatic dependent launch off: the A/B for ops/triton/pdl.py);
 #      bench step_profile (runtime decode at batch 1/8/64/256, the engine's own overlapped decode steps at the same
 #      batches, one 8,192-token prefill step: GPU ms by kernel category, host ms, kernels per step);
 #   5. throughput with 16,384-token prefill steps, throughput with prefix caching on, latency + throughput with the
@@ -66,12 +65,9 @@ stage ops_microbench 90 python3 bench/ops_microbench.py --out "$WORK/ops_microbe
     --skip linear,paged_attention_prefill,causal_conv1d_prefill,gated_delta_rule_prefill
 [ -f "$WORK/ops_microbench/ops_microbench.json" ] && cp "$WORK/ops_microbench/ops_microbench.json" "$OUT/"
 stage main 260 python3 -m bench latency,throughput,sweep -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/main"
-stage latency_again 90 python3 -m bench latency -p latency.repeats=2 -p latency.prefetch_policies=off,whole,whole:5,whole:8 "${BENCH[@]}" \
-    --out "$WORK/latency_again"
+stage latency_again 90 python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/latency_again"
 stage latency_trees 120 env CE_CUDA_GRAPHS=trees python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" \
     --out "$WORK/latency_trees"
-stage latency_merge_kernel 90 env CE_ATTENTION_MERGE=kernel python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" \
-    --out "$WORK/latency_merge_kernel"
 stage latency_prefetch_off 90 env CE_L2_PREFETCH=0 python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" \
     --out "$WORK/latency_prefetch_off"
 stage latency_pdl_off 60 env CE_PDL=0 python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/latency_pdl_off"
@@ -91,7 +87,7 @@ stage gemv_chain 150 python3 bench/gemv_chain.py --out "$WORK/gemv_chain"
 [ -f "$WORK/gemv_chain/gemv_chain.json" ] && cp "$WORK/gemv_chain/gemv_chain.json" "$OUT/"
 stage gemv_sweep 200 python3 bench/gemv_sweep.py --out "$WORK/gemv_sweep"
 [ -f "$WORK/gemv_sweep/gemv_sweep.json" ] && cp "$WORK/gemv_sweep/gemv_sweep.json" "$OUT/"
-dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_merge_kernel latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
+dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done

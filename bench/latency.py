@@ -16,8 +16,6 @@ What is timed (after one warm-up request of the same prompt length):
     engine's step time it says whether a step is GPU-bound (equal) or waits for the host. ``host_ms_per_replay``
     is the host's cost of one replay call (Dynamo guards, cudagraph-tree bookkeeping, the graph launch). The
     skinny GEMM's configs are recorded beside it (the 2..16-row autotuner's picks can differ between processes).
-    ``prefetch_policies`` (e.g. ``off,whole,whole:5,tile``): the graph recorded again and timed under each L2 prefetch
-    policy of ops/triton/l2_prefetch.py, in the same process, on the same step.
 Bound: batch-1 decode reads every weight once, so tok/s <= copy bandwidth / weight_bytes (bench/bounds.py).
 Achieved bandwidth = weight_bytes x decode steps/s (as gpt-fast reports it); its fraction of the copy bandwidth
 equals the fraction of the bound.
@@ -25,7 +23,6 @@ equals the fraction of the bound.
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from pathlib import Path
@@ -48,7 +45,6 @@ def run(
     warmup_tokens: int = 16,
     seed: int = 0,
     replays: int = 200,
-    prefetch_policies: str | list[str] = (),
 ) -> dict:
     if new_tokens < 2:
         raise ValueError("latency needs new_tokens >= 2 (one prefill token, at least one decode step)")
@@ -61,10 +57,7 @@ def run(
     median_run = sorted(runs, key=lambda r: r["decode_tok_s"])[len(runs) // 2]
     between_graphs = _engine_between_graphs(ctx, llm.engine, prompt)
     runtime_only = _runtime_run(ctx, llm.runtime, prompt, new_tokens)
-    if isinstance(prefetch_policies, str):  # one policy, or "a,b" from Python
-        prefetch_policies = prefetch_policies.split(",")
-    policies = tuple(p for p in prefetch_policies if p)
-    graph_replay = _graph_replay_run(ctx, llm.runtime, prompt, replays, policies)
+    graph_replay = _graph_replay_run(ctx, llm.runtime, prompt, replays)
 
     mb = ctx.model_bytes()
     bw = ctx.bandwidth()["bytes_per_s"]
@@ -229,8 +222,7 @@ def _runtime_run(ctx: Context, runtime, prompt: list[int], new_tokens: int) -> d
 
 
 @torch.inference_mode()
-def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int,
-                      prefetch_policies: tuple[str, ...] = ()) -> dict | None:
+def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int) -> dict | None:
     from graphs.decode_graph import DecodeGraphRunner
 
     runner = runtime.decode_fn
@@ -253,10 +245,6 @@ def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int,
         end.synchronize()
         gpu_ms = start.elapsed_time(end) / replays
         path = _profiled_critical_path(lambda: runner.replay_last(1), CRITICAL_PATH_REPLAYS)
-        own_policy = os.environ.get("CE_L2_PREFETCH")
-        variants = {policy: _prefetch_variant(runner, policy, replays) for policy in prefetch_policies}
-        if variants:  # back to the process's own policy
-            _prefetch_variant(runner, own_policy, 0)
     finally:
         runtime.release(seq)
     return {
@@ -266,37 +254,8 @@ def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int,
         "host_ms_per_replay": host_s / replays * 1e3,
         "skinny_gemm_picks": _skinny_gemm_picks(),
         "critical_path": path,
-        "l2_prefetch_policies": variants,
         "note": "one batch-1 step's graph replayed back to back (CUDA events): GPU time without per-step host work",
     }
-
-
-def _prefetch_variant(runner, policy: str | None, replays: int) -> dict:
-    """The batch-1 graph recorded again under L2 prefetch ``policy`` (ops/triton/l2_prefetch.py; None: the
-    variable unset), then timed as above: an A/B of the policies in one process, on one sequence."""
-    from ops.triton import l2_prefetch
-
-    if policy is None:
-        os.environ.pop("CE_L2_PREFETCH", None)
-    else:
-        os.environ["CE_L2_PREFETCH"] = policy
-    l2_prefetch.l2_prefetch_policy.cache_clear()  # the policy is read once per process otherwise
-    runner.recapture(1)
-    if not replays:
-        return {}
-    for _ in range(3):
-        runner.replay_last(1)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        runner.replay_last(1)
-    end.record()
-    end.synchronize()
-    path = _profiled_critical_path(lambda: runner.replay_last(1), CRITICAL_PATH_REPLAYS)
-    charged = {key: round(row["charged_us_per_step"], 1) for key, row in path.get("by_kernel", {}).items()}
-    return {"ms_per_step": start.elapsed_time(end) / replays, "critical_path_us": path.get("span_us"),
-            "charged_us_per_step": charged}
 
 
 CRITICAL_PATH_REPLAYS = 12

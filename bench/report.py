@@ -62,11 +62,6 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
             for name, row in list(path["by_kernel"].items())[:CRITICAL_PATH_ROWS]:
                 lines.append(f"{'':<13} {_f(row['charged_us_per_step'], '8.1f')} µs  x{_f(row['per_step'], '.0f'):<3} "
                              f"(own {_f(row['duration_us_per_step'], '.1f')})  {name}")
-        for policy, v in ((r.get("graph_replay") or {}).get("l2_prefetch_policies") or {}).items():
-            top = ", ".join(f"{us} {name.split(' grid=')[0][:24]}[{name.split('grid=')[-1]}]"
-                            for name, us in list(v["charged_us_per_step"].items())[:8])
-            lines.append(f"{'':<11} L2 prefetch {policy!r}: graph {_f(v['ms_per_step'], '.4f')} ms/step, critical path "
-                         f"{_f(v['critical_path_us'], '.1f')} µs: {top}")
     elif scenario == "sweep":
         lines.append(f"{head} context {_f(r['bound']['context'], '.0f')}:   batch   tok/s    bound   %bound"
                      + ("     HF tok/s  ours/HF" if "hf" in r else ""))

@@ -3,11 +3,10 @@
 Per token: ``[q_h | gate_h]`` per head from the doubled q projection; q_norm/k_norm (zero-centred RMSNorm over
 head_dim) before partial RoPE; the new K/V are stored into the cache, then paged attention reads every cached
 token of the sequence; ``out = o_proj(attn * sigmoid(gate))``. With the "triton" backend, decode does everything
-between qkv_proj and o_proj in one op, ``ce::attention_decode`` (one kernel, split context included); prefill, and
-the flash-attn backend, run the unfused ops.
+between qkv_proj and o_proj in one op, ``ce::attention_decode``; prefill, and the flash-attn backend, run the
+unfused ops.
 
-Mutates: ``k_cache`` and ``v_cache`` (this layer's buffers) at ``step.slot_mapping``; ``split_counters`` (the
-fused decode kernel's scratch, all zeros again after every call).
+Mutates: ``k_cache`` and ``v_cache`` (this layer's buffers) at ``step.slot_mapping``.
 """
 
 from __future__ import annotations
@@ -57,10 +56,6 @@ class FullAttention(nn.Module):
         # Buffers, so that torch.compile treats them as static addresses (mutated plain inputs skip CUDA graphs).
         self.register_buffer("k_cache", None, persistent=False)
         self.register_buffer("v_cache", None, persistent=False)
-        # [>= max_num_seqs, kv_heads] int32 zeros, allocated by compiled_engine.cache.allocate_state_pools: where the
-        # split programs of ce::attention_decode count finished splits, so that the last one merges them (no reduce
-        # launch). A buffer for the same reason as the caches; the kernel leaves it zero after every call.
-        self.register_buffer("split_counters", None, persistent=False)
 
     @property
     def input_weight(self) -> nn.Parameter:
@@ -80,7 +75,7 @@ class FullAttention(nn.Module):
         return torch.ops.ce.attention_decode(
             projected, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.rotary.inv_freq, step.positions,
             self.k_cache, self.v_cache, step.slot_mapping, step.block_tables, step.context_lens, self.num_heads,
-            self.num_kv_heads, self.head_dim, self.scale, self.split_counters,
+            self.num_kv_heads, self.head_dim, self.scale,
         )
 
     def _unfused(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:

@@ -4,8 +4,6 @@
   ``[num_kv_blocks, block_size, kv_heads, head_dim]`` in the model dtype. Block 0 is the null block.
 * State pools: for each linear-attention layer, ``recurrent_state [num_slots, Hv, K, V]`` (fp32 by default) and
   ``conv_state [num_slots, conv_dim, kernel - 1]`` in the model dtype. Slot 0 is the null slot.
-* Split counters: for each full-attention layer, ``split_counters [lanes, kv_heads]`` int32 zeros, the scratch of
-  ``ce::attention_decode``'s split merge (ops/triton/attention_decode_kernels.py), one row per decode lane.
 The tensors are registered as buffers of the layer that uses them (allocate_*), so the model's forward reads
 and mutates them without any global context.
 """
@@ -50,9 +48,7 @@ def kv_bytes_per_block(model: HybridModel, block_size: int, dtype: torch.dtype) 
 def allocate_state_pools(
     model: HybridModel, num_slots: int, device: torch.device, dtype: torch.dtype, state_dtype: torch.dtype
 ) -> None:
-    """Give every linear layer its conv and recurrent state pools (buffers), all rows zero; and every attention layer
-    its split counters, sized like the state pools by the concurrency limit (``num_slots - 1`` = max_num_seqs)."""
-    allocate_split_counters(model, num_slots - 1, device)
+    """Give every linear layer its conv and recurrent state pools (buffers), all rows zero."""
     for layer in model.layers:
         if layer.layer_type == LINEAR_ATTENTION:
             m = layer.mixer
@@ -61,27 +57,6 @@ def allocate_state_pools(
             m.recurrent_state = torch.zeros(
                 num_slots, m.num_v_heads, m.head_k_dim, m.head_v_dim, device=device, dtype=state_dtype
             )
-
-
-# Rows of the split counters are rounded up to a multiple of this, as graphs/static_inputs.py's ROW_ALIGN rounds the
-# step buffers (not imported from there: compiled_engine does not depend on graphs).
-SPLIT_COUNTER_ROW_ALIGN = 16
-
-
-def allocate_split_counters(model: HybridModel, max_num_seqs: int, device: torch.device) -> None:
-    """Give every attention layer its ``split_counters`` buffer: ``[max_num_seqs rounded up to 16, kv_heads]`` int32
-    zeros. A decode batch, padded to its bucket, never has more lanes than max_num_seqs (the largest bucket).
-
-    One buffer per layer, although one shared by all layers would also be safe (each call leaves it zero, and the
-    layers' kernels run one after another on the stream): per layer needs no such reasoning, costs a few hundred
-    bytes, and keeps every mutated buffer of a compiled graph owned by the one module that mutates it, as the caches
-    are. Allocated once by Runtime (through allocate_state_pools): CUDA graphs keep its address.
-    """
-    rows = -(-max(1, max_num_seqs) // SPLIT_COUNTER_ROW_ALIGN) * SPLIT_COUNTER_ROW_ALIGN
-    for layer in model.layers:
-        if layer.layer_type != LINEAR_ATTENTION:
-            m = layer.mixer
-            m.split_counters = torch.zeros(rows, m.num_kv_heads, device=device, dtype=torch.int32)
 
 
 def allocate_kv_cache(

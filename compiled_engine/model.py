@@ -3,9 +3,8 @@
 ``forward(step)`` maps a StepInputs to hidden states of the new tokens; ``compute_logits`` projects the rows the
 caller asks for to fp32 logits (prefill), ``decode_output`` a decode step's rows to logits in the model's dtype and
 each row's greedy token (what the compiled decode graph returns). The layer mixers own their caches as buffers (see
-compiled_engine/cache.py), so one forward mutates exactly: every attention layer's ``k_cache``/``v_cache`` (and its
-``split_counters`` scratch with ``CE_ATTENTION_MERGE=kernel``, zero again after each call), and every linear layer's
-``conv_state``/``recurrent_state``.
+compiled_engine/cache.py), so one forward mutates exactly: every attention layer's ``k_cache``/``v_cache``, and every
+linear layer's ``conv_state``/``recurrent_state``.
 """
 
 from __future__ import annotations

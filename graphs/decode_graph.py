@@ -51,17 +51,18 @@ from graphs.buckets import BucketPolicy
 from graphs.static_inputs import StaticDecodeInputs
 from ops.decode_inputs import advance_decode_inputs
 from ops.library import OPS
+from ops.options import CUDA_GRAPH_CAPTURES, current_options
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODE = "reduce-overhead"
-# Who captures and replays the CUDA graphs of mode="reduce-overhead" (CE_CUDA_GRAPHS overrides the default):
+# Who captures and replays the CUDA graphs of mode="reduce-overhead" (CUDA_GRAPH_CAPTURES; the default is the
+# cuda_graphs option of ops/options.py, CE_CUDA_GRAPHS):
 #   "runner": the runner, around a torch.compile without cudagraphs: one torch.cuda.CUDAGraph per bucket, replayed
 #             with graph.replay() (0.013 ms of host time a step, same measurement);
 #   "trees":  torch's cudagraph trees (mode="reduce-overhead" as torch implements it): every replay goes through
 #             Dynamo's guards, AOTAutograd's wrappers and the trees' bookkeeping, 0.305 ms of host time per batch-1
-#             step on the H200 host (bench latency's graph_replay, 2026-11-30), where the step's GPU time is 0.92 ms.
-CUDA_GRAPH_CAPTURES = ("runner", "trees")
+#             step on the H200 host (bench latency's graph_replay), where the step's GPU time was 0.92 ms.
 
 
 def decode_forward(
@@ -209,7 +210,7 @@ def _block_size_of(model: nn.Module) -> int:
 
 def _check_caches_allocated(model: nn.Module) -> None:
     for name, module in model.named_modules():
-        for buffer in ("k_cache", "v_cache", "split_counters", "conv_state", "recurrent_state"):
+        for buffer in ("k_cache", "v_cache", "conv_state", "recurrent_state"):
             if buffer in module._buffers and module._buffers[buffer] is None:
                 raise ValueError(
                     f"{name}.{buffer} is not allocated: build the runner after the caches "
@@ -225,6 +226,8 @@ class DecodeGraphRunner:
     model instead.
 
     ``backend`` overrides ``mode`` with a custom torch.compile backend (debugging, graph counting in tests).
+    ``capture`` ("runner" or "trees", see ``CUDA_GRAPH_CAPTURES``) defaults to the ``cuda_graphs`` option
+    (ops/options.py), read here, when the runner is built.
     The runner holds the caches' addresses: if the caches are reallocated, build a new runner.
     """
 
@@ -259,7 +262,7 @@ class DecodeGraphRunner:
         # per distinct batch size.
         compile_kwargs = dict(fullgraph=fullgraph, dynamic=None)
         cuda_graphs = self.device.type == "cuda" and backend is None and (mode or "").startswith("reduce-overhead")
-        capture = capture or os.environ.get("CE_CUDA_GRAPHS", "runner")
+        capture = capture or current_options().cuda_graphs
         if capture not in CUDA_GRAPH_CAPTURES:
             raise ValueError(f"capture must be one of {CUDA_GRAPH_CAPTURES}, got {capture!r}")
         # The runner's own graphs need a compile without cudagraph trees: "default" is reduce-overhead without them.
@@ -350,21 +353,6 @@ class DecodeGraphRunner:
             self._replay(bucket)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-    @torch.inference_mode()
-    def recapture(self, bucket: int) -> None:
-        """Record ``bucket``'s CUDA graph again (runner capture only), on whatever the static buffers hold.
-
-        For benchmarks that compare launch-time kernel options (ops/triton/l2_prefetch.py's policy): a CUDA graph
-        keeps the launches it recorded, so a changed option takes effect in a new recording. Like ``replay_last``,
-        the two eager runs and the replay run further steps on whatever sequences the buffers hold.
-        """
-        if self.capture != "runner" or bucket not in self._graphs:
-            raise ValueError(f"no runner-captured graph of bucket {bucket} to record again ({self.capture=})")
-        del self._graphs[bucket]
-        self._last_greedy = None  # the eager runs rewrite the input ids
-        self._compile_and_capture(bucket)
-        self.static.forget()
 
     # ------------------------------------------------------------------------------------------------------ steps
     @torch.inference_mode()

@@ -6,6 +6,10 @@ Each op family lives in its own module and provides:
   * a CPU reference in plain torch: the definition of correct,
   * a CUDA kernel (Triton or FLA) where one exists; until then the reference also serves CUDA.
 
+Layers, lowest first (each imports only its own layer and those below): the leaf modules ``options``
+(KernelOptions: the CE_* switches), ``layouts`` (argument layouts an op and its kernel share) and ``library`` (op
+registration, reserved rows); the kernel modules in ``ops/triton``; the op modules, which register those kernels.
+
 Importing this package registers everything. Conventions shared by all ops:
   * state slot 0 and KV block 0 are reserved "null" rows: padding lanes of a bucketed batch point there,
     so they never touch a live sequence (never -1: aten indexing wraps -1 to the last row);

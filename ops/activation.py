@@ -16,7 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from ops.library import define_op
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
+
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import activation_kernels
 
 
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
@@ -32,7 +35,7 @@ def _silu_mul_fake(gate_up):
 silu_mul_op = define_op(
     "silu_mul(Tensor gate_up) -> Tensor",
     reference=silu_mul_reference,
-    cuda=lazy_kernel("activation_kernels", "silu_mul"),
+    cuda=activation_kernels.silu_mul if HAVE_TRITON else None,
     fake=_silu_mul_fake,
 )
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 import torch
 
 from ops.library import define_op
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
+
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import argmax_kernels
 
 
 def argmax_reference(logits: torch.Tensor) -> torch.Tensor:
@@ -29,6 +32,6 @@ def _argmax_fake(logits):
 argmax_op = define_op(
     "argmax(Tensor logits) -> Tensor",
     reference=argmax_reference,
-    cuda=lazy_kernel("argmax_kernels", "argmax"),
+    cuda=argmax_kernels.argmax if HAVE_TRITON else None,
     fake=_argmax_fake,
 )

@@ -2,13 +2,13 @@
 
 Why one op: at decode batch 1 the layer's work between its two GEMMs is tiny, and the unfused path launches ~7
 kernels for it (q_norm, k_norm, rotary, ``ce::store_kv``, the paged attention split and reduce kernels, the sigmoid
-gate), each costing a few µs of launch and dependency latency. On CUDA this op is one kernel, also when the context
-is split: the last split program of each (sequence, KV head) merges the splits (ops/triton/attention_decode_kernels.py).
+gate), each costing a few µs of launch and dependency latency. On CUDA this op is one kernel, plus the paged decode's
+reduce kernel when the context is split (ops/triton/attention_decode_kernels.py).
 Prefill, and the flash-attn backend, keep the unfused ops, which stay the pieces this op is defined by.
 
 ``attention_decode(projected [B, P], q_norm_weight [D], k_norm_weight [D], eps, inv_freq [rotary_dim / 2],
-positions [B], k_cache, v_cache, slot_mapping [B], block_tables, context_lens [B], Hq, Hkv, D, scale,
-split_counters [>= B, Hkv]) -> [B, Hq*D]``:
+positions [B], k_cache, v_cache, slot_mapping [B], block_tables, context_lens [B], Hq, Hkv, D, scale)
+-> [B, Hq*D]``:
 
 * ``projected`` is the qkv_proj output row of each sequence, ``[q_gate (Hq*2*D) | k (Hkv*D) | v (Hkv*D)]``, where
   head h's block of q_gate is ``[q_h (D) | gate_h (D)]``; it may have any strides (rows of a wider buffer, say: the
@@ -21,10 +21,6 @@ split_counters [>= B, Hkv]) -> [B, Hq*D]``:
 * The result, contiguous in projected's dtype, is by definition the composition the model's unfused path computes,
   with its roundings: the zero-centred ``rms_norm_reference`` of q and k over D, :func:`rotary_reference`,
   ``store_kv_reference``, ``paged_attention_decode_reference``, then ``attn * sigmoid(gate)``.
-* ``split_counters`` int32, all zeros, is the CUDA kernel's scratch: its split programs count finished splits of
-  each (sequence, KV head) there, and the last one resets its counter, so the buffer is all zeros again after every
-  call. It is declared mutated (it is written) though no call changes its value; the reference and the fake kernel
-  ignore it. Persistent (a layer's buffer, compiled_engine/cache.py), so that no call pays a memset for it.
 """
 
 from __future__ import annotations
@@ -32,10 +28,14 @@ from __future__ import annotations
 import torch
 
 from ops.kv_cache import store_kv_reference
+from ops.layouts import attention_decode_split_sizes, check_attention_decode_args
 from ops.library import define_op
 from ops.norm import rms_norm_reference
 from ops.paged_attention import paged_attention_decode_reference
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
+
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import attention_decode_kernels
 
 
 def rotary_reference(
@@ -62,27 +62,6 @@ def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([rot * cos + rotated_half * sin, keep], dim=-1)
 
 
-def split_sizes(num_heads: int, num_kv_heads: int, head_dim: int) -> list[int]:
-    """Widths of ``projected``'s ``[q_gate | k | v]`` blocks."""
-    return [2 * num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
-
-
-def check_shapes(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim) -> None:
-    """The argument checks the reference and the kernel share."""
-    width = sum(split_sizes(num_heads, num_kv_heads, head_dim))
-    if projected.dim() != 2 or projected.shape[1] != width:
-        raise ValueError(f"attention_decode: projected must be [B, {width}] ([q_gate | k | v]), "
-                         f"got {tuple(projected.shape)}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"attention_decode: {num_heads=} is not a multiple of {num_kv_heads=}")
-    if inv_freq.dim() != 1 or not 0 < 2 * inv_freq.shape[0] <= head_dim:
-        raise ValueError(f"attention_decode: inv_freq must be [rotary_dim / 2] with rotary_dim <= {head_dim=}, "
-                         f"got {tuple(inv_freq.shape)}")
-    if k_cache.dim() != 4 or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
-        raise ValueError(f"attention_decode: the caches must be [num_blocks, block_size, {num_kv_heads}, {head_dim}], "
-                         f"got {tuple(k_cache.shape)}")
-
-
 def attention_decode_reference(
     projected: torch.Tensor,  # [B, P]: [q_gate | k | v]
     q_norm_weight: torch.Tensor,  # [D]
@@ -99,11 +78,10 @@ def attention_decode_reference(
     num_kv_heads: int,
     head_dim: int,
     scale: float,
-    split_counters: torch.Tensor | None = None,  # [>= B, Hkv] int32: the CUDA kernel's scratch, unused here
 ) -> torch.Tensor:
-    check_shapes(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
+    check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     batch = projected.shape[0]
-    q_gate, k, v = projected.split(split_sizes(num_heads, num_kv_heads, head_dim), dim=-1)
+    q_gate, k, v = projected.split(attention_decode_split_sizes(num_heads, num_kv_heads, head_dim), dim=-1)
     q, gate = q_gate.reshape(batch, num_heads, 2 * head_dim).chunk(2, dim=-1)
     q = rms_norm_reference(q, q_norm_weight, None, eps, zero_centred=True)
     k = rms_norm_reference(k.reshape(batch, num_kv_heads, head_dim), k_norm_weight, None, eps, zero_centred=True)
@@ -114,17 +92,15 @@ def attention_decode_reference(
 
 
 def _attention_decode_fake(projected, q_norm_weight, k_norm_weight, eps, inv_freq, positions, k_cache, v_cache,
-                           slot_mapping, block_tables, context_lens, num_heads, num_kv_heads, head_dim, scale,
-                           split_counters):
+                           slot_mapping, block_tables, context_lens, num_heads, num_kv_heads, head_dim, scale):
     return projected.new_empty((projected.shape[0], num_heads * head_dim))
 
 
 attention_decode = define_op(
     "attention_decode(Tensor projected, Tensor q_norm_weight, Tensor k_norm_weight, float eps, Tensor inv_freq, "
     "Tensor positions, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
-    "Tensor context_lens, int num_heads, int num_kv_heads, int head_dim, float scale, Tensor(c!) split_counters) "
-    "-> Tensor",
+    "Tensor context_lens, int num_heads, int num_kv_heads, int head_dim, float scale) -> Tensor",
     reference=attention_decode_reference,
-    cuda=lazy_kernel("attention_decode_kernels", "attention_decode"),
+    cuda=attention_decode_kernels.attention_decode if HAVE_TRITON else None,
     fake=_attention_decode_fake,
 )

@@ -15,7 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from ops.library import define_op
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
+
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import conv1d_kernels
 
 
 def _conv_with_history(history: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -54,7 +57,7 @@ causal_conv1d_prefill = define_op(
     "causal_conv1d_prefill(Tensor x, Tensor weight, Tensor(a!) conv_state, Tensor cu_seqlens, "
     "Tensor state_slots) -> Tensor",
     reference=causal_conv1d_prefill_reference,
-    cuda=lazy_kernel("conv1d_kernels", "causal_conv1d_prefill"),
+    cuda=conv1d_kernels.causal_conv1d_prefill if HAVE_TRITON else None,
     fake=_causal_conv1d_prefill_fake,
 )
 
@@ -80,6 +83,6 @@ def _causal_conv1d_decode_fake(x, weight, conv_state, state_slots):
 causal_conv1d_decode = define_op(
     "causal_conv1d_decode(Tensor x, Tensor weight, Tensor(a!) conv_state, Tensor state_slots) -> Tensor",
     reference=causal_conv1d_decode_reference,
-    cuda=lazy_kernel("conv1d_kernels", "causal_conv1d_decode"),
+    cuda=conv1d_kernels.causal_conv1d_decode if HAVE_TRITON else None,
     fake=_causal_conv1d_decode_fake,
 )

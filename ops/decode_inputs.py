@@ -24,7 +24,10 @@ import torch
 
 from ops.argmax import argmax_reference
 from ops.library import NULL_BLOCK, define_op
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
+
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import decode_inputs_kernels
 
 
 def advance_decode_inputs_reference(
@@ -65,6 +68,6 @@ advance_decode_inputs = define_op(
     "Tensor(d!) context_lens, Tensor block_tables, Tensor(e!) token_ring, Tensor(f!) ring_slot, int block_size) "
     "-> Tensor",
     reference=advance_decode_inputs_reference,
-    cuda=lazy_kernel("decode_inputs_kernels", "advance_decode_inputs"),
+    cuda=decode_inputs_kernels.advance_decode_inputs if HAVE_TRITON else None,
     fake=_advance_decode_inputs_fake,
 )

@@ -28,10 +28,13 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ops.layouts import CHUNK_SIZE
 from ops.library import define_op
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
 
-CHUNK_SIZE = 64  # FLA's chunk length; prefix-cache snapshot boundaries are multiples of it
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import delta_rule_kernels
+
 L2NORM_EPS = 1e-6
 
 
@@ -168,7 +171,7 @@ gated_delta_rule_prefill = define_op(
     "Tensor(a!) state, Tensor cu_seqlens, Tensor state_slots, Tensor? cu_seqlens_long=None, "
     "Tensor? chunk_indices=None) -> Tensor",
     reference=gated_delta_rule_prefill_reference,
-    cuda=lazy_kernel("delta_rule_kernels", "gated_delta_rule_prefill"),
+    cuda=delta_rule_kernels.gated_delta_rule_prefill if HAVE_TRITON else None,
     fake=_gated_delta_rule_prefill_fake,
 )
 
@@ -202,6 +205,6 @@ gated_delta_rule_decode = define_op(
     "gated_delta_rule_decode(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
     "Tensor(a!) state, Tensor state_slots) -> Tensor",
     reference=gated_delta_rule_decode_reference,
-    cuda=lazy_kernel("delta_rule_kernels", "gated_delta_rule_decode"),
+    cuda=delta_rule_kernels.gated_delta_rule_decode if HAVE_TRITON else None,
     fake=_gated_delta_rule_decode_fake,
 )

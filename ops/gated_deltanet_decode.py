@@ -24,28 +24,13 @@ import torch
 
 from ops.conv1d import causal_conv1d_decode_reference
 from ops.delta_rule import gated_delta_rule_decode_reference
+from ops.layouts import check_gated_deltanet_decode_args, gated_deltanet_split_sizes
 from ops.library import define_op
 from ops.norm import rms_norm_reference
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
 
-
-def split_sizes(num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int) -> list[int]:
-    """Widths of ``projected``'s ``[q | k | v | z | b | a]`` blocks."""
-    key_dim, value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
-    return [key_dim, key_dim, value_dim, value_dim, num_v_heads, num_v_heads]
-
-
-def check_shapes(projected, conv_weight, num_k_heads, head_k_dim, num_v_heads, head_v_dim) -> None:
-    """The argument checks the reference and the kernel share."""
-    sizes = split_sizes(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
-    if projected.dim() != 2 or projected.shape[1] != sum(sizes):
-        raise ValueError(f"gated_deltanet_decode: projected must be [B, {sum(sizes)}] ([q | k | v | z | b | a]), "
-                         f"got {tuple(projected.shape)}")
-    if num_v_heads % num_k_heads:
-        raise ValueError(f"gated_deltanet_decode: {num_v_heads=} is not a multiple of {num_k_heads=}")
-    if conv_weight.dim() != 2 or conv_weight.shape[0] != sum(sizes[:3]):
-        raise ValueError(f"gated_deltanet_decode: conv_weight must be [{sum(sizes[:3])}, W], "
-                         f"got {tuple(conv_weight.shape)}")
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import gated_deltanet_kernels
 
 
 def gated_deltanet_decode_reference(
@@ -63,9 +48,10 @@ def gated_deltanet_decode_reference(
     head_v_dim: int,
     eps: float,
 ) -> torch.Tensor:
-    check_shapes(projected, conv_weight, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    check_gated_deltanet_decode_args(projected, conv_weight, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     batch = projected.shape[0]
-    key_dim, _, value_dim, _, _, _ = sizes = split_sizes(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    sizes = gated_deltanet_split_sizes(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    key_dim, _, value_dim, _, _, _ = sizes
     mixed_qkv, z, b, a = projected.split([sum(sizes[:3]), *sizes[3:]], dim=-1)
     mixed_qkv = causal_conv1d_decode_reference(mixed_qkv, conv_weight, conv_state, state_slots)
     q, k, v = mixed_qkv.split([key_dim, key_dim, value_dim], dim=-1)
@@ -94,6 +80,6 @@ gated_deltanet_decode = define_op(
     "Tensor dt_bias, Tensor norm_weight, Tensor(b!) recurrent_state, Tensor state_slots, int num_k_heads, "
     "int head_k_dim, int num_v_heads, int head_v_dim, float eps) -> Tensor",
     reference=gated_deltanet_decode_reference,
-    cuda=lazy_kernel("gated_deltanet_kernels", "gated_deltanet_decode"),
+    cuda=gated_deltanet_kernels.gated_deltanet_decode if HAVE_TRITON else None,
     fake=_gated_deltanet_decode_fake,
 )

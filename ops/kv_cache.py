@@ -10,7 +10,10 @@ from __future__ import annotations
 import torch
 
 from ops.library import define_op
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
+
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import kv_cache_kernels
 
 
 def store_kv_reference(
@@ -33,6 +36,6 @@ def _store_kv_fake(key, value, k_cache, v_cache, slot_mapping) -> None:
 store_kv = define_op(
     "store_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()",
     reference=store_kv_reference,
-    cuda=lazy_kernel("kv_cache_kernels", "store_kv"),
+    cuda=kv_cache_kernels.store_kv if HAVE_TRITON else None,
     fake=_store_kv_fake,
 )

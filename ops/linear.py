@@ -19,15 +19,17 @@ inside the opaque op, where M is a plain int: a compiled graph with a symbolic b
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
 from ops.activation import silu_mul_op, silu_mul_reference
 from ops.library import define_op
 from ops.norm import add_rms_norm_op, add_rms_norm_reference
-from ops.triton import lazy_kernel
+from ops.options import current_options
+from ops.triton import HAVE_TRITON
+
+if HAVE_TRITON:  # else cuBLAS serves every matmul (ops/triton/__init__.py)
+    from ops.triton import gemv_kernels
 
 # Rows up to which the Triton skinny GEMM runs instead of cuBLAS: decode buckets 1..16, where cuBLAS's kernel choice
 # for these shapes is poor (0.77 ms for a step's matmuls at batch 8, where reading the weights takes ~0.35 ms). 16 is
@@ -35,12 +37,6 @@ from ops.triton import lazy_kernel
 # GEMMs take over, as M grows towards prefill's compute-bound sizes.
 SKINNY_MAX_ROWS = 16
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
-# Escape hatch, read once at import: CE_SKINNY_GEMM=0 sends every matmul to cuBLAS (to compare, or where the Triton
-# kernel misbehaves on a new GPU or Triton version).
-SKINNY_GEMM_ENABLED = os.environ.get("CE_SKINNY_GEMM", "1") != "0"
-
-_skinny_gemm = lazy_kernel("gemv_kernels", "skinny_gemm")
-_add_rms_norm_skinny_gemm = lazy_kernel("gemv_kernels", "add_rms_norm_skinny_gemm")
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -48,14 +44,16 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the Triton skinny GEMM serves this call (else cuBLAS)."""
-    return (SKINNY_GEMM_ENABLED and x.dim() == 2 and 1 <= x.shape[0] <= SKINNY_MAX_ROWS
+    """Whether the Triton skinny GEMM serves this call (else cuBLAS). The ``skinny_gemm`` option (ops/options.py,
+    ``CE_SKINNY_GEMM=0``) sends every matmul to cuBLAS: to compare, or where the Triton kernel misbehaves on a new GPU
+    or Triton version."""
+    return (HAVE_TRITON and current_options().skinny_gemm and x.dim() == 2 and 1 <= x.shape[0] <= SKINNY_MAX_ROWS
             and x.dtype in SKINNY_DTYPES and weight.dtype == x.dtype)
 
 
 def _linear_cuda(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if _skinny(x, weight):
-        return _skinny_gemm(x, weight)
+        return gemv_kernels.skinny_gemm(x, weight)
     return F.linear(x, weight)  # cuBLAS (and its error messages for mismatched inputs)
 
 
@@ -77,7 +75,7 @@ def silu_mul_linear_reference(gate_up: torch.Tensor, weight: torch.Tensor) -> to
 
 def _silu_mul_linear_cuda(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if _skinny(gate_up, weight) and gate_up.shape[1] == 2 * weight.shape[1]:
-        return _skinny_gemm(gate_up, weight, None, None, True)
+        return gemv_kernels.skinny_gemm(gate_up, weight, None, None, True)
     return F.linear(silu_mul_op(gate_up), weight)
 
 
@@ -98,7 +96,7 @@ def add_rms_norm_linear_reference(
 
 def _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight):
     if _skinny(x, weight) and residual.dtype == x.dtype and residual.stride(-1) == 1:
-        return _add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight)
+        return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight)
     summed, normed = add_rms_norm_op(x, residual, norm_weight, eps)
     return F.linear(normed, weight), summed
 

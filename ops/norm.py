@@ -24,7 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from ops.library import define_op
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
+
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import norm_kernels
 
 
 def rms_norm_reference(
@@ -55,7 +58,7 @@ def _rms_norm_fake(x, weight, gate, eps, zero_centred):
 rms_norm_op = define_op(
     "rms_norm(Tensor x, Tensor weight, Tensor? gate, float eps, bool zero_centred) -> Tensor",
     reference=rms_norm_reference,
-    cuda=lazy_kernel("norm_kernels", "rms_norm"),
+    cuda=norm_kernels.rms_norm if HAVE_TRITON else None,
     fake=_rms_norm_fake,
 )
 
@@ -89,6 +92,6 @@ def _add_rms_norm_fake(x, residual, weight, eps):
 add_rms_norm_op = define_op(
     "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
     reference=add_rms_norm_reference,
-    cuda=lazy_kernel("norm_kernels", "add_rms_norm"),
+    cuda=norm_kernels.add_rms_norm if HAVE_TRITON else None,
     fake=_add_rms_norm_fake,
 )

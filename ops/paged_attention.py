@@ -15,7 +15,10 @@ from __future__ import annotations
 import torch
 
 from ops.library import define_op
-from ops.triton import lazy_kernel
+from ops.triton import HAVE_TRITON
+
+if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
+    from ops.triton import paged_attention_kernels
 
 
 def _gather_sequence_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -65,7 +68,7 @@ paged_attention_decode = define_op(
     "paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
     "float scale) -> Tensor",
     reference=paged_attention_decode_reference,
-    cuda=lazy_kernel("paged_attention_kernels", "paged_attention_decode"),
+    cuda=paged_attention_kernels.paged_attention_decode if HAVE_TRITON else None,
     fake=_paged_attention_decode_fake,
 )
 
@@ -100,6 +103,6 @@ paged_attention_prefill = define_op(
     "paged_attention_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor context_lens, "
     "Tensor block_tables, float scale) -> Tensor",
     reference=paged_attention_prefill_reference,
-    cuda=lazy_kernel("paged_attention_kernels", "paged_attention_prefill"),
+    cuda=paged_attention_kernels.paged_attention_prefill if HAVE_TRITON else None,
     fake=_paged_attention_prefill_fake,
 )

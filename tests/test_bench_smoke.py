@@ -69,6 +69,7 @@ def test_metadata(smoke, scenario):
     assert r["dtype"] == "float32"
     assert r["command"].split()[1:3] == ["-m", "bench"]
     assert "commit" in r["git"]
+    assert r["kernel_options"]["cuda_graphs"] in ("runner", "trees")
     assert "bound" in r and "fraction_of_bound" in r
 
 

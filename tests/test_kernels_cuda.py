@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import ops
 from ops import (
-    activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, kv_cache, norm, paged_attention,
+    activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, kv_cache, layouts, norm, paged_attention,
 )
 from ops.linear import SKINNY_MAX_ROWS
 
@@ -185,10 +185,9 @@ ROTARY_DIM, ROPE_THETA = 64, 1e7  # Qwen3.5-0.8B: partial_rotary_factor 0.25 of 
 
 def _attention_decode_args(gen, layout, tables, lens, block_size, num_blocks, dtype, position_offset=0):
     """The op's arguments: projected rows (a slice of wider rows), norm weights, inv_freq, positions, caches, the slot
-    of each new token (position context_len - 1; the null row for padding lanes), tables, lens, and last the split
-    counters: zeros, rows rounded up to 16 as compiled_engine/cache.py allocates them."""
+    of each new token (position context_len - 1; the null row for padding lanes), tables, lens, heads, scale."""
     hq, hkv, d = layout
-    width = sum(attention_decode.split_sizes(hq, hkv, d))
+    width = sum(layouts.attention_decode_split_sizes(hq, hkv, d))
     projected = _randn(gen, lens.shape[0], width + 16, dtype=dtype, scale=2.0)[:, 8 : 8 + width]
     q_weight, k_weight = _randn(gen, d, dtype=dtype, scale=0.5), _randn(gen, d, dtype=dtype, scale=0.5)
     inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, ROTARY_DIM, 2, device=DEV, dtype=torch.float32) / ROTARY_DIM)
@@ -196,9 +195,8 @@ def _attention_decode_args(gen, layout, tables, lens, block_size, num_blocks, dt
     v_cache = _randn(gen, num_blocks, block_size, hkv, d, dtype=dtype)
     pos = (lens - 1).clamp_min(0).long()
     slots = _decode_slots(tables, lens, block_size)
-    counters = torch.zeros(-(-lens.shape[0] // 16) * 16, hkv, dtype=torch.int32, device=DEV)
     return [projected, q_weight, k_weight, 1e-6, inv_freq, pos + position_offset, k_cache, v_cache, slots, tables,
-            lens, hq, hkv, d, d**-0.5, counters]
+            lens, hq, hkv, d, d**-0.5]
 
 
 def _decode_slots(tables, lens, block_size):
@@ -207,11 +205,9 @@ def _decode_slots(tables, lens, block_size):
     return torch.where(lens > 0, rows, 0)
 
 
-def _assert_attention_decode_close(got, want, k_cache, want_k, v_cache, want_v, lens, dtype, counters):
+def _assert_attention_decode_close(got, want, k_cache, want_k, v_cache, want_v, lens, dtype):
     """Outputs of live lanes, zeros for padding lanes; caches but the null block: v is a copy (exact), k normalised
-    and rotated (a bf16 product may round a tie the other way: one ulp); the split counters all zero again (the last
-    split program of each group resets its counter)."""
-    assert torch.all(counters == 0), f"split counters left non-zero: {counters.nonzero().tolist()}"
+    and rotated (a bf16 product may round a tie the other way: one ulp)."""
     live = lens > 0
     torch.testing.assert_close(got[live], want[live], **TOL[dtype])
     assert torch.all(got[~live] == 0), "padding lanes (context 0) must be zeros"
@@ -232,7 +228,7 @@ def test_attention_decode_matches_reference(batch, max_context, dtype, padding_f
     """Qwen3.5-0.8B's attention shapes (Hq 8, Hkv 2, D 256, rotary_dim 64, theta 1e7, block_size 16) against the
     reference. ``far_positions``: rotary positions up to 2**18 past the context (the op reads them as given), so
     cos/sin of angles up to ~2.6e5 rad are checked against torch's. Contexts past 64 tokens split (up to 16 splits):
-    the last split program of each (sequence, KV head) merges them."""
+    the reduce kernel merges them."""
     gen = _seeded(seed)
     block_size = 16
     lens = torch.randint(1, max_context + 1, (batch,), generator=gen, device=DEV)
@@ -245,21 +241,21 @@ def test_attention_decode_matches_reference(batch, max_context, dtype, padding_f
     want = attention_decode.attention_decode_reference(*args[:6], want_k, want_v, *args[8:])
     got = torch.ops.ce.attention_decode(*args)
     assert got.shape == (batch, 8 * 256) and got.dtype == dtype and got.is_contiguous()
-    _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, dtype, args[15])
+    _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, dtype)
 
 
 def test_attention_decode_replays_in_cuda_graph_with_new_inputs():
-    """Captured once (one kernel, launched with PDL, merging its splits in the last split program of each group),
-    replayed with new projected rows, contexts up to 1,024 (padding lanes included), positions and slots: each replay
-    equals the reference run on clones of the caches, and leaves the split counters zero for the next replay. The
-    split count comes from static shapes, so contexts longer than the captured ones are still right."""
+    """Captured once (the split kernel and the reduce kernel, launched with PDL), replayed with new projected rows,
+    contexts up to 1,024 (padding lanes included), positions and slots: each replay equals the reference run on clones
+    of the caches. The split count comes from static shapes, so contexts longer than the captured ones are still
+    right."""
     gen = _seeded(13)
     batch, block_size, max_blocks = 8, 16, 64
     bf16 = torch.bfloat16
     tables = (torch.arange(batch * max_blocks, device=DEV, dtype=torch.int32) + 1).view(batch, max_blocks)
     lens = torch.full((batch,), 3, dtype=torch.int32, device=DEV)
     args = _attention_decode_args(gen, ATTN_LAYOUTS[0], tables, lens, block_size, batch * max_blocks + 1, bf16)
-    projected, positions, k_cache, v_cache, slots, counters = args[0], args[5], args[6], args[7], args[8], args[15]
+    projected, positions, k_cache, v_cache, slots = args[0], args[5], args[6], args[7], args[8]
 
     torch.ops.ce.attention_decode(*args)  # compile the kernels outside the capture
     torch.cuda.synchronize()
@@ -279,16 +275,13 @@ def test_attention_decode_replays_in_cuda_graph_with_new_inputs():
         slots.copy_(new_slots)
         lens.copy_(new_lens)
         graph.replay()
-        _assert_attention_decode_close(out, want, k_cache, want_k, v_cache, want_v, new_lens, bf16, counters)
+        _assert_attention_decode_close(out, want, k_cache, want_k, v_cache, want_v, new_lens, bf16)
 
 
-@pytest.mark.parametrize("merge_in_kernel", [False, True])
-def test_attention_decode_split_merge_launches(merge_in_kernel):
-    """With the context split (batch 1, up to 1,024 tokens: 16 splits) ce::attention_decode is the split kernel plus
-    the reduce kernel (the default), or with the merge in the kernel (MERGE_IN_KERNEL) one launch: the last split
-    program of each (sequence, KV head) merges the splits, with no memset of split counters (it is given its zeroed
-    buffer) and the counters zero again after it. Either way the result equals the reference, called twice in a row
-    on the same counters."""
+def test_attention_decode_split_merge_launches():
+    """With the context split (batch 1, up to 1,024 tokens: 16 splits) ce::attention_decode is two launches, the
+    split kernel and the reduce kernel, and no memset or fill; the result equals the reference, called twice in a
+    row."""
     from ops.triton import attention_decode_kernels
     from ops.triton.paged_attention_kernels import decode_num_splits
 
@@ -301,7 +294,7 @@ def test_attention_decode_split_merge_launches(merge_in_kernel):
     assert decode_num_splits(batch, ATTN_LAYOUTS[0][1], max_blocks, block_size, lens.device) > 1
 
     def call():
-        return attention_decode_kernels.attention_decode(*args, merge_in_kernel=merge_in_kernel)
+        return attention_decode_kernels.attention_decode(*args)
 
     call()  # compile outside the profiled region
     torch.cuda.synchronize()
@@ -313,10 +306,9 @@ def test_attention_decode_split_merge_launches(merge_in_kernel):
             torch.cuda.synchronize()
         kernels = [event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
         assert sum("_attention_decode_kernel" in name for name in kernels) == 1, kernels
-        reduces = sum("_paged_decode_reduce_kernel" in name for name in kernels)
-        assert reduces == (0 if merge_in_kernel else 1), kernels
+        assert sum("_paged_decode_reduce_kernel" in name for name in kernels) == 1, kernels
         assert not any("memset" in name.lower() or "fill" in name.lower() for name in kernels), kernels
-        _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, torch.bfloat16, args[15])
+        _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -451,7 +443,7 @@ def _assert_close_relative(got, want, *, max_abs, max_rel_norm, what):
 def _gated_deltanet_inputs(gen, rows, layout, dtype, state_dtype, num_slots, strided):
     """projected rows ([q | k | v | z | b | a], a slice of wider rows when ``strided``), weights and both pools."""
     hk, hv, dk, dv = layout
-    sizes = gated_deltanet_decode.split_sizes(hk, dk, hv, dv)
+    sizes = layouts.gated_deltanet_split_sizes(hk, dk, hv, dv)
     channels, width = sum(sizes[:3]), sum(sizes)
     wide = _randn(gen, rows, width + 24, dtype=dtype)
     projected = wide[:, 8 : 8 + width] if strided else wide[:, :width].contiguous()
@@ -805,21 +797,22 @@ def test_linear_every_tuned_config(rows):
         _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
 
 
-def test_skinny_gemm_l2_prefetch(monkeypatch):
+def test_skinny_gemm_l2_prefetch():
     """The weight's L2 prefetch (ops/triton/l2_prefetch.py) is in the compiled GEMV where it is on, and changes no
-    bit of the result: a hint, not a value."""
+    bit of the result: a hint, not a value (the same call with the l2_prefetch option off)."""
+    from ops.options import use_options
     from ops.triton import gemv_kernels, l2_prefetch
 
-    if l2_prefetch.l2_prefetch_policy()[0] == "off":
+    if not l2_prefetch.l2_prefetch_enabled():
         pytest.skip("no L2 prefetch here (pre-Hopper GPU or CE_L2_PREFETCH=0)")
-    for name in ("gdn_in_proj", "mlp_gate_up"):  # 15-17 MB: prefetched by every policy but "off"
+    for name in ("gdn_in_proj", "mlp_gate_up"):  # 15-17 MB: prefetched
         n, k = LINEAR_SHAPES[name]
         x, weight = _linear_inputs(_seeded(21), 1, n, k)
         assert l2_prefetch.l2_prefetch_flags(weight, 512)["PREFETCH_L2"]
         prefetched = gemv_kernels.skinny_gemm(x, weight)
         _assert_linear_close(prefetched, x, weight)
-        with monkeypatch.context() as patch:
-            patch.setattr(gemv_kernels, "l2_prefetch_flags", lambda w, p: {"PREFETCH_L2": False, "prefetch_programs": 1})
+        with use_options(l2_prefetch=False):
+            assert not l2_prefetch.l2_prefetch_flags(weight, 512)["PREFETCH_L2"]
             torch.testing.assert_close(gemv_kernels.skinny_gemm(x, weight), prefetched, atol=0, rtol=0)
     compiled = [kernel for cache in gemv_kernels._skinny_gemm_kernel.device_caches.values() for kernel in cache[0].values()]
     assert any("cp.async.bulk.prefetch.L2" in kernel.asm["ptx"] for kernel in compiled)
@@ -1107,7 +1100,7 @@ def _opcheck_cases():
                                    (_randn(gen, 3, hq, d, dtype=bf16), k_cache, v_cache, tables,
                                     torch.tensor([40, 20, 0], dtype=torch.int32, device=DEV), d**-0.5)),
         # wider tables (null-block columns): up to 256 tokens, so the kernel splits the context (4 splits at batch 3)
-        # and the split counters are used
+        # and the reduce kernel runs
         "attention_decode": (torch.ops.ce.attention_decode.default,
                              tuple(_attention_decode_args(gen, (hq, hkv, d), F.pad(tables, (0, 12)), decode_lens, bs, 9,
                                                           bf16))),

@@ -10,7 +10,6 @@ autotuner benchmarks on a GPU).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -33,8 +32,8 @@ def _child_checks() -> dict:
     import torch
 
     from ops import (
-        activation, attention_decode, conv1d, decode_inputs, delta_rule, gated_deltanet_decode, kv_cache, norm,
-        paged_attention,
+        activation, attention_decode, conv1d, decode_inputs, delta_rule, gated_deltanet_decode, kv_cache, layouts,
+        norm, paged_attention,
     )
     from ops.triton import (
         activation_kernels,
@@ -97,44 +96,10 @@ def _child_checks() -> dict:
         compare("decode out", got, want)
         assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
 
-    @contextlib.contextmanager
-    def shuffled_programs(seed):
-        """The interpreter runs each launch's programs in a random order instead of x, y, z nested loops: it still runs
-        them one at a time, but the programs of one (sequence, KV head) group no longer run back to back, so a split
-        counter shared by two groups (an indexing bug) is caught. Relies on the interpreter setting every program's
-        ids through ``interpreter_builder.set_grid_idx``, starting each launch at (0, 0, 0) (Triton 3.x)."""
-        from triton.runtime import interpreter
-
-        builder = interpreter.interpreter_builder
-        assert "set_grid_idx" not in vars(builder) and hasattr(builder, "set_grid_idx")
-        gen = torch.Generator().manual_seed(seed)
-        order = []
-
-        def set_grid_idx(x, y, z):
-            nx, ny, nz = builder.grid_dim
-            if (x, y, z) == (0, 0, 0):  # a new launch: a new order
-                order[:] = torch.randperm(nx * ny * nz, generator=gen).tolist()
-            i = order[(x * ny + y) * nz + z]
-            type(builder).set_grid_idx(builder, i // (ny * nz), i // nz % ny, i % nz)
-
-        builder.set_grid_idx = set_grid_idx
-        try:
-            yield
-        finally:
-            del builder.set_grid_idx
-
     def check_attention_decode(q_heads, kv_heads, dim, rotary_dim, block_size, num_splits, strided=True,
-                               block_n=None, calls=1, own_counters=True, shuffled=False, merge_in_kernel=None):
+                               block_n=None):
         """The fused decode op: output and caches (but the null block) against the reference. Context 0 (a padding
-        lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows.
-
-        ``merge_in_kernel``: how a split context is merged (the kernel module's MERGE_IN_KERNEL by default: the
-        reduce kernel). The split counters (with the merge in the kernel, the last split program of each (sequence,
-        KV head) merges the splits) are a zeroed buffer with more rows than lanes, as the engine's, and must be all
-        zeros again after every call. ``calls``:
-        that many calls in a row on the same counters and caches, new projected rows each time (a counter not reset
-        would leave no program merging the second call: its output would be garbage). ``own_counters=False``: the
-        wrapper's fallback allocates them. ``shuffled``: the programs run in a random order (shuffled_programs)."""
+        lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows."""
         context_lens = [0, 1, 5, 17, 40]
         batch = len(context_lens)
         num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 2
@@ -145,28 +110,22 @@ def _child_checks() -> dict:
                               for i, c in enumerate(context_lens)])
         lens = torch.tensor(context_lens, dtype=torch.int32)
         positions = (lens - 1).clamp_min(0).long()
-        width = sum(attention_decode.split_sizes(q_heads, kv_heads, dim))
+        width = sum(layouts.attention_decode_split_sizes(q_heads, kv_heads, dim))
         q_weight, k_weight = torch.randn(dim) * 0.5, torch.randn(dim) * 0.5
         inv_freq = 1.0 / 100.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
         args = (q_weight, k_weight, 1e-6, inv_freq, positions)
         heads = (q_heads, kv_heads, dim, dim**-0.5)
-        counters = torch.zeros(batch + 3, kv_heads, dtype=torch.int32) if own_counters else None
-        for call in range(calls):
-            projected = torch.randn(batch, width + 9)[:, 4:-5] if strided else torch.randn(batch, width)
-            want_k, want_v = k_cache.clone(), v_cache.clone()
-            want = attention_decode.attention_decode_reference(projected, *args, want_k, want_v, slots, tables, lens,
-                                                               *heads)
-            with shuffled_programs(call) if shuffled else contextlib.nullcontext():
-                got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables,
-                                                                lens, *heads, counters, num_splits=num_splits,
-                                                                block_n=block_n, merge_in_kernel=merge_in_kernel)
-            assert got.shape == (batch, q_heads * dim) and got.is_contiguous()
-            compare(f"attention decode out (call {call})", got, want)
-            assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
-            compare(f"attention decode k_cache (call {call})", k_cache[1:], want_k[1:])
-            compare(f"attention decode v_cache (call {call})", v_cache[1:], want_v[1:])
-            if counters is not None:
-                assert torch.all(counters == 0), f"call {call} left split counters {counters.tolist()}"
+        projected = torch.randn(batch, width + 9)[:, 4:-5] if strided else torch.randn(batch, width)
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        want = attention_decode.attention_decode_reference(projected, *args, want_k, want_v, slots, tables, lens,
+                                                           *heads)
+        got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables, lens,
+                                                        *heads, num_splits=num_splits, block_n=block_n)
+        assert got.shape == (batch, q_heads * dim) and got.is_contiguous()
+        compare("attention decode out", got, want)
+        assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
+        compare("attention decode k_cache", k_cache[1:], want_k[1:])
+        compare("attention decode v_cache", v_cache[1:], want_v[1:])
 
     def check_prefill(q_heads, kv_heads, dim, block_size, q_lens=(3, 0, 40, 1), prefixes=(5, 2, 9, 0)):
         # q_len 0: a sequence with no new tokens; 40 > one query tile
@@ -236,7 +195,7 @@ def _child_checks() -> dict:
         launcher's large-batch path through the unfused kernels, on the same strided views."""
         batch, num_slots, width = 5, 8, 4
         slots = torch.tensor([5, 0, 2, 0, 7], dtype=torch.int32)
-        sizes = gated_deltanet_decode.split_sizes(k_heads, dk, v_heads, dv)
+        sizes = layouts.gated_deltanet_split_sizes(k_heads, dk, v_heads, dv)
         channels = sum(sizes[:3])
         projected = torch.randn(batch, sum(sizes) + 9)[:, 4:-5]
         projected[:, -2 * v_heads :] *= 3  # b and a
@@ -408,16 +367,6 @@ def _child_checks() -> dict:
         "attention_decode_d24_contiguous_split1": lambda: check_attention_decode(3, 1, 24, 6, 4, 1, strided=False),
         "attention_decode_auto_splits": lambda: check_attention_decode(2, 1, 16, 8, 8, None),
         "attention_decode_bs32_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16),
-        # the merge in the kernel (MERGE_IN_KERNEL): two calls in a row on the same counters (the first call's last
-        # programs must have reset them), programs in a random order; the wrapper's own counters
-        "attention_decode_merge_in_kernel_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4,
-                                                                                 merge_in_kernel=True),
-        "attention_decode_twice_same_counters_split3": lambda: check_attention_decode(
-            4, 2, 16, 4, 4, 3, calls=2, shuffled=True, merge_in_kernel=True),
-        "attention_decode_twice_same_counters_split4": lambda: check_attention_decode(
-            8, 2, 32, 8, 16, 4, calls=2, shuffled=True, merge_in_kernel=True),
-        "attention_decode_fallback_counters_split4": lambda: check_attention_decode(
-            4, 2, 16, 4, 4, 4, own_counters=False, merge_in_kernel=True),
         "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
         "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
         "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
@@ -491,10 +440,6 @@ CHECK_NAMES = [
     "attention_decode_d24_contiguous_split1",
     "attention_decode_auto_splits",
     "attention_decode_bs32_tile16_split2",
-    "attention_decode_merge_in_kernel_split4",
-    "attention_decode_twice_same_counters_split3",
-    "attention_decode_twice_same_counters_split4",
-    "attention_decode_fallback_counters_split4",
     "prefill_gqa2_d16_bs4",
     "prefill_gqa3_d32_bs16",
     "prefill_empty_runs",

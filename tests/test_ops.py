@@ -687,11 +687,9 @@ def test_attention_decode_equals_unfused_ops_and_oracle(contexts, padding, shape
     rotary = RotaryEmbedding(rotary_dim, theta)
     eps, scale = 1e-6, D**-0.5
     k_fused, v_fused = k_cache.clone(), v_cache.clone()
-    counters = torch.zeros(batch + 2, Hkv, dtype=torch.int32)  # the CUDA kernel's scratch: the reference ignores it
     out = ce.attention_decode(projected, q_weight, k_weight, eps, rotary.inv_freq, positions, k_fused, v_fused, slots,
-                              tables, lens, Hq, Hkv, D, scale, counters)
+                              tables, lens, Hq, Hkv, D, scale)
     assert out.shape == (batch, Hq * D) and out.dtype == dtype
-    assert torch.equal(counters, torch.zeros_like(counters)), "split counters must be left all zeros"
 
     # The unfused path, as compiled_engine/attention.py computes decode with the flash-attn backend (and did before
     # this op with ours).
@@ -924,7 +922,7 @@ def _opcheck_cases():
             ce.attention_decode.default,
             (_randn(g, 3, 2 * 4 * 8 + 2 * 2 * 8 + 4)[:, 2:-2], _randn(g, 8), _randn(g, 8), 1e-6, inv_freq,
              (lens - 1).clamp_min(0).long(), k_cache.clone(), v_cache.clone(), _decode_slots(tables, lens, 4), tables,
-             lens, 4, 2, 8, 8**-0.5, torch.zeros(16, 2, dtype=torch.int32)),  # split counters: zeros, rows for 16 lanes
+             lens, 4, 2, 8, 8**-0.5),
         ),
         "causal_conv1d_prefill": (ce.causal_conv1d_prefill.default, (conv_x, conv_w, conv_state.clone(), cu, slots3)),
         "linear": (ce.linear.default, (_randn(g, 3, 8), _randn(g, 5, 8))),

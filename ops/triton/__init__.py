@@ -5,7 +5,7 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
   kv_cache_kernels          store_kv
   paged_attention_kernels   paged_attention_decode (split-K flash-decoding), paged_attention_prefill (varlen)
   attention_decode_kernels  attention_decode (q/k norm + RoPE + KV store + split-K decode attention + output gate
-                            of a decode step, one launch: the last split program of a KV head merges the splits)
+                            of a decode step, one launch, plus the paged decode's reduce kernel for a split context)
   conv1d_kernels            causal_conv1d_prefill (varlen, state by slot), causal_conv1d_decode (in place)
   delta_rule_kernels        gated_delta_rule_decode (our kernel, state pool in place), gated_delta_rule_prefill (FLA)
   gated_deltanet_kernels    gated_deltanet_decode (conv + delta rule + gated norm of a decode step, one launch)
@@ -20,31 +20,18 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
 and two helpers: ``pdl``, programmatic dependent launch, the protocol the decode kernels follow (launch flags, when to
 wait); ``l2_prefetch``, the skinny GEMM's prefetch of its weight into L2 before that wait.
 
-This package itself imports neither triton nor FLA: the op modules register :func:`lazy_kernel` wrappers as their
-``cuda=`` implementations, so ``import ops`` works on CPU-only machines without triton, and triton is first
-imported when a CUDA tensor first reaches an op (or a test imports a kernel module directly, e.g. under
-``TRITON_INTERPRET=1``, where the launchers also accept CPU tensors).
+Imports go one way: an op module (ops/<family>.py) imports its kernel module and registers the launcher as the op's
+CUDA kernel; a kernel module imports triton, torch, other kernel modules here, and the leaf modules below both
+(ops.layouts: argument layouts and checks an op and its kernel share; ops.options: the kernel options; ops.library:
+the reserved null rows), never an op module. FLA is imported only inside the launchers that call it.
+
+Where triton is not installed (it is a dependency on Linux only), ``HAVE_TRITON`` is False: the op modules import no
+kernel module and register their CPU references for CUDA too, so ``import ops`` still works. A triton that is
+installed but fails to import raises at ``import ops`` instead of silently falling back.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Callable
+import importlib.util
 
-
-def lazy_kernel(module: str, name: str) -> Callable:
-    """A function that imports ``ops.triton.<module>`` on its first call and then forwards to ``<name>``.
-
-    The indirection costs one Python frame per call (~0.1 µs), against the ~2 µs the dispatcher already costs.
-    """
-    impl: Callable | None = None
-
-    def call(*args):
-        nonlocal impl
-        if impl is None:
-            impl = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        return impl(*args)
-
-    call.__name__ = f"{name}_cuda"
-    call.__qualname__ = call.__name__
-    return call
+HAVE_TRITON = importlib.util.find_spec("triton") is not None

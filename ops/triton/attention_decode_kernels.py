@@ -2,12 +2,11 @@
 
 Why: at decode batch 1 the unfused path launches ~7 small kernels per attention layer (q_norm, k_norm, rotary,
 store_kv, the paged attention split and reduce kernels, the sigmoid gate), each mostly launch and dependency
-latency. This is one kernel (plus the reduce kernel when the context is split, unless ``MERGE_IN_KERNEL``), reading
-q, gate, k and v straight from the qkv_proj output row by offset (no split copies) and writing the gated output
-o_proj reads.
+latency. This is one kernel (plus the paged decode's reduce kernel when the context is split), reading q, gate, k
+and v straight from the qkv_proj output row by offset (no split copies) and writing the gated output o_proj reads.
 
 Grid ``(B, Hkv, NUM_SPLITS)``, as the paged decode kernel (ops/triton/paged_attention_kernels.py, whose tile loads,
-online-softmax step, split count, partials and split merge this reuses). Program (b, h, s):
+online-softmax step, split count, partials and reduce kernel this reuses). Program (b, h, s):
   * zero-centred RMSNorm and NeoX RoPE of the ``G = Hq / Hkv`` query heads of KV head h, in fp32 with the
     reference's roundings (normalised q in the model dtype; cos, sin, both products and their sum in it). Rotate-half
     pairs channel d with ``d +- rotary_dim / 2``: the program loads each row a second time at the partner channels
@@ -19,76 +18,36 @@ online-softmax step, split count, partials and split merge this reuses). Program
     back from the cache. No program reads a row another program of the launch writes, so there is no ordering to
     enforce. The owner does at most one token more than the others: no imbalance worth a smarter choice;
   * one split: normalise, multiply by ``sigmoid(gate)`` and store ``[B, Hq*D]``; more: store the partials, which
-    the reduce kernel (launched with PDL) merges and gates, or with ``MERGE_IN_KERNEL`` the LAST of the group's
-    NUM_SPLITS programs to finish (below).
+    the reduce kernel (launched with PDL, one program per query head) merges and gates. (Merging in the last split
+    program of each group instead, behind an atomic counter, was measured slower: bench/NOTES.md, "Removed
+    alternatives".)
 A padding lane (context_len 0) attends to nothing and writes zeros; its owner still stores k and v, into the null
 block its slot points at (padding lanes race there by design; nobody reads it).
 
-Split merge in the kernel, "last block done" (``MERGE_IN_KERNEL``; meant to save the reduce kernel's launch, ~1.5-2
-µs of a batch-1 step's dependent chain per attention layer, but measured slower: see ``MERGE_IN_KERNEL``).
-``split_counters[b, h]`` (int32, zero between calls) counts the finished splits of group (b, h). Each split program stores its partials, passes a CTA barrier, and adds 1 with an ``acq_rel`` atomic
-at GPU scope; the program that reads NUM_SPLITS - 1 merges the group's partials with ``_merge_splits`` (the code the
-paged decode's reduce kernel runs, same operations in the same order; compiled offline for sm_90a at D 256, 64
-splits, 4 warps, its tiles get the same layouts in both kernels, hence the same fp32 summation order), applies the
-gate as ``_sigmoid_gated`` does, stores the ``G`` output rows and stores 0 back into the counter. Why that is safe:
-  * no partial is read before it is written: a program's partial stores precede, in its program order, the barrier
-    (``tl.debug_barrier``, a ``bar.sync``: Triton's scalar atomic is issued by one thread and does not wait for the
-    other warps by itself) and then the release of its increment; the atomic adds on one counter are totally ordered
-    and form a release sequence, so the program whose add returns NUM_SPLITS - 1 saw every other program's add and,
-    by the acquire half of its own, synchronises with every one of their releases. The other threads of the merging
-    program pass a second barrier after the atomic, so their loads come after the acquire too (the ordering the CUDA
-    programming guide's threadFenceReduction and cooperative groups' grid sync rely on: barrier, then one thread's
-    fenced atomic, then barrier); they read with ``.cg`` (L2; L1 is not coherent across SMs), so no stale L1 line
-    can be read;
-  * the counter is zero at every call's start: the allocation is zeroed (compiled_engine/cache.py, or the wrapper's
-    fallback), and every call that increments a counter ends with its last program storing 0 after all NUM_SPLITS
-    adds (nobody touches that counter again in the launch). The next kernel that uses the buffer is a later launch
-    on the same stream: stream order, or with PDL its ``gdc_wait`` (which returns once every earlier kernel of the
-    chain has completed and flushed), orders it after that store; the atomics come after ``gdc_wait``;
-  * CUDA graphs: the buffer is a persistent allocation (a module buffer) at a fixed address; a replay runs the same
-    kernels, each leaving the counters zero, so every replay finds zeros. A kernel interrupted half-way would leave
-    a count behind, but that is a sticky CUDA error that kills the context anyway;
-  * the interpreter (``TRITON_INTERPRET=1``) runs the programs one after another to completion, so the program that
-    reads NUM_SPLITS - 1 is the last of its group executed, after every partial was stored; the barrier is a no-op
-    there and the cache modifier ignored.
-Cost: the merging program reads, per query head, the ``D`` fp32 accumulator of every split that saw a key (empty
-splits are masked off) from L2: at batch 1 and the 0.8B shape (64 splits of >= 64 tokens, G = 4) 4 KiB per
-non-empty split and head, up to ``4 x 64 x 256 x 4`` bytes = 256 KiB past 4,032 tokens of context, in one program per
-KV head, where the reduce kernel spreads it over one program per query head: a serial tail that, on the H200,
-outweighed the launch it saves (``MERGE_IN_KERNEL``).
-
-PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_wait``, everything else after (the
-counter atomics and the partials' loads included), and o_proj's skinny GEMM (a PDL kernel) can load its weights while
-this kernel still runs.
+PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_wait``, everything else after, and
+the next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel still runs.
 
 Registers (the Qwen3.5-0.8B shapes: G = 4 padded to 16 rows, D = 256, rotary_dim 64, bf16, 64-token tiles): the q
 tile and its partner copy are ``[16, 256]`` fp32 and dead before the key loop, which holds what the paged decode
 kernel holds (q as the ``tl.dot`` operand, a ``[64, 256]`` K and V tile, the ``[16, 256]`` accumulator). Compiled
 offline for sm_90a (Triton 3.9, CUDA 13.4 ptxas, unit last-dim strides), 4 warps: 255 registers and 400 bytes of
 spill stores with 16 splits, 460 with one, where the paged decode kernel takes 255 and 460; at 8 warps 180 / 144
-(paged: 316). With the split merge in the kernel (offline again, ptxas 13.4, 16-byte aligned pointers, 4 warps):
-255 registers and 556 bytes of spill stores at 4 and 16 splits, where the same compile of the kernel without it
-takes 512, 176 at 64 splits (512), one split unchanged (428); 8 warps at 64 splits: 189 registers, no spills.
-``tl.cos``/``tl.sin`` compile to libdevice's
-``__nv_cosf``/``__nv_sinf`` (full range reduction, as torch's), not the approximate instructions: positions reach
-~1e5 and ``inv_freq[0]`` is 1.
+(paged: 316). ``tl.cos``/``tl.sin`` compile to libdevice's ``__nv_cosf``/``__nv_sinf`` (full range reduction, as
+torch's), not the approximate instructions: positions reach ~1e5 and ``inv_freq[0]`` is 1.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ops.attention_decode import check_shapes
+from ops.layouts import check_attention_decode_args
 from ops.triton.paged_attention_kernels import (
     LOG2E,
     NEG_BIG,
     _attend_range,
     _dot_fp32,
-    _merge_splits,
     _sigmoid_gated,
     _store_partials,
     _tile_n,
@@ -96,14 +55,6 @@ from ops.triton.paged_attention_kernels import (
     reduce_splits,
 )
 from ops.triton.pdl import pdl_flags
-
-# How a split context is merged: by the reduce kernel, a second PDL launch (False, the default), or by the last split
-# program of each (sequence, KV head), counting finished splits in ``split_counters`` ("last block done", below:
-# True). The in-kernel merge saves a launch but serialises the merge of the G query heads in one program behind an
-# atomic round trip: in bench/results/h200-2026-11-30/run25-session the batch-1 graph took 0.779 ms with it (the
-# attention kernel charged 17.5 µs a layer on the critical path) against 0.736 ms in run 24 with the reduce kernel
-# (a machine with 2% more copy bandwidth). CE_ATTENTION_MERGE=kernel selects it, to compare (read once, at import).
-MERGE_IN_KERNEL = os.environ.get("CE_ATTENTION_MERGE", "reduce") == "kernel"
 
 
 @triton.jit
@@ -142,7 +93,6 @@ def _attention_decode_kernel(
     part_acc,  # [B, Hq, NUM_SPLITS, D] fp32 (unused when NUM_SPLITS == 1)
     part_max,  # [B, Hq, NUM_SPLITS] fp32
     part_sum,  # [B, Hq, NUM_SPLITS] fp32
-    split_counters,  # [>= B, Hkv] int32, zeros between calls: finished splits per (seq, KV head); NUM_SPLITS > 1 only
     eps,
     scale_log2,
     stride_p_b,
@@ -157,21 +107,17 @@ def _attention_decode_kernel(
     stride_v_dim,
     stride_bt_b,
     stride_bt_n,
-    stride_c_b,
-    stride_c_h,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_P: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
-    NUM_SPLITS_P: tl.constexpr,  # next power of two >= NUM_SPLITS: the merge loads all splits of a head in one tile
     ROTARY_HALF: tl.constexpr,  # len(inv_freq): channels [0, 2 * ROTARY_HALF) are rotated
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_FP32: tl.constexpr,
-    MERGE_IN_KERNEL: tl.constexpr,  # NUM_SPLITS > 1: the last split merges (True), or the reduce kernel after (False)
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py
 ):
     K_START = 2 * NUM_Q_HEADS * HEAD_DIM  # [q_gate | k | v]
@@ -258,28 +204,6 @@ def _attention_decode_kernel(
     else:
         _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, acc, g_mask, offs_d, d_mask,
                         NUM_Q_HEADS, HEAD_DIM, NUM_SPLITS)
-    if NUM_SPLITS > 1 and MERGE_IN_KERNEL:
-        # "Last block done" (module docstring): every warp's partial stores are issued before the one thread that
-        # runs the scalar atomic releases them with the increment. (Triton 3.9 inserts this barrier itself before an
-        # acq_rel atomic; older versions may not, so it is explicit: one more bar.sync where both exist.)
-        tl.debug_barrier()
-        counter = split_counters + seq * stride_c_b + kv_head * stride_c_h
-        finished_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if finished_before == NUM_SPLITS - 1:  # every other split of (seq, kv_head) has stored its partials
-            # Every thread's partial loads below come after the acquire. Triton already broadcasts a scalar atomic's
-            # result through shared memory behind a barrier; this one keeps the order from resting on that lowering
-            # (the condition is uniform over the program, and only the last program of a group gets here).
-            tl.debug_barrier()
-            offs_s = tl.arange(0, NUM_SPLITS_P)
-            s_mask = offs_s < NUM_SPLITS
-            out_row = out + seq * (NUM_Q_HEADS * HEAD_DIM)
-            for g in range(GROUP):  # one query head at a time: a [NUM_SPLITS_P, HEAD_DIM_P] tile, as the reduce had
-                head = kv_head * GROUP + g
-                attn = _merge_splits(part_acc, part_max, part_sum, (seq * NUM_Q_HEADS + head) * NUM_SPLITS, offs_s,
-                                     s_mask, offs_d, d_mask, HEAD_DIM, ".cg")
-                gate = tl.load(row + (head * (2 * HEAD_DIM) + HEAD_DIM + offs_d) * stride_p_c, mask=d_mask, other=0.0)
-                tl.store(out_row + head * HEAD_DIM + offs_d, _sigmoid_gated(attn, gate, dtype), mask=d_mask)
-            tl.store(counter, 0)  # the next call (next layer, step or graph replay) starts from zero
 
 
 def attention_decode(
@@ -298,21 +222,13 @@ def attention_decode(
     num_kv_heads: int,
     head_dim: int,
     scale: float,
-    split_counters: torch.Tensor | None = None,  # [>= B, Hkv] int32, all zeros; left all zeros
     num_splits: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
-    merge_in_kernel: bool | None = None,
 ) -> torch.Tensor:
     """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n`` and
-    ``num_warps`` override the defaults (the paged decode kernel's split count and key tile, 4 warps), and
-    ``merge_in_kernel`` the module's ``MERGE_IN_KERNEL`` (which merges a split context: see there).
-
-    ``split_counters``: the persistent zeroed buffer the split programs count on (the layer's, from
-    compiled_engine/cache.py); the kernel leaves it zero. Without one (a test calling this directly) a zeroed one is
-    allocated per call, which costs a memset launch: the engine always passes its own.
-    """
-    check_shapes(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
+    ``num_warps`` override the defaults (the paged decode kernel's split count and key tile, 4 warps)."""
+    check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     batch = projected.shape[0]
     out = torch.empty((batch, num_heads * head_dim), dtype=projected.dtype, device=projected.device)
     if batch == 0:
@@ -323,23 +239,12 @@ def attention_decode(
     dot_fp32 = _dot_fp32(projected, k_cache)
     if block_n is None:
         block_n = _tile_n(head_dim, 4 if dot_fp32 else k_cache.element_size())
-    merge_in_kernel = MERGE_IN_KERNEL if merge_in_kernel is None else merge_in_kernel
     if num_splits > 1:
         part_acc = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=out.device)
         part_max = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=out.device)
         part_sum = torch.empty_like(part_max)
-        if not merge_in_kernel:
-            split_counters = context_lens.view(-1, 1)  # never touched (a placeholder pointer; strides unused)
-        elif split_counters is None:
-            split_counters = torch.zeros(batch, num_kv_heads, dtype=torch.int32, device=out.device)
-        elif (split_counters.dim() != 2 or split_counters.dtype != torch.int32 or split_counters.shape[0] < batch
-              or split_counters.shape[1] < num_kv_heads or split_counters.device != out.device):
-            raise ValueError(f"attention_decode: split_counters must be int32 [>= {batch}, >= {num_kv_heads}] on "
-                             f"{out.device}, got {split_counters.dtype} {tuple(split_counters.shape)} on "
-                             f"{split_counters.device}")
     else:
         part_acc = part_max = part_sum = out  # never touched: the kernel writes `out` directly
-        split_counters = context_lens  # never touched either (an int32 placeholder pointer; strides unused)
     _attention_decode_kernel[(batch, num_kv_heads, num_splits)](
         projected,
         q_norm_weight.contiguous(),  # [D] weights and inv_freq are read with unit stride (no-ops for parameters)
@@ -355,31 +260,27 @@ def attention_decode(
         part_acc,
         part_max,
         part_sum,
-        split_counters,
         eps,
         scale * LOG2E,
         *projected.stride(),
         *k_cache.stride(),
         *v_cache.stride(),
         *block_tables.stride(),
-        *(split_counters.stride() if num_splits > 1 and merge_in_kernel else (0, 0)),
         NUM_Q_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         GROUP=num_heads // num_kv_heads,
         GROUP_P=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
         HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim),
-        NUM_SPLITS_P=triton.next_power_of_2(num_splits),
         ROTARY_HALF=inv_freq.shape[0],
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
         DOT_FP32=dot_fp32,
-        MERGE_IN_KERNEL=merge_in_kernel,
         num_warps=num_warps,
         **pdl_flags(projected),
     )
-    if num_splits > 1 and not merge_in_kernel:
+    if num_splits > 1:
         # gate_h of each row: D channels at offset (2h + 1) * D of projected, as a [B, Hq, D] view (no copy)
         stride_b, stride_c = projected.stride()
         gate = projected.as_strided((batch, num_heads, head_dim), (stride_b, 2 * head_dim * stride_c, stride_c),

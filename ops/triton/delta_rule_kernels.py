@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ops.delta_rule import CHUNK_SIZE  # FLA's chunk length, the one host_chunk_indices tables
+from ops.layouts import CHUNK_SIZE  # FLA's chunk length, the one host_chunk_indices (ops/delta_rule.py) tables
 
 L2NORM_EPS = tl.constexpr(1e-6)  # ops.delta_rule.L2NORM_EPS
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch.nn.functional.softplus's default: softplus(x) = x above it

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.gated_deltanet_decode import check_shapes, split_sizes
+from ops.layouts import check_gated_deltanet_decode_args, gated_deltanet_split_sizes
 from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels
 from ops.triton.conv1d_kernels import conv_apply, conv_load, store_history
 from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta
@@ -202,7 +202,7 @@ def gated_deltanet_decode(
     fused: bool | None = None,
 ) -> torch.Tensor:
     """The fused kernel up to ``FUSED_MAX_BATCH`` sequences (or as ``fused`` says), the unfused kernels above."""
-    check_shapes(projected, conv_weight, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    check_gated_deltanet_decode_args(projected, conv_weight, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     batch = projected.shape[0]
     width = conv_weight.shape[1]
     if not (batch <= FUSED_MAX_BATCH if fused is None else fused):
@@ -249,7 +249,8 @@ def _unfused(projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, re
     """The same result from the unfused decode kernels (conv, delta rule, gated norm: the reference's pieces),
     reading their inputs as strided views of ``projected`` (no copies)."""
     batch = projected.shape[0]
-    q_width, k_width, v_width, z_width, b_width, _ = split_sizes(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    q_width, k_width, v_width, z_width, b_width, _ = gated_deltanet_split_sizes(num_k_heads, head_k_dim,
+                                                                                 num_v_heads, head_v_dim)
     channels = q_width + k_width + v_width
     mixed = conv1d_kernels.causal_conv1d_decode(projected[:, :channels], conv_weight, conv_state, state_slots)
     q, k, v = mixed.split([q_width, k_width, v_width], dim=-1)

@@ -10,13 +10,15 @@ contiguous slabs and ask the TMA unit to bring each one into L2 (``cp.async.bulk
 64 KB, issued by one thread, nothing waited for). After the wait the kernel's loads hit L2 instead of DRAM.
 
 A prefetch is a hint: it changes no value, only where a later load finds its data. Hopper or newer (sm_90: the
-bulk prefetch instruction), CUDA only (the interpreter cannot run inline PTX); ``CE_L2_PREFETCH`` picks the policy
-(below; ``0`` turns it off). Matrices larger than half the L2 (the lm_head: 508 MB) are not prefetched: they would
-evict themselves, and a kernel that large is bandwidth-bound anyway.
+bulk prefetch instruction), CUDA only (the interpreter cannot run inline PTX); the ``l2_prefetch`` option
+(ops/options.py, ``CE_L2_PREFETCH=0``) turns it off.
+Matrices larger than half the L2 (the lm_head: 508 MB) are not prefetched: they would evict themselves, and a kernel
+that large is bandwidth-bound anyway. Every other weight is prefetched whole: leaving the smaller ones out, or having
+each program prefetch only its own rows, measured slower (bench/NOTES.md, "Removed alternatives").
 
-Measured (H200, Qwen3.5-0.8B shape, batch 1; bench/NOTES.md, runs 30-34): a small gain. The step's graph takes
-0.7253 against 0.7265 ms without (run 34; 0.716 against 0.719 in run 30): the prefetched kernels get faster (gate_up
--18, in_proj -24 µs a step) and their predecessors slower, whose own loads now queue behind the prefetches.
+Measured (H200, Qwen3.5-0.8B shape, batch 1; bench/NOTES.md, "Runs 30-35"): a small gain. The step's graph takes
+0.7253 against 0.7265 ms without: the prefetched kernels get faster (gate_up -18, in_proj -24 µs a step) and their
+predecessors slower, whose own loads now queue behind the prefetches.
 """
 
 from __future__ import annotations
@@ -28,35 +30,23 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.options import current_options
+
 PIECE_BYTES = tl.constexpr(65536)  # bytes per prefetch instruction: well under the instruction's 32-bit size field
 DEFAULT_L2_BYTES = 50 * 2**20  # H100 / H200, where the device does not report its L2 size
 
 
-# Which weights are prefetched, and by whom (``CE_L2_PREFETCH``; bench latency's ``prefetch_policies`` A/B):
-#   "whole":    the first programs (one per SM) prefetch the whole weight, in one slab each;
-#   "whole:MB": the same, for weights of at least MB MiB only (e.g. "whole:5" leaves out the 4 MB out_proj and
-#               o_proj, whose prefetch runs during the latency-bound fused GDN kernel and attention);
-#   "tile":     every program prefetches only its own rows (only the programs launched early gain anything);
-#   "off":      none.
-# Graph ms a step in one process (run 34): whole 0.7253, off 0.7265, whole:5 0.7568, whole:8 0.7776 (tile: 0.7350 in
-# run 31, against whole's 0.7168 there).
-L2_PREFETCH_POLICIES = ("whole", "whole:MB", "tile", "off")
-DEFAULT_L2_PREFETCH = "whole"
-
-
 @functools.cache
-def l2_prefetch_policy() -> tuple[str, int]:
-    """The policy in force, as (kind, smallest weight prefetched in bytes): ``CE_L2_PREFETCH`` (read once; "0" means
-    "off"); "off" where bulk prefetches cannot run: before Hopper (sm_90: the instruction) and in the interpreter (no
-    inline PTX)."""
-    text = os.environ.get("CE_L2_PREFETCH", DEFAULT_L2_PREFETCH)
-    kind, _, min_mb = ("off" if text == "0" else text).partition(":")
-    if kind not in ("whole", "tile", "off") or (min_mb and (kind != "whole" or not min_mb.isdigit())):
-        raise ValueError(f"CE_L2_PREFETCH must be one of {L2_PREFETCH_POLICIES} (or 0), got {text!r}")
+def bulk_prefetch_supported() -> bool:
+    """Whether bulk prefetches can run here: Hopper or newer (sm_90: the instruction), not the interpreter (no inline
+    PTX)."""
     interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    if interpreted or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
-        return "off", 0
-    return kind, int(min_mb or 0) * 2**20
+    return not interpreted and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def l2_prefetch_enabled() -> bool:
+    """Whether weights are prefetched: the ``l2_prefetch`` option (ops/options.py), where bulk prefetches can run."""
+    return current_options().l2_prefetch and bulk_prefetch_supported()
 
 
 @functools.cache
@@ -68,18 +58,18 @@ def _device_facts(index: int) -> tuple[int, int]:
 
 def l2_prefetch_flags(weight: torch.Tensor, programs: int) -> dict:
     """Launch arguments of a kernel of ``programs`` programs with the :func:`prefetch_l2_slab` prologue for
-    ``weight``: its ``PREFETCH_L2`` constexpr and ``prefetch_programs`` (how many programs, the first ones, share
-    the prefetch). Off unless the policy says otherwise and ``weight`` is one contiguous, 16-byte aligned CUDA
-    buffer of at most half the L2."""
+    ``weight``: its ``PREFETCH_L2`` constexpr and ``prefetch_programs`` (how many programs, the first ones and at
+    most one per SM, share the prefetch). On where :func:`l2_prefetch_enabled` and ``weight`` is one contiguous,
+    16-byte aligned CUDA buffer of at most half the L2."""
     off = {"PREFETCH_L2": False, "prefetch_programs": 1}
-    kind, min_bytes = l2_prefetch_policy()
-    if kind == "off" or not (weight.is_cuda and weight.is_contiguous() and weight.data_ptr() % 16 == 0):
+    if not (l2_prefetch_enabled() and weight.is_cuda and weight.is_contiguous() and weight.data_ptr() % 16 == 0):
         return off
-    sms, l2_bytes = _device_facts(weight.device.index if weight.device.index is not None else torch.cuda.current_device())
+    index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
+    sms, l2_bytes = _device_facts(index)
     nbytes = weight.numel() * weight.element_size()
-    if nbytes % 16 or nbytes > l2_bytes // 2 or nbytes < min_bytes:
+    if nbytes % 16 or nbytes > l2_bytes // 2:
         return off
-    return {"PREFETCH_L2": True, "prefetch_programs": programs if kind == "tile" else min(sms, programs)}
+    return {"PREFETCH_L2": True, "prefetch_programs": min(sms, programs)}
 
 
 @triton.jit

@@ -13,7 +13,7 @@ shapes (CUDA-graph capturable, no host sync) while the work stays balanced for a
 split the kernel writes the normalised output itself; otherwise a reduce kernel merges the per-split
 (max, sum, accumulator) triples (:func:`_merge_splits`). ``context_len == 0`` (padding lane) gives zeros.
 ``ce::attention_decode`` (ops/triton/attention_decode_kernels.py) reuses the tile helpers, the partials' layout and
-the merge, which it runs in the last split program of each (sequence, KV head) instead of a second launch.
+the reduce kernel.
 
 Prefill is a varlen flash-attention forward over the paged cache: a program owns ``BLOCK_M`` new tokens of one
 sequence times the ``G`` query heads of one KV head, and attends causally by absolute position to the cached
@@ -123,16 +123,12 @@ def _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, a
 
 
 @triton.jit
-def _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM: tl.constexpr,
-                  CACHE_MODIFIER: tl.constexpr):
+def _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM: tl.constexpr):
     """One query head's attention output ``[HEAD_DIM_P]`` (fp32) from its splits' (max, sum, accumulator) triples,
-    which ``_store_partials`` wrote at rows ``row0 + offs_s`` of ``[B * Hq * NUM_SPLITS]``: the only place this merge
-    is written, shared by ``_paged_decode_reduce_kernel`` and ``ce::attention_decode``'s last split program, so the
-    two compute it with the same operations in the same order. ``CACHE_MODIFIER``: ``tl.load``'s (``".cg"`` where
-    the partials were written by other programs of the same launch: read from L2, never from a stale L1 line)."""
+    which ``_store_partials`` wrote at rows ``row0 + offs_s`` of ``[B * Hq * NUM_SPLITS]``."""
     row = row0 + offs_s
-    m = tl.load(part_max + row, mask=s_mask, other=NEG_BIG, cache_modifier=CACHE_MODIFIER)
-    l = tl.load(part_sum + row, mask=s_mask, other=0.0, cache_modifier=CACHE_MODIFIER)
+    m = tl.load(part_max + row, mask=s_mask, other=NEG_BIG)
+    l = tl.load(part_sum + row, mask=s_mask, other=0.0)
     m_all = tl.max(m, 0)
     # Empty splits have m = NEG_BIG and l = acc = 0, so their weight is exp2(NEG_BIG - m_all) = 0 whenever any
     # split saw a key, and the sum is 0 (-> zeros) when none did (padding lane).
@@ -143,7 +139,7 @@ def _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_
     # (most splits are empty at short contexts: batch 1 has 64 splits of >= 64 tokens). ``!=``, not ``>``: a NaN sum
     # still loads its row (NaN in, NaN out, as before).
     acc = tl.load(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=(s_mask & (l != 0.0))[:, None] & d_mask[None, :], other=0.0, cache_modifier=CACHE_MODIFIER)
+                  mask=(s_mask & (l != 0.0))[:, None] & d_mask[None, :], other=0.0)
     return tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
 
 
@@ -271,7 +267,7 @@ def _paged_decode_reduce_kernel(
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
     row0 = (seq * NUM_Q_HEADS + head) * NUM_SPLITS
-    out = _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM, "")
+    out = _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM)
     if GATED:
         gate = tl.load(gate_ptr + seq * stride_g_b + head * stride_g_h + offs_d * stride_g_d, mask=d_mask, other=0.0)
         out = _sigmoid_gated(out, gate, out_ptr.dtype.element_ty)

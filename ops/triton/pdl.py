@@ -29,13 +29,14 @@ import os
 
 import torch
 
+from ops.options import current_options
+
 
 @functools.cache
 def pdl_supported() -> bool:
-    """Whether kernels may be launched with PDL: a Hopper or newer GPU, a Triton with the launch option and the
-    ``griddepcontrol`` intrinsics (3.4 on), not the interpreter, and not turned off with ``CE_PDL=0`` (read once: to
-    compare, or where a driver mishandles PDL inside CUDA graphs)."""
-    if os.environ.get("CE_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    """Whether kernels can be launched with PDL here: a Hopper or newer GPU, a Triton with the launch option and the
+    ``griddepcontrol`` intrinsics (3.4 on), and not the interpreter."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
     try:
         import triton.language as tl
@@ -49,6 +50,7 @@ def pdl_supported() -> bool:
 
 def pdl_flags(tensor: torch.Tensor) -> dict:
     """Launch arguments for a PDL-capable kernel (its ``USE_PDL`` constexpr and Triton's ``launch_pdl`` option)
-    working on ``tensor``'s device: PDL on CUDA where supported, off on the CPU (the interpreter)."""
-    use = tensor.is_cuda and pdl_supported()
+    working on ``tensor``'s device: PDL on CUDA where supported and the ``pdl`` option is on (ops/options.py; off to
+    compare, or where a driver mishandles PDL inside CUDA graphs), off on the CPU (the interpreter)."""
+    use = tensor.is_cuda and current_options().pdl and pdl_supported()
     return {"USE_PDL": True, "launch_pdl": True} if use else {"USE_PDL": False}
