@@ -15,6 +15,17 @@
 #      synchronous engine (--no-overlap-decode), the compile tests, bench snapshot_methods, bench prefix;
 #   6. bench/gemv_chain.py (the step's matmul chain: the rule's configs with and without the L2 prefetch; coordinate descent over the one-row configs: gemv_config's data)
 #      and bench/gemv_sweep.py (skinny GEMM configs timed back to back): tuning data, best run alone.
+#   7. (last: a default session has no time left for them; pick them with STAGES) the serving envelope:
+#      cookbook: bench cookbook, SGLang's published Qwen3.5-0.8B H200 cells (8,192 in / 1,024 out, closed loop at
+#        each concurrency of COOKBOOK_CONCURRENCY, default 1,16,64,256,1024) on an engine of max(COOKBOOK_CONCURRENCY)
+#        sequences of 9,216 tokens. Cold, that engine compiles its decode graphs first (29 buckets at 1,024: ~3-5
+#        min), then the cells take ~3 min (c=1024 alone ~100 s, each cell after 64 warm-up requests): run it alone,
+#        STAGES=cookbook GPU_SESSION_S=595 STAGE_LIMITS="cookbook=580", or split it over two calls,
+#        COOKBOOK_CONCURRENCY=1,16,64,256 then COOKBOOK_CONCURRENCY=1024;
+#      sweep_contexts: bench sweep at batch 1-256 and contexts 512 and 8,192 on the cookbook's engine shape (its
+#        graphs cached after the cookbook stage, for the same COOKBOOK_CONCURRENCY);
+#      sampling: the chat-like workload greedy vs sampled (temperature 0.8, top_p 0.95, top_k 50) on the main
+#        stage's engine shape.
 # HF's numbers come from bench/run_h200.sh (they do not change with our code); tensor parallelism from
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
@@ -64,7 +75,8 @@ stage test_kernels 90 python3 -m pytest -v tests/test_kernels_cuda.py -k "${KERN
 stage ops_microbench 90 python3 bench/ops_microbench.py --out "$WORK/ops_microbench" --batches 1,8,64,256 --no-baseline \
     --skip linear,paged_attention_prefill,causal_conv1d_prefill,gated_delta_rule_prefill
 [ -f "$WORK/ops_microbench/ops_microbench.json" ] && cp "$WORK/ops_microbench/ops_microbench.json" "$OUT/"
-stage main 260 python3 -m bench latency,throughput,sweep -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/main"
+stage main 260 python3 -m bench latency,throughput,sweep -p latency.repeats=2 -p sweep.prompt_len=512 "${BENCH[@]}" \
+    --out "$WORK/main"
 stage latency_again 90 python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/latency_again"
 stage latency_trees 120 env CE_CUDA_GRAPHS=trees python3 -m bench latency -p latency.repeats=2 "${BENCH[@]}" \
     --out "$WORK/latency_trees"
@@ -87,7 +99,15 @@ stage gemv_chain 150 python3 bench/gemv_chain.py --out "$WORK/gemv_chain"
 [ -f "$WORK/gemv_chain/gemv_chain.json" ] && cp "$WORK/gemv_chain/gemv_chain.json" "$OUT/"
 stage gemv_sweep 200 python3 bench/gemv_sweep.py --out "$WORK/gemv_sweep"
 [ -f "$WORK/gemv_sweep/gemv_sweep.json" ] && cp "$WORK/gemv_sweep/gemv_sweep.json" "$OUT/"
-dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
+# The serving envelope (7.): one engine shape for the cookbook and the sweep at 8,192 (a sequence of 8,192 + 1,024).
+COOKBOOK_CONCURRENCY=${COOKBOOK_CONCURRENCY:-1,16,64,256,1024}
+COOKBOOK=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-model-len 9216
+          --max-num-seqs "$(tr , '\n' <<<"$COOKBOOK_CONCURRENCY" | sort -n | tail -1)")
+stage cookbook 540 python3 -m bench cookbook "${COOKBOOK[@]}" -p cookbook.concurrency="$COOKBOOK_CONCURRENCY" \
+    --out "$WORK/cookbook"
+stage sweep_contexts 150 python3 -m bench sweep "${COOKBOOK[@]}" -p sweep.prompt_len=512,8192 --out "$WORK/sweep_contexts"
+stage sampling 90 python3 -m bench sampling "${BENCH[@]}" --out "$WORK/sampling"
+dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix cookbook sweep_contexts sampling; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done

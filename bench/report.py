@@ -63,14 +63,24 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
                 lines.append(f"{'':<13} {_f(row['charged_us_per_step'], '8.1f')} µs  x{_f(row['per_step'], '.0f'):<3} "
                              f"(own {_f(row['duration_us_per_step'], '.1f')})  {name}")
     elif scenario == "sweep":
-        lines.append(f"{head} context {_f(r['bound']['context'], '.0f')}:   batch   tok/s    bound   %bound"
-                     + ("     HF tok/s  ours/HF" if "hf" in r else ""))
-        for row in r["rows"]:
-            line = (f"{'':<11} {'':<14} {row['batch']:>5} {_f(row['decode_tok_s'], '.0f'):>7} "
-                    f"{_f(row['bound_tok_s'], '.0f'):>8} {_f(100 * row['fraction_of_bound'], '.1f'):>7}%")
-            if "hf_decode_tok_s" in row:
-                line += f" {_f(row['hf_decode_tok_s'], '.0f'):>10} {_f(row['ratio_vs_hf'], '.1f'):>7}x"
-            lines.append(line)
+        # One block per context; a result from before the sweep had several contexts has one, in bound.context.
+        contexts = sorted({row.get("context", r["bound"].get("context")) for row in r["rows"]})
+        for index, context in enumerate(contexts):
+            lines.append(f"{head if index == 0 else '':<11} context {_f(context, '.0f'):>5}: batch     tok/s     bound"
+                         f"  %bound" + ("     HF tok/s  ours/HF" if "hf" in r else ""))
+            for row in r["rows"]:
+                if row.get("context", r["bound"].get("context")) != context:
+                    continue
+                line = (f"{'':<11} {'':<14} {row['batch']:>5} {_f(row['decode_tok_s'], '.0f'):>9} "
+                        f"{_f(row['bound_tok_s'], '.0f'):>9} {_f(100 * row['fraction_of_bound'], '.1f'):>6}%")
+                if "hf_decode_tok_s" in row:
+                    line += f" {_f(row['hf_decode_tok_s'], '.0f'):>10} {_f(row['ratio_vs_hf'], '.1f'):>7}x"
+                lines.append(line)
+        skipped: dict[tuple, list[int]] = {}  # (prompt_len, reason) -> batches
+        for cell in r.get("skipped", []):
+            skipped.setdefault((cell["prompt_len"], cell["reason"]), []).append(cell["batch"])
+        for (prompt_len, reason), batches in skipped.items():
+            lines.append(f"{'':<11} skipped: prompt {prompt_len}, batch {','.join(map(str, batches))}: {reason}")
     elif scenario == "throughput":
         o = r["ours"]
         lines.append(
@@ -114,6 +124,14 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
         from bench.step_profile import summary_lines as profile_lines
 
         lines += profile_lines(head, r)
+    elif scenario == "cookbook":
+        from bench.cookbook import summary_lines as cookbook_lines
+
+        lines += cookbook_lines(head, r)
+    elif scenario == "sampling":
+        from bench.sampling import summary_lines as sampling_lines
+
+        lines += sampling_lines(head, r)
     elif scenario == "snapshot_methods":
         from bench.snapshot_methods import summary_lines as snapshot_lines
 

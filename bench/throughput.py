@@ -119,10 +119,16 @@ def _warmup(llm, prompts: list[list[int]]) -> None:
 
 
 def _timed_generate(ctx: Context, llm, prompts: list[list[int]], output_lens: list[int],
-                    profile_first_step: bool = False) -> dict:
+                    profile_first_step: bool = False, sampling: dict | None = None,
+                    keep_token_ids: bool = False) -> dict:
+    """One timed ``LLM.generate`` of the requests, greedy unless ``sampling`` gives SamplingParams fields (request
+    ``i`` then gets ``seed=i``: the same tokens on every run). ``keep_token_ids``: the result carries every request's
+    tokens under ``token_ids`` (for a comparison; not for the JSON)."""
     from compiled_engine.sampling_params import SamplingParams
 
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
+    extra = sampling or {"temperature": 0.0}
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, **({"seed": i} if sampling else {}), **extra)
+              for i, n in enumerate(output_lens)]
     preemptions_before = llm.engine.scheduler.num_preemptions
     ctx.sync()
     allocator_before = _allocator_counters(ctx.device)
@@ -136,7 +142,7 @@ def _timed_generate(ctx: Context, llm, prompts: list[list[int]], output_lens: li
     if generated != sum(output_lens):
         raise RuntimeError(f"generated {generated} tokens, expected {sum(output_lens)} (ignore_eos not honoured?)")
     prompt_tokens = sum(len(p) for p in prompts)
-    return {
+    timed = {
         "requests": len(prompts),
         "wall_s": wall,
         "output_tokens": generated,
@@ -151,6 +157,9 @@ def _timed_generate(ctx: Context, llm, prompts: list[list[int]], output_lens: li
         "tpot_s_per_request": [(o.finished_time - o.first_token_time) / (len(o.token_ids) - 1)
                                for o in outputs if len(o.token_ids) > 1],
     }
+    if keep_token_ids:
+        timed["token_ids"] = [list(o.token_ids) for o in outputs]
+    return timed
 
 
 def _allocator_counters(device: torch.device) -> dict:

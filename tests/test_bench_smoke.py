@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -25,9 +26,13 @@ SMOKE_ARGS = [
     "--max-num-seqs", "4", "--max-model-len", "64", "--bandwidth-mib", "8",
     "-p", "latency.prompt_len=8", "-p", "latency.new_tokens=8", "-p", "latency.repeats=1",
     "-p", "latency.warmup_tokens=2", "-p", "hf_new_tokens=4",
-    "-p", "sweep.batches=1,2", "-p", "sweep.prompt_len=8", "-p", "sweep.steps=3", "-p", "sweep.warmup_steps=1",
+    "-p", "sweep.batches=1,2", "-p", "sweep.prompt_len=8,16", "-p", "sweep.steps=3", "-p", "sweep.warmup_steps=1",
     "-p", "hf_steps=2",
     "-p", "throughput.num_requests=4", "-p", "min_len=4", "-p", "max_len=8", "-p", "throughput.warmup_requests=1",
+    "-p", "sampling.num_requests=4", "-p", "sampling.min_prompt_len=8", "-p", "sampling.max_prompt_len=16",
+    "-p", "sampling.min_output_len=4", "-p", "sampling.max_output_len=8", "-p", "sampling.warmup_requests=1",
+    "-p", "cookbook.concurrency=1,2", "-p", "cookbook.input_len=12", "-p", "cookbook.output_len=5",
+    "-p", "cookbook.min_requests=3", "-p", "cookbook.warmup_requests=2", "-p", "cookbook.warmup_output_len=2",
     "-p", "prefix.num_requests=3", "-p", "prefix_len=16", "-p", "suffix_len=4", "-p", "prefix.new_tokens=4",
     "-p", "prefix.warmup_requests=1",
     "-p", "startup.prompt_len=4", "-p", "startup.new_tokens=2",
@@ -40,18 +45,40 @@ def positive(x) -> bool:
     return isinstance(x, (int, float)) and 0 < x < math.inf
 
 
+def recording(step, streamed: dict):
+    """``LLMEngine.step`` that also tallies, per cookbook request, what its outputs delivered: an account of the
+    tokens kept apart from the scenario's own."""
+
+    def recorded_step(self):
+        outputs = step(self)
+        for out in outputs:
+            if out.request_id.startswith("cookbook-"):
+                seen = streamed.setdefault(out.request_id, {"tokens": 0, "finished": 0,
+                                                            "prompt_tokens": len(out.prompt_token_ids)})
+                seen["tokens"] += len(out.new_token_ids)
+                seen["finished"] += out.finished
+                seen["reason"] = out.finish_reason
+        return outputs
+
+    return recorded_step
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
+    from compiled_engine.engine import LLMEngine
+
     out = tmp_path_factory.mktemp("bench-out")
+    streamed: dict[str, dict] = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COMPILED_ENGINE_CACHE", str(tmp_path_factory.mktemp("ce-cache")))  # an isolated tiny-model build
+        mp.setattr(LLMEngine, "step", recording(LLMEngine.step, streamed))
         rc = main([*SMOKE_ARGS, "--out", str(out)])
     results = {s: json.loads((out / f"{s}.json").read_text()) for s in SCENARIOS if (out / f"{s}.json").exists()}
-    return rc, out, results
+    return rc, out, results, streamed
 
 
 def test_every_scenario_wrote_json_without_error(smoke):
-    rc, _, results = smoke
+    rc, _, results, _ = smoke
     errors = {s: r["error"] for s, r in results.items() if "error" in r}
     assert not errors, errors
     assert sorted(results) == sorted(SCENARIOS)
@@ -87,12 +114,170 @@ def test_latency(smoke):
 
 def test_sweep(smoke):
     r = smoke[2]["sweep"]
-    assert [row["batch"] for row in r["rows"]] == [1, 2]
+    assert [(row["prompt_len"], row["batch"]) for row in r["rows"]] == [(8, 1), (8, 2), (16, 1), (16, 2)]
+    assert r["skipped"] == []
+    m, bandwidth = r["model"], r["copy_bandwidth"]["GBps"] * 1e9
     for row in r["rows"]:
         assert row["missing_tokens"] == 0 and row["aborted_requests"] == 0
         for key in ("decode_tok_s", "bound_tok_s", "fraction_of_bound", "hf_decode_tok_s", "ratio_vs_hf"):
             assert positive(row[key]), (row["batch"], key)
-    assert r["bound"]["tok_s"][1] > r["bound"]["tok_s"][0]  # more sequences share one weight read
+        # The one formula: weights + B x (state read and written + KV read at the cell's context).
+        assert row["context"] == row["prompt_len"] + 1 + 1 + 3 / 2  # + first token, warm-up step, half the timed
+        b = row["batch"]
+        step_bytes = m["weight_bytes"] + b * (2 * m["state_bytes"] + m["kv_bytes_per_token"] * row["context"])
+        assert row["bound_tok_s"] == pytest.approx(b * bandwidth / step_bytes)
+        assert row["fraction_of_bound"] == pytest.approx(row["decode_tok_s"] / row["bound_tok_s"])
+    bound = {(row["prompt_len"], row["batch"]): row["bound_tok_s"] for row in r["rows"]}
+    assert bound[8, 2] > bound[8, 1]  # more sequences share one weight read
+    assert bound[16, 2] < bound[8, 2]  # a longer context reads more KV
+    assert r["bound"]["contexts"] == [11.5, 19.5]
+
+
+def test_sweep_skips_what_the_engine_cannot_hold():
+    from bench.sweep import _cannot_run
+
+    engine = {"max_num_seqs": 4, "max_model_len": 64, "block_size": 16, "num_kv_blocks": 9}
+    assert _cannot_run(engine, 4, 32) is None  # 4 x 2 blocks of the 8 usable
+    assert "max_num_seqs" in _cannot_run(engine, 8, 8)
+    assert "max_model_len" in _cannot_run(engine, 1, 65)
+    assert "KV blocks" in _cannot_run(engine, 3, 48)  # 3 x 3 blocks > 8
+
+
+def test_cookbook(smoke):
+    """Every request completes with exactly the asked tokens, counted from the engine's outputs apart from the
+    scenario; tok/s = those tokens / the cell's wall time; percentiles ordered; SGLang's cells shown."""
+    _, _, results, streamed = smoke
+    r = results["cookbook"]
+    assert r["workload"]["concurrency"] == [1, 2] and r["workload"]["requests"] == [3, 3]
+    assert r["workload"]["output_kind"] == "CUMULATIVE" and r["engine"]["overlap_decode"]
+    plan = r["memory_plan"]
+    assert plan["max_num_seqs"] == 4 and plan["request_len"] == 17
+    assert plan["kv_tokens"] == (plan["num_kv_blocks"] - 1) * plan["block_size"]
+    assert plan["requests_fit_in_kv"] == (plan["num_kv_blocks"] - 1) // math.ceil(17 / plan["block_size"])
+    for cell in r["cells"]:
+        c = cell["concurrency"]
+        assert "error" not in cell and "skipped" not in cell, cell
+        assert cell["fits"]
+        ours = {rid: v for rid, v in streamed.items() if rid.startswith(f"cookbook-c{c}-r")}
+        warm = {rid: v for rid, v in streamed.items() if rid.startswith(f"cookbook-c{c}-warmup-r")}
+        assert len(ours) == 3 and all(v["tokens"] == 5 and v["finished"] == 1 and v["reason"] == "length"
+                                      for v in ours.values()), ours
+        assert len(warm) == 2 and all(v["tokens"] == 2 and v["finished"] == 1 for v in warm.values()), warm
+        generated = sum(v["tokens"] for v in ours.values())
+        prompt_tokens = sum(v["prompt_tokens"] for v in ours.values())
+        assert (generated, prompt_tokens) == (cell["output_tokens"], cell["prompt_tokens"]) == (15, 36)
+        assert cell["output_tok_s"] == pytest.approx(generated / cell["wall_s"])
+        assert cell["total_tok_s"] == pytest.approx((generated + prompt_tokens) / cell["wall_s"])
+        assert cell["in_flight_max"] == c and cell["preemptions"] == 0
+        for key, n in (("ttft_ms", 3), ("tpot_ms", 3), ("e2e_ms", 3), ("itl_ms", 3 * 4)):
+            d = cell[key]
+            assert d["n"] == n and 0 < d["p50"] <= d["p90"] <= d["p99"] <= d["max"], (c, key, d)
+        assert cell["ttft_ms"]["max"] <= cell["e2e_ms"]["max"]
+        assert positive(cell["bound"]["tpot_ms"]) and positive(cell["fraction_of_bound"])
+        assert cell["bound"]["batch"] == c
+    assert r["cells"][0]["sglang"] == {"recipe": "low-latency", "ttft_ms": 53, "tpot_ms": 1.07, "total_tok_s": 8003,
+                                       "same_shape": False}
+    assert r["cells"][1]["sglang"] is None  # SGLang published no c=2 cell
+    assert r["sglang"]["cells"]["16"]["total_tok_s"] == 74681 and r["sglang"]["cells"]["1024"]["tpot_ms"] == 39.01
+    from bench.report import summary_lines
+
+    text = "\n".join(summary_lines({"cookbook": r}))
+    assert "SGLang 0.5.16" in text and "NOT this shape" in text
+    assert "[53]" in text and "[1.07]" in text and "[8,003]" in text  # beside our c=1 numbers
+
+
+def test_cookbook_request_counts_and_memory_plan():
+    from bench.cookbook import _request_counts, memory_plan
+
+    assert _request_counts([1, 16, 64, 256, 1024], None, 16) == [16, 16, 64, 256, 1024]  # c=1024: one wave
+    assert _request_counts([1, 2], 5, 16) == [5, 5] and _request_counts([1, 2], [3, 4], 16) == [3, 4]
+    with pytest.raises(ValueError):
+        _request_counts([1, 2], [3], 16)
+    # The H200 0.8B shape: 9,216-token requests take 576 blocks of 16; 1,024 state slots.
+    plan = memory_plan({"max_num_seqs": 1024, "max_model_len": 9216, "block_size": 16, "num_kv_blocks": 500_001},
+                       9216)
+    assert plan["kv_tokens"] == 8_000_000 and plan["requests_fit_in_kv"] == 868 and plan["requests_at_once"] == 868
+
+
+class FakeEngine:
+    """add_request / step / has_unfinished_requests / abort_request: every step gives every running request one
+    token (at most ``slots`` run, the rest queue); ``fail_at``: that step raises; ``short``: requests stop one token
+    early (as an EOS would)."""
+
+    def __init__(self, slots: int, fail_at: int | None = None, short: bool = False):
+        self.slots, self.fail_at, self.short = slots, fail_at, short
+        self.queue, self.running, self.aborted, self.in_flight_per_step = [], [], [], []
+
+    def add_request(self, request_id, prompt, params):
+        self.queue.append({"id": request_id, "prompt": list(prompt), "max": params.max_tokens, "tokens": [],
+                           "arrival": time.perf_counter(), "first": None})
+        return request_id
+
+    def has_unfinished_requests(self):
+        return bool(self.queue or self.running)
+
+    def abort_request(self, request_id):
+        self.aborted.append(request_id)
+        self.queue = [r for r in self.queue if r["id"] != request_id]
+        self.running = [r for r in self.running if r["id"] != request_id]
+
+    def step(self):
+        from compiled_engine.engine import RequestOutput
+
+        if self.fail_at is not None and len(self.in_flight_per_step) == self.fail_at:
+            raise RuntimeError("step failed")
+        while self.queue and len(self.running) < self.slots:
+            self.running.append(self.queue.pop(0))
+        self.in_flight_per_step.append(len(self.running) + len(self.queue))
+        outputs, now = [], time.perf_counter()
+        for r in self.running:
+            r["tokens"].append(7)
+            r["first"] = r["first"] or now
+            done = len(r["tokens"]) == r["max"] - self.short
+            outputs.append(RequestOutput(r["id"], r["prompt"], list(r["tokens"]), [7], done,
+                                         "length" if done else None, arrival_time=r["arrival"],
+                                         first_token_time=r["first"], finished_time=now if done else None))
+        self.running = [r for r in self.running if len(r["tokens"]) < r["max"] - self.short]
+        return outputs
+
+
+def test_cookbook_closed_loop_keeps_c_in_flight():
+    """c requests at t=0, a new one as each finishes (before the next step): c in flight until the tail; an
+    engine that runs fewer (slots < c) still sees c submitted; a failing step leaves nothing of the cell behind."""
+    from types import SimpleNamespace
+
+    from bench.cookbook import serve
+
+    ctx = SimpleNamespace(sync=lambda: None)
+    prompts = [[1, 2, 3]] * 5
+    engine = FakeEngine(slots=8)
+    cell = serve(ctx, engine, prompts, output_len=3, concurrency=2, tag="t")
+    assert engine.in_flight_per_step == [2, 2, 2, 2, 2, 2, 1, 1, 1]  # 2 + 2 + 1 requests of 3 steps each
+    assert cell["in_flight_max"] == 2 and cell["output_tokens"] == 15 and cell["prompt_tokens"] == 15
+    assert cell["itl_ms"]["n"] == 5 * 2 and cell["tpot_ms"]["n"] == 5
+    assert cell["total_tok_s"] == pytest.approx(30 / cell["wall_s"])
+    queued = FakeEngine(slots=1)
+    assert serve(ctx, queued, prompts[:3], 3, concurrency=3, tag="q")["in_flight_max"] == 3
+    with pytest.raises(RuntimeError, match="exactly 4 tokens"):  # an engine that stops short is caught
+        serve(ctx, FakeEngine(slots=8, short=True), prompts[:1], 4, concurrency=1, tag="short")
+    broken = FakeEngine(slots=8, fail_at=2)
+    with pytest.raises(RuntimeError, match="step failed"):
+        serve(ctx, broken, prompts, 3, concurrency=2, tag="b")
+    assert sorted(broken.aborted) == ["b-r0", "b-r1"] and not broken.has_unfinished_requests()
+
+
+def test_sampling(smoke):
+    r = smoke[2]["sampling"]
+    greedy, sampled = r["greedy"], r["sampled"]
+    for run in (greedy, sampled):
+        assert run["requests"] == 4 and run["output_tokens"] == r["workload"]["output_tokens"]
+        assert run["output_tok_s"] == pytest.approx(run["output_tokens"] / run["wall_s"])
+        assert run["ttft_ms"]["p50"] <= run["ttft_ms"]["p99"]
+    assert r["sampled_over_greedy"] == pytest.approx(sampled["output_tok_s"] / greedy["output_tok_s"])
+    assert len(r["rounds"]["greedy"]) == len(r["rounds"]["sampled"]) == 2
+    assert r["sampled_requests_differing_from_greedy"] >= 1  # temperature 0.8 sampled something else
+    assert r["sampled_tokens_repeat_across_rounds"]  # per-request seeds
+    assert positive(r["fraction_of_bound"]["greedy"]) and positive(r["fraction_of_bound"]["sampled"])
 
 
 def test_throughput(smoke):
@@ -137,7 +322,7 @@ def test_startup(smoke):
 
 
 def test_report_merges_everything(smoke, tmp_path):
-    _, out, _ = smoke
+    _, out, _, _ = smoke
     assert main(["report", str(out), "--out", str(tmp_path)]) == 0
     merged = json.loads((tmp_path / "results.json").read_text())
     assert sorted(merged["results"]) == sorted(SCENARIOS)
