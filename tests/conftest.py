@@ -60,6 +60,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "quick: with gpu, one small reference check of every CUDA kernel")
     config.addinivalue_line("markers", "slow: long-running test")
 
 

@@ -39,6 +39,7 @@ def test_flash_backend_model_runs_the_flash_ops_and_matches_triton_backend(qwen3
 
 
 @pytest.mark.gpu
+@pytest.mark.quick  # the only check of the flash ops' CUDA kernels (prebuilt: nothing to compile)
 @pytest.mark.skipif(not flash_attn_available(), reason="flash-attn is not installed")
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_flash_ops_match_the_reference_on_cuda(head_dim):

@@ -12,6 +12,12 @@ bf16 activations with an fp32 (or bf16) state pool, and fp32 throughout with tig
 
 Padding lanes all point at the null slot/block and race with each other there by design, so comparisons leave out
 slot 0 / block 0 and the padding lanes' outputs (except decode attention, whose padding lanes must be zeros).
+
+On a fresh machine the time goes to compiles: each new (shape constants, dtype) of a kernel is a Triton compile, and
+each new (layout, dtype) of FLA's chunked prefill a cold autotune sweep of its kernels (most of a minute). So the
+parametrised tests choose their compiled variants (bf16 on the model's shapes; fp32, the compile tests' dtype, in
+one case) and let hypothesis draw sizes and contents, and the tests that still draw layouts and dtypes keep few
+examples. ``pytest -m "gpu and quick"`` runs one reference check of every op's CUDA kernel (the ``quick`` cases).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ops import (
     activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, kv_cache, layouts, norm, paged_attention,
 )
 from ops.linear import SKINNY_MAX_ROWS
+from tests import hf_models
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import Phase, given, settings  # noqa: E402
@@ -40,6 +47,10 @@ pytestmark = [
 DEV = "cuda"
 ATTN_LAYOUTS = [(8, 2, 256), (16, 2, 128), (12, 4, 128)]  # (Hq, Hkv, D): Qwen3.5-0.8B, D=128 GQA 8, GQA 3
 LINEAR_LAYOUTS = [(16, 16, 128, 128), (16, 32, 128, 128), (4, 12, 128, 128)]  # (Hk, Hv, K, V): r = 1, 2, 3
+# The tiny test models' linear-attention layout (Hv = 2 Hk, K != V): the fp32 FLA prefill case uses it, so that it
+# meets the FLA autotune key the compile tests' fp32 model prefills with, and the suite tunes fp32 once.
+TINY_LINEAR_LAYOUT = (hf_models.LINEAR_KEY_HEADS, hf_models.LINEAR_VALUE_HEADS, hf_models.LINEAR_KEY_DIM,
+                      hf_models.LINEAR_VALUE_DIM)
 CONV_WIDTH = 4
 
 # CE_NO_SHRINK=1 reports the first failing example without shrinking it: on a lent GPU with a time limit, one
@@ -48,6 +59,20 @@ PHASES = (Phase.explicit, Phase.reuse, Phase.generate) if os.environ.get("CE_NO_
 
 # bf16: one rounding of a bf16 output (2**-8 relative) plus bf16 operands inside the attention dots.
 TOL = {torch.bfloat16: dict(atol=2e-2, rtol=2e-2), torch.float32: dict(atol=2e-4, rtol=2e-4)}
+
+
+QUICK = pytest.mark.quick  # one small case per op: pytest -m "gpu and quick"
+
+
+def _case_id(value) -> str:
+    if isinstance(value, tuple):  # a layout: 8x2x256
+        return "x".join(map(str, value))
+    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}.get(value, str(value))
+
+
+def cases(combos, quick=()) -> list:
+    """``pytest.param`` of each tuple of ``combos``, its id the values joined by '-', marked quick if in ``quick``."""
+    return [pytest.param(*c, id="-".join(map(_case_id, c)), marks=QUICK if c in quick else ()) for c in combos]
 
 
 def _seeded(seed: int) -> torch.Generator:
@@ -124,7 +149,7 @@ def test_store_kv_matches_reference(num_tokens, layout, block_size, dtype, paddi
     extra_columns=st.integers(0, 64),
     seed=st.integers(0, 2**31 - 1),
 )
-@settings(max_examples=10, deadline=None, phases=PHASES)
+@settings(max_examples=6, deadline=None, phases=PHASES)  # nearly every example compiles a split and a reduce variant
 def test_paged_attention_decode_matches_reference(
     batch, max_context, layout, block_size, dtype, padding_fraction, extra_columns, seed
 ):
@@ -145,17 +170,24 @@ def test_paged_attention_decode_matches_reference(
     assert torch.all(got[lens == 0] == 0), "padding lanes (context 0) must be zeros"
 
 
+# The prefill kernel's compiled variants, (Hq, Hkv, D), block size, dtype: the model's (the quick case), then head
+# dim 128 with GQA 8 and 3, 32-token blocks and fp32 (the dtype of the compile tests' model).
+PAGED_PREFILL_VARIANTS = cases(
+    [(ATTN_LAYOUTS[0], 16, torch.bfloat16), (ATTN_LAYOUTS[1], 32, torch.float32),
+     (ATTN_LAYOUTS[2], 32, torch.bfloat16)],
+    quick=[(ATTN_LAYOUTS[0], 16, torch.bfloat16)],
+)
+
+
+@pytest.mark.parametrize("layout, block_size, dtype", PAGED_PREFILL_VARIANTS)
 @given(
     num_seqs=st.integers(1, 12),
     max_new=st.integers(1, 300),
     max_prefix=st.sampled_from([0, 64, 1000]),
-    layout=st.sampled_from(ATTN_LAYOUTS),
-    block_size=st.sampled_from([16, 32]),
-    dtype=st.sampled_from([torch.bfloat16, torch.float32]),
     seed=st.integers(0, 2**31 - 1),
 )
-@settings(max_examples=8, deadline=None, phases=PHASES)
-def test_paged_attention_prefill_matches_reference(num_seqs, max_new, max_prefix, layout, block_size, dtype, seed):
+@settings(max_examples=3, deadline=None, phases=PHASES)
+def test_paged_attention_prefill_matches_reference(layout, block_size, dtype, num_seqs, max_new, max_prefix, seed):
     gen = _seeded(seed)
     hq, hkv, d = layout
     q_lens = torch.randint(1, max_new + 1, (num_seqs,), generator=gen, device=DEV)
@@ -223,7 +255,7 @@ def _assert_attention_decode_close(got, want, k_cache, want_k, v_cache, want_v, 
     far_positions=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-@settings(max_examples=10, deadline=None, phases=PHASES)
+@settings(max_examples=6, deadline=None, phases=PHASES)  # nearly every example compiles a variant (split count, dtype)
 def test_attention_decode_matches_reference(batch, max_context, dtype, padding_fraction, far_positions, seed):
     """Qwen3.5-0.8B's attention shapes (Hq 8, Hkv 2, D 256, rotary_dim 64, theta 1e7, block_size 16) against the
     reference. ``far_positions``: rotary positions up to 2**18 past the context (the op reads them as given), so
@@ -244,6 +276,7 @@ def test_attention_decode_matches_reference(batch, max_context, dtype, padding_f
     _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, dtype)
 
 
+@QUICK
 def test_attention_decode_replays_in_cuda_graph_with_new_inputs():
     """Captured once (the split kernel and the reduce kernel, launched with PDL), replayed with new projected rows,
     contexts up to 1,024 (padding lanes included), positions and slots: each replay equals the reference run on clones
@@ -338,15 +371,13 @@ def test_causal_conv1d_decode_matches_reference(batch, channels, dtype, padding,
     torch.testing.assert_close(state[1:], want_state[1:], atol=0, rtol=0)  # the state is a shifted copy: exact
 
 
-@given(
-    num_seqs=st.integers(1, 16),
-    max_len=st.integers(1, 300),
-    channels=st.sampled_from([6144, 96, 200]),
-    dtype=st.sampled_from([torch.bfloat16, torch.float32]),
-    seed=st.integers(0, 2**31 - 1),
-)
-@settings(max_examples=6, deadline=None, phases=PHASES)
-def test_causal_conv1d_prefill_matches_reference(num_seqs, max_len, channels, dtype, seed):
+# Compiled variants, (channels, dtype): Qwen3.5-0.8B's q|k|v channels in bf16 (the quick case), then a channel count
+# that is no multiple of 16 (a partial last channel block) in fp32.
+@pytest.mark.parametrize("channels, dtype", cases([(6144, torch.bfloat16), (200, torch.float32)],
+                                                  quick=[(6144, torch.bfloat16)]))
+@given(num_seqs=st.integers(1, 16), max_len=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=3, deadline=None, phases=PHASES)
+def test_causal_conv1d_prefill_matches_reference(channels, dtype, num_seqs, max_len, seed):
     gen = _seeded(seed)
     num_slots = num_seqs + 3
     slots = _live_slots(gen, num_seqs, num_slots)
@@ -388,7 +419,7 @@ def _gdr_inputs(gen, tokens, layout, dtype):
     padding=st.integers(0, 4),
     seed=st.integers(0, 2**31 - 1),
 )
-@settings(max_examples=10, deadline=None, phases=PHASES)
+@settings(max_examples=6, deadline=None, phases=PHASES)  # up to 12 compiled variants (layout x dtype x pool dtype)
 def test_gated_delta_rule_decode_matches_reference(batch, layout, dtype, state_dtype, padding, seed):
     gen = _seeded(seed)
     hk, hv, dk, dv = layout
@@ -405,10 +436,13 @@ def test_gated_delta_rule_decode_matches_reference(batch, layout, dtype, state_d
     torch.testing.assert_close(state[1:], want_state[1:], **state_tol)
 
 
-@given(batch=st.integers(1, 256), layout=st.sampled_from(LINEAR_LAYOUTS), seed=st.integers(0, 2**31 - 1))
-@settings(max_examples=4, deadline=None, phases=PHASES)
-def test_gated_delta_rule_decode_matches_fla_fused_recurrent(batch, layout, seed):
+@given(batch=st.integers(1, 256), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=3, deadline=None, phases=PHASES)
+def test_gated_delta_rule_decode_matches_fla_fused_recurrent(batch, seed):
+    """FLA's recurrent kernel as an independent oracle, on the layout with Hv = 2 Hk (the head mapping is where the
+    two could differ; every layout is checked against our reference above): one FLA compile."""
     fla_recurrent = pytest.importorskip("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
+    layout = LINEAR_LAYOUTS[1]
     gen = _seeded(seed)
     num_slots = batch + 2
     slots = _live_slots(gen, batch, num_slots)
@@ -475,7 +509,7 @@ def _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_r
     strided=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-@settings(max_examples=10, deadline=None, phases=PHASES)
+@settings(max_examples=6, deadline=None, phases=PHASES)  # nearly every example compiles a variant of the fused kernel
 def test_gated_deltanet_decode_matches_reference(batch, layout, dtype, state_dtype, padding, strided, seed):
     gen = _seeded(seed)
     hk, hv, dk, dv = layout
@@ -494,6 +528,7 @@ def test_gated_deltanet_decode_matches_reference(batch, layout, dtype, state_dty
     _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
 
 
+@QUICK
 def test_gated_deltanet_decode_replays_in_cuda_graph_with_new_inputs():
     """Captured once, replayed with new projected rows and new slots (padding lanes on the second replay): each
     replay equals the reference run on clones of the pools. Hv = 2 Hk, strided projected rows."""
@@ -530,15 +565,15 @@ def test_gated_deltanet_decode_replays_in_cuda_graph_with_new_inputs():
         _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
 
 
-@given(
-    num_seqs=st.integers(1, 8),
-    max_len=st.integers(1, 300),
-    layout=st.sampled_from(LINEAR_LAYOUTS[:2]),
-    seed=st.integers(0, 2**31 - 1),
-)
+@QUICK
+@given(num_seqs=st.integers(1, 8), max_len=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=6, deadline=None, phases=PHASES)
-def test_gated_delta_rule_prefill_matches_reference(num_seqs, max_len, layout, seed):
+def test_gated_delta_rule_prefill_matches_reference(num_seqs, max_len, seed):
+    """bf16 on the Qwen3.5-0.8B layout. One layout: FLA autotunes its chunked kernels per (layout, dtype), a cold sweep
+    of most of a minute each (longer in fp32); Hv = 2 Hk and K != V are checked on the tiny layout in fp32 (the next
+    test), where the compile tests' model has tuned FLA already."""
     gen = _seeded(seed)
+    layout = LINEAR_LAYOUTS[0]
     hk, hv, dk, dv = layout
     num_slots = num_seqs + 2
     slots = _live_slots(gen, num_seqs, num_slots)
@@ -557,23 +592,24 @@ def test_gated_delta_rule_prefill_matches_reference(num_seqs, max_len, layout, s
     _assert_close_relative(state, want_state, max_abs=6e-2, max_rel_norm=1.5e-2, what="prefill final state")
 
 
-def test_gated_delta_rule_prefill_fp32_and_bf16_pool():
+@pytest.mark.parametrize("layout, dtype, state_dtype, max_abs, max_rel", [
+    # fp32 throughout (tight), on the tiny layout: Hv = 2 Hk, K != V; the FLA key the compile tests' model tunes
+    pytest.param(TINY_LINEAR_LAYOUT, torch.float32, torch.float32, 5e-3, 2e-3, id="fp32-tiny"),
+    # a bf16 state pool on the model's layout: only the state kernel's key is new next to the bf16 reference test's
+    pytest.param(LINEAR_LAYOUTS[0], torch.bfloat16, torch.bfloat16, 6e-2, 2e-2, id="bf16_pool-16x16x128x128"),
+])
+def test_gated_delta_rule_prefill_fp32_and_bf16_pool(layout, dtype, state_dtype, max_abs, max_rel):
     """fp32 activations (tight) and a bf16 state pool, one fixed case each."""
     gen = _seeded(7)
-    layout = LINEAR_LAYOUTS[0]
     cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32, device=DEV)
     slots = torch.tensor([3, 1, 4], dtype=torch.int32, device=DEV)
-    for dtype, state_dtype, max_abs, max_rel in [
-        (torch.float32, torch.float32, 5e-3, 2e-3),
-        (torch.bfloat16, torch.bfloat16, 6e-2, 2e-2),
-    ]:
-        q, k, v, a, b, A_log, dt_bias = _gdr_inputs(gen, 200, layout, dtype)
-        state = _randn(gen, 5, layout[1], layout[2], layout[3], dtype=state_dtype, scale=0.3)
-        want_state = state.clone()
-        want = delta_rule.gated_delta_rule_prefill_reference(q, k, v, a, b, A_log, dt_bias, want_state, cu, slots)
-        got = torch.ops.ce.gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, cu, slots)
-        _assert_close_relative(got, want, max_abs=max_abs, max_rel_norm=max_rel, what=f"{dtype} output")
-        _assert_close_relative(state, want_state, max_abs=max_abs, max_rel_norm=max_rel, what=f"{state_dtype} state")
+    q, k, v, a, b, A_log, dt_bias = _gdr_inputs(gen, 200, layout, dtype)
+    state = _randn(gen, 5, layout[1], layout[2], layout[3], dtype=state_dtype, scale=0.3)
+    want_state = state.clone()
+    want = delta_rule.gated_delta_rule_prefill_reference(q, k, v, a, b, A_log, dt_bias, want_state, cu, slots)
+    got = torch.ops.ce.gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, cu, slots)
+    _assert_close_relative(got, want, max_abs=max_abs, max_rel_norm=max_rel, what=f"{dtype} output")
+    _assert_close_relative(state, want_state, max_abs=max_abs, max_rel_norm=max_rel, what=f"{state_dtype} state")
 
 
 def _fla_fields(cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -633,10 +669,14 @@ def test_gated_delta_rule_prefill_fla_fields_change_nothing_and_sync_nothing():
 
 
 def test_eager_prefill_step_has_no_host_sync(qwen3_5_text_tied_path):
-    """A whole eager prefill forward (the engine's path: pack_step, then every layer) never waits for the GPU."""
+    """A whole eager prefill forward (the engine's path: pack_step, then every layer) never waits for the GPU.
+
+    fp32, as the compile tests' model: the same kernel variants and FLA autotune key, compiled and tuned there (a bf16
+    tiny model would be one more cold FLA sweep). The path's one dtype-dependent choice, ce::linear's kernel, is made
+    on the host from shapes and dtypes, and at these row counts it is cuBLAS for both."""
     from compiled_engine.runtime import Runtime
 
-    rt = Runtime.from_pretrained(str(qwen3_5_text_tied_path), device="cuda", dtype="bfloat16", compile=False,
+    rt = Runtime.from_pretrained(str(qwen3_5_text_tied_path), device="cuda", dtype="float32", compile=False,
                                  max_model_len=512, max_num_seqs=4, num_kv_blocks=128, block_size=16)
     seqs = [rt.add_sequence([(5 * i + j) % 50 + 1 for j in range(n)]) for i, n in enumerate((300, 1, 64, 129))]
     try:
@@ -693,9 +733,13 @@ def _norm_inputs(gen, tokens, heads, dim, gated, strided, dtype):
     return x, _randn(gen, dim, dtype=dtype, scale=0.5), gate if gated else None
 
 
-@pytest.mark.parametrize("tokens", [1, 7, 2048])
-@pytest.mark.parametrize("name", list(NORM_CASES))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+# Each (norm, dtype, row count class) is a compiled variant: bf16 at 1 row (decode), 7 (a ragged row block) and 2,048
+# (prefill); fp32 (the compile tests' dtype; it changes the roundings) at 7.
+@pytest.mark.parametrize("dtype, name, tokens", cases(
+    [(torch.bfloat16, name, tokens) for name in NORM_CASES for tokens in (1, 7, 2048)]
+    + [(torch.float32, name, 7) for name in NORM_CASES],
+    quick=[(torch.bfloat16, "layer_norm", 1), (torch.bfloat16, "gated_norm", 7)],
+))
 def test_rms_norm_matches_reference_and_float64(name, tokens, dtype):
     heads, dim, gated, strided = NORM_CASES[name]
     x, weight, gate = _norm_inputs(_seeded(tokens), tokens, heads, dim, gated, strided, dtype)
@@ -710,8 +754,10 @@ def test_rms_norm_matches_reference_and_float64(name, tokens, dtype):
     torch.testing.assert_close(got.double(), want, **{k: 2 * v for k, v in TOL[dtype].items()})
 
 
-@pytest.mark.parametrize("tokens", [1, 16, 256, 2048])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype, tokens", cases(
+    [(torch.bfloat16, 1), (torch.bfloat16, 16), (torch.bfloat16, 2048), (torch.float32, 16)],
+    quick=[(torch.bfloat16, 1)],
+))
 def test_add_rms_norm_matches_reference_and_float64(tokens, dtype):
     """A decoder layer's residual add + norm (hidden 1,024): against the reference, and the norm of the rounded sum
     in float64; replayed in a CUDA graph with new inputs (it is launched with PDL)."""
@@ -735,8 +781,10 @@ def test_add_rms_norm_matches_reference_and_float64(tokens, dtype):
         torch.testing.assert_close(got, want, **TOL[dtype])
 
 
-@pytest.mark.parametrize("rows", [1, 7, 2048])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype, rows", cases(
+    [(torch.bfloat16, 1), (torch.bfloat16, 7), (torch.bfloat16, 2048), (torch.float32, 7)],
+    quick=[(torch.bfloat16, 7)],
+))
 def test_silu_mul_matches_reference_and_float64(rows, dtype):
     """The MLP's silu(gate) * up on Qwen3.5-0.8B's gate_up rows (I = 3,584), and on strided rows."""
     gen = _seeded(rows)
@@ -761,8 +809,12 @@ def _assert_linear_close(got, x, weight):
     _assert_close_relative(got, want, max_abs=2e-2, max_rel_norm=4e-3, what=f"linear {tuple(weight.shape)}")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 16])
-@pytest.mark.parametrize("name", list(LINEAR_SHAPES))
+# Rows 1 (the GEMV path, configs by rule), 2 and 16 (the tensor-core path, tuned per (N, K): a 16-row tile mostly
+# padding, and full). Quick: the GEMV with the L2 prefetch, and the tuned path with split-K candidates (N = 1,024).
+@pytest.mark.parametrize("name, rows", cases(
+    [(name, rows) for name in LINEAR_SHAPES for rows in (1, 2, 16)],
+    quick=[("gdn_in_proj", 1), ("gdn_out_proj", 2)],
+))
 def test_linear_skinny_gemm_on_model_shapes(name, rows):
     n, k = LINEAR_SHAPES[name]
     x, weight = _linear_inputs(_seeded(rows), rows, n, k)
@@ -853,8 +905,11 @@ def test_linear_replays_in_cuda_graph():
             _assert_linear_close(out, x, weight)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 16, 17, 64])
-@pytest.mark.parametrize("name", ["mlp_down", "tp2_mlp_down"])
+# Rows 1, 2 and 16: our skinny GEMM (GEMV, padded and full tiles); 17: ce::silu_mul + cuBLAS.
+@pytest.mark.parametrize("name, rows", cases(
+    [(name, rows) for name in ("mlp_down", "tp2_mlp_down") for rows in (1, 2, 16, 17)],
+    quick=[("mlp_down", 1)],
+))
 def test_silu_mul_linear_on_model_shapes(name, rows):
     """The MLP's activation + down projection: our skinny GEMM with the activation in its x loads up to 16 rows,
     ce::silu_mul + cuBLAS above; against float64 (through the two bf16 roundings the unfused ops make)."""
@@ -879,8 +934,11 @@ def test_silu_mul_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(out, torch.ops.ce.silu_mul_linear(graph_inputs, weight), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 16, 17, 64])
-@pytest.mark.parametrize("name", ["gdn_in_proj", "mlp_gate_up", "attn_qkv"])
+# Rows 1, 2 and 16: our skinny GEMM (GEMV, padded and full tiles); 17: ce::add_rms_norm + cuBLAS.
+@pytest.mark.parametrize("name, rows", cases(
+    [(name, rows) for name in ("gdn_in_proj", "mlp_gate_up", "attn_qkv") for rows in (1, 2, 16, 17)],
+    quick=[("attn_qkv", 1)],
+))
 def test_add_rms_norm_linear_on_model_shapes(name, rows):
     """A layer's residual add + norm + the projection after it: our skinny GEMM computing the norm in its prologue
     up to 16 rows, ce::add_rms_norm + cuBLAS above. The sum exactly as the reference rounds it; the projection of
@@ -906,6 +964,7 @@ def test_add_rms_norm_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(captured_sum, eager_sum, atol=0, rtol=0)
 
 
+@QUICK
 def test_advance_decode_inputs_on_the_static_buffers():
     """On the decode graph's own buffers (graphs/static_inputs.py): the greedy tokens become the input ids, the
     fields (each a storage of its own over one allocation) advance as the reference says, and the tokens reach the
@@ -935,8 +994,11 @@ def test_advance_decode_inputs_on_the_static_buffers():
     assert static.positions[:n].tolist() == [16, 21, 64, 0] and static.slot_mapping[:3].tolist() == [6 * 16, 4 * 16 + 5, 0]
 
 
-@pytest.mark.parametrize("rows", [1, 3, 64])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+# bf16 after the skinny GEMV (1 row), the tuned tile (3) and cuBLAS (64); fp32 (cuBLAS, fp32 loads) once.
+@pytest.mark.parametrize("dtype, rows", cases(
+    [(torch.bfloat16, 1), (torch.bfloat16, 3), (torch.bfloat16, 64), (torch.float32, 3)],
+    quick=[(torch.bfloat16, 1)],
+))
 def test_argmax_matches_torch_after_lm_head_in_cuda_graph(rows, dtype):
     """ce::argmax of the lm_head's output (a PDL skinny GEMM before it, as in the decode graph) equals torch.argmax
     of the same logits, eager and replayed in a CUDA graph with new inputs; ties (the first index wins, across and
@@ -999,6 +1061,7 @@ def test_linear_chain_with_pdl_in_cuda_graph():
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@QUICK
 def test_decode_ops_replay_in_cuda_graph_with_new_inputs():
     """Capture one decode step's ops, then refill the static inputs (new contexts, slots, values) and replay.
 
@@ -1085,7 +1148,7 @@ def _opcheck_cases():
     v_cache = _randn(gen, 9, bs, hkv, d, dtype=bf16)
     tables = torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0], [0, 0, 0, 0]], dtype=torch.int32, device=DEV)
     decode_lens = torch.tensor([40, 20, 0], dtype=torch.int32, device=DEV)
-    hk, hv, dk, dv = LINEAR_LAYOUTS[1]
+    hk, hv, dk, dv = LINEAR_LAYOUTS[0]  # the prefill's FLA autotune key is then the bf16 reference test's
     channels = 96
     cu = torch.tensor([0, 5, 6, 40], dtype=torch.int32, device=DEV)
     slots3 = torch.tensor([2, 1, 3], dtype=torch.int32, device=DEV)
