@@ -235,7 +235,7 @@ class LLMEngine:
         """One step in which the host's work overlaps the GPU's.
 
         Without overlap every step ends by reading its tokens back, so the GPU idles while the host schedules and
-        packs the next step (bench/NOTES.md: 0.9 ms a step at batch 1, 2.3 ms at batch 256 on the H200 host).
+        packs the next step (a millisecond or more a step: bench/NOTES.md, "Overlapped steps").
         Here a step (prefill or decode) is launched and left in flight: each sequence it gives a token gets a
         placeholder token (the lengths, hence positions, KV slots and blocks of the next step, are known), and the
         next decode step takes those sequences' input ids from the in-flight step's sampled tokens on the device.

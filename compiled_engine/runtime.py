@@ -248,7 +248,8 @@ class Runtime:
         With a compiled decode these are the graph's output buffers, valid only until the next ``decode``/
         ``decode_step`` (whose replay overwrites them): for callers that consume them at once, as LLMEngine does (it
         samples from them), saving a ``[N, vocab]`` copy per step. A compiled decode also returns
-        ``host_greedy_tokens``, the greedy tokens in host memory (read them within four decodes: graphs/decode_graph.py).
+        ``host_greedy_tokens``, the greedy tokens in host memory (read them within four decodes:
+        graphs/decode_graph.py).
 
         ``input_ids`` (``[N]`` int64 on the runtime's device): the new tokens, instead of each sequence's last
         token on the host. LLMEngine's overlapped decode passes the previous step's sampled tokens this way, before

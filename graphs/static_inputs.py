@@ -11,9 +11,8 @@ A padding lane touches only the reserved rows (ops/library.py): state slot ``NUL
 zeros for it) and a valid token id (0, or a token an earlier step left there). The ops never read a padding lane's
 result back into a live sequence.
 
-Few copies per step: at batch 1 the GPU's time between two graphs was the step's copies, a few µs each and more in
-the gaps around them (bench/NOTES.md: the engine's step was 25 µs longer than its graph with one upload and four
-device copies, 17 µs with one of each way). The fields are parts of one device allocation, laid out field after field:
+Few copies per step: at batch 1 every copy between two graphs costs the GPU a few µs, and more in the gaps around
+it (bench/NOTES.md, "Decode epilogue"). The fields are parts of one device allocation, laid out field after field:
 
     int64 [4, R]:       input_ids | positions | slot_mapping | ring_slot (one element, then unused)
     int32 [2 R + R W]:  context_lens | state_slots | block_tables [R, W]
@@ -24,7 +23,8 @@ reads these fields, then its epilogue (``ce::advance_decode_inputs``) turns them
 greedy tokens into ``input_ids``, and for every live row one position further (positions, context length, KV slot),
 the ring slot one on. The fields share one allocation, for the one-copy staging below, but each is handed
 to the graph as a tensor with a storage of its own over its part of the memory (``_own_storage``): to the compiler
-they are separate buffers, as the compile rules of docs/ARCHITECTURE.md want for buffers a graph mutates, and they never overlap.
+they are separate buffers, as the compile rules of docs/ARCHITECTURE.md ("Compile and capture") want for buffers a
+graph mutates, and they never overlap.
 
 The tokens reach the host through ``token_ring`` [K, R], host memory the graph writes directly (on a GPU, pinned
 memory seen through a device pointer): a replay writes row ``ring_slot % K``. The host reads a row after the replay
