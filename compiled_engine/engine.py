@@ -122,7 +122,9 @@ class LLMEngine:
         self._in_flight: _InFlight | None = None
 
     # --------------------------------------------------------------------------------------------- requests
-    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams | None) -> tuple[list[int], SamplingParams]:
+    def validate_request(
+        self, prompt_token_ids: list[int], params: SamplingParams | None
+    ) -> tuple[list[int], SamplingParams]:
         """The checked prompt and params of a request; raises ValueError naming the bad field. Queues nothing."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -275,7 +277,9 @@ class LLMEngine:
 
     def _without_length_stops(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The decode batch less the sequences that the in-flight token will finish by length (known now)."""
-        seqs = [s for s in batch.seqs if not self._reaches_length(self._request_of_seq[s.seq_id], s.num_generated_tokens)]
+        seqs = [
+            s for s in batch.seqs if not self._reaches_length(self._request_of_seq[s.seq_id], s.num_generated_tokens)
+        ]
         if not seqs:
             return None
         return ScheduledBatch(False, seqs, [1] * len(seqs))

@@ -256,7 +256,9 @@ class Runtime:
         the host has read them back (its sequences hold a placeholder there).
         """
         if input_ids is not None and (
-            input_ids.shape != (len(seqs),) or input_ids.dtype != torch.long or input_ids.device.type != self.device.type
+            input_ids.shape != (len(seqs),)
+            or input_ids.dtype != torch.long
+            or input_ids.device.type != self.device.type
         ):
             raise ValueError(f"input_ids must be [{len(seqs)}] int64 on {self.device}, got "
                              f"{tuple(input_ids.shape)} {input_ids.dtype} on {input_ids.device}")

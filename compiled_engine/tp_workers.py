@@ -207,7 +207,9 @@ def leave_process_group(device: torch.device) -> None:
 
 
 def step_tensors(step: StepInputs) -> list[torch.Tensor]:
-    tensors = [step.input_ids, step.positions, step.slot_mapping, step.block_tables, step.context_lens, step.state_slots]
+    tensors = [
+        step.input_ids, step.positions, step.slot_mapping, step.block_tables, step.context_lens, step.state_slots
+    ]
     if step.is_prefill:
         tensors.append(step.cu_seqlens)
     return tensors

@@ -71,7 +71,8 @@ class StaticDecodeInputs:
     def __init__(self, max_batch: int, max_blocks_per_seq: int, block_size: int, device: torch.device):
         if max_batch < 1 or max_blocks_per_seq < 1 or block_size < 1:
             raise ValueError(
-                f"need max_batch, max_blocks_per_seq, block_size >= 1, got {max_batch}, {max_blocks_per_seq}, {block_size}"
+                "need max_batch, max_blocks_per_seq, block_size >= 1, "
+                f"got {max_batch}, {max_blocks_per_seq}, {block_size}"
             )
         self.max_batch = max_batch
         self.max_blocks_per_seq = max_blocks_per_seq
@@ -117,8 +118,10 @@ class StaticDecodeInputs:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The buffers in the order the compiled decode function takes them."""
-        return (self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.context_lens, self.state_slots,
-                self.token_ring, self.ring_slot)
+        return (
+            self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.context_lens, self.state_slots,
+            self.token_ring, self.ring_slot,
+        )
 
     def check(self, step: StepInputs) -> int:
         """Validate an unpadded decode step (any batch size); returns its number of sequences N."""
@@ -128,7 +131,9 @@ class StaticDecodeInputs:
         if n < 1:
             raise ValueError("a decode step needs at least one sequence")
         if step.input_ids.shape[0] != n:
-            raise ValueError(f"a decode step has one token per sequence: {step.input_ids.shape[0]} tokens, {n} sequences")
+            raise ValueError(
+                f"a decode step has one token per sequence: {step.input_ids.shape[0]} tokens, {n} sequences"
+            )
         width = step.block_tables.shape[1]
         if width > self.max_blocks_per_seq:
             raise ValueError(
@@ -194,7 +199,9 @@ class StaticDecodeInputs:
     def _stage(self, step: StepInputs, n: int, ids_in_place: bool) -> None:
         """Copy nothing when the host step is what the last replay left; otherwise write it into the next staging
         buffer and copy the byte range it changed in one copy."""
-        fields = (step.positions.numpy(), step.slot_mapping.numpy(), step.context_lens.numpy(), step.state_slots.numpy())
+        fields = (
+            step.positions.numpy(), step.slot_mapping.numpy(), step.context_lens.numpy(), step.state_slots.numpy()
+        )
         table_rows = self._update_host_tables(step.block_tables.numpy(), n)
         left = self._left
         self._left = fields
