@@ -80,7 +80,7 @@ def reset_state_slot(model: HybridModel, slot: int) -> None:
 
 def reset_state_slots(model: HybridModel, slots: list[int]) -> None:
     """Zero these slots' rows in every linear layer, one fill per state tensor whatever their number (a prefill
-    step admitting 15 sequences made 15 x 18 x 2 = 540 small fills one by one)."""
+    step admitting 15 sequences would otherwise make 15 x 18 x 2 = 540 small fills one by one)."""
     mixers = [layer.mixer for layer in model.layers if layer.layer_type == LINEAR_ATTENTION]
     if not slots or not mixers:
         return

@@ -122,7 +122,9 @@ class LLMEngine:
         self._in_flight: _InFlight | None = None
 
     # --------------------------------------------------------------------------------------------- requests
-    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams | None) -> tuple[list[int], SamplingParams]:
+    def validate_request(
+        self, prompt_token_ids: list[int], params: SamplingParams | None
+    ) -> tuple[list[int], SamplingParams]:
         """The checked prompt and params of a request; raises ValueError naming the bad field. Queues nothing."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -235,7 +237,7 @@ class LLMEngine:
         """One step in which the host's work overlaps the GPU's.
 
         Without overlap every step ends by reading its tokens back, so the GPU idles while the host schedules and
-        packs the next step (bench/NOTES.md: 0.9 ms a step at batch 1, 2.3 ms at batch 256 on the H200 host).
+        packs the next step (a millisecond or more a step: bench/NOTES.md, "Overlapped steps").
         Here a step (prefill or decode) is launched and left in flight: each sequence it gives a token gets a
         placeholder token (the lengths, hence positions, KV slots and blocks of the next step, are known), and the
         next decode step takes those sequences' input ids from the in-flight step's sampled tokens on the device.
@@ -275,7 +277,9 @@ class LLMEngine:
 
     def _without_length_stops(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The decode batch less the sequences that the in-flight token will finish by length (known now)."""
-        seqs = [s for s in batch.seqs if not self._reaches_length(self._request_of_seq[s.seq_id], s.num_generated_tokens)]
+        seqs = [
+            s for s in batch.seqs if not self._reaches_length(self._request_of_seq[s.seq_id], s.num_generated_tokens)
+        ]
         if not seqs:
             return None
         return ScheduledBatch(False, seqs, [1] * len(seqs))

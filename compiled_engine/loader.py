@@ -137,7 +137,9 @@ class WeightRouter:
             return Placement(f"{prefix}.{module}.weight")
         if module == "mlp" and len(rest) == 2 and rest[1] == "weight":
             if rest[0] in self.mlp_rows:
-                return Placement(f"{prefix}.mlp.gate_up_proj", *self.mlp_rows[rest[0]], shard=(0, [c.intermediate_size]))
+                return Placement(
+                    f"{prefix}.mlp.gate_up_proj", *self.mlp_rows[rest[0]], shard=(0, [c.intermediate_size])
+                )
             if rest[0] == "down_proj":
                 return Placement(f"{prefix}.mlp.down_proj", shard=(1, [c.intermediate_size]))
         if module == "self_attn" and len(rest) == 2 and rest[1] == "weight":
@@ -170,7 +172,9 @@ class WeightRouter:
             return Placement(f"{prefix}.in_proj", *self.linear_rows[rest[0]], shard=(0, self.linear_sections[rest[0]]))
         conv, value = self.linear_rows["in_proj_z"]
         if rest == ["in_proj_qkvz", "weight"]:  # Qwen3-Next
-            return Placement(f"{prefix}.in_proj", 0, conv + value, self._regroup_qkvz, (0, qkv_sections + [self.value_rows]))
+            return Placement(
+                f"{prefix}.in_proj", 0, conv + value, self._regroup_qkvz, (0, qkv_sections + [self.value_rows])
+            )
         if rest == ["in_proj_ba", "weight"]:
             offset, rows = self.linear_rows["in_proj_b"]
             return Placement(f"{prefix}.in_proj", offset, 2 * rows, self._regroup_ba, (0, [hv, hv]))
@@ -303,7 +307,9 @@ def _read(f, name: str, placement: Placement, tp: TensorParallel) -> torch.Tenso
     if sharded:
         dim, sections = placement.shard
         if tensor.dim() <= dim or tensor.shape[dim] != sum(sections):
-            raise CheckpointError(f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {sum(sections)} along dim {dim}")
+            raise CheckpointError(
+                f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {sum(sections)} along dim {dim}"
+            )
         tensor = shard_sections(tensor, sections, dim, tp)
     return tensor
 

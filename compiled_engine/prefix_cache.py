@@ -85,7 +85,10 @@ class PrefixCache:
             torch.empty((num_snapshots, *m.recurrent_state.shape[1:]), device=device, dtype=state_dtype)
             for m in self.linear_layers
         ]
-        self.conv = [torch.empty((num_snapshots, *m.conv_state.shape[1:]), device=device, dtype=dtype) for m in self.linear_layers]
+        self.conv = [
+            torch.empty((num_snapshots, *m.conv_state.shape[1:]), device=device, dtype=dtype)
+            for m in self.linear_layers
+        ]
         self.row_of_hash: OrderedDict[bytes, int] = OrderedDict()  # LRU: least recently used first
         self.free_rows = list(range(num_snapshots - 1, -1, -1))
         # With tensor parallelism, rank 0 keeps the index and LRU; every rank holds its shard of the snapshots, so

@@ -248,14 +248,17 @@ class Runtime:
         With a compiled decode these are the graph's output buffers, valid only until the next ``decode``/
         ``decode_step`` (whose replay overwrites them): for callers that consume them at once, as LLMEngine does (it
         samples from them), saving a ``[N, vocab]`` copy per step. A compiled decode also returns
-        ``host_greedy_tokens``, the greedy tokens in host memory (read them within four decodes: graphs/decode_graph.py).
+        ``host_greedy_tokens``, the greedy tokens in host memory (read them within four decodes:
+        graphs/decode_graph.py).
 
         ``input_ids`` (``[N]`` int64 on the runtime's device): the new tokens, instead of each sequence's last
         token on the host. LLMEngine's overlapped decode passes the previous step's sampled tokens this way, before
         the host has read them back (its sequences hold a placeholder there).
         """
         if input_ids is not None and (
-            input_ids.shape != (len(seqs),) or input_ids.dtype != torch.long or input_ids.device.type != self.device.type
+            input_ids.shape != (len(seqs),)
+            or input_ids.dtype != torch.long
+            or input_ids.device.type != self.device.type
         ):
             raise ValueError(f"input_ids must be [{len(seqs)}] int64 on {self.device}, got "
                              f"{tuple(input_ids.shape)} {input_ids.dtype} on {input_ids.device}")

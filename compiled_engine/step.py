@@ -39,7 +39,9 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.to(device)
 
 
-def pack_step(seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_size: int, device: torch.device) -> StepInputs:
+def pack_step(
+    seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_size: int, device: torch.device
+) -> StepInputs:
     """The StepInputs of computing the next ``counts[i]`` tokens of each sequence (its blocks already reserved).
 
     Reads each sequence's tokens, ``num_computed_tokens`` and ``block_table``; changes nothing. Every field is

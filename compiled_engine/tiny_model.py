@@ -104,7 +104,9 @@ def tiny_weights(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
             w[p + "linear_attn.in_proj_z.weight"] = linear(hv * vd, hidden)
             w[p + "linear_attn.in_proj_b.weight"] = linear(hv, hidden)
             w[p + "linear_attn.in_proj_a.weight"] = linear(hv, hidden)
-            w[p + "linear_attn.conv1d.weight"] = torch.randn(conv_dim, 1, config["linear_conv_kernel_dim"], generator=g) * 0.5
+            w[p + "linear_attn.conv1d.weight"] = (
+                torch.randn(conv_dim, 1, config["linear_conv_kernel_dim"], generator=g) * 0.5
+            )
             w[p + "linear_attn.A_log"] = torch.empty(hv).uniform_(0.01, 16, generator=g).log()
             w[p + "linear_attn.dt_bias"] = torch.randn(hv, generator=g) * 0.5
             w[p + "linear_attn.norm.weight"] = 1 + torch.randn(vd, generator=g) * 0.1
@@ -133,7 +135,9 @@ def save_byte_tokenizer(path: str) -> None:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable unicode characters (what ByteLevel uses)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     n = 0
     for b in range(256):

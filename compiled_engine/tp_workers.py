@@ -1,10 +1,10 @@
 """Tensor-parallel worker processes, driven in lockstep by the caller's Runtime (rank 0).
 
-The caller's process is rank 0: it owns the scheduler and all bookkeeping (blocks, slots, sequences) and holds
-shard 0 of the model. Ranks 1..N-1 are processes this module spawns; each loads only its own shard, allocates its
-caches (compiled_engine.memory_plan) and serves commands with its own ModelExecutor. Every command is a broadcast from rank 0 over the process group itself (NCCL
-on GPUs, gloo on CPU): a small int64 header, then the step's tensors. All ranks then run the same model code,
-whose all-reduces / all-gathers meet inside the forward.
+The caller's process is rank 0: it owns the scheduler and all bookkeeping (blocks, slots, sequences) and holds shard 0
+of the model. Ranks 1..N-1 are processes this module spawns; each loads only its own shard, allocates its caches
+(compiled_engine.memory_plan) and serves commands with its own ModelExecutor. Every command is a broadcast from rank 0
+over the process group itself (NCCL on GPUs, gloo on CPU): a small int64 header, then the step's tensors. All ranks then
+run the same model code, whose all-reduces / all-gathers meet inside the forward.
 
 Failure handling: each worker reports "loaded"/"ready" or its traceback through a multiprocessing queue. The driver
 waits for those reports (checking that the processes are alive) before it enters any collective, so a worker
@@ -192,7 +192,7 @@ def leave_process_group(device: torch.device) -> None:
 
     NCCL cannot destroy a communicator while a CUDA graph that captured its collectives exists: ncclCommDestroy
     waits for those graphs to go (pytorch/pytorch#115388). The decode graphs hold every all-reduce of the step, and
-    without this the TP=2 GPU test hung there on both ranks after its last step.
+    without this both ranks of a TP=2 run hang there after their last step.
     The graphs are cudagraph trees', which are per process, so all of this process's go: these ranks cannot step
     any more, and any other compiled function records its graphs again on its next call.
     """
@@ -207,7 +207,9 @@ def leave_process_group(device: torch.device) -> None:
 
 
 def step_tensors(step: StepInputs) -> list[torch.Tensor]:
-    tensors = [step.input_ids, step.positions, step.slot_mapping, step.block_tables, step.context_lens, step.state_slots]
+    tensors = [
+        step.input_ids, step.positions, step.slot_mapping, step.block_tables, step.context_lens, step.state_slots
+    ]
     if step.is_prefill:
         tensors.append(step.cu_seqlens)
     return tensors

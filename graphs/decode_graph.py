@@ -13,11 +13,12 @@ cudagraph trees and each bucket's compiled call is captured into a ``torch.cuda.
 ``graph.replay()``. ``capture="trees"`` leaves capture and replay to torch's reduce-overhead (cudagraph trees),
 which costs ~0.3 ms of host time per step in guards and bookkeeping (``CUDA_GRAPH_CAPTURES``).
 Everything from token ids to logits and greedy tokens, the in-place cache/state updates included, is one graph:
-traced with ``fullgraph=True`` (a graph break raises), static tensor shapes with the bucket size as the only symbolic value (at
-most three compiles: see ``expected_compiles``), every kernel a ``torch.ops.ce`` custom op or an aten op; one CUDA
-graph per bucket.
+traced with ``fullgraph=True`` (a graph break raises), static tensor shapes with the bucket size as the only
+symbolic value (at most three compiles: see ``expected_compiles``), every kernel a ``torch.ops.ce`` custom op or an
+aten op; one CUDA graph per bucket.
 
-What makes the CUDA graphs real rather than silently skipped (each one a rule of docs/ARCHITECTURE.md, "Compile and capture"):
+What makes the CUDA graphs real rather than silently skipped (each one a rule of docs/ARCHITECTURE.md, "Compile and
+capture"):
 * every tensor the graph reads lives at a fixed address: weights and caches are module parameters/buffers, the
   step inputs are the static buffers, marked ``mark_static_address``;
 * the caches are mutated only through custom ops that declare the mutation (``Tensor(a!)``);
@@ -59,10 +60,10 @@ DEFAULT_MODE = "reduce-overhead"
 # Who captures and replays the CUDA graphs of mode="reduce-overhead" (CUDA_GRAPH_CAPTURES; the default is the
 # cuda_graphs option of ops/options.py, CE_CUDA_GRAPHS):
 #   "runner": the runner, around a torch.compile without cudagraphs: one torch.cuda.CUDAGraph per bucket, replayed
-#             with graph.replay() (0.013 ms of host time a step, same measurement);
+#             with graph.replay() (~0.01 ms of host time a step);
 #   "trees":  torch's cudagraph trees (mode="reduce-overhead" as torch implements it): every replay goes through
-#             Dynamo's guards, AOTAutograd's wrappers and the trees' bookkeeping, 0.305 ms of host time per batch-1
-#             step on the H200 host (bench latency's graph_replay), where the step's GPU time was 0.92 ms.
+#             Dynamo's guards, AOTAutograd's wrappers and the trees' bookkeeping (~0.3 ms of host time a step:
+#             bench/NOTES.md, "Runner capture against cudagraph trees").
 
 
 def decode_forward(
@@ -258,7 +259,7 @@ class DecodeGraphRunner:
         # Dynamo recompile once with the batch size symbolic (every tensor shape stays static: the step inputs are
         # full static buffers, sliced to the bucket inside the graph), and batch 1 gets its own specialised graph.
         # So at most three compiles whatever the number of buckets (17 by default: compiling each one separately
-        # took minutes for the Qwen3.5-0.8B shape), and still one CUDA graph per bucket: cudagraph trees record one
+        # takes minutes for the Qwen3.5-0.8B shape), and still one CUDA graph per bucket: cudagraph trees record one
         # per distinct batch size.
         compile_kwargs = dict(fullgraph=fullgraph, dynamic=None)
         cuda_graphs = self.device.type == "cuda" and backend is None and (mode or "").startswith("reduce-overhead")

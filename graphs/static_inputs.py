@@ -11,9 +11,8 @@ A padding lane touches only the reserved rows (ops/library.py): state slot ``NUL
 zeros for it) and a valid token id (0, or a token an earlier step left there). The ops never read a padding lane's
 result back into a live sequence.
 
-Few copies per step: at batch 1 the GPU's time between two graphs was the step's copies, a few µs each and more in
-the gaps around them (bench/NOTES.md: the engine's step was 25 µs longer than its graph with one upload and four
-device copies, 17 µs with one of each way). The fields are parts of one device allocation, laid out field after field:
+Few copies per step: at batch 1 every copy between two graphs costs the GPU a few µs, and more in the gaps around
+it (bench/NOTES.md, "Decode epilogue"). The fields are parts of one device allocation, laid out field after field:
 
     int64 [4, R]:       input_ids | positions | slot_mapping | ring_slot (one element, then unused)
     int32 [2 R + R W]:  context_lens | state_slots | block_tables [R, W]
@@ -24,7 +23,8 @@ reads these fields, then its epilogue (``ce::advance_decode_inputs``) turns them
 greedy tokens into ``input_ids``, and for every live row one position further (positions, context length, KV slot),
 the ring slot one on. The fields share one allocation, for the one-copy staging below, but each is handed
 to the graph as a tensor with a storage of its own over its part of the memory (``_own_storage``): to the compiler
-they are separate buffers, as the compile rules of docs/ARCHITECTURE.md want for buffers a graph mutates, and they never overlap.
+they are separate buffers, as the compile rules of docs/ARCHITECTURE.md ("Compile and capture") want for buffers a
+graph mutates, and they never overlap.
 
 The tokens reach the host through ``token_ring`` [K, R], host memory the graph writes directly (on a GPU, pinned
 memory seen through a device pointer): a replay writes row ``ring_slot % K``. The host reads a row after the replay
@@ -71,7 +71,8 @@ class StaticDecodeInputs:
     def __init__(self, max_batch: int, max_blocks_per_seq: int, block_size: int, device: torch.device):
         if max_batch < 1 or max_blocks_per_seq < 1 or block_size < 1:
             raise ValueError(
-                f"need max_batch, max_blocks_per_seq, block_size >= 1, got {max_batch}, {max_blocks_per_seq}, {block_size}"
+                "need max_batch, max_blocks_per_seq, block_size >= 1, "
+                f"got {max_batch}, {max_blocks_per_seq}, {block_size}"
             )
         self.max_batch = max_batch
         self.max_blocks_per_seq = max_blocks_per_seq
@@ -117,8 +118,10 @@ class StaticDecodeInputs:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The buffers in the order the compiled decode function takes them."""
-        return (self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.context_lens, self.state_slots,
-                self.token_ring, self.ring_slot)
+        return (
+            self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.context_lens, self.state_slots,
+            self.token_ring, self.ring_slot,
+        )
 
     def check(self, step: StepInputs) -> int:
         """Validate an unpadded decode step (any batch size); returns its number of sequences N."""
@@ -128,7 +131,9 @@ class StaticDecodeInputs:
         if n < 1:
             raise ValueError("a decode step needs at least one sequence")
         if step.input_ids.shape[0] != n:
-            raise ValueError(f"a decode step has one token per sequence: {step.input_ids.shape[0]} tokens, {n} sequences")
+            raise ValueError(
+                f"a decode step has one token per sequence: {step.input_ids.shape[0]} tokens, {n} sequences"
+            )
         width = step.block_tables.shape[1]
         if width > self.max_blocks_per_seq:
             raise ValueError(
@@ -194,7 +199,9 @@ class StaticDecodeInputs:
     def _stage(self, step: StepInputs, n: int, ids_in_place: bool) -> None:
         """Copy nothing when the host step is what the last replay left; otherwise write it into the next staging
         buffer and copy the byte range it changed in one copy."""
-        fields = (step.positions.numpy(), step.slot_mapping.numpy(), step.context_lens.numpy(), step.state_slots.numpy())
+        fields = (
+            step.positions.numpy(), step.slot_mapping.numpy(), step.context_lens.numpy(), step.state_slots.numpy()
+        )
         table_rows = self._update_host_tables(step.block_tables.numpy(), n)
         left = self._left
         self._left = fields

@@ -1,10 +1,11 @@
 """``ce::argmax``: each row's greedy token, the first index of its maximum, in the decode graph.
 
-Why an op: greedy decoding needs ``logits.argmax(-1)`` of every decode step. Outside the graph that was torch's
-reduction over fp32 logits, 8.3 µs at batch 1 (248,320 logits) on an H200 plus a launch gap, and the graph had to
-write fp32 logits for it (a conversion kernel: 2 µs at batch 1, ~90 µs at batch 256); Inductor does not split an
-argmax over one long row across programs, so in the graph it would be one program reading the whole row. The CUDA
-kernel is two short PDL launches (ops/triton/argmax_kernels.py) reading the model-dtype logits the lm_head wrote.
+Why an op: greedy decoding needs ``logits.argmax(-1)`` of every decode step. Outside the graph it would be torch's
+reduction, one more launch and its gap after every step, over fp32 logits that the graph would have to write for it
+(a conversion kernel, whose cost grows with the batch); Inductor does not split an argmax over one long row across
+programs, so in the graph it would be one program reading the whole row. The CUDA kernel is two short PDL launches
+(ops/triton/argmax_kernels.py) reading the model-dtype logits the lm_head wrote (bench/NOTES.md, "Greedy tokens in
+the graph").
 
 * ``ce::argmax(logits [B, V]) -> [B]`` int64: torch.argmax's rule, exactly: the first index of the maximum, and a
   NaN counts as larger than everything (the first NaN wins). Rows may be strided; columns must be contiguous.

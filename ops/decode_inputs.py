@@ -1,13 +1,13 @@
 """``ce::advance_decode_inputs``: the decode graph's last op picks each row's greedy token and turns the step's
 inputs into the next step's.
 
-Why: at batch 1 the GPU time between two decode graphs was the step's copies: the inputs' host -> device copy and the
-greedy tokens' device -> host copy, ~17 µs of a 0.73 ms step on an H200 for ~4 µs of transfers (bench latency's
-``engine_between_graphs``). In the steady state the next step is predictable: the same sequences, one position
-further, their greedy tokens as input ids. So the graph writes that prediction itself, and the host copies inputs
-only where its step differs from it (graphs/static_inputs.py); and the graph writes the tokens straight into host
-memory, a row of a small ring the host reads once the graph is done, instead of a copy after the graph. The greedy
-token is computed here too (ce::argmax's rule and first pass), so the whole epilogue is two short kernels.
+Why: at batch 1 the step's copies between two decode graphs (the inputs' host -> device copy and the greedy tokens'
+device -> host copy) cost the GPU several times their transfer time, in launches and the gaps around them
+(bench/NOTES.md, "Decode epilogue"). In the steady state the next step is predictable: the same sequences, one position
+further, their greedy tokens as input ids. So the graph writes that prediction itself, and the host copies inputs only
+where its step differs from it (graphs/static_inputs.py); and the graph writes the tokens straight into host memory, a
+row of a small ring the host reads once the graph is done, instead of a copy after the graph. The greedy token is
+computed here too (ce::argmax's rule and first pass), so the whole epilogue is two short kernels.
 
 ``ce::advance_decode_inputs(logits [B, V], input_ids [B]!, positions [B]!, slot_mapping [B]!, context_lens [B]!,
 block_tables [B, W], token_ring [K, >= B]!, ring_slot [1]!, block_size) -> greedy tokens [B]`` int64:

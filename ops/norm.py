@@ -2,9 +2,8 @@
 
 Why an op: outside a compiled graph (every prefill step, ``enforce_eager`` decode) the plain-torch norm is ~8
 kernels over the activations (``float()``, ``pow``, ``mean``, ``rsqrt``, the weight multiply, the casts); the kernel
-reads each row once and writes it once. On the H200 this op and ``ce::silu_mul`` (ops/activation.py) took an
-8,192-token prefill step from 49.0 to 31.5 ms of GPU time and from 2,307 to 1,536 launches
-(bench/results/h200-2026-11-29, runs 11 and 12).
+reads each row once and writes it once. With ``ce::silu_mul`` (ops/activation.py) this takes about a third off a
+prefill step's GPU time and launches (bench/NOTES.md, "Norm and activation ops").
 
 Inside ``torch.compile`` (the decode graphs) :func:`rms_norm` runs the plain-torch definition instead: Inductor
 fuses it with its neighbours (the residual add before it, the cast after it), which an opaque op would prevent.

@@ -27,13 +27,12 @@ block its slot points at (padding lanes race there by design; nobody reads it).
 PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_wait``, everything else after, and
 the next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel still runs.
 
-Registers (the Qwen3.5-0.8B shapes: G = 4 padded to 16 rows, D = 256, rotary_dim 64, bf16, 64-token tiles): the q
-tile and its partner copy are ``[16, 256]`` fp32 and dead before the key loop, which holds what the paged decode
-kernel holds (q as the ``tl.dot`` operand, a ``[64, 256]`` K and V tile, the ``[16, 256]`` accumulator). Compiled
-offline for sm_90a (Triton 3.9, CUDA 13.4 ptxas, unit last-dim strides), 4 warps: 255 registers and 400 bytes of
-spill stores with 16 splits, 460 with one, where the paged decode kernel takes 255 and 460; at 8 warps 180 / 144
-(paged: 316). ``tl.cos``/``tl.sin`` compile to libdevice's ``__nv_cosf``/``__nv_sinf`` (full range reduction, as
-torch's), not the approximate instructions: positions reach ~1e5 and ``inv_freq[0]`` is 1.
+Registers (the Qwen3.5-0.8B shapes: G = 4 padded to 16 rows, D = 256, rotary_dim 64, bf16, 64-token tiles): the q tile
+and its partner copy are ``[16, 256]`` fp32 and dead before the key loop, which holds what the paged decode kernel holds
+(q as the ``tl.dot`` operand, a ``[64, 256]`` K and V tile, the ``[16, 256]`` accumulator), so at 4 warps it takes the
+registers and spills of the paged decode kernel (bench/NOTES.md, "Decode kernels' registers"). ``tl.cos``/``tl.sin``
+compile to libdevice's ``__nv_cosf``/``__nv_sinf`` (full range reduction, as torch's), not the approximate instructions:
+positions reach ~1e5 and ``inv_freq[0]`` is 1.
 """
 
 from __future__ import annotations

@@ -11,9 +11,8 @@ same state element (except padding lanes, which all point at the null slot 0 tha
 Prefill is FLA's chunked gated delta rule (varlen, ``cu_seqlens``, grouped value heads natively), called only
 here, inside the opaque op, because FLA's entry points are ``torch.compiler.disable``d. It calls the forward that
 FLA's public ``chunk_gated_delta_rule`` runs (``_fla_chunk_forward``), not the public function: the public one adds
-its backend dispatch, argument checks, autograd Function and input guard, 0.85 ms of host time per call on the
-H200 host against 0.65 ms for the forward itself (``bench snapshot_methods``, 4 x 2,048 tokens: 1.80 vs 0.98 ms per
-call, outputs and final states bit-identical), i.e. ~15 ms of a ~67 ms 8,192-token prefill step over 18 layers.
+its backend dispatch, argument checks, autograd Function and input guard, which cost more host time per call than
+the forward itself; outputs and final states are bit-identical (bench/NOTES.md, "FLA's forward called directly").
 """
 
 from __future__ import annotations
@@ -127,9 +126,9 @@ def gated_delta_rule_decode(
     block_v: int = 64,
     num_warps: int = 4,
 ) -> torch.Tensor:
-    """In-place decode step. Default tile measured on an H200 (Hv = 16, K = V = 128, fp32 pool, batch 256):
-    BLOCK_V 64 or 128 with 4 warps 151 µs (84% of copy bandwidth), BLOCK_V 32 173 µs (74%), BLOCK_V 16 290 µs;
-    64 keeps twice the programs of 128 for small batches."""
+    """In-place decode step. The default tile, BLOCK_V 64 with 4 warps, streams the state at large batch as fast as
+    128 and faster than 32 or 16 (bench/NOTES.md, "Delta-rule decode tile"); 64 keeps twice the programs of 128 for
+    small batches."""
     batch, num_v_heads, dv = v.shape
     num_k_heads, dk = q.shape[1], q.shape[2]
     out = v.new_empty(v.shape)  # contiguous, like the reference's output

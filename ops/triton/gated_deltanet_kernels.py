@@ -1,9 +1,9 @@
 """Triton kernel for ``ce::gated_deltanet_decode``: a Gated DeltaNet layer's decode step between its two GEMMs.
 
-Why: at decode batch 1 the unfused path launches ~5 small kernels per linear layer between in_proj and out_proj
-(the copy making ``a``/``b`` contiguous, the conv decode ~3.9 µs, the delta-rule decode ~3.7 µs, the gated
-RMSNorm), each mostly launch latency. This kernel does all of it in one launch, reading q, k, v, z, b and a straight
-from the in_proj output row by offset (no split copies) and writing the normed output that out_proj reads.
+Why: at decode batch 1 the unfused path launches ~5 small kernels per linear layer between in_proj and out_proj (the
+copy making ``a``/``b`` contiguous, the conv decode, the delta-rule decode, the gated RMSNorm), a few µs each, mostly
+launch latency. This kernel does all of it in one launch, reading q, k, v, z, b and a straight from the in_proj output
+row by offset (no split copies) and writing the normed output that out_proj reads.
 
 Grid ``(batch, key head)``. Program (b, h) owns a DISJOINT set of conv channels and recurrent-state heads: the K
 q-channels of key head h, its K k-channels, the v-channels of its value heads ``h*G .. h*G + G - 1`` (G = Hv / Hk;
@@ -27,14 +27,13 @@ the delta-rule output cast to it (the delta op's output), the normalised output 
 the weight product rounded to ``promote_types(norm_weight, projected)``; state math is fp32.
 
 Registers: the whole ``[BLOCK_K, BLOCK_V]`` fp32 tile (128 x 128 = 16K values at the model shapes) lives in
-registers, hence ``num_warps=8`` by default (64 tile values a thread). Compiled offline for sm_90 with the model's
-strides (Triton 3.9 and its CUDA 13 ptxas, not the GPU image's Triton 3.6): 8 warps take 247-255 registers a thread
-with 0-40 bytes of spills (issuing every load up front keeps more values live; in math order it was 167-197
-registers and no spills, but four dependent round trips at batch 1); 16 warps hit the 128-register cap and spill
-~160 bytes; 4 warps cannot hold the tile. Above 128 registers a thread, one 8-warp program is resident per SM either
-way. At batch 1 the grid is only Hk programs (16 for Qwen3.5-0.8B): the launches saved, not bandwidth, are the point
-there; at large batch the GPU has to show that this kernel keeps up with the unfused delta-rule kernel (a
-``[128, 64]`` tile, 4 warps, up to 3 programs an SM).
+registers, hence ``num_warps=8`` by default (64 tile values a thread). At 8 warps the kernel sits at the
+255-register limit with few or no spills: issuing every load up front keeps more values live than math order would,
+the price of one round trip to memory at batch 1 instead of four; 16 warps hit the 128-register cap and spill; 4
+warps cannot hold the tile (bench/NOTES.md, "Decode kernels' registers"). Above 128 registers a thread, one 8-warp
+program is resident per SM either way. At batch 1 the grid is only Hk programs (16 for Qwen3.5-0.8B): the launches
+saved, not bandwidth, are the point there; at large batch the unfused delta-rule kernel (a ``[128, 64]`` tile, 4
+warps, up to 3 programs an SM) streams the state faster, hence ``FUSED_MAX_BATCH``.
 """
 
 from __future__ import annotations
@@ -51,8 +50,8 @@ from ops.triton.pdl import pdl_flags
 
 # Sequences up to which the fused kernel runs; above, the unfused kernels (conv, delta rule, norm: 3 launches). At
 # small batch the launches are the cost, at large batch the state traffic, where the unfused delta-rule kernel's
-# [K, 64] tiles keep up to 3 programs an SM streaming. Measured on an H200 (bench/ops_microbench.py, one call per
-# graph, run15-session), fused against unfused: batch 1 11.7 / 17.2 µs, 8 14.9 / 21.9, 64 71.4 / 57.5, 256 246 / 178.
+# [K, 64] tiles keep up to 3 programs an SM streaming: the fused kernel is the faster at 8 sequences and the slower
+# at 64 (bench/NOTES.md, "Fused GDN decode").
 FUSED_MAX_BATCH = 16
 
 

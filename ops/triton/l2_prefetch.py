@@ -1,13 +1,13 @@
 """Prefetch a kernel's weights into L2 before it waits for the kernels before it.
 
-A batch-1 decode step is a chain of dependent kernels, most of them latency-bound (bench/NOTES.md: each hop costs
-~1.5-3 µs over its DRAM time even with PDL). While one kernel runs, the DRAM mostly idles, and the next kernel,
-launched early with PDL (ops/triton/pdl.py), sits at ``gdc_wait``. Its weights are constant during the step, so it
-may read them before the wait (PDL protocol, step 2); registers hold only a first chunk of them, but the L2 (50 MB on
-an H200) holds a whole matrix of this model (at most 17 MB). So, before the wait, the first ``programs`` programs of
-the grid (those launched first, while the kernel before is still running) split the weight into that many
-contiguous slabs and ask the TMA unit to bring each one into L2 (``cp.async.bulk.prefetch.L2``: one instruction per
-64 KB, issued by one thread, nothing waited for). After the wait the kernel's loads hit L2 instead of DRAM.
+A batch-1 decode step is a chain of dependent kernels, most of them latency-bound (each hop costs a few µs over its DRAM
+time even with PDL). While one kernel runs, the DRAM mostly idles, and the next kernel, launched early with PDL
+(ops/triton/pdl.py), sits at ``gdc_wait``. Its weights are constant during the step, so it may read them before the wait
+(PDL protocol, step 2); registers hold only a first chunk of them, but the L2 (50 MB on an H200) holds a whole matrix of
+this model (at most 17 MB). So, before the wait, the first ``programs`` programs of the grid (those launched first,
+while the kernel before is still running) split the weight into that many contiguous slabs and ask the TMA unit to bring
+each one into L2 (``cp.async.bulk.prefetch.L2``: one instruction per 64 KB, issued by one thread, nothing waited for).
+After the wait the kernel's loads hit L2 instead of DRAM.
 
 A prefetch is a hint: it changes no value, only where a later load finds its data. Hopper or newer (sm_90: the
 bulk prefetch instruction), CUDA only (the interpreter cannot run inline PTX); the ``l2_prefetch`` option
@@ -16,9 +16,8 @@ Matrices larger than half the L2 (the lm_head: 508 MB) are not prefetched: they 
 that large is bandwidth-bound anyway. Every other weight is prefetched whole: leaving the smaller ones out, or having
 each program prefetch only its own rows, measured slower (bench/NOTES.md, "Removed alternatives").
 
-Measured (H200, Qwen3.5-0.8B shape, batch 1; bench/NOTES.md, "Runs 30-35"): a small gain. The step's graph takes
-0.7253 against 0.7265 ms without: the prefetched kernels get faster (gate_up -18, in_proj -24 µs a step) and their
-predecessors slower, whose own loads now queue behind the prefetches.
+The gain at batch 1 is small: the prefetched kernels get faster and their predecessors slower, whose own loads queue
+behind the prefetches (bench/NOTES.md, "L2 prefetch").
 """
 
 from __future__ import annotations

@@ -289,8 +289,8 @@ def _dot_fp32(q: torch.Tensor, cache: torch.Tensor) -> bool:
 def _tile_n(head_dim: int, element_size: int) -> int:
     """Tokens per K/V tile: 32 KiB tiles (64 tokens of D = 256 in bf16), at least 16 (tl.dot), at most 64.
 
-    Measured on an H200 (bf16, D = 256, batch 256, context 1024): 64-token tiles 148 µs (86% of copy
-    bandwidth), 32-token tiles 186 µs (68%).
+    64-token tiles keep a large-batch decode near copy bandwidth, where 32-token tiles fall well short
+    (bench/NOTES.md, "Paged attention tile and splits").
     """
     return max(16, min(64, 32768 // (triton.next_power_of_2(head_dim) * element_size)))
 
@@ -300,8 +300,8 @@ def decode_num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: in
 
     Enough (batch x kv_head x split) programs to fill the GPU about twice, but splits of at least 64 tokens of
     the longest possible context (the block table's width), at most 64, and a power of two (fewer compiled
-    variants; the reduce kernel loads all splits in one tile). Measured on an H200 at batch 1, context 1024:
-    16 splits 12.0 µs, 8 splits 13.7 µs, 4 splits 18.1 µs.
+    variants; the reduce kernel loads all splits in one tile). Fewer splits leave a batch-1 decode slower
+    (bench/NOTES.md, "Paged attention tile and splits").
     """
     want = triton.cdiv(2 * _sm_count(device), max(1, batch * kv_heads))
     cap = triton.cdiv(max_blocks * block_size, 64)

@@ -1,8 +1,8 @@
 """Programmatic dependent launch (PDL) for the decode kernels: overlap a kernel's start with its predecessor's end.
 
-A batch-1 decode step is a chain of ~300 short kernels (most 2-8 µs), each of which used to start only once the one
-before it had finished and flushed its writes: ~3 µs of launch, ramp-up and tail per kernel
-(bench/gemv_sweep.py). On Hopper and newer, a kernel launched with the ``launch_pdl`` option may start while the
+A batch-1 decode step is a chain of short dependent kernels (a few µs each). Launched plainly, each starts only once
+the one before it has finished and flushed its writes, which costs a few µs of launch, ramp-up and tail per kernel
+(bench/NOTES.md, "PDL"). On Hopper and newer, a kernel launched with the ``launch_pdl`` option may start while the
 kernel before it still runs, as soon as that one has executed ``gdc_launch_dependents`` in every program (or
 finished). It must then execute ``gdc_wait`` before it reads anything an earlier kernel wrote, or writes anything
 an earlier kernel may still read; ``gdc_wait`` returns once the earlier kernel has completed and its writes are
