@@ -10,8 +10,9 @@ row of a small ring the host reads once the graph is done, instead of a copy aft
 computed here too (ce::argmax's rule and first pass), so the whole epilogue is two short kernels.
 
 ``ce::advance_decode_inputs(logits [B, V], input_ids [B]!, positions [B]!, slot_mapping [B]!, context_lens [B]!,
-block_tables [B, W], token_ring [K, >= B]!, ring_slot [1]!, block_size) -> greedy tokens [B]`` int64:
-  * greedy tokens: each row's argmax, torch.argmax's rule (ops/argmax.py); written to ``input_ids`` and to
+block_tables [B, W], token_ring [K, >= B]!, ring_slot [1]!, block_size, tokens [B]?) -> tokens [B]`` int64:
+  * the step's tokens: ``tokens`` when given (a sampled step: the decode graph's ``ce::sample``), else each row's
+    greedy token, torch.argmax's rule (ops/argmax.py); written to ``input_ids`` and to
     ``token_ring[ring_slot % K, :B]``, then ``ring_slot += 1``;
   * for every live row (``context_lens > 0``; padding lanes are left as they are): ``positions += 1``,
     ``context_lens += 1``, ``slot_mapping`` = the KV row of the new position in the row's block table (the null
@@ -40,9 +41,10 @@ def advance_decode_inputs_reference(
     token_ring: torch.Tensor,  # [K, R >= B] int64 (written): host-visible memory on a GPU
     ring_slot: torch.Tensor,  # [1] int64 (written)
     block_size: int,
+    tokens: torch.Tensor | None = None,  # [B] int64: the step's tokens when chosen elsewhere (sampled)
 ) -> torch.Tensor:
     rows, width = block_tables.shape
-    tokens = argmax_reference(logits)
+    tokens = argmax_reference(logits) if tokens is None else tokens.clone()
     input_ids.copy_(tokens)
     token_ring[int(ring_slot[0]) % token_ring.shape[0], :rows] = tokens
     ring_slot += 1
@@ -59,14 +61,14 @@ def advance_decode_inputs_reference(
 
 
 def _advance_decode_inputs_fake(logits, input_ids, positions, slot_mapping, context_lens, block_tables, token_ring,
-                                ring_slot, block_size) -> torch.Tensor:
+                                ring_slot, block_size, tokens=None) -> torch.Tensor:
     return logits.new_empty((logits.shape[0],), dtype=torch.long)
 
 
 advance_decode_inputs = define_op(
     "advance_decode_inputs(Tensor logits, Tensor(a!) input_ids, Tensor(b!) positions, Tensor(c!) slot_mapping, "
-    "Tensor(d!) context_lens, Tensor block_tables, Tensor(e!) token_ring, Tensor(f!) ring_slot, int block_size) "
-    "-> Tensor",
+    "Tensor(d!) context_lens, Tensor block_tables, Tensor(e!) token_ring, Tensor(f!) ring_slot, int block_size, "
+    "Tensor? tokens=None) -> Tensor",
     reference=advance_decode_inputs_reference,
     cuda=decode_inputs_kernels.advance_decode_inputs if HAVE_TRITON else None,
     fake=_advance_decode_inputs_fake,

@@ -308,10 +308,12 @@ def _child_checks() -> dict:
         want = torch.argmax(logits, dim=-1)
         assert got.dtype == torch.long and torch.equal(got, want), f"argmax: got {got.tolist()}, want {want.tolist()}"
 
-    def check_advance_decode_inputs(rows, width, block_size, ring_slots, ring_slot, vocab=300, chunk=64):
+    def check_advance_decode_inputs(rows, width, block_size, ring_slots, ring_slot, vocab=300, chunk=64,
+                                    given=False):
         """ce::advance_decode_inputs against its reference: each row's greedy token (ties, a NaN), live rows one
         position further (a block boundary, a position past the table's end), padding lanes (context 0) left alone,
-        the tokens in the ring's next row; several chunks per row and more rows than one ROW_BLOCK."""
+        the tokens in the ring's next row; several chunks per row and more rows than one ROW_BLOCK. ``given``: the
+        step's tokens come in (a sampled step), not the logits' argmax."""
         logits = torch.randn(rows, vocab)
         logits[0, [3, vocab - 2]] = 50.0  # a tie across chunks
         logits[rows - 1, [1, vocab - 1]] = float("nan")
@@ -326,17 +328,23 @@ def _child_checks() -> dict:
             "token_ring": torch.full((ring_slots, rows + 3), -1, dtype=torch.long),
             "ring_slot": torch.tensor([ring_slot]),
         }
+        if given:
+            fields["tokens"] = torch.randint(0, vocab, (rows,))
         want = {k: v.clone() for k, v in fields.items()}
         want_tokens = decode_inputs.advance_decode_inputs_reference(**want, block_size=block_size)
         got = {k: v.clone() for k, v in fields.items()}
         got_tokens = decode_inputs_kernels.advance_decode_inputs(**got, block_size=block_size, chunk=chunk)
         assert torch.equal(got_tokens, want_tokens), f"advance_decode_inputs tokens: {got_tokens} vs {want_tokens}"
+        if given:
+            assert torch.equal(got_tokens, fields["tokens"]) and torch.equal(got["input_ids"], fields["tokens"])
         for name in fields.keys() - {"logits"}:  # the rest: what it writes
             assert torch.equal(got[name], want[name]), f"advance_decode_inputs {name}: {got[name]} vs {want[name]}"
 
     checks = {
         "advance_decode_inputs": lambda: check_advance_decode_inputs(21, 3, 4, ring_slots=4, ring_slot=6),
         "advance_decode_inputs_one_row": lambda: check_advance_decode_inputs(1, 5, 16, ring_slots=2, ring_slot=0),
+        "advance_decode_inputs_given_tokens": lambda: check_advance_decode_inputs(21, 3, 4, ring_slots=4, ring_slot=3,
+                                                                                  given=True),
         "argmax_chunks": lambda: check_argmax(6, 300, chunk=64),
         "argmax_one_chunk_strided": lambda: check_argmax(5, 50, chunk=64, strided=True),
         "argmax_no_rows": lambda: check_argmax(0, 10, chunk=16),
@@ -415,6 +423,7 @@ def _child_checks() -> dict:
 CHECK_NAMES = [
     "advance_decode_inputs",
     "advance_decode_inputs_one_row",
+    "advance_decode_inputs_given_tokens",
     "argmax_chunks",
     "argmax_one_chunk_strided",
     "argmax_no_rows",
