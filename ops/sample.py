@@ -166,6 +166,8 @@ def sample_reference(
     use_top_k: bool = True,
     use_top_p: bool = True,
 ) -> torch.Tensor:
+    if logits.dim() != 2 or logits.dtype not in KEY_SHIFT:
+        raise ValueError(f"sample: logits must be [B, V] bf16/fp16/fp32, got {tuple(logits.shape)} {logits.dtype}")
     rows, vocab = logits.shape
     greedy = torch.argmax(logits, dim=-1)
     if rows == 0:

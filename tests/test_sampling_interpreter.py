@@ -40,7 +40,7 @@ def _child_checks(group: str) -> dict:
 
     from ops.sample import log_ce, sample_reference
     from ops.triton import sample_kernels
-    from tests.test_sampling_op import exact_quarter_logit, sampling_cases
+    from tests.test_sampling_op import NOISE_TIE, exact_quarter_logit, sampling_cases
 
     def tiling(vocab, chunk, block):
         """At most ~24 chunks of at most ~16 blocks (the interpreter runs every program in turn)."""
@@ -98,6 +98,13 @@ def _child_checks(group: str) -> dict:
         below = torch.nextafter(torch.tensor(y), torch.tensor(-math.inf)).item()
         got = check(rows(torch.tensor([[below, 0.0, y, -0.1]]).expand(32, -1).clone(), 1.0, 0, 1.0, 0.3), 16, 16)
         assert set(got.tolist()) == {1, 2, 3}, got
+        # Exactly tied Gumbel scores (equal logits, equal noise at tokens 13 and 24): the first index wins, across
+        # chunks (16), across blocks of a chunk (32 / 16), and inside a block (64).
+        seed, counter, vocab, (first, _) = NOISE_TIE
+        tie = rows(torch.zeros(1, vocab), 1.0, 0, 1.0, 0.0)
+        tie = (*tie[:5], torch.tensor([seed]), torch.tensor([counter]), *tie[7:])
+        for chunk, block in ((16, 16), (32, 16), (64, 64)):
+            assert check(tie, chunk, block).item() == first
 
     def special_rows():
         gen = torch.Generator().manual_seed(5)

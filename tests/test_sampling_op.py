@@ -222,7 +222,7 @@ DIST_CASES = {  # (temperature, top_k, top_p, min_p)
     "hot": (1.8, 0, 1.0, 0.0),
     "top_k": (1.0, 6, 1.0, 0.0),
     "top_k_tie": (1.0, 9, 1.0, 0.0),  # the 9th and 10th largest (0.6, 0.6) tie: both kept
-    "top_p": (1.0, 0, 0.8, 0.0),
+    "top_p": (1.0, 0, 0.75, 0.0),  # keeps the tie (0.6, 0.6): the mass above it is 0.72, 0.77 with one of them
     "min_p": (0.9, 0, 1.0, 0.1),
     "combined": (0.8, 12, 0.9, 0.02),
 }
@@ -325,6 +325,23 @@ def test_min_p_boundary_is_inclusive():
     assert draws(row, min_p=min_p.item()) == {0, 1, 3}
     assert draws(row, min_p=1.0) == {0}
     assert draws(torch.tensor([2.0, 2.0, 1.0]), min_p=1.0) == {0, 1}  # ties of the maximum always kept
+
+
+# (seed, counter) whose noise over 48 tokens has its maximum twice, at tokens 13 and 24: with equal logits their
+# Gumbel scores tie exactly.
+NOISE_TIE = (5, 1381849, 48, (13, 24))
+
+
+def test_tied_gumbel_scores_go_to_the_first_index():
+    seed, counter, vocab, (first, second) = NOISE_TIE
+    u = uniform_noise(torch.tensor([seed]), torch.tensor([counter]), vocab)[0]
+    assert u[first] == u[second] == u.max() and (u == u.max()).sum() == 2
+    args = (torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([seed]),
+            torch.tensor([counter]))
+    assert ce.sample(torch.full((1, vocab), 0.25), *args).item() == first
+    logits = torch.full((1, vocab), -1.0)
+    logits[0, [first, second]] = 0.5  # ... also as the only two kept tokens (top-k 2)
+    assert ce.sample(logits, args[0], torch.tensor([2]), *args[2:]).item() == first
 
 
 def test_greedy_rows_follow_torch_argmax():
