@@ -211,8 +211,8 @@ def _sample_scan_kernel(logits, stride_row, V, temperature, top_k, num_chunks,
             _, key32 = _sanitized(raw)
             key_max = tl.maximum(key_max, tl.max(tl.where(mask, key32, 0), 0))
             if topk_on:
-                ones = tl.full([BLOCK], 1, tl.int64)
-                counts += _candidate_sums(ones, key32 >> SHIFT, mask, 0, TOP_SHIFT)
+                ones = tl.full([BLOCK], 1, tl.int32)  # (counts: int32 tiles, half the work of int64)
+                counts += _candidate_sums(ones, key32 >> SHIFT, mask, 0, TOP_SHIFT).to(tl.int64)
     slot = row * num_chunks + chunk
     tl.store(greedy_value + slot, best_value)
     tl.store(greedy_index + slot, best_index)
@@ -284,10 +284,10 @@ def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_c
                 if tl.max(inside.to(tl.int32), 0) > 0:
                     if MASS:
                         w = _exp_ce((x - m) * r)
-                        values = (w * _MASS_SCALE).to(tl.int64)
+                        sums += _candidate_sums((w * _MASS_SCALE).to(tl.int64), key, inside, prefix, shift)
                     else:
-                        values = tl.full([BLOCK], 1, tl.int64)
-                    sums += _candidate_sums(values, key, inside, prefix, shift)
+                        ones = tl.full([BLOCK], 1, tl.int32)
+                        sums += _candidate_sums(ones, key, inside, prefix, shift).to(tl.int64)
         tl.store(part_out + (row * num_chunks + chunk) * 16 + tl.arange(0, 16), sums)
 
 
