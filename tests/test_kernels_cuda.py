@@ -1000,9 +1000,10 @@ def _sample_on_cpu(logits, *params):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_sample_matches_reference_after_lm_head_in_cuda_graph(rows, dtype):
     """ce::sample on V = 248,320 rows of the lm_head's output (strided rows; a PDL skinny GEMM before it, as in the
-    decode graph) equals the CPU reference token for token: greedy and sampled rows, every filter; ties at the k-th
-    largest across chunks, -inf / NaN entries; eager, then replayed in a CUDA graph with new hidden states and
-    counters. The sampled rows really sample (not all their tokens are the argmax)."""
+    decode graph) equals the reference token for token (the CPU reference first: bit-exact across devices; then the
+    reference run on the GPU, quicker): greedy and sampled rows, every filter; ties at the k-th largest across
+    chunks, -inf / NaN entries, the use_top_k / use_top_p switches; eager, then replayed in a CUDA graph with new
+    hidden states and counters. The sampled rows really sample (not all their tokens are the argmax)."""
     gen = _seeded(rows + 100)
     hidden = _randn(gen, rows, 1024, dtype=dtype)
     lm_head = _randn(gen, 248320 + 64, 1024, dtype=dtype, scale=2 * 1024**-0.5)
@@ -1019,9 +1020,9 @@ def test_sample_matches_reference_after_lm_head_in_cuda_graph(rows, dtype):
     special[-1, ::1000] = special[-1].max()  # 249 ties at the top: top-k 20 / 40 cut inside them
     special[-1, 5] = float("nan")
     special[0, 3::7] = float("-inf")
-    for flags in ((True, True), (False, True), (True, False)):
+    for flags in ((True, True), (False, True), (True, False)):  # (the reference on the GPU from here on: faster)
         got = torch.ops.ce.sample(special, *params, *flags)
-        assert torch.equal(got.cpu(), _sample_on_cpu(special, *params, *flags)), flags
+        assert torch.equal(got, sample.sample_reference(special, *params, *flags)), flags
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -1031,15 +1032,15 @@ def test_sample_matches_reference_after_lm_head_in_cuda_graph(rows, dtype):
         hidden.copy_(_randn(gen, rows, 1024, dtype=dtype))
         params[5].add_(1)  # the next output position: new noise
         graph.replay()
-        want = _sample_on_cpu(captured_logits, *params)
-        assert torch.equal(captured_tokens.cpu(), want)
-        non_argmax += (want != captured_logits.float().argmax(-1).cpu()).sum().item()
+        want = sample.sample_reference(captured_logits, *params)
+        assert torch.equal(captured_tokens, want)
+        non_argmax += (want != captured_logits.float().argmax(-1)).sum().item()
     assert rows < 8 or non_argmax > 0
 
 
 def test_sample_many_small_rows_and_batch_invariance():
     """20,000 rows of 40 logits (bf16, on a coarse grid: ties everywhere) with every configuration equal the CPU
-    reference token for token; and a row's token is the same alone, in a batch of 64 and in a batch of 20,000."""
+    reference token for token; and a row of a batch of 64 (V = 248,320) draws the same token alone."""
     gen = _seeded(7)
     rows, vocab = 20000, 40
     logits = (_randn(gen, rows, vocab, scale=2.0) * 2).round().to(torch.bfloat16)
