@@ -5,10 +5,13 @@ here, in plain Python (no triton: the references run where triton is absent). It
 
 * ``ce::attention_decode``'s ``projected`` row: ``[q_gate (Hq*2*D) | k (Hkv*D) | v (Hkv*D)]``;
 * ``ce::gated_deltanet_decode``'s ``projected`` row: ``[q (Hk*K) | k (Hk*K) | v (Hv*V) | z (Hv*V) | b (Hv) | a (Hv)]``;
-* FLA's chunk length, which the chunked delta-rule reference, the host chunk table and FLA's kernels all use.
+* FLA's chunk length, which the chunked delta-rule reference, the host chunk table and FLA's kernels all use;
+* ``ce::sample``'s number formats: the integer key of a logit, the fixed-point token mass, the cut-offs.
 """
 
 from __future__ import annotations
+
+import torch
 
 CHUNK_SIZE = 64  # FLA's chunk length; prefix-cache snapshot boundaries are multiples of it
 
@@ -53,3 +56,10 @@ def check_gated_deltanet_decode_args(projected, conv_weight, num_k_heads, head_k
     if conv_weight.dim() != 2 or conv_weight.shape[0] != sum(sizes[:3]):
         raise ValueError(f"gated_deltanet_decode: conv_weight must be [{sum(sizes[:3])}, W], "
                          f"got {tuple(conv_weight.shape)}")
+
+
+# ce::sample (ops/sample.py)
+KEY_SHIFT = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}  # low key bits that are constant per dtype
+MIN_TEMPERATURE = 2.0**-100  # temperatures below it count as it: 1 / T stays finite
+MASS_SCALE = 2.0**32  # W = trunc(exp_ce(y) * 2**32): the fixed-point weight of a token in the top-p masses
+EXP_CUTOFF = -80.0  # exp_ce(y) = 0 below it

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import ops
 from ops import (
     activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, kv_cache, layouts, norm, paged_attention,
+    sample,
 )
 from ops.linear import SKINNY_MAX_ROWS
 from tests import hf_models
@@ -1030,6 +1031,86 @@ def test_argmax_matches_torch_after_lm_head_in_cuda_graph(rows, dtype):
         assert torch.equal(captured_tokens, torch.argmax(captured_logits, dim=-1))
 
 
+# (temperature, top_k, top_p, min_p) cycled over the rows of the ce::sample tests: greedy, plain, each filter, all
+# of them, k > V, and the serving defaults (top-k 20 / top-p 0.95 and top-k 50 / top-p 0.8).
+SAMPLE_CONFIGS = [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 20, 0.95, 0.0), (1.2, 0, 0.9, 0.0),
+                  (0.6, 40, 1.0, 0.05), (1.0, 1000, 0.8, 0.01), (1.5, 248320 + 5, 0.5, 0.0), (0.9, 0, 1.0, 0.2),
+                  (1.0, 50, 0.8, 0.0), (2.0, 0, 0.99, 0.0)]
+
+
+def _sample_params(rows: int, gen: torch.Generator, vocab: int = 248320):
+    configs = [SAMPLE_CONFIGS[i % len(SAMPLE_CONFIGS)] for i in range(rows)]
+    columns = list(zip(*configs))
+    return (torch.tensor(columns[0], device=DEV), torch.tensor(columns[1], device=DEV).clamp(max=vocab + 5),
+            torch.tensor(columns[2], device=DEV), torch.tensor(columns[3], device=DEV),
+            torch.randint(-(2**62), 2**62, (rows,), generator=gen, device=DEV),
+            torch.randint(0, 10**6, (rows,), generator=gen, device=DEV))
+
+
+def _sample_on_cpu(logits, *params):
+    """ce::sample's reference on the CPU: the GPU kernel must draw its tokens bit for bit across devices."""
+    return sample.sample_reference(logits.cpu(), *(p.cpu() if torch.is_tensor(p) else p for p in params))
+
+
+@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_sample_matches_reference_after_lm_head_in_cuda_graph(rows, dtype):
+    """ce::sample on V = 248,320 rows of the lm_head's output (strided rows; a PDL skinny GEMM before it, as in the
+    decode graph) equals the reference token for token (the CPU reference first: bit-exact across devices; then the
+    reference run on the GPU, quicker): greedy and sampled rows, every filter; ties at the k-th largest across
+    chunks, -inf / NaN entries, the use_top_k / use_top_p switches; eager, then replayed in a CUDA graph with new
+    hidden states and counters. The sampled rows really sample (not all their tokens are the argmax)."""
+    gen = _seeded(rows + 100)
+    hidden = _randn(gen, rows, 1024, dtype=dtype)
+    lm_head = _randn(gen, 248320 + 64, 1024, dtype=dtype, scale=2 * 1024**-0.5)
+    params = _sample_params(rows, gen)
+
+    def step():
+        logits = torch.ops.ce.linear(hidden, lm_head)[:, :248320]
+        return logits, torch.ops.ce.sample(logits, *params)
+
+    logits, tokens = step()
+    assert tokens.dtype == torch.long and torch.equal(tokens.cpu(), _sample_on_cpu(logits, *params))
+    special = logits.clone()
+    special[0, [7, 100000, 200000, 248319]] = special[0].max()  # tied maxima across chunks
+    special[-1, ::1000] = special[-1].max()  # 249 ties at the top: top-k 20 / 40 cut inside them
+    special[-1, 5] = float("nan")
+    special[0, 3::7] = float("-inf")
+    for flags in ((True, True), (False, True), (True, False)):  # (the reference on the GPU from here on: faster)
+        got = torch.ops.ce.sample(special, *params, *flags)
+        assert torch.equal(got, sample.sample_reference(special, *params, *flags)), flags
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_logits, captured_tokens = step()
+    non_argmax = 0
+    for _ in range(3):
+        hidden.copy_(_randn(gen, rows, 1024, dtype=dtype))
+        params[5].add_(1)  # the next output position: new noise
+        graph.replay()
+        want = sample.sample_reference(captured_logits, *params)
+        assert torch.equal(captured_tokens, want)
+        non_argmax += (want != captured_logits.float().argmax(-1)).sum().item()
+    assert rows < 8 or non_argmax > 0
+
+
+def test_sample_many_small_rows_and_batch_invariance():
+    """20,000 rows of 40 logits (bf16, on a coarse grid: ties everywhere) with every configuration equal the CPU
+    reference token for token; and a row of a batch of 64 (V = 248,320) draws the same token alone."""
+    gen = _seeded(7)
+    rows, vocab = 20000, 40
+    logits = (_randn(gen, rows, vocab, scale=2.0) * 2).round().to(torch.bfloat16)
+    params = _sample_params(rows, gen, vocab)
+    tokens = torch.ops.ce.sample(logits, *params)
+    assert torch.equal(tokens.cpu(), _sample_on_cpu(logits, *params))
+    big = _randn(gen, 64, 248320, dtype=torch.bfloat16, scale=3.0)
+    big_params = _sample_params(64, gen)
+    together = torch.ops.ce.sample(big, *big_params)
+    for i in (0, 2, 5, 63):
+        alone = torch.ops.ce.sample(big[i : i + 1], *(p[i : i + 1] for p in big_params))
+        assert alone.item() == together[i].item()
+
+
 def test_linear_chain_with_pdl_in_cuda_graph():
     """Back-to-back skinny GEMMs, each reading the one before (launched with PDL where the GPU has it), replayed
     in a CUDA graph: every output equals the eager chain's, so no kernel read its x before the previous wrote it."""
@@ -1199,6 +1280,8 @@ def _opcheck_cases():
                      (_randn(gen, 5, 16, 256, dtype=bf16)[..., :128], _randn(gen, 128, dtype=bf16),
                       _randn(gen, 5, 16, 128, dtype=bf16), 1e-6, False)),
         "argmax": (torch.ops.ce.argmax.default, (_randn(gen, 3, 248320 + 64, dtype=bf16)[:, :248320],)),
+        "sample": (torch.ops.ce.sample.default,
+                   (_randn(gen, 3, 248320 + 64, dtype=bf16)[:, :248320], *_sample_params(3, gen), True, True)),
         "advance_decode_inputs": (
             torch.ops.ce.advance_decode_inputs.default,
             (_randn(gen, 3, 248320, dtype=bf16),)
@@ -1214,7 +1297,8 @@ OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "attention_decode", "page
                  "causal_conv1d_prefill",
                  "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "gated_deltanet_decode",
                  "linear", "rms_norm",
-                 "silu_mul", "silu_mul_linear", "add_rms_norm", "add_rms_norm_linear", "argmax", "advance_decode_inputs"]
+                 "silu_mul", "silu_mul_linear", "add_rms_norm", "add_rms_norm_linear", "argmax",
+                 "advance_decode_inputs", "sample"]
 
 
 @pytest.mark.parametrize("name", OPCHECK_NAMES)
@@ -1240,6 +1324,7 @@ KERNEL_NAMES = {
     "add_rms_norm": "_add_rms_norm_kernel",
     "add_rms_norm_linear": "_skinny_gemm_kernel",
     "argmax": "_argmax_chunks_kernel",
+    "sample": "_sample_final_kernel",
     "advance_decode_inputs": "_next_decode_inputs_kernel",
 }
 

@@ -950,6 +950,12 @@ def _opcheck_cases():
                                 (_randn(g, 3, 8), _randn(g, 3, 8), _randn(g, 8), 1e-6, _randn(g, 5, 8))),
         "rms_norm": (ce.rms_norm.default, (_randn(g, 3, 2, 16)[..., :8], _randn(g, 8), _randn(g, 3, 2, 8), 1e-6, False)),
         "argmax": (ce.argmax.default, (_randn(g, 3, 40)[:, 4:],)),  # rows of a wider tensor
+        "sample": (  # greedy, sampled with top-k / top-p / min-p; rows of a wider tensor
+            ce.sample.default,
+            (_randn(g, 3, 40)[:, 4:], torch.tensor([0.0, 1.0, 0.7]), torch.tensor([0, 5, 0]),
+             torch.tensor([1.0, 0.9, 0.5]), torch.tensor([0.0, 0.0, 0.1]), torch.tensor([1, 2, 3]),
+             torch.tensor([4, 5, 6]), True, True),
+        ),
         "advance_decode_inputs": (
             ce.advance_decode_inputs.default,
             (_randn(g, 3, 40)[:, 4:], torch.tensor([5, 6, 7]), torch.tensor([3, 9, 0]), torch.tensor([40, 17, 0]),

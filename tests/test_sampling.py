@@ -28,7 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compiled_engine import SamplingParams
-from compiled_engine.sampler import SamplingBatch, _apply_top_k_top_p, sample, uniform_noise
+from compiled_engine.sampler import SamplingBatch, sample, uniform_noise
 from tests import hf_models
 from tests.test_engine import GREEDY, MODEL, assert_clean, drain, heavy_settings, hf_greedy, make_llm, prompt
 
@@ -184,12 +184,16 @@ def test_largest_noise_value_cannot_override_the_distribution():
 
 def test_top_p_one_filters_nothing_even_beside_a_top_p_row():
     """Regression: a top_p=1 row used to lose tail tokens (fp32 cumsum rounding up to 1) when another row of the
-    batch had top_p < 1, so its allowed set depended on its neighbours."""
+    batch had top_p < 1, so its allowed set depended on its neighbours. top_p = 1 is now off row by row: beside a
+    top-p row, such rows draw what they draw in a batch where top-p is off altogether (ce::sample's use_top_p)."""
     logits = torch.randn(8, 320, generator=torch.Generator().manual_seed(0)) * 8
     params = [SamplingParams(top_p=1.0)] * 7 + [SamplingParams(top_p=0.5)]
-    out = _apply_top_k_top_p(logits, make_batch(params, torch.zeros(8), torch.zeros(8)))
-    assert torch.equal(out[:7], logits[:7])
-    assert torch.isinf(out[7]).any()
+    for counter in range(20):
+        seeds, counters = torch.arange(8) * 3 + 1, torch.full((8,), counter)
+        mixed = sample(logits, make_batch(params, seeds, counters))
+        alone = sample(logits[:7], make_batch(params[:7], seeds[:7], counters[:7]))
+        assert not make_batch(params[:7], seeds[:7], counters[:7]).use_top_p
+        assert torch.equal(mixed[:7], alone)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,465 @@
+"""Triton kernels for ``ce::sample`` (semantics: ops/sample.py): radix select of each filter's threshold, then one
+Gumbel-max draw, with no sort and nothing of size ``V`` written.
+
+Every filter keeps the tokens whose key (the monotone integer key of the logit) is >= a threshold. The top-k and
+top-p thresholds are found by radix select, 4 key bits per pass: a pass counts, for the 16 candidate thresholds
+``prefix + d << shift`` (d = 0..15), the tokens (top-k) or the fixed-point softmax mass (top-p) with a key >= the
+candidate; the largest candidate still reaching k (or ``top_p * S``) becomes the next prefix. A pass only looks at
+the keys inside the current interval ``[prefix, prefix + 16 << shift)`` (what lies above it is carried as a sum), so
+it skips the candidate arithmetic on blocks with no key inside. Keys have 16 bits (bf16), 19 (fp16) or 32 (fp32):
+4, 5 or 8 passes per filter. Min-p is a per-token test (``y >= log(min_p)``) in the last pass.
+
+Each row is cut into CHUNK-wide pieces, one program each, and every pass is one launch over ``(B, chunks)``:
+  1. ``_scan``: each chunk's greedy winner (torch.argmax's rule, as ``ce::argmax``), its largest key, and the
+     counts of top-k's first pass;
+  2. ``_radix`` (launched once per remaining top-k pass, then once per top-p pass): every program first sums its
+     row's partials of the previous pass and takes the radix decision (all programs of a row take the same one;
+     chunk 0 stores it for the next launch), then writes its chunk's partials of this pass;
+  3. ``_final``: the last decision, then each chunk's winner of the Gumbel score among its kept tokens (the noise
+     is computed in registers: splitmix64 in uint64, Cephes log in fp32);
+  4. ``_reduce`` (grid ``(B,)``): the row's winner among the chunk winners, or its greedy token.
+Cost per row, V logits of s bytes: bf16 with top-k and top-p on: 1 + 3 + 4 + 1 = 9 passes reading ``V * s`` bytes
+each (4.5 MB at V = 248,320), 10 launches; fp32: 1 + 7 + 8 + 1 passes. ``use_top_k`` / ``use_top_p`` False drop
+their passes (temperature-only sampling: 2 passes, 3 launches). The candidate arithmetic (16 compares and adds per
+logit, an exp per logit for top-p) dominates; each pass also re-reads its row's partials ``[chunks, 16]`` per program.
+
+Exactness: the kernels perform the reference's fp32 operations in the same order, are compiled without FMA
+contraction (``enable_fp_fusion=False``), divide with ``div_rn``, and sum integer masses, so they return the
+reference's token, bit for bit. All kernels are PDL launches (ops/triton/pdl.py) that wait before any load.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ops.layouts import EXP_CUTOFF, KEY_SHIFT, MASS_SCALE, MIN_TEMPERATURE
+from ops.triton.argmax_kernels import _winner
+from ops.triton.pdl import pdl_flags
+
+CHUNK = 4096  # logits per program: 61 programs a row at V = 248,320
+BLOCK = 256  # logits per step inside a program ([BLOCK, 16] candidate tiles)
+MAX_VOCAB = 1 << 21  # masses: V * 2**32 < 2**53, exact in float64
+MAX_CHUNKS = 512
+STATE = 4  # a radix search's per-row state: prefix, mass (or count) above the interval, top-p's S, top-k's threshold
+
+# Globals the kernels read must be constexpr.
+_STATE = tl.constexpr(STATE)
+_BIG = tl.constexpr(2147483647)  # "no index"
+_EXP_CUTOFF = tl.constexpr(EXP_CUTOFF)
+_MASS_SCALE = tl.constexpr(MASS_SCALE)
+_MIN_TEMPERATURE = tl.constexpr(MIN_TEMPERATURE)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Helpers: keys, exp / log (ops/sample.py's exp_ce / log_ce, operation for operation), noise
+# --------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _sanitized(raw):
+    """(x, key32): fp32 logits with NaN -> -inf and -0 -> +0, and the unsigned monotone key of their bits."""
+    bits = raw.to(tl.float32).to(tl.int32, bitcast=True)
+    bits = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, -8388608, bits)
+    bits = tl.where(bits == -2147483648, 0, bits)
+    wide = bits.to(tl.int64)
+    key = tl.where(wide >= 0, wide + 2147483647 + 1, -1 - wide)
+    return bits.to(tl.float32, bitcast=True), key
+
+
+@triton.jit
+def _float_of_key(key):
+    """The fp32 value whose 32-bit key is ``key`` (int64)."""
+    bits = tl.where(key > 2147483647, key - 2147483647 - 1, -1 - key)
+    return bits.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exp_ce(y):
+    yc = tl.maximum(y, _EXP_CUTOFF)
+    n = tl.floor(yc * 1.44269504088896341 + 0.5)
+    r = yc - n * 0.693359375
+    r = r - n * -2.12194440e-4
+    z = r * r
+    p = r * 0.0 + 1.9875691500e-4
+    p = p * r + 1.3981999507e-3
+    p = p * r + 8.3334519073e-3
+    p = p * r + 4.1665795894e-2
+    p = p * r + 1.6666665459e-1
+    p = p * r + 5.0000001201e-1
+    e = p * z + r + 1.0
+    scale = ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.where(y < _EXP_CUTOFF, 0.0, e * scale)
+
+
+@triton.jit
+def _log_ce(x):
+    bits = x.to(tl.int32, bitcast=True)
+    e = (bits >> 23) - 127
+    mbits = (bits & 0x7FFFFF) | 0x3F800000
+    big = mbits > 0x3FB504F3
+    mbits = tl.where(big, mbits - 0x800000, mbits)
+    e = e + big.to(tl.int32)
+    f = mbits.to(tl.float32, bitcast=True) - 1.0
+    z = f * f
+    q = f * 0.0 + 7.0376836292e-2
+    q = q * f + -1.1514610310e-1
+    q = q * f + 1.1676998740e-1
+    q = q * f + -1.2420140846e-1
+    q = q * f + 1.4249322787e-1
+    q = q * f + -1.6668057665e-1
+    q = q * f + 2.0000714765e-1
+    q = q * f + -2.4999993993e-1
+    q = q * f + 3.3333331174e-1
+    y = q * f * z
+    ef = e.to(tl.float32)
+    y = y + ef * -2.12194440e-4
+    y = y - 0.5 * z
+    return f + y + ef * 0.693359375
+
+
+@triton.jit
+def _splitmix64(x):
+    """splitmix64 of uint64 ``x`` (ops/sample.py's ``_splitmix64``; uint64: wrapping products, logical shifts)."""
+    x = x + 0x9E3779B97F4A7C15
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+    return x ^ (x >> 31)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Row-level pieces: the row's maximum, the radix decision
+# --------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _row_max_key(chunk_max, row, num_chunks, CHUNKS_P: tl.constexpr):
+    offs = tl.arange(0, CHUNKS_P)
+    return tl.max(tl.load(chunk_max + row * num_chunks + offs, mask=offs < num_chunks, other=0), 0)
+
+
+@triton.jit
+def _decide(part, state, row, num_chunks, shift, k, top_p,
+            MASS: tl.constexpr, FROM_START: tl.constexpr, CHUNKS_P: tl.constexpr):
+    """The radix decision after a pass whose digit sat at ``shift``: (prefix, above, total), from that pass's
+    partials ``[chunks, 16]`` and the state it ran with. The target: ``k`` tokens, or (MASS) ``top_p * S`` of mass.
+    ``FROM_START``: that pass was top-p's first, whose candidate 0 summed S (the whole top-k mass)."""
+    c = tl.arange(0, CHUNKS_P)
+    j = tl.arange(0, 16)
+    p = tl.load(part + (row * num_chunks + c[:, None]) * 16 + j[None, :], mask=(c < num_chunks)[:, None], other=0)
+    tot = tl.sum(p, 0)  # [16]: the sum inside the interval over keys >= candidate j
+    prefix = tl.load(state + row * _STATE)
+    above = tl.load(state + row * _STATE + 1)
+    if FROM_START:
+        total = tl.sum(tl.where(j == 0, tot, 0), 0)
+    else:
+        total = tl.load(state + row * _STATE + 2)
+    ge = above + tot
+    if MASS:
+        ok = ge.to(tl.float64) >= top_p.to(tl.float64) * total.to(tl.float64)
+    else:
+        ok = ge >= k
+    d = tl.max(tl.where(ok, j, 0), 0)  # candidate 0 always qualifies
+    above = above + tl.sum(tl.where(j == d + 1, tot, 0), 0)
+    prefix = prefix + (d.to(tl.int64) << shift)
+    return prefix, above, total
+
+
+@triton.jit
+def _candidate_sums(values, key, inside, prefix, shift):
+    """[16]: the sum of ``values`` over the ``inside`` lanes whose key is >= candidate ``prefix + j << shift``."""
+    j = tl.arange(0, 16)
+    d = ((key - prefix) >> shift).to(tl.int32)
+    hit = inside[:, None] & (d[:, None] >= j[None, :])
+    return tl.sum(tl.where(hit, values[:, None], 0), 0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _sample_scan_kernel(logits, stride_row, V, temperature, top_k, num_chunks,
+                        greedy_value, greedy_index, chunk_max, topk_part, topk_state,
+                        SHIFT: tl.constexpr, TOP_SHIFT: tl.constexpr, USE_TOP_K: tl.constexpr,
+                        CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()  # the logits are the previous kernel's output
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    k = tl.load(top_k + row)
+    topk_on = (tl.load(temperature + row) > 0) & (k > 0) & (k < V) & USE_TOP_K
+    best_value = tl.full([], float("-inf"), tl.float32)
+    best_index = tl.full([], _BIG, tl.int32)
+    key_max = tl.full([], 0, tl.int64)
+    counts = tl.zeros([16], tl.int64)
+    for start in tl.range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
+        if start < V:
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < V
+            raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            value, index = _winner(raw, offs, mask)
+            # Blocks come in index order: a later block wins only with a larger value, or the first NaN.
+            value_nan = value != value
+            best_nan = best_value != best_value
+            take = (best_index == _BIG) | (value_nan & ~best_nan) | (~best_nan & (value > best_value))
+            best_value = tl.where(take, value, best_value)
+            best_index = tl.where(take, index, best_index)
+            _, key32 = _sanitized(raw)
+            key_max = tl.maximum(key_max, tl.max(tl.where(mask, key32, 0), 0))
+            if topk_on:
+                ones = tl.full([BLOCK], 1, tl.int32)  # (counts: int32 tiles, half the work of int64)
+                counts += _candidate_sums(ones, key32 >> SHIFT, mask, 0, TOP_SHIFT).to(tl.int64)
+    slot = row * num_chunks + chunk
+    tl.store(greedy_value + slot, best_value)
+    tl.store(greedy_index + slot, best_index)
+    tl.store(chunk_max + slot, key_max)
+    if topk_on:
+        tl.store(topk_part + slot * 16 + tl.arange(0, 16), counts)
+        if chunk == 0:
+            tl.store(topk_state + row * _STATE + tl.arange(0, _STATE), tl.zeros([_STATE], tl.int64))
+
+
+@triton.jit
+def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_chunks, chunk_max,
+                         part_in, state_in, part_out, state_out, shift,
+                         SHIFT: tl.constexpr, MASS: tl.constexpr, START: tl.constexpr, AFTER_START: tl.constexpr,
+                         USE_TOP_K: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+    """One radix pass at digit ``shift``, after the decision of the previous pass (``part_in``, ``state_in``).
+    Top-k (MASS False): token counts. Top-p (MASS True): masses of the top-k tokens. START: top-p's first pass, from
+    prefix 0, whose decision is top-k's last (its threshold, when top-k is on); AFTER_START: the previous pass was
+    top-p's first (its candidate 0 summed S)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    t = tl.load(temperature + row)
+    k = tl.load(top_k + row)
+    p = tl.load(top_p + row)
+    topk_on = (t > 0) & (k > 0) & (k < V) & USE_TOP_K
+    key_max32 = _row_max_key(chunk_max, row, num_chunks, CHUNKS_P)
+    m = _float_of_key(key_max32)  # the row's maximum (NaN counted as -inf)
+    finite = (m > float("-inf")) & (m < float("inf"))
+    if MASS:
+        on = (t > 0) & (p < 1) & finite
+    else:
+        on = topk_on
+    if on:
+        prefix = tl.full([], 0, tl.int64)
+        above = tl.full([], 0, tl.int64)
+        total = tl.full([], 0, tl.int64)
+        top_k_key = tl.full([], 0, tl.int64)
+        if START:
+            if topk_on:
+                top_k_key, _, _ = _decide(part_in, state_in, row, num_chunks, 0, k, p, False, False, CHUNKS_P)
+        else:
+            prefix, above, total = _decide(part_in, state_in, row, num_chunks, shift + 4, k, p, MASS, AFTER_START,
+                                           CHUNKS_P)
+            if MASS:
+                top_k_key = tl.load(state_in + row * _STATE + 3)
+        if chunk == 0:
+            fields = tl.arange(0, _STATE)
+            new_state = tl.where(fields == 0, prefix,
+                                 tl.where(fields == 1, above, tl.where(fields == 2, total, top_k_key)))
+            tl.store(state_out + row * _STATE + fields, new_state)
+        r = tl.div_rn(1.0, tl.maximum(t, _MIN_TEMPERATURE))
+        width = tl.full([], 16, tl.int64) << shift
+        sums = tl.zeros([16], tl.int64)
+        for start in tl.range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
+            if start < V:
+                offs = start + tl.arange(0, BLOCK)
+                mask = offs < V
+                raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
+                x, key32 = _sanitized(raw)
+                key = key32 >> SHIFT
+                rel = key - prefix
+                inside = mask & (rel >= 0) & (rel < width)
+                if MASS:
+                    inside = inside & (key >= top_k_key)
+                if tl.max(inside.to(tl.int32), 0) > 0:
+                    if MASS:
+                        w = _exp_ce((x - m) * r)
+                        sums += _candidate_sums((w * _MASS_SCALE).to(tl.int64), key, inside, prefix, shift)
+                    else:
+                        ones = tl.full([BLOCK], 1, tl.int32)
+                        sums += _candidate_sums(ones, key, inside, prefix, shift).to(tl.int64)
+        tl.store(part_out + (row * num_chunks + chunk) * 16 + tl.arange(0, 16), sums)
+
+
+@triton.jit
+def _sample_final_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, seeds, counters, num_chunks,
+                         chunk_max, topk_part, topk_state, topp_part, topp_state, best_score, best_index,
+                         SHIFT: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
+                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    t = tl.load(temperature + row)
+    k = tl.load(top_k + row)
+    p = tl.load(top_p + row)
+    key_max32 = _row_max_key(chunk_max, row, num_chunks, CHUNKS_P)
+    m = _float_of_key(key_max32)  # the row's maximum (NaN counted as -inf)
+    finite = (m > float("-inf")) & (m < float("inf"))
+    score_best = tl.full([], float("-inf"), tl.float32)
+    index_best = tl.full([], _BIG, tl.int32)
+    if (t > 0) & finite:
+        threshold = tl.full([], 0, tl.int64)
+        if (p < 1) & USE_TOP_P:  # the previous launch was top-p's last pass; its state carries top-k's threshold
+            threshold, _, _ = _decide(topp_part, topp_state, row, num_chunks, 0, k, p, True, False, CHUNKS_P)
+            threshold = tl.maximum(threshold, tl.load(topp_state + row * _STATE + 3))
+        elif (k > 0) & (k < V) & USE_TOP_K:  # the previous top-k launch was its last pass
+            threshold, _, _ = _decide(topk_part, topk_state, row, num_chunks, 0, k, p, False, False, CHUNKS_P)
+        key_max = key_max32 >> SHIFT
+        threshold = tl.minimum(threshold, key_max)
+        mp = tl.load(min_p + row)
+        min_p_on = mp > 0  # off: every y passes (y >= -inf)
+        log_min_p = tl.where(min_p_on, _log_ce(tl.where(min_p_on, mp, 1.0)), float("-inf"))
+        r = tl.div_rn(1.0, tl.maximum(t, _MIN_TEMPERATURE))
+        seed = tl.load(seeds + row).to(tl.uint64, bitcast=True)
+        counter = tl.load(counters + row).to(tl.uint64, bitcast=True)
+        row_hash = _splitmix64(_splitmix64(seed) ^ counter)
+        for start in tl.range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
+            if start < V:
+                offs = start + tl.arange(0, BLOCK)
+                mask = offs < V
+                raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
+                x, key32 = _sanitized(raw)
+                key = key32 >> SHIFT
+                y = (x - m) * r
+                kept = mask & (key >= threshold) & ((y >= log_min_p) | (key == key_max))
+                if tl.max(kept.to(tl.int32), 0) > 0:
+                    h = _splitmix64(row_hash ^ (offs.to(tl.uint64) * 0x9E3779B97F4A7C15))
+                    u = ((h >> 41).to(tl.int32).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+                    score = y - _log_ce(-_log_ce(u))
+                    score = tl.where(kept, score, float("-inf"))
+                    block_best = tl.max(score, 0)
+                    block_index = tl.min(tl.where(kept & (score == block_best), offs, _BIG), 0)
+                    take = (index_best == _BIG) | (block_best > score_best)
+                    score_best = tl.where(take, block_best, score_best)
+                    index_best = tl.where(take, block_index, index_best)
+    slot = row * num_chunks + chunk
+    tl.store(best_score + slot, score_best)
+    tl.store(best_index + slot, index_best)
+
+
+@triton.jit
+def _sample_reduce_kernel(temperature, chunk_max, greedy_value, greedy_index, best_score, best_index, out,
+                          num_chunks, CHUNKS_P: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, CHUNKS_P)
+    mask = offs < num_chunks
+    values = tl.load(greedy_value + row * num_chunks + offs, mask=mask, other=float("-inf"))
+    indices = tl.load(greedy_index + row * num_chunks + offs, mask=mask, other=0)
+    _, greedy = _winner(values, indices, mask)
+    key_max32 = _row_max_key(chunk_max, row, num_chunks, CHUNKS_P)
+    m = _float_of_key(key_max32)  # the row's maximum (NaN counted as -inf)
+    finite = (m > float("-inf")) & (m < float("inf"))
+    scores = tl.load(best_score + row * num_chunks + offs, mask=mask, other=float("-inf"))
+    winners = tl.load(best_index + row * num_chunks + offs, mask=mask, other=_BIG)
+    valid = mask & (winners < _BIG)
+    top = tl.max(tl.where(valid, scores, float("-inf")), 0)
+    drawn = tl.min(tl.where(valid & (scores == top), winners, _BIG), 0)
+    sampled = (tl.load(temperature + row) > 0) & finite
+    tl.store(out + row, tl.where(sampled, drawn, greedy).to(tl.int64))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Launcher
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _passes(dtype: torch.dtype) -> tuple[int, int]:
+    """(key shift, radix passes per filter) for logits of ``dtype``."""
+    shift = KEY_SHIFT[dtype]
+    return shift, (32 - shift + 3) // 4
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, use_top_k: bool = True,
+           use_top_p: bool = True, chunk: int = CHUNK, block: int = BLOCK) -> torch.Tensor:
+    """``ce::sample``'s CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``chunk`` and ``block``
+    (powers of two, ``block <= chunk``) override the tiling (the tests use small ones to get several chunks and blocks
+    from short rows)."""
+    if logits.dim() != 2 or logits.stride(1) != 1 or logits.dtype not in KEY_SHIFT:
+        raise ValueError(f"sample: logits must be [B, V] bf16/fp16/fp32 with contiguous columns, got "
+                         f"{tuple(logits.shape)} {logits.dtype} strides {logits.stride()}")
+    rows, vocab = logits.shape
+    params = (temperature, top_k, top_p, min_p, seeds, counters)
+    dtypes = (torch.float32, torch.int64, torch.float32, torch.float32, torch.int64, torch.int64)
+    for name, tensor, dtype in zip(("temperature", "top_k", "top_p", "min_p", "seeds", "counters"), params, dtypes):
+        if tensor.shape != (rows,) or tensor.dtype != dtype or not tensor.is_contiguous():
+            raise ValueError(f"sample: {name} must be [{rows}] contiguous {dtype}, got {tuple(tensor.shape)} "
+                             f"{tensor.dtype}")
+    out = torch.empty(rows, dtype=torch.long, device=logits.device)
+    if rows == 0:
+        return out
+    if vocab == 0:
+        raise ValueError("sample: an empty row has no token")
+    if vocab > MAX_VOCAB:
+        raise ValueError(f"sample: at most {MAX_VOCAB} logits a row, got {vocab}")
+    num_chunks = triton.cdiv(vocab, chunk)
+    if num_chunks > MAX_CHUNKS:
+        raise ValueError(f"sample: {vocab} logits need {num_chunks} chunks of {chunk}, more than {MAX_CHUNKS}")
+    shift, passes = _passes(logits.dtype)
+    top_shift = 4 * passes - 4
+    chunks_p = max(16, triton.next_power_of_2(num_chunks))
+    device = logits.device
+    # One int64 workspace: partials and states of the two searches (ping-pong slots: a pass reads the previous
+    # pass's slot and writes the other), chunk maxima, and the fp32 / int32 chunk winners (greedy and drawn).
+    n = rows * num_chunks
+    sizes = {"topk_part": 2 * n * 16, "topp_part": 2 * n * 16, "topk_state": 2 * rows * STATE,
+             "topp_state": 2 * rows * STATE, "chunk_max": n, "winners": 2 * n}
+    workspace = torch.empty(sum(sizes.values()), dtype=torch.int64, device=device)
+    views, offset = {}, 0
+    for name, size in sizes.items():
+        views[name] = workspace[offset : offset + size]
+        offset += size
+    topk_part = views["topk_part"].view(2, n * 16)
+    topp_part = views["topp_part"].view(2, n * 16)
+    topk_state = views["topk_state"].view(2, rows * STATE)
+    topp_state = views["topp_state"].view(2, rows * STATE)
+    winners = views["winners"].view(torch.int32).view(4, n)
+    greedy_value, greedy_index = winners[0].view(torch.float32), winners[1]
+    best_score, best_index = winners[2].view(torch.float32), winners[3]
+    chunk_max = views["chunk_max"]
+
+    flags = pdl_flags(logits)
+    launch = dict(num_warps=4, enable_fp_fusion=False, **flags)
+    grid = (rows, num_chunks)
+    stride = logits.stride(0)
+    _sample_scan_kernel[grid](logits, stride, vocab, temperature, top_k, num_chunks, greedy_value, greedy_index,
+                              chunk_max, topk_part[0], topk_state[0], SHIFT=shift, TOP_SHIFT=top_shift,
+                              USE_TOP_K=use_top_k, CHUNK=chunk, BLOCK=block, **launch)
+    common = dict(SHIFT=shift, USE_TOP_K=use_top_k, CHUNK=chunk, BLOCK=block, CHUNKS_P=chunks_p, **launch)
+    if use_top_k:
+        for i in range(1, passes):
+            _sample_radix_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, num_chunks, chunk_max,
+                                       topk_part[(i - 1) % 2], topk_state[(i - 1) % 2], topk_part[i % 2],
+                                       topk_state[i % 2], top_shift - 4 * i, MASS=False, START=False,
+                                       AFTER_START=False, **common)
+    topk_last = (passes - 1) % 2
+    if use_top_p:
+        for i in range(passes):
+            part_in, state_in = (topk_part[topk_last], topk_state[topk_last]) if i == 0 else (
+                topp_part[(i - 1) % 2], topp_state[(i - 1) % 2])
+            _sample_radix_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, num_chunks, chunk_max,
+                                       part_in, state_in, topp_part[i % 2], topp_state[i % 2], top_shift - 4 * i,
+                                       MASS=True, START=i == 0, AFTER_START=i == 1, **common)
+    topp_last = (passes - 1) % 2
+    _sample_final_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, min_p, seeds, counters, num_chunks,
+                               chunk_max, topk_part[topk_last], topk_state[topk_last], topp_part[topp_last],
+                               topp_state[topp_last], best_score, best_index, SHIFT=shift, USE_TOP_K=use_top_k,
+                               USE_TOP_P=use_top_p, CHUNK=chunk, BLOCK=block, CHUNKS_P=chunks_p, **launch)
+    _sample_reduce_kernel[(rows,)](temperature, chunk_max, greedy_value, greedy_index, best_score, best_index, out,
+                                   num_chunks, CHUNKS_P=chunks_p, num_warps=4, **flags)
+    return out

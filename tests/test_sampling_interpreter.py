@@ -1,0 +1,188 @@
+"""``ce::sample``'s Triton kernels (ops/triton/sample_kernels.py) on the CPU, by Triton's interpreter: token for
+token equal to the op's reference (ops/sample.py), which tests/test_sampling_op.py checks against a float64 oracle.
+
+Cases: hypothesis-generated batches (tests/test_sampling_op.py's ``sampling_cases``: ties, many ties on a coarse
+grid, -inf / NaN / +inf logits, rows of -inf, bf16 / fp16 / fp32, greedy and sampled rows, top_k 0 / 1 / > V,
+top_p 1, min_p 0, the use_top_k / use_top_p switches) with V from 1 to 3,000, small tiles so that rows span several
+chunks and blocks (V rarely a multiple of either), strided rows; hand-picked cases for every decision (ties at the
+k-th largest across chunks, the exact top-p and min-p boundaries, rows without a finite maximum, one-token rows);
+and batch invariance of the kernel itself (each row alone, and the rows permuted).
+
+``TRITON_INTERPRET=1`` must be set before triton decorates the kernels, so each group of checks runs in a child
+process (the parent never imports triton), which prints one JSON line {check: error message or null}.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Child process
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _child_checks(group: str) -> dict:
+    import math
+
+    import torch
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    from ops.sample import log_ce, sample_reference
+    from ops.triton import sample_kernels
+    from tests.test_sampling_op import NOISE_TIE, exact_quarter_logit, sampling_cases
+
+    def tiling(vocab, chunk, block):
+        """At most ~24 chunks of at most ~16 blocks (the interpreter runs every program in turn)."""
+        chunk = max(chunk, triton_next_pow2(-(-vocab // 24)))
+        return chunk, min(chunk, max(block, chunk // 16))
+
+    def triton_next_pow2(n):
+        return 1 << max(0, (n - 1).bit_length())
+
+    def check(case, chunk, block, strided=False):
+        logits, *params = case
+        if strided:  # rows of a wider tensor
+            wide = torch.full((logits.shape[0], logits.shape[1] + 5), 7.0, dtype=logits.dtype)
+            wide[:, 2 : 2 + logits.shape[1]] = logits
+            logits = wide[:, 2 : 2 + logits.shape[1]]
+        chunk, block = tiling(logits.shape[1], chunk, block)
+        got = sample_kernels.sample(logits, *params, chunk=chunk, block=block)
+        want = sample_reference(logits, *params)
+        assert got.dtype == torch.int64 and torch.equal(got, want), (
+            f"kernel {got.tolist()} != reference {want.tolist()} (V {logits.shape[1]}, {logits.dtype}, chunk {chunk}, "
+            f"block {block}, params {[p.tolist() if torch.is_tensor(p) else p for p in params]})")
+        return got
+
+    def hypothesis_check(vocab_sizes, examples):
+        @settings(max_examples=examples, derandomize=True, deadline=None, database=None,
+                  phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
+        @given(sampling_cases(vocab_sizes=vocab_sizes, max_rows=4), st.sampled_from([16, 64, 256]),
+               st.sampled_from([16, 32]), st.booleans())
+        def run(case, chunk, block, strided):
+            check(case, chunk, block, strided)
+
+        run()
+
+    def rows(logits, t, k, top_p, min_p, flags=(True, True), seed0=11):
+        n = logits.shape[0]
+        full = lambda value, dtype: torch.full((n,), value, dtype=dtype) if not isinstance(value, list) else (  # noqa
+            torch.tensor(value, dtype=dtype))
+        return (logits, full(t, torch.float32), full(k, torch.int64), full(top_p, torch.float32),
+                full(min_p, torch.float32), torch.arange(n, dtype=torch.int64) * 7919 + seed0,
+                torch.arange(n, dtype=torch.int64), *flags)
+
+    def ties_and_boundaries():
+        gen = torch.Generator().manual_seed(3)
+        # Ties at the k-th largest spread over chunks and blocks: 300 logits on a grid of ~9 values.
+        grid = (torch.randn(4, 300, generator=gen) * 1.5).round().to(torch.bfloat16)
+        for k, top_p in ((1, 1.0), (17, 0.6), (299, 1.0)):
+            check(rows(grid, [1.0, 0.7, 2.0, 0.0], k, top_p, 0.0), 64, 16)
+        # The exact top-p boundary (masses 1 and 4 x 1/4, top_p 0.5: the four are dropped) and min-p's.
+        q = exact_quarter_logit()
+        row = torch.tensor([[0.0, q, -30.0, q, q, q] + [-50.0] * 40])
+        got = check(rows(row.expand(6, -1).clone(), 1.0, 0, 0.5, 0.0), 16, 16)
+        assert set(got.tolist()) == {0}, got
+        check(rows(row.expand(6, -1).clone(), 1.0, 0, 0.51, 0.0), 16, 16)
+        y = log_ce(torch.tensor([0.3])).item()
+        below = torch.nextafter(torch.tensor(y), torch.tensor(-math.inf)).item()
+        got = check(rows(torch.tensor([[below, 0.0, y, -0.1]]).expand(32, -1).clone(), 1.0, 0, 1.0, 0.3), 16, 16)
+        assert set(got.tolist()) == {1, 2, 3}, got
+        # Exactly tied Gumbel scores (equal logits, equal noise at tokens 13 and 24): the first index wins, across
+        # chunks (16), across blocks of a chunk (32 / 16), and inside a block (64).
+        seed, counter, vocab, (first, _) = NOISE_TIE
+        tie = rows(torch.zeros(1, vocab), 1.0, 0, 1.0, 0.0)
+        tie = (*tie[:5], torch.tensor([seed]), torch.tensor([counter]), *tie[7:])
+        for chunk, block in ((16, 16), (32, 16), (64, 64)):
+            assert check(tie, chunk, block).item() == first
+
+    def special_rows():
+        gen = torch.Generator().manual_seed(5)
+        # Rows without a finite maximum, NaN and +inf, all tied, the maximum in the last partial chunk; k > V;
+        # greedy beside sampled.
+        special = torch.randn(5, 70, generator=gen)
+        special[0] = -math.inf
+        special[1, [3, 40]] = math.inf
+        special[2, [0, 5, 69]] = math.nan
+        special[3, :] = special[3, 9]
+        special[4, 64:] = 9.0
+        for dtype in (torch.bfloat16, torch.float16):
+            check(rows(special.to(dtype), [1.0, 0.5, 1.2, 0.8, 0.0], [0, 3, 80, 2, 0], 0.9, 0.05), 32, 16)
+        check(rows(special, [0.0, 1.0, 1.0, 1.0, 1.0], 5, 0.3, 0.0), 64, 64)
+        check(rows(torch.randn(3, 1, generator=gen), [1.0, 0.0, 2.0], [1, 0, 5], 0.5, 0.5), 16, 16)
+        # Switches: use_top_k / use_top_p False ignore the rows' values (fewer launches).
+        logits = (torch.randn(2, 200, generator=gen) * 3).to(torch.bfloat16)
+        for flags in ((False, True), (True, False), (False, False)):
+            check(rows(logits, 1.0, 5, 0.5, 0.0, flags), 64, 32)
+        # The default tiling (one chunk, one block at this size).
+        args = rows(torch.randn(2, 1000, generator=gen).to(torch.bfloat16), 0.9, 40, 0.9, 0.01)
+        assert torch.equal(sample_kernels.sample(*args), sample_reference(*args))
+
+    def batch_invariance():
+        gen = torch.Generator().manual_seed(4)
+        logits = (torch.randn(6, 150, generator=gen) * 2).to(torch.bfloat16)
+        args = rows(logits, [0.0, 1.0, 0.6, 1.3, 1.0, 0.8], [0, 10, 0, 3, 150, 20], [1.0, 0.9, 0.5, 1.0, 0.8, 0.95],
+                    [0.0, 0.0, 0.1, 0.0, 0.02, 0.0])
+        together = sample_kernels.sample(*args, chunk=32, block=16)
+        for i in range(6):
+            alone = sample_kernels.sample(*(a[i : i + 1] if torch.is_tensor(a) else a for a in args), chunk=32,
+                                          block=16)
+            assert alone.item() == together[i].item(), (i, alone, together)
+        perm = torch.tensor([3, 0, 5, 1, 4, 2])
+        permuted = sample_kernels.sample(*(a[perm] if torch.is_tensor(a) else a for a in args), chunk=32, block=16)
+        assert torch.equal(permuted, together[perm])
+
+    groups = {
+        "hypothesis_small_vocab": {"hypothesis_small_vocab": lambda: hypothesis_check(st.integers(1, 64), 30)},
+        "hypothesis_large_vocab": {"hypothesis_large_vocab": lambda: hypothesis_check(st.integers(65, 3000), 8)},
+        "ties_and_boundaries": {"ties_and_boundaries": ties_and_boundaries},
+        "special_rows_and_batch_invariance": {"special_rows": special_rows, "batch_invariance": batch_invariance},
+    }
+    results = {}
+    for name, fn in groups[group].items():
+        try:
+            fn()
+            results[name] = None
+        except Exception as exc:  # reported to the parent, which fails that test with this message
+            results[name] = f"{type(exc).__name__}: {exc}"
+    return results
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parent: pytest tests.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+GROUPS = ["hypothesis_small_vocab", "hypothesis_large_vocab", "ties_and_boundaries",
+          "special_rows_and_batch_invariance"]
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_sample_kernel_matches_reference_in_interpreter(group):
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=pythonpath)
+    proc = subprocess.run([sys.executable, __file__, "--child", group], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, f"interpreter child failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+    failures = {name: error for name, error in json.loads(lines[-1]).items() if error is not None}
+    assert not failures, failures
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("run with TRITON_INTERPRET=1")
+    sys.path.insert(0, str(REPO))
+    print(json.dumps(_child_checks(sys.argv[2])))
