@@ -206,7 +206,7 @@ def _runtime_run(ctx: Context, runtime, prompt: list[int], new_tokens: int) -> d
         step_s = []
         for _ in range(new_tokens - 1):
             t0 = time.perf_counter()
-            seq.token_ids.append(int(runtime.decode([seq]).greedy_tokens[0]))  # int() synchronises
+            seq.token_ids.append(int(runtime.decode([seq]).tokens[0]))  # int() synchronises
             step_s.append(time.perf_counter() - t0)
         decode_s = time.perf_counter() - first
     finally:

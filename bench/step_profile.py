@@ -119,7 +119,7 @@ def _profile_batch(ctx: Context, runtime, seqs, steps: int, top: int) -> dict:
             seq.token_ids.append(token)
 
     def decode_step() -> None:
-        tokens = runtime.decode(seqs).greedy_tokens.tolist()  # the engine's one device -> host copy
+        tokens = runtime.decode(seqs).tokens.tolist()  # the engine's one device -> host copy
         for seq, token in zip(seqs, tokens):
             seq.token_ids.append(token)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ops.step import HostTokens
+from ops.step import HostTokens, SamplingInputs
 from compiled_engine.runtime import Runtime
 from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
@@ -190,8 +190,8 @@ class LLMEngine:
         self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None
     ) -> tuple[list[Request], torch.Tensor, HostTokens]:
         """Run ``batch`` on the runtime and sample: the requests that get a token, their tokens on the device, and the
-        same tokens on their way to host memory (the decode graph's own when they are its greedy tokens; a copy
-        started here otherwise)."""
+        same tokens on their way to host memory (the decode graph's own when the graph chose them; a copy started
+        here otherwise)."""
         seqs = batch.seqs
         if batch.is_prefill:
             logits = self.runtime.prefill(seqs, batch.num_tokens)
@@ -200,18 +200,25 @@ class LLMEngine:
             if len(rows) != len(seqs):
                 seqs = [seqs[i] for i in rows]
                 logits = logits[upload(torch.tensor(rows, dtype=torch.long), logits.device)]
-            out = None
         else:
-            # Every sequence gets a token. No copy: with a compiled decode the logits and greedy tokens are the
-            # graph's output buffers, valid until the next decode step; they are used right here, before it.
-            out = self.runtime.decode(seqs, input_ids=input_ids)
+            # Every sequence gets a token, chosen in the decode step itself (its greedy tokens, or ce::sample's draw
+            # inside the graph), unless a request still suppresses its stop tokens (min_tokens): then from the logits,
+            # below. No copy: with a compiled decode the logits and tokens are the graph's output buffers, valid until
+            # the next decode step; they are used right here, before it.
+            requests = [self._request_of_seq[s.seq_id] for s in seqs]
+            in_step = not any(self._suppressing(r) for r in requests)
+            sampling = None
+            if in_step and not all(r.params.greedy for r in requests):
+                sampling = self._sampling_inputs(requests)
+            out = self.runtime.decode(seqs, input_ids=input_ids, sampling=sampling)
+            if in_step:
+                host = out.host_tokens if out.host_tokens is not None else to_host(out.tokens)
+                return requests, out.tokens, host
             logits = out.logits
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
         if not requests:
             return requests, logits.new_empty(0, dtype=torch.long), HostTokens(torch.empty(0, dtype=torch.long), None)
-        tokens = self._sample(requests, logits, None if out is None else out.greedy_tokens)
-        if out is not None and tokens is out.greedy_tokens and out.host_greedy_tokens is not None:
-            return requests, tokens, out.host_greedy_tokens
+        tokens = self._sample(requests, logits)
         return requests, tokens, to_host(tokens)
 
     def _accept(self, requests: list[Request], indices: list[int]) -> list[RequestOutput]:
@@ -364,14 +371,29 @@ class LLMEngine:
         request.finished_time = time.perf_counter()
         self.scheduler.finish(request.seq)
 
-    def _sample(
-        self, requests: list[Request], logits: torch.Tensor, greedy_tokens: torch.Tensor | None
-    ) -> torch.Tensor:
-        """The requests' next tokens. ``greedy_tokens``: each row's argmax, when the step computed it (decode)."""
-        # All greedy and nothing to suppress (the common serving and benchmark case): argmax, without building the
-        # nine per-row parameter tensors (nine host -> device copies per step).
-        if all(r.params.greedy and r.seq.num_generated_tokens >= r.params.min_tokens for r in requests):
-            return logits.argmax(dim=-1) if greedy_tokens is None else greedy_tokens
+    @staticmethod
+    def _suppressing(request: Request) -> bool:
+        """Whether the request's stop tokens are still suppressed (fewer than min_tokens generated)."""
+        return request.seq.num_generated_tokens < request.params.min_tokens and bool(request.stop_ids)
+
+    @staticmethod
+    def _sampling_inputs(requests: list[Request]) -> SamplingInputs:
+        """The rows' ce::sample parameters, on the host (the decode graph stages them into its own buffers)."""
+        params = [r.params for r in requests]
+        return SamplingInputs(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32),
+            seeds=torch.tensor([r.seed for r in requests], dtype=torch.int64),
+            counters=torch.tensor([r.seq.num_generated_tokens for r in requests], dtype=torch.int64),
+        )
+
+    def _sample(self, requests: list[Request], logits: torch.Tensor) -> torch.Tensor:
+        """The requests' next tokens from a step's logits (prefill steps, and decode steps that suppress tokens)."""
+        # All greedy and nothing to suppress: argmax, without building the per-row parameter tensors.
+        if all(r.params.greedy and not self._suppressing(r) for r in requests):
+            return logits.argmax(dim=-1)
         return sample(logits, self._sampling_batch(requests, logits.device))
 
     def _sampling_batch(self, requests: list[Request], device: torch.device) -> SamplingBatch:

@@ -13,8 +13,8 @@ import torch
 
 from compiled_engine.cache import reset_state_slots
 from compiled_engine.model import HybridModel
-from ops.step import DecodeOutput, StepInputs
-from graphs import DecodeGraphRunner
+from ops.step import DecodeOutput, SamplingInputs, StepInputs
+from graphs import DecodeGraphRunner, eager_decode
 
 
 class ModelExecutor:
@@ -35,11 +35,12 @@ class ModelExecutor:
         self.max_model_len = max_model_len
         self.device = device
         self.workers = workers
-        self._decode_fn: Callable[[StepInputs], DecodeOutput] = self._decode_eager
+        self._decode_fn: Callable[..., DecodeOutput] = self._decode_eager
 
     @property
-    def decode_fn(self) -> Callable[[StepInputs], DecodeOutput]:
-        """What runs a decode step: the eager model, or the DecodeGraphRunner once ``compile_decode`` has run."""
+    def decode_fn(self) -> Callable[..., DecodeOutput]:
+        """What runs a decode step, ``decode_fn(step, sampling=None)``: the eager model, or the DecodeGraphRunner
+        once ``compile_decode`` has run."""
         return self._decode_fn
 
     @property
@@ -75,17 +76,20 @@ class ModelExecutor:
         self._decode_fn = runner
         return runner
 
-    def execute(self, step: StepInputs, all_logits: bool = False) -> torch.Tensor | DecodeOutput:
+    def execute(
+        self, step: StepInputs, all_logits: bool = False, sampling: SamplingInputs | None = None
+    ) -> torch.Tensor | DecodeOutput:
         """Run one step on every rank. A prefill step returns fp32 logits of each sequence's last token (of every
         token when ``all_logits``); a decode step its ``DecodeOutput`` (with compiled decode: the graph's buffers,
-        valid until the next decode step)."""
+        valid until the next decode step), whose tokens ``sampling`` draws (rank 0 only: the other ranks' tokens are
+        dropped), else the greedy ones."""
         if self.workers is None:
-            return self._execute_local(step, all_logits)
+            return self._execute_local(step, all_logits, sampling)
         if self.workers.closed:
             raise RuntimeError("the tensor-parallel workers are stopped (closed, or a step failed)")
         try:
             self.workers.send_step(step, all_logits)
-            return self._execute_local(step, all_logits)
+            return self._execute_local(step, all_logits, sampling)
         except Exception as error:
             # The ranks are out of lockstep now (some may wait in a collective forever): stop them, then report the
             # worker's own error if one sent it, else ours.
@@ -94,16 +98,18 @@ class ModelExecutor:
             finally:
                 self.workers.abort()
 
-    def _execute_local(self, step: StepInputs, all_logits: bool) -> torch.Tensor | DecodeOutput:
+    def _execute_local(
+        self, step: StepInputs, all_logits: bool, sampling: SamplingInputs | None = None
+    ) -> torch.Tensor | DecodeOutput:
         if not step.is_prefill:
-            return self._decode_fn(step)
+            return self._decode_fn(step, sampling)
         hidden = self.model(step)
         if not all_logits:
             hidden = hidden[step.last_token_indices()]
         return self.model.compute_logits(hidden)
 
-    def _decode_eager(self, step: StepInputs) -> DecodeOutput:
-        return self.model.decode_output(self.model(step))
+    def _decode_eager(self, step: StepInputs, sampling: SamplingInputs | None = None) -> DecodeOutput:
+        return eager_decode(self.model, step, sampling)
 
     def reset_state_slots(self, slots: list[int]) -> None:
         """Zero these state slots of every linear layer, on every rank: fresh sequences start from zero state."""

@@ -5,7 +5,7 @@
     logits = rt.prefill([seq])                     # [1, vocab] fp32: logits after the last prompt token
     seq.token_ids.append(next_token)
     logits = rt.decode_step([seq])                 # one new token per sequence: [1, vocab] fp32
-    out = rt.decode([seq])                         # the same step as the engine runs it: out.greedy_tokens [1],
+    out = rt.decode([seq])                         # the same step as the engine runs it: out.tokens [1],
                                                    # out.logits in the model dtype, valid until the next decode
     rt.release(seq)                                # frees its KV blocks and its state slot
 
@@ -36,7 +36,7 @@ from compiled_engine.memory_plan import allocate_caches
 from compiled_engine.model import HybridModel
 from compiled_engine.sequence import Sequence
 from compiled_engine.step import pack_step
-from ops.step import DecodeOutput, StepInputs
+from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from compiled_engine.tp_workers import TensorParallelWorkers
 from graphs import DecodeGraphRunner
 from ops.flash_attention import check_flash_attn_usable
@@ -237,19 +237,22 @@ class Runtime:
     @torch.inference_mode()
     def decode_step(self, seqs: Seq[Sequence], *, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """One new token per sequence (its last appended one). Returns fp32 logits ``[N, vocab]``, the caller's to
-        keep. :meth:`decode` is the same step without the fp32 copy, plus each row's greedy token."""
+        keep. :meth:`decode` is the same step without the fp32 copy, plus each row's token."""
         return self.decode(seqs, input_ids=input_ids).logits.float()
 
     @torch.inference_mode()
-    def decode(self, seqs: Seq[Sequence], *, input_ids: torch.Tensor | None = None) -> DecodeOutput:
+    def decode(
+        self, seqs: Seq[Sequence], *, input_ids: torch.Tensor | None = None, sampling: SamplingInputs | None = None
+    ) -> DecodeOutput:
         """One new token per sequence (its last appended one): the step's ``DecodeOutput``, i.e. logits ``[N, vocab]``
-        in the model's dtype and ``greedy_tokens`` ``[N]`` int64 (each row's argmax), both on the device.
+        in the model's dtype and ``tokens`` ``[N]`` int64, both on the device: each row's argmax, or with
+        ``sampling`` (``[N]`` per-row parameters: ops.step.SamplingInputs) the tokens ``ce::sample`` draws in the
+        same step (inside the compiled graph).
 
         With a compiled decode these are the graph's output buffers, valid only until the next ``decode``/
-        ``decode_step`` (whose replay overwrites them): for callers that consume them at once, as LLMEngine does (it
-        samples from them), saving a ``[N, vocab]`` copy per step. A compiled decode also returns
-        ``host_greedy_tokens``, the greedy tokens in host memory (read them within four decodes:
-        graphs/decode_graph.py).
+        ``decode_step`` (whose replay overwrites them): for callers that consume them at once, as LLMEngine does,
+        saving a ``[N, vocab]`` copy per step. A compiled decode also returns ``host_tokens``, the tokens in host
+        memory (read them within four decodes: graphs/decode_graph.py).
 
         ``input_ids`` (``[N]`` int64 on the runtime's device): the new tokens, instead of each sequence's last
         token on the host. LLMEngine's overlapped decode passes the previous step's sampled tokens this way, before
@@ -265,7 +268,7 @@ class Runtime:
         step = self.build_step(seqs, [1] * len(seqs), is_prefill=False, device=self.executor.step_device)
         if input_ids is not None:
             step = dataclasses.replace(step, input_ids=input_ids)
-        out = self.executor.execute(step)
+        out = self.executor.execute(step, sampling=sampling)
         self.caches.record_prefixes(seqs)
         return out
 

@@ -13,15 +13,17 @@ compile", has the measurement (``python -m bench.compile_measure``) and the reas
 """
 
 from graphs.buckets import BucketPolicy, bucket_for, default_bucket_sizes
-from graphs.decode_graph import DecodeGraphRunner, decode_forward, expected_compiles
-from graphs.static_inputs import StaticDecodeInputs
+from graphs.decode_graph import DecodeGraphRunner, decode_forward, eager_decode, expected_compiles
+from graphs.static_inputs import StaticDecodeInputs, StaticSamplingInputs
 
 __all__ = [
     "BucketPolicy",
     "DecodeGraphRunner",
     "StaticDecodeInputs",
+    "StaticSamplingInputs",
     "bucket_for",
     "decode_forward",
+    "eager_decode",
     "default_bucket_sizes",
     "expected_compiles",
 ]

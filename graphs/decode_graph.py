@@ -3,7 +3,7 @@
     runner = DecodeGraphRunner(model, max_num_seqs=256, max_blocks_per_seq=512, device="cuda")
     runner.warmup()                       # compile + capture every bucket, largest first
     out = runner(step)                    # step: an unpadded decode StepInputs from Runtime.build_step
-    out.logits, out.greedy_tokens         # the graph's own buffers: valid until the runner's next call
+    out.logits, out.tokens         # the graph's own buffers: valid until the runner's next call
 
 Per step the host does only this: validate shapes, bring the static buffers to the step (nothing when the step is
 what the last replay left there: the same sequences decoding on greedily; otherwise one copy for a step built on the
@@ -47,9 +47,10 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from ops.step import DecodeOutput, HostTokens, StepInputs
+from ops.sample import sample_op
+from ops.step import DecodeOutput, HostTokens, SamplingInputs, StepInputs
 from graphs.buckets import BucketPolicy
-from graphs.static_inputs import StaticDecodeInputs
+from graphs.static_inputs import StaticDecodeInputs, StaticSamplingInputs
 from ops.decode_inputs import advance_decode_inputs
 from ops.library import OPS
 from ops.options import CUDA_GRAPH_CAPTURES, current_options
@@ -76,16 +77,25 @@ def decode_forward(
     state_slots: torch.Tensor,
     token_ring: torch.Tensor,
     ring_slot: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
     batch: int,
     block_size: int,
+    sample: bool,
 ) -> DecodeOutput:
     """The traced function: static buffers (first ``batch`` rows) -> the model's ``DecodeOutput`` (logits
-    ``[batch, vocab]`` in the model's dtype, greedy tokens ``[batch]``).
+    ``[batch, vocab]`` in the model's dtype, the step's tokens ``[batch]``).
 
     The full buffers are the inputs and the bucket's rows are sliced inside the graph, so the graph's inputs are
     always the same static tensors (sliced views as inputs would be "new" inputs that reduce-overhead copies).
-    Its epilogue, ``ce::advance_decode_inputs``, picks the greedy tokens and turns the step's inputs into the next
-    step's, for the steady state in which the same sequences decode on greedily (graphs/static_inputs.py): the
+    ``sample`` (a Python bool: each value is a graph of its own) draws the tokens with ``ce::sample`` from the
+    sampling buffers (graphs/static_inputs.py, StaticSamplingInputs); otherwise they are the greedy tokens. The
+    epilogue, ``ce::advance_decode_inputs``, takes the greedy tokens (or the drawn ones) and turns the step's inputs
+    into the next step's, for the steady state in which the same sequences decode on (graphs/static_inputs.py): the
     tokens into ``input_ids[:batch]`` and into row ``ring_slot`` of the host-visible ``token_ring`` (the ring slot
     incremented), and positions, slot_mapping and context_lens one position further for live rows.
     """
@@ -100,20 +110,26 @@ def decode_forward(
         is_prefill=False,
     )
     logits = model.decode_logits(model(step))
-    greedy_tokens = advance_decode_inputs(logits, step.input_ids, step.positions, step.slot_mapping, step.context_lens,
-                                          step.block_tables, token_ring, ring_slot, block_size)
-    return DecodeOutput(logits, greedy_tokens)
+    tokens = None
+    if sample:
+        tokens = sample_op(logits, temperature[:batch], top_k[:batch], top_p[:batch], min_p[:batch], seeds[:batch],
+                           counters[:batch])
+    tokens = advance_decode_inputs(logits, step.input_ids, step.positions, step.slot_mapping, step.context_lens,
+                                   step.block_tables, token_ring, ring_slot, block_size, tokens)
+    return DecodeOutput(logits, tokens)
 
 
-def expected_compiles(buckets: Iterable[int]) -> int:
-    """Dynamo/Inductor compiles for a warm-up of ``buckets`` (largest first) under automatic dynamic shapes.
+def expected_compiles(buckets: Iterable[int], variants: int = 2) -> int:
+    """Dynamo/Inductor compiles for a warm-up of ``buckets`` (largest first) under automatic dynamic shapes, for
+    ``variants`` values of ``sample`` (DecodeGraphRunner.variants: 2 by default, 1 without sampling graphs).
 
-    The largest bucket is compiled static; the first smaller bucket >= 2 triggers one recompile with the batch size
-    symbolic, which every other bucket >= 2 reuses; batch 1 is specialised (Dynamo never makes 0 or 1 symbolic).
+    Per variant: the largest bucket is compiled static; the first smaller bucket >= 2 triggers one recompile with the
+    batch size symbolic, which every other bucket >= 2 reuses; batch 1 is specialised (Dynamo never makes 0 or 1
+    symbolic). A new value of ``sample`` starts that sequence again.
     """
     sizes = sorted(set(buckets))
     largest = sizes[-1]
-    return 1 + any(2 <= b < largest for b in sizes) + (1 in sizes and largest != 1)
+    return variants * (1 + any(2 <= b < largest for b in sizes) + (1 in sizes and largest != 1))
 
 
 _runner_ids = itertools.count()
@@ -244,13 +260,17 @@ class DecodeGraphRunner:
         fullgraph: bool = True,
         backend: str | Callable | None = None,
         capture: str | None = None,
+        sampling: bool = True,
     ):
+        """``sampling``: also compile and capture, for every bucket, the variant that samples (``ce::sample``)."""
         _check_caches_allocated(model)
         self.model = model
         self.device = torch.device(device)
         self.policy = BucketPolicy.create(max_num_seqs, buckets)
         self.max_num_seqs = max_num_seqs
         self.static = StaticDecodeInputs(self.policy.max_size, max_blocks_per_seq, _block_size_of(model), self.device)
+        self.sampling = StaticSamplingInputs(self.policy.max_size, self.device)
+        self.variants = (False, True) if sampling else (False,)  # the ``sample`` values that get graphs
         self.mode = mode if backend is None else None
         self.fullgraph = fullgraph
         self.name = f"runner{next(_runner_ids)}"
@@ -274,11 +294,12 @@ class DecodeGraphRunner:
             compile_mode = "default" if self.capture == "runner" else mode
             self._compiled = torch.compile(fn, mode=compile_mode, **compile_kwargs)
         self._stance: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-        # capture == "runner": bucket -> (its CUDA graph, the output buffers the graph writes), filled by warmup().
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
+        # capture == "runner": (bucket, sample) -> (its CUDA graph, the output buffers the graph writes), filled by
+        # warmup().
+        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
         self._pool = None  # the memory pool the runner's graphs share (set by warmup)
-        # The greedy tokens the last replay returned: the graph also left them in static.input_ids[:n].
-        self._last_greedy: torch.Tensor | None = None
+        # The tokens the last replay returned: the graph also left them in static.input_ids[:n].
+        self._last_tokens: torch.Tensor | None = None
         self.warmed_up = False
         self.startup_seconds: float | None = None
         self.bucket_seconds: dict[int, float] = {}
@@ -300,12 +321,13 @@ class DecodeGraphRunner:
     @property
     def captured_buckets(self) -> tuple[int, ...]:
         """The buckets with a CUDA graph of the runner's own (``capture="runner"``), after warmup()."""
-        return tuple(sorted(self._graphs))
+        return tuple(sorted({bucket for bucket, _ in self._graphs}))
 
     # --------------------------------------------------------------------------------------------------- start-up
     @torch.inference_mode()
     def warmup(self) -> float:
-        """Compile and capture every bucket, largest first; returns the start-up seconds.
+        """Compile and capture every bucket (each variant: greedy, and sampling unless turned off), largest first;
+        returns the start-up seconds.
 
         Largest first: CUDA graphs of one runner share a memory pool, and a smaller graph recorded after a larger
         one reuses the larger one's memory instead of growing the pool. Every lane of the dummy batches is a padding
@@ -317,17 +339,18 @@ class DecodeGraphRunner:
         """
         enable_compile_caches()
         register_inductor_fallbacks(OPS)
-        raise_recompile_limit(len(self.policy))
+        raise_recompile_limit(len(self.policy) * len(self.variants))
         self._pool = torch.cuda.graph_pool_handle() if self.capture == "runner" else None
         start = time.perf_counter()
         self.static.clear()
         for bucket in reversed(self.policy.sizes):
             t0 = time.perf_counter()
-            self._compile_and_capture(bucket)
+            for sample in self.variants:
+                self._compile_and_capture(bucket, sample)
             self.bucket_seconds[bucket] = time.perf_counter() - t0
             logger.debug("decode bucket %d: compiled and captured in %.1f s", bucket, self.bucket_seconds[bucket])
         self.startup_seconds = time.perf_counter() - start
-        self._last_greedy = None  # warm-up's runs wrote the padding lanes' tokens into the input ids
+        self._last_tokens = None  # warm-up's runs wrote the padding lanes' tokens into the input ids
         self.static.forget()
         self._stance = _fail_on_recompile
         self.warmed_up = True
@@ -341,44 +364,48 @@ class DecodeGraphRunner:
         )
         return self.startup_seconds
 
-    def _compile_and_capture(self, bucket: int) -> None:
+    def _compile_and_capture(self, bucket: int, sample: bool) -> None:
         runs = {"trees": 3, "runner": 2}.get(self.capture, 1)
         for _ in range(runs):
-            self._replay(bucket)
+            self._replay(bucket, sample)
         if self.capture == "runner":
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool), self._stance():
-                outputs = self._compiled(self.model, *self.static.tensors(), bucket, self.static.block_size)
-            self._graphs[bucket] = (graph, outputs)
-            self._replay(bucket)
+                outputs = self._call_compiled(bucket, sample)
+            self._graphs[bucket, sample] = (graph, outputs)
+            self._replay(bucket, sample)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------------------------------------------ steps
     @torch.inference_mode()
-    def __call__(self, step: StepInputs) -> DecodeOutput:
-        """The decode ``step``'s logits (model dtype) and greedy tokens: views of the live rows of the graph's
+    def __call__(self, step: StepInputs, sampling: SamplingInputs | None = None) -> DecodeOutput:
+        """The decode ``step``'s logits (model dtype) and tokens: views of the live rows of the graph's
         output buffers, valid only until this runner's next call, whose replay overwrites them (cudagraph trees then
         make reading them an error). No copy: at batch 256 and a 248k vocabulary the logits are 127 MB, and the
         engine consumes them (samples) before the next step; ``Runtime.decode_step`` returns an fp32 copy.
 
+        The tokens are the greedy ones, or with ``sampling`` (``[N]`` per-row parameters) those ``ce::sample``
+        draws, in the sampling variant of the graph (or eagerly where the runner has no such variant).
         ``step``'s fields may be on the host (``step_device``: one copy into the graph's buffers) or the device.
-        Input ids that are the greedy tokens this runner returned last (the engine feeds them back while every
-        request decodes greedily) are already in the graph's input buffer: they are not copied. The output's
-        ``host_greedy_tokens`` are a row of the graph's token ring in host memory: read them (``tolist`` waits for
+        Input ids that are the tokens this runner returned last (the engine feeds them back) are already in the
+        graph's input buffer: they are not copied. The output's ``host_tokens`` are a row of the graph's token ring in host memory: read them (``tolist`` waits for
         the replay) before ``graphs.static_inputs.TOKEN_RING_SLOTS`` (4) more calls, which write the ring's rows in
         turn."""
         n = step.num_sequences
-        if not self.policy.covers(n):
+        sample = sampling is not None
+        if not self.policy.covers(n) or sample not in self.variants:
             self.static.check(step)
-            self._last_greedy = None
-            return self.model.decode_output(self.model(_on_device(step, self.device)))
-        last = self._last_greedy
+            self._last_tokens = None
+            return eager_decode(self.model, _on_device(step, self.device), sampling)
+        last = self._last_tokens
         if last is not None and step.input_ids.shape == last.shape and step.input_ids.data_ptr() == last.data_ptr():
             step = dataclasses.replace(step, input_ids=self.static.input_ids[:n])
         self.static.fill(step)  # validates the step
-        return self._replay_step(n)
+        if sample:
+            self.sampling.fill(sampling, n)
+        return self._replay_step(n, sample)
 
     @torch.inference_mode()
     def replay_last(self, num_sequences: int) -> DecodeOutput:
@@ -391,22 +418,22 @@ class DecodeGraphRunner:
         """
         if not (self.warmed_up and self.policy.covers(num_sequences)):
             raise ValueError(f"no warmed-up graph for {num_sequences} sequences (buckets {list(self.buckets)})")
-        return self._replay_step(num_sequences)
+        return self._replay_step(num_sequences, False)
 
-    def _replay_step(self, n: int) -> DecodeOutput:
-        """Replay the bucket of ``n`` sequences on the static buffers as they are; its output, the greedy tokens in
-        host memory included (their token-ring row, ready once the replay is done)."""
-        out = self._replay(self.policy.bucket_for(n))
+    def _replay_step(self, n: int, sample: bool) -> DecodeOutput:
+        """Replay the bucket of ``n`` sequences on the static buffers as they are; its output, the tokens in host
+        memory included (their token-ring row, ready once the replay is done)."""
+        out = self._replay(self.policy.bucket_for(n), sample)
         ring_row = self.static.replayed()
         ready = None
         if self.device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record()
-        self._last_greedy = out.greedy_tokens[:n]
-        return DecodeOutput(out.logits[:n], self._last_greedy, HostTokens(ring_row[:n], ready))
+        self._last_tokens = out.tokens[:n]
+        return DecodeOutput(out.logits[:n], self._last_tokens, HostTokens(ring_row[:n], ready))
 
-    def _replay(self, bucket: int) -> DecodeOutput:
-        captured = self._graphs.get(bucket)
+    def _replay(self, bucket: int, sample: bool) -> DecodeOutput:
+        captured = self._graphs.get((bucket, sample))
         if captured is not None:
             graph, outputs = captured
             graph.replay()  # reads the static buffers as they are now; overwrites `outputs`
@@ -415,7 +442,23 @@ class DecodeGraphRunner:
             # A new step: outputs of the previous replay may now be overwritten (callers were told so).
             torch.compiler.cudagraph_mark_step_begin()
         with self._stance():
-            return self._compiled(self.model, *self.static.tensors(), bucket, self.static.block_size)
+            return self._call_compiled(bucket, sample)
+
+    def _call_compiled(self, bucket: int, sample: bool) -> DecodeOutput:
+        return self._compiled(self.model, *self.static.tensors(), *self.sampling.tensors(), bucket,
+                              self.static.block_size, sample)
+
+
+def eager_decode(model: nn.Module, step: StepInputs, sampling: SamplingInputs | None = None) -> DecodeOutput:
+    """A decode step on the eager model: its logits and tokens (greedy, or drawn by ``ce::sample``)."""
+    out = model.decode_output(model(step))
+    if sampling is None:
+        return out
+    device = out.logits.device
+    fields = [getattr(sampling, f.name) for f in dataclasses.fields(sampling)]
+    if device.type == "cuda":  # pinned and asynchronous: a pageable copy would wait for the GPU to drain
+        fields = [t.pin_memory().to(device, non_blocking=True) if t.device.type == "cpu" else t for t in fields]
+    return DecodeOutput(out.logits, sample_op(out.logits, *fields))
 
 
 def _on_device(step: StepInputs, device: torch.device) -> StepInputs:

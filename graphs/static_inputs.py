@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ops.step import StepInputs
+from ops.step import SamplingInputs, StepInputs
 from ops.library import NULL_BLOCK, NULL_SLOT
 
 PAD_TOKEN_ID = 0
@@ -273,7 +273,71 @@ class StaticDecodeInputs:
         self.block_tables[start:stop].fill_(NULL_BLOCK)
 
 
-_TYPESTR = {torch.int64: "<i8", torch.int32: "<i4"}
+class StaticSamplingInputs:
+    """Device buffers of a sampled decode step's per-row parameters (``ce::sample``'s: ops/sample.py), one row per
+    lane, for the decode graphs that sample.
+
+    ``fill`` writes a step's rows and makes every other row a greedy padding lane (temperature 0, every filter off),
+    which the sampler passes through at no cost. Unlike the step inputs, nothing here is predicted by the graph: a
+    sampled step's parameters (the counters at least) change every step, and they are a few hundred bytes, so each
+    sampled step copies them, one copy per dtype (fp32: temperature | top_p | min_p; int64: top_k | seeds |
+    counters), from pinned staging buffers taking turns. The graph only reads them.
+    """
+
+    def __init__(self, max_batch: int, device: torch.device):
+        self.max_batch = max_batch
+        self.device = torch.device(device)
+        rows = -(-max_batch // ROW_ALIGN) * ROW_ALIGN
+        self._f32 = torch.zeros(3, rows, dtype=torch.float32, device=self.device)
+        self._i64 = torch.zeros(3, rows, dtype=torch.long, device=self.device)
+        self.temperature, self.top_p, self.min_p = (_own_storage(self._f32[i, :max_batch]) for i in range(3))
+        self.top_k, self.seeds, self.counters = (_own_storage(self._i64[i, :max_batch]) for i in range(3))
+        for t in self.tensors():
+            torch._dynamo.mark_static_address(t)
+        pinned = self.device.type == "cuda"
+        self._stages = [(torch.zeros(3, rows, dtype=torch.float32, pin_memory=pinned),
+                         torch.zeros(3, rows, dtype=torch.long, pin_memory=pinned)) for _ in range(STAGING_BUFFERS)]
+        self._stage_copied: list[torch.cuda.Event | None] = [None] * STAGING_BUFFERS
+        self._turn = 0
+        self._pad_values(self._f32, self._i64, 0)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The buffers in the order the compiled decode function takes them."""
+        return self.temperature, self.top_k, self.top_p, self.min_p, self.seeds, self.counters
+
+    @staticmethod
+    def _pad_values(f32: torch.Tensor, i64: torch.Tensor, start: int) -> None:
+        f32[0, start:], f32[1, start:], f32[2, start:] = 0.0, 1.0, 0.0  # greedy; top_p and min_p off
+        i64[:, start:] = 0  # top_k off, seed and counter 0
+
+    def fill(self, sampling: SamplingInputs, n: int) -> None:
+        """Rows 0..n-1 take ``sampling``'s ``[n]`` fields (host or device tensors); every other row is padding."""
+        fields = (sampling.temperature, sampling.top_p, sampling.min_p, sampling.top_k, sampling.seeds,
+                  sampling.counters)
+        if any(t.shape != (n,) for t in fields):
+            raise ValueError(f"sampling inputs must be [{n}] each, got {[tuple(t.shape) for t in fields]}")
+        if n > self.max_batch:
+            raise ValueError(f"decode batch of {n} sequences exceeds max_batch={self.max_batch}")
+        if sampling.temperature.device.type != "cpu":
+            for dst, src in zip((*self._f32, *self._i64), fields):
+                dst[:n].copy_(src, non_blocking=True)
+            self._pad_values(self._f32, self._i64, n)
+            return
+        k, self._turn = self._turn, (self._turn + 1) % STAGING_BUFFERS
+        if self._stage_copied[k] is not None:
+            self._stage_copied[k].synchronize()  # the copy that last read this buffer (long done, in practice)
+        f32, i64 = self._stages[k]
+        for dst, src in zip((*f32, *i64), fields):
+            dst[:n] = src
+        self._pad_values(f32, i64, n)
+        self._f32.copy_(f32, non_blocking=True)
+        self._i64.copy_(i64, non_blocking=True)
+        if self.device.type == "cuda":
+            self._stage_copied[k] = torch.cuda.Event()
+            self._stage_copied[k].record()
+
+
+_TYPESTR = {torch.int64: "<i8", torch.int32: "<i4", torch.float32: "<f4"}
 
 
 def _own_storage(view: torch.Tensor) -> torch.Tensor:

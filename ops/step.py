@@ -59,11 +59,25 @@ class HostTokens(NamedTuple):
 
 
 class DecodeOutput(NamedTuple):
-    """What a decode step produces on the device: ``logits`` ``[N, vocab]`` in the model's dtype, and
-    ``greedy_tokens`` ``[N]`` int64, each row's argmax (torch.argmax's rule), computed in the same graph so that
-    greedy sampling needs no kernel of its own. ``host_greedy_tokens``: the same tokens in host memory, where the
-    decode graph writes them there itself (graphs/decode_graph.py), so that reading them back needs no copy."""
+    """What a decode step produces on the device: ``logits`` ``[N, vocab]`` in the model's dtype, and ``tokens``
+    ``[N]`` int64, the step's next tokens: each row's argmax (torch.argmax's rule), or with sampling inputs the
+    tokens ``ce::sample`` drew, computed in the same graph so that the engine needs no kernel of its own for them.
+    ``host_tokens``: the same tokens in host memory, where the decode graph writes them there itself
+    (graphs/decode_graph.py), so that reading them back needs no copy."""
 
     logits: torch.Tensor
-    greedy_tokens: torch.Tensor
-    host_greedy_tokens: HostTokens | None = None
+    tokens: torch.Tensor
+    host_tokens: HostTokens | None = None
+
+
+@dataclass
+class SamplingInputs:
+    """Per-row parameters of a sampled decode step, ``ce::sample``'s (ops/sample.py), ``[N]`` each, on the host or
+    the device: a row with ``temperature`` 0 is greedy."""
+
+    temperature: torch.Tensor  # fp32
+    top_k: torch.Tensor  # int64, 0 = off
+    top_p: torch.Tensor  # fp32, 1 = off
+    min_p: torch.Tensor  # fp32, 0 = off
+    seeds: torch.Tensor  # int64
+    counters: torch.Tensor  # int64: the index of the token being drawn in each request's output

@@ -7,7 +7,9 @@ Properties (docs/ARCHITECTURE.md, "Compile and capture"):
 * isolation: after a compiled step every pool row of a slot outside the batch, and every KV row the step did not
   write, is bit-identical to before (torch.equal); padding lanes write only to the null slot and the null block;
 * a stream where sequences join, finish and reorder between steps: each one's logits equal its solo eager run;
-* one CUDA graph per bucket (at most three compiles: graphs.expected_compiles), no graph break, nothing recompiled after warm-up; warm-up leaves live sequences alone.
+* one CUDA graph per bucket and variant (greedy, sampling: at most three compiles each, graphs.expected_compiles),
+  no graph break, nothing recompiled after warm-up; warm-up leaves live sequences alone;
+* the sampling variant draws what ce::sample's reference draws from the graph's own logits.
 
 Compiling is the expensive part (~20 s per bucket on a 2-core CI machine with a cold Inductor cache), so one
 runner with three buckets (1, 2, 4) is built per module and shared by every test; each test releases what it adds.
@@ -22,11 +24,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ops.step import DecodeOutput
 from compiled_engine.runtime import Runtime
 from compiled_engine.sequence import Sequence
 from compiled_engine.step import pack_step
-from ops.step import StepInputs
 from graphs import (
     BucketPolicy,
     DecodeGraphRunner,
@@ -35,6 +35,8 @@ from graphs import (
     expected_compiles,
 )
 from ops.library import NULL_BLOCK, NULL_SLOT
+from ops.sample import sample_reference
+from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from tests.compile_helpers import (
     STATE_ATOL,
     STREAM_LOGIT_ATOL,
@@ -63,19 +65,27 @@ STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "block_tables", "contex
 
 
 @torch.inference_mode()
-def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs) -> DecodeOutput:
-    """One decode step of ``seqs`` run eagerly and compiled from the same caches; checks; keeps the compiled state."""
+def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs, sampling: SamplingInputs | None = None) -> DecodeOutput:
+    """One decode step of ``seqs`` run eagerly and compiled from the same caches; checks; keeps the compiled state.
+    ``sampling``: the step draws its tokens (the runner's sampling graph); they must be what ce::sample's reference
+    draws from the graph's own logits."""
     step = rt.build_step(seqs, [1] * len(seqs), is_prefill=False)
     model = rt.model
     before = snapshot(model)
     eager = model.compute_logits(model(step))
     eager_after = snapshot(model)
     restore(model, before)
-    compiled = runner(step)
+    compiled = runner(step, sampling)
     assert compiled.logits.shape == eager.shape and compiled.logits.dtype == rt.dtype
     assert_logits_close(compiled.logits.float(), eager)
-    assert_same_greedy(compiled.greedy_tokens, eager)  # ce::argmax, inside the graph
-    assert torch.equal(compiled.greedy_tokens, compiled.logits.argmax(dim=-1))
+    if sampling is None:
+        assert_same_greedy(compiled.tokens, eager)  # ce::argmax, inside the graph
+        assert torch.equal(compiled.tokens, compiled.logits.argmax(dim=-1))
+    else:
+        fields = [getattr(sampling, f.name) for f in dataclasses.fields(sampling)]
+        assert torch.equal(compiled.tokens, sample_reference(compiled.logits, *fields))
+    if runner.policy.covers(len(seqs)):  # the graph's epilogue left the tokens as the next step's input ids
+        assert torch.equal(runner.static.input_ids[: len(seqs)], compiled.tokens)
     n = len(seqs)
     padded = runner.policy.covers(n) and runner.policy.bucket_for(n) > n
     assert_isolated(model, before, step, block_size=rt.config.block_size, padded=padded)
@@ -317,7 +327,7 @@ def test_static_inputs_copy_nothing_when_the_graph_left_the_step():
 
 def test_one_graph_per_bucket_and_warmup_leaves_live_state_alone(compiled):
     rt, runner, facts = compiled
-    assert facts["graphs_compiled"] == expected_compiles(BUCKETS)
+    assert facts["graphs_compiled"] == expected_compiles(BUCKETS, len(runner.variants))
     assert facts["graph_breaks"] == 0
     assert facts["warmup_changed"] == [], "warm-up changed non-null rows of live sequences"
     assert runner.warmed_up and set(runner.bucket_seconds) == set(BUCKETS)
@@ -418,7 +428,7 @@ def test_no_recompile_after_warmup_and_stance_is_scoped(compiled):
     tensors[0] = tensors[0].int()
     with pytest.raises(Exception, match="(?i)recompil"):
         with torch.inference_mode(), runner._stance():
-            runner._compiled(runner.model, *tensors, 2, runner.static.block_size)
+            runner._compiled(runner.model, *tensors, *runner.sampling.tensors(), 2, runner.static.block_size, False)
     # ... and the stance is scoped to the runner's calls: other compiled code in the process still compiles.
     assert torch.compile(lambda x: x * 2 + 1, backend="eager", fullgraph=True)(torch.ones(3)).tolist() == [3.0] * 3
 
@@ -449,7 +459,7 @@ def test_compile_counter_one_frame_per_bucket(compiled):
         backend=counter,
     )
     runner.warmup()
-    assert counter.frame_count == expected_compiles(BUCKETS) and counter.op_count > 0
+    assert counter.frame_count == expected_compiles(BUCKETS, len(runner.variants)) and counter.op_count > 0
     seqs = [rt.add_sequence([2, 7, 1, 8][: i + 1]) for i in range(4)]
     try:
         rt.prefill(seqs)
@@ -460,7 +470,40 @@ def test_compile_counter_one_frame_per_bucket(compiled):
     finally:
         for seq in seqs:
             rt.release(seq)
-    assert counter.frame_count == expected_compiles(BUCKETS)  # nothing compiled after warm-up
+    assert counter.frame_count == expected_compiles(BUCKETS, len(runner.variants))  # nothing compiled after warm-up
+
+
+@given(data=st.data())
+def test_compiled_sampled_decode_matches_the_sampler(compiled, data):
+    """Random live sequences and per-row sampling parameters (greedy rows among them): the sampling graph's tokens
+    are ce::sample's reference draw from its logits, the logits and caches those of the eager step."""
+    rt, runner, _ = compiled
+    vocab = rt.model_config.vocab_size
+    token = st.integers(0, vocab - 1)
+    num_live = data.draw(st.integers(1, MAX_NUM_SEQS), label="live sequences")
+    seqs = [rt.add_sequence(data.draw(st.lists(token, min_size=1, max_size=20), label=f"prompt {i}"))
+            for i in range(num_live)]
+    try:
+        rt.prefill(seqs)
+        for _ in range(data.draw(st.integers(1, 3), label="steps")):
+            size = data.draw(st.integers(1, min(num_live, max(BUCKETS))), label="batch size")
+            batch = data.draw(st.permutations(seqs), label="order")[:size]
+            for seq in batch:
+                seq.token_ids.append(data.draw(token))
+            rows = [data.draw(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.7]), st.integers(0, vocab + 2),
+                                        st.sampled_from([1.0, 0.9, 0.3]), st.sampled_from([0.0, 0.05]),
+                                        st.integers(0, 2**62), st.integers(0, 1000)), label="row params")
+                    for _ in batch]
+            temperature, top_k, top_p, min_p, seeds, counters = zip(*rows)
+            sampling = SamplingInputs(
+                temperature=torch.tensor(temperature, dtype=torch.float32), top_k=torch.tensor(top_k),
+                top_p=torch.tensor(top_p, dtype=torch.float32), min_p=torch.tensor(min_p, dtype=torch.float32),
+                seeds=torch.tensor(seeds), counters=torch.tensor(counters),
+            )
+            compare_step(rt, runner, batch, sampling)
+    finally:
+        for seq in seqs:
+            rt.release(seq)
 
 
 def test_runner_rejects_bad_steps(compiled):
@@ -486,18 +529,18 @@ def test_replay_last_runs_the_next_greedy_step(compiled, num_seqs):
         for seq in seqs:
             seq.token_ids.append(13)
         first = rt.decode(seqs)
-        greedy = first.greedy_tokens.tolist()
-        assert first.host_greedy_tokens.tolist() == greedy
+        greedy = first.tokens.tolist()
+        assert first.host_tokens.tolist() == greedy
         before = snapshot(rt.model)
         replayed = runner.replay_last(len(seqs))
-        replayed = (replayed.logits.clone(), replayed.greedy_tokens.clone(), replayed.host_greedy_tokens.tolist())
+        replayed = (replayed.logits.clone(), replayed.tokens.clone(), replayed.host_tokens.tolist())
         after_replay = snapshot(rt.model)
         restore(rt.model, before)
         for seq, token in zip(seqs, greedy):  # the same step from the host: input ids copied, not in place
             seq.token_ids.append(token)
         built = rt.decode(seqs)
-        assert torch.equal(replayed[0], built.logits) and torch.equal(replayed[1], built.greedy_tokens)
-        assert replayed[2] == built.host_greedy_tokens.tolist() == built.greedy_tokens.tolist()
+        assert torch.equal(replayed[0], built.logits) and torch.equal(replayed[1], built.tokens)
+        assert replayed[2] == built.host_tokens.tolist() == built.tokens.tolist()
         for name, buf in cache_buffers(rt.model).items():  # every row but the null ones (padding lanes' garbage)
             live = sorted(set(range(rows(name, buf).shape[0])) - null_rows(name, BLOCK_SIZE))
             assert torch.equal(rows(name, buf)[live], rows(name, after_replay[name])[live]), name
