@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-prefix-caching", action="store_true", help="prefix caching on in every scenario")
     p.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false",
                    help="LLM(overlap_decode=False): read each step's tokens back before the next is built")
+    p.add_argument("--no-mixed-steps", dest="mixed_steps", action="store_false",
+                   help="LLM(mixed_steps=False): prefill steps go first; decoding sequences wait for them")
+    p.add_argument("--kv-growth-reserve", type=float, default=None,
+                   help="LLM(kv_growth_reserve=...): share of the running sequences' growth that admission keeps free "
+                        "(default: LLM's, 1)")
     p.add_argument("--bandwidth-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 cuda, 64 cpu)")
     p.add_argument("--hf-limit", type=int, default=None, help="HF runs only the first N requests of a workload")
     p.add_argument("--hf-batch-size", type=int, default=64, help="HF pad-left batch size")
@@ -132,7 +137,7 @@ def run(names, modules, kwargs, args, argv) -> int:
         out=out, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
         tensor_parallel_size=args.tensor_parallel_size, enable_prefix_caching=args.enable_prefix_caching,
-        overlap_decode=args.overlap_decode,
+        overlap_decode=args.overlap_decode, mixed_steps=args.mixed_steps, kv_growth_reserve=args.kv_growth_reserve,
         bandwidth_mib=args.bandwidth_mib, hf_limit=args.hf_limit, hf_batch_size=args.hf_batch_size,
         hf_max_time=args.hf_max_time, argv=argv,
     )

@@ -50,6 +50,8 @@ class Options:
     tensor_parallel_size: int = 1  # shard our engine over this many GPUs (HF always runs on one)
     enable_prefix_caching: bool = False  # for every scenario's engine (prefix runs both modes regardless)
     overlap_decode: bool = True  # LLM(overlap_decode=...) for every scenario's engine (LLM's default)
+    mixed_steps: bool = True  # LLM(mixed_steps=...) for every scenario's engine (LLM's default)
+    kv_growth_reserve: float | None = None  # LLM(kv_growth_reserve=...); default: LLM's
     bandwidth_mib: int | None = None  # copy buffer size; default 1024 on CUDA, 64 on CPU
     hf_limit: int | None = None  # HF runs at most this many requests of a workload (throughput, prefix)
     hf_batch_size: int = 64  # HF pad-left batch size
@@ -121,6 +123,9 @@ class Context:
         if self.opts.enable_prefix_caching:
             kwargs["enable_prefix_caching"] = True
         kwargs["overlap_decode"] = self.opts.overlap_decode
+        kwargs["mixed_steps"] = self.opts.mixed_steps
+        if self.opts.kv_growth_reserve is not None:
+            kwargs["kv_growth_reserve"] = self.opts.kv_growth_reserve
         if self.opts.tensor_parallel_size != 1:
             kwargs["tensor_parallel_size"] = self.opts.tensor_parallel_size
         return {**kwargs, **extra}
@@ -171,6 +176,8 @@ class Context:
             "enforce_eager": self.enforce_eager,
             "enable_prefix_caching": rt.config.enable_prefix_caching,
             "overlap_decode": self._llm.engine.overlap_decode,
+            "mixed_steps": self._llm.engine.scheduler.mixed_steps,
+            "kv_growth_reserve": self._llm.engine.scheduler.kv_growth_reserve,
             "tensor_parallel_size": rt.model.tp.world_size,
             "attention_backend": rt.config.attention_backend,
             "llm_build_s": self.llm_build_s,  # LLM(...) in this process: load + compile + capture

@@ -221,6 +221,7 @@ def serve(ctx: Context, engine, prompts: list[list[int]], output_len: int, concu
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True,
                             output_kind=RequestOutputKind.CUMULATIVE)
     preemptions = getattr(getattr(engine, "scheduler", None), "num_preemptions", None)
+    kinds_before = _step_kinds(engine)
     arrivals: dict[str, list[float]] = {}  # request id -> client time of each of its tokens
     finals: dict[str, object] = {}
     submitted = 0
@@ -278,6 +279,7 @@ def serve(ctx: Context, engine, prompts: list[list[int]], output_len: int, concu
     generated = sum(len(o.token_ids) for o in finals.values())
     prompt_tokens = sum(len(o.prompt_token_ids) for o in finals.values())
     after = getattr(getattr(engine, "scheduler", None), "num_preemptions", None)
+    kinds_after = _step_kinds(engine)
     return {
         "wall_s": wall,
         "output_tokens": generated,
@@ -288,6 +290,8 @@ def serve(ctx: Context, engine, prompts: list[list[int]], output_len: int, concu
         "in_flight_max": in_flight_max,
         "engine_steps": steps,
         "preemptions": None if preemptions is None or after is None else after - preemptions,
+        # the scheduler's steps by kind (a mixed step: decode rows and prompt chunks in one step)
+        "step_kinds": None if kinds_before is None else {k: kinds_after[k] - v for k, v in kinds_before.items()},
         "ttft_ms": distribution(ttft, 1e3),
         "tpot_ms": distribution(tpot, 1e3),
         "itl_ms": distribution(itl, 1e3),
@@ -295,6 +299,14 @@ def serve(ctx: Context, engine, prompts: list[list[int]], output_len: int, concu
         "ttft_s_per_request": ttft,
         "tpot_s_per_request": tpot,
     }
+
+
+def _step_kinds(engine) -> dict | None:
+    scheduler = getattr(engine, "scheduler", None)
+    if scheduler is None or not hasattr(scheduler, "num_mixed_steps"):
+        return None
+    return {"decode": scheduler.num_decode_steps, "mixed": scheduler.num_mixed_steps,
+            "prefill_only": scheduler.num_prefill_steps - scheduler.num_mixed_steps}
 
 
 def _sglang_cell(c: int, input_len: int, output_len: int, cell: dict) -> dict | None:

@@ -103,8 +103,11 @@ stage gemv_sweep 200 python3 bench/gemv_sweep.py --out "$WORK/gemv_sweep"
 COOKBOOK_CONCURRENCY=${COOKBOOK_CONCURRENCY:-1,16,64,256,1024}
 COOKBOOK=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-model-len 9216
           --max-num-seqs "$(tr , '\n' <<<"$COOKBOOK_CONCURRENCY" | sort -n | tail -1)")
-stage cookbook 540 python3 -m bench cookbook "${COOKBOOK[@]}" -p cookbook.concurrency="$COOKBOOK_CONCURRENCY" \
-    --out "$WORK/cookbook"
+# COOKBOOK_ARGS: more bench options for the cookbook stage alone (later ones win), e.g. "--max-num-seqs 512" or
+# "--no-mixed-steps" (the scheduler's policies: compiled_engine/scheduler.py).
+# shellcheck disable=SC2086
+stage cookbook 540 python3 -m bench cookbook "${COOKBOOK[@]}" ${COOKBOOK_ARGS:-} \
+    -p cookbook.concurrency="$COOKBOOK_CONCURRENCY" --out "$WORK/cookbook"
 stage sweep_contexts 150 python3 -m bench sweep "${COOKBOOK[@]}" -p sweep.prompt_len=512,8192 --out "$WORK/sweep_contexts"
 stage sampling 90 python3 -m bench sampling "${BENCH[@]}" --out "$WORK/sampling"
 dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix cookbook sweep_contexts sampling; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done

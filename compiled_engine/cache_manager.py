@@ -64,6 +64,13 @@ class CacheManager:
             return blocks_needed(num_new_tokens, 0, self.block_size)
         return blocks_needed(hit.num_tokens + num_new_tokens, len(hit.blocks), self.block_size) + hit.num_evictable
 
+    def growth_blocks(self, seq: Sequence, num_held: int) -> int:
+        """Blocks a sequence holding ``num_held`` still needs to reach its length limit (0 when the limit is unknown).
+        Its KV never holds its last token (nothing computes it), so the limit's last token takes no block."""
+        if seq.length_limit is None:
+            return 0
+        return blocks_needed(seq.length_limit - 1, num_held, self.block_size)
+
     def max_chunk(self, start: int) -> int | None:
         """The most tokens a prefill chunk starting at token ``start`` may compute: up to the next snapshot boundary
         with prefix caching (snapshots are taken only there), no limit (None) without."""

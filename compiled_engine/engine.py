@@ -7,8 +7,9 @@
             ...out.new_token_ids, out.finished, out.finish_reason
     engine.abort_request("r1")             # frees everything the request holds
 
-One ``step()``: schedule a batch -> run it on the runtime (prefill or decode) -> sample on the device -> append
-the tokens on the host (the one device->host copy of the step) -> finish requests that hit a stop condition.
+One ``step()``: schedule a batch -> run it on the runtime (prefill, decode, or mixed: decode rows in front of prompt
+chunks, compiled_engine/scheduler.py) -> sample on the device -> append the tokens on the host (the one device->host
+copy of the step) -> finish requests that hit a stop condition.
 With ``overlap_decode=True`` a step's tokens are read back only after the next step is launched
 (``_step_overlapped``), so the host's work for step N+1 runs while the GPU computes step N.
 """
@@ -77,6 +78,22 @@ def to_host(tokens: torch.Tensor) -> HostTokens:
     return HostTokens(host, copied)
 
 
+def fused_decode_row_limit(model: torch.nn.Module) -> int:
+    """The most decode rows a mixed step runs through the prefill path; with more, they run as a decode step of their
+    own right before the prefill chunks (``LLMEngine._launch``).
+
+    The prefill path moves a decode row's recurrent state seven times (gathered by slot, read as FLA's initial state,
+    written as its chunk state and read back, written as its final state, scattered back: ops/triton/
+    delta_rule_kernels.py) where the decode kernels read and write it once each: five state copies more per row. A
+    decode step of its own costs one more read of the weights. So the split pays from weight bytes / (5 x recurrent
+    state bytes per sequence) rows on: 15 for Qwen3.5-0.8B (1.5 GB of weights, 19 MB of fp32 state).
+    """
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    state = sum(m.recurrent_state[0].numel() * m.recurrent_state.element_size() for m in model.modules()
+                if getattr(m, "recurrent_state", None) is not None)
+    return weights // (5 * state) if state else 1 << 62
+
+
 @dataclass
 class _InFlight:
     """A step launched but not read back: the requests it gives a token, in row order, where each one's placeholder
@@ -106,13 +123,17 @@ class LLMEngine:
         *,
         max_num_batched_tokens: int = 8192,
         overlap_decode: bool = False,
+        mixed_steps: bool = True,
+        kv_growth_reserve: float = 1.0,
     ):
         """``overlap_decode``: read each step's tokens back during the next step (``_step_overlapped``). Off here, so
         that each ``step()`` returns its own tokens to a caller that streams them; ``LLM``, which only returns
-        finished outputs, turns it on."""
+        finished outputs, turns it on. ``mixed_steps``, ``kv_growth_reserve``: the scheduler's policy
+        (compiled_engine/scheduler.py)."""
         self.runtime = runtime
         self.tokenizer = tokenizer
-        self.scheduler = Scheduler(runtime.caches, runtime.config.max_num_seqs, max_num_batched_tokens)
+        self.scheduler = Scheduler(runtime.caches, runtime.config.max_num_seqs, max_num_batched_tokens,
+                                   mixed_steps=mixed_steps, kv_growth_reserve=kv_growth_reserve)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
@@ -120,6 +141,7 @@ class LLMEngine:
         self._next_id = 0
         self.overlap_decode = overlap_decode
         self._in_flight: _InFlight | None = None
+        self.max_fused_decode_rows = fused_decode_row_limit(runtime.model)
 
     # --------------------------------------------------------------------------------------------- requests
     def validate_request(
@@ -147,6 +169,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = self.runtime.new_sequence(token_ids)
+        seq.length_limit = min(len(token_ids) + params.max_tokens, self.runtime.max_model_len)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(62)
         request = Request(request_id, seq, params, seed, stop_ids, list(token_ids))
@@ -187,14 +210,30 @@ class LLMEngine:
         return self._accept_placed(requests, host, self._place(requests))
 
     def _launch(
-        self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None
+        self,
+        batch: ScheduledBatch,
+        input_ids: torch.Tensor | None = None,
+        device_input_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[list[Request], torch.Tensor, HostTokens]:
         """Run ``batch`` on the runtime and sample: the requests that get a token, their tokens on the device, and the
         same tokens on their way to host memory (the decode graph's own when the graph chose them; a copy started
-        here otherwise)."""
+        here otherwise). ``input_ids`` (a decode step) and ``device_input_ids`` (a prefill step): input
+        tokens still on the device (``_next_input_ids``, ``_carried_input_ids``).
+
+        A mixed step with more than ``max_fused_decode_rows`` decode rows runs them as a decode step (``input_ids``
+        are theirs) and then its prefill chunks as a prefill step: the same tokens, cheaper on the device.
+        """
+        if self._splits(batch):
+            d = batch.num_decode
+            requests, tokens, host = self._launch(ScheduledBatch(False, batch.seqs[:d], [1] * d, d), input_ids)
+            more, more_tokens, _ = self._launch(ScheduledBatch(True, batch.seqs[d:], batch.num_tokens[d:]))
+            if not more:  # only middle chunks of prompts: no token from the prefill step
+                return requests, tokens, host
+            tokens = torch.cat([tokens, more_tokens])  # also a copy of the decode graph's buffers, kept in flight
+            return requests + more, tokens, to_host(tokens)
         seqs = batch.seqs
         if batch.is_prefill:
-            logits = self.runtime.prefill(seqs, batch.num_tokens)
+            logits = self.runtime.prefill(seqs, batch.num_tokens, device_input_ids=device_input_ids)
             # Only sequences whose every token is now computed produce a token (not the middle chunks of a prompt).
             rows = [i for i, s in enumerate(seqs) if s.num_uncomputed_tokens == 0]
             if len(rows) != len(seqs):
@@ -221,6 +260,10 @@ class LLMEngine:
         tokens = self._sample(requests, logits)
         return requests, tokens, to_host(tokens)
 
+    def _splits(self, batch: ScheduledBatch) -> bool:
+        """Whether ``_launch`` runs a mixed batch's decode rows as a decode step of their own."""
+        return batch.is_prefill and batch.num_decode > self.max_fused_decode_rows
+
     def _accept(self, requests: list[Request], indices: list[int]) -> list[RequestOutput]:
         """Finish what the new tokens (at ``indices`` of each request's token_ids) stop; the step's outputs."""
         now = time.perf_counter()
@@ -245,9 +288,11 @@ class LLMEngine:
 
         Without overlap every step ends by reading its tokens back, so the GPU idles while the host schedules and
         packs the next step (a millisecond or more a step: bench/NOTES.md, "Overlapped steps").
-        Here a step (prefill or decode) is launched and left in flight: each sequence it gives a token gets a
+        Here a step (prefill, mixed or decode) is launched and left in flight: each sequence it gives a token gets a
         placeholder token (the lengths, hence positions, KV slots and blocks of the next step, are known), and the
-        next decode step takes those sequences' input ids from the in-flight step's sampled tokens on the device.
+        next step takes those sequences' input ids from the in-flight step's sampled tokens on the device: a decode
+        step as its input ids (``_next_input_ids``), a mixed step scattered over its packed ids at its decode rows
+        (``_carried_input_ids``), or, when ``_launch`` splits it, as the input ids of its decode part.
         The host reads a step's tokens back after it has launched the next one, then finishes what they stop. What
         this costs: a sequence stopped by EOS or a stop token computes one more token, thrown away. When KV blocks
         run short the in-flight step is read back first (``_may_run_ahead``).
@@ -256,24 +301,29 @@ class LLMEngine:
         if in_flight is not None and not self._may_run_ahead():
             return self._complete(in_flight)
         batch = self.scheduler.schedule()
-        if batch is not None and not batch.is_prefill and in_flight is not None:
+        if batch is not None and in_flight is not None:
             batch = self._without_length_stops(batch)
         if batch is None:
             return self._complete(in_flight) if in_flight is not None else []
-        input_ids = None
-        if not batch.is_prefill and in_flight is not None:
-            input_ids = self._next_input_ids(batch.seqs, in_flight)
-        requests, tokens, host = self._launch(batch, input_ids)
+        input_ids = carried = None
+        if in_flight is not None and batch.num_decode:
+            if batch.is_prefill and not self._splits(batch):
+                carried = self._carried_input_ids(batch, in_flight)
+            else:
+                input_ids = self._next_input_ids(batch.seqs[: batch.num_decode], in_flight)
+        requests, tokens, host = self._launch(batch, input_ids, None if carried is None else carried[1:])
         if requests:  # a prefill of middle chunks only gives no token
             self._in_flight = _InFlight.start(requests, tokens, self._place(requests), host)
         if in_flight is None:
             return []
         outputs = self._complete(in_flight)
-        if self.runtime.caches.prefix_cache is not None and not batch.is_prefill:
-            # The tokens just read back were this step's inputs: now the cache can hash them, index the blocks they
+        if self.runtime.caches.prefix_cache is not None and (input_ids is not None or carried is not None):
+            # The tokens just read back were inputs of this step: now the cache can hash them, index the blocks they
             # fill and snapshot a boundary this step reached. The copy queues behind this step, before the next.
-            # (A prefill step's inputs are prompt tokens, known and recorded when it ran.)
-            self.runtime.caches.record_prefixes([r.seq for r in requests if r.finish_reason is None])
+            # (The other inputs were known, and recorded when the step ran.)
+            seqs = batch.seqs[: batch.num_decode] if carried is None else carried[0]
+            self.runtime.caches.record_prefixes(
+                [s for s in seqs if self._request_of_seq.get(s.seq_id) is not None])
         return outputs
 
     def _may_run_ahead(self) -> bool:
@@ -283,13 +333,20 @@ class LLMEngine:
         return self.runtime.caches.num_free_blocks >= len(self.scheduler.running)
 
     def _without_length_stops(self, batch: ScheduledBatch) -> ScheduledBatch | None:
-        """The decode batch less the sequences that the in-flight token will finish by length (known now)."""
-        seqs = [
-            s for s in batch.seqs if not self._reaches_length(self._request_of_seq[s.seq_id], s.num_generated_tokens)
+        """The batch less the decode rows whose in-flight token will finish them by length (known now): computing that
+        token would waste a row, or pass max_model_len. (Only decode rows can hold a placeholder; a prefill chunk's
+        sequence has all its tokens known and would have finished already.)"""
+        d = batch.num_decode
+        keep = [
+            i for i, s in enumerate(batch.seqs[:d])
+            if not self._reaches_length(self._request_of_seq[s.seq_id], s.num_generated_tokens)
         ]
+        if len(keep) == d:
+            return batch
+        seqs = [batch.seqs[i] for i in keep] + batch.seqs[d:]
         if not seqs:
             return None
-        return ScheduledBatch(False, seqs, [1] * len(seqs))
+        return ScheduledBatch(batch.is_prefill, seqs, [1] * len(keep) + batch.num_tokens[d:], len(keep))
 
     def _next_input_ids(self, seqs: list[Sequence], in_flight: "_InFlight") -> torch.Tensor:
         """The decode step's input ids on the device: the in-flight step's sampled token for each sequence it gave
@@ -316,6 +373,28 @@ class LLMEngine:
         ids = packed[:n].clone()
         ids[packed[n : n + k]] = in_flight.tokens[packed[n + k :]]
         return ids
+
+    def _carried_input_ids(
+        self, batch: ScheduledBatch, in_flight: "_InFlight"
+    ) -> tuple[list[Sequence], torch.Tensor, torch.Tensor] | None:
+        """A mixed step's input ids still on the device: the decode rows the in-flight step gave a token (a
+        placeholder on the host), the token indices of those placeholders in the packed step, and their tokens.
+        Decode rows lead the step, one token each, so row i's token sits at index i. None when no row has one."""
+        row_of = {r.seq.seq_id: i for i, r in enumerate(in_flight.requests)}
+        seqs, indices, rows = [], [], []
+        for i, seq in enumerate(batch.seqs[: batch.num_decode]):
+            row = row_of.get(seq.seq_id)
+            if row is not None:
+                # the row computes exactly its one uncomputed token, and that token is the in-flight placeholder
+                assert in_flight.indices[row] == seq.num_computed_tokens == len(seq.token_ids) - 1
+                seqs.append(seq)
+                indices.append(i)
+                rows.append(row)
+        if not seqs:
+            return None
+        packed = upload(torch.tensor(indices + rows, dtype=torch.long), in_flight.tokens.device)  # one copy
+        k = len(seqs)
+        return seqs, packed[:k], in_flight.tokens[packed[k:]]
 
     @staticmethod
     def _place(requests: list[Request]) -> list[int]:

@@ -50,6 +50,8 @@ class LLM:
         tensor_parallel_size: int = 1,
         max_num_batched_tokens: int | None = None,
         overlap_decode: bool = True,
+        mixed_steps: bool = True,
+        kv_growth_reserve: float = 1.0,
         **runtime_config,
     ):
         """``model``: a checkpoint folder; None builds (or reuses) the embedded tiny Qwen3.5-architecture model.
@@ -60,6 +62,11 @@ class LLM:
         8,192 elsewhere (vLLM's LLM-class rule: memory_plan.default_max_num_batched_tokens).
         ``overlap_decode``: the host schedules and packs the next step while the GPU runs this one
         (LLMEngine._step_overlapped); outputs are unchanged. On by default (bench/NOTES.md, "Overlapped steps").
+        ``mixed_steps``: decode rows ride in prefill steps, decode first (compiled_engine/scheduler.py); off: prefill
+        steps go first and decoding sequences wait for them.
+        ``kv_growth_reserve``: the share of the running sequences' growth (to prompt + max_tokens) that admission
+        keeps free in the KV cache: 1 admits nothing that would later be preempted for blocks, 0 counts only the
+        admission's own step.
         ``runtime_config``: max_model_len, max_num_seqs, block_size, num_kv_blocks, gpu_memory_utilization,
         state_dtype (see README "Knobs").
         """
@@ -83,7 +90,8 @@ class LLM:
         )
         self.tokenizer = load_tokenizer(model)
         self.engine = LLMEngine(
-            self.runtime, self.tokenizer, max_num_batched_tokens=max_num_batched_tokens, overlap_decode=overlap_decode
+            self.runtime, self.tokenizer, max_num_batched_tokens=max_num_batched_tokens, overlap_decode=overlap_decode,
+            mixed_steps=mixed_steps, kv_growth_reserve=kv_growth_reserve,
         )
 
     def close(self) -> None:

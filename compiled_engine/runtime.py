@@ -221,15 +221,34 @@ class Runtime:
     # ------------------------------------------------------------------------------------------------- steps
     @torch.inference_mode()
     def prefill(
-        self, seqs: Seq[Sequence], num_tokens: Seq[int] | None = None, all_logits: bool = False
+        self,
+        seqs: Seq[Sequence],
+        num_tokens: Seq[int] | None = None,
+        all_logits: bool = False,
+        *,
+        device_input_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Compute the next ``num_tokens[i]`` uncomputed tokens of each sequence (default: all of them).
 
         Returns fp32 logits ``[N, vocab]`` after each sequence's last computed token, or ``[T, vocab]`` for every
         computed token when ``all_logits`` (teacher forcing).
+
+        ``device_input_ids`` = ``(indices, tokens)``, both ``[K]`` int64 on the runtime's device: the step's input
+        ids at those token indices (of the packed step: the sequences' chunks one after another) are ``tokens``
+        instead of the host's. LLMEngine's overlapped mixed steps pass the previous step's sampled tokens this way,
+        before the host has read them back (its sequences hold a placeholder there).
         """
+        if device_input_ids is not None:
+            indices, tokens = device_input_ids
+            if not (indices.dim() == 1 and indices.shape == tokens.shape and indices.dtype == tokens.dtype == torch.long
+                    and indices.device.type == tokens.device.type == self.device.type):
+                raise ValueError(f"device_input_ids must be two [K] int64 tensors on {self.device}, got "
+                                 f"{tuple(indices.shape)} {indices.dtype} on {indices.device} and "
+                                 f"{tuple(tokens.shape)} {tokens.dtype} on {tokens.device}")
         counts = [s.num_uncomputed_tokens for s in seqs] if num_tokens is None else list(num_tokens)
         step = self.build_step(seqs, counts, is_prefill=True)
+        if device_input_ids is not None:
+            step.input_ids[indices] = tokens  # the step's own fresh copy of its ids; queued before the step runs
         logits = self.executor.execute(step, all_logits)
         self.caches.record_prefixes(seqs)
         return logits

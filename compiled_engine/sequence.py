@@ -26,6 +26,9 @@ class Sequence:
     # Trailing tokens that are placeholders: sampled on the device, not read back yet (LLMEngine's overlapped
     # steps). The prefix cache hashes only the tokens before them.
     num_placeholder_tokens: int = 0
+    # The length at which the request finishes by length (prompt + max_tokens, at most max_model_len), for the
+    # scheduler's growth reserve; None: unknown (Runtime users), nothing reserved.
+    length_limit: int | None = None
     status: SequenceStatus = SequenceStatus.WAITING
 
     def __len__(self) -> int:

@@ -150,6 +150,7 @@ def test_cookbook(smoke):
     r = results["cookbook"]
     assert r["workload"]["concurrency"] == [1, 2] and r["workload"]["requests"] == [3, 3]
     assert r["workload"]["output_kind"] == "CUMULATIVE" and r["engine"]["overlap_decode"]
+    assert r["engine"]["mixed_steps"] and r["engine"]["kv_growth_reserve"] == 1.0  # LLM's defaults
     plan = r["memory_plan"]
     assert plan["max_num_seqs"] == 4 and plan["request_len"] == 17
     assert plan["kv_tokens"] == (plan["num_kv_blocks"] - 1) * plan["block_size"]
@@ -169,6 +170,8 @@ def test_cookbook(smoke):
         assert cell["output_tok_s"] == pytest.approx(generated / cell["wall_s"])
         assert cell["total_tok_s"] == pytest.approx((generated + prompt_tokens) / cell["wall_s"])
         assert cell["in_flight_max"] == c and cell["preemptions"] == 0
+        kinds = cell["step_kinds"]
+        assert set(kinds) == {"decode", "mixed", "prefill_only"} and kinds["decode"] > 0 and min(kinds.values()) >= 0
         for key, n in (("ttft_ms", 3), ("tpot_ms", 3), ("e2e_ms", 3), ("itl_ms", 3 * 4)):
             d = cell[key]
             assert d["n"] == n and 0 < d["p50"] <= d["p90"] <= d["p99"] <= d["max"], (c, key, d)

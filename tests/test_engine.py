@@ -1,8 +1,13 @@
 """LLMEngine and its scheduler on a tiny HF-verified model (CPU, fp32, eager): the behaviour docs/ARCHITECTURE.md "Scheduling"
 promises, each checked step by step, with HF transformers' greedy tokens as the oracle for every output.
 
-* new requests join while others decode (prefill steps interleave with decode steps of running sequences);
-* chunked prefill never exceeds ``max_num_batched_tokens`` and a chunked prompt's output is unchanged;
+* new requests join while others decode: with mixed steps (the default) the decode-ready sequences ride in the
+  prefill step as 1-token rows in front of the prefill chunks, so none waits more than one step while prefill work
+  streams in; without, prefill steps go first and interleave with decode steps;
+* chunked prefill never exceeds ``max_num_batched_tokens`` (decode rows included) and a chunked prompt's output is
+  unchanged;
+* admission keeps KV blocks for the running sequences to reach their length limits (``kv_growth_reserve``): a load
+  that preempts without the reserve runs without a preemption with it;
 * at most ``max_num_seqs`` sequences run; each running sequence holds one state slot, distinct and stable for its
   life, freed when it finishes;
 * preemption by recompute when KV blocks run out: the victim's blocks and slot are freed, it is requeued at the
@@ -128,6 +133,8 @@ class Scheduled:
     num_tokens: list[int]
     slots: list[int]  # state slot of each scheduled sequence
     running: dict[int, int]  # seq_id -> state slot of every running sequence after scheduling
+    num_decode: int = 0  # leading decode rows (all of a decode step)
+    ready: tuple[int, ...] = ()  # running sequences with exactly one uncomputed token after scheduling
 
 
 class StepRecorder:
@@ -148,6 +155,8 @@ class StepRecorder:
                         list(batch.num_tokens),
                         [s.state_slot for s in batch.seqs],
                         {s.seq_id: s.state_slot for s in scheduler.running},
+                        batch.num_decode,
+                        tuple(s.seq_id for s in scheduler.running if s.num_uncomputed_tokens == 1),
                     )
                 )
             return batch
@@ -187,8 +196,9 @@ def model_path(build_hf_model):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_new_requests_join_while_others_decode(model_path, load_hf_model):
-    llm = make_llm(model_path, max_num_seqs=4)
+@pytest.mark.parametrize("mixed", [True, False])
+def test_new_requests_join_while_others_decode(model_path, load_hf_model, mixed):
+    llm = make_llm(model_path, max_num_seqs=4, mixed_steps=mixed)
     engine = llm.engine
     rec = StepRecorder(engine)
     a, b, c = prompt(10), prompt(7), prompt(23)
@@ -198,10 +208,15 @@ def test_new_requests_join_while_others_decode(model_path, load_hf_model):
     assert [x.is_prefill for x in rec.batches] == [True, False, False]
     engine.add_request("b", b, SamplingParams(max_tokens=6, **GREEDY))
     engine.step()
-    # b's prefill runs while a is still running (mid-decode, holding its slot), and the next decode has both.
+    # b's prefill runs while a is still running (mid-decode, holding its slot), and the next decode has both. With
+    # mixed steps a decodes in that very step, as a 1-token row in front of b's prompt.
     join = rec.batches[-1]
     a_id, b_id = seq_of(engine, "a").seq_id, seq_of(engine, "b").seq_id
-    assert join.is_prefill and join.seq_ids == [b_id] and set(join.running) == {a_id, b_id}
+    assert join.is_prefill and set(join.running) == {a_id, b_id}
+    if mixed:
+        assert (join.seq_ids, join.num_tokens, join.num_decode) == ([a_id, b_id], [1, len(b)], 1)
+    else:
+        assert (join.seq_ids, join.num_decode) == ([b_id], 0)
     engine.step()
     assert not rec.batches[-1].is_prefill and rec.batches[-1].seq_ids == [a_id, b_id]
     engine.add_request("c", c, SamplingParams(max_tokens=4, **GREEDY))
@@ -209,9 +224,110 @@ def test_new_requests_join_while_others_decode(model_path, load_hf_model):
     assert_clean(engine)
     c_prefill = next(i for i, x in enumerate(rec.batches) if x.is_prefill and len(x.running) == 3)
     assert not rec.batches[c_prefill + 1].is_prefill and len(rec.batches[c_prefill + 1].seq_ids) == 3
+    assert (engine.scheduler.num_mixed_steps > 0) == mixed
     for rid, tokens, n in (("a", a, 12), ("b", b, 6), ("c", c, 4)):
         assert finals[rid].token_ids == hf_greedy(load_hf_model, tokens, n), rid
         assert finals[rid].finish_reason == "length"
+
+
+def test_mixed_steps_carry_every_decode_ready_sequence_first(model_path, load_hf_model):
+    """Requests arriving over time with a 16-token budget: every step takes every decode-ready running sequence, as
+    the leading 1-token rows of a prefill step when prompt chunks are left to compute (the budget counting them too),
+    and the outputs are HF's."""
+    budget = 16
+    engine = make_llm(model_path, max_num_seqs=4, max_num_batched_tokens=budget).engine
+    rec = StepRecorder(engine)
+    specs = [(5, 12, 0), (40, 6, 0), (9, 10, 2), (33, 8, 3), (1, 7, 5), (27, 9, 9), (16, 5, 12)]
+    prompts = {f"r{i}": prompt(n, 12) for i, (n, _, _) in enumerate(specs)}
+    step = 0
+
+    def arrive():
+        for i, (_, max_tokens, at) in enumerate(specs):
+            if at == step:
+                engine.add_request(f"r{i}", prompts[f"r{i}"], SamplingParams(max_tokens=max_tokens, **GREEDY))
+
+    def on_step():
+        nonlocal step
+        step += 1
+        arrive()
+        check_invariants(engine)
+
+    arrive()
+    finals = drain(engine, on_step=on_step)
+    assert_clean(engine)
+    for x in rec.batches:
+        assert sum(x.num_tokens) <= budget
+        assert x.num_tokens[: x.num_decode] == [1] * x.num_decode  # decode rows lead
+        assert set(x.ready) <= set(x.seq_ids), "a decode-ready sequence was left out of a step"
+        if not x.is_prefill:
+            assert x.num_decode == len(x.seq_ids)
+    mixed = [x for x in rec.batches if x.is_prefill and x.num_decode and max(x.num_tokens) > 1]
+    assert len(mixed) >= 3 and engine.scheduler.num_mixed_steps == len([x for x in rec.batches if x.is_prefill
+                                                                         and x.num_decode])
+    assert any(sum(x.num_tokens) == budget for x in mixed)  # prompt chunks fill what the decode rows leave
+    for i, (n, max_tokens, _) in enumerate(specs):
+        assert finals[f"r{i}"].token_ids == hf_greedy(load_hf_model, prompts[f"r{i}"], max_tokens), i
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_a_decoding_sequence_waits_at_most_one_step_while_prompts_stream_in(model_path, load_hf_model, mixed):
+    """One request decodes while three 90-token prompts stream in through a 16-token budget (prefill work for more
+    than 15 steps). Counted in engine steps between its tokens: with mixed steps it gets a token every step; prefill
+    first, it waits for consecutive prefill steps (the contrast that makes the count mean something)."""
+    engine = make_llm(model_path, max_num_seqs=4, max_num_batched_tokens=16, mixed_steps=mixed).engine
+    tokens = prompt(6, 13)
+    engine.add_request("a", tokens, SamplingParams(max_tokens=30, **GREEDY))
+    engine.step()  # a's prefill: its first token
+    for i in range(3):
+        engine.add_request(f"p{i}", prompt(90, 14 + i), SamplingParams(max_tokens=3, **GREEDY))
+    steps_of_a, step = [0], 0
+    while "a" in engine.requests:
+        step += 1
+        outputs = engine.step()
+        steps_of_a += [step for out in outputs if out.request_id == "a"]
+        assert step < 500
+    gaps = [b - a for a, b in zip(steps_of_a, steps_of_a[1:])]
+    assert len(steps_of_a) == 30
+    if mixed:
+        assert gaps == [1] * 29
+        assert engine.scheduler.num_mixed_steps >= 15
+    else:
+        assert max(gaps) >= 5
+    finals = drain(engine)
+    assert_clean(engine)
+    assert engine.scheduler.num_prefill_tokens == len(tokens) + 3 * 90  # decode rows are not prefill tokens
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_mixed_step_with_many_decode_rows_runs_them_as_a_decode_step_first(model_path, load_hf_model, split,
+                                                                             monkeypatch):
+    """Beyond ``max_fused_decode_rows`` decode rows, a mixed step runs them through the decode path, then its prompt
+    chunks through the prefill path, in the same engine step; below it, one varlen prefill step carries both. The
+    same tokens (HF's) either way."""
+    engine = make_llm(model_path, max_num_seqs=4, max_num_batched_tokens=16).engine
+    engine.max_fused_decode_rows = 0 if split else 64
+    calls: list[tuple[str, list[int]]] = []
+    runtime = engine.runtime
+    decode, prefill = runtime.decode, runtime.prefill
+    monkeypatch.setattr(runtime, "decode", lambda seqs, **kw: calls.append(("decode", [1] * len(seqs)))
+                        or decode(seqs, **kw))
+    monkeypatch.setattr(runtime, "prefill", lambda seqs, counts, *a, **kw: calls.append(("prefill", list(counts)))
+                        or prefill(seqs, counts, *a, **kw))
+    prompts = {"a": prompt(7, 15), "b": prompt(8, 15), "c": prompt(45, 15)}
+    engine.add_request("a", prompts["a"], SamplingParams(max_tokens=9, **GREEDY))
+    engine.add_request("b", prompts["b"], SamplingParams(max_tokens=9, **GREEDY))
+    engine.step()  # a and b: prompts
+    engine.add_request("c", prompts["c"], SamplingParams(max_tokens=4, **GREEDY))
+    del calls[:]
+    engine.step()  # a and b decode, c's first chunk
+    if split:
+        assert calls == [("decode", [1, 1]), ("prefill", [14])]
+    else:
+        assert calls == [("prefill", [1, 1, 14])]
+    finals = drain(engine)
+    assert_clean(engine)
+    for rid, n in (("a", 9), ("b", 9), ("c", 4)):
+        assert finals[rid].token_ids == hf_greedy(load_hf_model, prompts[rid], n), rid
 
 
 def test_chunked_prefill_under_token_budget(model_path, load_hf_model):
@@ -405,7 +521,9 @@ class PreemptionProbe:
         scheduler._preempt = probed
 
 
-PREEMPTING = dict(block_size=4, num_kv_blocks=26, max_model_len=96, max_num_seqs=4, max_num_batched_tokens=32)
+# Admission by this step's blocks only (no growth reserve): the load below must run out of blocks mid-decode.
+PREEMPTING = dict(block_size=4, num_kv_blocks=26, max_model_len=96, max_num_seqs=4, max_num_batched_tokens=32,
+                  kv_growth_reserve=0.0)
 
 
 def test_preemption_by_recompute_keeps_greedy_output(model_path, load_hf_model):
@@ -421,6 +539,48 @@ def test_preemption_by_recompute_keeps_greedy_output(model_path, load_hf_model):
     for rid, tokens in prompts.items():
         assert finals[rid].token_ids == hf_greedy(load_hf_model, tokens, 20), rid
         assert finals[rid].finish_reason == "length"
+
+
+def growth_to_limits(engine: LLMEngine) -> int:
+    """KV blocks the running sequences still need to reach their length limits: prompt + max_tokens, capped by
+    max_model_len, less the last token (never computed)."""
+    size = engine.runtime.config.block_size
+    total = 0
+    for request in engine.requests.values():
+        seq = request.seq
+        if seq in engine.scheduler.running:
+            limit = min(seq.num_prompt_tokens + request.params.max_tokens, engine.runtime.max_model_len)
+            total += max(0, -(-(limit - 1) // size) - len(seq.block_table))
+    return total
+
+
+@pytest.mark.parametrize("reserve", [0.0, 1.0])
+def test_admission_reserves_the_growth_of_running_sequences(model_path, load_hf_model, reserve):
+    """25 blocks of 4 tokens, five requests of 9-18 prompt tokens growing by 20. Admitting by prompt blocks alone
+    (reserve 0) runs out of blocks mid-decode and preempts; with the full reserve (the default) the free blocks
+    always cover what the running sequences still need, nothing is preempted, and still three run at once. The
+    outputs are HF's either way."""
+    llm = make_llm(model_path, **dict(PREEMPTING, kv_growth_reserve=reserve))
+    engine = llm.engine
+    rec = StepRecorder(engine)
+    prompts = {f"r{i}": prompt(n, 16) for i, n in enumerate((14, 10, 9, 18, 9))}
+    for rid, tokens in prompts.items():
+        engine.add_request(rid, tokens, SamplingParams(max_tokens=20, **GREEDY))
+    covered = []
+
+    def on_step():
+        check_invariants(engine)
+        covered.append(growth_to_limits(engine) <= engine.runtime.caches.num_free_blocks)
+
+    finals = drain(engine, on_step=on_step)
+    assert_clean(engine)
+    if reserve:
+        assert engine.scheduler.num_preemptions == 0 and all(covered)
+        assert max(len(x.running) for x in rec.batches) == 3
+    else:
+        assert engine.scheduler.num_preemptions > 0 and not all(covered)
+    for rid, tokens in prompts.items():
+        assert finals[rid].token_ids == hf_greedy(load_hf_model, tokens, 20), rid
 
 
 def test_preemption_keeps_seeded_sampling_output(model_path):

@@ -176,9 +176,10 @@ def test_eviction_under_a_small_budget(path, plain_llm):
 
 def test_held_back_requests_with_preemption(path, plain_llm):
     """Few KV blocks, shared prefixes arriving together, long outputs: sequences are held back for a prefix being
-    computed while others are preempted (and recomputed, with hits); outputs never change and nothing leaks."""
+    computed while others are preempted (and recomputed, with hits); outputs never change and nothing leaks.
+    Admission without the growth reserve, which would rule the preemptions out."""
     llm = make_llm(path, enable_prefix_caching=True, prefix_snapshot_interval=INTERVAL, num_prefix_snapshots=4,
-                   num_kv_blocks=20, max_model_len=256, max_num_batched_tokens=64)
+                   num_kv_blocks=20, max_model_len=256, max_num_batched_tokens=64, kv_growth_reserve=0.0)
     rng = random.Random(9)
     prefixes = [random_tokens(rng, 2 * INTERVAL + 7), random_tokens(rng, INTERVAL + 3)]
     prompts = [prefixes[i % 2] + random_tokens(rng, rng.randrange(1, 12)) for i in range(6)]
