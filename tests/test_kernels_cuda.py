@@ -761,7 +761,7 @@ def _assert_linear_close(got, x, weight):
     _assert_close_relative(got, want, max_abs=2e-2, max_rel_norm=4e-3, what=f"linear {tuple(weight.shape)}")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 16])
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 8, 16])
 @pytest.mark.parametrize("name", list(LINEAR_SHAPES))
 def test_linear_skinny_gemm_on_model_shapes(name, rows):
     n, k = LINEAR_SHAPES[name]
@@ -795,6 +795,42 @@ def test_linear_every_tuned_config(rows):
     x, weight = _linear_inputs(_seeded(5), rows, n, k)
     for config in gemv_kernels.GEMV_CONFIGS if rows == 1 else gemv_kernels.DOT_CONFIGS:
         _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
+
+
+@pytest.mark.parametrize("rows", [2, 3, 5, 8, 16])
+def test_linear_every_rule_config(rows):
+    """Every config the 2..16-row rule and bench/gemv_chain.py's alternatives run (the few-rows GEMV up to 8 rows,
+    the tensor cores with a split K on the narrow shapes), on a narrow and a wide model shape: plain, with the SiLU
+    gate and with the residual add + norm in the prologue, against float64 through the prologue's roundings."""
+    from ops.triton import gemv_kernels
+
+    gen = _seeded(rows)
+    for name in ("mlp_down", "gdn_in_proj"):
+        n, k = LINEAR_SHAPES[name]
+        rules = [gemv_kernels.skinny_config, gemv_kernels.dot_config]
+        if rows <= 8:
+            rules.append(gemv_kernels.gemv_rows_config)
+        configs = {str(config): config for config in (rule(rows, n, k) for rule in rules)}
+        x, weight = _linear_inputs(gen, rows, n, k)
+        gate_up = _randn(gen, rows, 2 * k, dtype=torch.bfloat16)
+        residual, norm_weight = _randn(gen, rows, k, dtype=torch.bfloat16), _randn(gen, k, dtype=torch.bfloat16)
+        want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
+        for config in configs.values():
+            _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
+            gated = gemv_kernels.skinny_gemm(gate_up, weight, config, gated=True)
+            _assert_linear_close(gated, activation.silu_mul_reference(gate_up), weight)
+            out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config)
+            torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)
+            _assert_linear_close(out, normed, weight)
+
+
+def test_linear_legacy_autotuned_path():
+    """The autotuned path the rule replaced, kept for bench/gemv_chain.py's A/B: still exact."""
+    from ops.triton import gemv_kernels
+
+    n, k = LINEAR_SHAPES["mlp_down"]
+    x, weight = _linear_inputs(_seeded(17), 8, n, k)
+    _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, legacy_autotune=True), x, weight)
 
 
 def test_skinny_gemm_l2_prefetch():
@@ -853,7 +889,7 @@ def test_linear_replays_in_cuda_graph():
             _assert_linear_close(out, x, weight)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 16, 17, 64])
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16, 17, 64])
 @pytest.mark.parametrize("name", ["mlp_down", "tp2_mlp_down"])
 def test_silu_mul_linear_on_model_shapes(name, rows):
     """The MLP's activation + down projection: our skinny GEMM with the activation in its x loads up to 16 rows,
@@ -879,7 +915,7 @@ def test_silu_mul_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(out, torch.ops.ce.silu_mul_linear(graph_inputs, weight), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 16, 17, 64])
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16, 17, 64])
 @pytest.mark.parametrize("name", ["gdn_in_proj", "mlp_gate_up", "attn_qkv"])
 def test_add_rms_norm_linear_on_model_shapes(name, rows):
     """A layer's residual add + norm + the projection after it: our skinny GEMM computing the norm in its prologue
