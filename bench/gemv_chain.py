@@ -1,29 +1,44 @@
 """The model's chain of decode matmuls, each reading the one before, with their prologues: skinny GEMM configs chosen
-where they run.
+where they run, at each row count (decode batch) of the skinny GEMM.
 
-A batch-1 decode step is a chain of dependent kernels, launched with PDL (ops/triton/pdl.py): each matmul may start
-while the one before still runs, prefetch weights, and must then wait for its input. How long a config takes there
-depends on what it overlaps, so a config timed alone (the autotuner: one call, the L2 flushed, nothing before it)
-can be ranked wrongly: the autotuner once picked 16 x 256 for out_proj's [1024, 2048] where 2 x 2048 takes a third
-of the time in a chain (bench/results/h200-2026-11-30/run23-baseline). Here the 97 matmuls of a Qwen3.5-0.8B step run
-in model order in one CUDA graph, as the model calls them: in_proj / qkv and gate_up with the residual add + RMSNorm
-in their prologue (``add_rms_norm_skinny_gemm``), out_proj / o_proj reading the first 2,048 columns of the one
-before, down with the SiLU gate in its prologue, lm_head last, every layer with its own weights (1.5 GB: DRAM, not
-L2). Coordinate descent: each role's candidates are timed with the other roles fixed, the best kept, twice over.
-The mixers' own kernels (GDN, attention) are not in the chain; it measures the matmuls' share of a step.
+A decode step is a chain of dependent kernels, launched with PDL (ops/triton/pdl.py): each matmul may start while
+the one before still runs, prefetch weights, and must then wait for its input. How long a config takes there depends
+on what it overlaps, so a config timed alone (the autotuner: one call, the L2 flushed, nothing before it) can be
+ranked wrongly. Here the 97 matmuls of a Qwen3.5-0.8B step run in model order in one CUDA graph, as the model calls
+them: in_proj / qkv and gate_up with the residual add + RMSNorm in their prologue (``add_rms_norm_skinny_gemm``),
+out_proj / o_proj reading the first 2,048 columns of the one before, down with the SiLU gate in its prologue,
+lm_head last, every layer with its own weights (1.5 GB: DRAM, not L2). The mixers' own kernels (GDN, attention) are
+not in the chain; it measures the matmuls' share of a step. The bound is the weights' bytes at the copy bandwidth,
+the same at every row count.
 
-    python bench/gemv_chain.py --out DIR [--rows 1]     # DIR/gemv_chain.json, and a table on stdout
+For each row count in ``--rows``, the chain runs (µs a step and % of the bound):
+  * ``rule``: the configs ce::linear runs (``gemv_kernels.skinny_config``);
+  * ``gemv`` (2..8 rows): every matmul on the few-rows GEMV (``gemv_rows_config``);
+  * ``dot``: every matmul on tensor cores (``dot_config``; at one row too, x padded to 8 rows);
+  * ``flip ROLE``: the rule with one role on the other path: which path wins, role by role;
+  * ``autotuned`` (2..16 rows): the path the rule replaces, ``triton.autotune`` over DOT_CONFIGS with x padded to
+    16 rows and the old loop (``legacy_autotune``); tuned on the first row count it meets, as in the engine;
+  * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear.
+With ``--passes`` > 0, then a coordinate descent per row count: each role's candidates timed with the other roles
+fixed, the best kept, ``passes`` times over (at one row the GEMV's lists; above, both paths' lists).
+
+    python bench/gemv_chain.py --out DIR --rows 1,2,4,8,16 --passes 0   # the paths compared, ~2-3 minutes
+    python bench/gemv_chain.py --out DIR [--rows 1]                     # the one-row descent (gemv_config's data)
+
+DIR/gemv_chain.json has every timing; written after each row count, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
@@ -32,31 +47,60 @@ from ops.triton import gemv_kernels  # noqa: E402
 from ops.triton.gemv_kernels import _config  # noqa: E402
 
 EPS = 1e-6
-# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) per role kind at one row (the GEMV path): N = 1024 outputs
-# (latency-bound: few weight bytes per program, whole rows in one or two loads), K = 1024 inputs with wide N, and
-# the vocabulary.
+# One-row descent candidates (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) per role kind (the GEMV path): N =
+# 1024 outputs (latency-bound: few weight bytes per program, whole rows in one or two loads), K = 1024 inputs with
+# wide N, and the vocabulary.
 NARROW = [(2, 2048, 1, 8, 1), (2, 4096, 1, 8, 1), (2, 1024, 1, 4, 2), (4, 1024, 1, 8, 2), (4, 2048, 1, 8, 1),
           (1, 2048, 1, 4, 1), (4, 512, 1, 4, 3)]
 WIDE = [(8, 256, 1, 4, 4), (4, 512, 1, 4, 3), (8, 512, 1, 4, 3), (4, 1024, 1, 4, 2), (8, 1024, 1, 8, 2),
         (16, 256, 1, 8, 3), (2, 1024, 1, 4, 2), (16, 1024, 1, 8, 1)]
 VOCAB = [(8, 256, 1, 4, 4), (8, 512, 1, 4, 3), (16, 256, 1, 4, 3), (4, 1024, 1, 4, 2), (32, 256, 1, 8, 3)]
-# roles: name -> (N, K, prologue, candidate list); gdn_out_proj and attn_o_proj share a shape and a rule
-ROLE_KINDS = {"gdn_in_proj": ("norm", WIDE), "out_proj": ("plain", NARROW), "mlp_gate_up": ("norm", WIDE),
-              "mlp_down": ("gated", NARROW), "attn_qkv": ("norm", WIDE), "lm_head": ("plain", VOCAB)}
+# 2..16-row descent candidates: ("gemv" | "dot", BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages), BLOCK_M from the
+# row count as the rule sets it. The few-rows GEMV's BLOCK_K is 256 x num_warps (see gemv_kernels); its entries are
+# skipped where BLOCK_M x BLOCK_N > 32 (they spill: ~8 registers a thread per output) and past 8 rows.
+NARROW_ROWS = [("gemv", 2, 2048, 1, 8, 1), ("gemv", 4, 2048, 1, 8, 1), ("gemv", 8, 2048, 1, 8, 1),
+               ("dot", 64, 128, 8, 4, 3), ("dot", 64, 128, 4, 4, 3), ("dot", 64, 256, 4, 4, 3),
+               ("dot", 64, 128, 2, 4, 4), ("dot", 16, 256, 1, 4, 4), ("dot", 16, 256, 4, 4, 3)]
+WIDE_ROWS = [("gemv", 4, 1024, 1, 4, 1), ("gemv", 8, 1024, 1, 4, 1), ("gemv", 2, 1024, 1, 4, 1),
+             ("dot", 64, 128, 1, 8, 4), ("dot", 64, 128, 1, 4, 4), ("dot", 64, 256, 1, 8, 3),
+             ("dot", 128, 128, 1, 8, 3), ("dot", 64, 128, 2, 8, 4)]
+VOCAB_ROWS = [("gemv", 4, 1024, 1, 4, 1), ("dot", 128, 128, 1, 8, 3), ("dot", 64, 128, 1, 4, 4),
+              ("dot", 128, 64, 1, 4, 4), ("dot", 128, 256, 1, 8, 3)]
+# roles: name -> (prologue, one-row candidates, 2..16-row candidates); gdn_out_proj and attn_o_proj share a shape
+ROLE_KINDS = {"gdn_in_proj": ("norm", WIDE, WIDE_ROWS), "out_proj": ("plain", NARROW, NARROW_ROWS),
+              "mlp_gate_up": ("norm", WIDE, WIDE_ROWS), "mlp_down": ("gated", NARROW, NARROW_ROWS),
+              "attn_qkv": ("norm", WIDE, WIDE_ROWS), "lm_head": ("plain", VOCAB, VOCAB_ROWS)}
 
 
-def roles(s: Shape) -> dict[str, tuple[int, int, str, list]]:
+def roles(s: Shape) -> dict[str, tuple[int, int, str, list, list]]:
     shapes = s.weight_matmuls()
     shapes["out_proj"] = shapes.pop("gdn_out_proj")
     del shapes["attn_o_proj"]  # same [N, K] as out_proj
     return {name: (shapes[name][0], shapes[name][1], *ROLE_KINDS[name]) for name in ROLE_KINDS}
 
 
-class Chain:
-    """The step's matmuls with their own weights, run in model order at ``rows`` rows with a config per role."""
+def rows_config(rows: int, candidate: tuple) -> triton.Config:
+    """A 2..16-row candidate as a config, with the BLOCK_M its path's rule gives ``rows``."""
+    path, *c = candidate
+    least = 2 if path == "gemv" else gemv_kernels.DOT_MIN_BLOCK_M
+    block_m = max(least, triton.next_power_of_2(rows))
+    return _config(*c, block_m=block_m, dot=path == "dot")
 
-    def __init__(self, s: Shape, rows: int):
-        self.s, self.rows = s, rows
+
+def config_tuple(c) -> tuple:
+    """A config as (path, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages), for the JSON and the log."""
+    kw = c.kwargs
+    block_m = kw.get("BLOCK_M", 1)
+    path = "dot" if kw.get("DOT", block_m == gemv_kernels.DOT_ROWS) else "gemv"
+    return (path, block_m, kw["BLOCK_N"], kw["BLOCK_K"], kw["SPLIT_K"], c.num_warps, c.num_stages)
+
+
+class Chain:
+    """The step's matmuls with their own weights, run in model order with a config per role (or the autotuned path,
+    or cuBLAS) at a given row count."""
+
+    def __init__(self, s: Shape):
+        self.s = s
         self.roles = roles(s)
         self.layers = []
         for layer in range(s.layers):
@@ -69,100 +113,181 @@ class Chain:
                 "norm_1": rand(s.hidden, scale=0.1), "norm_2": rand(s.hidden, scale=0.1),
             })
         self.w_lm = self._weight("lm_head")
-        self.hidden = rand(rows, s.hidden)
-        self.residual = rand(rows, s.hidden)
         self.weight_bytes = 2 * sum(w.numel() for layer in self.layers for k, w in layer.items() if k.startswith("w_"))
         self.weight_bytes += 2 * self.w_lm.numel()
+        self.rows = 0
+        self.set_rows(1)
 
     def _weight(self, role: str) -> torch.Tensor:
         n, k = self.roles[role][:2]
         return rand(n, k, scale=k**-0.5)
 
-    def run(self, configs: dict) -> torch.Tensor:
-        block_m = gemv_kernels.block_rows(self.rows)
+    def set_rows(self, rows: int) -> None:
+        if rows != self.rows:
+            self.rows = rows
+            self.hidden = rand(rows, self.s.hidden)
+            self.residual = rand(rows, self.s.hidden)
+
+    def run(self, configs: dict | None, mode: str = "skinny") -> torch.Tensor:
+        """``mode``: "skinny" (``configs``: role -> config), "autotuned" (the legacy path) or "cublas"."""
+        if mode == "cublas":
+            return self._run_cublas()
+        legacy = mode == "autotuned"
+        configs = configs or {}
         gemm, norm_gemm = gemv_kernels.skinny_gemm, gemv_kernels.add_rms_norm_skinny_gemm
         h, r = self.hidden, self.residual
+        out_k = self.roles["out_proj"][1]
         for layer in self.layers:
             mixer = layer["mixer"]
-            y, r = norm_gemm(h, r, layer["norm_1"], EPS, layer["w_mix"], configs[mixer], block_m)
-            h = gemm(y[:, : self.roles["out_proj"][1]], layer["w_out"], configs["out_proj"], block_m)
-            g, r = norm_gemm(h, r, layer["norm_2"], EPS, layer["w_gate_up"], configs["mlp_gate_up"], block_m)
-            h = gemm(g, layer["w_down"], configs["mlp_down"], block_m, gated=True)
-        return gemm(h, self.w_lm, configs["lm_head"], block_m)
+            y, r = norm_gemm(h, r, layer["norm_1"], EPS, layer["w_mix"], configs.get(mixer), legacy_autotune=legacy)
+            h = gemm(y[:, :out_k], layer["w_out"], configs.get("out_proj"), legacy_autotune=legacy)
+            g, r = norm_gemm(h, r, layer["norm_2"], EPS, layer["w_gate_up"], configs.get("mlp_gate_up"),
+                             legacy_autotune=legacy)
+            h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=True, legacy_autotune=legacy)
+        return gemm(h, self.w_lm, configs.get("lm_head"), legacy_autotune=legacy)
 
-    def step_us(self, configs: dict) -> float:
-        """Median µs of one CUDA-graph replay of the chain (the configs' kernels compiled first, outside it)."""
+    def _run_cublas(self) -> torch.Tensor:
+        from ops.options import use_options
+
+        h, r = self.hidden, self.residual
+        out_k = self.roles["out_proj"][1]
+        with use_options(skinny_gemm=False):  # ce::linear's cuBLAS path, its separate norm and activation kernels
+            for layer in self.layers:
+                y, r = torch.ops.ce.add_rms_norm_linear(h, r, layer["norm_1"], EPS, layer["w_mix"])
+                h = torch.ops.ce.linear(y[:, :out_k], layer["w_out"])
+                g, r = torch.ops.ce.add_rms_norm_linear(h, r, layer["norm_2"], EPS, layer["w_gate_up"])
+                h = torch.ops.ce.silu_mul_linear(g, layer["w_down"])
+            return torch.ops.ce.linear(h, self.w_lm)
+
+    def step_us(self, configs: dict | None, mode: str = "skinny") -> float:
+        """Median µs of one CUDA-graph replay of the chain (compiled, and tuned where it tunes, first, outside it)."""
         import triton.testing
 
-        self.run(configs)
+        self.run(configs, mode)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.run(configs)
+            self.run(configs, mode)
         us = triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median") * 1e3
         del graph
         return us
 
 
-def descend(chain: Chain, start: dict, passes: int, log) -> tuple[dict, float, list]:
-    """Coordinate descent over the roles' candidates: returns (configs, µs a step, every timing)."""
-    configs = {role: _config(*c) for role, c in start.items()}
+def compare(chain: Chain, rows: int, bound_us: float, log) -> dict:
+    """The paths at ``rows`` rows (see the module docstring): label -> {"us", "frac_bound", configs} or an error."""
+    chain.set_rows(rows)
+    shapes = {role: (n, k) for role, (n, k, *_) in chain.roles.items()}
+    rule = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k) in shapes.items()}
+    variants = {"rule": ("skinny", rule)}
+    alternatives = {"dot": {role: gemv_kernels.dot_config(rows, n, k) for role, (n, k) in shapes.items()}}
+    if 2 <= rows <= 8:
+        alternatives["gemv"] = {role: gemv_kernels.gemv_rows_config(rows, n, k) for role, (n, k) in shapes.items()}
+    for name, configs in sorted(alternatives.items(), reverse=True):
+        if any(str(configs[role]) != str(rule[role]) for role in rule):  # else the rule's timing again
+            variants[name] = ("skinny", configs)
+    if rows >= 2:  # each role on the path the rule does not give it
+        for role, config in rule.items():
+            other = "gemv" if config.kwargs.get("DOT") else "dot"
+            if other in alternatives:
+                variants[f"flip {role} -> {other}"] = ("skinny", {**rule, role: alternatives[other][role]})
+        variants["autotuned"] = ("autotuned", None)
+    variants["cuBLAS"] = ("cublas", None)
+    results = {}
+    rule_us = None
+    for label, (mode, configs) in variants.items():
+        start = time.time()
+        try:
+            us = chain.step_us(configs, mode)
+        except Exception as exc:  # noqa: BLE001 - a path that does not compile or fit: note it, go on
+            results[label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}".replace("\n", " ")}
+            log(f"M={rows:<2} {label:<28} {results[label]['error']}")
+            continue
+        entry = {"us": round(us, 2), "frac_bound": round(bound_us / us, 4)}
+        if configs is not None:
+            entry["configs"] = {role: config_tuple(c) for role, c in configs.items()}
+        if mode == "autotuned":
+            entry["picks"] = {str(key): str(c) for key, c in gemv_kernels.dot_autotuner().cache.items()}
+        results[label] = entry
+        rule_us = us if label == "rule" else rule_us
+        delta = f"{us - rule_us:+8.1f} vs rule" if rule_us is not None and label != "rule" else ""
+        log(f"M={rows:<2} {label:<28} {us:8.1f} µs  {bound_us / us:6.1%} of the bound  {delta}  "
+            f"({time.time() - start:.1f} s)")
+    return results
+
+
+def descend(chain: Chain, rows: int, start: dict, passes: int, log) -> tuple[dict, float, list]:
+    """Coordinate descent over the roles' candidates at ``rows`` rows: (configs, µs a step, every timing)."""
+    chain.set_rows(rows)
+    configs = dict(start)
     best_us = chain.step_us(configs)
     timings = [{"pass": 0, "role": None, "config": None, "us": round(best_us, 2)}]
-    log(f"start: {best_us:.1f} µs a step")
+    log(f"M={rows} start: {best_us:.1f} µs a step")
     for p in range(1, passes + 1):
-        for role, (n, k, prologue, candidates) in chain.roles.items():
+        for role, (n, k, prologue, one_row, more_rows) in chain.roles.items():
+            if rows == 1:
+                candidates = [_config(*c) for c in one_row]
+            else:
+                candidates = [c for c in map(functools.partial(rows_config, rows), more_rows)
+                              if c.kwargs["DOT"] or (rows <= 8 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 32)]
             for c in candidates:
-                trial = {**configs, role: _config(*c)}
+                trial = {**configs, role: c}
                 try:
                     us = chain.step_us(trial)
                 except Exception as exc:  # noqa: BLE001 - a config that does not compile or fit: note it, go on
-                    log(f"  {role} {c}: {type(exc).__name__}: {str(exc)[:160]}")
+                    log(f"  {role} {config_tuple(c)}: {type(exc).__name__}: {str(exc)[:160]}")
                     continue
-                timings.append({"pass": p, "role": role, "config": c, "us": round(us, 2)})
-                log(f"  pass {p} {role:<12} [{n:>6}, {k:>4}] {prologue:<5} {str(c):<24} {us:8.1f} µs a step")
+                timings.append({"pass": p, "role": role, "config": config_tuple(c), "us": round(us, 2)})
+                log(f"  M={rows} pass {p} {role:<12} [{n:>6}, {k:>4}] {prologue:<5} {str(config_tuple(c)):<40} "
+                    f"{us:8.1f} µs a step")
                 if us < best_us:
                     best_us, configs = us, trial
-        log(f"after pass {p}: {best_us:.1f} µs a step")
+        log(f"M={rows} after pass {p}: {best_us:.1f} µs a step")
     return configs, best_us, timings
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--rows", type=int, default=1, help="rows of x (1: the GEMV path; the descent's lists are its)")
-    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[1],
+                        help="row counts (decode batch sizes), 1..16, comma-separated")
+    parser.add_argument("--passes", type=int, default=2, help="coordinate-descent passes per row count (0: none)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_chain needs a CUDA device")
-    if gemv_kernels.block_rows(args.rows) != 1:
-        raise SystemExit("gemv_chain's candidate lists are the GEMV path's (--rows 1)")
+    if not all(1 <= r <= gemv_kernels.DOT_ROWS for r in args.rows):
+        raise SystemExit(f"--rows takes row counts 1..{gemv_kernels.DOT_ROWS}")
     start_time = time.time()
     copy_gbps = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
-    chain = Chain(Shape(), args.rows)
+    chain = Chain(Shape())
     bound_us = chain.weight_bytes / (copy_gbps * 1e9) * 1e6
-    rule = {role: _config_tuple(gemv_kernels.gemv_config(n, k)) for role, (n, k, _, _) in chain.roles.items()}
-    rule_us = chain.step_us({role: _config(*c) for role, c in rule.items()})
-    print(f"rule (gemv_kernels.gemv_config): {rule_us:.1f} µs a step, bound {bound_us:.1f} µs", flush=True)
-    configs, best_us, timings = descend(chain, rule, args.passes, lambda line: print(line, flush=True))
-    result = {
-        "device": torch.cuda.get_device_name(), "copy_bandwidth_gbps": round(copy_gbps, 1), "rows": args.rows,
-        "weight_bytes": chain.weight_bytes, "bound_us": round(bound_us, 2),
-        "rule": {"configs": rule, "us": round(rule_us, 2)},
-        "best": {"configs": {role: _config_tuple(c) for role, c in configs.items()}, "us": round(best_us, 2)},
-        "timings": timings, "wall_s": round(time.time() - start_time, 1),
-    }
+    print(f"97 matmuls, {chain.weight_bytes / 1e9:.3f} GB of weights: bound {bound_us:.1f} µs a step", flush=True)
+    result = {"device": torch.cuda.get_device_name(), "copy_bandwidth_gbps": round(copy_gbps, 1),
+              "weight_bytes": chain.weight_bytes, "bound_us": round(bound_us, 2), "rows": {}}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
-    for role, c in result["best"]["configs"].items():
-        print(f"best {role}: {c}")
-    print(f"chain: rule {rule_us:.1f} µs, best {best_us:.1f} µs, bound {bound_us:.1f} µs "
-          f"({bound_us / best_us:.1%} of copy bandwidth)")
-
-
-def _config_tuple(c) -> tuple:
-    return (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"], c.num_warps, c.num_stages)
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    for rows in args.rows:
+        entry = {"compare": compare(chain, rows, bound_us, log)}
+        if args.passes > 0:
+            start = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k, *_) in chain.roles.items()}
+            configs, best_us, timings = descend(chain, rows, start, args.passes, log)
+            entry["best"] = {"configs": {role: config_tuple(c) for role, c in configs.items()}, "us": round(best_us, 2)}
+            entry["timings"] = timings
+            for role, c in entry["best"]["configs"].items():
+                log(f"M={rows} best {role}: {c}")
+        result["rows"][rows] = entry
+        result["wall_s"] = round(time.time() - start_time, 1)
+        (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
+    labels = ["rule", "gemv", "dot", "autotuned", "cuBLAS"]
+    print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
+    print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
+    for rows, entry in result["rows"].items():
+        cells = []
+        for label in labels + ["descent"]:
+            got = entry.get("best") if label == "descent" else entry["compare"].get(label)
+            cells.append(f"{got['us']:8.1f} ({bound_us / got['us']:5.1%})" if got and "us" in got else f"{'-':>16}")
+        print(f"{rows:>4}  " + "  ".join(cells))
+    print(f"wall {time.time() - start_time:.0f} s")
 
 
 if __name__ == "__main__":

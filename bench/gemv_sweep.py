@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
@@ -40,11 +41,35 @@ GEMV_CANDIDATES = [  # BLOCK_M = 1
     (32, 128, 1, 4, 4), (32, 256, 1, 8, 3), (64, 64, 1, 4, 4), (64, 128, 1, 8, 3),
     (8, 512, 2, 4, 3), (16, 256, 2, 4, 3), (4, 256, 4, 4, 3), (8, 256, 4, 4, 3), (16, 256, 4, 4, 3),
 ]
-DOT_CANDIDATES = [  # BLOCK_M = 16 (2..16 rows)
-    (16, 256, 1, 4, 4), (32, 128, 1, 4, 4), (32, 256, 1, 4, 3), (64, 128, 1, 4, 4), (64, 256, 1, 8, 3),
-    (128, 64, 1, 4, 4), (128, 128, 1, 8, 3), (16, 512, 2, 4, 3), (32, 256, 2, 4, 3), (64, 128, 2, 4, 4),
-    (16, 256, 4, 4, 3),
+DOT_CANDIDATES = [  # tensor cores, BLOCK_M = rows rounded up to a power of two, at least 8
+    (16, 256, 1, 4, 4), (32, 128, 1, 4, 4), (32, 256, 1, 4, 3), (64, 128, 1, 4, 4), (64, 128, 1, 8, 4),
+    (64, 256, 1, 8, 3), (128, 64, 1, 4, 4), (128, 128, 1, 8, 3), (16, 512, 2, 4, 3), (32, 256, 2, 4, 3),
+    (64, 128, 2, 4, 4), (16, 256, 4, 4, 3), (64, 128, 4, 4, 3), (64, 128, 8, 4, 3),
 ]
+GEMV_ROWS_CANDIDATES = [  # the few-rows GEMV at 2..8 rows: BLOCK_K = 256 x num_warps (see gemv_kernels)
+    (2, 2048, 1, 8, 1), (4, 2048, 1, 8, 1), (8, 2048, 1, 8, 1), (2, 1024, 1, 4, 1), (4, 1024, 1, 4, 1),
+    (8, 1024, 1, 4, 1),
+]
+
+
+def candidates_for(rows: int) -> list:
+    """Every candidate config at ``rows`` rows, each with its BLOCK_M and path."""
+    pow2 = triton.next_power_of_2(rows)
+    dot_m = max(gemv_kernels.DOT_MIN_BLOCK_M, pow2)
+    if rows == 1:  # the GEMV, and the tensor cores at one row (x padded to 8 rows)
+        return ([_config(*c, block_m=1, dot=False) for c in GEMV_CANDIDATES]
+                + [_config(*c, block_m=dot_m, dot=True) for c in DOT_CANDIDATES if c[2] == 1])
+    configs = [_config(*c, block_m=dot_m, dot=True) for c in DOT_CANDIDATES]
+    if rows <= 8:
+        configs += [_config(*c, block_m=max(2, pow2), dot=False) for c in GEMV_ROWS_CANDIDATES]
+    return configs
+
+
+def describe(c) -> str:
+    kw = c.kwargs
+    path = "dot" if kw["DOT"] else "gemv"
+    return (f"{path} BLOCK_M {kw['BLOCK_M']} N {kw['BLOCK_N']} K {kw['BLOCK_K']} split {kw['SPLIT_K']} "
+            f"w {c.num_warps} s {c.num_stages}")
 
 
 def graph_us_per_call(calls: list) -> float:
@@ -79,12 +104,9 @@ def step_order(s: Shape) -> list[str]:
 
 
 def sweep(rows: int, copy_gbps: float, out_rows: list) -> dict[str, tuple]:
-    """Time every candidate on every shape at ``rows`` rows; returns shape -> (best µs, BLOCK_M, config tuple)."""
+    """Time every candidate on every shape at ``rows`` rows; returns shape -> (best µs, config)."""
     s = Shape()
-    block_m = gemv_kernels.block_rows(rows)
-    candidates = [(block_m, c) for c in (GEMV_CANDIDATES if block_m == 1 else DOT_CANDIDATES)]
-    if block_m == 1:  # the tensor-core path at one row too (x padded to 16)
-        candidates += [(gemv_kernels.DOT_ROWS, c) for c in DOT_CANDIDATES if c[2] == 1]
+    candidates = candidates_for(rows)
     best = {}
     for name, (n, k, _count) in s.weight_matmuls().items():
         x = rand(rows, k)
@@ -101,23 +123,21 @@ def sweep(rows: int, copy_gbps: float, out_rows: list) -> dict[str, tuple]:
 
         record("ce::linear (its pick)",
                graph_us_per_call([lambda w=weights[i % len(weights)]: linear(x, w) for i in range(calls)]),
-               config=str(gemv_kernels.gemv_config(n, k) if rows == 1
-                          else gemv_kernels.dot_autotuner().best_config))
+               config=str(gemv_kernels.skinny_config(rows, n, k)))
         record("cuBLAS", graph_us_per_call(
             [lambda w=weights[i % len(weights)]: torch.nn.functional.linear(x, w) for i in range(calls)]))
-        for bm, c in candidates:
-            if n > gemv_kernels.SPLIT_K_MAX_N and c[2] > 1:
+        for config in candidates:
+            if n > gemv_kernels.SPLIT_K_MAX_N and config.kwargs["SPLIT_K"] > 1:
                 continue
-            config = _config(*c)
             try:
-                us = graph_us_per_call([lambda w=weights[i % len(weights)]: gemv_kernels.skinny_gemm(x, w, config, bm)
+                us = graph_us_per_call([lambda w=weights[i % len(weights)]: gemv_kernels.skinny_gemm(x, w, config)
                                         for i in range(calls)])
             except Exception as exc:  # noqa: BLE001 - a config that does not compile or fit: note it, go on
-                print(f"M={rows} {name} BLOCK_M {bm} {c}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                print(f"M={rows} {name} {describe(config)}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue
-            record(f"BLOCK_M {bm} N {c[0]} K {c[1]} split {c[2]} w {c[3]} s {c[4]}", us, block_m=bm, config=c)
+            record(describe(config), us, config=describe(config))
             if name not in best or us < best[name][0]:
-                best[name] = (us, bm, c)
+                best[name] = (us, config)
         del weights, x
         torch.cuda.empty_cache()
     return best
@@ -137,8 +157,7 @@ def whole_step(rows: int, best: dict, copy_gbps: float) -> dict:
         "cuBLAS": lambda x, w, name: torch.nn.functional.linear(x, w),
     }
     if len(best) == len(shapes):
-        variants["best swept config per shape"] = lambda x, w, name: gemv_kernels.skinny_gemm(
-            x, w, _config(*best[name][2]), best[name][1])
+        variants["best swept config per shape"] = lambda x, w, name: gemv_kernels.skinny_gemm(x, w, best[name][1])
     for label, fn in variants.items():
         calls = [lambda w=w, name=name: fn(xs[w.shape[1]], w, name) for w, name in zip(weights, order)]
         us = graph_us_per_call(calls) * len(calls)
@@ -163,8 +182,7 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for rows in args.rows:
         best = sweep(rows, copy_gbps, result["rows"])
-        result["best"][rows] = {name: {"us": round(us, 3), "block_m": bm, "config": c}
-                                for name, (us, bm, c) in best.items()}
+        result["best"][rows] = {name: {"us": round(us, 3), "config": describe(c)} for name, (us, c) in best.items()}
         result["step"][rows] = whole_step(rows, best, copy_gbps)
         # written after each row count: a run cut short keeps what it measured
         (args.out / "gemv_sweep.json").write_text(json.dumps(result, indent=1))
@@ -172,7 +190,7 @@ def main(argv=None) -> None:
     (args.out / "gemv_sweep.json").write_text(json.dumps(result, indent=1))
     for rows, best in result["best"].items():
         for name, b in best.items():
-            print(f"best M={rows} {name}: {b['us']:.2f} µs, BLOCK_M {b['block_m']} config {b['config']}")
+            print(f"best M={rows} {name}: {b['us']:.2f} µs, {b['config']}")
 
 
 if __name__ == "__main__":

@@ -337,7 +337,7 @@ def bench_linear(s: Shape, args, timed, add) -> None:
             nbytes = 2 * (n * k + rows * k + rows * n)
             us = timed(f"linear {name} M={rows}", lambda: linear(x, weight), graph=True)
             if rows <= SKINNY_MAX_ROWS:
-                picked = gemv_kernels.gemv_config(n, k) if rows == 1 else gemv_kernels.dot_autotuner().best_config
+                picked = gemv_kernels.skinny_config(rows, n, k)
                 note = f"[{n}, {k}] skinny GEMM, {_config_note(picked)}"
             else:
                 note = f"[{n}, {k}] cuBLAS (above {SKINNY_MAX_ROWS} rows)"

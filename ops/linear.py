@@ -1,10 +1,10 @@
 """``ce::linear``: ``x @ weight.T`` (no bias) for the model's weight matmuls, with a skinny-GEMM kernel for decode.
 
 Why an op of our own rather than ``F.linear``: at decode batch sizes the weight matmuls are bound by reading the
-weights, and cuBLAS picks poor kernels for a handful of rows on these small matrices (0.94 ms for the 97 matmuls of
-a Qwen3.5-0.8B step at batch 1 on an H200, 37.5% of the bandwidth bound). The CUDA kernel runs our Triton
-skinny GEMM (ops/triton/gemv_kernels.py) up to ``SKINNY_MAX_ROWS`` rows and cuBLAS above. It decides at run time,
-inside the opaque op, where M is a plain int: a compiled graph with a symbolic batch size never guards on it.
+weights, and cuBLAS picks poor kernels for a handful of rows on these small matrices (bench/NOTES.md, "Skinny
+GEMM"). The CUDA kernel runs our Triton skinny GEMM (ops/triton/gemv_kernels.py) up to ``SKINNY_MAX_ROWS`` rows and
+cuBLAS above. It decides at run time, inside the opaque op, where M is a plain int: a compiled graph with a symbolic
+batch size never guards on it.
 
 * ``ce::linear(x [M, K], weight [N, K]) -> [M, N]`` in x's dtype;
 * ``ce::silu_mul_linear(gate_up [M, 2K], weight [N, K]) -> [M, N]``: ``silu_mul(gate_up) @ weight.T``, the MLP's
@@ -32,9 +32,9 @@ if HAVE_TRITON:  # else cuBLAS serves every matmul (ops/triton/__init__.py)
     from ops.triton import gemv_kernels
 
 # Rows up to which the Triton skinny GEMM runs instead of cuBLAS: decode buckets 1..16, where cuBLAS's kernel choice
-# for these shapes is poor (0.77 ms for a step's matmuls at batch 8, where reading the weights takes ~0.35 ms). 16 is
-# also the kernel's ceiling: its tensor-core path pads x to 16 rows (gemv_kernels.DOT_ROWS). Past it cuBLAS's tiled
-# GEMMs take over, as M grows towards prefill's compute-bound sizes.
+# for these shapes is poor (its step of matmuls at batch 8 takes about twice the weights' read time). 16 is also the
+# kernel's ceiling (gemv_kernels.DOT_ROWS). Past it cuBLAS's tiled GEMMs take over, as M grows towards prefill's
+# compute-bound sizes.
 SKINNY_MAX_ROWS = 16
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
 

@@ -810,10 +810,11 @@ def _assert_linear_close(got, x, weight):
     _assert_close_relative(got, want, max_abs=2e-2, max_rel_norm=4e-3, what=f"linear {tuple(weight.shape)}")
 
 
-# Rows 1 (the GEMV path, configs by rule), 2 and 16 (the tensor-core path, tuned per (N, K): a 16-row tile mostly
-# padding, and full). Quick: the GEMV with the L2 prefetch, and the tuned path with split-K candidates (N = 1,024).
+# Rows 1 (the GEMV path), 2 (the CUDA-core path at N = 1,024, tensor cores elsewhere), 5 (tensor cores, x padded to 8)
+# and 16 (full tiles); configs by rule (gemv_kernels.skinny_config; test_linear_every_rule_config tries each one).
+# Quick: the GEMV with the L2 prefetch, and two rows on an N = 1,024 matrix.
 @pytest.mark.parametrize("name, rows", cases(
-    [(name, rows) for name in LINEAR_SHAPES for rows in (1, 2, 16)],
+    [(name, rows) for name in LINEAR_SHAPES for rows in (1, 2, 5, 16)],
     quick=[("gdn_in_proj", 1), ("gdn_out_proj", 2)],
 ))
 def test_linear_skinny_gemm_on_model_shapes(name, rows):
@@ -848,6 +849,42 @@ def test_linear_every_tuned_config(rows):
     x, weight = _linear_inputs(_seeded(5), rows, n, k)
     for config in gemv_kernels.GEMV_CONFIGS if rows == 1 else gemv_kernels.DOT_CONFIGS:
         _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
+
+
+@pytest.mark.parametrize("rows", [2, 3, 5, 8, 16])
+def test_linear_every_rule_config(rows):
+    """Every config the 2..16-row rule and bench/gemv_chain.py's alternatives run (the few-rows GEMV up to 8 rows,
+    the tensor cores with a split K on the narrow shapes), on a narrow and a wide model shape: plain, with the SiLU
+    gate and with the residual add + norm in the prologue, against float64 through the prologue's roundings."""
+    from ops.triton import gemv_kernels
+
+    gen = _seeded(rows)
+    for name in ("mlp_down", "gdn_in_proj"):
+        n, k = LINEAR_SHAPES[name]
+        rules = [gemv_kernels.skinny_config, gemv_kernels.dot_config]
+        if rows <= 8:
+            rules.append(gemv_kernels.gemv_rows_config)
+        configs = {str(config): config for config in (rule(rows, n, k) for rule in rules)}
+        x, weight = _linear_inputs(gen, rows, n, k)
+        gate_up = _randn(gen, rows, 2 * k, dtype=torch.bfloat16)
+        residual, norm_weight = _randn(gen, rows, k, dtype=torch.bfloat16), _randn(gen, k, dtype=torch.bfloat16)
+        want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
+        for config in configs.values():
+            _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
+            gated = gemv_kernels.skinny_gemm(gate_up, weight, config, gated=True)
+            _assert_linear_close(gated, activation.silu_mul_reference(gate_up), weight)
+            out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config)
+            torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)
+            _assert_linear_close(out, normed, weight)
+
+
+def test_linear_legacy_autotuned_path():
+    """The autotuned path the rule replaced, kept for bench/gemv_chain.py's A/B: still exact."""
+    from ops.triton import gemv_kernels
+
+    n, k = LINEAR_SHAPES["mlp_down"]
+    x, weight = _linear_inputs(_seeded(17), 8, n, k)
+    _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, legacy_autotune=True), x, weight)
 
 
 def test_skinny_gemm_l2_prefetch():
@@ -906,7 +943,7 @@ def test_linear_replays_in_cuda_graph():
             _assert_linear_close(out, x, weight)
 
 
-# Rows 1, 2 and 16: our skinny GEMM (GEMV, padded and full tiles); 17: ce::silu_mul + cuBLAS.
+# Rows 1, 2 and 16: our skinny GEMM (each path); 17: ce::silu_mul + cuBLAS.
 @pytest.mark.parametrize("name, rows", cases(
     [(name, rows) for name in ("mlp_down", "tp2_mlp_down") for rows in (1, 2, 16, 17)],
     quick=[("mlp_down", 1)],
@@ -935,7 +972,7 @@ def test_silu_mul_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(out, torch.ops.ce.silu_mul_linear(graph_inputs, weight), atol=0, rtol=0)
 
 
-# Rows 1, 2 and 16: our skinny GEMM (GEMV, padded and full tiles); 17: ce::add_rms_norm + cuBLAS.
+# Rows 1, 2 and 16: our skinny GEMM (each path); 17: ce::add_rms_norm + cuBLAS.
 @pytest.mark.parametrize("name, rows", cases(
     [(name, rows) for name in ("gdn_in_proj", "mlp_gate_up", "attn_qkv") for rows in (1, 2, 16, 17)],
     quick=[("attn_qkv", 1)],
@@ -1052,8 +1089,8 @@ def _sample_on_cpu(logits, *params):
     return sample.sample_reference(logits.cpu(), *(p.cpu() if torch.is_tensor(p) else p for p in params))
 
 
-@pytest.mark.parametrize("rows", [1, 8, 64])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+# bf16 (the served dtype: 4-bit radix passes over 16-bit keys) at 1 and 64 rows; fp32 (32-bit keys) at 8.
+@pytest.mark.parametrize("rows, dtype", [(1, torch.bfloat16), (64, torch.bfloat16), (8, torch.float32)])
 def test_sample_matches_reference_after_lm_head_in_cuda_graph(rows, dtype):
     """ce::sample on V = 248,320 rows of the lm_head's output (strided rows; a PDL skinny GEMM before it, as in the
     decode graph) equals the reference token for token (the CPU reference first: bit-exact across devices; then the
@@ -1095,10 +1132,10 @@ def test_sample_matches_reference_after_lm_head_in_cuda_graph(rows, dtype):
 
 
 def test_sample_many_small_rows_and_batch_invariance():
-    """20,000 rows of 40 logits (bf16, on a coarse grid: ties everywhere) with every configuration equal the CPU
+    """5,000 rows of 40 logits (bf16, on a coarse grid: ties everywhere) with every configuration equal the CPU
     reference token for token; and a row of a batch of 64 (V = 248,320) draws the same token alone."""
     gen = _seeded(7)
-    rows, vocab = 20000, 40
+    rows, vocab = 5000, 40
     logits = (_randn(gen, rows, vocab, scale=2.0) * 2).round().to(torch.bfloat16)
     params = _sample_params(rows, gen, vocab)
     tokens = torch.ops.ce.sample(logits, *params)

@@ -4,8 +4,8 @@ This catches indexing, masking and in-place-ordering bugs in CI, where there is 
 must be set before triton decorates the kernels, so the checks run in one child process (the parent never
 imports triton); each pytest test then asserts on its own check's result. The interpreter has no bfloat16, so
 everything is fp32. FLA's chunked prefill (``gated_delta_rule_prefill``) cannot run in the interpreter; the GPU
-tests cover it. The skinny GEMM of ``ce::linear`` is checked against a float64 matmul, at fixed configs (its
-autotuner benchmarks on a GPU).
+tests cover it. The skinny GEMM of ``ce::linear`` is checked against a float64 matmul, at fixed configs (every one
+its rule may choose among them).
 """
 
 from __future__ import annotations
@@ -217,9 +217,27 @@ def _child_checks() -> dict:
         compare("gated deltanet decode conv state", conv_state[1:], want_conv[1:])
         compare("gated deltanet decode recurrent state", rec_state[1:], want_rec[1:])
 
-    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False, gated=False):
-        """Each config (block_n, block_k, split_k) against a float64 matmul; ragged N and K throughout. ``gated``:
-        x is [gate | up] (2K wide) and the matmul's input silu(gate) * up (ce::silu_mul_linear)."""
+    def gemm_config(c, rows, path):
+        """A (block_n, block_k, split_k) tuple as a config of ``path`` at the BLOCK_M the rule gives ``rows``: None
+        (no BLOCK_M: the block_m argument decides, as before the rule), "gemv" (the few-rows GEMV) or "dot"
+        (tensor cores); a triton.Config as it is."""
+        if isinstance(c, gemv_kernels.triton.Config):
+            return c
+        if path is None:
+            return gemv_kernels.triton.Config({"BLOCK_N": c[0], "BLOCK_K": c[1], "SPLIT_K": c[2]})
+        rule = gemv_kernels.gemv_rows_config if path == "gemv" else gemv_kernels.dot_config
+        block_m = rule(rows, 4096, 1024).kwargs["BLOCK_M"]
+        return gemv_kernels._config(*c, 4, 1, block_m=block_m, dot=path == "dot")
+
+    def config_name(config):
+        kw = config.kwargs
+        return (f"BLOCK_M {kw.get('BLOCK_M', '-')} dot {kw.get('DOT', '-')} {kw['BLOCK_N']}x{kw['BLOCK_K']} "
+                f"split {kw['SPLIT_K']}")
+
+    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False, gated=False, path=None):
+        """Each config (block_n, block_k, split_k, on ``path``: see gemm_config) against a float64 matmul; ragged
+        N and K throughout. ``gated``: x is [gate | up] (2K wide) and the matmul's input silu(gate) * up
+        (ce::silu_mul_linear)."""
         width = 2 * k if gated else k
         x = torch.randn(rows, width) * (3.0 if gated else 1.0)
         weight = torch.randn(n, k) * k**-0.5
@@ -231,14 +249,30 @@ def _child_checks() -> dict:
             gate, up = x_in[:, :k], x_in[:, k:]
             x_in = gate * torch.sigmoid(gate) * up
         want = x_in @ weight.double().T
-        for block_n, block_k, split_k in configs:
-            config = gemv_kernels.triton.Config({"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k})
+        for c in configs:
+            config = gemm_config(c, rows, path)
             got = gemv_kernels.skinny_gemm(x, weight, config, block_m, gated)
             assert got.shape == (rows, n) and got.dtype == x.dtype
-            compare(f"skinny gemm {block_n}x{block_k} split {split_k}", got.double(), want)
+            compare(f"skinny gemm {config_name(config)}", got.double(), want)
 
     # no split; a split with a short last part (5 chunks over 3); more splits than K chunks (empty K ranges)
     gemm_configs = [(16, 32, 1), (16, 16, 3), (32, 64, 4)]
+    # the few-rows GEMV: BLOCK_N below and above BLOCK_M, one K chunk and several, a split
+    gemv_rows_configs = [(4, 16, 1), (2, 128, 1), (16, 32, 3)]
+
+    def rule_configs(rows):
+        """Every config the rule (skinny_config) and the bench's alternatives (gemv_rows_config, dot_config) give
+        ``rows`` rows on the model's kinds of weight: narrow N with short and long K, wide N, the vocabulary."""
+        shapes = [(1024, 2048), (1024, 3584), (8224, 1024), (248320, 1024)]
+        rules = [gemv_kernels.skinny_config, gemv_kernels.dot_config]
+        if rows <= 8:
+            rules.append(gemv_kernels.gemv_rows_config)
+        configs = {}
+        for rule in rules:
+            for n, k in shapes:
+                config = rule(rows, n, k)
+                configs[str(config)] = config
+        return list(configs.values())
 
     def check_rms_norm(tokens, heads, dim, gated, strided):
         """x (and gate) as the model passes them: strided views of a wider projection output when ``strided``."""
@@ -255,7 +289,7 @@ def _child_checks() -> dict:
         assert got.is_contiguous() and got.shape == x.shape
         compare("rms_norm", got, want)
 
-    def check_add_rms_norm_gemm(rows, n, k, configs, block_m=None):
+    def check_add_rms_norm_gemm(rows, n, k, configs, block_m=None, path=None):
         """ce::add_rms_norm_linear's skinny GEMM: the sum exactly, the projection of the norm against float64 (x a
         strided view, as the model's branch outputs can be)."""
         x = torch.randn(rows, k + 6)[:, 3:-3] * 3.0
@@ -264,12 +298,12 @@ def _child_checks() -> dict:
         weight = torch.randn(n, k) * k**-0.5
         want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
         want = normed.double() @ weight.double().T
-        for block_n, block_k, split_k in configs:
-            config = gemv_kernels.triton.Config({"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k})
+        for c in configs:
+            config = gemm_config(c, rows, path)
             out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config,
                                                                 block_m)
-            compare(f"add_rms_norm gemm sum {block_n}x{block_k} split {split_k}", summed, want_sum)
-            compare(f"add_rms_norm gemm {block_n}x{block_k} split {split_k}", out.double(), want)
+            compare(f"add_rms_norm gemm sum {config_name(config)}", summed, want_sum)
+            compare(f"add_rms_norm gemm {config_name(config)}", out.double(), want)
 
     def check_add_rms_norm(tokens, dim, strided):
         x, residual = torch.randn(tokens, dim) * 3.0, torch.randn(tokens, dim) * 3.0
@@ -405,6 +439,29 @@ def _child_checks() -> dict:
         "gemm_dot_configs": lambda: check_skinny_gemm(
             5, 40, 600, [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]) for c in
                          gemv_kernels.DOT_CONFIGS]),
+        # 2..16 rows: the few-rows GEMV (BLOCK_M 2, 4, 8: x's rows padded, masked) and the tensor-core path with its
+        # first weight chunk loaded ahead (BLOCK_M 8, 16), plain and with either prologue
+        **{f"gemm_rows_gemv_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemv_rows_configs, path="gemv"))
+           for m in (2, 3, 5, 8)},
+        **{f"gemm_rows_dot_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemm_configs, path="dot"))
+           for m in (2, 3, 5, 8, 16)},
+        **{f"gemm_rows_gated_gemv_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemv_rows_configs, strided=True,
+                                                                         gated=True, path="gemv"))
+           for m in (2, 3, 5, 8)},
+        **{f"gemm_rows_gated_dot_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemm_configs, strided=True,
+                                                                        gated=True, path="dot"))
+           for m in (2, 3, 5, 8, 16)},
+        **{f"gemm_rows_norm_gemv_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 37, 75, gemv_rows_configs,
+                                                                              path="gemv"))
+           for m in (2, 3, 5, 8)},
+        **{f"gemm_rows_norm_dot_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 37, 75, gemm_configs, path="dot"))
+           for m in (2, 3, 5, 8, 16)},
+        # the rule's configs themselves (and the bench's alternatives), on a small ragged shape
+        **{f"gemm_rule_configs_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m)))
+           for m in (2, 3, 5, 16)},
+        "gemm_rule_configs_gated_m5": lambda: check_skinny_gemm(5, 40, 600, rule_configs(5), gated=True),
+        "gemm_rule_configs_norm_m3": lambda: check_add_rms_norm_gemm(3, 40, 600, rule_configs(3)),
+        "gemm_rule_configs_norm_m8": lambda: check_add_rms_norm_gemm(8, 40, 600, rule_configs(8)),
     }
     results = {}
     for name, fn in checks.items():
@@ -473,6 +530,12 @@ CHECK_NAMES = [
     "gemm_gated_m5_strided",
     "gemm_gemv_configs",
     "gemm_dot_configs",
+    *[f"gemm_rows_{kind}{path}_m{m}" for kind in ("", "gated_", "norm_") for path, ms in
+      (("gemv", (2, 3, 5, 8)), ("dot", (2, 3, 5, 8, 16))) for m in ms],
+    *[f"gemm_rule_configs_m{m}" for m in (2, 3, 5, 16)],
+    "gemm_rule_configs_gated_m5",
+    "gemm_rule_configs_norm_m3",
+    "gemm_rule_configs_norm_m8",
 ]
 
 
