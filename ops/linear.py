@@ -31,11 +31,11 @@ from ops.triton import HAVE_TRITON
 if HAVE_TRITON:  # else cuBLAS serves every matmul (ops/triton/__init__.py)
     from ops.triton import gemv_kernels
 
-# Rows up to which the Triton skinny GEMM runs instead of cuBLAS: decode buckets 1..16, where cuBLAS's kernel choice
-# for these shapes is poor (its step of matmuls at batch 8 takes about twice the weights' read time). 16 is also the
-# kernel's ceiling (gemv_kernels.DOT_ROWS). Past it cuBLAS's tiled GEMMs take over, as M grows towards prefill's
-# compute-bound sizes.
-SKINNY_MAX_ROWS = 16
+# Rows up to which the Triton skinny GEMM runs instead of cuBLAS: the decode buckets 1 and 2, where its GEMV paths read
+# the weights faster than cuBLAS's kernels do (a step's 97 matmuls: 0.57 against 0.94 ms at one row, 0.80 against 0.97
+# at two). From 3 rows on cuBLAS (with the norm and the activation as kernels of their own) was faster than every
+# path of ours that was measured (bench/NOTES.md, "Skinny GEMM").
+SKINNY_MAX_ROWS = 2
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
 
 

@@ -419,9 +419,7 @@ def skinny_config(rows: int, n: int, k: int) -> triton.Config:
     """The config ``ce::linear`` runs for ``rows`` rows of x and a [n, k] weight (the rule; see above)."""
     if rows == 1:
         return gemv_config(n, k)
-    if rows <= GEMV_ROWS_MAX and n <= GEMV_NARROW_N:
-        return gemv_rows_config(rows, n, k)
-    return dot_config(rows, n, k)
+    return gemv_rows_config(rows, n, k)
 
 
 # The autotuned 2..16-row path, kept for one A/B against the rule (``legacy_autotune``): x padded to DOT_ROWS rows,
