@@ -508,7 +508,6 @@ class LLMEngine:
             all_greedy=all(p.greedy for p in params),
             use_top_k=any(p.top_k > 0 for p in params),
             use_top_p=any(p.top_p < 1 for p in params),
-            use_min_p=any(p.min_p > 0 for p in params),
         )
 
     def _output(self, request: Request, new_tokens: list[int], upto: int | None = None) -> RequestOutput:

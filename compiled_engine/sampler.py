@@ -32,7 +32,6 @@ class SamplingBatch:
     all_greedy: bool
     use_top_k: bool
     use_top_p: bool
-    use_min_p: bool  # (min-p costs no pass of its own: the op tests it per token)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

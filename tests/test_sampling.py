@@ -53,7 +53,6 @@ def make_batch(params: list[SamplingParams], seeds, counters, suppress=()) -> Sa
         all_greedy=all(p.temperature == 0 for p in params),
         use_top_k=any(p.top_k > 0 for p in params),
         use_top_p=any(p.top_p < 1 for p in params),
-        use_min_p=any(p.min_p > 0 for p in params),
     )
 
 
