@@ -60,17 +60,24 @@ def _argmax_chunks_kernel(logits, part_value, part_index, V, stride_row, num_chu
 
 
 @triton.jit
-def _argmax_rows_kernel(part_value, part_index, out, num_chunks, CHUNKS_P: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    row = tl.program_id(0).to(tl.int64)
+def _row_winner(part_value, part_index, row, num_chunks, CHUNKS_P: tl.constexpr):
+    """The index torch.argmax picks for ``row``, from its chunks' winners (``part_value``/``part_index``
+    ``[rows, num_chunks]``)."""
     offs = tl.arange(0, CHUNKS_P)
     mask = offs < num_chunks
     values = tl.load(part_value + row * num_chunks + offs, mask=mask, other=float("-inf"))
     indices = tl.load(part_index + row * num_chunks + offs, mask=mask, other=0)
     _, index = _winner(values, indices, mask)
-    tl.store(out + row, index.to(tl.int64))
+    return index
+
+
+@triton.jit
+def _argmax_rows_kernel(part_value, part_index, out, num_chunks, CHUNKS_P: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    tl.store(out + row, _row_winner(part_value, part_index, row, num_chunks, CHUNKS_P).to(tl.int64))
 
 
 def argmax(logits: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:

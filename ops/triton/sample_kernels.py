@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ops.layouts import EXP_CUTOFF, KEY_SHIFT, MASS_SCALE, MIN_TEMPERATURE
-from ops.triton.argmax_kernels import _winner
+from ops.triton.argmax_kernels import _row_winner, _winner
 from ops.triton.pdl import pdl_flags
 
 CHUNK = 4096  # logits per program: 61 programs a row at V = 248,320
@@ -356,11 +356,9 @@ def _sample_reduce_kernel(temperature, chunk_max, greedy_value, greedy_index, be
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
+    greedy = _row_winner(greedy_value, greedy_index, row, num_chunks, CHUNKS_P)
     offs = tl.arange(0, CHUNKS_P)
     mask = offs < num_chunks
-    values = tl.load(greedy_value + row * num_chunks + offs, mask=mask, other=float("-inf"))
-    indices = tl.load(greedy_index + row * num_chunks + offs, mask=mask, other=0)
-    _, greedy = _winner(values, indices, mask)
     key_max32 = _row_max_key(chunk_max, row, num_chunks, CHUNKS_P)
     m = _float_of_key(key_max32)  # the row's maximum (NaN counted as -inf)
     finite = (m > float("-inf")) & (m < float("inf"))
