@@ -1089,8 +1089,11 @@ def _sample_on_cpu(logits, *params):
     return sample.sample_reference(logits.cpu(), *(p.cpu() if torch.is_tensor(p) else p for p in params))
 
 
-# bf16 (the served dtype: 4-bit radix passes over 16-bit keys) at 1 and 64 rows; fp32 (32-bit keys) at 8.
-@pytest.mark.parametrize("rows, dtype", [(1, torch.bfloat16), (64, torch.bfloat16), (8, torch.float32)])
+# bf16 (the served dtype: 4-bit radix passes over 16-bit keys) at 1 and 64 rows; fp32 (32-bit keys) at 8. Quick: one
+# bf16 row.
+@pytest.mark.parametrize("rows, dtype", cases(
+    [(1, torch.bfloat16), (64, torch.bfloat16), (8, torch.float32)], quick=[(1, torch.bfloat16)],
+))
 def test_sample_matches_reference_after_lm_head_in_cuda_graph(rows, dtype):
     """ce::sample on V = 248,320 rows of the lm_head's output (strided rows; a PDL skinny GEMM before it, as in the
     decode graph) equals the reference token for token (the CPU reference first: bit-exact across devices; then the
