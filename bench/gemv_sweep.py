@@ -2,12 +2,15 @@
 
 A batch-1 decode step runs 97 weight matmuls of 4-508 MB one after another in one CUDA graph. A 4 MB matmul takes
 ~1 µs at the H200's bandwidth, so launch, ramp-up and tail set its time; timed alone (one call per graph replay,
-the L2 flushed before it, as the autotuner and ``ops_microbench`` time it) it also pays the graph launch. Here
+the L2 flushed before it, as ``triton.autotune`` and ``ops_microbench`` time it) it also pays the graph launch. Here
 each (shape, config) is one CUDA graph of ``calls`` matmuls on distinct weight copies (together over 128 MB, so
 every call reads DRAM, not the 50 MB L2), timed per matmul. Then the whole step: the 97 matmuls in model order in
 one graph, through ``ce::linear`` (its configs), through cuBLAS, and with each shape's best swept config.
 
-    python bench/gemv_sweep.py --out DIR [--rows 1,8]     # JSON in DIR/gemv_sweep.json, table on stdout
+    python bench/gemv_sweep.py --out DIR [--rows 1,2]     # JSON in DIR/gemv_sweep.json, table on stdout
+
+At 1..GEMV_MAX_ROWS rows the candidates are the GEMV's (the one-row loop at one row, the few-rows loop above);
+``ce::linear`` rows record what the op runs (cuBLAS past SKINNY_MAX_ROWS, ops/linear.py).
 """
 
 from __future__ import annotations
@@ -24,52 +27,35 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
-from bench.ops_microbench import Shape, copy_bandwidth_gbps, rand  # noqa: E402
-from ops.linear import linear  # noqa: E402
+from bench.ops_microbench import Shape, copy_bandwidth_gbps, gemv_rows_candidates, rand  # noqa: E402
+from ops.linear import SKINNY_MAX_ROWS, linear  # noqa: E402
 from ops.triton import gemv_kernels  # noqa: E402
 from ops.triton.gemv_kernels import _config  # noqa: E402
 
 WORKING_SET_BYTES = 128 << 20  # weight copies per shape: together over the L2 (50 MB on an H200)
 MIN_CALLS = 8
 
-# Candidates (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages), beyond the tuned lists themselves.
-GEMV_CANDIDATES = [  # BLOCK_M = 1
-    (2, 1024, 1, 4, 2), (2, 2048, 1, 8, 1),
-    (4, 256, 1, 4, 4), (4, 512, 1, 4, 3), (4, 1024, 1, 4, 2), (4, 1024, 1, 8, 2),
-    (8, 128, 1, 4, 4), (8, 256, 1, 4, 4), (8, 512, 1, 4, 3), (8, 512, 1, 8, 3), (8, 1024, 1, 8, 2),
-    (16, 128, 1, 4, 4), (16, 256, 1, 4, 3), (16, 256, 1, 8, 3), (16, 512, 1, 8, 2),
-    (32, 128, 1, 4, 4), (32, 256, 1, 8, 3), (64, 64, 1, 4, 4), (64, 128, 1, 8, 3),
-    (8, 512, 2, 4, 3), (16, 256, 2, 4, 3), (4, 256, 4, 4, 3), (8, 256, 4, 4, 3), (16, 256, 4, 4, 3),
+# Candidates (BLOCK_N, BLOCK_K, num_warps, num_stages), beyond the rule's configs themselves.
+GEMV_CANDIDATES = [  # the one-row GEMV, BLOCK_M = 1
+    (2, 1024, 4, 2), (2, 2048, 8, 1),
+    (4, 256, 4, 4), (4, 512, 4, 3), (4, 1024, 4, 2), (4, 1024, 8, 2),
+    (8, 128, 4, 4), (8, 256, 4, 4), (8, 512, 4, 3), (8, 512, 8, 3), (8, 1024, 8, 2),
+    (16, 128, 4, 4), (16, 256, 4, 3), (16, 256, 8, 3), (16, 512, 8, 2),
+    (32, 128, 4, 4), (32, 256, 8, 3), (64, 64, 4, 4), (64, 128, 8, 3),
 ]
-DOT_CANDIDATES = [  # tensor cores, BLOCK_M = rows rounded up to a power of two, at least 8
-    (16, 256, 1, 4, 4), (32, 128, 1, 4, 4), (32, 256, 1, 4, 3), (64, 128, 1, 4, 4), (64, 128, 1, 8, 4),
-    (64, 256, 1, 8, 3), (128, 64, 1, 4, 4), (128, 128, 1, 8, 3), (16, 512, 2, 4, 3), (32, 256, 2, 4, 3),
-    (64, 128, 2, 4, 4), (16, 256, 4, 4, 3), (64, 128, 4, 4, 3), (64, 128, 8, 4, 3),
-]
-GEMV_ROWS_CANDIDATES = [  # the few-rows GEMV at 2..8 rows: BLOCK_K = 256 x num_warps (see gemv_kernels)
-    (2, 2048, 1, 8, 1), (4, 2048, 1, 8, 1), (8, 2048, 1, 8, 1), (2, 1024, 1, 4, 1), (4, 1024, 1, 4, 1),
-    (8, 1024, 1, 4, 1),
-]
+# The few-rows GEMV's candidates at 2..GEMV_MAX_ROWS rows: ops_microbench.GEMV_ROWS_CANDIDATES.
 
 
 def candidates_for(rows: int) -> list:
-    """Every candidate config at ``rows`` rows, each with its BLOCK_M and path."""
-    pow2 = triton.next_power_of_2(rows)
-    dot_m = max(gemv_kernels.DOT_MIN_BLOCK_M, pow2)
-    if rows == 1:  # the GEMV, and the tensor cores at one row (x padded to 8 rows)
-        return ([_config(*c, block_m=1, dot=False) for c in GEMV_CANDIDATES]
-                + [_config(*c, block_m=dot_m, dot=True) for c in DOT_CANDIDATES if c[2] == 1])
-    configs = [_config(*c, block_m=dot_m, dot=True) for c in DOT_CANDIDATES]
-    if rows <= 8:
-        configs += [_config(*c, block_m=max(2, pow2), dot=False) for c in GEMV_ROWS_CANDIDATES]
-    return configs
+    """Every candidate config at ``rows`` rows, each with its BLOCK_M."""
+    if rows == 1:
+        return [_config(*c, block_m=1) for c in GEMV_CANDIDATES]
+    return gemv_rows_candidates(rows)
 
 
 def describe(c) -> str:
     kw = c.kwargs
-    path = "dot" if kw["DOT"] else "gemv"
-    return (f"{path} BLOCK_M {kw['BLOCK_M']} N {kw['BLOCK_N']} K {kw['BLOCK_K']} split {kw['SPLIT_K']} "
-            f"w {c.num_warps} s {c.num_stages}")
+    return f"BLOCK_M {kw['BLOCK_M']} N {kw['BLOCK_N']} K {kw['BLOCK_K']} w {c.num_warps} s {c.num_stages}"
 
 
 def graph_us_per_call(calls: list) -> float:
@@ -123,12 +109,10 @@ def sweep(rows: int, copy_gbps: float, out_rows: list) -> dict[str, tuple]:
 
         record("ce::linear (its pick)",
                graph_us_per_call([lambda w=weights[i % len(weights)]: linear(x, w) for i in range(calls)]),
-               config=str(gemv_kernels.skinny_config(rows, n, k)))
+               config=str(gemv_kernels.skinny_config(rows, n, k)) if rows <= SKINNY_MAX_ROWS else "cuBLAS")
         record("cuBLAS", graph_us_per_call(
             [lambda w=weights[i % len(weights)]: torch.nn.functional.linear(x, w) for i in range(calls)]))
         for config in candidates:
-            if n > gemv_kernels.SPLIT_K_MAX_N and config.kwargs["SPLIT_K"] > 1:
-                continue
             try:
                 us = graph_us_per_call([lambda w=weights[i % len(weights)]: gemv_kernels.skinny_gemm(x, w, config)
                                         for i in range(calls)])
@@ -170,10 +154,13 @@ def whole_step(rows: int, best: dict, copy_gbps: float) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[1, 8])
+    parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[1, 2],
+                        help=f"row counts, 1..{gemv_kernels.GEMV_MAX_ROWS}, comma-separated")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_sweep needs a CUDA device")
+    if not all(1 <= r <= gemv_kernels.GEMV_MAX_ROWS for r in args.rows):
+        raise SystemExit(f"--rows takes row counts 1..{gemv_kernels.GEMV_MAX_ROWS}")
     start = time.time()
     copy_gbps = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_gbps:.0f} GB/s", flush=True)

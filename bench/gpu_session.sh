@@ -6,7 +6,7 @@
 #   2. bench/ops_microbench.py: the decode ops alone at batch 1-256 (~40 s);
 #   3. bench latency + throughput + sweep with LLM's defaults (it compiles the 0.8B decode graphs cold, ~100-200 s;
 #      every later engine finds them cached; throughput profiles its first step);
-#   4. bench latency again in a fresh process (the spread between processes: autotuner picks, host), with cudagraph
+#   4. bench latency again in a fresh process (the spread between processes), with cudagraph
 #      trees instead of the runner's own CUDA graphs (CE_CUDA_GRAPHS=trees), without the GEMV's L2 prefetch
 #      (CE_L2_PREFETCH=0), and with CE_PDL=0 (programmatic dependent launch off: the A/B for ops/triton/pdl.py);
 #      bench step_profile (runtime decode at batch 1/8/64/256, the engine's own overlapped decode steps at the same

@@ -14,8 +14,7 @@ What is timed (after one warm-up request of the same prompt length):
     new inputs (each replay is the next greedy step of the same sequence: the graph advances its own inputs),
     timed with CUDA events: the GPU time of a step with no host work between steps. Against the
     engine's step time it says whether a step is GPU-bound (equal) or waits for the host. ``host_ms_per_replay``
-    is the host's cost of one replay call (Dynamo guards, cudagraph-tree bookkeeping, the graph launch). The
-    skinny GEMM's configs are recorded beside it (the 2..16-row autotuner's picks can differ between processes).
+    is the host's cost of one replay call (Dynamo guards, cudagraph-tree bookkeeping, the graph launch).
 Bound: batch-1 decode reads every weight once, so tok/s <= copy bandwidth / weight_bytes (bench/bounds.py).
 Achieved bandwidth = weight_bytes x decode steps/s (as gpt-fast reports it); its fraction of the copy bandwidth
 equals the fraction of the bound.
@@ -252,7 +251,6 @@ def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int) ->
         "ms_per_step": gpu_ms,
         "decode_tok_s": 1e3 / gpu_ms,
         "host_ms_per_replay": host_s / replays * 1e3,
-        "skinny_gemm_picks": _skinny_gemm_picks(),
         "critical_path": path,
         "note": "one batch-1 step's graph replayed back to back (CUDA events): GPU time without per-step host work",
     }
@@ -309,18 +307,6 @@ def critical_path(kernels: list[tuple[str, str, float, float]], replays: int) ->
                    "duration_us_per_step": row["duration_us"] / steps}
              for key, row in sorted(rows.items(), key=lambda kv: -kv[1]["charged_us"])}
     return {"kernels_per_step": per_step, "span_us": sum(spans) / steps, "by_kernel": table}
-
-
-def _skinny_gemm_picks() -> dict:
-    """The skinny GEMM's configs, as strings: the 2..16-row autotuner's pick per key, and the one-row rule's configs
-    (``gemv_config``: narrow outputs, everything else)."""
-    from ops.triton import gemv_kernels
-
-    picks = {f"rows=2 {key}": str(config) for key, config in gemv_kernels.dot_autotuner().cache.items()}
-    picks["rows=1 N <= %d, K <= 2048" % gemv_kernels.GEMV_NARROW_N] = str(gemv_kernels.GEMV_NARROW)
-    picks["rows=1 N <= %d, K > 2048" % gemv_kernels.GEMV_NARROW_N] = str(gemv_kernels.GEMV_NARROW_LONG_K)
-    picks["rows=1 wider"] = str(gemv_kernels.GEMV_WIDE)
-    return picks
 
 
 def _draw(plt, step_ms: list[float], bound_ms: float) -> None:

@@ -10,10 +10,11 @@ Bytes counted: every tensor the op must read or write once (states read + writte
 length, activations in and out); the minimum traffic, so the fraction is a roofline fraction.
 
 ``linear``: ce::linear (our skinny GEMM up to ``SKINNY_MAX_ROWS`` rows, cuBLAS above) against ``F.linear`` (cuBLAS)
-on each weight shape of the model at ``--linear-rows`` rows (default 1, 8, 16 and 64, the last showing the cuBLAS
-fallback), both as captured CUDA graphs; bytes are the weight plus x and the output. The "linear step" rows add up
-the 97 weight matmuls of one decode step (each shape times its count). With ``--sweep`` every config of the skinny
-GEMM is timed too (and the tensor-core path at one row), for choosing the configs on the GPU.
+on each weight shape of the model at ``--linear-rows`` rows (default 1, 2, 8 and 64: the skinny GEMM's two, then
+the cuBLAS fallback), both as captured CUDA graphs; bytes are the weight plus x and the output. The "linear step"
+rows add up the 97 weight matmuls of one decode step (each shape times its count). With ``--sweep`` the skinny
+GEMM's candidate configs are timed too at the rows it serves (GEMV_CONFIGS at one row, GEMV_ROWS_CANDIDATES above),
+for choosing the configs on the GPU.
 
     python bench/ops_microbench.py --out results/          # table on stdout, JSON in results/ops_microbench.json
     python bench/ops_microbench.py --out results/ --sweep  # also sweep the decode kernels' tile sizes
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
@@ -320,9 +322,22 @@ def run(args) -> dict:
     }
 
 
+# The few-rows GEMV's candidates at 2..GEMV_MAX_ROWS rows (BLOCK_N, BLOCK_K, num_warps, num_stages), BLOCK_M from
+# the row count: BLOCK_K = 256 x num_warps (see gemv_kernels). Swept here (--sweep) and by bench/gemv_sweep.py.
+GEMV_ROWS_CANDIDATES = [(2, 2048, 8, 1), (4, 2048, 8, 1), (8, 2048, 8, 1), (2, 1024, 4, 1), (4, 1024, 4, 1),
+                        (8, 1024, 4, 1)]
+
+
+def gemv_rows_candidates(rows: int) -> list:
+    """GEMV_ROWS_CANDIDATES as configs at ``rows`` rows (BLOCK_M: the rows rounded up to a power of two)."""
+    block_m = max(2, triton.next_power_of_2(rows))
+    return [gemv_kernels._config(*c, block_m=block_m) for c in GEMV_ROWS_CANDIDATES]
+
+
 def _config_note(config) -> str:
     k = config.kwargs
-    return (f"BLOCK_N {k['BLOCK_N']} BLOCK_K {k['BLOCK_K']} SPLIT_K {k['SPLIT_K']} warps {config.num_warps} "
+    block_m = f"BLOCK_M {k['BLOCK_M']} " if "BLOCK_M" in k else ""
+    return (f"{block_m}BLOCK_N {k['BLOCK_N']} BLOCK_K {k['BLOCK_K']} warps {config.num_warps} "
             f"stages {config.num_stages}")
 
 
@@ -353,15 +368,12 @@ def bench_linear(s: Shape, args, timed, add) -> None:
                 else:
                     step[what] = None  # a failed shape: no step total
             if args.sweep and rows <= SKINNY_MAX_ROWS:
-                configs = gemv_kernels.GEMV_CONFIGS if rows == 1 else gemv_kernels.DOT_CONFIGS
-                paths = [(gemv_kernels.block_rows(rows), c) for c in configs]
-                if rows == 1:  # the tensor-core path at one row (x padded to 16), against the GEMV
-                    paths += [(gemv_kernels.DOT_ROWS, c) for c in gemv_kernels.DOT_CONFIGS]
-                for block_m, config in paths:
-                    if n > gemv_kernels.SPLIT_K_MAX_N and config.kwargs["SPLIT_K"] > 1:
-                        continue  # the op never splits there
+                # one row: GEMV_CONFIGS (the rule's and a few more); more: the few-rows GEMV's candidates
+                configs = gemv_kernels.GEMV_CONFIGS if rows == 1 else gemv_rows_candidates(rows)
+                for config in configs:
+                    block_m = config.kwargs.get("BLOCK_M", 1)
                     t = timed(f"sweep linear {name} M={rows}",
-                              lambda: gemv_kernels.skinny_gemm(x, weight, config, block_m), graph=True)
+                              lambda: gemv_kernels.skinny_gemm(x, weight, config), graph=True)
                     add(f"  sweep linear {name}", rows, t, nbytes, "graph", f"BLOCK_M {block_m} {_config_note(config)}",
                         block_m=block_m, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
             del x, weight
@@ -400,7 +412,7 @@ def main(argv=None) -> None:
                         help="batch sizes of the per-op rows (empty: none, e.g. for the linear rows alone)")
     parser.add_argument("--context", type=int, default=1024, help="decode attention context length")
     parser.add_argument("--prefill-len", type=int, default=128, help="new tokens per sequence in prefill rows")
-    parser.add_argument("--linear-rows", type=lambda s: [int(b) for b in s.split(",")], default=[1, 8, 16, 64],
+    parser.add_argument("--linear-rows", type=lambda s: [int(b) for b in s.split(",")], default=[1, 2, 8, 64],
                         help="rows of x (batch) for the linear rows")
     parser.add_argument("--sweep", action="store_true", help="also sweep decode tile sizes and skinny GEMM configs")
     parser.add_argument("--skip", type=lambda s: set(s.split(",")), default=set(),

@@ -35,7 +35,7 @@ from bench.common import Context, profiled_call, random_prompt
 # Kernel name -> category, first match wins (names are lower-cased). Our Triton kernels are named after their op
 # (ops/triton/*); Inductor's generated kernels start with "triton_"; cuBLAS/CUTLASS GEMMs carry gemm-ish names.
 CATEGORIES = (
-    ("linear: Triton skinny GEMM", ("skinny_gemm", "sum_split_k")),
+    ("linear: Triton skinny GEMM", ("skinny_gemm",)),
     ("linear: cuBLAS", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "splitkreduce")),
     ("delta rule", ("gdr_", "delta_rule", "recurrent")),
     ("conv1d", ("conv",)),

@@ -2,9 +2,9 @@
 
 Why an op of our own rather than ``F.linear``: at decode batch sizes the weight matmuls are bound by reading the
 weights, and cuBLAS picks poor kernels for a handful of rows on these small matrices (bench/NOTES.md, "Skinny
-GEMM"). The CUDA kernel runs our Triton skinny GEMM (ops/triton/gemv_kernels.py) up to ``SKINNY_MAX_ROWS`` rows and
-cuBLAS above. It decides at run time, inside the opaque op, where M is a plain int: a compiled graph with a symbolic
-batch size never guards on it.
+GEMM"). The CUDA kernel runs our Triton skinny GEMM (ops/triton/gemv_kernels.py: a one-row and a few-rows GEMV) up
+to ``SKINNY_MAX_ROWS`` = 2 rows (decode batches 1 and 2) and cuBLAS from 3 rows on. It decides at run time, inside the
+opaque op, where M is a plain int: a compiled graph with a symbolic batch size never guards on it.
 
 * ``ce::linear(x [M, K], weight [N, K]) -> [M, N]`` in x's dtype;
 * ``ce::silu_mul_linear(gate_up [M, 2K], weight [N, K]) -> [M, N]``: ``silu_mul(gate_up) @ weight.T``, the MLP's
@@ -34,7 +34,8 @@ if HAVE_TRITON:  # else cuBLAS serves every matmul (ops/triton/__init__.py)
 # Rows up to which the Triton skinny GEMM runs instead of cuBLAS: the decode buckets 1 and 2, where its GEMV paths read
 # the weights faster than cuBLAS's kernels do (a step's 97 matmuls: 0.57 against 0.94 ms at one row, 0.80 against 0.97
 # at two). From 3 rows on cuBLAS (with the norm and the activation as kernels of their own) was faster than every
-# path of ours that was measured (bench/NOTES.md, "Skinny GEMM").
+# path of ours that was measured (bench/NOTES.md, "Skinny GEMM" and "Removed alternatives"). At most
+# gemv_kernels.GEMV_MAX_ROWS, the most rows the kernel takes.
 SKINNY_MAX_ROWS = 2
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
 
@@ -75,7 +76,7 @@ def silu_mul_linear_reference(gate_up: torch.Tensor, weight: torch.Tensor) -> to
 
 def _silu_mul_linear_cuda(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if _skinny(gate_up, weight) and gate_up.shape[1] == 2 * weight.shape[1]:
-        return gemv_kernels.skinny_gemm(gate_up, weight, None, None, True)
+        return gemv_kernels.skinny_gemm(gate_up, weight, gated=True)
     return F.linear(silu_mul_op(gate_up), weight)
 
 

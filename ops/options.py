@@ -15,7 +15,7 @@ Each field has an environment variable, read once by :meth:`KernelOptions.from_e
                                                                   kernels where the GPU has it (ops/triton/pdl.py)
   l2_prefetch   CE_L2_PREFETCH   whole / 0 (or any of the above)  on: the skinny GEMM prefetches its weight into L2
                                                                   before its PDL wait (ops/triton/l2_prefetch.py)
-  skinny_gemm   CE_SKINNY_GEMM   1 / 0                            on: 1-16-row bf16/fp16 matmuls run our Triton skinny
+  skinny_gemm   CE_SKINNY_GEMM   1 / 0                            on: 1-2-row bf16/fp16 matmuls run our Triton skinny
                                                                   GEMM (ops/linear.py); off sends them to cuBLAS
   cuda_graphs   CE_CUDA_GRAPHS   runner / trees                   runner: who captures and replays the decode graphs
                                                                   (graphs/decode_graph.py)

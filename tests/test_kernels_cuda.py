@@ -810,11 +810,11 @@ def _assert_linear_close(got, x, weight):
     _assert_close_relative(got, want, max_abs=2e-2, max_rel_norm=4e-3, what=f"linear {tuple(weight.shape)}")
 
 
-# Rows 1 (the GEMV path), 2 (the CUDA-core path at N = 1,024, tensor cores elsewhere), 5 (tensor cores, x padded to 8)
-# and 16 (full tiles); configs by rule (gemv_kernels.skinny_config; test_linear_every_rule_config tries each one).
+# Rows 1 (the one-row GEMV) and 2 (the few-rows GEMV), configs by rule (gemv_kernels.skinny_config;
+# test_linear_every_rule_config tries each one), and 16 (past SKINNY_MAX_ROWS: cuBLAS, against the same float64).
 # Quick: the GEMV with the L2 prefetch, and two rows on an N = 1,024 matrix.
 @pytest.mark.parametrize("name, rows", cases(
-    [(name, rows) for name in LINEAR_SHAPES for rows in (1, 2, 5, 16)],
+    [(name, rows) for name in LINEAR_SHAPES for rows in (1, 2, 16)],
     quick=[("gdn_in_proj", 1), ("gdn_out_proj", 2)],
 ))
 def test_linear_skinny_gemm_on_model_shapes(name, rows):
@@ -840,51 +840,28 @@ def test_linear_skinny_gemm_ragged_shapes(rows, n, k, dtype, seed):
     torch.testing.assert_close(got.double(), x.double() @ weight.double().T, **TOL[torch.bfloat16])
 
 
-@pytest.mark.parametrize("rows", [1, 16])
-def test_linear_every_tuned_config(rows):
-    """Every config the autotuner may pick (it picks one per shape on this GPU, maybe another elsewhere)."""
-    from ops.triton import gemv_kernels
-
-    n, k = LINEAR_SHAPES["mlp_down"]
-    x, weight = _linear_inputs(_seeded(5), rows, n, k)
-    for config in gemv_kernels.GEMV_CONFIGS if rows == 1 else gemv_kernels.DOT_CONFIGS:
-        _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
-
-
-@pytest.mark.parametrize("rows", [2, 3, 5, 8, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8])
 def test_linear_every_rule_config(rows):
-    """Every config the 2..16-row rule and bench/gemv_chain.py's alternatives run (the few-rows GEMV up to 8 rows,
-    the tensor cores with a split K on the narrow shapes), on a narrow and a wide model shape: plain, with the SiLU
-    gate and with the residual add + norm in the prologue, against float64 through the prologue's roundings."""
+    """The rule's config (gemv_kernels.skinny_config: the one-row GEMV at 1 row, the few-rows GEMV above; ce::linear
+    runs it up to SKINNY_MAX_ROWS rows, bench/gemv_chain.py up to GEMV_MAX_ROWS) on a narrow and a wide model
+    shape: plain, with the SiLU gate and with the residual add + norm in the prologue, against float64 through the
+    prologue's roundings."""
     from ops.triton import gemv_kernels
 
     gen = _seeded(rows)
     for name in ("mlp_down", "gdn_in_proj"):
         n, k = LINEAR_SHAPES[name]
-        rules = [gemv_kernels.skinny_config, gemv_kernels.dot_config]
-        if rows <= 8:
-            rules.append(gemv_kernels.gemv_rows_config)
-        configs = {str(config): config for config in (rule(rows, n, k) for rule in rules)}
+        config = gemv_kernels.skinny_config(rows, n, k)
         x, weight = _linear_inputs(gen, rows, n, k)
         gate_up = _randn(gen, rows, 2 * k, dtype=torch.bfloat16)
         residual, norm_weight = _randn(gen, rows, k, dtype=torch.bfloat16), _randn(gen, k, dtype=torch.bfloat16)
         want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
-        for config in configs.values():
-            _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
-            gated = gemv_kernels.skinny_gemm(gate_up, weight, config, gated=True)
-            _assert_linear_close(gated, activation.silu_mul_reference(gate_up), weight)
-            out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config)
-            torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)
-            _assert_linear_close(out, normed, weight)
-
-
-def test_linear_legacy_autotuned_path():
-    """The autotuned path the rule replaced, kept for bench/gemv_chain.py's A/B: still exact."""
-    from ops.triton import gemv_kernels
-
-    n, k = LINEAR_SHAPES["mlp_down"]
-    x, weight = _linear_inputs(_seeded(17), 8, n, k)
-    _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, legacy_autotune=True), x, weight)
+        _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
+        gated = gemv_kernels.skinny_gemm(gate_up, weight, config, gated=True)
+        _assert_linear_close(gated, activation.silu_mul_reference(gate_up), weight)
+        out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config)
+        torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)
+        _assert_linear_close(out, normed, weight)
 
 
 def test_skinny_gemm_l2_prefetch():
@@ -925,12 +902,12 @@ def test_linear_dispatch():
 
 
 def test_linear_replays_in_cuda_graph():
-    """Tuned by the eager call, captured without tuning (a tuning benchmark would fail the capture), and replayed
-    with new inputs: the same config, so the same bits as an eager call."""
+    """Compiled by the eager call, captured (configs by rule: nothing is benchmarked or waited for on the host), and
+    replayed with new inputs: the same config, so the same bits as an eager call."""
     gen = _seeded(13)
-    for name in ("gdn_out_proj", "mlp_gate_up"):  # N = 1024 (split-K candidates) and a wide N
+    for name in ("gdn_out_proj", "mlp_gate_up"):  # N = 1024 and a wide N
         n, k = LINEAR_SHAPES[name]
-        for rows in (1, 8):
+        for rows in (1, SKINNY_MAX_ROWS):
             x, weight = _linear_inputs(gen, rows, n, k)
             torch.ops.ce.linear(x, weight)
             torch.cuda.synchronize()
@@ -943,14 +920,15 @@ def test_linear_replays_in_cuda_graph():
             _assert_linear_close(out, x, weight)
 
 
-# Rows 1, 2 and 16: our skinny GEMM (each path); 17: ce::silu_mul + cuBLAS.
+# Rows 1 and 2: our skinny GEMM (the one-row and the few-rows GEMV); 16: ce::silu_mul + cuBLAS.
 @pytest.mark.parametrize("name, rows", cases(
-    [(name, rows) for name in ("mlp_down", "tp2_mlp_down") for rows in (1, 2, 16, 17)],
+    [(name, rows) for name in ("mlp_down", "tp2_mlp_down") for rows in (1, 2, 16)],
     quick=[("mlp_down", 1)],
 ))
 def test_silu_mul_linear_on_model_shapes(name, rows):
-    """The MLP's activation + down projection: our skinny GEMM with the activation in its x loads up to 16 rows,
-    ce::silu_mul + cuBLAS above; against float64 (through the two bf16 roundings the unfused ops make)."""
+    """The MLP's activation + down projection: our skinny GEMM with the activation in its x loads up to
+    SKINNY_MAX_ROWS rows, ce::silu_mul + cuBLAS above; against float64 (through the two bf16 roundings the unfused
+    ops make)."""
     n, k = LINEAR_SHAPES[name]
     gen = _seeded(rows)
     gate_up = _randn(gen, rows, 2 * k, dtype=torch.bfloat16)
@@ -972,15 +950,15 @@ def test_silu_mul_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(out, torch.ops.ce.silu_mul_linear(graph_inputs, weight), atol=0, rtol=0)
 
 
-# Rows 1, 2 and 16: our skinny GEMM (each path); 17: ce::add_rms_norm + cuBLAS.
+# Rows 1 and 2: our skinny GEMM (the one-row and the few-rows GEMV); 16: ce::add_rms_norm + cuBLAS.
 @pytest.mark.parametrize("name, rows", cases(
-    [(name, rows) for name in ("gdn_in_proj", "mlp_gate_up", "attn_qkv") for rows in (1, 2, 16, 17)],
+    [(name, rows) for name in ("gdn_in_proj", "mlp_gate_up", "attn_qkv") for rows in (1, 2, 16)],
     quick=[("attn_qkv", 1)],
 ))
 def test_add_rms_norm_linear_on_model_shapes(name, rows):
     """A layer's residual add + norm + the projection after it: our skinny GEMM computing the norm in its prologue
-    up to 16 rows, ce::add_rms_norm + cuBLAS above. The sum exactly as the reference rounds it; the projection of
-    the norm against float64; replayed in a CUDA graph with new inputs."""
+    up to SKINNY_MAX_ROWS rows, ce::add_rms_norm + cuBLAS above. The sum exactly as the reference rounds it; the
+    projection of the norm against float64; replayed in a CUDA graph with new inputs."""
     n, k = LINEAR_SHAPES[name]
     gen = _seeded(rows)
     x, residual = _randn(gen, rows, k, dtype=torch.bfloat16, scale=3.0), _randn(gen, rows, k, dtype=torch.bfloat16)
@@ -1032,9 +1010,9 @@ def test_advance_decode_inputs_on_the_static_buffers():
     assert static.positions[:n].tolist() == [16, 21, 64, 0] and static.slot_mapping[:3].tolist() == [6 * 16, 4 * 16 + 5, 0]
 
 
-# bf16 after the skinny GEMV (1 row), the tuned tile (3) and cuBLAS (64); fp32 (cuBLAS, fp32 loads) once.
+# bf16 after the skinny GEMV (1 and 2 rows) and cuBLAS (64); fp32 (cuBLAS, fp32 loads) once.
 @pytest.mark.parametrize("dtype, rows", cases(
-    [(torch.bfloat16, 1), (torch.bfloat16, 3), (torch.bfloat16, 64), (torch.float32, 3)],
+    [(torch.bfloat16, 1), (torch.bfloat16, 2), (torch.bfloat16, 64), (torch.float32, 3)],
     quick=[(torch.bfloat16, 1)],
 ))
 def test_argmax_matches_torch_after_lm_head_in_cuda_graph(rows, dtype):
@@ -1306,16 +1284,16 @@ def _opcheck_cases():
                                      slots3)),
         "gated_deltanet_decode": (torch.ops.ce.gated_deltanet_decode.default,
                                   (*fused, slots3, hk, dk, hv, dv, 1e-6)),
-        "linear": (torch.ops.ce.linear.default, (_randn(gen, 3, 256, dtype=bf16), _randn(gen, 512, 256, dtype=bf16))),
+        "linear": (torch.ops.ce.linear.default, (_randn(gen, 2, 256, dtype=bf16), _randn(gen, 512, 256, dtype=bf16))),
         "silu_mul": (torch.ops.ce.silu_mul.default, (_randn(gen, 5, 2 * 3584 + 64, dtype=bf16)[:, 32:-32],)),
         "add_rms_norm": (torch.ops.ce.add_rms_norm.default,
                          (_randn(gen, 3, 1024, dtype=bf16), _randn(gen, 3, 1024, dtype=bf16), _randn(gen, 1024, dtype=bf16),
                           1e-6)),
         "add_rms_norm_linear": (torch.ops.ce.add_rms_norm_linear.default,
-                                (_randn(gen, 3, 1024, dtype=bf16), _randn(gen, 3, 1024, dtype=bf16),
+                                (_randn(gen, 2, 1024, dtype=bf16), _randn(gen, 2, 1024, dtype=bf16),
                                  _randn(gen, 1024, dtype=bf16), 1e-6, _randn(gen, 7168, 1024, dtype=bf16))),
         "silu_mul_linear": (torch.ops.ce.silu_mul_linear.default,
-                            (_randn(gen, 3, 2 * 3584, dtype=bf16), _randn(gen, 1024, 3584, dtype=bf16))),
+                            (_randn(gen, 2, 2 * 3584, dtype=bf16), _randn(gen, 1024, 3584, dtype=bf16))),
         "rms_norm": (torch.ops.ce.rms_norm.default,
                      (_randn(gen, 5, 16, 256, dtype=bf16)[..., :128], _randn(gen, 128, dtype=bf16),
                       _randn(gen, 5, 16, 128, dtype=bf16), 1e-6, False)),
@@ -1357,7 +1335,7 @@ KERNEL_NAMES = {
     "gated_delta_rule_prefill": "chunk_gated_delta_rule_fwd",  # FLA's kernels (prefix of their names)
     "gated_delta_rule_decode": "_gdr_decode_kernel",
     "gated_deltanet_decode": "_gated_deltanet_decode_kernel",
-    "linear": "_skinny_gemm_kernel",  # 3 rows of bf16
+    "linear": "_skinny_gemm_kernel",  # 2 rows of bf16 (SKINNY_MAX_ROWS)
     "rms_norm": "_rms_norm_kernel",
     "silu_mul": "_silu_mul_kernel",
     "silu_mul_linear": "_skinny_gemm_kernel",

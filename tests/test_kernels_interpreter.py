@@ -217,27 +217,20 @@ def _child_checks() -> dict:
         compare("gated deltanet decode conv state", conv_state[1:], want_conv[1:])
         compare("gated deltanet decode recurrent state", rec_state[1:], want_rec[1:])
 
-    def gemm_config(c, rows, path):
-        """A (block_n, block_k, split_k) tuple as a config of ``path`` at the BLOCK_M the rule gives ``rows``: None
-        (no BLOCK_M: the block_m argument decides, as before the rule), "gemv" (the few-rows GEMV) or "dot"
-        (tensor cores); a triton.Config as it is."""
+    def gemm_config(c, block_m=None):
+        """A (block_n, block_k) tuple as a config with ``block_m`` (None: the launch takes BLOCK_M from the row
+        count, 1 at one row and the rows rounded up to a power of two above); a triton.Config as it is."""
         if isinstance(c, gemv_kernels.triton.Config):
             return c
-        if path is None:
-            return gemv_kernels.triton.Config({"BLOCK_N": c[0], "BLOCK_K": c[1], "SPLIT_K": c[2]})
-        rule = gemv_kernels.gemv_rows_config if path == "gemv" else gemv_kernels.dot_config
-        block_m = rule(rows, 4096, 1024).kwargs["BLOCK_M"]
-        return gemv_kernels._config(*c, 4, 1, block_m=block_m, dot=path == "dot")
+        return gemv_kernels._config(c[0], c[1], 4, 1, block_m=block_m)
 
     def config_name(config):
         kw = config.kwargs
-        return (f"BLOCK_M {kw.get('BLOCK_M', '-')} dot {kw.get('DOT', '-')} {kw['BLOCK_N']}x{kw['BLOCK_K']} "
-                f"split {kw['SPLIT_K']}")
+        return f"BLOCK_M {kw.get('BLOCK_M', '-')} {kw['BLOCK_N']}x{kw['BLOCK_K']}"
 
-    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False, gated=False, path=None):
-        """Each config (block_n, block_k, split_k, on ``path``: see gemm_config) against a float64 matmul; ragged
-        N and K throughout. ``gated``: x is [gate | up] (2K wide) and the matmul's input silu(gate) * up
-        (ce::silu_mul_linear)."""
+    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False, gated=False):
+        """Each config (see gemm_config) against a float64 matmul; ragged N and K throughout. ``gated``: x is
+        [gate | up] (2K wide) and the matmul's input silu(gate) * up (ce::silu_mul_linear)."""
         width = 2 * k if gated else k
         x = torch.randn(rows, width) * (3.0 if gated else 1.0)
         weight = torch.randn(n, k) * k**-0.5
@@ -250,28 +243,21 @@ def _child_checks() -> dict:
             x_in = gate * torch.sigmoid(gate) * up
         want = x_in @ weight.double().T
         for c in configs:
-            config = gemm_config(c, rows, path)
-            got = gemv_kernels.skinny_gemm(x, weight, config, block_m, gated)
+            config = gemm_config(c, block_m)
+            got = gemv_kernels.skinny_gemm(x, weight, config, gated)
             assert got.shape == (rows, n) and got.dtype == x.dtype
             compare(f"skinny gemm {config_name(config)}", got.double(), want)
 
-    # no split; a split with a short last part (5 chunks over 3); more splits than K chunks (empty K ranges)
-    gemm_configs = [(16, 32, 1), (16, 16, 3), (32, 64, 4)]
-    # the few-rows GEMV: BLOCK_N below and above BLOCK_M, one K chunk and several, a split
-    gemv_rows_configs = [(4, 16, 1), (2, 128, 1), (16, 32, 3)]
+    # K = 75 in 3, 5 and 2 chunks, the last one ragged; BLOCK_N 16 and 32 over N = 37 (a ragged last block)
+    gemm_configs = [(16, 32), (16, 16), (32, 64)]
+    # the few-rows GEMV: BLOCK_N below and above BLOCK_M, one K chunk (128 >= 75) and several
+    gemv_rows_configs = [(4, 16), (2, 128), (16, 32)]
 
     def rule_configs(rows):
-        """Every config the rule (skinny_config) and the bench's alternatives (gemv_rows_config, dot_config) give
-        ``rows`` rows on the model's kinds of weight: narrow N with short and long K, wide N, the vocabulary."""
+        """Every config the rule (skinny_config) gives ``rows`` rows on the model's kinds of weight: narrow N with
+        short and long K, wide N, the vocabulary."""
         shapes = [(1024, 2048), (1024, 3584), (8224, 1024), (248320, 1024)]
-        rules = [gemv_kernels.skinny_config, gemv_kernels.dot_config]
-        if rows <= 8:
-            rules.append(gemv_kernels.gemv_rows_config)
-        configs = {}
-        for rule in rules:
-            for n, k in shapes:
-                config = rule(rows, n, k)
-                configs[str(config)] = config
+        configs = {str(c): c for c in (gemv_kernels.skinny_config(rows, n, k) for n, k in shapes)}
         return list(configs.values())
 
     def check_rms_norm(tokens, heads, dim, gated, strided):
@@ -289,7 +275,7 @@ def _child_checks() -> dict:
         assert got.is_contiguous() and got.shape == x.shape
         compare("rms_norm", got, want)
 
-    def check_add_rms_norm_gemm(rows, n, k, configs, block_m=None, path=None):
+    def check_add_rms_norm_gemm(rows, n, k, configs, block_m=None):
         """ce::add_rms_norm_linear's skinny GEMM: the sum exactly, the projection of the norm against float64 (x a
         strided view, as the model's branch outputs can be)."""
         x = torch.randn(rows, k + 6)[:, 3:-3] * 3.0
@@ -299,9 +285,8 @@ def _child_checks() -> dict:
         want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
         want = normed.double() @ weight.double().T
         for c in configs:
-            config = gemm_config(c, rows, path)
-            out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config,
-                                                                block_m)
+            config = gemm_config(c, block_m)
+            out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config)
             compare(f"add_rms_norm gemm sum {config_name(config)}", summed, want_sum)
             compare(f"add_rms_norm gemm {config_name(config)}", out.double(), want)
 
@@ -421,47 +406,33 @@ def _child_checks() -> dict:
         # Hv = 3 Hk, and K, V not powers of two (masked tiles; the norm's mean over V, not BLOCK_V)
         "gated_deltanet_decode_hv_3x_hk_ragged": lambda: check_gated_deltanet_decode(2, 6, 12, 20),
         "gated_deltanet_decode_unfused_path": lambda: check_gated_deltanet_decode(2, 6, 12, 20, fused=False),
-        "gemm_m1_gemv": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(4, 32, 1)]),
-        "gemm_m3_dot": lambda: check_skinny_gemm(3, 37, 75, gemm_configs),
-        "gemm_m8_dot": lambda: check_skinny_gemm(8, 37, 75, gemm_configs),
-        "gemm_m16_dot": lambda: check_skinny_gemm(16, 37, 75, gemm_configs),
-        "gemm_m1_on_dot_path": lambda: check_skinny_gemm(1, 37, 75, gemm_configs, block_m=16),
-        "gemm_strided_inputs": lambda: check_skinny_gemm(5, 37, 75, gemm_configs, strided=True),
-        "gemm_norm_m1": lambda: check_add_rms_norm_gemm(1, 37, 75, gemm_configs + [(2, 64, 1)]),
-        "gemm_norm_m5": lambda: check_add_rms_norm_gemm(5, 37, 75, gemm_configs),
-        "gemm_norm_m1_on_dot_path": lambda: check_add_rms_norm_gemm(1, 37, 75, gemm_configs, block_m=16),
-        "gemm_gated_m1": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(2, 64, 1)], gated=True),
-        "gemm_gated_m5_strided": lambda: check_skinny_gemm(5, 37, 75, gemm_configs, strided=True, gated=True),
-        # the tuned configs themselves, on a small ragged shape
-        "gemm_gemv_configs": lambda: check_skinny_gemm(
-            1, 40, 600, [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]) for c in
-                         gemv_kernels.GEMV_CONFIGS]),
-        "gemm_dot_configs": lambda: check_skinny_gemm(
-            5, 40, 600, [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]) for c in
-                         gemv_kernels.DOT_CONFIGS]),
-        # 2..16 rows: the few-rows GEMV (BLOCK_M 2, 4, 8: x's rows padded, masked) and the tensor-core path with its
-        # first weight chunk loaded ahead (BLOCK_M 8, 16), plain and with either prologue
-        **{f"gemm_rows_gemv_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemv_rows_configs, path="gemv"))
+        # one row: the one-row GEMV (BLOCK_M 1), plain, strided, with either prologue; and on the few-rows loop
+        # (BLOCK_M 2, the second row masked)
+        "gemm_m1_gemv": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(4, 32)]),
+        "gemm_m1_strided": lambda: check_skinny_gemm(1, 37, 75, gemm_configs, strided=True),
+        "gemm_m1_on_rows_path": lambda: check_skinny_gemm(1, 37, 75, gemv_rows_configs, block_m=2),
+        "gemm_norm_m1": lambda: check_add_rms_norm_gemm(1, 37, 75, gemm_configs + [(2, 64)]),
+        "gemm_norm_m1_on_rows_path": lambda: check_add_rms_norm_gemm(1, 37, 75, gemv_rows_configs, block_m=2),
+        "gemm_gated_m1": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(2, 64)], gated=True),
+        # the one-row configs themselves, on a small ragged shape
+        "gemm_gemv_configs": lambda: check_skinny_gemm(1, 40, 600, gemv_kernels.GEMV_CONFIGS),
+        # 2..8 rows: the few-rows GEMV (BLOCK_M 2, 4, 8: x's rows padded, masked), plain (and strided at 2 rows) and
+        # with either prologue
+        "gemm_m2_strided": lambda: check_skinny_gemm(2, 37, 75, gemv_rows_configs, strided=True),
+        **{f"gemm_rows_gemv_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemv_rows_configs))
            for m in (2, 3, 5, 8)},
-        **{f"gemm_rows_dot_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemm_configs, path="dot"))
-           for m in (2, 3, 5, 8, 16)},
         **{f"gemm_rows_gated_gemv_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemv_rows_configs, strided=True,
-                                                                         gated=True, path="gemv"))
+                                                                         gated=True))
            for m in (2, 3, 5, 8)},
-        **{f"gemm_rows_gated_dot_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemm_configs, strided=True,
-                                                                        gated=True, path="dot"))
-           for m in (2, 3, 5, 8, 16)},
-        **{f"gemm_rows_norm_gemv_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 37, 75, gemv_rows_configs,
-                                                                              path="gemv"))
+        **{f"gemm_rows_norm_gemv_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 37, 75, gemv_rows_configs))
            for m in (2, 3, 5, 8)},
-        **{f"gemm_rows_norm_dot_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 37, 75, gemm_configs, path="dot"))
-           for m in (2, 3, 5, 8, 16)},
-        # the rule's configs themselves (and the bench's alternatives), on a small ragged shape
+        # the rule's configs themselves, on a small ragged shape
         **{f"gemm_rule_configs_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m)))
-           for m in (2, 3, 5, 16)},
-        "gemm_rule_configs_gated_m5": lambda: check_skinny_gemm(5, 40, 600, rule_configs(5), gated=True),
-        "gemm_rule_configs_norm_m3": lambda: check_add_rms_norm_gemm(3, 40, 600, rule_configs(3)),
-        "gemm_rule_configs_norm_m8": lambda: check_add_rms_norm_gemm(8, 40, 600, rule_configs(8)),
+           for m in (2, 3, 5, 8)},
+        **{f"gemm_rule_configs_gated_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m), gated=True))
+           for m in (1, 2)},
+        **{f"gemm_rule_configs_norm_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 40, 600, rule_configs(m)))
+           for m in (1, 2, 8)},
     }
     results = {}
     for name, fn in checks.items():
@@ -518,24 +489,17 @@ CHECK_NAMES = [
     "gated_deltanet_decode_hv_3x_hk_ragged",
     "gated_deltanet_decode_unfused_path",
     "gemm_m1_gemv",
-    "gemm_m3_dot",
-    "gemm_m8_dot",
-    "gemm_m16_dot",
-    "gemm_m1_on_dot_path",
-    "gemm_strided_inputs",
+    "gemm_m1_strided",
+    "gemm_m1_on_rows_path",
     "gemm_norm_m1",
-    "gemm_norm_m5",
-    "gemm_norm_m1_on_dot_path",
+    "gemm_norm_m1_on_rows_path",
     "gemm_gated_m1",
-    "gemm_gated_m5_strided",
     "gemm_gemv_configs",
-    "gemm_dot_configs",
-    *[f"gemm_rows_{kind}{path}_m{m}" for kind in ("", "gated_", "norm_") for path, ms in
-      (("gemv", (2, 3, 5, 8)), ("dot", (2, 3, 5, 8, 16))) for m in ms],
-    *[f"gemm_rule_configs_m{m}" for m in (2, 3, 5, 16)],
-    "gemm_rule_configs_gated_m5",
-    "gemm_rule_configs_norm_m3",
-    "gemm_rule_configs_norm_m8",
+    "gemm_m2_strided",
+    *[f"gemm_rows_{kind}gemv_m{m}" for kind in ("", "gated_", "norm_") for m in (2, 3, 5, 8)],
+    *[f"gemm_rule_configs_m{m}" for m in (2, 3, 5, 8)],
+    *[f"gemm_rule_configs_gated_m{m}" for m in (1, 2)],
+    *[f"gemm_rule_configs_norm_m{m}" for m in (1, 2, 8)],
 ]
 
 

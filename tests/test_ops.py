@@ -31,7 +31,7 @@ import ops
 from ops import NULL_BLOCK, NULL_SLOT
 from ops import delta_rule as dr
 from ops.activation import silu_mul
-from ops.linear import linear, silu_mul_linear
+from ops.linear import SKINNY_MAX_ROWS, linear, silu_mul_linear
 from ops.linear import add_rms_norm_linear_op
 from ops.norm import rms_norm
 
@@ -723,7 +723,7 @@ def test_attention_decode_equals_unfused_ops_and_oracle(contexts, padding, shape
 
 
 @given(
-    rows=st.integers(1, 20),  # across the CUDA kernel's switch from the Triton skinny GEMM to cuBLAS at 16
+    rows=st.integers(1, 20),  # across the CUDA kernel's switch from our skinny GEMM to cuBLAS (SKINNY_MAX_ROWS)
     k=st.one_of(st.sampled_from([1, 16, 64]), st.integers(1, 70)),
     n=st.one_of(st.sampled_from([1, 16, 64]), st.integers(1, 70)),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
@@ -736,6 +736,12 @@ def test_linear_matches_float64_matmul(rows, k, n, dtype, seed):
     out = ce.linear(x, weight)
     assert out.shape == (rows, n) and out.dtype == dtype
     torch.testing.assert_close(out.double(), x.double() @ weight.double().T, **_tol(dtype))
+
+
+def test_skinny_rows_within_the_kernel():
+    """ce::linear sends at most SKINNY_MAX_ROWS rows to the Triton skinny GEMM, which takes at most GEMV_MAX_ROWS."""
+    gemv_kernels = pytest.importorskip("ops.triton.gemv_kernels")
+    assert 1 <= SKINNY_MAX_ROWS <= gemv_kernels.GEMV_MAX_ROWS
 
 
 @given(lead=st.sampled_from([(), (3,), (2, 3), (0,)]), seed=SEEDS)
@@ -770,7 +776,7 @@ def test_add_rms_norm_matches_float64(tokens, dim, dtype, seed):
 
 
 @given(
-    tokens=st.integers(0, 20),  # across the CUDA kernel's switch from the Triton skinny GEMM to cuBLAS at 16
+    tokens=st.integers(0, 20),  # across the CUDA kernel's switch from our skinny GEMM to cuBLAS (SKINNY_MAX_ROWS)
     k=st.sampled_from([8, 48, 1024]),
     n=st.integers(1, 40),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),

@@ -9,8 +9,8 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
   conv1d_kernels            causal_conv1d_prefill (varlen, state by slot), causal_conv1d_decode (in place)
   delta_rule_kernels        gated_delta_rule_decode (our kernel, state pool in place), gated_delta_rule_prefill (FLA)
   gated_deltanet_kernels    gated_deltanet_decode (conv + delta rule + gated norm of a decode step, one launch)
-  gemv_kernels              skinny_gemm (linear and silu_mul_linear at M <= 16: GEMV / padded tensor-core tiles,
-                            split-K, autotuned)
+  gemv_kernels              skinny_gemm, add_rms_norm_skinny_gemm (linear, silu_mul_linear, add_rms_norm_linear at
+                            1-2 rows: a one-row and a few-rows GEMV, configs by rule)
   activation_kernels        silu_mul (the SwiGLU MLP's silu(gate) * up, one pass)
   argmax_kernels            argmax (each row's greedy token: chunk winners, then the row's, two launches)
   decode_inputs_kernels     advance_decode_inputs (the decode graph's epilogue: greedy tokens, the next step's inputs)
