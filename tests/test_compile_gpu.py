@@ -18,6 +18,7 @@ graphs) and most of the rest the first-use JIT of the Triton/FLA kernels; replay
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import pytest
@@ -27,6 +28,8 @@ from hypothesis import strategies as st
 
 from compiled_engine.runtime import Runtime
 from graphs import expected_compiles
+from ops.sample import sample_reference
+from ops.step import SamplingInputs
 from tests.compile_helpers import (
     STATE_ATOL,
     STREAM_LOGIT_ATOL,
@@ -172,6 +175,50 @@ def test_replays_match_eager(gpu_compiled, data):
         for seq in seqs:
             rt.release(seq)
     assert skips() == skips0
+
+
+@settings(max_examples=4, deadline=None)  # see test_replays_match_eager
+@given(data=st.data())
+def test_sampled_replays_draw_what_the_sampler_draws(gpu_compiled, data):
+    """The sampling graph (ce::sample inside the replay): its tokens are ce::sample's CPU reference draw from the
+    graph's own logits, its logits the eager step's, and its tokens the next step's input ids."""
+    rt, runner, _ = gpu_compiled
+    vocab = rt.model_config.vocab_size
+    token = st.integers(0, vocab - 1)
+    num_live = data.draw(st.integers(1, MAX_NUM_SEQS), label="live sequences")
+    seqs = [rt.add_sequence(data.draw(st.lists(token, min_size=1, max_size=40), label=f"prompt {i}"))
+            for i in range(num_live)]
+    try:
+        rt.prefill(seqs)
+        for _ in range(data.draw(st.integers(1, 3), label="steps")):
+            size = data.draw(st.integers(1, num_live), label="batch size")
+            batch = data.draw(st.permutations(seqs), label="order")[:size]
+            for seq in batch:
+                seq.token_ids.append(data.draw(token))
+            rows_params = [data.draw(st.tuples(st.sampled_from([0.0, 0.7, 1.3]), st.integers(0, vocab + 2),
+                                               st.sampled_from([1.0, 0.9, 0.4]), st.sampled_from([0.0, 0.05]),
+                                               st.integers(0, 2**62), st.integers(0, 1000)), label="row params")
+                           for _ in batch]
+            temperature, top_k, top_p, min_p, seeds, counters = zip(*rows_params)
+            sampling = SamplingInputs(
+                temperature=torch.tensor(temperature, dtype=torch.float32), top_k=torch.tensor(top_k),
+                top_p=torch.tensor(top_p, dtype=torch.float32), min_p=torch.tensor(min_p, dtype=torch.float32),
+                seeds=torch.tensor(seeds), counters=torch.tensor(counters),
+            )
+            with torch.inference_mode():
+                step = rt.build_step(batch, [1] * size, is_prefill=False)
+                before = snapshot(rt.model)
+                eager = rt.model.compute_logits(rt.model(step))
+                restore(rt.model, before)
+                compiled = runner(step, sampling)
+                assert_logits_close(compiled.logits.float(), eager)
+                fields = [getattr(sampling, f.name) for f in dataclasses.fields(sampling)]
+                want = sample_reference(compiled.logits.cpu(), *fields)
+                assert torch.equal(compiled.tokens.cpu(), want)
+                assert torch.equal(runner.static.input_ids[:size].cpu(), want)
+    finally:
+        for seq in seqs:
+            rt.release(seq)
 
 
 @settings(max_examples=5, deadline=None)  # see test_replays_match_eager
