@@ -5,11 +5,17 @@ Accepted ``model_type``s:
   * ``qwen3_5_text``  (``Qwen3_5ForCausalLM``): text parameters at the top level;
   * ``qwen3_5``       (``Qwen3_5ForConditionalGeneration``): text parameters nested under ``text_config``;
   * ``qwen3_next``    (``Qwen3NextForCausalLM``): dense MLP only; a sparse-MoE config raises NotImplementedError.
+
+A ``config.json`` that is not JSON, is not an object, lacks a required field or gives one the wrong type or an
+out-of-range value raises ``ValueError`` naming the file and the field (sizes are ints >= 1, bools are not ints,
+``rms_norm_eps`` and ``rope_theta`` are finite numbers > 0, ``partial_rotary_factor`` is in (0, 1]).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from dataclasses import dataclass, field
 
@@ -77,59 +83,91 @@ class ModelConfig:
         config_file = os.path.join(path, "config.json")
         if not os.path.isfile(config_file):
             raise FileNotFoundError(f"no config.json in {path!r}")
-        with open(config_file) as f:
-            return cls.from_dict(json.load(f))
+        try:
+            with open(config_file) as f:
+                raw = json.load(f)
+        except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"{config_file!r} is not valid JSON: {error}") from error
+        try:
+            return cls.from_dict(raw)
+        except ValueError as error:  # name the file as well as the field
+            raise ValueError(f"{config_file!r}: {error}") from error
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
+        if not isinstance(raw, dict):
+            raise ValueError(f"config.json must hold a JSON object, got {type(raw).__name__}")
         model_type = raw.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"unsupported model_type {model_type!r}: compiled_engine runs {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         text = raw.get("text_config") or {} if model_type == "qwen3_5" else raw
-        if model_type == "qwen3_5" and not text:
-            raise ValueError("a qwen3_5 config must nest its text parameters under 'text_config'")
+        if model_type == "qwen3_5" and (not isinstance(text, dict) or not text):
+            raise ValueError("a qwen3_5 config must nest its text parameters under 'text_config' (an object)")
         if model_type == "qwen3_next":
             _reject_sparse_moe(text)
 
-        def need(key: str):
-            if key not in text:
+        def size(key: str, default=None, required: bool = True) -> int:
+            """An int >= 1 (JSON has no other integer): a bool, float, string or null is a wrong type."""
+            if key not in text and (required or default is None):
                 raise ValueError(f"config.json of a {model_type} model lacks {key!r}")
-            return text[key]
+            value = text.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"config field {key!r} must be an int >= 1, got {value!r}")
+            return value
 
-        num_layers = need("num_hidden_layers")
+        def positive(key: str, value, upper: float = math.inf) -> float:
+            bad_type = isinstance(value, bool) or not isinstance(value, numbers.Real)
+            if bad_type or not (0 < value <= upper and math.isfinite(value)):
+                bound = "> 0" if upper == math.inf else f"in (0, {upper}]"
+                raise ValueError(f"config field {key!r} must be a finite number {bound}, got {value!r}")
+            return float(value)
+
+        num_layers = size("num_hidden_layers")
         layer_types = _layer_types(text, num_layers)
         rope = text.get("rope_parameters") or raw.get("rope_parameters") or {}
-        rope_theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
-        partial_rotary = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
-        hidden = need("hidden_size")
-        heads = need("num_attention_heads")
+        if not isinstance(rope, dict):
+            raise ValueError(f"config field 'rope_parameters' must be an object, got {rope!r}")
+        rope_theta = positive("rope_theta", rope.get("rope_theta", text.get("rope_theta", 10000.0)))
+        partial_rotary = positive(
+            "partial_rotary_factor", rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)), 1.0
+        )
+        hidden = size("hidden_size")
+        heads = size("num_attention_heads")
         eos = text.get("eos_token_id", raw.get("eos_token_id"))
-        eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in eos_ids):
+            raise ValueError(f"config field 'eos_token_id' must be an int >= 0 or a list of them, got {eos!r}")
         tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        if not isinstance(tie, bool):
+            raise ValueError(f"config field 'tie_word_embeddings' must be true or false, got {tie!r}")
+        eps = positive("rms_norm_eps", text.get("rms_norm_eps", 1e-6), 1.0)
+        hidden_act = text.get("hidden_act", "silu")
+        if not isinstance(hidden_act, str):
+            raise ValueError(f"config field 'hidden_act' must be a string, got {hidden_act!r}")
         config = cls(
             model_type=model_type,
-            vocab_size=need("vocab_size"),
+            vocab_size=size("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=need("intermediate_size"),
+            intermediate_size=size("intermediate_size"),
             num_hidden_layers=num_layers,
             layer_types=layer_types,
-            rms_norm_eps=text.get("rms_norm_eps", 1e-6),
-            tie_word_embeddings=bool(tie),
+            rms_norm_eps=eps,
+            tie_word_embeddings=tie,
             num_attention_heads=heads,
-            num_key_value_heads=text.get("num_key_value_heads", heads),
-            head_dim=text.get("head_dim") or hidden // heads,
-            rope_theta=float(rope_theta),
-            partial_rotary_factor=float(partial_rotary),
-            linear_num_key_heads=need("linear_num_key_heads"),
-            linear_num_value_heads=need("linear_num_value_heads"),
-            linear_key_head_dim=need("linear_key_head_dim"),
-            linear_value_head_dim=need("linear_value_head_dim"),
-            linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
-            max_position_embeddings=text.get("max_position_embeddings", 32768),
+            num_key_value_heads=size("num_key_value_heads", heads, required=False),
+            head_dim=size("head_dim") if text.get("head_dim") is not None else hidden // heads,
+            rope_theta=rope_theta,
+            partial_rotary_factor=partial_rotary,
+            linear_num_key_heads=size("linear_num_key_heads"),
+            linear_num_value_heads=size("linear_num_value_heads"),
+            linear_key_head_dim=size("linear_key_head_dim"),
+            linear_value_head_dim=size("linear_value_head_dim"),
+            linear_conv_kernel_dim=size("linear_conv_kernel_dim", 4, required=False),
+            max_position_embeddings=size("max_position_embeddings", 32768, required=False),
             eos_token_ids=eos_ids,
-            hidden_act=text.get("hidden_act", "silu"),
+            hidden_act=hidden_act,
             raw=raw,
         )
         config.validate()
@@ -153,7 +191,11 @@ def _layer_types(text: dict, num_layers: int) -> tuple[str, ...]:
     layer_types = text.get("layer_types")
     if layer_types is None:
         interval = text.get("full_attention_interval", 4)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"config field 'full_attention_interval' must be an int >= 1, got {interval!r}")
         layer_types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(num_layers)]
+    if not isinstance(layer_types, (list, tuple)) or not all(isinstance(t, str) for t in layer_types):
+        raise ValueError(f"config field 'layer_types' must be a list of strings, got {layer_types!r}")
     if len(layer_types) != num_layers:
         raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
     return tuple(layer_types)
@@ -161,7 +203,7 @@ def _layer_types(text: dict, num_layers: int) -> tuple[str, ...]:
 
 def _reject_sparse_moe(text: dict) -> None:
     num_experts = text.get("num_experts", 0) or 0
-    if num_experts <= 0:
+    if not isinstance(num_experts, int) or num_experts <= 0:
         return
     mlp_only = set(text.get("mlp_only_layers") or [])
     step = text.get("decoder_sparse_step", 1) or 1
@@ -190,9 +232,34 @@ class RuntimeConfig:
     attention_backend: str = "triton"  # or "flash_attn" where installed (block_size a multiple of 256)
 
     def validate(self) -> None:
+        """Raise ValueError naming the first bad option.
+
+        Types first (vLLM's rule for ints): an int option takes any ``numbers.Integral`` (Python or numpy ints,
+        normalised here to ``int``) but not a bool, float or string; ``gpu_memory_utilization`` any finite real;
+        ``enable_prefix_caching`` a bool only (not ``"true"``/``1``); ``attention_backend`` a string;
+        ``state_dtype`` a ``torch.dtype``. Then ranges.
+        """
+        for name in ("max_num_seqs", "block_size", "max_num_batched_tokens", "prefix_snapshot_interval",
+                     "num_prefix_snapshots", "max_model_len", "num_kv_blocks"):
+            value = getattr(self, name)
+            if value is None and name in ("max_model_len", "num_kv_blocks"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+            object.__setattr__(self, name, int(value))  # a numpy int becomes a Python int (frozen dataclass)
+        gpu = self.gpu_memory_utilization
+        if isinstance(gpu, bool) or not isinstance(gpu, numbers.Real) or not math.isfinite(gpu):
+            raise ValueError(f"gpu_memory_utilization must be a finite number, got {gpu!r} ({type(gpu).__name__})")
+        object.__setattr__(self, "gpu_memory_utilization", float(gpu))
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+        if not isinstance(self.attention_backend, str):
+            raise ValueError(f"attention_backend must be a string, got {self.attention_backend!r}")
+        if not isinstance(self.state_dtype, torch.dtype):
+            raise ValueError(f"state_dtype must be a torch.dtype (float32 or bfloat16), got {self.state_dtype!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size & (self.block_size - 1):
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

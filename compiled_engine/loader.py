@@ -7,8 +7,13 @@ Names are mapped by whole dotted segments, never substrings:
   * projections are fused: ``q_proj|k_proj|v_proj -> qkv_proj``, ``gate_proj|up_proj -> gate_up_proj``,
     ``in_proj_qkv|in_proj_z|in_proj_b|in_proj_a -> in_proj``; Qwen3-Next's per-key-head grouped ``in_proj_qkvz`` and
     ``in_proj_ba`` are regrouped to the same ``[q | k | v | z | b | a]`` layout;
-  * ``lm_head.weight`` is used when present, otherwise lm_head is tied to the embedding (one tensor in memory).
-Missing, unexpected and mis-shaped tensors raise ``CheckpointError`` naming the tensor.
+  * lm_head is tied to the embedding (one tensor in memory) exactly when the config says
+    ``tie_word_embeddings: true`` (vLLM's rule): a tied checkpoint's own ``lm_head.weight``, if any, is ignored; an
+    untied checkpoint without ``lm_head.weight`` is an error naming it, never a silent tie.
+Missing, unexpected and mis-shaped tensors raise ``CheckpointError`` naming the tensor. A tensor of a non-floating
+dtype (an integer or bool tensor: quantised or damaged data) is rejected naming it; floating dtypes are cast to
+the target dtype. A safetensors file (or shard index) that cannot be read, truncated or corrupt, raises
+``CheckpointError`` naming the file; a shard the index names but that is absent raises ``FileNotFoundError``.
 
 Each tensor is read from disk once and copied straight into its slice of the (fused) parameter, allocated
 directly on the target device in the target dtype: no second full copy of the model is ever built. With tensor
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -64,14 +69,45 @@ def checkpoint_files(path: str) -> dict[str, str]:
     """Tensor name -> safetensors file, for a single-file or a sharded checkpoint."""
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f)["weight_map"]
-        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+            files = {name: os.path.join(path, file) for name, file in weight_map.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as error:  # not JSON, no or a malformed weight_map
+            raise CheckpointError(f"shard index {index!r} is not a valid weight_map: {error!r}") from error
+        for file in sorted(set(files.values())):
+            if not os.path.isfile(file):
+                raise FileNotFoundError(f"shard {file!r} named in {index!r} does not exist")
+        return files
     single = os.path.join(path, "model.safetensors")
     if not os.path.isfile(single):
         raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
-    with safe_open(single, framework="pt") as f:
+    with _open_safetensors(single) as f:
         return {name: single for name in f.keys()}
+
+
+class _open_safetensors:
+    """``safe_open(file)`` whose failures (a truncated or corrupt file: SafetensorError, or an OSError) raise
+    ``CheckpointError`` naming the file, on opening and on every read inside the ``with`` block."""
+
+    def __init__(self, file: str):
+        self.file = file
+
+    def __enter__(self):
+        try:
+            self._handle = safe_open(self.file, framework="pt", device="cpu")
+            return self._handle.__enter__()
+        except (SafetensorError, OSError) as error:
+            raise self._error(error) from error
+
+    def __exit__(self, kind, error, traceback):
+        self._handle.__exit__(kind, error, traceback)
+        if isinstance(error, (SafetensorError, OSError)):
+            raise self._error(error) from error
+        return False
+
+    def _error(self, error: Exception) -> CheckpointError:
+        return CheckpointError(f"cannot read safetensors file {self.file!r} (truncated or corrupt?): {error}")
 
 
 class WeightRouter:
@@ -239,10 +275,17 @@ def load_model(
     rows_written = {name: 0 for name in params}
     materialised: dict[str, torch.Tensor] = {}
 
-    report.tied_lm_head = "lm_head.weight" not in files
+    # Ties come from the config only: a missing lm_head of an untied model is damage, not a tie.
+    report.tied_lm_head = config.tie_word_embeddings
+    if not report.tied_lm_head and "lm_head.weight" not in files:
+        raise CheckpointError(
+            f"checkpoint {path!r} lacks tensor 'lm_head.weight' (its config says tie_word_embeddings: false)"
+        )
     by_file: dict[str, list[str]] = {}
     for name, file in files.items():
         reason = _skip_reason(name)
+        if name == "lm_head.weight" and report.tied_lm_head:
+            continue  # tied: lm_head is the embedding, whatever else the checkpoint holds (vLLM skips it too)
         if reason == "visual":
             report.skipped_visual.append(name)
         elif reason == "mtp":
@@ -253,7 +296,7 @@ def load_model(
     total = sum(len(v) for v in by_file.values())
     bar = tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress)
     for file, names in by_file.items():
-        with safe_open(file, framework="pt", device="cpu") as f:
+        with _open_safetensors(file) as f:
             for name in names:
                 placement = router.route(name)
                 bar.update(1)
@@ -288,6 +331,7 @@ def _read(f, name: str, placement: Placement, tp: TensorParallel) -> torch.Tenso
     if sharded and placement.transform is None:
         dim, sections = placement.shard
         view = f.get_slice(name)
+        _check_dtype(name, view.get_dtype())
         shape = view.get_shape()
         if len(shape) <= dim or shape[dim] != sum(sections):
             raise CheckpointError(f"tensor {name!r} has shape {tuple(shape)}; expected {sum(sections)} along dim {dim}")
@@ -299,6 +343,7 @@ def _read(f, name: str, placement: Placement, tp: TensorParallel) -> torch.Tenso
             start += section
         return torch.cat(parts, dim=dim)
     tensor = f.get_tensor(name)
+    _check_dtype(name, tensor.dtype)
     if placement.transform is not None:
         try:
             tensor = placement.transform(tensor)
@@ -312,6 +357,16 @@ def _read(f, name: str, placement: Placement, tp: TensorParallel) -> torch.Tenso
             )
         tensor = shard_sections(tensor, sections, dim, tp)
     return tensor
+
+
+_FLOATING_SAFETENSORS_DTYPES = ("F64", "F32", "F16", "BF16")  # safe_open's get_slice().get_dtype() names
+
+
+def _check_dtype(name: str, dtype: torch.dtype | str) -> None:
+    """Reject a non-floating checkpoint tensor (int8, bool...): copying it into a float parameter casts silently."""
+    floating = dtype in _FLOATING_SAFETENSORS_DTYPES if isinstance(dtype, str) else dtype.is_floating_point
+    if not floating:
+        raise CheckpointError(f"tensor {name!r} has dtype {dtype}; a floating-point tensor is expected")
 
 
 def _place(name, tensor, placement, params, materialised, rows_written, device, dtype):

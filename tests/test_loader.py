@@ -169,3 +169,110 @@ def test_a_tensor_parallel_rank_reads_exactly_its_slices(tmp_path):
                 assert torch.equal(_read(f, "w", placement, tp), shard_sections(full, sections, dim, tp))
         with pytest.raises(CheckpointError, match="expected 10 along dim 0"):
             _read(f, "w", Placement("x", shard=(0, [5, 5])), TensorParallel(0, 2))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Ties come from the config; unreadable files and bad config fields are named
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_untied_checkpoint_without_lm_head_names_the_missing_tensor(qwen3_5_text_untied_path, tmp_path):
+    """tie_word_embeddings: false and no lm_head.weight is damage: an error naming it, not a silent tie."""
+    folder = copy_checkpoint(qwen3_5_text_untied_path, tmp_path / "ckpt")
+    rewrite_weights(folder, lambda t: t.pop("lm_head.weight"))
+    with pytest.raises(CheckpointError, match=r"'lm_head\.weight'.*tie_word_embeddings"):
+        load(folder)
+
+
+def test_tied_config_ignores_a_stored_lm_head(qwen3_5_text_tied_path, tmp_path):
+    """tie_word_embeddings: true ties lm_head to the embedding even where the checkpoint also stores one (vLLM)."""
+    folder = copy_checkpoint(qwen3_5_text_tied_path, tmp_path / "ckpt")
+    rewrite_weights(folder, lambda t: t.__setitem__("lm_head.weight", torch.zeros_like(t["model.embed_tokens.weight"])))
+    model, report = load(folder)
+    assert report.tied_lm_head and model.lm_head.data_ptr() == model.embed_tokens.data_ptr()
+    assert torch.equal(model.lm_head, load_file(folder / "model.safetensors")["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize("keep", [0, 7, 100, -1])
+def test_truncated_safetensors_file_is_named(qwen3_5_text_untied_path, tmp_path, keep):
+    folder = copy_checkpoint(qwen3_5_text_untied_path, tmp_path / "ckpt")
+    file = folder / "model.safetensors"
+    data = file.read_bytes()
+    file.write_bytes(data[:keep])
+    with pytest.raises(ValueError, match=r"model\.safetensors"):
+        load(folder)
+
+
+def test_corrupt_safetensors_header_is_named(qwen3_5_text_untied_path, tmp_path):
+    folder = copy_checkpoint(qwen3_5_text_untied_path, tmp_path / "ckpt")
+    file = folder / "model.safetensors"
+    data = bytearray(file.read_bytes())
+    data[8:16] = b"\xff" * 8  # the JSON header's first bytes: not JSON any more
+    file.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"model\.safetensors"):
+        load(folder)
+
+
+def test_corrupt_shard_of_a_sharded_checkpoint_is_named(qwen3_5_conditional_path, tmp_path):
+    """A shard holding a text tensor (one of only skipped visual tensors is never opened)."""
+    folder = copy_checkpoint(qwen3_5_conditional_path, tmp_path / "ckpt")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = folder / index["model.language_model.embed_tokens.weight"]
+    shard.write_bytes(shard.read_bytes()[:-3])
+    with pytest.raises(ValueError, match=shard.name):
+        load(folder)
+    shard.unlink()
+    with pytest.raises(FileNotFoundError, match=shard.name):
+        load(folder)
+    (folder / "model.safetensors.index.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json"):
+        load(folder)
+
+
+def test_integer_tensor_is_named_and_float64_is_cast(qwen3_5_text_untied_path, tmp_path):
+    """An int8 tensor (quantised or damaged data, no quantisation config) would be cast silently: rejected, named.
+    A float64 tensor is a more precise checkpoint: cast to the target dtype, values exact in fp32."""
+    name = "model.layers.0.mlp.down_proj.weight"
+    folder = copy_checkpoint(qwen3_5_text_untied_path, tmp_path / "int8")
+    rewrite_weights(folder, lambda t: t.__setitem__(name, t[name].to(torch.int8)))
+    with pytest.raises(CheckpointError, match=rf"{name}.*dtype"):
+        load(folder)
+    folder = copy_checkpoint(qwen3_5_text_untied_path, tmp_path / "f64")
+    rewrite_weights(folder, lambda t: t.__setitem__(name, t[name].double()))
+    model, _ = load(folder)
+    saved = load_file(qwen3_5_text_untied_path / "model.safetensors")[name]
+    assert torch.equal(model.layers[0].mlp.down_proj, saved)
+
+
+BAD_CONFIG_FIELDS = [
+    ("hidden_size", "64"), ("hidden_size", 64.0), ("hidden_size", -64), ("hidden_size", None), ("hidden_size", True),
+    ("vocab_size", 0), ("num_hidden_layers", [4]), ("linear_num_key_heads", "2"), ("head_dim", 32.5),
+    ("rms_norm_eps", "1e-6"), ("rms_norm_eps", -1.0), ("tie_word_embeddings", "false"), ("tie_word_embeddings", 0),
+    ("layer_types", "linear_attention"), ("eos_token_id", "2"), ("eos_token_id", [1, -3]),
+    ("max_position_embeddings", 1e9), ("full_attention_interval", 0), ("rope_parameters", 5),
+]
+
+
+@pytest.mark.parametrize("field,value", BAD_CONFIG_FIELDS, ids=[f"{f}={v!r}" for f, v in BAD_CONFIG_FIELDS])
+def test_bad_config_field_names_file_and_field(qwen3_5_text_untied_path, tmp_path, field, value):
+    folder = copy_checkpoint(qwen3_5_text_untied_path, tmp_path / "ckpt")
+    edit_config(folder, lambda c: (c.pop("layer_types") if field == "full_attention_interval" else None,
+                                   c.__setitem__(field, value)))
+    with pytest.raises(ValueError, match=rf"config\.json.*{field}"):
+        ModelConfig.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "vocab_size", "linear_value_head_dim", "num_hidden_layers"])
+def test_missing_config_field_names_file_and_field(qwen3_5_text_untied_path, tmp_path, field):
+    folder = copy_checkpoint(qwen3_5_text_untied_path, tmp_path / "ckpt")
+    edit_config(folder, lambda c: c.pop(field))
+    with pytest.raises(ValueError, match=rf"config\.json.*{field}"):
+        ModelConfig.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("text", ["{\"model_type\": ", "", "not json", "[1, 2]", "\"qwen3_5_text\""])
+def test_config_that_is_not_a_json_object_names_the_file(qwen3_5_text_untied_path, tmp_path, text):
+    folder = copy_checkpoint(qwen3_5_text_untied_path, tmp_path / "ckpt")
+    (folder / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=r"config\.json"):
+        Runtime.from_pretrained(str(folder), device="cpu")
