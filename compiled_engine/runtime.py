@@ -55,13 +55,22 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
+DTYPE_ALIASES = {"auto": None, "half": "float16", "float": "float32"}  # vLLM's spellings
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The model dtype: None or ``"auto"`` = bf16 on GPUs, fp32 on CPU; else one of ``DTYPES``, by name (vLLM's
+    ``"half"`` and ``"float"`` too) or as the ``torch.dtype``. Anything else (``torch.int8``, ``"int8"``,
+    ``torch.float64``, a number) raises ValueError naming ``dtype``."""
+    if isinstance(dtype, str):
+        name = DTYPE_ALIASES.get(dtype, dtype)
+        if name is not None and name not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)} (or 'auto'), got {dtype!r}")
+        dtype = None if name is None else DTYPES[name]
     if dtype is None:  # bf16 on GPUs; fp32 on CPU, where bf16 matmuls are slow and tests compare with HF in fp32
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        return DTYPES[dtype]
+    if not isinstance(dtype, torch.dtype) or dtype not in DTYPES.values():
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)} or that torch.dtype, got {dtype!r}")
     return dtype
 
 
@@ -184,16 +193,24 @@ class Runtime:
 
     # ----------------------------------------------------------------------------------------- sequence lifecycle
     def validate_prompt(self, token_ids: Seq[int]) -> list[int]:
+        """The prompt as a list of Python ints; raises ValueError when it is empty, longer than max_model_len, or
+        holds something that is not an integer id in ``[0, vocab_size)`` (numpy and 0-d torch ints are ids, bools
+        are not)."""
+        from compiled_engine.sampling_params import as_token_id  # here: this method is the only user in the module
+
         token_ids = list(token_ids)
         if not token_ids:
             raise ValueError("prompt is empty: at least one token is needed")
         if len(token_ids) > self.max_model_len:
             raise ValueError(f"prompt has {len(token_ids)} tokens, more than max_model_len={self.max_model_len}")
         vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        # Integer ids of any kind (numpy ints, 0-d integer tensors) become Python ints; bools and floats are no ids.
+        ids = [as_token_id(t) for t in token_ids]
+        bad = [t for t, i in zip(token_ids, ids) if i is None or not 0 <= i < vocab]
         if bad:
-            raise ValueError(f"prompt token id {bad[0]!r} is out of range [0, {vocab})")
-        return token_ids
+            kind = "is out of range" if as_token_id(bad[0]) is not None else "is not an integer"
+            raise ValueError(f"prompt token id {bad[0]!r} {kind}: ids are ints in [0, {vocab})")
+        return ids
 
     def new_sequence(self, token_ids: list[int]) -> Sequence:
         """A sequence with a fresh id for prompt tokens already checked by ``validate_prompt``, holding nothing yet

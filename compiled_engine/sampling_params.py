@@ -1,9 +1,44 @@
-"""SamplingParams: how to pick each next token and when to stop (vLLM's names and defaults)."""
+"""SamplingParams: how to pick each next token and when to stop (vLLM's names and defaults).
+
+Validation (``SamplingParams.validate``, run at construction and again by whoever takes params that may have been
+changed since) raises ValueError naming the field:
+  * float fields (temperature, top_p, min_p) take any finite real but not a bool or a string; ``inf`` and ``nan``
+    are rejected;
+  * int fields (top_k, max_tokens, min_tokens, seed) take any ``numbers.Integral`` (numpy ints too, stored as
+    ``int``) but not a bool, float or string;
+  * ``stop_token_ids``: None or a list/tuple/set of integer ids (Python, numpy or 0-d torch integers, stored as
+    ``int``); a bare int, a string or a non-integer element is rejected;
+  * a temperature below ``SAMPLING_EPS`` (1e-5, vLLM's ``_SAMPLING_EPS``) is greedy: it is stored as 0, so every
+    path (the ``greedy`` property, the sampler's per-row temperatures) takes the argmax; no 1 / 1e-38 ever
+    reaches the sampler.
+"""
 
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 from dataclasses import dataclass
+
+import torch
+
+SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it are greedy
+
+
+def as_token_id(value) -> int | None:
+    """``value`` as a Python int if it is an integer token id, else None.
+
+    Ids are Python ints, numpy integer scalars and 0-d integer torch tensors; bools (Python, numpy, torch) are not
+    ids, nor are floats or strings. Range checks are the caller's (it knows the vocabulary).
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):  # int, numpy integers (np.bool_ is not Integral)
+        return int(value)
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype != torch.bool:
+        if not value.dtype.is_floating_point and not value.dtype.is_complex:
+            return int(value.item())
+    return None
 
 
 class RequestOutputKind(enum.Enum):
@@ -27,19 +62,40 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # engine.step(); LLM.generate uses FINAL_ONLY
 
     def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field (raises ValueError naming it) and normalise: numpy/torch ints become ints, a
+        temperature below SAMPLING_EPS becomes 0 (greedy), top_k -1 becomes 0. Idempotent: the engine may call it
+        again on params changed after construction."""
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
+            setattr(self, name, float(value))
+        for name in ("top_k", "max_tokens", "min_tokens", "seed"):
+            value = getattr(self, name)
+            if value is None and name == "seed":
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"SamplingParams.{name} must be an int, got {value!r} ({type(value).__name__})")
+            setattr(self, name, int(value))
+        self.stop_token_ids = self._checked_stop_token_ids(self.stop_token_ids)
         if self.top_k == -1:
             self.top_k = 0
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        if 0 < self.temperature < SAMPLING_EPS:
+            self.temperature = 0.0  # greedy (vLLM): 1 / temperature would overflow the sampler's fp32 scaling
         checks = [
             ("temperature", self.temperature >= 0, "must be >= 0"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
-            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "must be a non-negative int (0 = off)"),
+            ("top_k", self.top_k >= 0, "must be a non-negative int (0 = off)"),
             ("min_p", 0 <= self.min_p <= 1, "must be in [0, 1]"),
-            ("max_tokens", isinstance(self.max_tokens, int) and self.max_tokens >= 1, "must be an int >= 1"),
-            ("min_tokens", isinstance(self.min_tokens, int) and 0 <= self.min_tokens, "must be an int >= 0"),
+            ("max_tokens", self.max_tokens >= 1, "must be an int >= 1"),
+            ("min_tokens", 0 <= self.min_tokens, "must be an int >= 0"),
             ("output_kind", isinstance(self.output_kind, RequestOutputKind), "must be a RequestOutputKind"),
-            ("seed", self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63),
+            ("seed", self.seed is None or -(2**63) <= self.seed < 2**63,
              "must be None or an int in [-2**63, 2**63) (it travels as int64)"),
+            ("ignore_eos", isinstance(self.ignore_eos, bool), "must be a bool"),
         ]
         for field_name, ok, rule in checks:
             if not ok:
@@ -47,6 +103,19 @@ class SamplingParams:
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"SamplingParams.min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
 
+    @staticmethod
+    def _checked_stop_token_ids(stop_token_ids) -> list[int]:
+        if stop_token_ids is None:
+            return []
+        if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (list, tuple, set, frozenset)):
+            raise ValueError(f"SamplingParams.stop_token_ids must be a list of ints, got {stop_token_ids!r}")
+        ids = [as_token_id(t) for t in stop_token_ids]
+        bad = [t for t, i in zip(stop_token_ids, ids) if i is None or i < 0]
+        if bad:
+            raise ValueError(f"SamplingParams.stop_token_ids must hold ints >= 0, got {bad[0]!r}")
+        return ids
+
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Argmax decoding: temperature below SAMPLING_EPS (validate stores such a temperature as 0)."""
+        return self.temperature < SAMPLING_EPS

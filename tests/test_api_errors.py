@@ -2,20 +2,25 @@
 request leaves the engine serving the others with unchanged output.
 
 * knobs (LLM and Runtime.from_pretrained): block_size (power of two), num_kv_blocks, max_num_seqs,
-  max_num_batched_tokens, max_model_len, gpu_memory_utilization, state_dtype; the memory plan fails clearly when
-  one max_model_len sequence cannot fit in the KV blocks;
-* requests: empty / over-long prompt, token id out of range, every SamplingParams field out of its range, stop
-  token ids out of the vocabulary, duplicate request id, unknown id for abort;
+  max_num_batched_tokens, max_model_len, gpu_memory_utilization, state_dtype, and wrong types (a float or string
+  for an int, a string for a bool); numpy ints are ints; dtype: only float32/bfloat16/float16 (by name or object);
+  the memory plan fails clearly when one max_model_len sequence cannot fit in the KV blocks;
+* requests: empty / over-long prompt, token id out of range or not an integer (numpy and 0-d torch ints are ids,
+  bools are not), every SamplingParams field out of its range or of the wrong type, stop token ids out of the
+  vocabulary, duplicate request id, unknown id for abort; a temperature below 1e-5 is greedy;
 * a stream with every kind of bad call in the middle still finishes the good requests with HF's greedy tokens
   (and seeded sampled ones with their solo tokens), and leaves no block or slot behind.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from compiled_engine import Runtime, SamplingParams
+from compiled_engine.config import RuntimeConfig
+from compiled_engine.runtime import resolve_dtype
 from tests.test_engine import GREEDY, MODEL, VOCAB, assert_clean, drain, hf_greedy, make_llm, prompt
 
 
@@ -57,6 +62,20 @@ BAD_KNOBS = [
     (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
     (dict(gpu_memory_utilization=-0.2), "gpu_memory_utilization"),
     (dict(state_dtype=torch.float16), "state_dtype"),
+    # wrong types: vLLM takes no float or string for an int option, and no string for a bool
+    (dict(max_num_seqs="4"), "max_num_seqs"),
+    (dict(max_num_seqs=2.5), "max_num_seqs"),
+    (dict(max_num_seqs=True), "max_num_seqs"),
+    (dict(num_kv_blocks=100.5), "num_kv_blocks"),
+    (dict(block_size=16.0), "block_size"),
+    (dict(max_model_len="64"), "max_model_len"),
+    (dict(max_num_batched_tokens="8"), "max_num_batched_tokens"),
+    (dict(gpu_memory_utilization="0.5"), "gpu_memory_utilization"),
+    (dict(gpu_memory_utilization=float("nan")), "gpu_memory_utilization"),
+    (dict(enable_prefix_caching="false"), "enable_prefix_caching"),
+    (dict(enable_prefix_caching=1), "enable_prefix_caching"),
+    (dict(state_dtype="float32"), "state_dtype"),
+    (dict(attention_backend=None), "attention_backend"),
 ]
 
 
@@ -73,6 +92,36 @@ def test_bad_knob_names_the_field(model_path, knobs, field):
 def test_bad_knob_names_the_field_in_the_runtime_api(model_path, knobs, field):
     with pytest.raises(ValueError, match=field):
         Runtime.from_pretrained(str(model_path), device="cpu", dtype="float32", **knobs)
+
+
+@pytest.mark.parametrize("knobs,field", BAD_KNOBS, ids=KNOB_IDS)
+def test_bad_knob_is_named_by_runtime_config_validate(knobs, field):
+    with pytest.raises(ValueError, match=field):
+        RuntimeConfig(**knobs).validate()
+
+
+def test_numpy_ints_are_int_knobs():
+    """Any numbers.Integral is an int option (numpy's ints from a config sweep); validate stores a Python int."""
+    config = RuntimeConfig(max_num_seqs=np.int64(4), block_size=np.int32(8), num_kv_blocks=np.uint16(40))
+    config.validate()
+    assert (config.max_num_seqs, config.block_size, config.num_kv_blocks) == (4, 8, 40)
+    assert all(type(v) is int for v in (config.max_num_seqs, config.block_size, config.num_kv_blocks))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float64, torch.bool, "int8", "fp32", "torch.float32", 16, 3.0])
+def test_unsupported_dtype_is_named(model_path, dtype):
+    with pytest.raises(ValueError, match="dtype"):
+        resolve_dtype(dtype, torch.device("cpu"))
+    with pytest.raises(ValueError, match="dtype"):  # the public entry point, before anything is loaded
+        Runtime.from_pretrained(str(model_path), device="cpu", dtype=dtype)
+
+
+def test_supported_dtypes_by_name_object_and_alias():
+    cpu = torch.device("cpu")
+    expected = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "half": torch.float16, "float": torch.float32, "auto": torch.float32, None: torch.float32,
+                torch.bfloat16: torch.bfloat16, torch.float16: torch.float16, torch.float32: torch.float32}
+    assert {d: resolve_dtype(d, cpu) for d in expected} == expected
 
 
 def test_memory_plan_fails_clearly_when_one_sequence_cannot_fit(model_path):
@@ -106,6 +155,26 @@ BAD_PARAMS = [
     (dict(max_tokens=4, min_tokens=5), "min_tokens"),
     (dict(seed=2**64), "seed"),
     (dict(seed=-(2**63) - 1), "seed"),
+    # wrong types and non-finite values
+    (dict(temperature="0.5"), "temperature"),
+    (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature=None), "temperature"),
+    (dict(top_p="1"), "top_p"),
+    (dict(min_p=float("nan")), "min_p"),
+    (dict(top_k=2.5), "top_k"),
+    (dict(top_k="3"), "top_k"),
+    (dict(max_tokens=2.0), "max_tokens"),
+    (dict(max_tokens=True), "max_tokens"),
+    (dict(min_tokens="1"), "min_tokens"),
+    (dict(seed=1.5), "seed"),
+    (dict(ignore_eos="no"), "ignore_eos"),
+    (dict(stop_token_ids=5), "stop_token_ids"),
+    (dict(stop_token_ids="7"), "stop_token_ids"),
+    (dict(stop_token_ids=[-1]), "stop_token_ids"),
+    (dict(stop_token_ids=["7"]), "stop_token_ids"),
+    (dict(stop_token_ids=[3, 4.0]), "stop_token_ids"),
+    (dict(stop_token_ids=[True]), "stop_token_ids"),
+    (dict(stop_token_ids=[torch.tensor([3])]), "stop_token_ids"),
 ]
 
 
@@ -115,6 +184,40 @@ def test_bad_sampling_params_name_the_field(fields, field):
         SamplingParams(**fields)
 
 
+def test_integer_scalars_of_any_kind_are_ids():
+    """numpy and 0-d torch integers are ids, stored as Python ints; the temperature-0 re-check stays greedy."""
+    params = SamplingParams(stop_token_ids=(np.int64(3), torch.tensor(4), np.uint8(5)), top_k=np.int32(7),
+                            max_tokens=np.int64(9), seed=np.int64(-2))
+    assert params.stop_token_ids == [3, 4, 5] and all(type(t) is int for t in params.stop_token_ids)
+    assert (params.top_k, params.max_tokens, params.seed) == (7, 9, -2)
+    assert all(type(v) is int for v in (params.top_k, params.max_tokens, params.seed))
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-38, 5e-324, 9.9e-6])
+def test_a_temperature_below_the_sampling_eps_is_greedy(temperature):
+    """vLLM's rule: temperature < 1e-5 is greedy. It is stored as 0 so the sampler never scales by 1 / 1e-38."""
+    params = SamplingParams(temperature=temperature)
+    assert params.greedy and params.temperature == 0.0
+    assert not SamplingParams(temperature=1e-5).greedy  # the boundary itself samples, as in vLLM
+
+
+def test_validate_rechecks_params_changed_after_construction():
+    """SamplingParams.validate() is the re-validation entry point for params mutated after construction."""
+    params = SamplingParams()
+    for field, value in (("temperature", "hot"), ("temperature", float("inf")), ("stop_token_ids", 5),
+                         ("max_tokens", 0), ("top_p", 2.0)):
+        params = SamplingParams()
+        setattr(params, field, value)
+        with pytest.raises(ValueError, match=field):
+            params.validate()
+    params.top_p = 0.5
+    params.temperature, params.stop_token_ids = 1e-30, [np.int64(3)]
+    params.validate()
+    assert params.greedy and params.temperature == 0.0 and params.stop_token_ids == [3]
+    params.validate()  # idempotent
+    assert params.stop_token_ids == [3]
+
+
 BAD_REQUESTS = [
     ([], None, "prompt is empty"),
     (prompt(65), None, "max_model_len"),  # max_model_len is 64
@@ -122,8 +225,10 @@ BAD_REQUESTS = [
     ([-1, 2], None, "token id"),
     ([1, 2.0], None, "token id"),
     ([1, 2], SamplingParams(stop_token_ids=[VOCAB]), "stop_token_ids"),
-    ([1, 2], SamplingParams(stop_token_ids=[-1]), "stop_token_ids"),
-    ([1, 2], SamplingParams(stop_token_ids=["7"]), "stop_token_ids"),
+    ([1, True], None, "token id"),
+    ([1, np.bool_(True)], None, "token id"),
+    ([1, torch.tensor(2.0)], None, "token id"),
+    ([1, np.int64(VOCAB)], None, "token id"),
     ([1, 2], {"temperature": 0}, "sampling params"),
 ]
 
@@ -209,6 +314,32 @@ def test_generate_rejects_bad_input_before_queueing(llm, load_hf_model):
     assert_clean(engine)
     outs = llm.generate([[1, 2], [3, 4]], params, use_tqdm=False)
     assert [o.token_ids for o in outs] == [hf_greedy(load_hf_model, p, 3) for p in ([1, 2], [3, 4])]
+
+
+def test_integer_ids_of_any_kind_give_the_int_prompt_tokens(llm, load_hf_model):
+    """Prompt ids that are numpy ints or 0-d torch ints are the same prompt as their Python ints: HF's greedy
+    tokens of the int prompt (they used to be rejected as "out of range"). LLM.generate takes lists of them; the
+    engine (Runtime.validate_prompt) also takes a numpy array or a 1-d tensor, whose items are such scalars."""
+    ids = prompt(11, 5)
+    params = SamplingParams(max_tokens=4, **GREEDY)
+    outs = llm.generate([[np.int64(t) for t in ids], [torch.tensor(t) for t in ids]], params, use_tqdm=False)
+    assert all(o.token_ids == hf_greedy(load_hf_model, ids, 4) for o in outs)
+    engine = llm.engine
+    for i, tokens in enumerate((np.array(ids, dtype=np.int32), torch.tensor(ids))):
+        engine.add_request(f"array{i}", tokens, params)
+    assert all(type(t) is int for r in engine.requests.values() for t in r.seq.token_ids)
+    finals = drain(engine)
+    assert all(finals[f"array{i}"].token_ids == hf_greedy(load_hf_model, ids, 4) for i in range(2))
+    assert_clean(engine)
+
+
+def test_tiny_temperature_is_greedy_beside_a_sampled_row(engine, load_hf_model):
+    """temperature=1e-38 is greedy (vLLM's 1e-5 rule) even in a step that samples another row: HF's argmax."""
+    ids = prompt(13, 6)
+    engine.add_request("tiny", ids, SamplingParams(temperature=1e-38, max_tokens=6, ignore_eos=True))
+    engine.add_request("hot", prompt(9, 7), SamplingParams(temperature=1.0, seed=3, max_tokens=6, ignore_eos=True))
+    finals = drain(engine)
+    assert finals["tiny"].token_ids == hf_greedy(load_hf_model, ids, 6)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
