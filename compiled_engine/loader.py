@@ -216,6 +216,22 @@ class WeightRouter:
             return Placement(f"{prefix}.in_proj", offset, 2 * rows, self._regroup_ba, (0, [hv, hv]))
         return None
 
+    def source_name(self, target: str, row: int) -> str:
+        """For error messages: the checkpoint tensor (without its ``model.`` / ``model.language_model.`` prefix)
+        that fills row ``row`` (this rank's numbering) of our parameter ``target``: the inverse of ``route``."""
+        head, _, last = target.rpartition(".")
+        if last == "in_proj" and self.config.model_type == "qwen3_next":
+            conv, value = self.linear_rows["in_proj_z"]
+            return f"{head}.{'in_proj_qkvz' if row < conv + value else 'in_proj_ba'}.weight"
+        tables = {"qkv_proj": self.attention_rows, "gate_up_proj": self.mlp_rows, "in_proj": self.linear_rows}
+        for sub, (offset, rows) in tables.get(last, {}).items():
+            if offset <= row < offset + rows:
+                return f"{head}.{sub}.weight"
+        renamed = {"conv_weight": "conv1d.weight", "A_log": "A_log", "dt_bias": "dt_bias"}
+        if last in renamed:
+            return f"{head}.{renamed[last]}"
+        return target if target.endswith(".weight") else f"{target}.weight"
+
     def _vocab_shard(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a vocab-parallel matrix, zero-padded to ``ceil(vocab / world)`` rows."""
         n = self.tp.world_size
@@ -272,7 +288,7 @@ def load_model(
     report = LoadReport()
     router = WeightRouter(config, tp)
     params = dict(model.named_parameters(remove_duplicate=False))
-    rows_written = {name: 0 for name in params}
+    rows_written: dict[str, list[tuple[int, int]]] = {name: [] for name in params}  # [start, end) row ranges
     materialised: dict[str, torch.Tensor] = {}
 
     # Ties come from the config only: a missing lm_head of an untied model is damage, not a tie.
@@ -308,11 +324,15 @@ def load_model(
     bar.close()
 
     if report.tied_lm_head:
-        rows_written["lm_head"] = params["lm_head"].shape[0]
+        rows_written["lm_head"] = [(0, params["lm_head"].shape[0])]
         materialised["lm_head"] = materialised.get("embed_tokens")
-    missing = [n for n, p in params.items() if rows_written[n] != p.shape[0]]
+    missing = []  # the checkpoint tensors (named as the checkpoint names them, less the prefix) never seen
+    for target, param in params.items():
+        row = _first_unfilled_row(rows_written[target], param.shape[0])
+        if row is not None:
+            missing.append(f"{router.source_name(target, row)} (rows of {target})")
     if missing:
-        raise CheckpointError(f"checkpoint {path!r} lacks tensors for: {', '.join(missing[:8])}")
+        raise CheckpointError(f"checkpoint {path!r} lacks tensors: {', '.join(missing[:8])}")
     for name, tensor in materialised.items():
         _set_parameter(model, name, nn.Parameter(tensor, requires_grad=False))
     for module in model.modules():  # derived buffers (rotary inv_freq) are built on the CPU, not from the checkpoint
@@ -381,13 +401,24 @@ def _place(name, tensor, placement, params, materialised, rows_written, device, 
             f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {expected} at rows "
             f"[{placement.row_offset}, {placement.row_offset + rows}) of {target} {tuple(shape)}"
         )
-    if rows_written[target] + rows > shape[0]:
+    start, end = placement.row_offset, placement.row_offset + rows
+    if any(start < b and a < end for a, b in rows_written[target]):
         raise CheckpointError(f"tensor {name!r} writes rows of {target} that another tensor already filled")
     if target not in materialised:
         target_dtype = torch.float32 if target.rsplit(".", 1)[-1] in FP32_PARAMETERS else dtype
         materialised[target] = torch.empty(shape, device=device, dtype=target_dtype)
     materialised[target][placement.row_offset : placement.row_offset + rows].copy_(tensor)
-    rows_written[target] += rows
+    rows_written[target].append((start, end))
+
+
+def _first_unfilled_row(ranges: list[tuple[int, int]], num_rows: int) -> int | None:
+    """The first row in ``[0, num_rows)`` that no ``[start, end)`` range covers; None when all are covered."""
+    row = 0
+    for start, end in sorted(ranges):
+        if start > row:
+            return row
+        row = max(row, end)
+    return None if row >= num_rows else row
 
 
 def _set_parameter(model: nn.Module, dotted: str, value: nn.Parameter) -> None:
