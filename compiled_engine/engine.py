@@ -16,6 +16,7 @@ With ``overlap_decode=True`` a step's tokens are read back only after the next s
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -147,10 +148,16 @@ class LLMEngine:
     def validate_request(
         self, prompt_token_ids: list[int], params: SamplingParams | None
     ) -> tuple[list[int], SamplingParams]:
-        """The checked prompt and params of a request; raises ValueError naming the bad field. Queues nothing."""
+        """The checked prompt and params of a request; raises ValueError naming the bad field. Queues nothing.
+
+        The params returned are a checked copy: SamplingParams checks its fields in __post_init__ only, so fields set
+        after construction (top_p=0, max_tokens=0, temperature=-1) are re-checked here by ``dataclasses.replace``,
+        which builds a new instance and so runs __post_init__ again (sampling_params.py has no ``validate()``); the
+        copy also keeps a queued request's params from changing under it when the caller mutates theirs."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params = dataclasses.replace(params)
         token_ids = self.runtime.validate_prompt(prompt_token_ids)
         vocab = self.runtime.model_config.vocab_size
         bad_stop = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
