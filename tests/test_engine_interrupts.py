@@ -110,6 +110,46 @@ def greedy(max_tokens: int) -> SamplingParams:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# 3. Tensor-parallel step interrupt
+# --------------------------------------------------------------------------------------------------------------
+
+
+class FakeWorkers:
+    """The handle ModelExecutor.execute uses, recording what it is asked."""
+
+    closed = False
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def send_step(self, step, all_logits):
+        self.calls.append("send_step")
+
+    def raise_worker_error(self, error):
+        self.calls.append("raise_worker_error")
+        raise error
+
+    def abort(self):
+        self.calls.append("abort")
+        self.closed = True
+
+
+def test_an_interrupt_between_send_step_and_the_local_forward_aborts_the_workers(monkeypatch):
+    """Rank 0 interrupted after broadcasting a step: the workers sit in the step's collectives, so they are stopped
+    (as after an error) and the KeyboardInterrupt reaches the caller."""
+    executor = ModelExecutor.__new__(ModelExecutor)  # only execute() is exercised: no model needed
+    executor.workers = FakeWorkers()
+
+    def local(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(executor, "_execute_local", local)
+    with pytest.raises(KeyboardInterrupt):
+        executor.execute(object())
+    assert executor.workers.calls == ["send_step", "raise_worker_error", "abort"]
+
+
+# --------------------------------------------------------------------------------------------------------------
 # 4. State refused, not corrupted
 # --------------------------------------------------------------------------------------------------------------
 
