@@ -6,8 +6,8 @@
   request, block or slot behind, and later calls give their solo greedy tokens; ``add_request`` is all or nothing,
   ``abort_request`` can be repeated after an interrupt, ``batched_admissions`` never leaves its queue of slot resets
   behind, and a failed ``step()`` aborts the requests it may have touched and keeps serving the others;
-* the tensor-parallel executor stops its workers on any BaseException of a step (a fake worker handle: the real
-  spawn + gloo start-up takes longer than this file's budget);
+* the tensor-parallel executor stops its workers on any BaseException of a step (a fake worker handle, not the real
+  spawn + gloo ranks);
 * ``Runtime.build_step`` refuses a sequence twice, a sequence of another Runtime, counts that do not match the
   sequences, and new token ids outside the vocabulary, before any kernel sees them; ``add_request`` re-checks
   SamplingParams mutated after construction;
@@ -107,6 +107,160 @@ def interrupt_at_call(n: int, where: str = "/compiled_engine/", name: str | None
 
 def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, **GREEDY)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 1. Ownership of requests
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_generate_refuses_while_the_engine_holds_the_callers_requests(clean_llm, oracle):
+    """The engine's own request is neither stepped nor consumed by generate: it finishes for the engine's caller."""
+    engine = clean_llm.engine
+    engine.add_request("mine", prompt(5), greedy(3))
+    with pytest.raises(RuntimeError, match="'mine'"):
+        clean_llm.generate([prompt(4)], greedy(2), use_tqdm=False)
+    assert list(engine.requests) == ["mine"] and len(engine.scheduler.waiting) == 1  # nothing queued, nothing run
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals["mine"].token_ids == oracle(prompt(5), 3)
+    assert clean_llm.generate([prompt(4)], greedy(2), use_tqdm=False)[0].token_ids == oracle(prompt(4), 2)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 2. Interrupts
+# --------------------------------------------------------------------------------------------------------------
+
+
+def count_calls(fn) -> int:
+    """How many compiled_engine Python calls ``fn()`` makes (its interrupt points)."""
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if event == "call" and interruptible(frame.f_code):
+            count += 1
+        return None
+
+    sys.settrace(trace)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_an_interrupt_anywhere_in_generate_leaves_a_clean_engine(clean_llm, oracle):
+    """Every interrupt point of a small generate call (validation, queuing, admission, steps, finishing), one after
+    the other: the engine is clean after each, and the next call gives the solo greedy tokens."""
+    prompts = [prompt(3, 1), prompt(9, 2), prompt(2, 3)]
+    params = [greedy(2), greedy(3), greedy(1)]
+    want = [oracle(p, sp.max_tokens) for p, sp in zip(prompts, params)]
+    total = count_calls(lambda: clean_llm.generate(prompts, params, use_tqdm=False))
+    assert total > 50
+    for n in range(1, total + 1, max(1, total // 60)):  # ~60 points spread over the whole call
+        with interrupt_at_call(n) as fired:
+            try:
+                clean_llm.generate(prompts, params, use_tqdm=False)
+            except Interrupted:
+                pass
+        assert fired, n
+        assert_clean(clean_llm.engine)
+        assert clean_llm.engine.runtime.caches._queued_resets is None
+        assert [o.token_ids for o in clean_llm.generate(prompts, params, use_tqdm=False)] == want, n
+
+
+def test_add_request_is_all_or_nothing(clean_llm):
+    engine = clean_llm.engine
+    total = count_calls(lambda: engine.add_request("probe", prompt(4), greedy(2)))
+    engine.abort_request("probe")
+    for n in range(1, total + 1):
+        with interrupt_at_call(n):
+            try:
+                engine.add_request("r", prompt(4), greedy(2))
+            except Interrupted:
+                pass
+        queued = "r" in engine.requests
+        assert queued == any(s is not None and s.seq_id in engine._request_of_seq for s in engine.scheduler.waiting)
+        assert len(engine.scheduler.waiting) == int(queued)
+        if queued:
+            engine.abort_request("r")
+        assert_clean(engine)
+
+
+def test_an_interrupted_finish_can_be_repeated(clean_llm, oracle):
+    """An interrupt inside Scheduler.finish (here: as it calls CacheManager.release) used to leave the sequence out
+    of its queue and its request half-forgotten: the cleanup's abort raised KeyError and the blocks and slot leaked."""
+    engine = clean_llm.engine
+    engine.add_request("a", prompt(6), greedy(4))
+    engine.add_request("b", prompt(5), greedy(2))
+    engine.step()  # both admitted and prefilled
+    with interrupt_at_call(1, name="release") as fired:
+        with pytest.raises(Interrupted):
+            engine.abort_request("a")
+    assert fired and "a" in engine.requests
+    check_invariants(engine)
+    engine.abort_request("a")  # repeated: now it frees everything
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals["b"].token_ids == oracle(prompt(5), 2)
+    assert_clean(engine)
+
+
+def test_an_interrupt_as_batched_admissions_starts_leaves_no_queued_resets(clean_llm, oracle):
+    """Interrupted right after ``_queued_resets = []``: before the fix that line ran outside the try, the queue stayed
+    forever, and every later admission queued its slot reset there and never ran it: stale state, wrong tokens."""
+    engine = clean_llm.engine
+    caches = engine.runtime.caches
+    clean_llm.generate([prompt(7, 5)], greedy(3), use_tqdm=False)  # leave the slots' state dirty
+    fired = []
+
+    def trace(frame, event, arg):
+        if frame.f_code.co_name == "batched_admissions" and event == "call":
+            def local(frame, event, arg):
+                if event == "line" and not fired and frame.f_locals["self"]._queued_resets is not None:
+                    fired.append(True)
+                    raise Interrupted("right after _queued_resets = []")
+                return local
+            return local
+        return None
+
+    engine.add_request("x", prompt(4, 6), greedy(2))
+    sys.settrace(trace)
+    try:
+        with pytest.raises(Interrupted):
+            engine.step()
+    finally:
+        sys.settrace(None)
+    assert fired and caches._queued_resets is None
+    assert list(engine.requests) == ["x"]  # interrupted before its admission: still waiting, untouched
+    check_invariants(engine)
+    assert [o.token_ids for o in iter_steps(engine) if o.finished] == [oracle(prompt(4, 6), 2)]
+    prompts = [prompt(4, 6), prompt(6, 7)]
+    outs = clean_llm.generate(prompts, greedy(3), use_tqdm=False)
+    assert [o.token_ids for o in outs] == [oracle(p, 3) for p in prompts]
+
+
+def test_a_failed_step_aborts_what_it_touched_and_keeps_the_rest(clean_llm, oracle):
+    engine = clean_llm.engine
+    engine.add_request("run", prompt(6, 1), greedy(3))
+    engine.step()  # "run" admitted and prefilled
+    engine.add_request("wait", prompt(5, 2), greedy(2))
+    engine.scheduler.max_num_seqs = 1  # "wait" stays waiting in the next step
+    try:
+        with interrupt_at_call(1, name="decode"):
+            with pytest.raises(Interrupted):
+                engine.step()
+    finally:
+        engine.scheduler.max_num_seqs = KNOBS["max_num_seqs"]
+    assert list(engine.requests) == ["wait"]
+    check_invariants(engine)
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals["wait"].token_ids == oracle(prompt(5, 2), 2)
 
 
 # --------------------------------------------------------------------------------------------------------------
