@@ -44,10 +44,20 @@ def llm(model_path):
     return make_llm(model_path, **KNOBS)
 
 
+# With prefix caching: long enough for a 64-token snapshot boundary, prompts sharing it (``shared_prompt``).
+PREFIX_KNOBS = dict(KNOBS, max_model_len=80, num_kv_blocks=24, enable_prefix_caching=True, prefix_snapshot_interval=64,
+                    num_prefix_snapshots=2)
+
+
+def shared_prompt(length: int, seed: int) -> list[int]:
+    """A 64-token prefix every such prompt shares (even seeds) or one of its own (odd), then ``length`` tokens."""
+    return prompt(64, seed % 2 * (seed + 1)) + prompt(length, seed + 100)
+
+
 @pytest.fixture(scope="module")
 def oracle(model_path):
     """Solo greedy tokens of one prompt, from an engine of its own that nothing here interrupts (cached)."""
-    ref = make_llm(model_path, **KNOBS)
+    ref = make_llm(model_path, **dict(KNOBS, max_model_len=80, num_kv_blocks=24))
     cache: dict[tuple, list[int]] = {}
 
     def solo(tokens: list[int], max_tokens: int) -> list[int]:
@@ -261,6 +271,45 @@ def test_a_failed_step_aborts_what_it_touched_and_keeps_the_rest(clean_llm, orac
     while engine.has_unfinished_requests():
         finals.update({o.request_id: o for o in engine.step() if o.finished})
     assert finals["wait"].token_ids == oracle(prompt(5, 2), 2)
+
+
+@pytest.fixture(scope="module")
+def prefix_llm(model_path):
+    return make_llm(model_path, **PREFIX_KNOBS)
+
+
+def snapshot_rows_accounted(llm) -> bool:
+    cache = llm.runtime.caches.prefix_cache
+    return sorted(cache.free_rows + list(cache.row_of_hash.values())) == list(range(PREFIX_KNOBS["num_prefix_snapshots"]))
+
+
+def test_an_interrupted_prefix_hit_leaks_no_block_reference(prefix_llm, oracle):
+    """Interrupted between two of the hit's block acquires (PrefixCache.apply): the sequence used to get its block
+    table only after all of them, so the acquired ones were never released."""
+    engine = prefix_llm.engine
+    base = shared_prompt(3, 0)
+    assert prefix_llm.generate([base], greedy(1), use_tqdm=False)[0].token_ids == oracle(base, 1)
+    other = shared_prompt(5, 2)  # the same 64-token prefix: a hit of 8 blocks and the snapshot
+    engine.add_request("hit", other, greedy(2))
+    with interrupt_at_call(2, name="acquire") as fired:
+        with pytest.raises(Interrupted):
+            engine.step()
+    assert fired and not engine.requests  # admitted half-way: aborted by the failed step
+    assert_clean(engine)
+    assert prefix_llm.generate([other], greedy(2), use_tqdm=False)[0].token_ids == oracle(other, 2)
+
+
+def test_an_interrupted_snapshot_loses_no_row(prefix_llm, oracle):
+    """Interrupted as it saves a snapshot: the row used to be taken from the free rows first, and was lost."""
+    tokens = shared_prompt(4, 5)  # a prefix of its own: a new snapshot at 64 tokens
+    with interrupt_at_call(1, name="save_state") as fired:
+        with pytest.raises(Interrupted):
+            prefix_llm.generate([tokens], greedy(2), use_tqdm=False)
+    assert fired
+    assert_clean(prefix_llm.engine)
+    assert snapshot_rows_accounted(prefix_llm)
+    assert prefix_llm.generate([tokens], greedy(2), use_tqdm=False)[0].token_ids == oracle(tokens, 2)
+    assert snapshot_rows_accounted(prefix_llm)
 
 
 # --------------------------------------------------------------------------------------------------------------
