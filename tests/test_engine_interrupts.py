@@ -25,6 +25,7 @@ import sys
 from contextlib import contextmanager
 
 import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 
 from compiled_engine import SamplingParams
@@ -310,6 +311,26 @@ def test_an_interrupted_snapshot_loses_no_row(prefix_llm, oracle):
     assert snapshot_rows_accounted(prefix_llm)
     assert prefix_llm.generate([tokens], greedy(2), use_tqdm=False)[0].token_ids == oracle(tokens, 2)
     assert snapshot_rows_accounted(prefix_llm)
+
+
+def test_an_interrupted_eviction_loses_no_block(prefix_llm, oracle):
+    """Interrupted as an allocation evicts an indexed block (BlockAllocator._forget, whose on_evict drops snapshots):
+    the block used to be taken off the evictable list first, and was then in no list at all."""
+    blocks = prefix_llm.runtime.caches.blocks
+    for seed in range(1, 12, 2):  # prompts with prefixes of their own, until indexed blocks fill the cache
+        prefix_llm.generate([shared_prompt(3, seed)], greedy(1), use_tqdm=False)
+        if len(blocks.evictable) > 9:
+            break
+    assert not blocks.free or len(blocks.evictable) > 9
+    tokens = shared_prompt(2, 21)
+    with interrupt_at_call(1, name="_forget") as fired:
+        with pytest.raises(Interrupted):
+            prefix_llm.generate([tokens, shared_prompt(2, 23)], greedy(2), use_tqdm=False)
+    assert fired
+    assert_clean(prefix_llm.engine)
+    assert snapshot_rows_accounted(prefix_llm)
+    assert prefix_llm.generate([tokens], greedy(2), use_tqdm=False)[0].token_ids == oracle(tokens, 2)
+    assert_clean(prefix_llm.engine)
 
 
 # --------------------------------------------------------------------------------------------------------------
