@@ -315,7 +315,8 @@ class Runtime:
         # Runs every step for up to max_num_seqs sequences: one pass, O(1) per sequence plus its new tokens.
         for seq, n in zip(seqs, counts):
             if seq.owner is not owner:
-                raise ValueError(f"sequence {seq.seq_id} was made by another Runtime (its blocks and slot are not ours)")
+                raise ValueError(f"sequence {seq.seq_id} was made by another Runtime (its blocks and slot are not "
+                                 "this one's)")
             start = seq.num_computed_tokens
             uncomputed = len(seq.token_ids) - start
             if is_prefill and not 1 <= n <= uncomputed:

@@ -281,7 +281,8 @@ def prefix_llm(model_path):
 
 def snapshot_rows_accounted(llm) -> bool:
     cache = llm.runtime.caches.prefix_cache
-    return sorted(cache.free_rows + list(cache.row_of_hash.values())) == list(range(PREFIX_KNOBS["num_prefix_snapshots"]))
+    rows = sorted(cache.free_rows + list(cache.row_of_hash.values()))
+    return rows == list(range(PREFIX_KNOBS["num_prefix_snapshots"]))
 
 
 def test_an_interrupted_prefix_hit_leaks_no_block_reference(prefix_llm, oracle):
@@ -434,3 +435,148 @@ def test_a_queued_request_keeps_the_params_it_was_given(clean_llm, oracle):
 def iter_steps(engine):
     while engine.has_unfinished_requests():
         yield from engine.step()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 5. Random calls with bad values and interrupts
+# --------------------------------------------------------------------------------------------------------------
+
+BAD_ADDS = {  # each takes the engine's max_model_len
+    "empty prompt": lambda limit: ([], greedy(2)),
+    "token id": lambda limit: ([1, VOCAB], greedy(2)),
+    "top_p": lambda limit: (prompt(3), _mutated(top_p=0.0)),
+    "max_tokens": lambda limit: (prompt(3), _mutated(max_tokens=0)),
+    "temperature": lambda limit: (prompt(3), _mutated(temperature=-1.0)),
+    "too long": lambda limit: (prompt(limit + 1), greedy(2)),
+}
+
+
+def _mutated(**fields) -> SamplingParams:
+    params = greedy(2)
+    for name, value in fields.items():
+        setattr(params, name, value)
+    return params
+
+
+calls = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(1, 7), st.integers(0, 3), st.integers(1, 4)),
+        st.tuples(st.just("bad"), st.sampled_from(sorted(BAD_ADDS))),
+        st.tuples(st.just("abort"), st.integers(0, 5)),
+        st.tuples(st.just("step"), st.integers(1, 3)),
+        st.tuples(st.just("generate"), st.lists(st.tuples(st.integers(1, 6), st.integers(0, 3), st.integers(1, 3)),
+                                                min_size=1, max_size=3)),
+    ),
+    min_size=1,
+    max_size=8,
+)
+# The n-th compiled_engine call of each call above gets the interrupt: early ones (add_request makes a handful of
+# calls), or anywhere in a step or a generate (a few hundred).
+interrupts = st.lists(st.one_of(st.none(), st.integers(1, 6), st.integers(1, 200)), min_size=8, max_size=8)
+
+
+@pytest.mark.parametrize("overlap,prefix", [(False, False), (True, False), (False, True), (True, True)])
+def test_random_calls_with_bad_values_and_interrupts(model_path, oracle, overlap, prefix):
+    """After every call, interrupted or not: the engine's requests are the test's (none of an interrupted generate),
+    the queues and the caches agree; at the end every finished output equals its solo greedy run and, once all is
+    finished, every block, slot and snapshot row is free."""
+    knobs = dict(overlap_decode=overlap, **(PREFIX_KNOBS if prefix else KNOBS))
+    make_prompt = shared_prompt if prefix else prompt
+    llm = make_llm(model_path, **knobs)
+    failed = []  # a failed example leaves its engine dirty: the next one (Hypothesis shrinking) starts a fresh one
+    fired_kinds: set[str] = set()  # the kinds of call an interrupt landed in, over all examples
+
+    @heavy_settings(150)
+    @given(calls=calls, interrupts=interrupts)
+    def run(calls, interrupts):
+        nonlocal llm
+        if failed:
+            llm = make_llm(model_path, **knobs)
+            failed.clear()
+        try:
+            example(calls, interrupts)
+        except BaseException:
+            failed.append(True)
+            raise
+
+    def example(calls, interrupts):
+        engine, caches = llm.engine, llm.runtime.caches
+        expected: dict[str, tuple[list[int], int]] = {}  # request id -> (prompt, max_tokens) of the engine's requests
+        counter = 0
+
+        def check_finished(out):
+            tokens, max_tokens = expected.pop(out.request_id)
+            if out.finish_reason != "abort":
+                assert out.token_ids == oracle(tokens, max_tokens), out.request_id
+
+        for call, at in zip(calls, interrupts):
+            kind = call[0]
+            with interrupt_at_call(at) if at is not None else _nothing():
+                try:
+                    if kind == "add":
+                        counter += 1
+                        rid = f"q{counter}"
+                        tokens = make_prompt(call[1], call[2])
+                        expected[rid] = (tokens, call[3])
+                        engine.add_request(rid, tokens, greedy(call[3]))
+                    elif kind == "bad":
+                        before = (dict(engine.requests), list(engine.scheduler.waiting))
+                        with pytest.raises(ValueError):
+                            engine.add_request("bad", *BAD_ADDS[call[1]](llm.runtime.max_model_len))
+                        assert (dict(engine.requests), list(engine.scheduler.waiting)) == before
+                    elif kind == "abort":
+                        ids, rid = list(engine.requests), None
+                        if ids:
+                            rid = ids[call[1] % len(ids)]
+                            out = engine.abort_request(rid)
+                            assert out.finished and out.finish_reason == "abort"
+                            expected.pop(rid)
+                        else:
+                            with pytest.raises(ValueError):
+                                engine.abort_request("nobody")
+                    elif kind == "step":
+                        for _ in range(call[1]):
+                            for out in engine.step():
+                                if out.finished:
+                                    check_finished(out)
+                    else:  # generate: refused while the engine has requests
+                        prompts = [make_prompt(n, s) for n, s, _ in call[1]]
+                        params = [greedy(m) for _, _, m in call[1]]
+                        if engine.requests:
+                            with pytest.raises(RuntimeError):
+                                llm.generate(prompts, params, use_tqdm=False)
+                        else:
+                            outs = llm.generate(prompts, params, use_tqdm=False)
+                            assert [o.token_ids for o in outs] == [oracle(p, sp.max_tokens)
+                                                                   for p, sp in zip(prompts, params)]
+                except Interrupted:
+                    fired_kinds.add(kind)
+                    if kind == "abort" and ids and rid in engine.requests:
+                        # an interrupted abort is repeated (its contract: idempotent), as generate's cleanup does
+                        engine.abort_request(rid)
+                        expected.pop(rid)
+            assert set(engine.requests) <= set(expected)  # no request of an interrupted generate is left
+            # Requests that vanished (aborted by a failed step, or finished in a step cut short) are dropped.
+            for rid in [r for r in expected if r not in engine.requests]:
+                expected.pop(rid)
+            assert engine.has_unfinished_requests() == bool(engine.requests)
+            assert caches._queued_resets is None
+            if not prefix:  # check_invariants counts blocks as held once: no sharing
+                check_invariants(engine)
+        # Finish what is left, checking each output, then everything must be free.
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    check_finished(out)
+        assert not expected
+        assert_clean(engine)
+        if prefix:  # every snapshot row is free or indexed (none lost to an interrupt), and no restore is pending
+            assert snapshot_rows_accounted(llm) and caches.prefix_cache._queued_restores is None
+
+    run()
+    assert fired_kinds >= {"add", "step", "generate"}, fired_kinds  # the interrupts did land in the calls
+
+
+@contextmanager
+def _nothing():
+    yield []
