@@ -6,8 +6,8 @@
   request, block or slot behind, and later calls give their solo greedy tokens; ``add_request`` is all or nothing,
   ``abort_request`` can be repeated after an interrupt, ``batched_admissions`` never leaves its queue of slot resets
   behind, and a failed ``step()`` aborts the requests it may have touched and keeps serving the others;
-* the tensor-parallel executor stops its workers on any BaseException of a step (a fake worker handle, not the real
-  spawn + gloo ranks);
+* the tensor-parallel executor stops its workers on any BaseException of a step (a fake worker handle, and real
+  ranks: spawn + gloo);
 * ``Runtime.build_step`` refuses a sequence twice, a sequence of another Runtime, counts that do not match the
   sequences, and new token ids outside the vocabulary, before any kernel sees them; ``add_request`` re-checks
   SamplingParams mutated after construction;
@@ -372,6 +372,34 @@ def test_an_interrupt_between_send_step_and_the_local_forward_aborts_the_workers
     with pytest.raises(KeyboardInterrupt):
         executor.execute(object())
     assert executor.workers.calls == ["send_step", "raise_worker_error", "abort"]
+
+
+def test_a_tp2_step_interrupted_after_its_broadcast_stops_the_workers(model_path, monkeypatch):
+    """Real ranks (spawn + gloo, ~10 s): rank 0 is interrupted after send_step, before its own forward. The worker
+    waits in the step's collectives; it is killed, the interrupt reaches the caller, generate leaves nothing queued,
+    and the next call fails at once instead of hanging."""
+    from compiled_engine import LLM
+
+    llm = LLM(str(model_path), device="cpu", dtype="float32", enforce_eager=True, max_model_len=64,
+              tensor_parallel_size=2)
+    workers = llm.runtime.workers
+    try:
+        def interrupted(*args):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(llm.runtime.executor, "_execute_local", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate([prompt(5)], greedy(2), use_tqdm=False)
+        assert workers.closed and not any(p.is_alive() for p in workers.processes)
+        assert_clean(llm.engine)
+        monkeypatch.undo()
+        with pytest.raises(RuntimeError, match="workers are stopped"):
+            llm.generate([prompt(5)], greedy(2), use_tqdm=False)
+        assert_clean(llm.engine)
+    finally:
+        if not workers.closed:  # before the fix: kill the worker stuck in the step's collective
+            workers.abort()
+        llm.close()
 
 
 # --------------------------------------------------------------------------------------------------------------
