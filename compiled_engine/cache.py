@@ -116,8 +116,11 @@ class BlockAllocator:
         if self.free:
             block = self.free.pop()
         elif self.evictable:
-            block, _ = self.evictable.popitem(last=False)
+            # Unindexed first, taken second: an interrupt in _forget (on_evict runs Python code) leaves the block
+            # evictable, where the next allocation finds it again, not lost.
+            block = next(iter(self.evictable))
             self._forget(block)
+            del self.evictable[block]
         else:
             raise RuntimeError("out of KV blocks")
         self.refcount[block] = 1
@@ -148,7 +151,9 @@ class BlockAllocator:
         return self.block_of_hash.get(content_hash)
 
     def _forget(self, block: int) -> None:
-        content_hash = self.hash_of_block.pop(block)
+        content_hash = self.hash_of_block.pop(block, None)
+        if content_hash is None:  # forgotten already, by a call an interrupt cut short before the block was taken
+            return
         del self.block_of_hash[content_hash]
         if self.on_evict is not None:
             self.on_evict(block, content_hash)

@@ -105,9 +105,12 @@ class CacheManager:
         if self._queued_resets is not None:  # nested: the outermost block does the work
             yield
             return
-        restores = self.prefix_cache.batched_restores() if self.prefix_cache is not None else contextlib.nullcontext()
-        self._queued_resets = []
+        # Everything from the first change on is inside the try: an interrupt anywhere (even while the restores'
+        # context is being built) still clears the queue, so later admissions zero their slots again.
         try:
+            self._queued_resets = []
+            restores = (self.prefix_cache.batched_restores() if self.prefix_cache is not None
+                        else contextlib.nullcontext())
             with restores:
                 yield
         finally:
@@ -116,7 +119,8 @@ class CacheManager:
                 self._reset_slots(queued)
 
     def release(self, seq: Sequence) -> None:
-        """Free the sequence's KV blocks and state slot; it can be re-run from scratch (preemption)."""
+        """Free the sequence's KV blocks and state slot; it can be re-run from scratch (preemption). Idempotent: each
+        resource is released, then forgotten, so a call interrupted between two of them can be repeated."""
         self.blocks.release(seq.block_table)
         seq.block_table = []
         seq.num_indexed_blocks = 0

@@ -16,6 +16,7 @@ With ``overlap_decode=True`` a step's tokens are read back only after the next s
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from compiled_engine.runtime import Runtime
 from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
-from compiled_engine.sequence import Sequence
+from compiled_engine.sequence import Sequence, SequenceStatus
 from compiled_engine.step import upload
 
 
@@ -147,10 +148,16 @@ class LLMEngine:
     def validate_request(
         self, prompt_token_ids: list[int], params: SamplingParams | None
     ) -> tuple[list[int], SamplingParams]:
-        """The checked prompt and params of a request; raises ValueError naming the bad field. Queues nothing."""
+        """The checked prompt and params of a request; raises ValueError naming the bad field. Queues nothing.
+
+        The params returned are a checked copy: SamplingParams checks its fields in __post_init__ only, so fields set
+        after construction (top_p=0, max_tokens=0, temperature=-1) are re-checked here by ``dataclasses.replace``,
+        which builds a new instance and so runs __post_init__ again (sampling_params.py has no ``validate()``); the
+        copy also keeps a queued request's params from changing under it when the caller mutates theirs."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params = dataclasses.replace(params)
         token_ids = self.runtime.validate_prompt(prompt_token_ids)
         vocab = self.runtime.model_config.vocab_size
         bad_stop = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
@@ -173,9 +180,21 @@ class LLMEngine:
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(62)
         request = Request(request_id, seq, params, seed, stop_ids, list(token_ids))
-        self.requests[request_id] = request
-        self._request_of_seq[seq.seq_id] = request
-        self.scheduler.add(seq)
+        # Registered in the engine and queued in the scheduler in one step: the statements below call no Python
+        # function (dict stores, a deque append), so an interrupt (a signal's KeyboardInterrupt runs between
+        # bytecodes, a tracer's at a call) cannot leave the request in one and not the other; should one land
+        # anyway, the request is taken out of all three again.
+        try:
+            seq.status = SequenceStatus.WAITING
+            self.requests[request_id] = request
+            self._request_of_seq[seq.seq_id] = request
+            self.scheduler.waiting.append(seq)
+        except BaseException:
+            self.requests.pop(request_id, None)
+            self._request_of_seq.pop(seq.seq_id, None)
+            if seq in self.scheduler.waiting:
+                self.scheduler.waiting.remove(seq)
+            raise
         return request_id
 
     def abort_request(self, request_id: str) -> RequestOutput:
@@ -183,11 +202,11 @@ class LLMEngine:
         request = self.requests.get(request_id)
         if request is None:
             raise ValueError(f"unknown request id {request_id!r}")
-        if self._in_flight is not None and request in self._in_flight.requests:  # drop its placeholder token
-            del request.seq.token_ids[self._in_flight.indices[self._in_flight.requests.index(request)] :]
-            request.seq.num_placeholder_tokens = 0
         self._finish(request, "abort")
-        del self.requests[request_id]
+        seq = request.seq
+        if seq.num_placeholder_tokens:  # drop its placeholder token(s), never read back now (_complete skips it)
+            del seq.token_ids[len(seq.token_ids) - seq.num_placeholder_tokens :]
+            seq.num_placeholder_tokens = 0
         return self._output(request, [])
 
     def has_unfinished_requests(self) -> bool:
@@ -200,9 +219,30 @@ class LLMEngine:
 
         With ``overlap_decode``, a step's tokens are read back during the next step (see ``_step_overlapped``): its
         outputs come one ``step()`` later.
+
+        A step that raises (an error, a KeyboardInterrupt) aborts every request it may have touched: those admitted
+        (holding a slot or blocks, running, or half-way through admission or preemption), whose caches, tokens or
+        placeholders may be half-updated. Requests still waiting untouched stay queued; the engine keeps serving.
+        (vLLM's engine core fails every request on a failed step; this keeps the untouched ones.)
         """
-        if self.overlap_decode:
-            return self._step_overlapped()
+        try:
+            return self._step_overlapped() if self.overlap_decode else self._step_sync()
+        except BaseException:
+            self._abort_touched()
+            raise
+
+    def _abort_touched(self) -> None:
+        """After a failed step: abort every request but those waiting with nothing held (see ``step``)."""
+        self._in_flight = None  # its requests are all admitted ones: aborted below, their placeholders dropped
+        waiting = {id(s) for s in self.scheduler.waiting}
+        for request in list(self.requests.values()):
+            seq = request.seq
+            untouched = (id(seq) in waiting and seq.state_slot is None and not seq.block_table
+                         and not seq.num_placeholder_tokens and request.finish_reason is None)
+            if not untouched:
+                self.abort_request(request.request_id)
+
+    def _step_sync(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -276,7 +316,6 @@ class LLMEngine:
             reason = self._stop_reason(request, token, generated=index + 1 - seq.num_prompt_tokens)
             if reason is not None:
                 self._finish(request, reason)
-                del self.requests[request.request_id]
             elif request.params.output_kind is RequestOutputKind.FINAL_ONLY:
                 continue  # an output copies the generated tokens: O(batch x length) a step, for nobody
             outputs.append(self._output(request, [token], upto=index + 1))
@@ -445,10 +484,16 @@ class LLMEngine:
         )
 
     def _finish(self, request: Request, reason: str) -> None:
-        del self._request_of_seq[request.seq.seq_id]
-        request.finish_reason = reason
-        request.finished_time = time.perf_counter()
+        """Free what the request holds, mark it finished, and forget it, in that order. Idempotent: a call cut short
+        (an interrupt inside Scheduler.finish) leaves the request unfinished and in ``requests``, so that
+        abort_request can repeat it; once the resources are freed, nothing below calls Python code but the clock.
+        The first reason stays."""
         self.scheduler.finish(request.seq)
+        if request.finish_reason is None:
+            request.finished_time = time.perf_counter()
+            request.finish_reason = reason
+        self._request_of_seq.pop(request.seq.seq_id, None)
+        self.requests.pop(request.request_id, None)
 
     @staticmethod
     def _suppressing(request: Request) -> bool:

@@ -90,9 +90,10 @@ class ModelExecutor:
         try:
             self.workers.send_step(step, all_logits)
             return self._execute_local(step, all_logits, sampling)
-        except Exception as error:
+        except BaseException as error:
             # The ranks are out of lockstep now (some may wait in a collective forever): stop them, then report the
-            # worker's own error if one sent it, else ours.
+            # worker's own error if one sent it, else ours. BaseException: a KeyboardInterrupt between send_step and
+            # the local forward leaves the workers in the step's collectives just the same.
             try:
                 self.workers.raise_worker_error(error)
             finally:

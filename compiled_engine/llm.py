@@ -110,7 +110,22 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """One finished RequestOutput per prompt, in prompt order."""
+        """One finished RequestOutput per prompt, in prompt order.
+
+        Ownership: generate drives the engine alone. It raises RuntimeError, queuing nothing, when the engine holds
+        requests it did not add (``llm.engine.add_request`` by the caller): its loop would step them too and consume
+        their outputs, which would never reach the engine's caller. Finish or abort those first (or drive
+        ``llm.engine`` yourself). vLLM's LLM class has the same rule in effect: its ``_run_engine`` steps every
+        request and returns only its own.
+
+        An interrupted call (KeyboardInterrupt, a failed step) leaves nothing queued: as the engine held only this
+        call's requests, every request still in it is aborted, and the next call starts from a clean engine.
+        """
+        pending = list(self.engine.requests)
+        if pending:
+            shown = ", ".join(repr(r) for r in pending[:8]) + (", ..." if len(pending) > 8 else "")
+            raise RuntimeError(f"LLM.generate needs an idle engine, but it has {len(pending)} request(s) added "
+                               f"through llm.engine.add_request: {shown}; finish or abort them first")
         prompts = self._normalise_prompts(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
@@ -119,28 +134,32 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
         token_lists = [self._encode(p) for p in prompts]
-        for tokens, p in zip(token_lists, params):  # validate everything before queueing anything
-            self.engine.validate_request(tokens, p)
+        checked = [self.engine.validate_request(tokens, p) for tokens, p in zip(token_lists, params)]
         # Only finished outputs are collected here, so the engine need not build per-step outputs for these requests.
-        params = [dataclasses.replace(p or SamplingParams(), output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
-        ids = [self.engine.add_request(None, tokens, p) for tokens, p in zip(token_lists, params)]
+        params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for _, p in checked]
+        ids: list[str] = []
         results: dict[str, RequestOutput] = {}
-        wanted = set(ids)
         try:
+            for (tokens, _), p in zip(checked, params):
+                ids.append(self.engine.add_request(None, tokens, p))
             with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm) as bar:
                 while len(results) < len(ids):
                     for out in self.engine.step():
-                        if out.finished and out.request_id in wanted:
+                        if out.finished:  # every request in the engine is this call's
                             results[out.request_id] = out
                             bar.update(1)
         except BaseException:
-            # An interrupted call (Ctrl-C, a failed step) leaves none of its requests queued: the next call would
-            # otherwise compute them too, and wait for them.
-            for request_id in ids:
-                if request_id in self.engine.requests:
-                    self.engine.abort_request(request_id)
+            # Every request in the engine is this call's (checked above), including one whose add_request was cut
+            # short after it registered: abort them all, or the next call would refuse to run.
+            self._abort_all()
             raise
         return [results[i] for i in ids]
+
+    def _abort_all(self) -> None:
+        """Abort every request in the engine (abort_request is idempotent; a request may finish meanwhile)."""
+        for request_id in list(self.engine.requests):
+            if request_id in self.engine.requests:
+                self.engine.abort_request(request_id)
 
     def _normalise_prompts(self, prompts) -> list[Prompt]:
         if isinstance(prompts, str) or (

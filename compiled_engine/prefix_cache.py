@@ -178,9 +178,11 @@ class PrefixCache:
 
     def apply(self, seq: Sequence, hit: PrefixHit) -> None:
         """Share the hit's blocks and restore its snapshot into the sequence's (already assigned) slot."""
+        # One block at a time, each acquired and then held: an interrupt between two acquires leaves the sequence
+        # holding exactly the blocks it acquired, which its release gives back (no reference leaks).
         for block in hit.blocks:
             self.blocks.acquire(block)
-        seq.block_table = list(hit.blocks)
+            seq.block_table.append(block)
         seq.num_indexed_blocks = len(hit.blocks)  # they are the index's own blocks
         if self.mirror is not None:
             self.mirror(RESTORE, hit.snapshot_row, seq.state_slot)
@@ -219,10 +221,13 @@ class PrefixCache:
         if not self.free_rows:
             _, row = self.row_of_hash.popitem(last=False)
             self.free_rows.append(row)
-        row = self.free_rows.pop()
+        # The row stays free until its state is saved: an interrupt in the copies loses neither the row nor indexes a
+        # half-written snapshot.
+        row = self.free_rows[-1]
         if self.mirror is not None:
             self.mirror(SAVE, row, slot)
         self.save_state(slot, row)
+        self.free_rows.pop()
         self.row_of_hash[key] = row
 
     # ------------------------------------------------------------------------------ the state copies themselves

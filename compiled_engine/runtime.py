@@ -99,6 +99,7 @@ class Runtime:
                                       workers)
         self.caches = CacheManager(self.cache_config, self.executor.reset_state_slots, prefix_cache)
         self._next_seq_id = 0
+        self._owner = object()  # stamped on the sequences this runtime makes (Sequence.owner), checked per step
         if compile:
             self.compile_decode()
 
@@ -215,7 +216,7 @@ class Runtime:
     def new_sequence(self, token_ids: list[int]) -> Sequence:
         """A sequence with a fresh id for prompt tokens already checked by ``validate_prompt``, holding nothing yet
         (LLMEngine's scheduler admits it later)."""
-        seq = Sequence(self._next_seq_id, token_ids, len(token_ids))
+        seq = Sequence(self._next_seq_id, token_ids, len(token_ids), owner=self._owner)
         self._next_seq_id += 1
         return seq
 
@@ -315,20 +316,45 @@ class Runtime:
         (the runtime's by default); the sequences' computed-token counts move on by ``counts``.
 
         A decode step computes exactly one token of each sequence; a prefill step 1..all of its uncomputed ones.
+        Raises ValueError, before anything changes, for: counts not one per sequence, a sequence twice, a sequence of
+        another Runtime, a new token id outside the vocabulary, too many or too few tokens, a released sequence.
         """
         if not seqs:
             raise ValueError("a step needs at least one sequence")
+        if len(counts) != len(seqs):
+            raise ValueError(f"{len(counts)} token counts for {len(seqs)} sequences")
+        if len({id(s) for s in seqs}) != len(seqs):
+            # the same sequence twice would reserve its blocks twice and compute its tokens twice, out of order
+            raise ValueError("a sequence appears more than once in the step")
         limit = self.max_model_len
-        for seq, n in zip(seqs, counts):  # runs every step for up to max_num_seqs sequences: one pass, no calls
-            uncomputed = len(seq.token_ids) - seq.num_computed_tokens
+        vocab = self.model_config.vocab_size
+        owner = self._owner
+        # Runs every step for up to max_num_seqs sequences: one pass, O(1) per sequence plus its new tokens.
+        for seq, n in zip(seqs, counts):
+            if seq.owner is not owner:
+                raise ValueError(f"sequence {seq.seq_id} was made by another Runtime (its blocks and slot are not "
+                                 "this one's)")
+            start = seq.num_computed_tokens
+            uncomputed = len(seq.token_ids) - start
             if is_prefill and not 1 <= n <= uncomputed:
                 raise ValueError(f"sequence {seq.seq_id}: cannot compute {n} of {uncomputed} tokens")
             if not is_prefill and uncomputed != 1:
                 raise ValueError(f"sequence {seq.seq_id} has {uncomputed} uncomputed tokens; a decode step needs 1")
             if seq.state_slot is None:
                 raise ValueError(f"sequence {seq.seq_id} has no state slot (released?)")
-            if seq.num_computed_tokens + n > limit:
+            if start + n > limit:
                 raise ValueError(f"sequence {seq.seq_id} would exceed max_model_len={limit}")
+            # The step's new tokens index the embedding: an id outside the vocabulary would read out of bounds in a
+            # kernel (an embedder may append anything). Prompts were checked by validate_prompt already.
+            if n == 1:
+                token = seq.token_ids[start]
+                if not 0 <= token < vocab:
+                    raise ValueError(f"sequence {seq.seq_id}: token id {token!r} is out of range [0, {vocab})")
+            else:
+                new = seq.token_ids[start : start + n]
+                if min(new) < 0 or max(new) >= vocab:
+                    bad = next(t for t in new if not 0 <= t < vocab)
+                    raise ValueError(f"sequence {seq.seq_id}: token id {bad!r} is out of range [0, {vocab})")
         self.caches.reserve_blocks(seqs, counts)
         step = pack_step(seqs, counts, is_prefill, self.config.block_size, device or self.device)
         for seq, n in zip(seqs, counts):

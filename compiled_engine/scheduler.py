@@ -110,12 +110,14 @@ class Scheduler:
         return batch
 
     def finish(self, seq: Sequence) -> None:
-        """Remove a finished or aborted sequence and free everything it holds."""
+        """Remove a finished or aborted sequence and free everything it holds. Idempotent, and safe to repeat after an
+        interrupt: the resources are freed first (while the sequence is still queued, so an interrupted call leaves
+        it where the next one finds it), then it leaves its queue (no Python call there, nothing to interrupt)."""
+        self.caches.release(seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.caches.release(seq)
         seq.status = SequenceStatus.FINISHED
 
     # -------------------------------------------------------------------------------------------------- policy
@@ -257,8 +259,8 @@ class Scheduler:
         return self._schedule_prefill()
 
     def _preempt(self, seq: Sequence) -> None:
+        self.caches.release(seq)  # first, as in finish(): an interrupt here leaves the sequence running, holding all
         self.running.remove(seq)
-        self.caches.release(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1

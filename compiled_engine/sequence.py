@@ -30,6 +30,9 @@ class Sequence:
     # scheduler's growth reserve; None: unknown (Runtime users), nothing reserved.
     length_limit: int | None = None
     status: SequenceStatus = SequenceStatus.WAITING
+    # The Runtime that made the sequence (Runtime.new_sequence stamps its token): its blocks and slot are rows of that
+    # runtime's caches only, so Runtime.build_step refuses a sequence of another one.
+    owner: object = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
