@@ -150,10 +150,10 @@ class LLMEngine:
     ) -> tuple[list[int], SamplingParams]:
         """The checked prompt and params of a request; raises ValueError naming the bad field. Queues nothing.
 
-        The params returned are a checked copy: SamplingParams checks its fields in __post_init__ only, so fields set
-        after construction (top_p=0, max_tokens=0, temperature=-1) are re-checked here by ``dataclasses.replace``,
-        which builds a new instance and so runs __post_init__ again (sampling_params.py has no ``validate()``); the
-        copy also keeps a queued request's params from changing under it when the caller mutates theirs."""
+        The params returned are a checked copy: ``dataclasses.replace`` builds a new instance, whose __post_init__
+        runs ``SamplingParams.validate`` again, so fields set after construction (top_p=0, max_tokens=0,
+        temperature=-1) are checked too; the copy also keeps a queued request's params from changing under it when
+        the caller mutates theirs."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
