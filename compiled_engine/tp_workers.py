@@ -99,7 +99,7 @@ class TensorParallelWorkers:
         # An owner that never calls close() must not hang the interpreter's exit: the workers would sit in their
         # next broadcast, and rank 0's process group in its teardown (seen in the TP=2 bench). atexit runs
         # this before multiprocessing's own exit handler, which was registered earlier.
-        atexit.register(self.shutdown)
+        atexit.register(self.shutdown_at_exit)
         try:
             for process in self.processes:
                 process.start()
@@ -184,7 +184,7 @@ class TensorParallelWorkers:
     def abort(self) -> None:
         """Kill the workers without a goodbye: after a failed step they may sit in a collective rank 0 left."""
         self.closed = True
-        atexit.unregister(self.shutdown)
+        atexit.unregister(self.shutdown_at_exit)
         for process in self.processes:
             if process.is_alive():
                 process.kill()
@@ -192,19 +192,27 @@ class TensorParallelWorkers:
                 process.join()
         leave_process_group(self.device)
 
+    def shutdown_at_exit(self) -> None:
+        """``shutdown`` at interpreter exit: after an uncaught exception (sys.last_value: a KeyboardInterrupt in a
+        step, say) the workers may sit in a collective, so they are killed."""
+        if getattr(sys, "last_value", None) is not None:
+            self.abort()
+        else:
+            self.shutdown()
+
     def shutdown(self) -> None:
         """Stop the workers and leave the process group; safe to call twice and after errors.
 
-        While an exception propagates (``with`` exits, ``except`` blocks, atexit after an uncaught one) the ranks
-        may be out of lockstep, so the workers are killed instead of told to stop (module docstring).
+        While an exception propagates (``with`` exits, ``except`` blocks) the ranks may be out of lockstep, so the
+        workers are killed instead of told to stop (module docstring).
         """
         if self.closed:
             return
-        if sys.exc_info()[1] is not None or getattr(sys, "last_value", None) is not None:
+        if sys.exc_info()[1] is not None:
             self.abort()
             return
         self.closed = True
-        atexit.unregister(self.shutdown)
+        atexit.unregister(self.shutdown_at_exit)
         if dist.is_initialized():
             alive = all(p.is_alive() for p in self.processes)
             try:

@@ -106,16 +106,19 @@ def test_ctrl_c_during_start_up_ends_the_process(tiny_path):
     assert seconds < 30
 
 
-def test_ctrl_c_during_steps_ends_the_process(tiny_path):
+@pytest.mark.parametrize("closed_by", ["with", "atexit"])
+def test_ctrl_c_during_steps_ends_the_process(tiny_path, closed_by):
     """Ctrl-C while the ranks are inside a step leaves the workers in a collective that rank 0 never finishes:
-    a stop broadcast would not meet them, so shutdown (from the ``with`` exit) kills them instead."""
-    script = (
-        "from compiled_engine import LLM, SamplingParams\n"
-        f"with LLM({tiny_path!r}, {KNOBS}) as llm:\n"
+    a stop broadcast would not meet them, so shutdown kills them instead, from the ``with`` exit or, for an LLM
+    never closed, at interpreter exit (after the uncaught KeyboardInterrupt)."""
+    loop = (
         "    print('generating', flush=True)\n"
         "    while True:\n"
         "        llm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=32, ignore_eos=True), use_tqdm=False)\n"
     )
+    construct = f"LLM({tiny_path!r}, {KNOBS})"
+    opening = f"with {construct} as llm:\n" if closed_by == "with" else f"llm = {construct}\nif True:\n"
+    script = "from compiled_engine import LLM, SamplingParams\n" + opening + loop
     code, stderr, seconds = interrupt_after("generating", script, fault=None, delay_s=1.5)
     assert code != 0 and "KeyboardInterrupt" in stderr, stderr[-2000:]
     assert seconds < 30
