@@ -166,7 +166,8 @@ class Runtime:
             workers.shutdown()
             raise
         runtime.load_report = report
-        weakref.finalize(runtime, workers.shutdown)
+        # A dropped runtime stops its workers when collected; at exit, workers.shutdown_at_exit (atexit) does it.
+        weakref.finalize(runtime, workers.shutdown).atexit = False
         return runtime
 
     def compile_decode(self, buckets: Iterable[int] | None = None, **runner_kwargs) -> DecodeGraphRunner:

@@ -6,10 +6,20 @@ of the model. Ranks 1..N-1 are processes this module spawns; each loads only its
 over the process group itself (NCCL on GPUs, gloo on CPU): a small int64 header, then the step's tensors. All ranks then
 run the same model code, whose all-reduces / all-gathers meet inside the forward.
 
-Failure handling: each worker reports "loaded"/"ready" or its traceback through a multiprocessing queue. The driver
-waits for those reports (checking that the processes are alive) before it enters any collective, so a worker
-that fails to start surfaces as a RuntimeError in the caller instead of a hang. A worker that fails later
-reports its traceback and exits; the driver's next collective then fails and the driver raises that traceback.
+Failure handling: each worker reports "started"/"loaded"/"ready" or its traceback through a multiprocessing queue.
+The driver waits for those reports in Python (polling the queue and that the processes are alive) before it enters
+any collective, so a worker that fails to start, or dies before it even runs (a spawned process re-imports the
+caller's main module: a script read from standard input, or one without ``if __name__ == "__main__":``, breaks
+that), surfaces as a WorkerError in the caller instead of a hang, and Ctrl-C interrupts the wait. A worker that
+fails later reports its traceback and exits; the driver's next collective then fails and the driver raises that
+traceback. Left open: a worker that dies inside ``init_process_group`` itself (after "started") still leaves rank 0
+in the C++ rendezvous until COLLECTIVE_TIMEOUT.
+
+Teardown: ``shutdown`` tells the workers to stop with a broadcast only when the ranks are known to be in lockstep,
+i.e. no exception is propagating (a KeyboardInterrupt in the middle of a step leaves the workers inside a
+collective, where a stop broadcast would not meet them: they would wait for COLLECTIVE_TIMEOUT). Otherwise it
+kills them (``abort``). Either way it leaves the default process group, so a later TP runtime can create its own.
+It runs from ``close()``, when the Runtime is garbage-collected (weakref.finalize) and at interpreter exit (atexit).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import atexit
 import gc
 import os
 import queue
+import sys
 import time
 import traceback
 from datetime import timedelta
@@ -37,9 +48,16 @@ from ops.step import StepInputs
 CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE, CMD_SNAPSHOT_SAVE, CMD_SNAPSHOT_RESTORE = 0, 1, 2, 3, 4, 5
 HEADER_SIZE = 8
 STARTUP_TIMEOUT_S = 600  # loading a large shard can take minutes
+JOIN_TIMEOUT_S = 60  # a spawned worker reports "started" after importing torch and this package: seconds
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
-STAGES = ("loaded", "ready")  # what a worker reports through the queue on its way up, in this order
-FAULT_ENV = "COMPILED_ENGINE_TP_TEST_FAULT"  # test only: "<rank>:<stage>" makes that worker raise at that stage
+STAGES = ("started", "loaded", "ready")  # what a worker reports through the queue on its way up, in this order
+# Test only: "<rank>:<stage>" makes that worker raise at that stage ("load", "step"); "<rank>:exit" makes it exit
+# with code 3 before it reports anything and "<rank>:hang" makes it sleep there (a worker that never joins).
+FAULT_ENV = "COMPILED_ENGINE_TP_TEST_FAULT"
+RUN_FROM_A_FILE = (
+    "Spawned tensor-parallel workers re-import the main module: run the script from a file (not standard input) "
+    "and create the LLM under `if __name__ == \"__main__\":`."
+)
 
 
 def backend_for(device: torch.device) -> str:
@@ -58,6 +76,7 @@ class TensorParallelWorkers:
     """Rank 0's handle on ranks 1..N-1."""
 
     def __init__(self, world_size: int, device: torch.device, worker_args: dict):
+        check_main_module_importable()
         # NVLink multicast stays off (it can take a shared host's GPUs out of service); children inherit this.
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -76,14 +95,17 @@ class TensorParallelWorkers:
             )
             for rank in range(1, world_size)
         ]
-        for process in self.processes:
-            process.start()
         self.closed = False
         # An owner that never calls close() must not hang the interpreter's exit: the workers would sit in their
         # next broadcast, and rank 0's process group in its teardown (seen in the TP=2 bench). atexit runs
         # this before multiprocessing's own exit handler, which was registered earlier.
-        atexit.register(self.shutdown)
+        atexit.register(self.shutdown_at_exit)
         try:
+            for process in self.processes:
+                process.start()
+            # Wait in Python, where a dead worker is seen and Ctrl-C is delivered, until every worker runs; only
+            # then enter the rendezvous, which blocks in C++ until all ranks join (or COLLECTIVE_TIMEOUT).
+            self.wait_for("started", JOIN_TIMEOUT_S)
             dist.init_process_group(
                 backend_for(device),
                 init_method=f"tcp://127.0.0.1:{port}",
@@ -91,19 +113,19 @@ class TensorParallelWorkers:
                 world_size=world_size,
                 timeout=COLLECTIVE_TIMEOUT,
             )
-        except Exception:
-            self.shutdown()
+        except BaseException:  # KeyboardInterrupt included: no worker and no process group may outlive this
+            self.abort()
             raise
         self.tp = TensorParallel(rank=0, world_size=world_size)
 
     # ---------------------------------------------------------------------------------------------- handshakes
-    def wait_for(self, stage: str) -> None:
+    def wait_for(self, stage: str, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         """Block until every worker has reported ``stage``; raise the first worker error (or a dead worker) instead.
 
         Workers report asynchronously, so a fast one may already have reported a later stage: each rank's stages
         are remembered, and only a message that is not a stage name (a traceback) is an error.
         """
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while True:
             pending = {rank for rank in range(1, self.world_size) if stage not in self.stages_seen[rank]}
             if not pending:
@@ -113,7 +135,10 @@ class TensorParallelWorkers:
             except queue.Empty:
                 dead = [p for p in self.processes if not p.is_alive()]
                 if dead:
-                    raise WorkerError(f"tensor-parallel worker {dead[0].name} exited with code {dead[0].exitcode}")
+                    message = f"tensor-parallel worker {dead[0].name} exited with code {dead[0].exitcode}"
+                    if stage == "started":  # it died before running any of our code: its error is on its stderr
+                        message += f" before it started (its error is printed above). {RUN_FROM_A_FILE}"
+                    raise WorkerError(message)
                 if time.monotonic() > deadline:
                     raise WorkerError(f"tensor-parallel workers {sorted(pending)} did not reach {stage!r} in time")
                 continue
@@ -159,19 +184,35 @@ class TensorParallelWorkers:
     def abort(self) -> None:
         """Kill the workers without a goodbye: after a failed step they may sit in a collective rank 0 left."""
         self.closed = True
-        atexit.unregister(self.shutdown)
+        atexit.unregister(self.shutdown_at_exit)
         for process in self.processes:
             if process.is_alive():
                 process.kill()
-            process.join()
+            if process.pid is not None:  # started (an interrupted start may not have started them all)
+                process.join()
         leave_process_group(self.device)
 
+    def shutdown_at_exit(self) -> None:
+        """``shutdown`` at interpreter exit: after an uncaught exception (sys.last_value: a KeyboardInterrupt in a
+        step, say) the workers may sit in a collective, so they are killed."""
+        if getattr(sys, "last_value", None) is not None:
+            self.abort()
+        else:
+            self.shutdown()
+
     def shutdown(self) -> None:
-        """Stop the workers and leave the process group; safe to call twice and after errors."""
+        """Stop the workers and leave the process group; safe to call twice and after errors.
+
+        While an exception propagates (``with`` exits, ``except`` blocks) the ranks may be out of lockstep, so the
+        workers are killed instead of told to stop (module docstring).
+        """
         if self.closed:
             return
+        if sys.exc_info()[1] is not None:
+            self.abort()
+            return
         self.closed = True
-        atexit.unregister(self.shutdown)
+        atexit.unregister(self.shutdown_at_exit)
         if dist.is_initialized():
             alive = all(p.is_alive() for p in self.processes)
             try:
@@ -185,6 +226,19 @@ class TensorParallelWorkers:
             if process.is_alive():
                 process.kill()
                 process.join()
+
+
+def check_main_module_importable() -> None:
+    """Raise before spawning when a spawned worker could not re-import the main module (multiprocessing's spawn
+    runs the main module's file again: a script read from standard input has none, and the worker would die before
+    it joins)."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return  # python -m: re-imported by name
+    path = getattr(main, "__file__", None)
+    if path is not None and not os.path.exists(path):
+        raise RuntimeError(f"cannot start tensor-parallel workers: the main module's file {path!r} does not exist. "
+                           f"{RUN_FROM_A_FILE}")
 
 
 def leave_process_group(device: torch.device) -> None:
@@ -240,7 +294,12 @@ def receive_step(header: list[int], device: torch.device) -> tuple[StepInputs, b
 
 
 def _maybe_fail(rank: int, stage: str) -> None:
-    if os.environ.get(FAULT_ENV) == f"{rank}:{stage}":
+    fault = os.environ.get(FAULT_ENV)
+    if fault == f"{rank}:exit":
+        os._exit(3)
+    if fault == f"{rank}:hang":
+        time.sleep(3600)
+    if fault == f"{rank}:{stage}":
         raise RuntimeError(f"injected fault in worker {rank} at {stage!r} ({FAULT_ENV})")
 
 
@@ -250,6 +309,8 @@ def worker_main(rank: int, world_size: int, port: int, device_type: str, args: d
     if device.type == "cuda":
         torch.cuda.set_device(device)
     try:
+        _maybe_fail(rank, "start")
+        reports.put((rank, "started"))
         dist.init_process_group(
             backend_for(device),
             init_method=f"tcp://127.0.0.1:{port}",
