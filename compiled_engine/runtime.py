@@ -34,6 +34,7 @@ from compiled_engine.executor import ModelExecutor
 from compiled_engine.loader import load_model
 from compiled_engine.memory_plan import allocate_caches
 from compiled_engine.model import HybridModel
+from compiled_engine.sampling_params import as_token_id
 from compiled_engine.sequence import Sequence
 from compiled_engine.step import pack_step
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
@@ -198,8 +199,6 @@ class Runtime:
         """The prompt as a list of Python ints; raises ValueError when it is empty, longer than max_model_len, or
         holds something that is not an integer id in ``[0, vocab_size)`` (numpy and 0-d torch ints are ids, bools
         are not)."""
-        from compiled_engine.sampling_params import as_token_id  # here: this method is the only user in the module
-
         token_ids = list(token_ids)
         if not token_ids:
             raise ValueError("prompt is empty: at least one token is needed")
