@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+from hypothesis import strategies as st
 
 from compiled_engine.runtime import Runtime
 from ops.library import NULL_BLOCK, NULL_SLOT
+from ops.sample import sample_reference
+from ops.step import SamplingInputs
 
 # Inductor fuses and vectorises the reductions (norms, softmax) differently from eager, so fp32 results differ by
 # rounding. On these tiny models logits reach ~25 and rounding differences reach ~2e-4 (HF's own fp32 logits are
@@ -94,3 +99,23 @@ def eager_decode_step(rt: Runtime, seqs) -> torch.Tensor:
 def graph_stats() -> tuple[int, int]:
     counters = torch._dynamo.utils.counters
     return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def draw_sampling_inputs(data, rows: int, vocab: int) -> SamplingInputs:
+    """Per-row ce::sample parameters for ``rows`` rows, drawn with hypothesis's ``data``: greedy rows among sampled
+    ones, top-k off, inside and past the vocabulary, top-p and min-p on and off, any seed and counter."""
+    drawn = [data.draw(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.7]), st.integers(0, vocab + 2),
+                                 st.sampled_from([1.0, 0.9, 0.3]), st.sampled_from([0.0, 0.05]),
+                                 st.integers(0, 2**62), st.integers(0, 1000)), label="row params")
+             for _ in range(rows)]
+    temperature, top_k, top_p, min_p, seeds, counters = zip(*drawn)
+    return SamplingInputs(
+        temperature=torch.tensor(temperature, dtype=torch.float32), top_k=torch.tensor(top_k),
+        top_p=torch.tensor(top_p, dtype=torch.float32), min_p=torch.tensor(min_p, dtype=torch.float32),
+        seeds=torch.tensor(seeds), counters=torch.tensor(counters),
+    )
+
+
+def reference_draw(logits: torch.Tensor, sampling: SamplingInputs) -> torch.Tensor:
+    """ce::sample's CPU reference draw (ops/sample.py) from ``logits`` with ``sampling``'s parameters."""
+    return sample_reference(logits.cpu(), *(getattr(sampling, f.name) for f in dataclasses.fields(sampling)))

@@ -35,9 +35,10 @@ from graphs import (
     expected_compiles,
 )
 from ops.library import NULL_BLOCK, NULL_SLOT
-from ops.sample import sample_reference
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from tests.compile_helpers import (
+    draw_sampling_inputs,
+    reference_draw,
     STATE_ATOL,
     STREAM_LOGIT_ATOL,
     assert_isolated,
@@ -82,8 +83,7 @@ def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs, sampling: Samplin
         assert_same_greedy(compiled.tokens, eager)  # ce::argmax, inside the graph
         assert torch.equal(compiled.tokens, compiled.logits.argmax(dim=-1))
     else:
-        fields = [getattr(sampling, f.name) for f in dataclasses.fields(sampling)]
-        assert torch.equal(compiled.tokens, sample_reference(compiled.logits, *fields))
+        assert torch.equal(compiled.tokens, reference_draw(compiled.logits, sampling))
     if runner.policy.covers(len(seqs)):  # the graph's epilogue left the tokens as the next step's input ids
         assert torch.equal(runner.static.input_ids[: len(seqs)], compiled.tokens)
     n = len(seqs)
@@ -490,16 +490,7 @@ def test_compiled_sampled_decode_matches_the_sampler(compiled, data):
             batch = data.draw(st.permutations(seqs), label="order")[:size]
             for seq in batch:
                 seq.token_ids.append(data.draw(token))
-            rows = [data.draw(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.7]), st.integers(0, vocab + 2),
-                                        st.sampled_from([1.0, 0.9, 0.3]), st.sampled_from([0.0, 0.05]),
-                                        st.integers(0, 2**62), st.integers(0, 1000)), label="row params")
-                    for _ in batch]
-            temperature, top_k, top_p, min_p, seeds, counters = zip(*rows)
-            sampling = SamplingInputs(
-                temperature=torch.tensor(temperature, dtype=torch.float32), top_k=torch.tensor(top_k),
-                top_p=torch.tensor(top_p, dtype=torch.float32), min_p=torch.tensor(min_p, dtype=torch.float32),
-                seeds=torch.tensor(seeds), counters=torch.tensor(counters),
-            )
+            sampling = draw_sampling_inputs(data, len(batch), vocab)
             compare_step(rt, runner, batch, sampling)
     finally:
         for seq in seqs:

@@ -18,7 +18,6 @@ graphs) and most of the rest the first-use JIT of the Triton/FLA kernels; replay
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 
 import pytest
@@ -28,9 +27,9 @@ from hypothesis import strategies as st
 
 from compiled_engine.runtime import Runtime
 from graphs import expected_compiles
-from ops.sample import sample_reference
-from ops.step import SamplingInputs
 from tests.compile_helpers import (
+    draw_sampling_inputs,
+    reference_draw,
     STATE_ATOL,
     STREAM_LOGIT_ATOL,
     assert_logits_close,
@@ -195,16 +194,7 @@ def test_sampled_replays_draw_what_the_sampler_draws(gpu_compiled, data):
             batch = data.draw(st.permutations(seqs), label="order")[:size]
             for seq in batch:
                 seq.token_ids.append(data.draw(token))
-            rows_params = [data.draw(st.tuples(st.sampled_from([0.0, 0.7, 1.3]), st.integers(0, vocab + 2),
-                                               st.sampled_from([1.0, 0.9, 0.4]), st.sampled_from([0.0, 0.05]),
-                                               st.integers(0, 2**62), st.integers(0, 1000)), label="row params")
-                           for _ in batch]
-            temperature, top_k, top_p, min_p, seeds, counters = zip(*rows_params)
-            sampling = SamplingInputs(
-                temperature=torch.tensor(temperature, dtype=torch.float32), top_k=torch.tensor(top_k),
-                top_p=torch.tensor(top_p, dtype=torch.float32), min_p=torch.tensor(min_p, dtype=torch.float32),
-                seeds=torch.tensor(seeds), counters=torch.tensor(counters),
-            )
+            sampling = draw_sampling_inputs(data, len(batch), vocab)
             with torch.inference_mode():
                 step = rt.build_step(batch, [1] * size, is_prefill=False)
                 before = snapshot(rt.model)
@@ -212,8 +202,7 @@ def test_sampled_replays_draw_what_the_sampler_draws(gpu_compiled, data):
                 restore(rt.model, before)
                 compiled = runner(step, sampling)
                 assert_logits_close(compiled.logits.float(), eager)
-                fields = [getattr(sampling, f.name) for f in dataclasses.fields(sampling)]
-                want = sample_reference(compiled.logits.cpu(), *fields)
+                want = reference_draw(compiled.logits, sampling)
                 assert torch.equal(compiled.tokens.cpu(), want)
                 assert torch.equal(runner.static.input_ids[:size].cpu(), want)
     finally:

@@ -259,10 +259,10 @@ GEMV_CONFIGS = [GEMV_NARROW, GEMV_NARROW_LONG_K, GEMV_WIDE, _config(4, 1024, 8, 
                 _config(32, 256, 8, 3)]
 
 
-# 2..GEMV_MAX_ROWS rows (ops/linear.py runs 2): the few-rows GEMV, shaped as at one row for the narrow outputs
+# 2..GEMV_MAX_ROWS rows (ops/linear.py sends it 2): the few-rows GEMV, shaped as at one row for the narrow outputs
 # (N <= GEMV_NARROW_N: out_proj, o_proj, down; whole 2,048-wide rows in one or two loads, 256-512 programs, all
-# resident at once), 4 x 1024 tiles for the wide ones. Measured in the step's matmul chain (bench/gemv_chain.py): at
-# 2 rows the chain with every matmul on it beat the tensor-core rule and cuBLAS (bench/NOTES.md, "Skinny GEMM").
+# resident at once), 4 x 1024 tiles for the wide ones: each weight element is read once for all the rows, as at one
+# row. Why 2 rows and not more: bench/NOTES.md, "Skinny GEMM".
 def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
     """The few-rows GEMV's config at 2..GEMV_MAX_ROWS rows (BLOCK_M: rows rounded up to a power of two). BLOCK_K is
     VEC x 32 x num_warps, so that the threads spread along K only and x and the weight chunk share one layout (see
