@@ -14,6 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # same as PYTHONPATH=. from the repository root
     sys.path.insert(0, str(ROOT))
 
+# FLA's chunked prefill kernels autotune over up to 25 configs each on first use, which made the GPU suite spend
+# about two of its five minutes compiling configs it then threw away. The tests check values, not speed, so they
+# pin one config per kernel (tests/fla_configs, FLA's own config-file format, read in its "default" mode; set
+# before FLA is imported). Kernels without a file there still autotune; the runtime and bench always autotune.
+os.environ.setdefault("FLA_CACHE_MODE", "default")
+os.environ.setdefault("FLA_CONFIG_DIR", str(ROOT / "tests" / "fla_configs"))
+
 # Imported first, before any test module: hides FLA from transformers on CPU (see tests/hf_models.py).
 from tests import hf_models  # noqa: E402
 
