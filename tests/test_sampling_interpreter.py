@@ -88,6 +88,13 @@ def _child_checks(group: str) -> dict:
         grid = (torch.randn(4, 300, generator=gen) * 1.5).round().to(torch.bfloat16)
         for k, top_p in ((1, 1.0), (17, 0.6), (299, 1.0)):
             check(rows(grid, [1.0, 0.7, 2.0, 0.0], k, top_p, 0.0), 64, 16)
+        # Block skipping (the bound is the k-th largest block maximum): 125 blocks a row, k from 1 to past the block
+        # count, ties on a grid, in bf16 (16 key bits) and fp32 (32), with top-p and min-p after top-k.
+        wide = (torch.randn(3, 2000, generator=gen) * 2.5).round(decimals=1)
+        wide[2, 1500:] = wide[2, 3]  # one tied value spread over many blocks
+        for dtype, k in ((torch.bfloat16, 1), (torch.bfloat16, 7), (torch.bfloat16, 125), (torch.bfloat16, 126),
+                         (torch.float32, 7)):
+            check(rows(wide.to(dtype), [1.0, 0.6, 1.5], k, [1.0, 0.8, 0.95], [0.0, 0.05, 0.0]), 256, 16)
         # The exact top-p boundary (masses 1 and 4 x 1/4, top_p 0.5: the four are dropped) and min-p's.
         q = exact_quarter_logit()
         row = torch.tensor([[0.0, q, -30.0, q, q, q] + [-50.0] * 40])
