@@ -163,6 +163,7 @@ BAD_PARAMS = [
     # wrong types and non-finite values
     (dict(temperature="0.5"), "temperature"),
     (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature=float("inf"), min_tokens=2, max_tokens=4), "temperature"),  # it used to give id 0 every time
     (dict(temperature=None), "temperature"),
     (dict(top_p="1"), "top_p"),
     (dict(min_p=float("nan")), "min_p"),
