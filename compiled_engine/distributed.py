@@ -11,7 +11,6 @@ r keeps part r of every section. Heads stay whole, and a key head stays on the r
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -54,13 +53,6 @@ def shard_sections(tensor: torch.Tensor, sections: list[int], dim: int, tp: Tens
         size = section.shape[dim] // tp.world_size
         parts.append(section.narrow(dim, tp.rank * size, size))
     return torch.cat(parts, dim=dim)
-
-
-def free_port() -> int:
-    """A TCP port free right now on this host (the OS picks it; no fixed port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_divisible(config, world_size: int) -> None:
