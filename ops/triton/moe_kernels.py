@@ -1,0 +1,156 @@
+"""Triton kernels for ``ce::fused_moe``: the routed experts of a sparse MoE layer as two grouped GEMMs.
+
+The routed rows ``r = t * k + j`` (token t's j-th expert) are sorted by expert into blocks of BLOCK_M rows of one
+expert each (``ops.layouts.moe_align_block_size``; padding slots hold the sentinel ``T * k``). Each program of a
+grouped GEMM takes one block and BLOCK_N output columns, so it reads only its expert's weight tile, and every expert
+that no row chose costs nothing (vLLM's fused_moe kernel is the model of this layout; the code here is our own):
+
+1. ``_moe_gate_up_kernel``: ``act[r] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T)``. The program holds a gate and an
+   up accumulator for the same BLOCK_N columns (gate rows n, up rows I + n of the fused ``[E, 2I, H]`` weight), so
+   the activation is applied before anything is written: one ``[T*k, I]`` intermediate, not ``[T*k, 2I]``.
+2. ``_moe_down_kernel``: ``out[r] = weight[r] * (act[r] @ down[e].T)`` in fp32, ``[T*k, H]``.
+3. The k rows of a token are summed in fp32 (one torch reduction; no atomics, so the result is deterministic) and
+   rounded once to the model's dtype.
+
+Programs whose block lies past ``num_padded`` (a device scalar: the grid is sized by the static bound, so decode
+needs no host sync) return at once. Rounding follows the CPU reference: gate and up are rounded to the model's
+dtype before the activation, the activation before it meets up, their product before the down GEMM. fp32 inputs
+multiply in full fp32 (no TF32), as the reference does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ops.layouts import moe_align_block_size
+
+
+@triton.jit
+def _moe_gate_up_kernel(
+    x, w, act, sorted_rows, block_experts, num_padded,
+    num_rows, inter, hidden,
+    stride_x, stride_we, stride_wn, stride_act,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded):
+        return
+    rows = tl.load(sorted_rows + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    live = rows < num_rows
+    tokens = (rows // TOP_K).to(tl.int64)
+    expert = tl.load(block_experts + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < inter
+    ks = tl.arange(0, BLOCK_K)
+    x_ptrs = x + tokens[:, None] * stride_x + ks[None, :]
+    gate_ptrs = w + expert * stride_we + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None]
+    up_ptrs = gate_ptrs + inter * stride_wn
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        k_ok = ks < hidden - k0
+        a = tl.load(x_ptrs, mask=live[:, None] & k_ok[None, :], other=0.0)
+        b_mask = k_ok[:, None] & col_ok[None, :]
+        acc_gate = tl.dot(a, tl.load(gate_ptrs, mask=b_mask, other=0.0), acc_gate, input_precision=PRECISION)
+        acc_up = tl.dot(a, tl.load(up_ptrs, mask=b_mask, other=0.0), acc_up, input_precision=PRECISION)
+        x_ptrs += BLOCK_K
+        gate_ptrs += BLOCK_K
+        up_ptrs += BLOCK_K
+    dtype = act.dtype.element_ty
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    activated = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+    out_ptrs = act + rows.to(tl.int64)[:, None] * stride_act + cols[None, :]
+    tl.store(out_ptrs, (activated * up).to(dtype), mask=live[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(
+    act, w, out, weights, sorted_rows, block_experts, num_padded,
+    num_rows, hidden, inter,
+    stride_act, stride_we, stride_wn, stride_out,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded):
+        return
+    rows = tl.load(sorted_rows + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    live = rows < num_rows
+    rows64 = rows.to(tl.int64)
+    expert = tl.load(block_experts + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < hidden
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = act + rows64[:, None] * stride_act + ks[None, :]
+    b_ptrs = w + expert * stride_we + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        k_ok = ks < inter - k0
+        a = tl.load(a_ptrs, mask=live[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    scale = tl.load(weights + rows64, mask=live, other=0.0)
+    out_ptrs = out + rows64[:, None] * stride_out + cols[None, :]
+    tl.store(out_ptrs, acc * scale[:, None], mask=live[:, None] & col_ok[None, :])
+
+
+def moe_config(num_rows: int, num_experts: int) -> dict:
+    """Tile sizes by rule: BLOCK_M 16 while an expert gets few rows on average (decode: T x k rows over E experts),
+    64 once blocks fill (prefill); narrow N tiles at few rows, so that the few blocks still spread over the SMs."""
+    per_expert = num_rows / num_experts
+    if per_expert <= 16:
+        return dict(block_m=16, block_n=32 if num_rows <= 64 else 64, block_k=128, num_warps=4)
+    return dict(block_m=64, block_n=64, block_k=64, num_warps=4)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """``ce::fused_moe``'s kernel. The tile sizes default to ``moe_config``'s rule (the tests pass their own)."""
+    tokens, hidden = x.shape
+    num_experts, two_inter, _ = gate_up.shape
+    inter = two_inter // 2
+    top_k = topk_ids.shape[1]
+    num_rows = tokens * top_k
+    out = torch.empty_like(x)
+    if tokens == 0:
+        return out
+    config = moe_config(num_rows, num_experts)
+    for key, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k), ("num_warps", num_warps)):
+        if value is not None:
+            config[key] = value
+    bm, bn, bk, warps = config["block_m"], config["block_n"], config["block_k"], config["num_warps"]
+    x = x if x.stride(1) == 1 else x.contiguous()
+    gate_up, down = gate_up.contiguous(), down.contiguous()
+    sorted_rows, block_experts, num_padded = moe_align_block_size(topk_ids, num_experts, bm)
+    num_blocks = block_experts.shape[0]
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 models (the exactness tests): no TF32
+    act = torch.empty((num_rows, inter), dtype=x.dtype, device=x.device)
+    _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, bn))](
+        x, gate_up, act, sorted_rows, block_experts, num_padded,
+        num_rows, inter, hidden,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=warps,
+    )
+    routed = torch.empty((num_rows, hidden), dtype=torch.float32, device=x.device)
+    _moe_down_kernel[(num_blocks, triton.cdiv(hidden, bn))](
+        act, down, routed, topk_weights.reshape(-1).float(), sorted_rows, block_experts, num_padded,
+        num_rows, hidden, inter,
+        act.stride(0), down.stride(0), down.stride(1), routed.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=warps,
+    )
+    out.copy_(routed.view(tokens, top_k, hidden).sum(dim=1))
+    return out
