@@ -171,7 +171,7 @@ class ModelConfig:
         if not isinstance(hidden_act, str):
             raise ValueError(f"config field 'hidden_act' must be a string, got {hidden_act!r}")
         moe = _moe_fields(model_type, text, num_layers, size)
-        dense_needed = len(moe["moe_layers"]) < num_layers
+        dense_needed = len(moe.get("moe_layers", ())) < num_layers
         intermediate = size("intermediate_size") if dense_needed or "intermediate_size" in text else 0
         config = cls(
             model_type=model_type,
