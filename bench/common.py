@@ -26,7 +26,7 @@ import torch
 
 from bench.bandwidth import measure_copy_bandwidth
 from bench.bounds import ModelBytes, model_bytes, model_bytes_from_config
-from bench.models import ModelSpec, resolve_model, shape_summary
+from bench.models import ModelSpec, device_llm, resolve_model, shape_summary
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -139,7 +139,8 @@ class Context:
             return self._llm
         self.release_llm()
         start = time.perf_counter()
-        llm = LLM(self.model.path, **self.llm_kwargs(**extra))  # TypeError for an unknown kwarg
+        build = device_llm if self.model.on_device else LLM
+        llm = build(self.model.path, **self.llm_kwargs(**extra))  # TypeError for an unknown kwarg
         self.sync()
         self.llm_build_s = time.perf_counter() - start
         self._llm, self._llm_key = llm, key
@@ -209,6 +210,9 @@ class Context:
         up once by a short generate (first-call CUDA / Triton JIT work stays out of every measurement)."""
         if self._hf is None:
             from bench.hf import hf_generate, load_hf
+
+            if self.model.on_device:
+                raise NotImplementedError(f"{self.model.name} has no checkpoint for HF transformers to load")
 
             self._hf = load_hf(self.model.path, self.device, self.dtype)
             hf_generate(self._hf, [[1] * 16, [2] * 12], 3)  # padded batch: the pad-left path warms up too
