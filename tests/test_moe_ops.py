@@ -4,9 +4,11 @@
   per-token sum over its k experts (a different loop order from the reference's per-expert one);
 * ``ce::moe_align_block_size``'s layout properties (every row once, blocks of one expert, experts in order, the
   padding, the static length), on random routings, with experts that get no row and with one expert taking all;
-* opcheck of the three ops (schema, fake, autograd registration);
-* the Triton kernel under ``TRITON_INTERPRET=1`` on the CPU against the reference (hypothesis: random routings, all
-  rows to one expert, empty experts, tiny shapes), in a child process as tests/test_kernels_interpreter.py does;
+* (opcheck of the three ops: tests/test_ops.py's OPCHECK_CASES)
+* the Triton kernels under ``TRITON_INTERPRET=1`` on the CPU (hypothesis: random routings, all rows to one expert,
+  empty experts, tiny shapes): the grouped GEMMs against the reference, with the one-program align kernel and with
+  the torch sort, and the align kernel against the torch version; in a child process as
+  tests/test_kernels_interpreter.py does;
 * on a GPU (marked ``gpu``): the kernel in bf16 on the Qwen3.5-35B-A3B expert shape against the reference.
 """
 
@@ -26,7 +28,7 @@ from hypothesis import strategies as st
 
 import ops  # noqa: F401  (registers the ce ops)
 from ops.layouts import moe_align_block_size, moe_padded_rows
-from ops.moe import fused_moe_op, fused_moe_reference, moe_align_block_size_op, moe_route_op, moe_route_reference
+from ops.moe import fused_moe_op, fused_moe_reference, moe_align_block_size_op, moe_route_op
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,17 +112,6 @@ def test_fused_moe_reference_equals_float64(routing):
     torch.testing.assert_close(got.double(), float64_moe(x, gate_up, down, weights, ids), atol=1e-5, rtol=1e-5)
 
 
-def test_opcheck():
-    g = torch.Generator().manual_seed(1)
-    logits = torch.randn(5, 6, generator=g)
-    torch.library.opcheck(moe_route_op, (logits, 2, True))
-    weights, ids = moe_route_reference(logits, 2, True)
-    torch.library.opcheck(moe_align_block_size_op, (ids, 6, 4))
-    x = torch.randn(5, 8, generator=g)
-    torch.library.opcheck(fused_moe_op, (x, torch.randn(6, 10, 8, generator=g), torch.randn(6, 8, 5, generator=g),
-                                         weights, ids))
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The Triton kernel in the interpreter (child process: TRITON_INTERPRET=1 must be set before triton decorates)
 # ----------------------------------------------------------------------------------------------------------------
@@ -149,7 +140,26 @@ def _child_checks() -> dict:
         got = moe_kernels.fused_moe(x, gate_up, down, weights, ids, block_m=block_m, block_n=block_n, block_k=16)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
-    for name, check in [("fused_moe_hypothesis", run)]:
+    @settings(max_examples=25, derandomize=True, deadline=None, database=None,
+              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
+    @given(routings(max_tokens=40, max_experts=40), st.sampled_from([1, 4, 16]))
+    def align(routing, block_m):
+        _, experts, _, ids = routing
+        got = moe_kernels.moe_align(ids, experts, block_m)
+        want = moe_align_block_size(ids, experts, block_m)
+        for name, a, b in zip(("sorted_rows", "block_experts", "num_padded"), got, want):
+            assert torch.equal(a, b), f"{name}: kernel {a.tolist()} != torch {b.tolist()}"
+
+    def run_with_sorted_align():  # the align of many rows (the torch sort) under the grouped GEMMs
+        limit = moe_kernels.ALIGN_KERNEL_MAX_ROWS
+        moe_kernels.ALIGN_KERNEL_MAX_ROWS = 0
+        try:
+            run()
+        finally:
+            moe_kernels.ALIGN_KERNEL_MAX_ROWS = limit
+
+    checks = [("fused_moe_hypothesis", run), ("moe_align_kernel", align), ("fused_moe_sorted_align", run_with_sorted_align)]
+    for name, check in checks:
         try:
             check()
             results[name] = None
@@ -172,8 +182,9 @@ def interpreter_results() -> dict:
 
 
 def test_fused_moe_kernel_matches_reference_in_interpreter(interpreter_results):
-    assert set(interpreter_results) == {"fused_moe_hypothesis"}
-    assert interpreter_results["fused_moe_hypothesis"] is None, interpreter_results["fused_moe_hypothesis"]
+    assert set(interpreter_results) == {"fused_moe_hypothesis", "moe_align_kernel", "fused_moe_sorted_align"}
+    for name, error in interpreter_results.items():
+        assert error is None, f"{name}: {error}"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Triton kernels for ``ce::fused_moe``: the routed experts of a sparse MoE layer as two grouped GEMMs.
 
 The routed rows ``r = t * k + j`` (token t's j-th expert) are sorted by expert into blocks of BLOCK_M rows of one
-expert each (``ops.layouts.moe_align_block_size``; padding slots hold the sentinel ``T * k``). Each program of a
+expert each (``ops.layouts.moe_align_block_size``; padding slots hold the sentinel ``T * k``): for a decode step's
+few rows by ``_moe_align_kernel`` in one launch, above ``ALIGN_KERNEL_MAX_ROWS`` by the torch version. Each program of a
 grouped GEMM takes one block and BLOCK_N output columns, so it reads only its expert's weight tile, and every expert
 that no row chose costs nothing (vLLM's fused_moe kernel is the model of this layout; the code here is our own):
 
@@ -24,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.layouts import moe_align_block_size
+from ops.layouts import moe_align_block_size, moe_padded_rows
 
 
 @triton.jit
@@ -99,6 +100,68 @@ def _moe_down_kernel(
     tl.store(out_ptrs, acc * scale[:, None], mask=live[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _moe_align_kernel(
+    ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """``ops.layouts.moe_align_block_size`` in one program (one launch instead of about ten torch kernels, for the
+    few rows of a decode step): count each expert's rows, place the padded segments, write the sentinel, each
+    block's expert, then each row at its expert's segment start + its rank among the expert's earlier rows."""
+    experts = tl.arange(0, BLOCK_E)
+    counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for start in range(0, num_rows, CHUNK):
+        rows = start + tl.arange(0, CHUNK)
+        e = tl.load(ids + rows, mask=rows < num_rows, other=-1)
+        counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    tl.store(num_padded, tl.sum(padded, axis=0))
+    for start in range(0, length, CHUNK):
+        slots = start + tl.arange(0, CHUNK)
+        tl.store(sorted_rows + slots, tl.full((CHUNK,), 0, tl.int32) + num_rows, mask=slots < length)
+    real = experts < num_experts
+    for start in range(0, num_blocks, CHUNK):
+        blocks = start + tl.arange(0, CHUNK)
+        before = tl.sum(((ends[None, :] <= (blocks * BLOCK_M)[:, None]) & real[None, :]).to(tl.int32), axis=1)
+        tl.store(block_experts + blocks, tl.minimum(before, num_experts - 1), mask=blocks < num_blocks)
+    tl.debug_barrier()  # the sentinel fill above is done (by every thread) before rows overwrite it
+    taken = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for start in range(0, num_rows, CHUNK):
+        rows = start + tl.arange(0, CHUNK)
+        e = tl.load(ids + rows, mask=rows < num_rows, other=-1)
+        onehot = (e[:, None] == experts[None, :]).to(tl.int32)
+        earlier = tl.cumsum(onehot, axis=0) - onehot  # this chunk's earlier rows of the same expert
+        position = tl.sum(onehot * (earlier + (starts + taken)[None, :]), axis=1)
+        tl.store(sorted_rows + position, rows, mask=rows < num_rows)
+        taken += tl.sum(onehot, axis=0)
+
+
+# Up to this many routed rows (T x k) the one-program align kernel runs; above, the torch version (a sort).
+ALIGN_KERNEL_MAX_ROWS = 1024
+ALIGN_KERNEL_MAX_EXPERTS = 512
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """``ops.layouts.moe_align_block_size``'s result: by the one-program kernel for a decode step's few rows, by
+    the torch version (a stable sort) above ``ALIGN_KERNEL_MAX_ROWS``."""
+    num_rows = topk_ids.numel()
+    if num_rows > ALIGN_KERNEL_MAX_ROWS or num_experts > ALIGN_KERNEL_MAX_EXPERTS:
+        return moe_align_block_size(topk_ids, num_experts, block_m)
+    length = moe_padded_rows(num_rows, num_experts, block_m)
+    device = topk_ids.device
+    sorted_rows = torch.empty(length, dtype=torch.int32, device=device)
+    block_experts = torch.empty(length // block_m, dtype=torch.int32, device=device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    _moe_align_kernel[(1,)](
+        ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, length // block_m,
+        BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), CHUNK=32, num_warps=4,
+    )
+    return sorted_rows, block_experts, num_padded
+
+
 def moe_config(num_rows: int, num_experts: int) -> dict:
     """Tile sizes by rule: BLOCK_M 16 while an expert gets few rows on average (decode: T x k rows over E experts),
     64 once blocks fill (prefill); narrow N tiles at few rows, so that the few blocks still spread over the SMs."""
@@ -135,7 +198,7 @@ def fused_moe(
     bm, bn, bk, warps = config["block_m"], config["block_n"], config["block_k"], config["num_warps"]
     x = x if x.stride(1) == 1 else x.contiguous()
     gate_up, down = gate_up.contiguous(), down.contiguous()
-    sorted_rows, block_experts, num_padded = moe_align_block_size(topk_ids, num_experts, bm)
+    sorted_rows, block_experts, num_padded = moe_align(topk_ids, num_experts, bm)
     num_blocks = block_experts.shape[0]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 models (the exactness tests): no TF32
     act = torch.empty((num_rows, inter), dtype=x.dtype, device=x.device)
