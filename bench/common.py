@@ -139,6 +139,8 @@ class Context:
             return self._llm
         self.release_llm()
         start = time.perf_counter()
+        if self.model.on_device:
+            self._release_hf()  # a device-drawn model and HF's copy do not fit the device together
         build = device_llm if self.model.on_device else LLM
         llm = build(self.model.path, **self.llm_kwargs(**extra))  # TypeError for an unknown kwarg
         self.sync()
@@ -151,6 +153,12 @@ class Context:
         if self._llm is not None and self._llm_key[0] == self.engine_limits():
             return self._llm
         return None
+
+    def _release_hf(self) -> None:
+        if self._hf is not None:
+            self._hf = None
+            gc.collect()
+            torch.cuda.empty_cache()
 
     def release_llm(self) -> None:
         """Close the shared engine (its tensor-parallel workers stop now, not whenever the interpreter exits)."""
@@ -211,8 +219,13 @@ class Context:
         if self._hf is None:
             from bench.hf import hf_generate, load_hf
 
-            if self.model.on_device:
-                raise NotImplementedError(f"{self.model.name} has no checkpoint for HF transformers to load")
+            if self.model.on_device:  # no checkpoint: HF builds its own random copy, after ours is released
+                from bench.hf import random_hf
+
+                self.release_llm()
+                self._hf = random_hf(self.model.path, self.device, self.dtype)
+                hf_generate(self._hf, [[1] * 16, [2] * 12], 3)
+                return self._hf
 
             self._hf = load_hf(self.model.path, self.device, self.dtype)
             hf_generate(self._hf, [[1] * 16, [2] * 12], 3)  # padded batch: the pad-left path warms up too

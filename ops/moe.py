@@ -2,7 +2,8 @@
 
 * ``ce::moe_route(router_logits [T, E], top_k, renormalize) -> (weights [T, k] fp32, ids [T, k] int32)``: softmax
   in fp32 over the experts, the k largest probabilities (torch.topk's order), divided by their sum when
-  ``renormalize`` (HF's ``norm_topk_prob``). Plain torch serves CUDA too: no host sync, static shapes.
+  ``renormalize`` (HF's ``norm_topk_prob``). The CUDA kernel does it in one launch per step (one program per
+  token); ties go to the lower expert index there, torch.topk's order is unspecified.
 * ``ce::moe_align_block_size(ids [T, k] int32, num_experts, block_m) -> (sorted_rows, block_experts,
   num_padded)``: the routed rows sorted by expert in blocks of ``block_m`` rows of one expert each
   (ops/layouts.py ``moe_align_block_size``: static shapes, no host sync). ``ce::fused_moe``'s kernel builds it
@@ -44,6 +45,7 @@ def _moe_route_fake(router_logits, top_k, renormalize):
 moe_route_op = define_op(
     "moe_route(Tensor router_logits, int top_k, bool renormalize) -> (Tensor, Tensor)",
     reference=moe_route_reference,
+    cuda=moe_kernels.moe_route if HAVE_TRITON else None,
     fake=_moe_route_fake,
 )
 

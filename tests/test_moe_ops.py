@@ -7,7 +7,7 @@
 * (opcheck of the three ops: tests/test_ops.py's OPCHECK_CASES)
 * the Triton kernels under ``TRITON_INTERPRET=1`` on the CPU (hypothesis: random routings, all rows to one expert,
   empty experts, tiny shapes): the grouped GEMMs against the reference, with the one-program align kernel and with
-  the torch sort, and the align kernel against the torch version; in a child process as
+  the torch sort, the align kernel against the torch version, the route kernel against its reference; in a child process as
   tests/test_kernels_interpreter.py does;
 * on a GPU (marked ``gpu``): the kernel in bf16 on the Qwen3.5-35B-A3B expert shape against the reference.
 """
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import ops  # noqa: F401  (registers the ce ops)
 from ops.layouts import moe_align_block_size, moe_padded_rows
-from ops.moe import fused_moe_op, fused_moe_reference, moe_align_block_size_op, moe_route_op
+from ops.moe import fused_moe_op, fused_moe_reference, moe_align_block_size_op, moe_route_op, moe_route_reference
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,6 +150,19 @@ def _child_checks() -> dict:
         for name, a, b in zip(("sorted_rows", "block_experts", "num_padded"), got, want):
             assert torch.equal(a, b), f"{name}: kernel {a.tolist()} != torch {b.tolist()}"
 
+    @settings(max_examples=20, derandomize=True, deadline=None, database=None,
+              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
+    @given(st.integers(1, 5), st.integers(1, 300), st.integers(1, 8), st.booleans(), st.booleans(),
+           st.integers(0, 2**16))
+    def route(tokens, experts, top_k, renormalize, strided, seed):
+        top_k = min(top_k, experts)
+        g = torch.Generator().manual_seed(seed)
+        logits = torch.randn(tokens, experts + (4 if strided else 0), generator=g)[:, :experts] * 3
+        weights, ids = moe_kernels.moe_route(logits, top_k, renormalize)
+        want_weights, want_ids = moe_route_reference(logits, top_k, renormalize)
+        assert torch.equal(ids, want_ids), f"ids {ids.tolist()} != {want_ids.tolist()}"
+        torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
+
     def run_with_sorted_align():  # the align of many rows (the torch sort) under the grouped GEMMs
         limit = moe_kernels.ALIGN_KERNEL_MAX_ROWS
         moe_kernels.ALIGN_KERNEL_MAX_ROWS = 0
@@ -158,7 +171,8 @@ def _child_checks() -> dict:
         finally:
             moe_kernels.ALIGN_KERNEL_MAX_ROWS = limit
 
-    checks = [("fused_moe_hypothesis", run), ("moe_align_kernel", align), ("fused_moe_sorted_align", run_with_sorted_align)]
+    checks = [("fused_moe_hypothesis", run), ("moe_align_kernel", align), ("fused_moe_sorted_align", run_with_sorted_align),
+              ("moe_route_kernel", route)]
     for name, check in checks:
         try:
             check()
@@ -182,7 +196,8 @@ def interpreter_results() -> dict:
 
 
 def test_fused_moe_kernel_matches_reference_in_interpreter(interpreter_results):
-    assert set(interpreter_results) == {"fused_moe_hypothesis", "moe_align_kernel", "fused_moe_sorted_align"}
+    assert set(interpreter_results) == {"fused_moe_hypothesis", "moe_align_kernel", "fused_moe_sorted_align",
+                                        "moe_route_kernel"}
     for name, error in interpreter_results.items():
         assert error is None, f"{name}: {error}"
 
@@ -205,6 +220,19 @@ def test_fused_moe_kernel_on_the_35b_a3b_expert_shape(tokens):
     got = fused_moe_op(x, gate_up, down, weights, ids)
     want = fused_moe_reference(x, gate_up, down, weights, ids)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_route_kernel_on_gpu(renormalize):
+    """Router logits of 256 experts (a strided view, as the model's split hands them), top-8. fp32: bf16 logits tie
+    often enough that the order of tied experts (unspecified in torch.topk) would decide the test."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    logits = (torch.randn(300, 256 + 70, device="cuda", generator=g) * 2)[:, 3:259]
+    weights, ids = moe_route_op(logits, 8, renormalize)
+    want_weights, want_ids = moe_route_reference(logits.cpu(), 8, renormalize)
+    assert torch.equal(ids.cpu(), want_ids)
+    torch.testing.assert_close(weights.cpu(), want_weights, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""Triton kernels for ``ce::fused_moe``: the routed experts of a sparse MoE layer as two grouped GEMMs.
+"""Triton kernels for ``ce::fused_moe`` (the routed experts of a sparse MoE layer as two grouped GEMMs) and
+``ce::moe_route`` (the router's softmax and top-k, one program per token).
 
 The routed rows ``r = t * k + j`` (token t's j-th expert) are sorted by expert into blocks of BLOCK_M rows of one
 expert each (``ops.layouts.moe_align_block_size``; padding slots hold the sentinel ``T * k``): for a decode step's
@@ -98,6 +99,48 @@ def _moe_down_kernel(
     scale = tl.load(weights + rows64, mask=live, other=0.0)
     out_ptrs = out + rows64[:, None] * stride_out + cols[None, :]
     tl.store(out_ptrs, acc * scale[:, None], mask=live[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_route_kernel(logits, weights, ids, num_experts, stride_row, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """``ce::moe_route`` of one token: softmax over the experts in fp32, k passes of (max, first index of the max,
+    knock it out), the k weights divided by their sum when RENORMALIZE. One launch instead of torch's five."""
+    row = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, BLOCK_E)
+    real = experts < num_experts
+    x = tl.load(logits + row * stride_row + experts, mask=real, other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = tl.where(real, p / tl.sum(p, axis=0), -1.0)  # padding lanes never win
+    slots = tl.arange(0, BLOCK_K)
+    values = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    chosen = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(p, axis=0)
+        at = tl.argmax(p, axis=0, tie_break_left=True)
+        values = tl.where(slots == j, best, values)
+        chosen = tl.where(slots == j, at, chosen)
+        p = tl.where(experts == at, -1.0, p)
+    if RENORMALIZE:
+        values = values / tl.sum(values, axis=0)  # the unused slots hold 0
+    tl.store(weights + row * TOP_K + slots, values, mask=slots < TOP_K)
+    tl.store(ids + row * TOP_K + slots, chosen, mask=slots < TOP_K)
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
+    """``ce::moe_route``'s kernel: one program per token (columns must be contiguous; rows may be strided)."""
+    tokens, num_experts = router_logits.shape
+    if router_logits.stride(1) != 1:
+        router_logits = router_logits.contiguous()
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=router_logits.device)
+    if tokens:
+        _moe_route_kernel[(tokens,)](
+            router_logits, weights, ids, num_experts, router_logits.stride(0), TOP_K=top_k,
+            BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
+            RENORMALIZE=renormalize, num_warps=4 if num_experts > 256 else 1,
+        )
+    return weights, ids
 
 
 @triton.jit
