@@ -7,7 +7,8 @@
 * (opcheck of the three ops: tests/test_ops.py's OPCHECK_CASES)
 * the Triton kernels under ``TRITON_INTERPRET=1`` on the CPU (hypothesis: random routings, all rows to one expert,
   empty experts, tiny shapes): the grouped GEMMs against the reference, with the one-program align kernel and with
-  the torch sort, the align kernel against the torch version, the route kernel against its reference; in a child process as
+  the torch sort, the align kernel against the torch version, the route kernel against its
+  reference; in a child process as
   tests/test_kernels_interpreter.py does;
 * on a GPU (marked ``gpu``): the kernel in bf16 on the Qwen3.5-35B-A3B expert shape against the reference.
 """
@@ -171,8 +172,8 @@ def _child_checks() -> dict:
         finally:
             moe_kernels.ALIGN_KERNEL_MAX_ROWS = limit
 
-    checks = [("fused_moe_hypothesis", run), ("moe_align_kernel", align), ("fused_moe_sorted_align", run_with_sorted_align),
-              ("moe_route_kernel", route)]
+    checks = [("fused_moe_hypothesis", run), ("moe_align_kernel", align),
+              ("fused_moe_sorted_align", run_with_sorted_align), ("moe_route_kernel", route)]
     for name, check in checks:
         try:
             check()
