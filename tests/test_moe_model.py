@@ -172,8 +172,9 @@ def test_compiled_decode_equals_eager(build_hf_model):
     assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]
 
 
-def test_tp2_greedy_equals_hf(expectations):
-    path, prompts, expected, _, _ = expectations("qwen3_5_moe_conditional")
+@pytest.mark.parametrize("variant", ["qwen3_5_moe_conditional", "qwen3_next_moe"])  # fused and per-expert tensors
+def test_tp2_greedy_equals_hf(variant, expectations):
+    path, prompts, expected, _, _ = expectations(variant)
     with LLM(str(path), device="cpu", dtype="float32", enforce_eager=True, max_model_len=256,
              tensor_parallel_size=2) as llm:
         moe = llm.runtime.model.layers[0].mlp
