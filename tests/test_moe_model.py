@@ -180,3 +180,16 @@ def test_tp2_greedy_equals_hf(variant, expectations):
         moe = llm.runtime.model.layers[0].mlp
         assert moe.expert_intermediate == hf_models.MOE_INTERMEDIATE // 2  # this rank holds half of every expert
         assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_matches_hf(expectations):
+    """On a GPU, compiled and captured (the Triton route, align and grouped-GEMM kernels inside the decode graph),
+    fp32: HF's greedy tokens, batched."""
+    from graphs import DecodeGraphRunner
+
+    path, prompts, expected, _, _ = expectations("qwen3_5_moe_text")
+    llm = LLM(str(path), device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8)
+    runner = llm.runtime.decode_fn
+    assert isinstance(runner, DecodeGraphRunner) and runner.fullgraph
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
