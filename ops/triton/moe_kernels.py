@@ -11,8 +11,8 @@ that no row chose costs nothing (vLLM's fused_moe kernel is the model of this la
    up accumulator for the same BLOCK_N columns (gate rows n, up rows I + n of the fused ``[E, 2I, H]`` weight), so
    the activation is applied before anything is written: one ``[T*k, I]`` intermediate, not ``[T*k, 2I]``.
 2. ``_moe_down_kernel``: ``out[r] = weight[r] * (act[r] @ down[e].T)`` in fp32, ``[T*k, H]``.
-3. The k rows of a token are summed in fp32 (one torch reduction; no atomics, so the result is deterministic) and
-   rounded once to the model's dtype.
+3. ``_moe_sum_kernel``: the k rows of a token are summed in fp32, in order (no atomics, so the result is
+   deterministic), and rounded once to the model's dtype.
 
 Programs whose block lies past ``num_padded`` (a device scalar: the grid is sized by the static bound, so decode
 needs no host sync) return at once. Rounding follows the CPU reference: gate and up are rounded to the model's
@@ -205,6 +205,18 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     return sorted_rows, block_experts, num_padded
 
 
+@triton.jit
+def _moe_sum_kernel(routed, out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[t] = sum_j routed[t * k + j]`` in fp32 (j in order), rounded once to out's dtype."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < hidden
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(routed + (token * TOP_K + j) * hidden + cols, mask=mask, other=0.0)
+    tl.store(out + token * hidden + cols, acc.to(out.dtype.element_ty), mask=mask)
+
+
 def moe_config(num_rows: int, num_experts: int) -> dict:
     """Tile sizes by rule: BLOCK_M 16 while an expert gets few rows on average (decode: T x k rows over E experts),
     64 once blocks fill (prefill); narrow N tiles at few rows, so that the few blocks still spread over the SMs."""
@@ -231,7 +243,7 @@ def fused_moe(
     inter = two_inter // 2
     top_k = topk_ids.shape[1]
     num_rows = tokens * top_k
-    out = torch.empty_like(x)
+    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
     config = moe_config(num_rows, num_experts)
@@ -258,5 +270,6 @@ def fused_moe(
         act.stride(0), down.stride(0), down.stride(1), routed.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=warps,
     )
-    out.copy_(routed.view(tokens, top_k, hidden).sum(dim=1))
+    block = min(1024, triton.next_power_of_2(hidden))
+    _moe_sum_kernel[(tokens, triton.cdiv(hidden, block))](routed, out, hidden, TOP_K=top_k, BLOCK=block, num_warps=4)
     return out
