@@ -93,10 +93,6 @@ class ModelConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     @property
-    def dense_layers(self) -> list[int]:
-        return [i for i in range(self.num_hidden_layers) if i not in self.moe_layers]
-
-    @property
     def full_attention_layers(self) -> list[int]:
         return [i for i, t in enumerate(self.layer_types) if t == FULL_ATTENTION]
 

@@ -142,7 +142,8 @@ class WeightRouter:
         }
         experts, inter_local = c.num_experts, c.moe_intermediate_size // n
         shared = c.shared_expert_intermediate_size // n
-        # A sparse MoE layer's input_proj: [shared gate | shared up | router (E) | shared gate (1)], this rank's rows.
+        # A sparse MoE layer's input_proj, this rank's rows: [shared expert gate_proj | its up_proj | router (E) |
+        # shared_expert_gate (1)].
         self.moe_input_rows = {
             "shared_expert.gate_proj": (0, shared),
             "shared_expert.up_proj": (shared, shared),
