@@ -83,7 +83,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int)
     Returns ``sorted_rows`` int32 ``[moe_padded_rows(T*k, E, block_m)]`` (expert 0's rows in row order, padded with
     the sentinel ``T*k`` to a multiple of ``block_m``, then expert 1's...; the tail past ``num_padded`` is all
     sentinel), ``block_experts`` int32 ``[len(sorted_rows) / block_m]`` (each block's expert; blocks past
-    ``num_padded`` repeat the last expert and are skipped by the kernel) and ``num_padded`` int32 ``[1]``. Experts
+    ``num_padded`` hold expert E - 1 and are skipped by the kernel) and ``num_padded`` int32 ``[1]``. Experts
     without rows get no block. Static shapes and no host sync: the decode step's CUDA graph can hold it.
     """
     flat = topk_ids.reshape(-1).long()
