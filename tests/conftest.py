@@ -85,6 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # --------------------------------------------------------------------------------------------------------------
 
 HF_VARIANTS = tuple(hf_models.BUILDERS)  # qwen3_5_text_tied, qwen3_5_text_untied, qwen3_5_conditional, qwen3_next_dense
+MOE_VARIANTS = tuple(hf_models.MOE_BUILDERS)  # qwen3_next_moe, qwen3_5_moe_text, qwen3_5_moe_conditional
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +95,8 @@ def build_hf_model(tmp_path_factory: pytest.TempPathFactory):
 
     def build(name: str) -> Path:
         if name not in cache:
-            cache[name] = hf_models.BUILDERS[name](tmp_path_factory.mktemp(name))
+            builder = hf_models.BUILDERS.get(name) or hf_models.MOE_BUILDERS[name]
+            cache[name] = builder(tmp_path_factory.mktemp(name))
         return cache[name]
 
     return build
