@@ -48,7 +48,7 @@ from ops.layouts import EXP_CUTOFF, KEY_SHIFT, MASS_SCALE, MIN_TEMPERATURE
 from ops.triton.argmax_kernels import _row_winner, _winner
 from ops.triton.pdl import pdl_flags
 
-CHUNK = 4096  # logits per program: 61 programs a row at V = 248,320
+CHUNK = 16384  # logits per program: 16 programs a row at V = 248,320 (each pass's fixed cost is per program)
 BLOCK = 256  # logits per step inside a program ([BLOCK, 16] candidate tiles)
 MAX_VOCAB = 1 << 21  # masses: V * 2**32 < 2**53, exact in float64
 MAX_CHUNKS = 512
@@ -188,6 +188,25 @@ def _candidate_sums(values, key, inside, prefix, shift):
 
 
 @triton.jit
+def _chunk_blocks(block_max, row, chunk, num_blocks, NBC: tl.constexpr):
+    """(the chunk's block indices [NBC], their maximum keys, in range) for its NBC = CHUNK / BLOCK blocks."""
+    blocks = chunk * NBC + tl.arange(0, NBC)
+    valid = blocks < num_blocks
+    return blocks, tl.load(block_max + row * num_blocks + blocks, mask=valid, other=0), valid
+
+
+@triton.jit
+def _compact(live, blocks, live_list, base, NBC: tl.constexpr):
+    """Write the ``live`` blocks' indices to ``live_list[base:]`` in order and return how many there are: the pass
+    then loops over exactly those, with no per-block test (a scalar load and branch per block, 16-64 of them in a
+    row, was a chain of dependent memory latencies in every program)."""
+    flags = live.to(tl.int32)
+    tl.store(live_list + base + tl.cumsum(flags, 0) - 1, blocks, mask=live)
+    tl.debug_barrier()  # the stores above are visible to every thread of the program
+    return tl.sum(flags, 0)
+
+
+@triton.jit
 def _kth_largest_block_key(block_max, row, num_blocks, k, SHIFT: tl.constexpr, KEY_BITS: tl.constexpr,
                            BLOCKS_P: tl.constexpr):
     """The k-th largest of the row's block maxima (keys shifted by SHIFT), 0 when the row has fewer than k blocks:
@@ -243,7 +262,7 @@ def _sample_scan_kernel(logits, stride_row, V, num_chunks, num_blocks, greedy_va
 
 @triton.jit
 def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_chunks, chunk_max, num_blocks,
-                         block_max, part_in, state_in, part_out, state_out, shift,
+                         block_max, live_list, part_in, state_in, part_out, state_out, shift,
                          SHIFT: tl.constexpr, KEY_BITS: tl.constexpr, MASS: tl.constexpr, TOPK_START: tl.constexpr,
                          START: tl.constexpr, AFTER_START: tl.constexpr, USE_TOP_K: tl.constexpr,
                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, BLOCKS_P: tl.constexpr,
@@ -298,36 +317,36 @@ def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_c
         # (the fields not in use are 0), and, for masses, only if that key's mass is not 0.
         low = tl.maximum(tl.maximum(prefix, bound), top_k_key)
         sums = tl.zeros([16], tl.int64)
-        for start in tl.range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
-            if start < V:
-                block_key = tl.load(block_max + row * num_blocks + start // BLOCK)
-                live = (block_key >> SHIFT) >= low
+        blocks, block_keys, live = _chunk_blocks(block_max, row, chunk, num_blocks, CHUNK // BLOCK)
+        live = live & ((block_keys >> SHIFT) >= low)
+        if MASS:
+            live = live & ((_float_of_key(block_keys) - m) * r >= _EXP_CUTOFF)
+        base = (row * num_chunks + chunk) * (CHUNK // BLOCK)
+        for i in range(_compact(live, blocks, live_list, base, CHUNK // BLOCK)):
+            start = tl.load(live_list + base + i) * BLOCK
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < V
+            raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
+            x, key32 = _sanitized(raw)
+            key = key32 >> SHIFT
+            rel = key - prefix
+            inside = mask & (rel >= 0) & (rel < width)
+            if MASS:
+                inside = inside & (key >= top_k_key)
+            if tl.max(inside.to(tl.int32), 0) > 0:
                 if MASS:
-                    live = live & ((_float_of_key(block_key) - m) * r >= _EXP_CUTOFF)
-                if live:
-                    offs = start + tl.arange(0, BLOCK)
-                    mask = offs < V
-                    raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
-                    x, key32 = _sanitized(raw)
-                    key = key32 >> SHIFT
-                    rel = key - prefix
-                    inside = mask & (rel >= 0) & (rel < width)
-                    if MASS:
-                        inside = inside & (key >= top_k_key)
-                    if tl.max(inside.to(tl.int32), 0) > 0:
-                        if MASS:
-                            w = _exp_ce((x - m) * r)
-                            sums += _candidate_sums((w * _MASS_SCALE).to(tl.int64), key, inside, prefix, shift)
-                        else:
-                            ones = tl.full([BLOCK], 1, tl.int32)  # (counts: int32 tiles, half the work of int64)
-                            sums += _candidate_sums(ones, key, inside, prefix, shift).to(tl.int64)
+                    w = _exp_ce((x - m) * r)
+                    sums += _candidate_sums((w * _MASS_SCALE).to(tl.int64), key, inside, prefix, shift)
+                else:
+                    ones = tl.full([BLOCK], 1, tl.int32)  # (counts: int32 tiles, half the work of int64)
+                    sums += _candidate_sums(ones, key, inside, prefix, shift).to(tl.int64)
         tl.store(part_out + (row * num_chunks + chunk) * 16 + tl.arange(0, 16), sums)
 
 
 @triton.jit
 def _sample_final_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, seeds, counters, num_chunks,
-                         chunk_max, num_blocks, block_max, topk_part, topk_state, topp_part, topp_state, best_score,
-                         best_index,
+                         chunk_max, num_blocks, block_max, live_list, topk_part, topk_state, topp_part, topp_state,
+                         best_score, best_index,
                          SHIFT: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:
@@ -359,30 +378,31 @@ def _sample_final_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p
         seed = tl.load(seeds + row).to(tl.uint64, bitcast=True)
         counter = tl.load(counters + row).to(tl.uint64, bitcast=True)
         row_hash = _splitmix64(_splitmix64(seed) ^ counter)
-        for start in tl.range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
-            # A block keeps a token only if its largest key passes: y is monotone in the key.
-            block_key = tl.load(block_max + row * num_blocks + start // BLOCK, mask=start < V, other=0)
-            block_y = (_float_of_key(block_key) - m) * r
-            live = (start < V) & ((block_key >> SHIFT) >= threshold) & (
-                (block_y >= log_min_p) | ((block_key >> SHIFT) == key_max))
-            if live:
-                offs = start + tl.arange(0, BLOCK)
-                mask = offs < V
-                raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
-                x, key32 = _sanitized(raw)
-                key = key32 >> SHIFT
-                y = (x - m) * r
-                kept = mask & (key >= threshold) & ((y >= log_min_p) | (key == key_max))
-                if tl.max(kept.to(tl.int32), 0) > 0:
-                    h = _splitmix64(row_hash ^ (offs.to(tl.uint64) * 0x9E3779B97F4A7C15))
-                    u = ((h >> 41).to(tl.int32).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-                    score = y - _log_ce(-_log_ce(u))
-                    score = tl.where(kept, score, float("-inf"))
-                    block_best = tl.max(score, 0)
-                    block_index = tl.min(tl.where(kept & (score == block_best), offs, _BIG), 0)
-                    take = (index_best == _BIG) | (block_best > score_best)
-                    score_best = tl.where(take, block_best, score_best)
-                    index_best = tl.where(take, block_index, index_best)
+        # A block keeps a token only if its largest key passes: y is monotone in the key.
+        blocks, block_keys, live = _chunk_blocks(block_max, row, chunk, num_blocks, CHUNK // BLOCK)
+        block_y = (_float_of_key(block_keys) - m) * r
+        live = live & ((block_keys >> SHIFT) >= threshold) & (
+            (block_y >= log_min_p) | ((block_keys >> SHIFT) == key_max))
+        base = (row * num_chunks + chunk) * (CHUNK // BLOCK)
+        for i in range(_compact(live, blocks, live_list, base, CHUNK // BLOCK)):
+            start = tl.load(live_list + base + i) * BLOCK
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < V
+            raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
+            x, key32 = _sanitized(raw)
+            key = key32 >> SHIFT
+            y = (x - m) * r
+            kept = mask & (key >= threshold) & ((y >= log_min_p) | (key == key_max))
+            if tl.max(kept.to(tl.int32), 0) > 0:
+                h = _splitmix64(row_hash ^ (offs.to(tl.uint64) * 0x9E3779B97F4A7C15))
+                u = ((h >> 41).to(tl.int32).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+                score = y - _log_ce(-_log_ce(u))
+                score = tl.where(kept, score, float("-inf"))
+                block_best = tl.max(score, 0)
+                block_index = tl.min(tl.where(kept & (score == block_best), offs, _BIG), 0)
+                take = (index_best == _BIG) | (block_best > score_best)
+                score_best = tl.where(take, block_best, score_best)
+                index_best = tl.where(take, block_index, index_best)
     slot = row * num_chunks + chunk
     tl.store(best_score + slot, score_best)
     tl.store(best_index + slot, index_best)
@@ -458,7 +478,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     # pass's slot and writes the other), chunk and block maxima, and the fp32 / int32 chunk winners (greedy and drawn).
     n = rows * num_chunks
     sizes = {"topk_part": 2 * n * 16, "topp_part": 2 * n * 16, "topk_state": 2 * rows * STATE,
-             "topp_state": 2 * rows * STATE, "chunk_max": n, "block_max": rows * num_blocks, "winners": 2 * n}
+             "topp_state": 2 * rows * STATE, "chunk_max": n, "block_max": rows * num_blocks,
+             "live_list": n * (chunk // block), "winners": 2 * n}
     workspace = torch.empty(sum(sizes.values()), dtype=torch.int64, device=device)
     views, offset = {}, 0
     for name, size in sizes.items():
@@ -471,7 +492,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     winners = views["winners"].view(torch.int32).view(4, n)
     greedy_value, greedy_index = winners[0].view(torch.float32), winners[1]
     best_score, best_index = winners[2].view(torch.float32), winners[3]
-    chunk_max, block_max = views["chunk_max"], views["block_max"]
+    chunk_max, block_max, live_list = views["chunk_max"], views["block_max"], views["live_list"]
 
     flags = pdl_flags(logits)
     launch = dict(num_warps=4, enable_fp_fusion=False, **flags)
@@ -484,21 +505,21 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     if use_top_k:
         for i in range(passes):  # pass 0 reads nothing: its part_in / state_in are placeholders
             _sample_radix_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, num_chunks, chunk_max,
-                                       num_blocks, block_max, topk_part[(i - 1) % 2], topk_state[(i - 1) % 2],
-                                       topk_part[i % 2], topk_state[i % 2], top_shift - 4 * i, MASS=False,
-                                       TOPK_START=i == 0, START=False, AFTER_START=False, **common)
+                                       num_blocks, block_max, live_list, topk_part[(i - 1) % 2],
+                                       topk_state[(i - 1) % 2], topk_part[i % 2], topk_state[i % 2], top_shift - 4 * i,
+                                       MASS=False, TOPK_START=i == 0, START=False, AFTER_START=False, **common)
     topk_last = (passes - 1) % 2
     if use_top_p:
         for i in range(passes):
             part_in, state_in = (topk_part[topk_last], topk_state[topk_last]) if i == 0 else (
                 topp_part[(i - 1) % 2], topp_state[(i - 1) % 2])
             _sample_radix_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, num_chunks, chunk_max,
-                                       num_blocks, block_max, part_in, state_in, topp_part[i % 2], topp_state[i % 2],
-                                       top_shift - 4 * i, MASS=True, TOPK_START=False, START=i == 0,
+                                       num_blocks, block_max, live_list, part_in, state_in, topp_part[i % 2],
+                                       topp_state[i % 2], top_shift - 4 * i, MASS=True, TOPK_START=False, START=i == 0,
                                        AFTER_START=i == 1, **common)
     topp_last = (passes - 1) % 2
     _sample_final_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, min_p, seeds, counters, num_chunks,
-                               chunk_max, num_blocks, block_max, topk_part[topk_last], topk_state[topk_last],
+                               chunk_max, num_blocks, block_max, live_list, topk_part[topk_last], topk_state[topk_last],
                                topp_part[topp_last], topp_state[topp_last], best_score, best_index, SHIFT=shift,
                                USE_TOP_K=use_top_k, USE_TOP_P=use_top_p, CHUNK=chunk, BLOCK=block, CHUNKS_P=chunks_p,
                                **launch)
