@@ -323,7 +323,7 @@ def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_c
             live = live & ((_float_of_key(block_keys) - m) * r >= _EXP_CUTOFF)
         base = (row * num_chunks + chunk) * (CHUNK // BLOCK)
         for i in range(_compact(live, blocks, live_list, base, CHUNK // BLOCK)):
-            start = tl.load(live_list + base + i) * BLOCK
+            start = tl.load(live_list + base + i).to(tl.int32) * BLOCK
             offs = start + tl.arange(0, BLOCK)
             mask = offs < V
             raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
@@ -385,7 +385,7 @@ def _sample_final_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p
             (block_y >= log_min_p) | ((block_keys >> SHIFT) == key_max))
         base = (row * num_chunks + chunk) * (CHUNK // BLOCK)
         for i in range(_compact(live, blocks, live_list, base, CHUNK // BLOCK)):
-            start = tl.load(live_list + base + i) * BLOCK
+            start = tl.load(live_list + base + i).to(tl.int32) * BLOCK
             offs = start + tl.arange(0, BLOCK)
             mask = offs < V
             raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
