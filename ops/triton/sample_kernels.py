@@ -48,7 +48,8 @@ from ops.layouts import EXP_CUTOFF, KEY_SHIFT, MASS_SCALE, MIN_TEMPERATURE
 from ops.triton.argmax_kernels import _row_winner, _winner
 from ops.triton.pdl import pdl_flags
 
-CHUNK = 16384  # logits per program: 16 programs a row at V = 248,320 (each pass's fixed cost is per program)
+SMALL_CHUNK, LARGE_CHUNK = 4096, 16384  # logits per program (61 or 16 programs a row at V = 248,320)
+MANY_PROGRAMS = 2048  # a pass with more programs than this at SMALL_CHUNK uses LARGE_CHUNK
 BLOCK = 256  # logits per step inside a program ([BLOCK, 16] candidate tiles)
 MAX_VOCAB = 1 << 21  # masses: V * 2**32 < 2**53, exact in float64
 MAX_CHUNKS = 512
@@ -443,7 +444,7 @@ def _passes(dtype: torch.dtype) -> tuple[int, int]:
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            min_p: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, use_top_k: bool = True,
-           use_top_p: bool = True, chunk: int = CHUNK, block: int = BLOCK) -> torch.Tensor:
+           use_top_p: bool = True, chunk: int | None = None, block: int = BLOCK) -> torch.Tensor:
     """``ce::sample``'s CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``chunk`` and ``block``
     (powers of two, ``block <= chunk``) override the tiling (the tests use small ones to get several chunks and blocks
     from short rows)."""
@@ -464,6 +465,10 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
         raise ValueError("sample: an empty row has no token")
     if vocab > MAX_VOCAB:
         raise ValueError(f"sample: at most {MAX_VOCAB} logits a row, got {vocab}")
+    if chunk is None:
+        # Every pass pays a fixed cost per program (the row's decision from the partials, the block maxima): many
+        # rows take fewer, wider programs; few rows keep more programs for parallelism. See bench/NOTES.md.
+        chunk = SMALL_CHUNK if rows * triton.cdiv(vocab, SMALL_CHUNK) <= MANY_PROGRAMS else LARGE_CHUNK
     num_chunks = triton.cdiv(vocab, chunk)
     if num_chunks > MAX_CHUNKS:
         raise ValueError(f"sample: {vocab} logits need {num_chunks} chunks of {chunk}, more than {MAX_CHUNKS}")
