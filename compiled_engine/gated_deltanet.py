@@ -6,7 +6,15 @@ then the gated delta rule; the output is normalised by the gated RMSNorm with ``
 everything between the two projections is one op, ``ce::gated_deltanet_decode`` (one kernel on CUDA); prefill runs
 the unfused varlen ops.
 
-Mutates: ``conv_state`` and ``recurrent_state`` (this layer's pool buffers) at the rows ``step.state_slots``.
+Mutates: ``conv_state`` and ``recurrent_state`` (this layer's pool buffers) at the rows ``step.state_slots``; in a
+verify step of speculative decoding (``step.speculative``), its ``conv_history``/``recurrent_history`` instead.
+
+Verify steps: each sequence scores its last token and its k drafts (k + 1 positions), but only the accepted prefix
+may enter the pools, and which prefix is known only after the logits. The layer therefore runs the k + 1 positions
+through the decode op one position at a time on a history pool (rows ``i * N + n``: sequence n after position i),
+starting from a copy of the pools' rows; ``commit_verify`` then copies each sequence's row of its last accepted
+position into the pools. Each position is exactly what a decode step computes; the cost is k + 1 decode-op calls and
+k + 1 state copies per layer (a fused kernel that keeps the k + 1 states on chip is the faster form).
 """
 
 from __future__ import annotations
@@ -47,6 +55,10 @@ class GatedDeltaNet(nn.Module):
         # Buffers, so that torch.compile treats them as static addresses (mutated plain inputs skip CUDA graphs).
         self.register_buffer("conv_state", None, persistent=False)
         self.register_buffer("recurrent_state", None, persistent=False)
+        # Verify steps only: [positions * rows, conv_dim, kernel - 1] and [positions * rows, Hv, K, V]
+        # (cache.allocate_verify_history).
+        self.register_buffer("conv_history", None, persistent=False)
+        self.register_buffer("recurrent_history", None, persistent=False)
 
     @property
     def input_weight(self) -> nn.Parameter:
@@ -55,7 +67,10 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """From the in_proj output ``[T, P]`` to the out_proj output ``[T, hidden]``."""
-        o = self._prefill(projected, step) if step.is_prefill else self._decode(projected, step)
+        if step.speculative:
+            o = self._verify(projected, step)
+        else:
+            o = self._prefill(projected, step) if step.is_prefill else self._decode(projected, step)
         return self.tp.all_reduce(linear(o, self.out_proj))  # out_proj is row-parallel
 
     def _decode(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
@@ -65,6 +80,36 @@ class GatedDeltaNet(nn.Module):
             self.recurrent_state, step.state_slots, self.num_k_heads, self.head_k_dim, self.num_v_heads,
             self.head_v_dim, self.norm.eps,
         )
+
+    def _verify(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """Each sequence's ``positions`` tokens (rows grouped by sequence), one position at a time through the decode
+        op on the verify history (see the module docstring); the pools are read, not written -> [T, Hv*V]."""
+        n = step.num_sequences
+        positions = projected.shape[0] // n
+        if positions * n > self.recurrent_history.shape[0]:
+            raise ValueError(f"a verify step of {n} sequences x {positions} positions exceeds the verify history "
+                             f"({self.recurrent_history.shape[0]} rows)")
+        slots = step.state_slots.long()
+        self.conv_history[:n] = self.conv_state[slots]
+        self.recurrent_history[:n] = self.recurrent_state[slots]
+        rows = torch.arange(n, device=projected.device, dtype=torch.int32)
+        per_position = projected.view(n, positions, -1)
+        outputs = []
+        for i in range(positions):
+            if i:  # the state after position i - 1 is where position i starts
+                self.conv_history[i * n : (i + 1) * n] = self.conv_history[(i - 1) * n : i * n]
+                self.recurrent_history[i * n : (i + 1) * n] = self.recurrent_history[(i - 1) * n : i * n]
+            outputs.append(torch.ops.ce.gated_deltanet_decode(
+                per_position[:, i], self.conv_weight, self.conv_history, self.A_log, self.dt_bias, self.norm.weight,
+                self.recurrent_history, rows + i * n, self.num_k_heads, self.head_k_dim, self.num_v_heads,
+                self.head_v_dim, self.norm.eps,
+            ))
+        return torch.stack(outputs, dim=1).reshape(n * positions, -1)
+
+    def commit_verify(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """The pools at ``slots`` [N] take the verify history's ``rows`` [N] (int64, on the device: no host sync)."""
+        self.conv_state.index_copy_(0, slots, self.conv_history[rows])
+        self.recurrent_state.index_copy_(0, slots, self.recurrent_history[rows])
 
     def _prefill(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Varlen tokens packed by ``step.cu_seqlens``: unfused conv, chunked delta rule, gated norm -> [T, Hv*V]."""
