@@ -110,6 +110,8 @@ def draft(
     and ``seq_rows`` their sequences' rows of ``step.block_tables``. Each further draft is a one-row MTP decode step
     at the next position, on the previous step's output."""
     out = model.mtp_forward(next_ids, hidden, step)
+    if rows.numel() == 0:  # only middle chunks of prompts: their MTP KV is all this step needed
+        return rows.new_empty((0, num_drafts))
     h = out[rows]
     tokens = model.compute_logits(h).argmax(dim=-1)
     drafts = [tokens]
