@@ -266,7 +266,7 @@ def test_seeded_sampling_is_batch_invariant(tiny_path):
 def runtimes(tiny_path) -> dict:
     """Reused across examples: non-speculative, and k = 1..3 (one with prefix caching), all with a small KV cache
     so that preemption happens."""
-    small = dict(num_kv_blocks=40, block_size=16, max_num_seqs=4)
+    small = dict(num_kv_blocks=14, block_size=16, max_num_seqs=4)
     return {
         0: runtime(tiny_path, **small),
         1: runtime(tiny_path, k=1, **small),
@@ -278,7 +278,7 @@ def runtimes(tiny_path) -> dict:
 request_strategy = st.fixed_dictionaries({
     "prompt": st.one_of(st.lists(st.integers(0, 256), min_size=1, max_size=70),
                         st.sampled_from([list(range(100, 164)) + [1, 2], list(range(100, 164)) + [7]])),
-    "max_tokens": st.integers(1, 40),
+    "max_tokens": st.integers(1, 48),
     "min_tokens": st.integers(0, 6),
     "stop": st.lists(st.integers(0, 256), max_size=8),
     "arrival": st.integers(0, 6),
@@ -287,7 +287,7 @@ request_strategy = st.fixed_dictionaries({
 
 
 def _run(runtime_: Runtime, requests: list[dict], draft_override=None) -> dict[str, list[int]]:
-    engine = LLMEngine(runtime_, max_num_batched_tokens=48, draft_override=draft_override)
+    engine = LLMEngine(runtime_, max_num_batched_tokens=48, kv_growth_reserve=0.0, draft_override=draft_override)
     tokens: dict[str, list[int]] = {}
     step = 0
     pending = list(enumerate(requests))
