@@ -288,7 +288,9 @@ class LLMEngine:
         chunks = [s for s in batch.seqs[:d] if self._request_of_seq[s.seq_id].drafts is None]
         counts = [1] * len(chunks) + batch.num_tokens[d:]
         chunks += batch.seqs[d:]
-        outputs = self._verify_round(verify) if verify else []
+        # The verify round's draft positions may take only blocks the prefill chunks after it do not need.
+        keep_free = sum(self.runtime.caches.blocks_needed(s, n) for s, n in zip(chunks, counts))
+        outputs = self._verify_round(verify, keep_free) if verify else []
         if chunks:
             outputs += self._prefill_round(chunks, counts)
         return outputs
@@ -319,10 +321,10 @@ class LLMEngine:
             drafts = list(self.draft_override(request.request_id, list(request.seq.token_ids), drafts))
         request.drafts = drafts
 
-    def _verify_round(self, seqs: list[Sequence]) -> list[RequestOutput]:
+    def _verify_round(self, seqs: list[Sequence], keep_free: int) -> list[RequestOutput]:
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
         k = self.num_speculative_tokens
-        spec = self.runtime.verify(seqs, [r.drafts[:k] for r in requests])
+        spec = self.runtime.verify(seqs, [r.drafts[:k] for r in requests], keep_free)
         n = len(seqs)
         drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
         accepted, tokens = rejection_sample(spec.logits, drafts, self._sampling_batch(requests, spec.logits.device,

@@ -38,7 +38,7 @@ from typing import Iterable, Sequence as Seq
 
 import torch
 
-from compiled_engine.cache_manager import CacheManager, OutOfBlocksError
+from compiled_engine.cache_manager import CacheManager, OutOfBlocksError, blocks_needed
 from compiled_engine.config import ModelConfig, RuntimeConfig
 from compiled_engine.distributed import check_divisible
 from compiled_engine.executor import ModelExecutor
@@ -395,16 +395,18 @@ class Runtime:
             raise ValueError("speculative decoding is off (pass speculative_config)")
         return k
 
-    def _reserve_draft_blocks(self, seqs: Seq[Sequence], counts: Seq[int], extra: Seq[int]) -> None:
+    def _reserve_draft_blocks(
+        self, seqs: Seq[Sequence], counts: Seq[int], extra: Seq[int], keep_free: int = 0
+    ) -> None:
         """Reserve the blocks of ``counts[i]`` tokens from each sequence's computed ones, with ``extra[i]`` more for
-        its draft positions when the free blocks allow (else without: see compiled_engine/speculative.py). Counts
-        stop at max_model_len."""
-        limit = self.max_model_len
+        its draft positions when that leaves ``keep_free`` blocks free (else without: see
+        compiled_engine/speculative.py). Counts stop at max_model_len."""
+        limit, size = self.max_model_len, self.config.block_size
         wanted = [min(n + e, limit - s.num_computed_tokens) for s, n, e in zip(seqs, counts, extra)]
-        try:
-            self.caches.reserve_blocks(seqs, wanted)
-        except OutOfBlocksError:
-            self.caches.reserve_blocks(seqs, [min(n, limit - s.num_computed_tokens) for s, n in zip(seqs, counts)])
+        more = sum(blocks_needed(s.num_computed_tokens + w, len(s.block_table), size) for s, w in zip(seqs, wanted))
+        if more + keep_free > self.caches.num_free_blocks:
+            wanted = [min(n, limit - s.num_computed_tokens) for s, n in zip(seqs, counts)]
+        self.caches.reserve_blocks(seqs, wanted)
 
     @torch.inference_mode()
     def prefill_for_drafts(self, seqs: Seq[Sequence], num_tokens: Seq[int] | None = None) -> SpeculativeStep:
@@ -450,10 +452,11 @@ class Runtime:
         return draft(self.model, spec.step, spec.hidden, next_ids, last, seq_rows, k, self.config.block_size)
 
     @torch.inference_mode()
-    def verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> SpeculativeStep:
+    def verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0) -> SpeculativeStep:
         """The verify step: each sequence's last (uncomputed) token and its k ``drafts`` scored by the target in one
         step. ``.logits``: fp32 ``[N * (k+1), vocab]``, sequence by sequence. The linear layers' pools stay as they
-        are until ``accept``; the sequences' lengths until ``advance``."""
+        are until ``accept``; the sequences' lengths until ``advance``. ``keep_free``: blocks the draft positions'
+        blocks may not take (those a prefill step after this one needs)."""
         k = self._check_speculative()
         if not seqs:
             raise ValueError("a step needs at least one sequence")
@@ -473,7 +476,7 @@ class Runtime:
             token = seq.token_ids[-1]
             if not all(isinstance(t, int) and 0 <= t < vocab for t in (token, *proposal)):
                 raise ValueError(f"sequence {seq.seq_id}: a token id or draft outside [0, {vocab})")
-        self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs))
+        self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
         hidden = self.model(step)
         starts = [s.num_computed_tokens for s in seqs]

@@ -326,3 +326,29 @@ def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate):
             assert out == ref, request_id
         else:
             assert out == ref[: len(out)], request_id
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_drafts_across_max_model_len(tiny_path, k):
+    """Sequences that end at max_model_len: verify rows and draft positions past it map to the null block; the
+    output still ends exactly where the non-speculative one does (finish_reason "length")."""
+    prompts = [list(range(10, 40)), list(range(50, 86)), [3] * 38]
+    params = SamplingParams(temperature=0, max_tokens=30)
+
+    def run(k_: int, override=None) -> list:
+        engine = LLMEngine(runtime(tiny_path, k=k_, max_model_len=40, num_kv_blocks=12, block_size=8),
+                           draft_override=override)
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, params)
+        done = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = (out.token_ids, out.finish_reason)
+        return [done[f"r{i}"] for i in range(len(prompts))]
+
+    reference = run(0)
+    assert all(reason == "length" and len(p) + len(t) == 40 for (t, reason), p in zip(reference, prompts))
+    tokens = {f"r{i}": t for i, (t, _) in enumerate(reference)}
+    assert run(k, oracle(tokens, {f"r{i}": len(p) for i, p in enumerate(prompts)}, 1.0, 257)) == reference
+    assert run(k) == reference
