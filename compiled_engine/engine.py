@@ -155,6 +155,10 @@ class LLMEngine:
         if self.num_speculative_tokens:
             overlap_decode = False
         self.draft_override = draft_override
+        # Speculative decoding counters (cumulative): verify rows, drafts they scored, drafts accepted.
+        self.num_verified_rows = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self.scheduler = Scheduler(runtime.caches, runtime.config.max_num_seqs, max_num_batched_tokens,
                                    mixed_steps=mixed_steps, kv_growth_reserve=kv_growth_reserve,
                                    decode_tokens=1 + self.num_speculative_tokens, max_model_len=runtime.max_model_len)
@@ -332,6 +336,9 @@ class LLMEngine:
         new_drafts = self.runtime.accept(spec, accepted, tokens)
         host = torch.cat([accepted[:, None], tokens, new_drafts], dim=1).tolist()  # the step's one read-back
         self.runtime.advance(spec, [row[0] for row in host], [row[1 : k + 2] for row in host])
+        self.num_verified_rows += n
+        self.num_draft_tokens += n * k
+        self.num_accepted_tokens += sum(row[0] for row in host)
         now = time.perf_counter()
         outputs = []
         for request, row in zip(requests, host):

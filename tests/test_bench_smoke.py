@@ -38,6 +38,8 @@ SMOKE_ARGS = [
     "-p", "startup.prompt_len=4", "-p", "startup.new_tokens=2",
     "-p", "step_profile.batches=1,2", "-p", "step_profile.context=8", "-p", "step_profile.steps=2",
     "-p", "step_profile.prefill_seqs=2", "-p", "step_profile.prefill_len=8",
+    "-p", "spec.batches=1,2", "-p", "spec.ks=1,2", "-p", "spec.rates=0,1", "-p", "spec.prompt_len=8",
+    "-p", "spec.new_tokens=6", "-p", "spec.step_iters=2",
 ]
 
 
@@ -490,3 +492,19 @@ def test_stack_dumps_show_the_caller_of_a_deep_recursion(tmp_path):
     assert "outermost_caller" in first and "recurse  x" in first
     count = int(first.split("recurse  x")[1].split()[0])
     assert count == 301  # recurse(300) .. recurse(0): the whole depth, in one line
+
+
+def test_spec(smoke):
+    """Every speculative run's greedy output is the baseline's; at forced acceptance 1 every draft is accepted."""
+    r = smoke[2]["spec"]
+    assert r["baseline"] and r["speculative"] and r["rule"]
+    for k, cells in r["speculative"].items():
+        for b, cell in cells.items():
+            for name, entry in cell.items():
+                if name == "steps":
+                    assert positive(entry["verify_ms"]) and positive(entry["round_ms"])
+                    continue
+                assert entry["outputs_differing_from_baseline"] == 0
+                assert positive(entry["output_tok_s"])
+            assert cell["forced_1"]["acceptance"] == 1.0
+            assert cell["forced_0"]["acceptance"] == 0.0
