@@ -13,6 +13,8 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   the baseline; and the step costs at that batch: ``verify_ms`` (the target's verify step: k+1 tokens a sequence),
   ``round_ms`` (verify, acceptance, commit, MTP drafts, the read-back), ``eager_decode_ms`` (a decode step of the same
   eager runtime), their ratios to the baseline decode step.
+* ``bound``: per batch, the non-speculative decode bound (bench/bounds.py: one read of the weights per token), and
+  ``fraction_of_bound`` of every run (speculation exists to pass 1);
 * ``rule``: per batch, the best k at each forced acceptance rate and whether drafting pays there at all (a measured
   table for the rule that turns drafting off at large batches; the engine does not apply one yet).
 
@@ -27,6 +29,7 @@ import time
 
 import torch
 
+from bench.bounds import workload_decode_bound
 from bench.common import Context, greedy, random_prompt, request_timings
 
 OWN_ENGINES = True  # builds an engine per k: the driver runs it after the shared-engine scenarios
@@ -111,8 +114,17 @@ def run(
             best = max(ks, key=lambda k: per_k[k][b][f"forced_{rate:g}"]["output_tok_s"])
             speedup = per_k[best][b][f"forced_{rate:g}"]["speedup"]
             rule[b][f"{rate:g}"] = {"best_k": best, "speedup": speedup, "draft": speedup > 1.0}
+    # The non-speculative decode bound (one read of the weights per token): speculation exists to pass it.
+    mb, bandwidth = ctx.model_bytes(), ctx.bandwidth()["bytes_per_s"]
+    bound = {b: workload_decode_bound(mb, bandwidth, [prompt_len] * b, [new_tokens] * b, b) for b in batches}
+    fraction = {b: {"baseline": baseline[b]["output_tok_s"] / bound[b]["output_tok_s"],
+                    **{f"k{k}_{name}": entry["output_tok_s"] / bound[b]["output_tok_s"]
+                       for k in ks for name, entry in per_k[k][b].items() if name != "steps"}}
+                for b in batches}
     result = ctx.metadata("spec")
     result.update({
+        "bound": bound,
+        "fraction_of_bound": fraction,
         "workload": {"batches": batches, "ks": ks, "rates": rates, "prompt_len": prompt_len,
                      "new_tokens": new_tokens, "greedy": True, "ignore_eos": True, "seed": seed},
         "baseline": baseline,
