@@ -78,14 +78,15 @@ def allocate_kv_cache(
 
 def allocate_verify_history(model: HybridModel, positions: int, rows: int) -> None:
     """Give every linear layer the verify history of speculative decoding: ``positions * rows`` rows shaped like its
-    state pools (compiled_engine/gated_deltanet.py), for verify steps of up to ``rows`` sequences."""
+    state pools, and ``rows`` scratch rows (compiled_engine/gated_deltanet.py), for verify steps of up to ``rows``
+    sequences."""
     for layer in model.layers:
         if layer.layer_type == LINEAR_ATTENTION:
             m = layer.mixer
-            m.conv_history = torch.empty((positions * rows, *m.conv_state.shape[1:]), device=m.conv_state.device,
-                                         dtype=m.conv_state.dtype)
-            m.recurrent_history = torch.empty((positions * rows, *m.recurrent_state.shape[1:]),
-                                              device=m.recurrent_state.device, dtype=m.recurrent_state.dtype)
+            for name, pool in (("conv", m.conv_state), ("recurrent", m.recurrent_state)):
+                shape, kind = pool.shape[1:], dict(device=pool.device, dtype=pool.dtype)
+                setattr(m, f"{name}_history", torch.empty((positions * rows, *shape), **kind))
+                setattr(m, f"{name}_scratch", torch.empty((rows, *shape), **kind))
 
 
 def reset_state_slot(model: HybridModel, slot: int) -> None:

@@ -328,12 +328,16 @@ class LLMEngine:
     def _verify_round(self, seqs: list[Sequence], keep_free: int) -> list[RequestOutput]:
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
         k = self.num_speculative_tokens
-        spec = self.runtime.verify(seqs, [r.drafts[:k] for r in requests], keep_free)
+        proposals = [r.drafts[:k] for r in requests]
         n = len(seqs)
-        drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
-        accepted, tokens = rejection_sample(spec.logits, drafts, self._sampling_batch(requests, spec.logits.device,
-                                                                                      positions=k + 1))
-        new_drafts = self.runtime.accept(spec, accepted, tokens)
+        if all(r.params.greedy and not self._suppressing(r) for r in requests):
+            spec, accepted, tokens, new_drafts = self.runtime.greedy_round(seqs, proposals, keep_free)
+        else:
+            spec = self.runtime.verify(seqs, proposals, keep_free)
+            drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
+            batch = self._sampling_batch(requests, spec.logits.device, positions=k + 1)
+            accepted, tokens = rejection_sample(spec.logits, drafts, batch)
+            new_drafts = self.runtime.accept(spec, accepted, tokens)
         host = torch.cat([accepted[:, None], tokens, new_drafts], dim=1).tolist()  # the step's one read-back
         self.runtime.advance(spec, [row[0] for row in host], [row[1 : k + 2] for row in host])
         self.num_verified_rows += n

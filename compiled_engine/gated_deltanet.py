@@ -11,10 +11,11 @@ verify step of speculative decoding (``step.speculative``), its ``conv_history``
 
 Verify steps: each sequence scores its last token and its k drafts (k + 1 positions), but only the accepted prefix
 may enter the pools, and which prefix is known only after the logits. The layer therefore runs the k + 1 positions
-through the decode op one position at a time on a history pool (rows ``i * N + n``: sequence n after position i),
-starting from a copy of the pools' rows; ``commit_verify`` then copies each sequence's row of its last accepted
-position into the pools. Each position is exactly what a decode step computes; the cost is k + 1 decode-op calls and
-k + 1 state copies per layer (a fused kernel that keeps the k + 1 states on chip is the faster form).
+through the decode op one position at a time on scratch rows (a copy of the pools' rows), copying the state after
+each position into a history (rows ``i * N + n``: sequence n after position i); ``commit_verify`` then copies each
+sequence's row of its last accepted position into the pools (``ce::copy_state_rows``: copies a compiled graph
+keeps). Each position is exactly what a decode step computes; the cost is k + 1 decode-op calls and k + 2 state
+copies per layer (a fused kernel that keeps the k + 1 states on chip is the faster form).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import ops  # noqa: F401  (registers torch.ops.ce)
 from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import TensorParallel
 from compiled_engine.layers import GatedRMSNorm, empty_parameter
-from ops.step import StepInputs
 from ops.linear import linear
+from ops.state_rows import copy_state_rows
+from ops.step import StepInputs
 
 
 class GatedDeltaNet(nn.Module):
@@ -55,10 +57,12 @@ class GatedDeltaNet(nn.Module):
         # Buffers, so that torch.compile treats them as static addresses (mutated plain inputs skip CUDA graphs).
         self.register_buffer("conv_state", None, persistent=False)
         self.register_buffer("recurrent_state", None, persistent=False)
-        # Verify steps only: [positions * rows, conv_dim, kernel - 1] and [positions * rows, Hv, K, V]
-        # (cache.allocate_verify_history).
+        # Verify steps only (cache.allocate_verify_history): the history, [positions * rows, conv_dim, kernel - 1] and
+        # [positions * rows, Hv, K, V], and the scratch rows the decode op runs on, [rows, ...] each.
         self.register_buffer("conv_history", None, persistent=False)
         self.register_buffer("recurrent_history", None, persistent=False)
+        self.register_buffer("conv_scratch", None, persistent=False)
+        self.register_buffer("recurrent_scratch", None, persistent=False)
 
     @property
     def input_weight(self) -> nn.Parameter:
@@ -83,33 +87,31 @@ class GatedDeltaNet(nn.Module):
 
     def _verify(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Each sequence's ``positions`` tokens (rows grouped by sequence), one position at a time through the decode
-        op on the verify history (see the module docstring); the pools are read, not written -> [T, Hv*V]."""
+        op on the verify scratch rows, each position's state then copied to the verify history (see the module
+        docstring); the pools are read, not written -> [T, Hv*V]."""
         n = step.num_sequences
         positions = projected.shape[0] // n
-        if positions * n > self.recurrent_history.shape[0]:
+        if positions * n > self.recurrent_history.shape[0] or n > self.recurrent_scratch.shape[0]:
             raise ValueError(f"a verify step of {n} sequences x {positions} positions exceeds the verify history "
-                             f"({self.recurrent_history.shape[0]} rows)")
-        slots = step.state_slots.long()
-        self.conv_history[:n] = self.conv_state[slots]
-        self.recurrent_history[:n] = self.recurrent_state[slots]
+                             f"({self.recurrent_scratch.shape[0]} sequences)")
         rows = torch.arange(n, device=projected.device, dtype=torch.int32)
+        copy_state_rows(self.conv_scratch, self.recurrent_scratch, rows, self.conv_state, self.recurrent_state,
+                        step.state_slots)
         per_position = projected.view(n, positions, -1)
         outputs = []
         for i in range(positions):
-            if i:  # the state after position i - 1 is where position i starts
-                self.conv_history[i * n : (i + 1) * n] = self.conv_history[(i - 1) * n : i * n]
-                self.recurrent_history[i * n : (i + 1) * n] = self.recurrent_history[(i - 1) * n : i * n]
             outputs.append(torch.ops.ce.gated_deltanet_decode(
-                per_position[:, i], self.conv_weight, self.conv_history, self.A_log, self.dt_bias, self.norm.weight,
-                self.recurrent_history, rows + i * n, self.num_k_heads, self.head_k_dim, self.num_v_heads,
-                self.head_v_dim, self.norm.eps,
+                per_position[:, i], self.conv_weight, self.conv_scratch, self.A_log, self.dt_bias, self.norm.weight,
+                self.recurrent_scratch, rows, self.num_k_heads, self.head_k_dim, self.num_v_heads, self.head_v_dim,
+                self.norm.eps,
             ))
+            copy_state_rows(self.conv_history, self.recurrent_history, rows + i * n, self.conv_scratch,
+                            self.recurrent_scratch, rows)
         return torch.stack(outputs, dim=1).reshape(n * positions, -1)
 
     def commit_verify(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """The pools at ``slots`` [N] take the verify history's ``rows`` [N] (int64, on the device: no host sync)."""
-        self.conv_state.index_copy_(0, slots, self.conv_history[rows])
-        self.recurrent_state.index_copy_(0, slots, self.recurrent_history[rows])
+        """The pools at ``slots`` [N] take the verify history's ``rows`` [N] (on the device: no host sync)."""
+        copy_state_rows(self.conv_state, self.recurrent_state, slots, self.conv_history, self.recurrent_history, rows)
 
     def _prefill(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Varlen tokens packed by ``step.cu_seqlens``: unfused conv, chunked delta rule, gated norm -> [T, Hv*V]."""

@@ -47,7 +47,7 @@ from compiled_engine.memory_plan import allocate_caches
 from compiled_engine.model import HybridModel
 from compiled_engine.sampling_params import as_token_id
 from compiled_engine.sequence import Sequence
-from compiled_engine.speculative import SpeculativeStep, draft, pack_verify_step
+from compiled_engine.speculative import SpeculativeRound, SpeculativeStep, draft, pack_verify_step
 from compiled_engine.step import pack_step, upload
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from compiled_engine.tp_workers import TensorParallelWorkers
@@ -114,10 +114,18 @@ class Runtime:
         self._next_seq_id = 0
         self._owner = object()  # stamped on the sequences this runtime makes (Sequence.owner), checked per step
         self.speculative_config = config.speculative_config
-        if self.speculative_config is not None and model.mtp is None:
-            raise ValueError("speculative_config method 'mtp' needs the model built with its MTP layer "
-                             "(load_model(..., mtp=True))")
-        if compile:
+        self.speculative_round: SpeculativeRound | None = None
+        if self.speculative_config is not None:
+            if model.mtp is None:
+                raise ValueError("speculative_config method 'mtp' needs the model built with its MTP layer "
+                                 "(load_model(..., mtp=True))")
+            # Decode rows become verify rounds: greedy ones compiled (with compile), no decode graph.
+            self.speculative_round = SpeculativeRound(
+                model, self.speculative_config.num_speculative_tokens, config.block_size, config.max_num_seqs,
+                self.max_model_len, device, compile=compile,
+            )
+            self.speculative_round.warmup()
+        elif compile:
             self.compile_decode()
 
     # ----------------------------------------------------------------------------------------------- construction
@@ -152,10 +160,8 @@ class Runtime:
         runtime_config = RuntimeConfig(**runtime_config)
         runtime_config.validate()
         mtp = runtime_config.speculative_config is not None
-        if mtp:
-            if tensor_parallel_size != 1:
-                raise ValueError("speculative_config runs without tensor parallelism only (tensor_parallel_size=1)")
-            compile = False  # verify and draft steps run eagerly; a decode graph would never replay
+        if mtp and tensor_parallel_size != 1:
+            raise ValueError("speculative_config runs without tensor parallelism only (tensor_parallel_size=1)")
         backend = runtime_config.attention_backend
         if backend == "flash_attn":
             check_flash_attn_usable(device, dtype, runtime_config.block_size)
@@ -451,12 +457,8 @@ class Runtime:
         next_ids[last] = next_tokens[seq_rows]
         return draft(self.model, spec.step, spec.hidden, next_ids, last, seq_rows, k, self.config.block_size)
 
-    @torch.inference_mode()
-    def verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0) -> SpeculativeStep:
-        """The verify step: each sequence's last (uncomputed) token and its k ``drafts`` scored by the target in one
-        step. ``.logits``: fp32 ``[N * (k+1), vocab]``, sequence by sequence. The linear layers' pools stay as they
-        are until ``accept``; the sequences' lengths until ``advance``. ``keep_free``: blocks the draft positions'
-        blocks may not take (those a prefill step after this one needs)."""
+    def _check_verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> int:
+        """Raise ValueError, before anything changes, for a verify step that cannot run; returns k."""
         k = self._check_speculative()
         if not seqs:
             raise ValueError("a step needs at least one sequence")
@@ -476,6 +478,15 @@ class Runtime:
             token = seq.token_ids[-1]
             if not all(isinstance(t, int) and 0 <= t < vocab for t in (token, *proposal)):
                 raise ValueError(f"sequence {seq.seq_id}: a token id or draft outside [0, {vocab})")
+        return k
+
+    @torch.inference_mode()
+    def verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0) -> SpeculativeStep:
+        """The verify step: each sequence's last (uncomputed) token and its k ``drafts`` scored by the target in one
+        step. ``.logits``: fp32 ``[N * (k+1), vocab]``, sequence by sequence. The linear layers' pools stay as they
+        are until ``accept``; the sequences' lengths until ``advance``. ``keep_free``: blocks the draft positions'
+        blocks may not take (those a prefill step after this one needs)."""
+        k = self._check_verify(seqs, drafts)
         self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
         hidden = self.model(step)
@@ -495,6 +506,19 @@ class Runtime:
         self.model.commit_verify(slots, num_accepted * n + index)
         rows = index * (k + 1) + num_accepted
         return draft(self.model, spec.step, spec.hidden, tokens.reshape(-1), rows, index, k, self.config.block_size)
+
+    @torch.inference_mode()
+    def greedy_round(
+        self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0
+    ) -> tuple[SpeculativeStep, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``verify``, greedy acceptance and ``accept`` in one call (SpeculativeRound: compiled when the runtime is):
+        ``(spec, num_accepted [N], tokens [N, k+1], drafts [N, k])``, on the device (compiled: valid until the next
+        round); ``advance(spec, ...)`` follows. For sequences whose next tokens are all the target's argmax."""
+        k = self._check_verify(seqs, drafts)
+        self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
+        starts = [s.num_computed_tokens for s in seqs]
+        accepted, tokens, new = self.speculative_round(seqs, drafts)
+        return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * len(seqs), None), accepted, tokens, new
 
     def advance(self, spec: SpeculativeStep, num_accepted: Seq[int], tokens: Seq[Seq[int]]) -> None:
         """The host's side of ``accept``, with its values read back: each sequence gets ``tokens[i][:a + 1]``
