@@ -6,13 +6,14 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
 * ``baseline``: the engine without speculative decoding (the shared engine: compiled decode on CUDA unless
   ``--enforce-eager``): output tok/s, TTFT/TPOT, and one decode step's cost (``decode_ms``, at that batch and a
   ``prompt_len`` context, the step's tokens read back as the engine does);
-* per k: an engine with ``speculative_config={"method": "mtp", "num_speculative_tokens": k}`` (verify and draft
-  steps run eagerly): output tok/s with the checkpoint's MTP head (and its acceptance: accepted / drafted), then with
+* per k: an engine with ``speculative_config={"method": "mtp", "num_speculative_tokens": k}`` (greedy rounds
+  compiled like the decode graph unless ``--enforce-eager``; prefill eager as always): output tok/s with the checkpoint's MTP head (and its acceptance: accepted / drafted), then with
   a forced-acceptance drafter at each ``rates`` (``LLMEngine.draft_override``: the known greedy continuation of each
   request, from the baseline run, each draft right with that probability, else a wrong token); the speed-up over
   the baseline; and the step costs at that batch: ``verify_ms`` (the target's verify step: k+1 tokens a sequence),
-  ``round_ms`` (verify, acceptance, commit, MTP drafts, the read-back), ``eager_decode_ms`` (a decode step of the same
-  eager runtime), their ratios to the baseline decode step.
+  ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
+  on CUDA unless ``--enforce-eager``; the read-back included), ``eager_decode_ms`` (an eager decode step of the
+  speculative runtime), their ratios to the baseline decode step.
 * ``bound``: per batch, the non-speculative decode bound (bench/bounds.py: one read of the weights per token), and
   ``fraction_of_bound`` of every run (speculation exists to pass 1);
 * ``rule``: per batch, the best k at each forced acceptance rate and whether drafting pays there at all (a measured
@@ -189,36 +190,27 @@ def _decode_ms(ctx: Context, runtime, prompts, iters: int) -> float:
 
 
 def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
-    """A verify step alone, a whole round (verify, greedy acceptance, commit, drafts, read-back, advance), and an
-    eager decode step of the speculative runtime, in ms."""
-    from compiled_engine.rejection_sampler import rejection_sample
-    from compiled_engine.sampler import SamplingBatch
-
+    """In ms: a verify step alone (the unfused eager path: the target's forward of k+1 tokens a sequence), a whole
+    greedy round as the engine runs it (``Runtime.greedy_round``: compiled when the runtime is; the read-back and
+    ``advance`` included), and an eager decode step of the speculative runtime."""
     seqs = _started(runtime, prompts)
-    rows = len(seqs) * (k + 1)
-    device = runtime.device
-    zeros = torch.zeros(rows, dtype=torch.long, device=device)
-    batch = SamplingBatch(torch.zeros(rows, device=device), zeros, torch.ones(rows, device=device),
-                          torch.zeros(rows, device=device), zeros, zeros, zeros[:0], zeros[:0], True, False, False)
     drafts = [[0] * k for _ in seqs]
     verify_s = round_s = 0.0
     try:
-        for i in range(iters + 2):
+        for i in range(iters + 2):  # two warm-up rounds
             ctx.sync()
             start = time.perf_counter()
-            spec = runtime.verify(seqs, drafts)
+            runtime.verify(seqs, drafts)  # reserves nothing new after the first call; the pools stay as they are
             ctx.sync()
             verified = time.perf_counter()
-            n = len(seqs)
-            accepted, tokens = rejection_sample(spec.logits, spec.step.input_ids.view(n, k + 1)[:, 1:], batch)
-            new = runtime.accept(spec, accepted, tokens)
+            spec, accepted, tokens, new = runtime.greedy_round(seqs, drafts)
             host = torch.cat([accepted[:, None], tokens, new], dim=1).tolist()
             runtime.advance(spec, [r[0] for r in host], [r[1 : k + 2] for r in host])
             drafts = [r[k + 2 :] for r in host]
             done = time.perf_counter()
             if i >= 2:
                 verify_s += verified - start
-                round_s += done - start
+                round_s += done - verified
         eager = _decode_loop(ctx, runtime, seqs, iters)
     finally:
         for seq in seqs:

@@ -381,3 +381,31 @@ def test_compiled_greedy_rounds_equal_non_speculative(tiny_path):
               speculative_config=spec(2))
     assert llm.runtime.speculative_round.compiled
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == reference
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rate", [None, 0.7])
+def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path, rate):
+    """On a GPU, in fp32: greedy rounds compiled and captured (cudagraph trees, one graph per bucket) give the
+    non-speculative eager output, with the MTP head's drafts and with oracle drafts (long accepted runs)."""
+    prompts = PROMPTS
+    ids = [f"r{i}" for i in range(len(prompts))]
+
+    def run(**knobs) -> list[list[int]]:
+        rt = Runtime.from_pretrained(tiny_path, device="cuda", dtype="float32", max_model_len=MAX_LEN,
+                                     max_num_seqs=4, **knobs)
+        override = None
+        if rate is not None and knobs.get("speculative_config"):
+            override = oracle(dict(zip(ids, reference)), {i: len(p) for i, p in zip(ids, prompts)}, rate, 257)
+        engine = LLMEngine(rt, draft_override=override)
+        for request_id, prompt in zip(ids, prompts):
+            engine.add_request(request_id, prompt, SamplingParams(temperature=0, max_tokens=24))
+        done = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.token_ids
+        return [done[i] for i in ids]
+
+    reference = run(compile=False)
+    assert run(compile=True, speculative_config=spec(3)) == reference
