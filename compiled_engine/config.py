@@ -222,10 +222,13 @@ MAX_SPECULATIVE_TOKENS = 4
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding (vLLM's ``speculative_config``): ``method`` "mtp" drafts with the checkpoint's own
-    multi-token-prediction layer (compiled_engine/mtp.py), ``num_speculative_tokens`` k in 1..4 tokens a step."""
+    multi-token-prediction layer (compiled_engine/mtp.py), ``num_speculative_tokens`` k in 1..4 tokens a step;
+    ``disable_by_batch_size`` (vLLM's name): a step with more decoding sequences than that decodes them plainly (no
+    drafts), where verifying k+1 tokens a sequence stops paying (bench/spec.py measures where)."""
 
     method: str = "mtp"
     num_speculative_tokens: int = 1
+    disable_by_batch_size: int | None = None
 
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
@@ -234,11 +237,12 @@ class SpeculativeConfig:
         if value is None or isinstance(value, cls):
             config = value
         elif isinstance(value, dict):
-            unknown = sorted(set(value) - {"method", "num_speculative_tokens"})
+            unknown = sorted(set(value) - {"method", "num_speculative_tokens", "disable_by_batch_size"})
             if unknown:
                 raise ValueError(f"speculative_config has unknown key(s) {unknown}; known: method, "
-                                 "num_speculative_tokens")
-            config = cls(value.get("method", "mtp"), value.get("num_speculative_tokens", 1))
+                                 "num_speculative_tokens, disable_by_batch_size")
+            config = cls(value.get("method", "mtp"), value.get("num_speculative_tokens", 1),
+                         value.get("disable_by_batch_size"))
         else:
             raise ValueError(f"speculative_config must be a dict or None, got {value!r}")
         if config is None:
@@ -249,7 +253,10 @@ class SpeculativeConfig:
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config num_speculative_tokens must be an int in 1..{MAX_SPECULATIVE_TOKENS}, "
                              f"got {k!r}")
-        return cls(config.method, int(k))
+        limit = config.disable_by_batch_size
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1):
+            raise ValueError(f"speculative_config disable_by_batch_size must be an int >= 1 or None, got {limit!r}")
+        return cls(config.method, int(k), None if limit is None else int(limit))
 
 
 @dataclass(frozen=True)

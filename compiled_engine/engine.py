@@ -144,8 +144,12 @@ class LLMEngine:
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.num_speculative_tokens = runtime.num_speculative_tokens
+        self.disable_by_batch_size = (runtime.speculative_config.disable_by_batch_size
+                                      if runtime.speculative_config is not None else None)
         if speculative_config is not None:
-            k = SpeculativeConfig.parse(speculative_config).num_speculative_tokens
+            parsed = SpeculativeConfig.parse(speculative_config)
+            k = parsed.num_speculative_tokens
+            self.disable_by_batch_size = parsed.disable_by_batch_size
             if not self.num_speculative_tokens:
                 raise ValueError("speculative_config needs a runtime built with one (its MTP layer and verify "
                                  "buffers): Runtime.from_pretrained(path, speculative_config=...)")
@@ -287,7 +291,19 @@ class LLMEngine:
         if batch is None:
             return []
         d = batch.num_decode
-        # A decode-ready row without drafts is a prompt whose last token a chunk left: a 1-token prefill chunk.
+        if self.disable_by_batch_size is not None and d > self.disable_by_batch_size:
+            # Too many rows for verifying to pay: a plain decode step; their drafts are gone (a row drafts again
+            # from a 1-token prefill chunk once the batch is small enough).
+            decode = batch.seqs[:d]
+            requests, _, host = self._launch(ScheduledBatch(False, decode, [1] * d, d))
+            for request in requests:
+                request.drafts = None
+            outputs = self._accept_placed(requests, host, self._place(requests))
+            if batch.is_prefill and len(batch.seqs) > d:
+                outputs += self._prefill_round(batch.seqs[d:], batch.num_tokens[d:])
+            return outputs
+        # A decode-ready row without drafts (a prompt's last token left by a chunk, or a row that decoded without
+        # drafting): a 1-token prefill chunk, whose MTP pass drafts for it.
         verify = [s for s in batch.seqs[:d] if self._request_of_seq[s.seq_id].drafts is not None]
         chunks = [s for s in batch.seqs[:d] if self._request_of_seq[s.seq_id].drafts is None]
         counts = [1] * len(chunks) + batch.num_tokens[d:]

@@ -125,8 +125,8 @@ class Runtime:
                 self.max_model_len, device, compile=compile,
             )
             self.speculative_round.warmup()
-        elif compile:
-            self.compile_decode()
+        if compile and (self.speculative_config is None or self.speculative_config.disable_by_batch_size):
+            self.compile_decode()  # with speculative decoding: the steps past disable_by_batch_size
 
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod

@@ -37,11 +37,11 @@ def tiny_path(tmp_path_factory) -> str:
     return ensure_tiny_model(str(tmp_path_factory.mktemp("tiny") / "model"))
 
 
-def runtime(path: str, k: int = 0, **knobs) -> Runtime:
+def runtime(path: str, k: int = 0, disable_by_batch_size: int | None = None, **knobs) -> Runtime:
     knobs.setdefault("max_model_len", MAX_LEN)
     knobs.setdefault("max_num_seqs", 6)
-    return Runtime.from_pretrained(path, device="cpu", dtype="float32", speculative_config=spec(k) if k else None,
-                                   **knobs)
+    config = dict(spec(k), disable_by_batch_size=disable_by_batch_size) if k else None
+    return Runtime.from_pretrained(path, device="cpu", dtype="float32", speculative_config=config, **knobs)
 
 
 # ------------------------------------------------------------------------------------------------ the MTP layer
@@ -113,7 +113,8 @@ def test_mtp_layer_matches_a_float64_formula(tiny_path):
                                  {"method": "mtp", "num_speculative_tokens": True},
                                  {"method": "mtp", "num_speculative_tokens": "2"},
                                  {"method": "eagle", "num_speculative_tokens": 1},
-                                 {"method": "mtp", "k": 1}, "mtp"])
+                                 {"method": "mtp", "k": 1}, "mtp",
+                                 {"method": "mtp", "num_speculative_tokens": 1, "disable_by_batch_size": 0}])
 def test_bad_speculative_config_raises(tiny_path, bad):
     with pytest.raises(ValueError, match="speculative_config"):
         Runtime.from_pretrained(tiny_path, device="cpu", speculative_config=bad)
@@ -264,14 +265,14 @@ def test_seeded_sampling_is_batch_invariant(tiny_path):
 # ---------------------------------------------------------------------------------------------- the engine
 @pytest.fixture(scope="module")
 def runtimes(tiny_path) -> dict:
-    """Reused across examples: non-speculative, and k = 1..3 (one with prefix caching), all with a small KV cache
-    so that preemption happens."""
+    """Reused across examples: non-speculative, and k = 1..3 (one with prefix caching, one that decodes plainly
+    beyond 2 decoding sequences), all with a small KV cache so that preemption happens."""
     small = dict(num_kv_blocks=14, block_size=16, max_num_seqs=4)
     return {
         0: runtime(tiny_path, **small),
         1: runtime(tiny_path, k=1, **small),
         2: runtime(tiny_path, k=2, enable_prefix_caching=True, prefix_snapshot_interval=64, **small),
-        3: runtime(tiny_path, k=3, **small),
+        3: runtime(tiny_path, k=3, disable_by_batch_size=2, **small),
     }
 
 
@@ -312,8 +313,9 @@ def _run(runtime_: Runtime, requests: list[dict], draft_override=None) -> dict[s
        rate=st.sampled_from([0.0, 0.5, 0.9]))
 def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate):
     """Arrivals, aborts, preemption (a small KV cache), stop tokens, min_tokens and max_tokens falling inside
-    accepted runs, prefix caching (k = 2), with oracle drafts at a few acceptance rates: every request's tokens are
-    the non-speculative run's (a prefix of them for aborted requests), and nothing past a stop is emitted."""
+    accepted runs, prefix caching (k = 2), drafting turned off and on again by the batch size (k = 3), with oracle
+    drafts at a few acceptance rates: every request's tokens are the non-speculative run's (a prefix of them for
+    aborted requests), and nothing past a stop is emitted."""
     full = [dict(r, abort_at=None) for r in requests]
     reference = _run(runtimes[0], full)
     ids = {f"r{i}": r for i, r in enumerate(requests)}
