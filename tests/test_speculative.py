@@ -357,20 +357,6 @@ def test_drafts_across_max_model_len(tiny_path, k):
 
 
 # ---------------------------------------------------------------------------------------------- compiled rounds
-def test_copy_state_rows_op():
-    from ops.state_rows import copy_state_rows
-
-    conv, rec = torch.randn(5, 3, 2, dtype=torch.float64), torch.randn(5, 2, 2, 2)
-    conv_src, rec_src = torch.randn(4, 3, 2, dtype=torch.float64), torch.randn(4, 2, 2, 2)
-    expected_conv, expected_rec = conv.clone(), rec.clone()
-    for d, s in ((4, 1), (0, 3), (2, 2)):
-        expected_conv[d], expected_rec[d] = conv_src[s], rec_src[s]
-    dst, src = torch.tensor([4, 0, 2], dtype=torch.int32), torch.tensor([1, 3, 2])
-    copy_state_rows(conv, rec, dst, conv_src, rec_src, src)
-    assert torch.equal(conv, expected_conv) and torch.equal(rec, expected_rec)
-    torch.library.opcheck(torch.ops.ce.copy_state_rows.default, (conv, rec, dst, conv_src, rec_src, src))
-
-
 def test_compiled_greedy_rounds_equal_non_speculative(tiny_path):
     """Greedy rounds compiled (Inductor's C++ code on the CPU; CUDA graphs on a GPU), buckets 1 and 2 compiled at
     start-up on padding rows: the output is the non-speculative greedy output, with nothing recompiled later
