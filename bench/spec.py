@@ -16,8 +16,8 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   speculative runtime), their ratios to the baseline decode step.
 * ``bound``: per batch, the non-speculative decode bound (bench/bounds.py: one read of the weights per token), and
   ``fraction_of_bound`` of every run (speculation exists to pass 1);
-* ``rule``: per batch, the best k at each forced acceptance rate and whether drafting pays there at all (a measured
-  table for the rule that turns drafting off at large batches; the engine does not apply one yet).
+* ``rule``: per batch, the best k at each forced acceptance rate and whether drafting pays there at all, and the
+  ``disable_by_batch_size`` (speculative_config) that follows at each rate: the largest measured batch that pays.
 
 With random weights the MTP head's acceptance says nothing about a real checkpoint: the forced-acceptance curve is
 the result. The outputs of every speculative run are checked against the baseline's (greedy: token for token).
@@ -115,6 +115,11 @@ def run(
             best = max(ks, key=lambda k: per_k[k][b][f"forced_{rate:g}"]["output_tok_s"])
             speedup = per_k[best][b][f"forced_{rate:g}"]["speedup"]
             rule[b][f"{rate:g}"] = {"best_k": best, "speedup": speedup, "draft": speedup > 1.0}
+    # speculative_config's disable_by_batch_size at each acceptance rate: the largest measured batch where the best
+    # k still pays (None: drafting pays at none of them).
+    rule["disable_by_batch_size"] = {
+        f"{rate:g}": max((b for b in batches if rule[b][f"{rate:g}"]["draft"]), default=None) for rate in rates
+    }
     # The non-speculative decode bound (one read of the weights per token): speculation exists to pass it.
     mb, bandwidth = ctx.model_bytes(), ctx.bandwidth()["bytes_per_s"]
     bound = {b: workload_decode_bound(mb, bandwidth, [prompt_len] * b, [new_tokens] * b, b) for b in batches}
@@ -235,6 +240,7 @@ def summary_lines(head: str, r: dict) -> list[str]:
     lines = []
     for b, base in r["baseline"].items():
         lines.append(f"{head} batch {b}: baseline {base['output_tok_s']:.1f} tok/s, decode step {base['decode_ms']:.3f} ms")
+    lines.append(f"{'':<11} drafting pays up to batch (by forced acceptance): {r['rule']['disable_by_batch_size']}")
     for k, cells in r["speculative"].items():
         for b, cell in cells.items():
             forced = ", ".join(f"{name.removeprefix('forced_')}: {e['speedup']:.2f}x" for name, e in cell.items()
