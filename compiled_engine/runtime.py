@@ -19,7 +19,7 @@ one varlen batch; ``decode_step`` runs exactly one token per sequence. Both allo
 ``OutOfBlocksError`` when the cache is full (the scheduler asks the CacheManager first and preempts instead).
 
 Speculative decoding (``speculative_config={"method": "mtp", "num_speculative_tokens": k}``: the checkpoint's MTP
-layer drafts k tokens; compiled_engine/speculative.py has the round) adds, eagerly and on a single rank:
+layer drafts k tokens; compiled_engine/speculative.py has the round) adds, on a single rank:
 
     spec = rt.prefill_for_drafts([seq])            # spec.logits [1, vocab]: sample the next token from them
     seq.token_ids.append(token)
@@ -28,6 +28,10 @@ layer drafts k tokens; compiled_engine/speculative.py has the round) adds, eager
     accepted, tokens = <rejection sampling of spec.logits>  # [1] and [1, k+1] (rejection_sampler.py)
     drafts = rt.accept(spec, accepted, tokens)     # commits the accepted states, drafts again; no host sync
     rt.advance(spec, accepted.tolist(), tokens.tolist())   # appends tokens[:a+1]; lengths move on
+    spec, accepted, tokens, drafts = rt.greedy_round([seq], drafts.tolist())   # verify..accept for greedy
+                                                   # sequences in one call: compiled (CUDA graphs) with compile
+
+Prefill steps and sampled rounds run eagerly.
 """
 
 from __future__ import annotations
@@ -459,11 +463,13 @@ class Runtime:
 
     def _check_verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> int:
         """Raise ValueError, before anything changes, for a verify step that cannot run; returns k."""
-        k = self._check_speculative()
+        most = self._check_speculative()
         if not seqs:
             raise ValueError("a step needs at least one sequence")
-        if len(drafts) != len(seqs) or any(len(d) != k for d in drafts):
-            raise ValueError(f"verify needs {k} drafts for each of the {len(seqs)} sequences")
+        k = len(drafts[0]) if drafts else 0
+        if len(drafts) != len(seqs) or not 1 <= k <= most or any(len(d) != k for d in drafts):
+            raise ValueError(f"verify needs the same number of drafts (1..{most}) for each of the {len(seqs)} "
+                             "sequences")
         if len({id(s) for s in seqs}) != len(seqs):
             raise ValueError("a sequence appears more than once in the step")
         vocab = self.model_config.vocab_size
@@ -482,8 +488,8 @@ class Runtime:
 
     @torch.inference_mode()
     def verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0) -> SpeculativeStep:
-        """The verify step: each sequence's last (uncomputed) token and its k ``drafts`` scored by the target in one
-        step. ``.logits``: fp32 ``[N * (k+1), vocab]``, sequence by sequence. The linear layers' pools stay as they
+        """The verify step: each sequence's last (uncomputed) token and its k ``drafts`` (k at most the runtime's
+        num_speculative_tokens) scored by the target in one step. ``.logits``: fp32 ``[N * (k+1), vocab]``, sequence by sequence. The linear layers' pools stay as they
         are until ``accept``; the sequences' lengths until ``advance``. ``keep_free``: blocks the draft positions'
         blocks may not take (those a prefill step after this one needs)."""
         k = self._check_verify(seqs, drafts)
@@ -499,8 +505,8 @@ class Runtime:
         ``tokens[i]`` (``[N, k+1]``) holds them then the target's next token at index num_accepted[i] (any valid
         ids after it). Commits each linear layer's state after the last accepted position and drafts anew: returns
         the drafts ``[N, k]`` on the device. Queues device work only (no host sync); ``advance`` follows."""
-        k = self._check_speculative()
-        n = len(spec.seqs)
+        self._check_speculative()
+        n, k = len(spec.seqs), tokens.shape[1] - 1
         index = torch.arange(n, device=tokens.device)
         slots = spec.step.state_slots.long()
         self.model.commit_verify(slots, num_accepted * n + index)

@@ -233,15 +233,15 @@ class SpeculativeRound:
     def __call__(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The round of ``seqs`` (their blocks reserved) with ``drafts``: ``(num_accepted, tokens, drafts)`` of the
         live rows, on the device; compiled outputs are valid until the next round."""
-        n = len(seqs)
+        n, k = len(seqs), len(drafts[0])
         pad_to = None
-        if self.compiled and self.policy.covers(n):
+        if self.compiled and self.policy.covers(n) and k == self.num_drafts:
             pad_to = self.policy.bucket_for(n)
         step = pack_verify_step(seqs, drafts, self.block_size, self.device, pad_to, table_width=self.table_width)
-        if pad_to is None:
+        if pad_to is None:  # eagerly: past the buckets, or fewer drafts than the graphs were compiled for
             accepted, tokens, new = greedy_round(self.model, step.input_ids, step.positions, step.slot_mapping,
                                                  step.block_tables, step.context_lens, step.state_slots,
-                                                 step.cu_seqlens, self.num_drafts, self.block_size)
+                                                 step.cu_seqlens, k, self.block_size)
         else:
             with torch.compiler.set_stance("fail_on_recompile"):
                 accepted, tokens, new = self._run(step)

@@ -139,6 +139,18 @@ def test_engine_speculative_config_needs_a_runtime_with_one(tiny_path):
     assert SpeculativeConfig.parse(None) is None
 
 
+def test_engine_with_fewer_drafts_than_its_runtime(tiny_path, greedy_reference):
+    engine = LLMEngine(runtime(tiny_path, k=3), speculative_config=spec(1))
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=20))
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            done[out.request_id] = out.token_ids
+    assert [done[f"r{i}"] for i in range(len(PROMPTS))] == greedy_reference
+    assert engine.num_draft_tokens == engine.num_verified_rows  # one draft a round
+
+
 # ------------------------------------------------------------------------------------------ greedy exactness
 PROMPTS = [[5, 17, 99, 3, 42, 7, 8, 200], [1, 2, 3], list(range(40, 90)), [250, 251], [9] * 20]
 
