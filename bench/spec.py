@@ -197,7 +197,9 @@ def _decode_ms(ctx: Context, runtime, prompts, iters: int) -> float:
 def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
     """In ms: a verify step alone (the unfused eager path: the target's forward of k+1 tokens a sequence), a whole
     greedy round as the engine runs it (``Runtime.greedy_round``: compiled when the runtime is; the read-back and
-    ``advance`` included), and an eager decode step of the speculative runtime."""
+    ``advance`` included), and an eager decode step of the speculative runtime. (The lone verify step commits its
+    first position as any verify step does, so the round after it starts one state further: garbage values, the
+    same work.)"""
     seqs = _started(runtime, prompts)
     drafts = [[0] * k for _ in seqs]
     verify_s = round_s = 0.0

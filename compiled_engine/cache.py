@@ -76,16 +76,16 @@ def allocate_kv_cache(
         m.v_cache = torch.zeros(shape, device=device, dtype=dtype)
 
 
-def allocate_verify_history(model: HybridModel, positions: int, rows: int) -> None:
-    """Give every linear layer the verify history of speculative decoding: ``positions * rows`` rows shaped like its
-    state pools, and ``rows`` scratch rows (compiled_engine/gated_deltanet.py), for verify steps of up to ``rows``
-    sequences."""
+def allocate_verify_history(model: HybridModel, num_drafts: int, rows: int) -> None:
+    """Give every linear layer the verify history of speculative decoding with ``num_drafts`` drafts a sequence:
+    ``(num_drafts - 1) * rows`` rows shaped like its state pools, and ``rows`` scratch rows
+    (compiled_engine/gated_deltanet.py), for verify steps of up to ``rows`` sequences."""
     for layer in model.layers:
         if layer.layer_type == LINEAR_ATTENTION:
             m = layer.mixer
             for name, pool in (("conv", m.conv_state), ("recurrent", m.recurrent_state)):
                 shape, kind = pool.shape[1:], dict(device=pool.device, dtype=pool.dtype)
-                setattr(m, f"{name}_history", torch.empty((positions * rows, *shape), **kind))
+                setattr(m, f"{name}_history", torch.empty(((num_drafts - 1) * rows, *shape), **kind))
                 setattr(m, f"{name}_scratch", torch.empty((rows, *shape), **kind))
 
 

@@ -104,7 +104,7 @@ def allocate_caches(
     num_slots = config.max_num_seqs + 1  # + the null slot
     allocate_state_pools(model, num_slots, device, dtype, config.state_dtype)
     if config.speculative_config is not None:  # a verify step's per-position states, before the KV plan too
-        allocate_verify_history(model, config.speculative_config.num_speculative_tokens + 1, config.max_num_seqs)
+        allocate_verify_history(model, config.speculative_config.num_speculative_tokens, config.max_num_seqs)
     prefix_cache = None
     if config.enable_prefix_caching:  # its snapshot pool is allocated before the KV plan takes the rest
         prefix_cache = PrefixCache(

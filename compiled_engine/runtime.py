@@ -509,7 +509,7 @@ class Runtime:
         n, k = len(spec.seqs), tokens.shape[1] - 1
         index = torch.arange(n, device=tokens.device)
         slots = spec.step.state_slots.long()
-        self.model.commit_verify(slots, num_accepted * n + index)
+        self.model.commit_verify(slots, num_accepted, k)
         rows = index * (k + 1) + num_accepted
         return draft(self.model, spec.step, spec.hidden, tokens.reshape(-1), rows, index, k, self.config.block_size)
 

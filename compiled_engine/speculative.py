@@ -5,8 +5,9 @@ A round for a sequence of length L (tokens t_0..t_{L-1}, the last one not comput
 
 1. verify (``pack_verify_step``): the target scores t_{L-1}, d_1..d_k at positions L-1..L-1+k in one step
    (``StepInputs.speculative``): attention layers write KV for every position (rejected ones are overwritten by
-   later steps: attention never reads past a sequence's length), linear layers keep each position's state in
-   their verify history (compiled_engine/gated_deltanet.py). Logits ``[N * (k+1), vocab]``.
+   later steps: attention never reads past a sequence's length), linear layers commit position L-1 (always
+   accepted) and keep the later positions' states apart (compiled_engine/gated_deltanet.py). Logits
+   ``[N * (k+1), vocab]``.
 2. acceptance (compiled_engine/rejection_sampler.py): a in 0..k drafts accepted and one more token b from the target
    (the correction, or the bonus when all k are accepted), on the device.
 3. commit (``HybridModel.commit_verify``): the linear layers' pools take the state after position L-1+a.
@@ -181,7 +182,7 @@ def greedy_round(
     tokens = torch.cat([proposed, proposed[:, :1]], dim=1).scatter(1, accepted[:, None],
                                                                    greedy.gather(1, accepted[:, None]))
     index = torch.arange(n, device=input_ids.device)
-    model.commit_verify(state_slots.long(), accepted * n + index)
+    model.commit_verify(state_slots.long(), accepted, k)
     drafts = draft(model, step, hidden, tokens.reshape(-1), index * (k + 1) + accepted, index, k, block_size)
     return accepted, tokens, drafts
 
