@@ -131,6 +131,13 @@ def test_checkpoint_without_mtp_names_what_is_missing(qwen3_5_text_untied_path, 
                                 max_model_len=64)
 
 
+def test_speculative_refuses_tensor_parallelism_and_turns_overlap_off(tiny_path):
+    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
+        Runtime.from_pretrained(tiny_path, device="cpu", tensor_parallel_size=2, speculative_config=spec(1))
+    llm = LLM(tiny_path, device="cpu", max_model_len=64, max_num_seqs=2, speculative_config=spec(1))
+    assert llm.engine.num_speculative_tokens == 1 and not llm.engine.overlap_decode
+
+
 def test_engine_speculative_config_needs_a_runtime_with_one(tiny_path):
     with pytest.raises(ValueError, match="runtime built with one"):
         LLMEngine(runtime(tiny_path), speculative_config=spec(1))
