@@ -394,7 +394,8 @@ def test_compiled_greedy_rounds_equal_non_speculative(tiny_path):
 @pytest.mark.parametrize("rate", [None, 0.7])
 def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path, rate):
     """On a GPU, in fp32: greedy rounds compiled and captured (cudagraph trees, one graph per bucket) give the
-    non-speculative eager output, with the MTP head's drafts and with oracle drafts (long accepted runs)."""
+    non-speculative eager output, with the MTP head's drafts and with oracle drafts (long accepted runs), and
+    cudagraph trees skip no graph."""
     prompts = PROMPTS
     ids = [f"r{i}" for i in range(len(prompts))]
 
@@ -414,5 +415,9 @@ def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path, rate):
                     done[out.request_id] = out.token_ids
         return [done[i] for i in ids]
 
+    from torch._dynamo.utils import counters
+
     reference = run(compile=False)
+    skips = counters["inductor"]["cudagraph_skips"]
     assert run(compile=True, speculative_config=spec(3)) == reference
+    assert counters["inductor"]["cudagraph_skips"] == skips  # every bucket's round is a CUDA graph
