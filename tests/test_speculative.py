@@ -303,18 +303,19 @@ request_strategy = st.fixed_dictionaries({
     "stop": st.lists(st.integers(0, 256), max_size=8),
     "arrival": st.integers(0, 6),
     "abort_at": st.one_of(st.none(), st.integers(1, 12)),
+    "temperature": st.sampled_from([0.0, 0.0, 0.0, 0.8]),
 })
 
 
-def _run(runtime_: Runtime, requests: list[dict], draft_override=None) -> dict[str, list[int]]:
+def _run(runtime_: Runtime, requests: list[dict], draft_override=None, reasons: dict | None = None) -> dict:
     engine = LLMEngine(runtime_, max_num_batched_tokens=48, kv_growth_reserve=0.0, draft_override=draft_override)
     tokens: dict[str, list[int]] = {}
     step = 0
     pending = list(enumerate(requests))
     while pending or engine.has_unfinished_requests():
         for i, r in [p for p in pending if p[1]["arrival"] <= step]:
-            params = SamplingParams(temperature=0, max_tokens=r["max_tokens"], min_tokens=min(r["min_tokens"], r["max_tokens"]),
-                                    stop_token_ids=r["stop"])
+            params = SamplingParams(temperature=r.get("temperature", 0.0), seed=i, max_tokens=r["max_tokens"],
+                                    min_tokens=min(r["min_tokens"], r["max_tokens"]), stop_token_ids=r["stop"])
             engine.add_request(f"r{i}", r["prompt"], params)
             pending.remove((i, r))
         for i, r in enumerate(requests):
@@ -322,6 +323,8 @@ def _run(runtime_: Runtime, requests: list[dict], draft_override=None) -> dict[s
                 engine.abort_request(f"r{i}")
         for out in engine.step():
             tokens[out.request_id] = out.token_ids
+            if reasons is not None and out.finished:
+                reasons[out.request_id] = out.finish_reason
         step += 1
     assert runtime_.caches.num_free_slots == runtime_.config.max_num_seqs  # nothing leaked
     return tokens
@@ -333,17 +336,29 @@ def _run(runtime_: Runtime, requests: list[dict], draft_override=None) -> dict[s
 def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate):
     """Arrivals, aborts, preemption (a small KV cache), stop tokens, min_tokens and max_tokens falling inside
     accepted runs, prefix caching (k = 2), drafting turned off and on again by the batch size (k = 3), with oracle
-    drafts at a few acceptance rates: every request's tokens are the non-speculative run's (a prefix of them for
-    aborted requests), and nothing past a stop is emitted."""
+    drafts at a few acceptance rates: every greedy request's tokens are the non-speculative run's (a prefix of them
+    for aborted requests); a sampled one's keep the stop rules (no stop token before min_tokens, nothing after a
+    stop, at most max_tokens)."""
     full = [dict(r, abort_at=None) for r in requests]
     reference = _run(runtimes[0], full)
     ids = {f"r{i}": r for i, r in enumerate(requests)}
     override = oracle(reference, {i: len(r["prompt"]) for i, r in ids.items()}, rate, 257)
-    got = _run(runtimes[k], requests, override)
+    reasons: dict[str, str] = {}
+    got = _run(runtimes[k], requests, override, reasons)
     for request_id, r in ids.items():
         ref = reference[request_id]
         out = got.get(request_id, [])
-        if r["abort_at"] is None:
+        if r["temperature"] > 0:  # sampled: the stop rules hold inside accepted runs (the tokens are a new draw)
+            stops = set(r["stop"]) | {TINY_CONFIG["eos_token_id"]}
+            min_tokens = min(r["min_tokens"], r["max_tokens"])
+            assert len(out) <= r["max_tokens"]
+            assert not any(t in stops for t in out[min_tokens:-1]), request_id  # nothing after a stop
+            assert not any(t in stops for t in out[:min_tokens]), request_id  # suppressed before min_tokens
+            if reasons.get(request_id) == "stop":
+                assert out[-1] in stops
+            elif reasons.get(request_id) == "length":
+                assert len(out) == r["max_tokens"]
+        elif r["abort_at"] is None:
             assert out == ref, request_id
         else:
             assert out == ref[: len(out)], request_id
