@@ -21,7 +21,7 @@ from typing import Iterator
 
 import torch
 
-RANDOM_VERSION = "v1"  # bump when the recipe below changes, so stale caches are rebuilt
+RANDOM_VERSION = "v2-mtp"  # bump when the recipe below changes, so stale caches are rebuilt
 
 # The Qwen3.5-0.8B text shape (the reference workload).
 QWEN3_5_0_8B_CONFIG = {
@@ -146,7 +146,7 @@ def build_random_checkpoint(
 def random_weights(config: dict, device: torch.device, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
     """Random fp32 weights with HF ``Qwen3_5ForCausalLM`` names, drawn like compiled_engine.tiny_model.tiny_weights
     (every block perturbs the output; no NaN/inf through many bf16 layers), but on ``device`` and one tensor at a
-    time. ``lm_head.weight`` only for untied configs."""
+    time. ``lm_head.weight`` only for untied configs; the ``mtp.*`` layer always."""
     g = torch.Generator(device=device).manual_seed(seed)
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     hk, hv = config["linear_num_key_heads"], config["linear_num_value_heads"]
@@ -193,6 +193,23 @@ def random_weights(config: dict, device: torch.device, seed: int = 0) -> Iterato
     yield "model.norm.weight", norm(hidden)
     if not config.get("tie_word_embeddings", False):
         yield "lm_head.weight", linear(config["vocab_size"], hidden) * 4
+    # The multi-token-prediction layer (speculative decoding: bench/spec.py), as real Qwen3.5 checkpoints carry it.
+    yield "mtp.fc.weight", linear(hidden, 2 * hidden)
+    yield "mtp.pre_fc_norm_embedding.weight", norm(hidden)
+    yield "mtp.pre_fc_norm_hidden.weight", norm(hidden)
+    p = "mtp.layers.0."
+    yield p + "input_layernorm.weight", norm(hidden)
+    yield p + "post_attention_layernorm.weight", norm(hidden)
+    yield p + "mlp.gate_proj.weight", linear(inter, hidden)
+    yield p + "mlp.up_proj.weight", linear(inter, hidden)
+    yield p + "mlp.down_proj.weight", linear(hidden, inter)
+    yield p + "self_attn.q_proj.weight", linear(2 * heads * hd, hidden)
+    yield p + "self_attn.k_proj.weight", linear(kv_heads * hd, hidden)
+    yield p + "self_attn.v_proj.weight", linear(kv_heads * hd, hidden)
+    yield p + "self_attn.o_proj.weight", linear(hidden, heads * hd)
+    yield p + "self_attn.q_norm.weight", norm(hd)
+    yield p + "self_attn.k_norm.weight", norm(hd)
+    yield "mtp.norm.weight", norm(hidden)
 
 
 def random_device_model(path, config, device, dtype, progress=False, tp=None, attention_backend="triton"):

@@ -136,6 +136,10 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
         from bench.snapshot_methods import summary_lines as snapshot_lines
 
         lines += snapshot_lines(head, r)
+    elif scenario == "spec":
+        from bench.spec import summary_lines as spec_lines
+
+        lines += spec_lines(head, r)
     else:
         lines.append(f"{head} (no summary for {scenario!r})")
     if "hf_error" in r:

@@ -1,7 +1,8 @@
 """Caches and the allocators that hand them out.
 
-* KV cache: for each full-attention layer, separate ``k_cache`` / ``v_cache`` tensors
-  ``[num_kv_blocks, block_size, kv_heads, head_dim]`` in the model dtype. Block 0 is the null block.
+* KV cache: for each full-attention layer (the MTP layer's too, when the model has one), separate ``k_cache`` /
+  ``v_cache`` tensors ``[num_kv_blocks, block_size, kv_heads, head_dim]`` in the model dtype. Block 0 is the null
+  block. The MTP layer's cache shares the target's block tables: a block holds both for its positions.
 * State pools: for each linear-attention layer, ``recurrent_state [num_slots, Hv, K, V]`` (fp32 by default) and
   ``conv_state [num_slots, conv_dim, kernel - 1]`` in the model dtype. Slot 0 is the null slot.
 The tensors are registered as buffers of the layer that uses them (allocate_*), so the model's forward reads
@@ -36,13 +37,17 @@ def _element_size(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
+def attention_mixers(model: HybridModel) -> list:
+    """Every attention layer that owns a KV cache: the target's full-attention layers, then the MTP layer's."""
+    mixers = [layer.mixer for layer in model.layers if layer.layer_type != LINEAR_ATTENTION]
+    if model.mtp is not None:
+        mixers.append(model.mtp.attention)
+    return mixers
+
+
 def kv_bytes_per_block(model: HybridModel, block_size: int, dtype: torch.dtype) -> int:
     """KV bytes of one block across all attention layers (of this rank's shard)."""
-    return sum(
-        2 * block_size * layer.mixer.num_kv_heads * layer.mixer.head_dim * _element_size(dtype)
-        for layer in model.layers
-        if layer.layer_type != LINEAR_ATTENTION
-    )
+    return sum(2 * block_size * m.num_kv_heads * m.head_dim * _element_size(dtype) for m in attention_mixers(model))
 
 
 def allocate_state_pools(
@@ -63,14 +68,25 @@ def allocate_kv_cache(
     model: HybridModel, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype
 ) -> None:
     """Give every attention layer its own ``k_cache`` and ``v_cache`` (two allocations, buffers)."""
+    for m in attention_mixers(model):
+        shape = (num_blocks, block_size, m.num_kv_heads, m.head_dim)
+        m.k_cache = None  # free the old cache before allocating the new one
+        m.v_cache = None
+        m.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+        m.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+
+
+def allocate_verify_history(model: HybridModel, num_drafts: int, rows: int) -> None:
+    """Give every linear layer the verify history of speculative decoding with ``num_drafts`` drafts a sequence:
+    ``(num_drafts - 1) * rows`` rows shaped like its state pools, and ``rows`` scratch rows
+    (compiled_engine/gated_deltanet.py), for verify steps of up to ``rows`` sequences."""
     for layer in model.layers:
-        if layer.layer_type != LINEAR_ATTENTION:
+        if layer.layer_type == LINEAR_ATTENTION:
             m = layer.mixer
-            shape = (num_blocks, block_size, m.num_kv_heads, m.head_dim)
-            m.k_cache = None  # free the old cache before allocating the new one
-            m.v_cache = None
-            m.k_cache = torch.zeros(shape, device=device, dtype=dtype)
-            m.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+            for name, pool in (("conv", m.conv_state), ("recurrent", m.recurrent_state)):
+                shape, kind = pool.shape[1:], dict(device=pool.device, dtype=pool.dtype)
+                setattr(m, f"{name}_history", torch.empty(((num_drafts - 1) * rows, *shape), **kind))
+                setattr(m, f"{name}_scratch", torch.empty((rows, *shape), **kind))
 
 
 def reset_state_slot(model: HybridModel, slot: int) -> None:

@@ -261,6 +261,50 @@ def _moe_fields(model_type: str, text: dict, num_layers: int, size) -> dict:
     )
 
 
+SPECULATIVE_METHODS = ("mtp",)
+MAX_SPECULATIVE_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's ``speculative_config``): ``method`` "mtp" drafts with the checkpoint's own
+    multi-token-prediction layer (compiled_engine/mtp.py), ``num_speculative_tokens`` k in 1..4 tokens a step;
+    ``disable_by_batch_size`` (vLLM's name): a step with more decoding sequences than that decodes them plainly (no
+    drafts), where verifying k+1 tokens a sequence stops paying (bench/spec.py measures where)."""
+
+    method: str = "mtp"
+    num_speculative_tokens: int = 1
+    disable_by_batch_size: int | None = None
+
+    @classmethod
+    def parse(cls, value) -> "SpeculativeConfig | None":
+        """None (off), a SpeculativeConfig, or vLLM's dict ``{"method": "mtp", "num_speculative_tokens": k}``;
+        anything else, an unknown key, a method other than "mtp" or k outside 1..4 raise ValueError."""
+        if value is None or isinstance(value, cls):
+            config = value
+        elif isinstance(value, dict):
+            unknown = sorted(set(value) - {"method", "num_speculative_tokens", "disable_by_batch_size"})
+            if unknown:
+                raise ValueError(f"speculative_config has unknown key(s) {unknown}; known: method, "
+                                 "num_speculative_tokens, disable_by_batch_size")
+            config = cls(value.get("method", "mtp"), value.get("num_speculative_tokens", 1),
+                         value.get("disable_by_batch_size"))
+        else:
+            raise ValueError(f"speculative_config must be a dict or None, got {value!r}")
+        if config is None:
+            return None
+        if config.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config method must be one of {SPECULATIVE_METHODS}, got {config.method!r}")
+        k = config.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_config num_speculative_tokens must be an int in 1..{MAX_SPECULATIVE_TOKENS}, "
+                             f"got {k!r}")
+        limit = config.disable_by_batch_size
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1):
+            raise ValueError(f"speculative_config disable_by_batch_size must be an int >= 1 or None, got {limit!r}")
+        return cls(config.method, int(k), None if limit is None else int(limit))
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Knobs of the runtime (README "Knobs"); ``validate`` names the bad field."""
@@ -276,6 +320,9 @@ class RuntimeConfig:
     prefix_snapshot_interval: int = 512  # tokens between linear-state snapshots (multiple of block_size and 64)
     num_prefix_snapshots: int = 64  # snapshot pool size (each holds one sequence's state of every linear layer)
     attention_backend: str = "triton"  # or "flash_attn" where installed (block_size a multiple of 256)
+    # Speculative decoding with the checkpoint's MTP layer: None (off), {"method": "mtp", "num_speculative_tokens": k}
+    # or a SpeculativeConfig; validate() makes it a SpeculativeConfig (or None).
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad option.
@@ -319,3 +366,4 @@ class RuntimeConfig:
             raise ValueError(f"attention_backend must be 'triton' or 'flash_attn', got {self.attention_backend!r}")
         if self.state_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"state_dtype must be float32 or bfloat16, got {self.state_dtype}")
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))

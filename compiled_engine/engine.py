@@ -12,6 +12,8 @@ chunks, compiled_engine/scheduler.py) -> sample on the device -> append the toke
 copy of the step) -> finish requests that hit a stop condition.
 With ``overlap_decode=True`` a step's tokens are read back only after the next step is launched
 (``_step_overlapped``), so the host's work for step N+1 runs while the GPU computes step N.
+With speculative decoding (the runtime's ``speculative_config``) decode rows become verify rounds
+(``_step_speculative``): each step reads its tokens back before the next (no overlap).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ops.step import HostTokens, SamplingInputs
+from compiled_engine.config import SpeculativeConfig
+from compiled_engine.rejection_sampler import rejection_sample
 from compiled_engine.runtime import Runtime
 from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
@@ -63,6 +67,7 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
     finish_reason: str | None = None
+    drafts: list[int] | None = None  # speculative decoding: the MTP layer's drafts after the last token
 
 
 PLACEHOLDER_TOKEN = 0  # an overlapped step's token before it is read back: never read (the device has the real one)
@@ -126,15 +131,41 @@ class LLMEngine:
         overlap_decode: bool = False,
         mixed_steps: bool = True,
         kv_growth_reserve: float = 1.0,
+        speculative_config: SpeculativeConfig | dict | None = None,
+        draft_override=None,
     ):
         """``overlap_decode``: read each step's tokens back during the next step (``_step_overlapped``). Off here, so
         that each ``step()`` returns its own tokens to a caller that streams them; ``LLM``, which only returns
         finished outputs, turns it on. ``mixed_steps``, ``kv_growth_reserve``: the scheduler's policy
-        (compiled_engine/scheduler.py)."""
+        (compiled_engine/scheduler.py). ``speculative_config``: the runtime's by default; a config here (vLLM's
+        dict) needs a runtime built with one, and at most its ``num_speculative_tokens``. Speculative decoding
+        turns ``overlap_decode`` off. ``draft_override(request_id, token_ids, drafts) -> drafts``: replaces the MTP
+        layer's k drafts after each round (the MTP layer still runs): the bench's forced-acceptance drafter."""
         self.runtime = runtime
         self.tokenizer = tokenizer
+        self.num_speculative_tokens = runtime.num_speculative_tokens
+        self.disable_by_batch_size = (runtime.speculative_config.disable_by_batch_size
+                                      if runtime.speculative_config is not None else None)
+        if speculative_config is not None:
+            parsed = SpeculativeConfig.parse(speculative_config)
+            k = parsed.num_speculative_tokens
+            self.disable_by_batch_size = parsed.disable_by_batch_size
+            if not self.num_speculative_tokens:
+                raise ValueError("speculative_config needs a runtime built with one (its MTP layer and verify "
+                                 "buffers): Runtime.from_pretrained(path, speculative_config=...)")
+            if k > self.num_speculative_tokens:
+                raise ValueError(f"num_speculative_tokens={k} exceeds the runtime's {self.num_speculative_tokens}")
+            self.num_speculative_tokens = k
+        if self.num_speculative_tokens:
+            overlap_decode = False
+        self.draft_override = draft_override
+        # Speculative decoding counters (cumulative): verify rows, drafts they scored, drafts accepted.
+        self.num_verified_rows = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self.scheduler = Scheduler(runtime.caches, runtime.config.max_num_seqs, max_num_batched_tokens,
-                                   mixed_steps=mixed_steps, kv_growth_reserve=kv_growth_reserve)
+                                   mixed_steps=mixed_steps, kv_growth_reserve=kv_growth_reserve,
+                                   decode_tokens=1 + self.num_speculative_tokens, max_model_len=runtime.max_model_len)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
@@ -226,6 +257,8 @@ class LLMEngine:
         (vLLM's engine core fails every request on a failed step; this keeps the untouched ones.)
         """
         try:
+            if self.num_speculative_tokens:
+                return self._step_speculative()
             return self._step_overlapped() if self.overlap_decode else self._step_sync()
         except BaseException:
             self._abort_touched()
@@ -248,6 +281,106 @@ class LLMEngine:
             return []
         requests, tokens, host = self._launch(batch)
         return self._accept_placed(requests, host, self._place(requests))
+
+    # ---------------------------------------------------------------------------------- speculative decoding
+    def _step_speculative(self) -> list[RequestOutput]:
+        """One step with speculative decoding (compiled_engine/speculative.py): the decode-ready rows as a verify
+        round, then the prompt chunks as a prefill step that drafts for the prompts it completes. Each part reads
+        its tokens back once, at its end."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        d = batch.num_decode
+        if self.disable_by_batch_size is not None and d > self.disable_by_batch_size:
+            # Too many rows for verifying to pay: a plain decode step; their drafts are gone (a row drafts again
+            # from a 1-token prefill chunk once the batch is small enough).
+            decode = batch.seqs[:d]
+            requests, _, host = self._launch(ScheduledBatch(False, decode, [1] * d, d))
+            for request in requests:
+                request.drafts = None
+            outputs = self._accept_placed(requests, host, self._place(requests))
+            if batch.is_prefill and len(batch.seqs) > d:
+                outputs += self._prefill_round(batch.seqs[d:], batch.num_tokens[d:])
+            return outputs
+        # A decode-ready row without drafts (a prompt's last token left by a chunk, or a row that decoded without
+        # drafting): a 1-token prefill chunk, whose MTP pass drafts for it.
+        verify = [s for s in batch.seqs[:d] if self._request_of_seq[s.seq_id].drafts is not None]
+        chunks = [s for s in batch.seqs[:d] if self._request_of_seq[s.seq_id].drafts is None]
+        counts = [1] * len(chunks) + batch.num_tokens[d:]
+        chunks += batch.seqs[d:]
+        # The verify round's draft positions may take only blocks the prefill chunks after it do not need.
+        keep_free = sum(self.runtime.caches.blocks_needed(s, n) for s, n in zip(chunks, counts))
+        outputs = self._verify_round(verify, keep_free) if verify else []
+        if chunks:
+            outputs += self._prefill_round(chunks, counts)
+        return outputs
+
+    def _prefill_round(self, seqs: list[Sequence], counts: list[int]) -> list[RequestOutput]:
+        spec = self.runtime.prefill_for_drafts(seqs, counts)
+        done = [i for i, completed in enumerate(spec.completed) if completed]
+        device = spec.logits.device
+        next_tokens = torch.zeros(len(seqs), dtype=torch.long, device=device)
+        requests = [self._request_of_seq[seqs[i].seq_id] for i in done]
+        if done:
+            rows = upload(torch.tensor(done, dtype=torch.long), device)
+            tokens = self._sample(requests, spec.logits[rows])
+            next_tokens[rows] = tokens
+        drafts = self.runtime.draft_after_prefill(spec, next_tokens)
+        if not done:
+            return []
+        host = torch.cat([tokens[:, None], drafts], dim=1).tolist()  # the step's one read-back
+        indices = []
+        for request, row in zip(requests, host):
+            request.seq.token_ids.append(row[0])
+            self._set_drafts(request, row[1:])
+            indices.append(len(request.seq.token_ids) - 1)
+        return self._accept(requests, indices)
+
+    def _set_drafts(self, request: Request, drafts: list[int]) -> None:
+        if self.draft_override is not None:
+            drafts = list(self.draft_override(request.request_id, list(request.seq.token_ids), drafts))
+        request.drafts = drafts
+
+    def _verify_round(self, seqs: list[Sequence], keep_free: int) -> list[RequestOutput]:
+        requests = [self._request_of_seq[s.seq_id] for s in seqs]
+        k = self.num_speculative_tokens
+        proposals = [r.drafts[:k] for r in requests]
+        n = len(seqs)
+        if all(r.params.greedy and not self._suppressing(r) for r in requests):
+            spec, accepted, tokens, new_drafts = self.runtime.greedy_round(seqs, proposals, keep_free)
+        else:
+            spec = self.runtime.verify(seqs, proposals, keep_free)
+            drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
+            batch = self._sampling_batch(requests, spec.logits.device, positions=k + 1)
+            accepted, tokens = rejection_sample(spec.logits, drafts, batch)
+            new_drafts = self.runtime.accept(spec, accepted, tokens)
+        host = torch.cat([accepted[:, None], tokens, new_drafts], dim=1).tolist()  # the step's one read-back
+        self.runtime.advance(spec, [row[0] for row in host], [row[1 : k + 2] for row in host])
+        self.num_verified_rows += n
+        self.num_draft_tokens += n * k
+        self.num_accepted_tokens += sum(row[0] for row in host)
+        now = time.perf_counter()
+        outputs = []
+        for request, row in zip(requests, host):
+            seq, a = request.seq, row[0]
+            first = len(seq.token_ids) - (a + 1)  # where this step's tokens start
+            emitted = []
+            if request.first_token_time is None:
+                request.first_token_time = now
+            for index in range(first, first + a + 1):
+                token = seq.token_ids[index]
+                emitted.append(token)
+                reason = self._stop_reason(request, token, generated=index + 1 - seq.num_prompt_tokens)
+                if reason is not None:
+                    del seq.token_ids[index + 1 :]  # nothing past a stop or the length limit
+                    self._finish(request, reason)
+                    break
+            if request.finish_reason is None:
+                self._set_drafts(request, row[k + 2 :])
+                if request.params.output_kind is RequestOutputKind.FINAL_ONLY:
+                    continue
+            outputs.append(self._output(request, emitted))
+        return outputs
 
     def _launch(
         self,
@@ -520,11 +653,16 @@ class LLMEngine:
             return logits.argmax(dim=-1)
         return sample(logits, self._sampling_batch(requests, logits.device))
 
-    def _sampling_batch(self, requests: list[Request], device: torch.device) -> SamplingBatch:
+    def _sampling_batch(self, requests: list[Request], device: torch.device, positions: int = 1) -> SamplingBatch:
+        """The rows' sampling parameters: ``positions`` rows per request (a verify step's), drawing its next
+        ``positions`` output tokens (counters from its generated count on; min_tokens suppression row by row)."""
+        if positions > 1:
+            requests = [r for r in requests for _ in range(positions)]
         params = [r.params for r in requests]
+        counters = [r.seq.num_generated_tokens + row % positions for row, r in enumerate(requests)]
         suppress_rows, suppress_tokens = [], []
-        for row, request in enumerate(requests):
-            if request.seq.num_generated_tokens < request.params.min_tokens:
+        for row, (request, counter) in enumerate(zip(requests, counters)):
+            if counter < request.params.min_tokens:
                 for token in sorted(request.stop_ids):
                     suppress_rows.append(row)
                     suppress_tokens.append(token)
@@ -533,8 +671,7 @@ class LLMEngine:
         # for the GPU to drain, which also undoes overlap_decode.
         b, n = len(requests), len(suppress_rows)
         int64 = torch.tensor(
-            [p.top_k for p in params] + [r.seed for r in requests] + [r.seq.num_generated_tokens for r in requests]
-            + suppress_rows + suppress_tokens,
+            [p.top_k for p in params] + [r.seed for r in requests] + counters + suppress_rows + suppress_tokens,
             dtype=torch.int64,
         )
         fp32 = torch.tensor(

@@ -2,8 +2,10 @@
 
 Names are mapped by whole dotted segments, never substrings:
   * ``model.language_model.X`` (Qwen3_5ForConditionalGeneration) and ``model.X`` (ForCausalLM) -> ``X``;
-  * ``model.visual.*`` is skipped; ``mtp.*`` (the multi-token-prediction layer) is skipped but listed in
-    ``LoadReport.mtp_tensors`` so a later feature can load it;
+  * ``model.visual.*`` is skipped; ``mtp.*`` (the multi-token-prediction layer) is loaded into ``HybridModel.mtp``
+    when the model is built with it (speculative decoding: ``mtp.layers.0.*`` maps as a target layer does), and
+    otherwise skipped but listed in ``LoadReport.mtp_tensors``; a model with the layer and a checkpoint without
+    ``mtp.*`` tensors is a ``CheckpointError`` (a ValueError) saying so;
   * projections are fused: ``q_proj|k_proj|v_proj -> qkv_proj``, ``gate_proj|up_proj -> gate_up_proj``,
     ``in_proj_qkv|in_proj_z|in_proj_b|in_proj_a -> in_proj``; Qwen3-Next's per-key-head grouped ``in_proj_qkvz`` and
     ``in_proj_ba`` are regrouped to the same ``[q | k | v | z | b | a]`` layout;
@@ -174,15 +176,28 @@ class WeightRouter:
         if parts == ["norm", "weight"]:
             return Placement("norm.weight")
         if len(parts) >= 4 and parts[0] == "layers" and parts[1].isdigit():
-            placement = self._route_layer(int(parts[1]), parts[2:])
+            if int(parts[1]) >= self.config.num_hidden_layers:
+                return None
+            placement = self._route_layer(f"layers.{int(parts[1])}", parts[2:])
             if placement is not None:
                 return placement
         raise CheckpointError(f"unexpected tensor {name!r}")
 
-    def _route_layer(self, index: int, parts: list[str]) -> Placement | None:
-        if index >= self.config.num_hidden_layers:
-            return None
-        prefix = f"layers.{index}"
+    def route_mtp(self, name: str) -> Placement:
+        """Our placement for an ``mtp.*`` tensor (the model built with its MTP layer). Raises for unknown names."""
+        parts = name.split(".")[1:]
+        if parts == ["fc", "weight"]:
+            return Placement("mtp.fc")
+        if len(parts) == 2 and parts[0] in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            if parts[1] == "weight":
+                return Placement(f"mtp.{parts[0]}.weight")
+        if len(parts) >= 4 and parts[:2] == ["layers", "0"]:
+            placement = self._route_layer("mtp.layers.0", parts[2:])
+            if placement is not None:
+                return placement
+        raise CheckpointError(f"unexpected tensor {name!r}")
+
+    def _route_layer(self, prefix: str, parts: list[str]) -> Placement | None:
         module, rest = parts[0], parts[1:]
         c = self.config
         if module in ("input_layernorm", "post_attention_layernorm") and rest == ["weight"]:
@@ -343,14 +358,22 @@ def load_model(
     progress: bool = False,
     tp: TensorParallel = SINGLE,
     attention_backend: str = "triton",
+    mtp: bool = False,
 ) -> tuple[HybridModel, LoadReport]:
     """Build the model (this rank's shard) on ``meta`` and fill every parameter from the checkpoint at ``path``.
 
     Each tensor is read on the CPU, cut to this rank's shard, and only the shard is copied to ``device``.
+    ``mtp``: build and load the multi-token-prediction layer too (speculative decoding).
     """
     with torch.device("meta"):
-        model = HybridModel(config, tp, attention_backend)
+        model = HybridModel(config, tp, attention_backend, mtp=mtp)
     files = checkpoint_files(path)
+    if mtp and not any(_skip_reason(name) == "mtp" for name in files):
+        raise CheckpointError(
+            f"checkpoint {path!r} has no mtp.* tensors (the multi-token-prediction layer: mtp.fc.weight, "
+            "mtp.pre_fc_norm_embedding.weight, mtp.pre_fc_norm_hidden.weight, mtp.layers.0.*, mtp.norm.weight), "
+            "which speculative_config method 'mtp' needs"
+        )
     report = LoadReport()
     router = WeightRouter(config, tp)
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -372,6 +395,8 @@ def load_model(
             report.skipped_visual.append(name)
         elif reason == "mtp":
             report.mtp_tensors[name] = file
+            if mtp:
+                by_file.setdefault(file, []).append(name)
         else:
             by_file.setdefault(file, []).append(name)
 
@@ -380,7 +405,7 @@ def load_model(
     for file, names in by_file.items():
         with _open_safetensors(file) as f:
             for name in names:
-                placement = router.route(name)
+                placement = router.route_mtp(name) if _skip_reason(name) == "mtp" else router.route(name)
                 bar.update(1)
                 if placement is None:
                     continue

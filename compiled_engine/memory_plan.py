@@ -18,6 +18,7 @@ import torch
 from compiled_engine.cache import (
     CacheConfig,
     allocate_kv_cache,
+    allocate_verify_history,
     allocate_state_pools,
     kv_bytes_per_block,
     reset_state_slot,
@@ -26,6 +27,7 @@ from compiled_engine.config import RuntimeConfig
 from compiled_engine.gated_deltanet import GatedDeltaNet
 from compiled_engine.model import HybridModel
 from compiled_engine.prefix_cache import PrefixCache
+from compiled_engine.speculative import pack_verify_step
 from compiled_engine.step import pack_step
 from ops.step import StepInputs
 from ops.library import NULL_BLOCK, NULL_SLOT
@@ -101,6 +103,8 @@ def allocate_caches(
     """
     num_slots = config.max_num_seqs + 1  # + the null slot
     allocate_state_pools(model, num_slots, device, dtype, config.state_dtype)
+    if config.speculative_config is not None:  # a verify step's per-position states, before the KV plan too
+        allocate_verify_history(model, config.speculative_config.num_speculative_tokens, config.max_num_seqs)
     prefix_cache = None
     if config.enable_prefix_caching:  # its snapshot pool is allocated before the KV plan takes the rest
         prefix_cache = PrefixCache(
@@ -158,7 +162,8 @@ def plan_kv_blocks(
 def measure_activation_peak(
     model: HybridModel, config: RuntimeConfig, max_model_len: int, device: torch.device, dtype: torch.dtype
 ) -> int:
-    """Peak bytes of the largest prefill (max_num_batched_tokens tokens) and decode (max_num_seqs) steps.
+    """Peak bytes of the largest prefill (max_num_batched_tokens tokens) and decode (max_num_seqs) steps (and
+    verify steps of max_num_seqs sequences with speculative decoding).
 
     The steps run on a 2-block KV cache with every token routed to the null block and every sequence to the
     null slot: the numbers are garbage, the memory traffic and allocation pattern are real. They are packed by
@@ -185,6 +190,10 @@ def measure_activation_peak(
         model.compute_logits(model(prefill)[prefill.last_token_indices()])
     decode = step([1] * config.max_num_seqs, False)
     model.compute_logits(model(decode))
+    if config.speculative_config is not None:  # a verify step of every sequence: k + 1 rows each, all with logits
+        k = config.speculative_config.num_speculative_tokens
+        verify = pack_verify_step([], [], block_size, device, pad_to=config.max_num_seqs, num_drafts=k)
+        model.compute_logits(model(verify))
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - baseline
     reset_state_slot(model, NULL_SLOT)

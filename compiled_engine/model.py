@@ -4,7 +4,10 @@
 caller asks for to fp32 logits (prefill), ``decode_output`` a decode step's rows to logits in the model's dtype and
 each row's greedy token (what the compiled decode graph returns). The layer mixers own their caches as buffers (see
 compiled_engine/cache.py), so one forward mutates exactly: every attention layer's ``k_cache``/``v_cache``, and every
-linear layer's ``conv_state``/``recurrent_state``.
+linear layer's ``conv_state``/``recurrent_state``. With ``mtp=True`` the model also holds the checkpoint's
+multi-token-prediction layer (``self.mtp``, compiled_engine/mtp.py), run by ``mtp_forward``; a verify step
+(``step.speculative``) commits only its first position's linear state and keeps the others apart until
+``commit_verify``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from compiled_engine.distributed import SINGLE, TensorParallel
 from compiled_engine.gated_deltanet import GatedDeltaNet
 from compiled_engine.layers import MLP, RMSNorm, empty_parameter
 from compiled_engine.moe import SparseMoE
+from compiled_engine.mtp import MTPLayer
 from ops.step import DecodeOutput, StepInputs
 from ops.argmax import argmax_op
 from ops.linear import linear
@@ -72,8 +76,13 @@ class HybridModel(nn.Module):
     the heads, and the embedding and lm_head 1/world of the vocabulary (padded to a multiple of world).
     """
 
-    def __init__(self, config: ModelConfig, tp: TensorParallel = SINGLE, attention_backend: str = "triton"):
+    def __init__(
+        self, config: ModelConfig, tp: TensorParallel = SINGLE, attention_backend: str = "triton", mtp: bool = False
+    ):
+        """``mtp``: build the multi-token-prediction layer too (speculative decoding; single rank only)."""
         super().__init__()
+        if mtp and tp.world_size > 1:
+            raise ValueError("the MTP layer (speculative decoding) runs without tensor parallelism only")
         self.config = config
         self.tp = tp
         self.vocab_per_rank = -(-config.vocab_size // tp.world_size)
@@ -85,6 +94,7 @@ class HybridModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Tied checkpoints share the embedding tensor (the loader points lm_head at it: one copy in memory).
         self.lm_head = empty_parameter(self.vocab_per_rank, config.hidden_size)
+        self.mtp = MTPLayer(config, DecoderLayer, attention_backend) if mtp else None
 
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` of the step's new tokens, after the final norm."""
@@ -92,6 +102,19 @@ class HybridModel(nn.Module):
         for layer in self.layers:
             hidden, residual = layer(hidden, residual, step)
         return self.norm.add_and_norm(hidden, residual)[1]
+
+    def mtp_forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """The MTP layer on ``[T]`` next tokens and the ``[T, H]`` hidden states before them (compiled_engine/mtp.py),
+        with the shared embedding; writes its KV at ``step.slot_mapping``. Returns ``[T, H]``."""
+        return self.mtp(self.embed(input_ids), hidden, step)
+
+    def commit_verify(self, slots: torch.Tensor, num_accepted: torch.Tensor, num_drafts: int) -> None:
+        """After a verify step of ``num_drafts`` drafts a sequence: every linear layer's state pools at ``slots`` [N]
+        take the state after each sequence's last accepted position (``num_accepted`` [N]: GatedDeltaNet.commit_verify).
+        """
+        for layer in self.layers:
+            if layer.layer_type == LINEAR_ATTENTION:
+                layer.linear_attn.commit_verify(slots, num_accepted, num_drafts)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:

@@ -17,6 +17,21 @@ rank. The Runtime checks a step, reserves its blocks, packs it (compiled_engine.
 ``prefill`` runs every not-yet-computed token of each sequence (or ``num_tokens[i]`` of them: chunked prefill) as
 one varlen batch; ``decode_step`` runs exactly one token per sequence. Both allocate KV blocks as needed and raise
 ``OutOfBlocksError`` when the cache is full (the scheduler asks the CacheManager first and preempts instead).
+
+Speculative decoding (``speculative_config={"method": "mtp", "num_speculative_tokens": k}``: the checkpoint's MTP
+layer drafts k tokens; compiled_engine/speculative.py has the round) adds, on a single rank:
+
+    spec = rt.prefill_for_drafts([seq])            # spec.logits [1, vocab]: sample the next token from them
+    seq.token_ids.append(token)
+    drafts = rt.draft_after_prefill(spec, torch.tensor([token]))     # [1, k] on the device
+    spec = rt.verify([seq], drafts.tolist())       # spec.logits [k+1, vocab]: the target's on last token + drafts
+    accepted, tokens = <rejection sampling of spec.logits>  # [1] and [1, k+1] (rejection_sampler.py)
+    drafts = rt.accept(spec, accepted, tokens)     # commits the accepted states, drafts again; no host sync
+    rt.advance(spec, accepted.tolist(), tokens.tolist())   # appends tokens[:a+1]; lengths move on
+    spec, accepted, tokens, drafts = rt.greedy_round([seq], drafts.tolist())   # verify..accept for greedy
+                                                   # sequences in one call: compiled (CUDA graphs) with compile
+
+Prefill steps and sampled rounds run eagerly.
 """
 
 from __future__ import annotations
@@ -27,7 +42,7 @@ from typing import Iterable, Sequence as Seq
 
 import torch
 
-from compiled_engine.cache_manager import CacheManager, OutOfBlocksError
+from compiled_engine.cache_manager import CacheManager, OutOfBlocksError, blocks_needed
 from compiled_engine.config import ModelConfig, RuntimeConfig
 from compiled_engine.distributed import check_divisible
 from compiled_engine.executor import ModelExecutor
@@ -36,7 +51,8 @@ from compiled_engine.memory_plan import allocate_caches
 from compiled_engine.model import HybridModel
 from compiled_engine.sampling_params import as_token_id
 from compiled_engine.sequence import Sequence
-from compiled_engine.step import pack_step
+from compiled_engine.speculative import SpeculativeRound, SpeculativeStep, draft, pack_verify_step
+from compiled_engine.step import pack_step, upload
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from compiled_engine.tp_workers import TensorParallelWorkers
 from graphs import DecodeGraphRunner
@@ -101,8 +117,20 @@ class Runtime:
         self.caches = CacheManager(self.cache_config, self.executor.reset_state_slots, prefix_cache)
         self._next_seq_id = 0
         self._owner = object()  # stamped on the sequences this runtime makes (Sequence.owner), checked per step
-        if compile:
-            self.compile_decode()
+        self.speculative_config = config.speculative_config
+        self.speculative_round: SpeculativeRound | None = None
+        if self.speculative_config is not None:
+            if model.mtp is None:
+                raise ValueError("speculative_config method 'mtp' needs the model built with its MTP layer "
+                                 "(load_model(..., mtp=True))")
+            # Decode rows become verify rounds: greedy ones compiled (with compile), no decode graph.
+            self.speculative_round = SpeculativeRound(
+                model, self.speculative_config.num_speculative_tokens, config.block_size, config.max_num_seqs,
+                self.max_model_len, device, compile=compile,
+            )
+            self.speculative_round.warmup()
+        if compile and (self.speculative_config is None or self.speculative_config.disable_by_batch_size):
+            self.compile_decode()  # with speculative decoding: the steps past disable_by_batch_size
 
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -135,13 +163,17 @@ class Runtime:
             raise ValueError(f"unknown runtime option(s) {unknown}; known options: {sorted(known)}")
         runtime_config = RuntimeConfig(**runtime_config)
         runtime_config.validate()
+        mtp = runtime_config.speculative_config is not None
+        if mtp and tensor_parallel_size != 1:
+            raise ValueError("speculative_config runs without tensor parallelism only (tensor_parallel_size=1)")
         backend = runtime_config.attention_backend
         if backend == "flash_attn":
             check_flash_attn_usable(device, dtype, runtime_config.block_size)
         if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
         if tensor_parallel_size == 1:
-            model, report = load_model(path, config, device, dtype, progress=progress, attention_backend=backend)
+            model, report = load_model(path, config, device, dtype, progress=progress, attention_backend=backend,
+                                       mtp=mtp)
             runtime = cls(model, runtime_config, device, dtype, compile=compile)
             runtime.load_report = report
             return runtime
@@ -360,3 +392,144 @@ class Runtime:
         for seq, n in zip(seqs, counts):
             seq.num_computed_tokens += n
         return step
+
+    # ------------------------------------------------------------------------------------- speculative decoding
+    @property
+    def num_speculative_tokens(self) -> int:
+        """k, the drafts per verify step (0: speculative decoding is off)."""
+        return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
+
+    def _check_speculative(self) -> int:
+        k = self.num_speculative_tokens
+        if not k:
+            raise ValueError("speculative decoding is off (pass speculative_config)")
+        return k
+
+    def _reserve_draft_blocks(
+        self, seqs: Seq[Sequence], counts: Seq[int], extra: Seq[int], keep_free: int = 0
+    ) -> None:
+        """Reserve the blocks of ``counts[i]`` tokens from each sequence's computed ones, with ``extra[i]`` more for
+        its draft positions when that leaves ``keep_free`` blocks free (else without: see
+        compiled_engine/speculative.py). Counts stop at max_model_len."""
+        limit, size = self.max_model_len, self.config.block_size
+        wanted = [min(n + e, limit - s.num_computed_tokens) for s, n, e in zip(seqs, counts, extra)]
+        more = sum(blocks_needed(s.num_computed_tokens + w, len(s.block_table), size) for s, w in zip(seqs, wanted))
+        if more + keep_free > self.caches.num_free_blocks:
+            wanted = [min(n, limit - s.num_computed_tokens) for s, n in zip(seqs, counts)]
+        self.caches.reserve_blocks(seqs, wanted)
+
+    @torch.inference_mode()
+    def prefill_for_drafts(self, seqs: Seq[Sequence], num_tokens: Seq[int] | None = None) -> SpeculativeStep:
+        """``prefill`` for speculative decoding: the same step, keeping the target's hidden states for the MTP layer
+        (``draft_after_prefill``). ``.logits``: fp32 ``[N, vocab]`` after each sequence's last computed token."""
+        k = self._check_speculative()
+        counts = [s.num_uncomputed_tokens for s in seqs] if num_tokens is None else list(num_tokens)
+        starts = [s.num_computed_tokens for s in seqs]
+        # A sequence whose prompt this step completes drafts k - 1 positions past it.
+        done = [start + n == len(s.token_ids) for s, start, n in zip(seqs, starts, counts)]
+        if all(n >= 1 for n in counts):  # bad counts are build_step's to report
+            self._reserve_draft_blocks(seqs, counts, [k - 1 if d else 0 for d in done])
+        step = self.build_step(seqs, counts, is_prefill=True)
+        hidden = self.model(step)
+        logits = self.model.compute_logits(hidden[step.last_token_indices()])
+        spec = SpeculativeStep(list(seqs), step, hidden, starts, counts, logits, done)
+        self.caches.record_prefixes(seqs)
+        return spec
+
+    @torch.inference_mode()
+    def draft_after_prefill(self, spec: SpeculativeStep, next_tokens: torch.Tensor) -> torch.Tensor:
+        """Run the MTP layer over a ``prefill_for_drafts`` step and draft after every sequence whose tokens are all
+        computed now. ``next_tokens`` ``[N]`` int64 on the device: each such sequence's sampled token (the other
+        rows' values are not read). Returns the drafts ``[D, k]`` of those D sequences, in order, on the device."""
+        k = self._check_speculative()
+        ids, last_rows, done = [], [], []
+        row = 0
+        for i, (seq, start, n) in enumerate(zip(spec.seqs, spec.starts, spec.counts)):
+            # Row p's next token is token p + 1: the prompt shifted by one, then (a completed prompt) the sampled one.
+            if spec.completed[i]:
+                ids.extend(seq.token_ids[start + 1 : start + n])
+                ids.append(0)  # replaced by the sampled token below, on the device
+                done.append(i)
+                last_rows.append(row + n - 1)
+            else:
+                ids.extend(seq.token_ids[start + 1 : start + n + 1])
+            row += n
+        packed = upload(torch.tensor(ids + last_rows + done, dtype=torch.long), self.device)
+        t, d = len(ids), len(done)
+        next_ids = packed[:t].clone()
+        last, seq_rows = packed[t : t + d], packed[t + d :]
+        next_ids[last] = next_tokens[seq_rows]
+        return draft(self.model, spec.step, spec.hidden, next_ids, last, seq_rows, k, self.config.block_size)
+
+    def _check_verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> int:
+        """Raise ValueError, before anything changes, for a verify step that cannot run; returns k."""
+        most = self._check_speculative()
+        if not seqs:
+            raise ValueError("a step needs at least one sequence")
+        k = len(drafts[0]) if drafts else 0
+        if len(drafts) != len(seqs) or not 1 <= k <= most or any(len(d) != k for d in drafts):
+            raise ValueError(f"verify needs the same number of drafts (1..{most}) for each of the {len(seqs)} "
+                             "sequences")
+        if len({id(s) for s in seqs}) != len(seqs):
+            raise ValueError("a sequence appears more than once in the step")
+        vocab = self.model_config.vocab_size
+        for seq, proposal in zip(seqs, drafts):
+            if seq.owner is not self._owner:
+                raise ValueError(f"sequence {seq.seq_id} was made by another Runtime")
+            if seq.state_slot is None:
+                raise ValueError(f"sequence {seq.seq_id} has no state slot (released?)")
+            if seq.num_uncomputed_tokens != 1:
+                raise ValueError(f"sequence {seq.seq_id} has {seq.num_uncomputed_tokens} uncomputed tokens; a verify "
+                                 "step needs 1")
+            token = seq.token_ids[-1]
+            if not all(isinstance(t, int) and 0 <= t < vocab for t in (token, *proposal)):
+                raise ValueError(f"sequence {seq.seq_id}: a token id or draft outside [0, {vocab})")
+        return k
+
+    @torch.inference_mode()
+    def verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0) -> SpeculativeStep:
+        """The verify step: each sequence's last (uncomputed) token and its k ``drafts`` (k at most the runtime's
+        num_speculative_tokens) scored by the target in one step. ``.logits``: fp32 ``[N * (k+1), vocab]``, sequence by sequence. The linear layers' pools stay as they
+        are until ``accept``; the sequences' lengths until ``advance``. ``keep_free``: blocks the draft positions'
+        blocks may not take (those a prefill step after this one needs)."""
+        k = self._check_verify(seqs, drafts)
+        self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
+        step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
+        hidden = self.model(step)
+        starts = [s.num_computed_tokens for s in seqs]
+        return SpeculativeStep(list(seqs), step, hidden, starts, [k + 1] * len(seqs), self.model.compute_logits(hidden))
+
+    @torch.inference_mode()
+    def accept(self, spec: SpeculativeStep, num_accepted: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """After ``verify``: each sequence accepted ``num_accepted[i]`` (``[N]`` int64, on the device) drafts, and
+        ``tokens[i]`` (``[N, k+1]``) holds them then the target's next token at index num_accepted[i] (any valid
+        ids after it). Commits each linear layer's state after the last accepted position and drafts anew: returns
+        the drafts ``[N, k]`` on the device. Queues device work only (no host sync); ``advance`` follows."""
+        self._check_speculative()
+        n, k = len(spec.seqs), tokens.shape[1] - 1
+        index = torch.arange(n, device=tokens.device)
+        slots = spec.step.state_slots.long()
+        self.model.commit_verify(slots, num_accepted, k)
+        rows = index * (k + 1) + num_accepted
+        return draft(self.model, spec.step, spec.hidden, tokens.reshape(-1), rows, index, k, self.config.block_size)
+
+    @torch.inference_mode()
+    def greedy_round(
+        self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0
+    ) -> tuple[SpeculativeStep, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``verify``, greedy acceptance and ``accept`` in one call (SpeculativeRound: compiled when the runtime is):
+        ``(spec, num_accepted [N], tokens [N, k+1], drafts [N, k])``, on the device (compiled: valid until the next
+        round); ``advance(spec, ...)`` follows. For sequences whose next tokens are all the target's argmax."""
+        k = self._check_verify(seqs, drafts)
+        self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
+        starts = [s.num_computed_tokens for s in seqs]
+        accepted, tokens, new = self.speculative_round(seqs, drafts)
+        return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * len(seqs), None), accepted, tokens, new
+
+    def advance(self, spec: SpeculativeStep, num_accepted: Seq[int], tokens: Seq[Seq[int]]) -> None:
+        """The host's side of ``accept``, with its values read back: each sequence gets ``tokens[i][:a + 1]``
+        appended and its computed length moves to cover its last token before them; the prefix cache records."""
+        for seq, start, a, new in zip(spec.seqs, spec.starts, num_accepted, tokens):
+            seq.token_ids.extend(new[: a + 1])
+            seq.num_computed_tokens = start + a + 1
+        self.caches.record_prefixes(spec.seqs)

@@ -63,11 +63,15 @@ class Scheduler:
         *,
         mixed_steps: bool = True,
         kv_growth_reserve: float = 1.0,
+        decode_tokens: int = 1,
+        max_model_len: int | None = None,
     ):
         """``caches``: who holds which blocks and slots; the scheduler asks it whether a step fits.
         ``mixed_steps``: decode rows ride in prefill steps (decode first); else prefill steps go first.
         ``kv_growth_reserve``: the share of the running sequences' growth to their length limits that admission
-        keeps free (see the module docstring)."""
+        keeps free (see the module docstring). ``decode_tokens``: the tokens whose KV blocks a decode-ready sequence
+        needs in a step (1; 1 + k with speculative decoding: its verify step scores its last token and k drafts),
+        at most up to ``max_model_len``. (The token budget still counts a decode row as one token.)"""
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
         if not 0 <= kv_growth_reserve <= 1:
@@ -77,6 +81,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.mixed_steps = mixed_steps
         self.kv_growth_reserve = kv_growth_reserve
+        self.decode_tokens = decode_tokens
+        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self.num_preemptions = 0
@@ -138,7 +144,7 @@ class Scheduler:
         blocks fit."""
         ready = [s for s in self.running if s.num_uncomputed_tokens == 1]
         while ready:
-            need = sum(self.caches.blocks_needed(s, 1) for s in ready)
+            need = sum(self._decode_blocks(s) for s in ready)
             if need <= self.caches.num_free_blocks:
                 break
             victim = self.running[-1]
@@ -147,13 +153,20 @@ class Scheduler:
                 ready.remove(victim)
         return ready
 
+    def _decode_blocks(self, seq: Sequence) -> int:
+        """KV blocks a decode-ready sequence's next step takes (``decode_tokens`` of them, up to max_model_len)."""
+        n = self.decode_tokens
+        if self.max_model_len is not None:
+            n = min(n, self.max_model_len - seq.num_computed_tokens)
+        return self.caches.blocks_needed(seq, n)
+
     def _schedule_prefill(self, decode: list[Sequence] | None = None) -> ScheduledBatch | None:
         """A prefill step: the ``decode`` rows (one token each, their blocks known to fit) first, then the next chunks
         of running prompts, then admissions, within the token budget and the free blocks. None when it would hold
         no prefill chunk."""
         decode = decode or []
         budget = self.max_num_batched_tokens - len(decode)
-        blocks_free = self.caches.num_free_blocks - sum(self.caches.blocks_needed(s, 1) for s in decode)
+        blocks_free = self.caches.num_free_blocks - sum(self._decode_blocks(s) for s in decode)
         seqs, counts = list(decode), [1] * len(decode)
         # Sequences already running with a prompt still being computed (chunked prefill) come first.
         for seq in self.running:

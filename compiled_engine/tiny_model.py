@@ -3,7 +3,8 @@
 No download exists here, so ``LLM()`` and ``python -m compiled_engine generate`` with no ``--model`` build this
 deterministic checkpoint (``config.json`` + ``model.safetensors`` in the Qwen3_5ForCausalLM layout + a byte-level
 tokenizer) into a cache folder once and reuse it. Its output is gibberish: it exercises the whole runtime, not
-language.
+language. It carries a multi-token-prediction layer (``mtp.*``, as real Qwen3.5 checkpoints do), so speculative
+decoding runs on it too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import torch
 from safetensors.torch import save_file
 
-TINY_VERSION = "v1"  # bump when the recipe changes, so stale caches are rebuilt
+TINY_VERSION = "v2-mtp"  # bump when the recipe changes, so stale caches are rebuilt
 EOS_TOKEN = "<|endoftext|>"
 
 TINY_CONFIG = {
@@ -83,23 +84,26 @@ def tiny_weights(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     def norm(dim):  # zero-centred norms: a non-zero weight matters
         return torch.randn(dim, generator=g) * 0.1
 
-    w = {"model.embed_tokens.weight": torch.randn(config["vocab_size"], hidden, generator=g)}
-    interval = config["full_attention_interval"]
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
+    def dense_layer(p: str, attention: bool) -> None:
         w[p + "input_layernorm.weight"] = norm(hidden)
         w[p + "post_attention_layernorm.weight"] = norm(hidden)
         w[p + "mlp.gate_proj.weight"] = linear(inter, hidden)
         w[p + "mlp.up_proj.weight"] = linear(inter, hidden)
         w[p + "mlp.down_proj.weight"] = linear(hidden, inter)
-        if (i + 1) % interval == 0:
+        if attention:
             w[p + "self_attn.q_proj.weight"] = linear(2 * heads * hd, hidden)
             w[p + "self_attn.k_proj.weight"] = linear(kv_heads * hd, hidden)
             w[p + "self_attn.v_proj.weight"] = linear(kv_heads * hd, hidden)
             w[p + "self_attn.o_proj.weight"] = linear(hidden, heads * hd)
             w[p + "self_attn.q_norm.weight"] = norm(hd)
             w[p + "self_attn.k_norm.weight"] = norm(hd)
-        else:
+
+    w = {"model.embed_tokens.weight": torch.randn(config["vocab_size"], hidden, generator=g)}
+    interval = config["full_attention_interval"]
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        dense_layer(p, attention=(i + 1) % interval == 0)
+        if (i + 1) % interval != 0:
             w[p + "linear_attn.in_proj_qkv.weight"] = linear(conv_dim, hidden)
             w[p + "linear_attn.in_proj_z.weight"] = linear(hv * vd, hidden)
             w[p + "linear_attn.in_proj_b.weight"] = linear(hv, hidden)
@@ -113,6 +117,13 @@ def tiny_weights(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
             w[p + "linear_attn.out_proj.weight"] = linear(hidden, hv * vd)
     w["model.norm.weight"] = norm(hidden)
     w["lm_head.weight"] = linear(config["vocab_size"], hidden) * 4  # logits with a few units of spread
+    # The multi-token-prediction layer, drawn after every target tensor: fc over [embedding | hidden], its norms, one
+    # full-attention decoder layer, its final norm.
+    w["mtp.fc.weight"] = linear(hidden, 2 * hidden)
+    w["mtp.pre_fc_norm_embedding.weight"] = norm(hidden)
+    w["mtp.pre_fc_norm_hidden.weight"] = norm(hidden)
+    dense_layer("mtp.layers.0.", attention=True)
+    w["mtp.norm.weight"] = norm(hidden)
     return {k: v.contiguous() for k, v in w.items()}
 
 

@@ -172,6 +172,26 @@ def sample_reference(
     greedy = torch.argmax(logits, dim=-1)
     if rows == 0:
         return greedy
+    kept, sampled = filtered_scaled_logits(logits, temperature, top_k, top_p, min_p, use_top_k, use_top_p)
+    exponential = -log_ce(uniform_noise(seeds, counters, vocab))
+    drawn = (kept - log_ce(exponential)).argmax(dim=-1)
+    return torch.where(sampled, drawn, greedy)
+
+
+def filtered_scaled_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    use_top_k: bool = True,
+    use_top_p: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distribution a sampled row of ``ce::sample`` draws from, as logits: ``(kept [B, V] fp32, sampled [B]
+    bool)``, ``kept`` being ``y`` (the scaled logits minus their maximum) where the filters keep the token and -inf
+    elsewhere, ``sampled`` the rows that sample (temperature > 0 and a finite maximum; the others take their greedy
+    token). ``softmax(kept)`` is the row's distribution (speculative decoding's rejection sampler reads it)."""
+    vocab = logits.shape[1]
     x, key = sanitized_keys(logits)
     m = x.max(dim=-1, keepdim=True).values
     key_max = key.max(dim=-1, keepdim=True).values
@@ -200,12 +220,8 @@ def sample_reference(
     log_min_p = log_ce(torch.where(m_on, min_p, 1.0))
     keep &= (y >= log_min_p[:, None]) | ~m_on[:, None]
     keep |= key == key_max
-
-    exponential = -log_ce(uniform_noise(seeds, counters, vocab))
-    score = (y - log_ce(exponential)).masked_fill(~keep, float("-inf"))
-    drawn = score.argmax(dim=-1)
     sampled = (temperature > 0) & torch.isfinite(m[:, 0])
-    return torch.where(sampled, drawn, greedy)
+    return y.masked_fill(~keep, float("-inf")), sampled
 
 
 def _sample_fake(logits, temperature, top_k, top_p, min_p, seeds, counters, use_top_k=True, use_top_p=True):

@@ -20,13 +20,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ops", ("ops",)),
     ("graph capture", ("graphs",)),
     ("model and caches", tuple(f"compiled_engine.{m}" for m in (
-        "config", "distributed", "layers", "moe", "attention", "gated_deltanet", "model", "loader", "tiny_model",
-        "step", "sequence", "cache", "prefix_cache", "sampling_params",
+        "config", "distributed", "layers", "moe", "attention", "gated_deltanet", "mtp", "model", "loader",
+        "tiny_model", "step", "sequence", "cache", "prefix_cache", "sampling_params", "speculative",
     ))),
     ("step executor", tuple(f"compiled_engine.{m}" for m in (
         "memory_plan", "executor", "cache_manager", "tp_workers", "runtime",
     ))),
-    ("engine", tuple(f"compiled_engine.{m}" for m in ("scheduler", "sampler", "engine"))),
+    ("engine", tuple(f"compiled_engine.{m}" for m in ("scheduler", "sampler", "rejection_sampler", "engine"))),
     ("entry points", ("compiled_engine.llm", "compiled_engine.__main__", "compiled_engine")),
     ("bench", ("bench",)),
 ]

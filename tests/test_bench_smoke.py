@@ -38,6 +38,8 @@ SMOKE_ARGS = [
     "-p", "startup.prompt_len=4", "-p", "startup.new_tokens=2",
     "-p", "step_profile.batches=1,2", "-p", "step_profile.context=8", "-p", "step_profile.steps=2",
     "-p", "step_profile.prefill_seqs=2", "-p", "step_profile.prefill_len=8",
+    "-p", "spec.batches=1,2", "-p", "spec.ks=1,2", "-p", "spec.rates=0,1", "-p", "spec.prompt_len=8",
+    "-p", "spec.new_tokens=6", "-p", "spec.step_iters=2",
 ]
 
 
@@ -527,3 +529,19 @@ def test_device_random_moe_model_has_the_loaders_layout(build_hf_model):
     runtime = Runtime(drawn, RuntimeConfig(max_num_seqs=1, max_model_len=32, num_kv_blocks=4), torch.device("cpu"),
                       torch.bfloat16)
     assert torch.isfinite(runtime.prefill([runtime.add_sequence([1, 2, 3])])).all()
+
+
+def test_spec(smoke):
+    """Every speculative run's greedy output is the baseline's; at forced acceptance 1 every draft is accepted."""
+    r = smoke[2]["spec"]
+    assert r["baseline"] and r["speculative"] and r["rule"]
+    for k, cells in r["speculative"].items():
+        for b, cell in cells.items():
+            for name, entry in cell.items():
+                if name == "steps":
+                    assert positive(entry["verify_ms"]) and positive(entry["round_ms"])
+                    continue
+                assert entry["outputs_differing_from_baseline"] == 0
+                assert positive(entry["output_tok_s"])
+            assert cell["forced_1"]["acceptance"] == 1.0
+            assert cell["forced_0"]["acceptance"] == 0.0

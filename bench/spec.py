@@ -1,0 +1,255 @@
+"""spec: MTP speculative decoding (issue 23) against plain decoding, at batch 1, 8 and 64 and k = 1, 2, 3.
+
+Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` greedy tokens each (ignore_eos), one
+``LLM.generate``. Reported, per batch:
+
+* ``baseline``: the engine without speculative decoding (the shared engine: compiled decode on CUDA unless
+  ``--enforce-eager``): output tok/s, TTFT/TPOT, and one decode step's cost (``decode_ms``, at that batch and a
+  ``prompt_len`` context, the step's tokens read back as the engine does);
+* per k: an engine with ``speculative_config={"method": "mtp", "num_speculative_tokens": k}`` (greedy rounds
+  compiled like the decode graph unless ``--enforce-eager``; prefill eager as always): output tok/s with the checkpoint's MTP head (and its acceptance: accepted / drafted), then with
+  a forced-acceptance drafter at each ``rates`` (``LLMEngine.draft_override``: the known greedy continuation of each
+  request, from the baseline run, each draft right with that probability, else a wrong token); the speed-up over
+  the baseline; and the step costs at that batch: ``verify_ms`` (the target's verify step: k+1 tokens a sequence),
+  ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
+  on CUDA unless ``--enforce-eager``; the read-back included), ``eager_decode_ms`` (an eager decode step of the
+  speculative runtime), their ratios to the baseline decode step.
+* ``bound``: per batch, the non-speculative decode bound (bench/bounds.py: one read of the weights per token), and
+  ``fraction_of_bound`` of every run (speculation exists to pass 1);
+* ``rule``: per batch, the best k at each forced acceptance rate and whether drafting pays there at all, and the
+  ``disable_by_batch_size`` (speculative_config) that follows at each rate: the largest measured batch that pays.
+
+With random weights the MTP head's acceptance says nothing about a real checkpoint: the forced-acceptance curve is
+the result. The outputs of every speculative run are checked against the baseline's (greedy: token for token).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from bench.bounds import workload_decode_bound
+from bench.common import Context, greedy, random_prompt, request_timings
+
+OWN_ENGINES = True  # builds an engine per k: the driver runs it after the shared-engine scenarios
+
+
+def requirements(batches=(1, 8, 64), prompt_len: int = 128, new_tokens: int = 128, ks=(1, 2, 3), **_):
+    return max(_as_list(batches)), prompt_len + new_tokens + 2 * max(_as_list(ks)) + 1
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def oracle(references: dict[tuple, list[int]], prompt_len: int, rate: float, vocab: int, seed: int = 0):
+    """``draft_override``: each request's known greedy continuation (found by its prompt), each draft right with
+    probability ``rate``, else a token the continuation does not have there."""
+    rng = random.Random(seed)
+
+    def override(request_id: str, token_ids: list[int], drafts: list[int]) -> list[int]:
+        ref = references[tuple(token_ids[:prompt_len])]
+        at = len(token_ids) - prompt_len
+        out = []
+        for j in range(len(drafts)):
+            right = ref[at + j] if at + j < len(ref) else 0
+            out.append(right if rng.random() < rate else (right + 1 + rng.randrange(vocab - 1)) % vocab)
+        return out
+
+    return override
+
+
+def run(
+    ctx: Context,
+    batches=(1, 8, 64),
+    ks=(1, 2, 3),
+    rates=(0.0, 0.5, 0.8, 1.0),
+    prompt_len: int = 128,
+    new_tokens: int = 128,
+    step_iters: int = 20,
+    seed: int = 0,
+) -> dict:
+    batches, ks, rates = _as_list(batches), _as_list(ks), _as_list(rates)
+    ctx.require(*requirements(batches, prompt_len, new_tokens, ks))
+    vocab = ctx.model_config.vocab_size
+    rng = random.Random(seed)
+    prompts = [random_prompt(rng, prompt_len, vocab) for _ in range(max(batches))]
+    warmup = [random_prompt(rng, prompt_len, vocab) for _ in range(max(batches))]
+
+    base = ctx.llm()
+    baseline, references = {}, {}
+    for b in batches:
+        base.generate(warmup[:b], greedy(8), use_tqdm=False)
+        timed, outputs = _timed(ctx, base, prompts[:b], new_tokens)
+        references[b] = {tuple(p): o.token_ids for p, o in zip(prompts[:b], outputs)}
+        baseline[b] = {**timed, "decode_ms": _decode_ms(ctx, base.runtime, prompts[:b], step_iters)}
+
+    per_k: dict[int, dict] = {}
+    for k in ks:
+        llm = ctx.llm(speculative_config={"method": "mtp", "num_speculative_tokens": k})
+        per_k[k] = {}
+        for b in batches:
+            llm.engine.draft_override = None
+            llm.generate(warmup[:b], greedy(8), use_tqdm=False)
+            cell = {"mtp": _spec_run(ctx, llm, prompts[:b], new_tokens, references[b])}
+            for rate in rates:
+                llm.engine.draft_override = oracle(references[b], prompt_len, rate, vocab, seed)
+                cell[f"forced_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b])
+            llm.engine.draft_override = None
+            for entry in cell.values():
+                entry["speedup"] = entry["output_tok_s"] / baseline[b]["output_tok_s"]
+            costs = _spec_step_ms(ctx, llm.runtime, prompts[:b], k, step_iters)
+            decode = baseline[b]["decode_ms"]
+            costs.update({"verify_vs_decode": costs["verify_ms"] / decode, "round_vs_decode": costs["round_ms"] / decode,
+                          "eager_decode_vs_decode": costs["eager_decode_ms"] / decode})
+            cell["steps"] = costs
+            per_k[k][b] = cell
+    ctx.release_llm()
+
+    rule = {}
+    for b in batches:
+        rule[b] = {}
+        for rate in rates:
+            best = max(ks, key=lambda k: per_k[k][b][f"forced_{rate:g}"]["output_tok_s"])
+            speedup = per_k[best][b][f"forced_{rate:g}"]["speedup"]
+            rule[b][f"{rate:g}"] = {"best_k": best, "speedup": speedup, "draft": speedup > 1.0}
+    # speculative_config's disable_by_batch_size at each acceptance rate: the largest measured batch where the best
+    # k still pays (None: drafting pays at none of them).
+    rule["disable_by_batch_size"] = {
+        f"{rate:g}": max((b for b in batches if rule[b][f"{rate:g}"]["draft"]), default=None) for rate in rates
+    }
+    # The non-speculative decode bound (one read of the weights per token): speculation exists to pass it.
+    mb, bandwidth = ctx.model_bytes(), ctx.bandwidth()["bytes_per_s"]
+    bound = {b: workload_decode_bound(mb, bandwidth, [prompt_len] * b, [new_tokens] * b, b) for b in batches}
+    fraction = {b: {"baseline": baseline[b]["output_tok_s"] / bound[b]["output_tok_s"],
+                    **{f"k{k}_{name}": entry["output_tok_s"] / bound[b]["output_tok_s"]
+                       for k in ks for name, entry in per_k[k][b].items() if name != "steps"}}
+                for b in batches}
+    result = ctx.metadata("spec")
+    result.update({
+        "bound": bound,
+        "fraction_of_bound": fraction,
+        "workload": {"batches": batches, "ks": ks, "rates": rates, "prompt_len": prompt_len,
+                     "new_tokens": new_tokens, "greedy": True, "ignore_eos": True, "seed": seed},
+        "baseline": baseline,
+        "speculative": per_k,
+        "rule": rule,
+        "targets": {"batch1_k2_rate0.8_speedup": ">= 1.8", "verify_k2_vs_decode": "<= 1.25",
+                    "rate0_speedup": ">= 0.9 or drafting off"},
+    })
+    ctx.write("spec", result)
+    return result
+
+
+def _timed(ctx: Context, llm, prompts: list[list[int]], new_tokens: int) -> tuple[dict, list]:
+    ctx.sync()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, greedy(new_tokens), use_tqdm=False)
+    ctx.sync()
+    wall = time.perf_counter() - start
+    generated = sum(len(o.token_ids) for o in outputs)
+    return {"wall_s": wall, "output_tokens": generated, "output_tok_s": generated / wall,
+            **request_timings(outputs)}, outputs
+
+
+def _spec_run(ctx: Context, llm, prompts, new_tokens, references) -> dict:
+    engine = llm.engine
+    before = (engine.num_draft_tokens, engine.num_accepted_tokens, engine.num_verified_rows)
+    timed, outputs = _timed(ctx, llm, prompts, new_tokens)
+    drafted = engine.num_draft_tokens - before[0]
+    accepted = engine.num_accepted_tokens - before[1]
+    rounds = engine.num_verified_rows - before[2]
+    mismatches = sum(o.token_ids != references[tuple(p)] for p, o in zip(prompts, outputs))
+    return {**timed, "acceptance": accepted / drafted if drafted else None,
+            "tokens_per_round": (accepted + rounds) / rounds if rounds else None,
+            "outputs_differing_from_baseline": mismatches}
+
+
+def _started(runtime, prompts):
+    """Sequences of ``prompts``, prefilled, each with its next token appended (uncomputed)."""
+    seqs = [runtime.add_sequence(p) for p in prompts]
+    logits = runtime.prefill(seqs)
+    for seq, token in zip(seqs, logits.argmax(dim=-1).tolist()):
+        seq.token_ids.append(token)
+    return seqs
+
+
+def _decode_ms(ctx: Context, runtime, prompts, iters: int) -> float:
+    """One decode step of ``prompts`` as the engine runs it (the tokens read back), in ms."""
+    seqs = _started(runtime, prompts)
+    try:
+        for i in range(iters + 2):  # two warm-up steps
+            if i == 2:
+                ctx.sync()
+                start = time.perf_counter()
+            tokens = runtime.decode(seqs).tokens.tolist()
+            for seq, token in zip(seqs, tokens):
+                seq.token_ids.append(token)
+        ctx.sync()
+        return (time.perf_counter() - start) / iters * 1e3
+    finally:
+        for seq in seqs:
+            runtime.release(seq)
+
+
+def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
+    """In ms: a verify step alone (the unfused eager path: the target's forward of k+1 tokens a sequence), a whole
+    greedy round as the engine runs it (``Runtime.greedy_round``: compiled when the runtime is; the read-back and
+    ``advance`` included), and an eager decode step of the speculative runtime. (The lone verify step commits its
+    first position as any verify step does, so the round after it starts one state further: garbage values, the
+    same work.)"""
+    seqs = _started(runtime, prompts)
+    drafts = [[0] * k for _ in seqs]
+    verify_s = round_s = 0.0
+    try:
+        for i in range(iters + 2):  # two warm-up rounds
+            ctx.sync()
+            start = time.perf_counter()
+            runtime.verify(seqs, drafts)  # reserves nothing new after the first call; the pools stay as they are
+            ctx.sync()
+            verified = time.perf_counter()
+            spec, accepted, tokens, new = runtime.greedy_round(seqs, drafts)
+            host = torch.cat([accepted[:, None], tokens, new], dim=1).tolist()
+            runtime.advance(spec, [r[0] for r in host], [r[1 : k + 2] for r in host])
+            drafts = [r[k + 2 :] for r in host]
+            done = time.perf_counter()
+            if i >= 2:
+                verify_s += verified - start
+                round_s += done - verified
+        eager = _decode_loop(ctx, runtime, seqs, iters)
+    finally:
+        for seq in seqs:
+            runtime.release(seq)
+    return {"verify_ms": verify_s / iters * 1e3, "round_ms": round_s / iters * 1e3, "eager_decode_ms": eager}
+
+
+def _decode_loop(ctx: Context, runtime, seqs, iters: int) -> float:
+    ctx.sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        tokens = runtime.decode(seqs).tokens.tolist()
+        for seq, token in zip(seqs, tokens):
+            seq.token_ids.append(token)
+    ctx.sync()
+    return (time.perf_counter() - start) / iters * 1e3
+
+
+def summary_lines(head: str, r: dict) -> list[str]:
+    """One line per (k, batch): the speed-up over plain decoding with the MTP head and at each forced acceptance rate,
+    and the verify step's cost in decode steps; then the baseline per batch."""
+    lines = []
+    for b, base in r["baseline"].items():
+        lines.append(f"{head} batch {b}: baseline {base['output_tok_s']:.1f} tok/s, decode step {base['decode_ms']:.3f} ms")
+    lines.append(f"{'':<11} drafting pays up to batch (by forced acceptance): {r['rule']['disable_by_batch_size']}")
+    for k, cells in r["speculative"].items():
+        for b, cell in cells.items():
+            forced = ", ".join(f"{name.removeprefix('forced_')}: {e['speedup']:.2f}x" for name, e in cell.items()
+                               if name.startswith("forced_"))
+            mtp = cell["mtp"]
+            acceptance = "-" if mtp["acceptance"] is None else f"{mtp['acceptance']:.2f}"
+            lines.append(f"{'':<11} k={k} batch {b}: MTP head {mtp['speedup']:.2f}x (acceptance {acceptance}) | forced "
+                         f"acceptance {forced} | verify {cell['steps']['verify_vs_decode']:.2f}, round "
+                         f"{cell['steps']['round_vs_decode']:.2f} decode steps")
+    return lines

@@ -1,0 +1,438 @@
+"""MTP speculative decoding (compiled_engine/mtp.py, speculative.py, rejection_sampler.py) on the CPU in fp32.
+
+Oracles: a float64 formula of the MTP layer written from the checkpoint's tensors; non-speculative greedy decoding
+(the output must match it token for token, whatever the drafts); the target distribution itself (a chi-square test
+of the rejection sampler); a seeded request's solo run (batch invariance).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from safetensors.torch import load_file
+
+from compiled_engine import LLM, SamplingParams
+from compiled_engine.config import SpeculativeConfig
+from compiled_engine.engine import LLMEngine
+from compiled_engine.loader import CheckpointError
+from compiled_engine.rejection_sampler import rejection_sample
+from compiled_engine.runtime import Runtime
+from compiled_engine.sampler import SamplingBatch
+from compiled_engine.tiny_model import TINY_CONFIG, ensure_tiny_model
+from ops.sample import filtered_scaled_logits
+
+MAX_LEN = 192
+
+
+def spec(k: int) -> dict:
+    return {"method": "mtp", "num_speculative_tokens": k}
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> str:
+    return ensure_tiny_model(str(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def runtime(path: str, k: int = 0, disable_by_batch_size: int | None = None, **knobs) -> Runtime:
+    knobs.setdefault("max_model_len", MAX_LEN)
+    knobs.setdefault("max_num_seqs", 6)
+    config = dict(spec(k), disable_by_batch_size=disable_by_batch_size) if k else None
+    return Runtime.from_pretrained(path, device="cpu", dtype="float32", speculative_config=config, **knobs)
+
+
+# ------------------------------------------------------------------------------------------------ the MTP layer
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float = TINY_CONFIG["rms_norm_eps"]) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + w)
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+    """NeoX rotate-half on the first ``rotary_dim`` channels of ``x`` [T, heads, D]."""
+    inv = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = positions.double()[:, None] * inv[None]
+    cos, sin = angles.cos()[:, None], angles.sin()[:, None]
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    a, b = rot.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, b * cos + a * sin, rest], dim=-1)
+
+
+def mtp_float64(weights: dict, embed: torch.Tensor, hidden: torch.Tensor, next_ids: list[int]) -> torch.Tensor:
+    """The MTP layer of one sequence's rows 0..T-1 (causal), in float64, from the checkpoint's own tensors."""
+    w = {k: v.double() for k, v in weights.items() if k.startswith("mtp.")}
+    c = TINY_CONFIG
+    heads, kv_heads, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    t = len(next_ids)
+    e = embed.double()[torch.tensor(next_ids)]
+    x = torch.cat([_rms(e, w["mtp.pre_fc_norm_embedding.weight"]), _rms(hidden.double(), w["mtp.pre_fc_norm_hidden.weight"])],
+                  dim=-1) @ w["mtp.fc.weight"].T
+    p = "mtp.layers.0."
+    a = _rms(x, w[p + "input_layernorm.weight"])
+    q_gate = (a @ w[p + "self_attn.q_proj.weight"].T).view(t, heads, 2 * d)
+    q, gate = q_gate[..., :d], q_gate[..., d:]
+    k = (a @ w[p + "self_attn.k_proj.weight"].T).view(t, kv_heads, d)
+    v = (a @ w[p + "self_attn.v_proj.weight"].T).view(t, kv_heads, d)
+    q, k = _rms(q, w[p + "self_attn.q_norm.weight"]), _rms(k, w[p + "self_attn.k_norm.weight"])
+    rope = c["rope_parameters"]
+    positions = torch.arange(t)
+    rotary = int(d * rope["partial_rotary_factor"])
+    q, k = _rope(q, positions, rotary, rope["rope_theta"]), _rope(k, positions, rotary, rope["rope_theta"])
+    k, v = k.repeat_interleave(heads // kv_heads, dim=1), v.repeat_interleave(heads // kv_heads, dim=1)
+    scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(d)
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    attn = torch.einsum("hts,shd->thd", scores.softmax(-1), v) * torch.sigmoid(gate)
+    x = x + attn.reshape(t, -1) @ w[p + "self_attn.o_proj.weight"].T
+    m = _rms(x, w[p + "post_attention_layernorm.weight"])
+    g, u = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T
+    x = x + (torch.nn.functional.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+    return _rms(x, w["mtp.norm.weight"])
+
+
+def test_mtp_layer_matches_a_float64_formula(tiny_path):
+    rt = runtime(tiny_path, k=2)
+    prompt = [5, 17, 99, 3, 42, 7, 8, 200, 31, 64, 128, 2]
+    seq = rt.add_sequence(prompt)
+    step = rt.prefill_for_drafts([seq])
+    next_ids = prompt[1:] + [77]
+    with torch.inference_mode():
+        ours = rt.model.mtp_forward(torch.tensor(next_ids), step.hidden, step.step)
+    weights = load_file(f"{tiny_path}/model.safetensors")
+    expected = mtp_float64(weights, weights["model.embed_tokens.weight"], step.hidden, next_ids)
+    torch.testing.assert_close(ours.double(), expected, atol=2e-4, rtol=2e-4)
+    # The drafts are the argmax of the shared lm_head on the MTP output of the last row.
+    with torch.inference_mode():
+        drafts = rt.draft_after_prefill(step, torch.tensor([77]))
+    assert drafts[0, 0].item() == int((expected[-1] @ weights["lm_head.weight"].double().T).argmax())
+
+
+# -------------------------------------------------------------------------------------------------- options
+@pytest.mark.parametrize("bad", [{"method": "mtp", "num_speculative_tokens": 0},
+                                 {"method": "mtp", "num_speculative_tokens": 5},
+                                 {"method": "mtp", "num_speculative_tokens": True},
+                                 {"method": "mtp", "num_speculative_tokens": "2"},
+                                 {"method": "eagle", "num_speculative_tokens": 1},
+                                 {"method": "mtp", "k": 1}, "mtp",
+                                 {"method": "mtp", "num_speculative_tokens": 1, "disable_by_batch_size": 0}])
+def test_bad_speculative_config_raises(tiny_path, bad):
+    with pytest.raises(ValueError, match="speculative_config"):
+        Runtime.from_pretrained(tiny_path, device="cpu", speculative_config=bad)
+    with pytest.raises(ValueError, match="speculative_config"):
+        LLM(tiny_path, device="cpu", speculative_config=bad)
+
+
+def test_checkpoint_without_mtp_names_what_is_missing(qwen3_5_text_untied_path, qwen3_5_conditional_path):
+    with pytest.raises(CheckpointError, match=r"no mtp\.\* tensors"):
+        Runtime.from_pretrained(str(qwen3_5_text_untied_path), device="cpu", speculative_config=spec(1))
+    # The conditional test checkpoint carries only some mtp.* tensors: the first missing one is named.
+    with pytest.raises(CheckpointError, match=r"lacks tensors: mtp\.layers\.0\.self_attn\.k_proj\.weight"):
+        Runtime.from_pretrained(str(qwen3_5_conditional_path), device="cpu", speculative_config=spec(1),
+                                max_model_len=64)
+
+
+def test_speculative_refuses_tensor_parallelism_and_turns_overlap_off(tiny_path):
+    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
+        Runtime.from_pretrained(tiny_path, device="cpu", tensor_parallel_size=2, speculative_config=spec(1))
+    llm = LLM(tiny_path, device="cpu", max_model_len=64, max_num_seqs=2, speculative_config=spec(1))
+    assert llm.engine.num_speculative_tokens == 1 and not llm.engine.overlap_decode
+
+
+def test_engine_speculative_config_needs_a_runtime_with_one(tiny_path):
+    with pytest.raises(ValueError, match="runtime built with one"):
+        LLMEngine(runtime(tiny_path), speculative_config=spec(1))
+    with pytest.raises(ValueError, match="exceeds"):
+        LLMEngine(runtime(tiny_path, k=1), speculative_config=spec(2))
+    assert SpeculativeConfig.parse(None) is None
+
+
+def test_engine_with_fewer_drafts_than_its_runtime(tiny_path, greedy_reference):
+    engine = LLMEngine(runtime(tiny_path, k=3), speculative_config=spec(1))
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=20))
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            done[out.request_id] = out.token_ids
+    assert [done[f"r{i}"] for i in range(len(PROMPTS))] == greedy_reference
+    assert engine.num_draft_tokens == engine.num_verified_rows  # one draft a round
+
+
+# ------------------------------------------------------------------------------------------ greedy exactness
+PROMPTS = [[5, 17, 99, 3, 42, 7, 8, 200], [1, 2, 3], list(range(40, 90)), [250, 251], [9] * 20]
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(tiny_path) -> list[list[int]]:
+    llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=6)
+    return [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_greedy_output_equals_non_speculative(tiny_path, greedy_reference, k):
+    llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=6,
+              speculative_config=spec(k))
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
+    assert [o.token_ids for o in outputs] == greedy_reference
+
+
+def oracle(reference: dict[str, list[int]], prompt_len: dict[str, int], rate: float, vocab: int, seed: int = 0):
+    """A drafter that proposes the known greedy continuation, each token right with probability ``rate``."""
+    rng = random.Random(seed)
+
+    def override(request_id: str, token_ids: list[int], drafts: list[int]) -> list[int]:
+        at = len(token_ids) - prompt_len[request_id]
+        ref = reference[request_id]
+        return [ref[at + j] if at + j < len(ref) and rng.random() < rate else rng.randrange(vocab)
+                for j in range(len(drafts))]
+
+    return override
+
+
+@pytest.mark.parametrize("k,rate", [(1, 1.0), (3, 1.0), (2, 0.6), (4, 0.8)])
+def test_greedy_output_with_accepted_drafts_equals_non_speculative(tiny_path, greedy_reference, k, rate):
+    """Oracle drafts make long accepted runs: every accepted-prefix length, the bonus token and the state commit
+    after each are exercised; the output is still the non-speculative greedy output."""
+    rt = runtime(tiny_path, k=k)
+    ids = [f"r{i}" for i in range(len(PROMPTS))]
+    engine = LLMEngine(rt, draft_override=oracle(dict(zip(ids, greedy_reference)),
+                                                 {i: len(p) for i, p in zip(ids, PROMPTS)}, rate, 257))
+    for request_id, prompt in zip(ids, PROMPTS):
+        engine.add_request(request_id, prompt, SamplingParams(temperature=0, max_tokens=20))
+    finished, steps = {}, 0
+    while engine.has_unfinished_requests():
+        steps += 1
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.token_ids
+    assert [finished[i] for i in ids] == greedy_reference
+    if rate == 1.0:  # every verify step accepts all k drafts: 1 prefill step, then 19 tokens in ceil(19/(k+1))
+        assert steps == 1 + math.ceil(19 / (k + 1))
+
+
+# ------------------------------------------------------------------------------------------ rejection sampling
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """P-value of Pearson's chi-square test of ``counts`` against ``probs`` (cells of expected count >= 5)."""
+    n = counts.sum()
+    expected = probs * n
+    cells = expected >= 5
+    stat = ((counts[cells] - expected[cells]) ** 2 / expected[cells]).sum()
+    df = int(cells.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat.double() / 2))
+
+
+def _batch(rows: int, temperature: float, top_k: int, top_p: float, seeds: torch.Tensor, k: int) -> SamplingBatch:
+    return SamplingBatch(
+        temperature=torch.full((rows,), temperature), top_k=torch.full((rows,), top_k, dtype=torch.long),
+        top_p=torch.full((rows,), top_p), min_p=torch.zeros(rows), seeds=seeds,
+        counters=torch.arange(k + 1).repeat(rows // (k + 1)), suppress_rows=torch.zeros(0, dtype=torch.long),
+        suppress_tokens=torch.zeros(0, dtype=torch.long), all_greedy=False, use_top_k=top_k > 0,
+        use_top_p=top_p < 1,
+    )
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8)])
+def test_rejection_sampling_keeps_the_target_distribution(temperature, top_k, top_p):
+    """Two draft positions, many independent seeds: the first output token follows the target row 0's
+    distribution, and the second (given the first accepted draft) row 1's, whatever the drafts propose."""
+    torch.manual_seed(0)
+    vocab, k, n = 8, 2, 40000
+    logits = torch.randn(k + 1, vocab) * 1.5
+    drafts = torch.tensor([[2, 5]]).repeat(n, 1)  # a likely and an unlikely proposal, the same for every sequence
+    seeds = torch.arange(n).repeat_interleave(k + 1) * 7919 + 13
+    batch = _batch(n * (k + 1), temperature, top_k, top_p, seeds, k)
+    accepted, tokens = rejection_sample(logits.repeat(n, 1), drafts, batch)
+    kept, _ = filtered_scaled_logits(logits, torch.full((k + 1,), temperature), torch.full((k + 1,), top_k),
+                                     torch.full((k + 1,), top_p), torch.zeros(k + 1), top_k > 0, top_p < 1)
+    target = kept.double().softmax(-1)
+    first = torch.bincount(tokens[:, 0], minlength=vocab).double()
+    assert _chi_square_p(first, target[0]) > 1e-3
+    assert first[target[0] == 0].sum() == 0  # never a token the filters drop
+    second = tokens[accepted >= 1, 1]
+    assert _chi_square_p(torch.bincount(second, minlength=vocab).double(), target[1]) > 1e-3
+    # The acceptance rate of draft 1 is its target probability.
+    rate = (accepted >= 1).double().mean()
+    assert abs(rate - target[0, 2]) < 4 * math.sqrt(target[0, 2] * (1 - target[0, 2]) / n) + 1e-9
+
+
+def test_rejection_sampling_greedy_accepts_the_argmax_prefix():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0], [0.0, 0.0, 5.0]] * 2)
+    drafts = torch.tensor([[1, 0], [1, 2]])
+    rows = 6
+    batch = SamplingBatch(torch.zeros(rows), torch.zeros(rows, dtype=torch.long), torch.ones(rows), torch.zeros(rows),
+                          torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long),
+                          torch.tensor([4]), torch.tensor([0]), True, False, False)  # row 4 may not pick token 0
+    accepted, tokens = rejection_sample(logits, drafts, batch)
+    assert accepted.tolist() == [2, 2]  # row 4's argmax is 0, suppressed (min_tokens): then 2, the draft
+    assert tokens.tolist() == [[1, 0, 2], [1, 2, 2]]
+    drafts[1, 1] = 1
+    accepted, tokens = rejection_sample(logits, drafts, batch)
+    assert accepted.tolist() == [2, 1] and tokens[1, :2].tolist() == [1, 2]  # the correction: row 4's argmax
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+def test_seeded_sampling_is_batch_invariant(tiny_path):
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=16)
+    llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=6,
+              speculative_config=spec(2))
+    solo = llm.generate([PROMPTS[0]], params, use_tqdm=False)[0].token_ids
+    others = SamplingParams(temperature=1.0, max_tokens=12)
+    batch = llm.generate(PROMPTS, [params] + [others] * (len(PROMPTS) - 1), use_tqdm=False)
+    assert batch[0].token_ids == solo and len(solo) == 16
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+@pytest.fixture(scope="module")
+def runtimes(tiny_path) -> dict:
+    """Reused across examples: non-speculative, and k = 1..3 (one with prefix caching, one that decodes plainly
+    beyond 2 decoding sequences), all with a small KV cache so that preemption happens."""
+    small = dict(num_kv_blocks=14, block_size=16, max_num_seqs=4)
+    return {
+        0: runtime(tiny_path, **small),
+        1: runtime(tiny_path, k=1, **small),
+        2: runtime(tiny_path, k=2, enable_prefix_caching=True, prefix_snapshot_interval=64, **small),
+        3: runtime(tiny_path, k=3, disable_by_batch_size=2, **small),
+    }
+
+
+request_strategy = st.fixed_dictionaries({
+    "prompt": st.one_of(st.lists(st.integers(0, 256), min_size=1, max_size=70),
+                        st.sampled_from([list(range(100, 164)) + [1, 2], list(range(100, 164)) + [7]])),
+    "max_tokens": st.integers(1, 48),
+    "min_tokens": st.integers(0, 6),
+    "stop": st.lists(st.integers(0, 256), max_size=8),
+    "arrival": st.integers(0, 6),
+    "abort_at": st.one_of(st.none(), st.integers(1, 12)),
+    "temperature": st.sampled_from([0.0, 0.0, 0.0, 0.8]),
+})
+
+
+def _run(runtime_: Runtime, requests: list[dict], draft_override=None, reasons: dict | None = None) -> dict:
+    engine = LLMEngine(runtime_, max_num_batched_tokens=48, kv_growth_reserve=0.0, draft_override=draft_override)
+    tokens: dict[str, list[int]] = {}
+    step = 0
+    pending = list(enumerate(requests))
+    while pending or engine.has_unfinished_requests():
+        for i, r in [p for p in pending if p[1]["arrival"] <= step]:
+            params = SamplingParams(temperature=r.get("temperature", 0.0), seed=i, max_tokens=r["max_tokens"],
+                                    min_tokens=min(r["min_tokens"], r["max_tokens"]), stop_token_ids=r["stop"])
+            engine.add_request(f"r{i}", r["prompt"], params)
+            pending.remove((i, r))
+        for i, r in enumerate(requests):
+            if r["abort_at"] == step and f"r{i}" in engine.requests:
+                engine.abort_request(f"r{i}")
+        for out in engine.step():
+            tokens[out.request_id] = out.token_ids
+            if reasons is not None and out.finished:
+                reasons[out.request_id] = out.finish_reason
+        step += 1
+    assert runtime_.caches.num_free_slots == runtime_.config.max_num_seqs  # nothing leaked
+    return tokens
+
+
+@settings(max_examples=12)
+@given(requests=st.lists(request_strategy, min_size=1, max_size=5), k=st.sampled_from([1, 2, 3]),
+       rate=st.sampled_from([0.0, 0.5, 0.9]))
+def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate):
+    """Arrivals, aborts, preemption (a small KV cache), stop tokens, min_tokens and max_tokens falling inside
+    accepted runs, prefix caching (k = 2), drafting turned off and on again by the batch size (k = 3), with oracle
+    drafts at a few acceptance rates: every greedy request's tokens are the non-speculative run's (a prefix of them
+    for aborted requests); a sampled one's keep the stop rules (no stop token before min_tokens, nothing after a
+    stop, at most max_tokens)."""
+    full = [dict(r, abort_at=None) for r in requests]
+    reference = _run(runtimes[0], full)
+    ids = {f"r{i}": r for i, r in enumerate(requests)}
+    override = oracle(reference, {i: len(r["prompt"]) for i, r in ids.items()}, rate, 257)
+    reasons: dict[str, str] = {}
+    got = _run(runtimes[k], requests, override, reasons)
+    for request_id, r in ids.items():
+        ref = reference[request_id]
+        out = got.get(request_id, [])
+        if r["temperature"] > 0:  # sampled: the stop rules hold inside accepted runs (the tokens are a new draw)
+            stops = set(r["stop"]) | {TINY_CONFIG["eos_token_id"]}
+            min_tokens = min(r["min_tokens"], r["max_tokens"])
+            assert len(out) <= r["max_tokens"]
+            assert not any(t in stops for t in out[min_tokens:-1]), request_id  # nothing after a stop
+            assert not any(t in stops for t in out[:min_tokens]), request_id  # suppressed before min_tokens
+            if reasons.get(request_id) == "stop":
+                assert out[-1] in stops
+            elif reasons.get(request_id) == "length":
+                assert len(out) == r["max_tokens"]
+        elif r["abort_at"] is None:
+            assert out == ref, request_id
+        else:
+            assert out == ref[: len(out)], request_id
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_drafts_across_max_model_len(tiny_path, k):
+    """Sequences that end at max_model_len: verify rows and draft positions past it map to the null block; the
+    output still ends exactly where the non-speculative one does (finish_reason "length")."""
+    prompts = [list(range(10, 40)), list(range(50, 86)), [3] * 38]
+    params = SamplingParams(temperature=0, max_tokens=30)
+
+    def run(k_: int, override=None) -> list:
+        engine = LLMEngine(runtime(tiny_path, k=k_, max_model_len=40, num_kv_blocks=12, block_size=8),
+                           draft_override=override)
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, params)
+        done = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = (out.token_ids, out.finish_reason)
+        return [done[f"r{i}"] for i in range(len(prompts))]
+
+    reference = run(0)
+    assert all(reason == "length" and len(p) + len(t) == 40 for (t, reason), p in zip(reference, prompts))
+    tokens = {f"r{i}": t for i, (t, _) in enumerate(reference)}
+    assert run(k, oracle(tokens, {f"r{i}": len(p) for i, p in enumerate(prompts)}, 1.0, 257)) == reference
+    assert run(k) == reference
+
+
+# ---------------------------------------------------------------------------------------------- compiled rounds
+def test_compiled_greedy_rounds_equal_non_speculative(tiny_path):
+    """Greedy rounds compiled (Inductor's C++ code on the CPU; CUDA graphs on a GPU), buckets 1 and 2 compiled at
+    start-up on padding rows: the output is the non-speculative greedy output, with nothing recompiled later
+    (the rounds run under fail_on_recompile)."""
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1]]
+    params = SamplingParams(temperature=0, max_tokens=12)
+    eager = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=96, max_num_seqs=2)
+    reference = [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=96, max_num_seqs=2, enforce_eager=False,
+              speculative_config=spec(2))
+    assert llm.runtime.speculative_round.compiled
+    assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == reference
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rate", [None, 0.7])
+def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path, rate):
+    """On a GPU, in fp32: greedy rounds compiled and captured (cudagraph trees, one graph per bucket) give the
+    non-speculative eager output, with the MTP head's drafts and with oracle drafts (long accepted runs), and
+    cudagraph trees skip no graph."""
+    prompts = PROMPTS
+    ids = [f"r{i}" for i in range(len(prompts))]
+
+    def run(**knobs) -> list[list[int]]:
+        rt = Runtime.from_pretrained(tiny_path, device="cuda", dtype="float32", max_model_len=MAX_LEN,
+                                     max_num_seqs=4, **knobs)
+        override = None
+        if rate is not None and knobs.get("speculative_config"):
+            override = oracle(dict(zip(ids, reference)), {i: len(p) for i, p in zip(ids, prompts)}, rate, 257)
+        engine = LLMEngine(rt, draft_override=override)
+        for request_id, prompt in zip(ids, prompts):
+            engine.add_request(request_id, prompt, SamplingParams(temperature=0, max_tokens=24))
+        done = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.token_ids
+        return [done[i] for i in ids]
+
+    from torch._dynamo.utils import counters
+
+    reference = run(compile=False)
+    skips = counters["inductor"]["cudagraph_skips"]
+    assert run(compile=True, speculative_config=spec(3)) == reference
+    assert counters["inductor"]["cudagraph_skips"] == skips  # every bucket's round is a CUDA graph
