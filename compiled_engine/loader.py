@@ -178,7 +178,8 @@ class WeightRouter:
         if len(parts) >= 4 and parts[0] == "layers" and parts[1].isdigit():
             if int(parts[1]) >= self.config.num_hidden_layers:
                 return None
-            placement = self._route_layer(f"layers.{int(parts[1])}", parts[2:])
+            index = int(parts[1])
+            placement = self._route_layer(f"layers.{index}", parts[2:], sparse=index in self.config.moe_layers)
             if placement is not None:
                 return placement
         raise CheckpointError(f"unexpected tensor {name!r}")
@@ -192,17 +193,17 @@ class WeightRouter:
             if parts[1] == "weight":
                 return Placement(f"mtp.{parts[0]}.weight")
         if len(parts) >= 4 and parts[:2] == ["layers", "0"]:
-            placement = self._route_layer("mtp.layers.0", parts[2:])
+            placement = self._route_layer("mtp.layers.0", parts[2:], sparse=False)
             if placement is not None:
                 return placement
         raise CheckpointError(f"unexpected tensor {name!r}")
 
-    def _route_layer(self, prefix: str, parts: list[str]) -> Placement | None:
+    def _route_layer(self, prefix: str, parts: list[str], sparse: bool) -> Placement | None:
         module, rest = parts[0], parts[1:]
         c = self.config
         if module in ("input_layernorm", "post_attention_layernorm") and rest == ["weight"]:
             return Placement(f"{prefix}.{module}.weight")
-        if module == "mlp" and index in c.moe_layers:
+        if module == "mlp" and sparse:
             return self._route_moe(f"{prefix}.mlp", rest)
         if module == "mlp" and len(rest) == 2 and rest[1] == "weight":
             if rest[0] in self.mlp_rows:
