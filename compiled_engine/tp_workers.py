@@ -52,7 +52,8 @@ from ops.step import StepInputs
 CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE, CMD_SNAPSHOT_SAVE, CMD_SNAPSHOT_RESTORE = 0, 1, 2, 3, 4, 5
 HEADER_SIZE = 8
 STARTUP_TIMEOUT_S = 600  # loading a large shard can take minutes
-JOIN_TIMEOUT_S = 60  # a spawned worker joins after importing torch and this package: seconds
+JOIN_TIMEOUT_S = 50  # from the spawn: a worker joins after importing torch and this package (seconds);
+# with the 0.5 s polling, a worker that hangs before joining is reported within a minute
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 # init_process_group's own wait, entered once every worker is connected to the store: the ranks exchange their
 # backend's addresses, which takes well under a second; the bound only matters for a worker that dies meanwhile.

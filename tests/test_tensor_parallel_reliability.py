@@ -210,8 +210,10 @@ if __name__ == "__main__":
     # init_process_group's own wait is what a worker dying inside it costs rank 0: shortened here to keep the test
     # short (the default, 30 s, keeps the whole start within 60 s).
     tp_workers.RENDEZVOUS_TIMEOUT = timedelta(seconds=3)
+    tp_workers.JOIN_TIMEOUT_S = 6  # likewise the wait for a worker that never connects (default 50 s)
     start_fails("1:join:exit")    # dies after "started", before it connects to rank 0's store
     start_fails("1:rendezvous")   # raises after it joined the store, inside its init_process_group
+    start_fails("1:join:hang")    # alive but never connects: rank 0 gives up at JOIN_TIMEOUT_S and kills it
     solo = LLM(PATH, device="cpu", enforce_eager=True, max_model_len=64)
     expected = [o.token_ids for o in solo.generate([[1, 2, 3], [4, 5]], GREEDY, use_tqdm=False)]
     with LLM(PATH, {knobs}) as llm:
@@ -224,7 +226,8 @@ def test_a_worker_that_dies_in_the_rendezvous_fails_fast(tiny_path, tmp_path):
     """A worker that dies after it reported "started", on its way into init_process_group, used to leave rank 0 in
     the C++ rendezvous for 10 minutes. Now rank 0 waits in Python until every worker has connected to its store
     (a dead one is seen at once), and init_process_group's own wait is bounded: rank 0 raises the worker's error
-    (its exit code, or its traceback) well within 60 s, and the next TP LLM in the process generates as a solo run."""
+    (its exit code, or its traceback) well within 60 s; a worker that hangs instead is given up at JOIN_TIMEOUT_S
+    (shortened here) and killed. The next TP LLM in the process generates as a solo run."""
     script = tmp_path / "rendezvous.py"
     script.write_text(RENDEZVOUS_SCRIPT.format(path=tiny_path, knobs=KNOBS, bound_s=20))
     code, out, err, _ = run_script([str(script)], timeout=90)
@@ -232,4 +235,5 @@ def test_a_worker_that_dies_in_the_rendezvous_fails_fast(tiny_path, tmp_path):
     lines = out.splitlines()
     assert "1:join:exit failed" in lines[0] and "worker compiled_engine-tp1 exited with code 3" in lines[0], out
     assert "1:rendezvous failed" in lines[1] and "injected fault in worker 1 at 'rendezvous'" in lines[1], out
-    assert lines[2] == "next start ok", out
+    assert "1:join:hang failed" in lines[2] and "did not reach 'joined' in time" in lines[2], out
+    assert lines[3] == "next start ok", out
