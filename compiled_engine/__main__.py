@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false")
     srv.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs")
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    srv.add_argument("-v", "--verbose", action="store_true")
     return parser
 
 

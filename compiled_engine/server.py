@@ -33,6 +33,7 @@ from typing import Any, AsyncIterator, Literal, Union
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 from prometheus_client import (
     CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest,
 )
@@ -204,6 +205,8 @@ class Metrics:
                                    registry=registry)
         self.requests = Counter("ce:request_success", "finished requests by finish reason", ["finished_reason"],
                                 registry=registry)
+        self.aborted = Counter("ce:request_aborted", "requests aborted before they finished (a client went away)",
+                               registry=registry)
         self.ttft = Histogram("ce:time_to_first_token_seconds", "arrival to first token", buckets=LATENCY_BUCKETS,
                               registry=registry)
         self.tpot = Histogram("ce:time_per_output_token_seconds", "(e2e - ttft) / (output tokens - 1)",
@@ -288,6 +291,10 @@ class OpenAIServer:
         async def api_error(request: Request, error: APIError):
             return error_response(error)
 
+        @app.exception_handler(HTTPException)
+        async def http_error(request: Request, error: HTTPException):  # unknown path (404), wrong method (405)
+            return JSONResponse(error_body(error.status_code, str(error.detail)), status_code=error.status_code)
+
         app.get("/health")(self.health)
         app.get("/v1/models")(self.models)
         app.get("/metrics")(self.metrics_endpoint)
@@ -349,7 +356,7 @@ class OpenAIServer:
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         params = body.sampling_params(max_tokens, body.logprobs)
         for p in prompts:
-            self._check_prompt(p, "prompt")
+            self._check_request(p, params, "prompt")
             self._check_length(p, max_tokens, "prompt", "max_tokens")
         echo = None
         if body.echo:
@@ -358,11 +365,12 @@ class OpenAIServer:
                                       else [prompt if isinstance(prompt, str) else None] * len(prompts), prompts)]
         return Prepared(prompts, params, body, echo)
 
-    def _check_prompt(self, prompt: list[int], field: str) -> None:
+    def _check_request(self, prompt: list[int], params: SamplingParams | None, field: str) -> None:
+        """The engine's own checks (prompt ids in the vocabulary and within max_model_len, stop ids), as 400s."""
         try:
-            self.llm.engine.validate_request(prompt, None)
+            self.llm.engine.validate_request(prompt, params)
         except ValueError as error:
-            raise APIError(400, str(error), field) from None
+            raise (bad_params(error) if "SamplingParams." in str(error) else APIError(400, str(error), field)) from None
 
     def _prepare_chat(self, body: ChatRequest) -> Prepared:
         self._check_model(body)
@@ -383,7 +391,7 @@ class OpenAIServer:
         except Exception as error:  # a template's own checks (roles, order) raise anything
             raise APIError(400, f"the chat template refused the messages: {error}", "messages") from None
         prompt = self._encode(text, "messages")
-        self._check_prompt(prompt, "messages")
+        self._check_request(prompt, None, "messages")
         field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:
@@ -392,6 +400,7 @@ class OpenAIServer:
                 raise APIError(400, f"the messages fill the model's context ({self.max_model_len} tokens)",
                                "messages")
         params = body.sampling_params(max_tokens, top if body.logprobs else None)
+        self._check_request(prompt, params, "messages")
         self._check_length(prompt, max_tokens, "messages", field)
         return Prepared([prompt], params, body)
 
@@ -423,13 +432,17 @@ class OpenAIServer:
                       ) -> AsyncIterator[RequestOutput]:
         """The request's outputs, with its latencies recorded."""
         timing = Timing(time.perf_counter())
-        async for out in self.llm.generate(prompt, params, request_id):
-            if out.new_token_ids:
-                timing.token()
-                self.metrics.generation_tokens.inc(len(out.new_token_ids))
-            if out.finished:
-                timing.finish(self.metrics, out)
-            yield out
+        try:
+            async for out in self.llm.generate(prompt, params, request_id):
+                if out.new_token_ids:
+                    timing.token()
+                    self.metrics.generation_tokens.inc(len(out.new_token_ids))
+                if out.finished:
+                    timing.finish(self.metrics, out)
+                yield out
+        except (GeneratorExit, asyncio.CancelledError):  # closed early: the client went away
+            self.metrics.aborted.inc()
+            raise
 
     # ------------------------------------------------------------------------------------------ rendering
     def _usage(self, outs: list[RequestOutput]) -> dict:
