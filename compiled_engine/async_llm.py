@@ -13,7 +13,7 @@ thread runs steps back to back; torch releases the GIL inside its kernels, so th
 All engine calls happen on that thread: callers hand it commands (add, abort) through a queue it drains between
 steps, so requests from many clients join the same batches and the engine needs no lock. After each step it posts
 the step's outputs to the event loop in one ``call_soon_threadsafe``, which routes them to per-request asyncio
-queues.
+queues; a stream whose consumer fell behind yields one merged output for the outputs it missed.
 
 Faults: a request whose stream is closed before it finished (a client that disconnects: the server's iterator is
 cancelled or closed) is aborted, which frees its KV blocks, state slot and snapshot references. A step that raises
@@ -127,12 +127,21 @@ class AsyncLLM:
             self._num_unsubmitted += 1
         self._submit(("add", request_id, token_ids, params))
         finished = False
+        failure = None
         try:
             while True:
-                item = await outputs.get()
+                item = failure or await outputs.get()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                # A consumer that fell behind gets one output for all the steps it missed (the latest, whose
+                # new_token_ids are all of theirs): its per-output work then does not grow with the backlog.
+                while not outputs.empty():
+                    later = outputs.get_nowait()
+                    if isinstance(later, BaseException):
+                        failure = later
+                        break
+                    item = dataclasses.replace(later, new_token_ids=item.new_token_ids + later.new_token_ids)
                 finished = item.finished
                 yield item
                 if finished:

@@ -25,7 +25,11 @@ INCOMPLETE = "\ufffd"  # what a decoder yields for the bytes of a character not 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: Seq[int], stop: Seq[str] = (), skip_special_tokens: bool = True):
-        self._tokenizer = tokenizer
+        # A fast tokenizer's Rust backend decodes the same text without the Python wrapper (~1.3 us against ~4.4 us
+        # a call: two calls per token per request, on the engine thread), unless the wrapper post-processes it.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        plain = backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._decoder = backend if plain else tokenizer
         self._skip_special = skip_special_tokens
         self._ids = list(prompt_token_ids[-PROMPT_CONTEXT:])  # the window: only its tail is ever decoded
         self._prefix = 0  # ids[prefix:read] decode to text already emitted (with the context before it)
@@ -35,7 +39,7 @@ class IncrementalDetokenizer:
         self.text = ""  # everything decoded so far (cut at a stop string once one is found)
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
+        return self._decoder.decode(ids, skip_special_tokens=self._skip_special)
 
     def add(self, token_id: int) -> str | None:
         """Take one generated token; returns the stop string it completed (the text is then cut before it), or

@@ -343,6 +343,44 @@ def test_a_failing_step_fails_its_requests_and_the_server_serves_on(live, solo_l
     assert r.choices[0].token_ids == solo(solo_llm, "after", 5).token_ids
 
 
+def test_async_llm_merges_outputs_for_a_slow_consumer_and_drains_on_shutdown(solo_llm):
+    """AsyncLLM without the server: a consumer slower than the engine gets merged outputs whose new tokens add up to
+    its solo run; shutdown refuses new requests, lets the open streams finish, then stops the engine thread."""
+    from compiled_engine.async_llm import AsyncLLM, QueueFullError
+
+    llm = LLM(ensure_tiny_model(), device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=4)
+    prompts = [[1, 2, 3], [40, 50, 60, 70]]
+    expected = [solo(solo_llm, p, 24).token_ids for p in prompts]
+
+    async def consume(engine: AsyncLLM, prompt, delay: float):
+        outputs = []
+        async for out in engine.generate(prompt, SamplingParams(max_tokens=24, **GREEDY)):
+            outputs.append(out)
+            await asyncio.sleep(delay)
+        return outputs
+
+    async def run():
+        engine = AsyncLLM(llm.engine)
+        await engine.start()
+        slow = await consume(engine, prompts[0], 0.05)
+        streams = [asyncio.ensure_future(consume(engine, p, 0.01)) for p in prompts]
+        await asyncio.sleep(0.05)
+        stopping = asyncio.ensure_future(engine.shutdown())
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFullError):
+            await anext(engine.generate([5], SamplingParams(max_tokens=2)))
+        drained = await asyncio.gather(*streams)
+        await stopping
+        return slow, drained, engine
+
+    slow, drained, engine = asyncio.run(run())
+    assert [t for o in slow for t in o.new_token_ids] == slow[-1].token_ids == expected[0]
+    assert len(slow) < 24  # merged: fewer outputs than tokens
+    for outputs, exp in zip(drained, expected):
+        assert outputs[-1].finished and outputs[-1].token_ids == exp
+    assert not engine._thread.is_alive() and not llm.engine.requests
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Bad input
 # --------------------------------------------------------------------------------------------------------------
