@@ -32,6 +32,7 @@ server already running (its knobs are the caller's business).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import math
 import os
@@ -254,7 +255,8 @@ class _server:
             from compiled_engine.server import OpenAIServer
 
             llm = self.ctx.llm()
-            app = OpenAIServer(AsyncLLM(llm.engine), llm.tokenizer, SERVED_NAME, llm.runtime.max_model_len).app
+            tokenizer = copy.deepcopy(llm.tokenizer)  # one per thread (compiled_engine.server.build_server)
+            app = OpenAIServer(AsyncLLM(llm.engine), tokenizer, SERVED_NAME, llm.runtime.max_model_len).app
             self.uvicorn = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
             self.thread = threading.Thread(target=self.uvicorn.run, daemon=True)
             self.thread.start()

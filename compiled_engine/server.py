@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import re
 import time
@@ -359,10 +360,9 @@ class OpenAIServer:
             self._check_request(p, params, "prompt")
             self._check_length(p, max_tokens, "prompt", "max_tokens")
         echo = None
-        if body.echo:
-            echo = [p if isinstance(p, str) else self._decode(ids)
-                    for p, ids in zip(prompt if isinstance(prompt, list) and isinstance(prompt[0], str)
-                                      else [prompt if isinstance(prompt, str) else None] * len(prompts), prompts)]
+        if body.echo:  # the prompts' text: as given, or decoded from their ids
+            texts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt[0], str) else None
+            echo = texts or [self._decode(ids) for ids in prompts]
         return Prepared(prompts, params, body, echo)
 
     def _check_request(self, prompt: list[int], params: SamplingParams | None, field: str) -> None:
@@ -684,7 +684,10 @@ def build_server(model: str | None = None, *, served_model_name: str | None = No
     engine thread starts with the app (its lifespan)."""
     llm = LLM(model, **llm_kwargs)
     name = served_model_name or (model if model is not None else TINY_MODEL_NAME)
-    return OpenAIServer(AsyncLLM(llm.engine, max_waiting=max_waiting), llm.tokenizer, name, llm.runtime.max_model_len)
+    # The handlers tokenize on the event loop while the engine thread detokenizes: each thread gets its own Rust
+    # tokenizer (one shared by two threads can fail with "Already borrowed" when a call reconfigures it).
+    tokenizer = copy.deepcopy(llm.tokenizer)
+    return OpenAIServer(AsyncLLM(llm.engine, max_waiting=max_waiting), tokenizer, name, llm.runtime.max_model_len)
 
 
 def serve(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:

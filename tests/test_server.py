@@ -176,6 +176,17 @@ def test_completions_equal_solo_greedy_runs(live, solo_llm):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     assert chunks[-1].usage.prompt_tokens == len(ids)
+    # echo: the prompt's text before the output, streamed (as the first chunk) or not; token-id prompts in a list
+    ids_a, ids_b = tokenizer.encode(prompts[0]), ids
+    r = live.client.completions.create(model=MODEL, prompt=[ids_a, ids_b], max_tokens=12, temperature=0, echo=True,
+                                       extra_body=NO_EOS)
+    assert [c.text for c in r.choices] == [p + text_of(tokenizer, e.token_ids) for p, e in zip(prompts, expected)]
+    stream = live.client.completions.create(model=MODEL, prompt=prompts, max_tokens=12, temperature=0, echo=True,
+                                            stream=True, extra_body=NO_EOS)
+    texts = ["", ""]
+    for c in stream:
+        texts[c.choices[0].index] += c.choices[0].text
+    assert texts == [p + text_of(tokenizer, e.token_ids) for p, e in zip(prompts, expected)]
 
 
 def test_chat_equals_solo_greedy_runs(live, solo_llm):
