@@ -37,6 +37,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -52,6 +53,7 @@ from bench.cookbook import random_prompts, serve as offline_loop
 
 OWN_ENGINES = True  # ``process`` releases the shared engine for the server process: run after the shared scenarios
 SERVED_NAME = "bench"
+TOKEN_IDS = re.compile(rb'"token_ids":\s*\[([^\]]*)\]')
 
 
 def requirements(concurrency=(64,), input_len: int = 1024, output_len: int = 256, **_):
@@ -89,6 +91,9 @@ def run(
                      "warmup_requests": warmup_requests, "seed": seed, "greedy": True, "ignore_eos": True,
                      "endpoint": "/v1/completions, stream=true, token-id prompts"},
         "server": server,
+        # a checkpoint without a tokenizer (the random qwen3.5-0.8b) streams token ids only: no detokenization on
+        # either side
+        "tokenizer": llm.tokenizer is not None,
         "cells": cells,
         "bound": {"formula": "output tok/s <= workload_decode_bound(cell's requests, min(c, requests) in flight)"},
         "fraction_of_bound": {},
@@ -158,34 +163,49 @@ async def load(base: str, prompts: list[list[int]], output_len: int, concurrency
                         if response.status_code != 200:
                             record["error"] = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                         else:
-                            async for line in response.aiter_lines():
-                                if not line.startswith("data: ") or line == "data: [DONE]":
-                                    continue
+                            pending = b""
+                            async for data in response.aiter_raw():
                                 now = time.perf_counter()
-                                data = json.loads(line[6:])
-                                if "error" in data:
-                                    record["error"] = data["error"]["message"]
-                                    continue
-                                tokens = len(data["choices"][0].get("token_ids") or ())
-                                if tokens:
-                                    record["chunks"].append((now, tokens))
+                                *events, pending = (pending + data).split(b"\n\n")
+                                for event in events:
+                                    tokens = _event_tokens(event, record)
+                                    if tokens:
+                                        record["chunks"].append((now, tokens))
                 except httpx.HTTPError as e:
                     record["error"] = f"{type(e).__name__}: {e}"
                 record["end"] = time.perf_counter()
                 records.append(record)
 
         tasks = []
+        cpu = time.process_time()
         start = time.perf_counter()
         for prompt in prompts:
             tasks.append(asyncio.create_task(one(prompt)))
             if math.isfinite(request_rate):
                 await asyncio.sleep(rng.expovariate(request_rate))
         await asyncio.gather(*tasks)
-        return records, time.perf_counter() - start
+        duration = time.perf_counter() - start
+        records.append({"client_cpu_s": time.process_time() - cpu})
+        return records, duration
+
+
+def _event_tokens(event: bytes, record: dict) -> int:
+    """The number of token ids in one SSE event of the stream (an error event is recorded). The client must keep up
+    with tens of thousands of events a second: the ids are counted in the bytes, no JSON is parsed but an error's."""
+    if event.startswith(b'data: {"error"'):
+        record["error"] = json.loads(event[6:])["error"]["message"]
+        return 0
+    found = TOKEN_IDS.search(event)
+    if found is None:
+        return 0
+    ids = found.group(1).strip()
+    return ids.count(b",") + 1 if ids else 0
 
 
 def metrics(records: list[dict], duration: float, output_len: int) -> dict:
     """``vllm bench serve``'s metrics of the load's records (see the module docstring)."""
+    client_cpu = sum(r.pop("client_cpu_s") for r in records if "client_cpu_s" in r)
+    records = [r for r in records if r]
     done = [r for r in records if r["error"] is None and r["chunks"]]
     ttft, tpot, itl, e2el = [], [], [], []
     for r in done:
@@ -209,6 +229,9 @@ def metrics(records: list[dict], duration: float, output_len: int) -> dict:
         "request_throughput": len(done) / duration,
         "output_throughput": output / duration,
         "total_token_throughput": (prompt + output) / duration,
+        # CPU time of the bench process over the duration: near 1 (one core), the client may be what limits (in
+        # ``thread`` mode it includes the server and the engine)
+        "client_cpu_fraction": client_cpu / duration,
     }
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
         ms = [v * 1e3 for v in values]
