@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException
 from prometheus_client import (
     CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest,
 )
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from compiled_engine.async_llm import AsyncLLM, QueueFullError, RequestFailedError
 from compiled_engine.engine import RequestOutput, TokenLogprobs
@@ -74,8 +74,7 @@ def error_response(error: APIError) -> JSONResponse:
 def bad_params(error: ValueError) -> APIError:
     """A SamplingParams / prompt ValueError as a 400 naming the field (SamplingParams' messages start with it)."""
     match = re.search(r"SamplingParams\.(\w+)", str(error))
-    param = match.group(1) if match else ("prompt" if "prompt" in str(error) else None)
-    return APIError(400, str(error), param)
+    return APIError(400, str(error), match.group(1) if match else None)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -124,7 +123,10 @@ class SamplingFields(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None,
+                        max_tokens_field: str = "max_tokens") -> SamplingParams:
+        """The body's SamplingParams; a bad value is a 400 naming the body's field (``max_tokens_field``: the one
+        that set max_tokens)."""
         fields = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
         try:
             return SamplingParams(
@@ -133,13 +135,16 @@ class SamplingFields(BaseModel):
                 max_tokens=max_tokens, logprobs=logprobs,
             )
         except ValueError as error:
-            raise bad_params(error) from None
+            bad = bad_params(error)
+            if bad.param == "max_tokens":
+                bad.param = max_tokens_field
+            raise bad from None
 
 
 class CompletionRequest(SamplingFields):
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
     max_tokens: StrictInt | None = 16
-    logprobs: StrictInt | None = Field(default=None)
+    logprobs: StrictInt | None = None
     echo: StrictBool = False
     best_of: StrictInt | None = None
     suffix: StrictStr | None = None
@@ -341,8 +346,6 @@ class OpenAIServer:
             raise APIError(400, "suffix is not supported", "suffix")
         if body.echo and body.logprobs is not None:
             raise APIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo")
-        if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
-            raise APIError(400, f"logprobs must be in [0, {MAX_LOGPROBS}], got {body.logprobs}", "logprobs")
         prompt = body.prompt
         if isinstance(prompt, str):
             prompts = [self._encode(prompt, "prompt")]
@@ -399,7 +402,7 @@ class OpenAIServer:
             if max_tokens < 1:
                 raise APIError(400, f"the messages fill the model's context ({self.max_model_len} tokens)",
                                "messages")
-        params = body.sampling_params(max_tokens, top if body.logprobs else None)
+        params = body.sampling_params(max_tokens, top if body.logprobs else None, field)
         self._check_request(prompt, params, "messages")
         self._check_length(prompt, max_tokens, "messages", field)
         return Prepared([prompt], params, body)

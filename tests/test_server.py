@@ -437,7 +437,7 @@ BAD_INPUT = [
     (CHAT, dict(MSG, messages=[]), 400, "messages"),
     (CHAT, dict(MSG, messages=[{"role": "user", "content": 5}]), 400, "messages.0.content"),
     (CHAT, dict(MSG, messages=[{"role": "user", "content": LONG}]), 400, "messages"),
-    (CHAT, dict(MSG, max_completion_tokens=0), 400, "max_tokens"),
+    (CHAT, dict(MSG, max_completion_tokens=0), 400, "max_completion_tokens"),
     (CHAT, dict(MSG, max_completion_tokens=MAX_MODEL_LEN), 400, "max_completion_tokens"),
     (CHAT, dict(MSG, top_logprobs=3), 400, "top_logprobs"),  # without logprobs
     (CHAT, dict(MSG, logprobs=True, top_logprobs=30), 400, "top_logprobs"),
