@@ -333,6 +333,10 @@ def test_a_failing_step_fails_its_requests_and_the_server_serves_on(live, solo_l
                                                                temperature=0, extra_body=NO_EOS))
             for s in streams:  # every stream is decoding
                 await s.__anext__()
+            deadline = time.monotonic() + 30
+            while live.server.llm.stats.num_running < 4:  # the plain request too
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
             monkeypatch.setattr(runtime, "decode", failing_decode)
             errors = []
             for s in streams:
