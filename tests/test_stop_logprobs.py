@@ -1,6 +1,6 @@
 """Stop strings and logprobs, the engine side of the server (CPU, the embedded tiny default model).
 
-Oracles: ``ce::logprobs`` against a float64 log-softmax and sort; the incremental detokenizer against the tokenizer's
+Oracles: ``ce::logprobs`` against a float64 log-softmax and sort (its opcheck case is in tests/test_ops.py); the incremental detokenizer against the tokenizer's
 decode of all the ids at once and Python's ``str.find``; stop strings against a solo run without them; the engine's
 logprobs against HF transformers' logits of the tiny default checkpoint (a Qwen3_5ForCausalLM) in float64.
 """
@@ -64,12 +64,6 @@ def test_logprobs_op_matches_a_float64_log_softmax(rows, vocab, k, seed, dtype):
     torch.testing.assert_close(chosen.double(), expected.gather(1, tokens[:, None])[:, 0], atol=1e-5, rtol=0)
     assert torch.equal(ids, order)
     torch.testing.assert_close(values.double(), expected.gather(1, order), atol=1e-5, rtol=0)
-
-
-def test_logprobs_opcheck():
-    logits = torch.randn(3, 40)
-    torch.library.opcheck(ce.logprobs.default, (logits, torch.tensor([0, 5, 39]), 4))
-    torch.library.opcheck(ce.logprobs.default, (logits[:, :20], torch.tensor([1, 2, 3]), 0))
 
 
 # --------------------------------------------------------------------------------------------------------------
