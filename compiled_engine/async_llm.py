@@ -141,7 +141,8 @@ class AsyncLLM:
                     if isinstance(later, BaseException):
                         failure = later
                         break
-                    item = dataclasses.replace(later, new_token_ids=item.new_token_ids + later.new_token_ids)
+                    later.new_token_ids = item.new_token_ids + later.new_token_ids  # the stream's own object
+                    item = later
                 finished = item.finished
                 yield item
                 if finished:
