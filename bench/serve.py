@@ -26,7 +26,8 @@ Where the server runs (``server``): ``process`` (the default on CUDA): after the
 released and ``python -m compiled_engine serve`` starts with the same engine knobs (its log goes to
 ``<out>/serve_server.log``), so the client and the server do not share a GIL; ``thread`` (the default on the CPU, and
 the smoke test's): an ``OpenAIServer`` over the shared engine under uvicorn in a thread of this process; ``url``: a
-server already running (its knobs are the caller's business).
+server already running (its knobs are the caller's business). ``stream_interval``: the server's
+``--stream-interval`` (a request's tokens streamed every that many after its first).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def run(
     seed: int = 0,
     server: str | None = None,
     url: str | None = None,
+    stream_interval: int = 1,
     startup_timeout_s: float = 1800.0,
 ) -> dict:
     levels = _levels(concurrency)
@@ -91,6 +93,7 @@ def run(
                      "warmup_requests": warmup_requests, "seed": seed, "greedy": True, "ignore_eos": True,
                      "endpoint": "/v1/completions, stream=true, token-id prompts"},
         "server": server,
+        "stream_interval": stream_interval,
         # a checkpoint without a tokenizer (the random qwen3.5-0.8b) streams token ids only: no detokenization on
         # either side
         "tokenizer": llm.tokenizer is not None,
@@ -107,7 +110,7 @@ def run(
         cell["bound_output_tok_s"] = bound["output_tok_s"]
     ctx.write("serve", result)
 
-    with _server(ctx, server, url, startup_timeout_s) as base:
+    with _server(ctx, server, url, startup_timeout_s, stream_interval) as base:
         if warmup_requests:
             warm = random_prompts(seed + 1_000_003, warmup_requests, input_len, vocab)
             asyncio.run(load(base, warm, min(8, output_len), max(1, min(levels[0], warmup_requests)), math.inf, 0))
@@ -262,8 +265,9 @@ def _levels(concurrency) -> list[int]:
 class _server:
     """A context manager giving the base URL of the server under test (see the module docstring)."""
 
-    def __init__(self, ctx: Context, kind: str, url: str | None, startup_timeout_s: float):
+    def __init__(self, ctx: Context, kind: str, url: str | None, startup_timeout_s: float, stream_interval: int):
         self.ctx, self.kind, self.url, self.timeout = ctx, kind, url, startup_timeout_s
+        self.stream_interval = stream_interval
         self.proc = self.uvicorn = self.thread = self.log = None
 
     def __enter__(self) -> str:
@@ -279,7 +283,8 @@ class _server:
 
             llm = self.ctx.llm()
             tokenizer = copy.deepcopy(llm.tokenizer)  # one per thread (compiled_engine.server.build_server)
-            app = OpenAIServer(AsyncLLM(llm.engine), tokenizer, SERVED_NAME, llm.runtime.max_model_len).app
+            engine = AsyncLLM(llm.engine, stream_interval=self.stream_interval)
+            app = OpenAIServer(engine, tokenizer, SERVED_NAME, llm.runtime.max_model_len).app
             self.uvicorn = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
             self.thread = threading.Thread(target=self.uvicorn.run, daemon=True)
             self.thread.start()
@@ -289,7 +294,8 @@ class _server:
             out.mkdir(parents=True, exist_ok=True)
             self.log = open(out / "serve_server.log", "w")
             env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            self.proc = subprocess.Popen(server_command(self.ctx, port), cwd=REPO_ROOT, env=env, stdout=self.log,
+            cmd = server_command(self.ctx, port) + ["--stream-interval", str(self.stream_interval)]
+            self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=self.log,
                                          stderr=subprocess.STDOUT)
         self._wait(base)
         return base

@@ -62,11 +62,17 @@ class EngineStats:
 
 
 class AsyncLLM:
-    def __init__(self, engine: LLMEngine, *, max_waiting: int | None = None):
+    def __init__(self, engine: LLMEngine, *, max_waiting: int | None = None, stream_interval: int = 1):
         """``engine``: used by the engine thread only, from ``start`` to ``shutdown``; every request it gets must come
-        through ``generate``. ``max_waiting``: the most requests waiting for admission (None: no limit)."""
+        through ``generate``. ``max_waiting``: the most requests waiting for admission (None: no limit).
+        ``stream_interval``: after a request's first token, post its outputs every that many tokens (and when it
+        finishes): fewer, larger stream chunks for less per-token work on the event loop (SGLang's
+        ``--stream-interval``); 1 posts every step's."""
+        if isinstance(stream_interval, bool) or not isinstance(stream_interval, int) or stream_interval < 1:
+            raise ValueError(f"stream_interval must be an int >= 1, got {stream_interval!r}")
         self.engine = engine
         self.max_waiting = max_waiting
+        self.stream_interval = stream_interval
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, asyncio.Queue] = {}  # event-loop side: the live requests' output queues
@@ -74,7 +80,9 @@ class AsyncLLM:
         self._idle.set()
         self._lock = threading.Lock()
         self._num_unsubmitted = 0  # requests handed to the thread, not yet added to the engine (under _lock)
-        self._live: set[str] = set()  # engine-thread side: ids added and not finished, aborted or failed
+        # Engine-thread side: the ids added and not finished, aborted or failed, each with the new tokens held back
+        # since its last posted output (stream_interval), or None before its first one.
+        self._live: dict[str, list[int] | None] = {}
         self._ids = itertools.count()
         self._accepting = True
         self._stopping = False
@@ -194,16 +202,33 @@ class AsyncLLM:
                 self._failed_steps += 1
                 logger.exception("engine step failed")
                 failed = [r for r in self._live if r not in engine.requests]
-                self._live.difference_update(failed)
+                for request_id in failed:
+                    del self._live[request_id]
                 failure = RequestFailedError(f"the engine step failed: {type(error).__name__}: {error}")
                 posted += [(r, failure) for r in failed]
             else:
-                for out in outputs:
-                    if out.finished:
-                        self._live.discard(out.request_id)
-                posted += [(out.request_id, out) for out in outputs]
+                posted += self._to_post(outputs)
             self._publish_stats()
             self._post(posted)
+
+    def _to_post(self, outputs: list[RequestOutput]) -> list[tuple[str, RequestOutput]]:
+        """The step's outputs to post: a request's first and last, and one each ``stream_interval`` new tokens,
+        carrying the new tokens of the outputs held back before it (the rest are cumulative already)."""
+        posted = []
+        for out in outputs:
+            request_id = out.request_id
+            held = self._live.get(request_id)
+            if out.finished:
+                self._live.pop(request_id, None)
+            elif held is not None and len(held) + len(out.new_token_ids) < self.stream_interval:
+                held.extend(out.new_token_ids)
+                continue
+            else:
+                self._live[request_id] = []
+            if held:
+                out.new_token_ids = held + out.new_token_ids
+            posted.append((request_id, out))
+        return posted
 
     def _apply_commands(self) -> list[tuple[str, BaseException]]:
         """Add and abort what the event loop asked for; the requests the engine refused, with their error."""
@@ -222,10 +247,10 @@ class AsyncLLM:
                 except ValueError as error:
                     refused.append((request_id, error))
                 else:
-                    self._live.add(request_id)
+                    self._live[request_id] = None
             else:
                 request_id = command[1]
-                self._live.discard(request_id)
+                self._live.pop(request_id, None)
                 if request_id in self.engine.requests:
                     self.engine.abort_request(request_id)
 

@@ -682,7 +682,7 @@ async def until_disconnect(request: Request, work) -> Response:
 
 
 def build_server(model: str | None = None, *, served_model_name: str | None = None, max_waiting: int | None = None,
-                 **llm_kwargs) -> OpenAIServer:
+                 stream_interval: int = 1, **llm_kwargs) -> OpenAIServer:
     """An ``OpenAIServer`` over ``LLM(model, **llm_kwargs)``'s engine (None: the embedded tiny default model). The
     engine thread starts with the app (its lifespan)."""
     llm = LLM(model, **llm_kwargs)
@@ -690,7 +690,8 @@ def build_server(model: str | None = None, *, served_model_name: str | None = No
     # The handlers tokenize on the event loop while the engine thread detokenizes: each thread gets its own Rust
     # tokenizer (one shared by two threads can fail with "Already borrowed" when a call reconfigures it).
     tokenizer = copy.deepcopy(llm.tokenizer)
-    return OpenAIServer(AsyncLLM(llm.engine, max_waiting=max_waiting), tokenizer, name, llm.runtime.max_model_len)
+    async_llm = AsyncLLM(llm.engine, max_waiting=max_waiting, stream_interval=stream_interval)
+    return OpenAIServer(async_llm, tokenizer, name, llm.runtime.max_model_len)
 
 
 def serve(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:

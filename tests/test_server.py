@@ -360,7 +360,8 @@ def test_a_failing_step_fails_its_requests_and_the_server_serves_on(live, solo_l
 
 def test_async_llm_merges_outputs_for_a_slow_consumer_and_drains_on_shutdown(solo_llm):
     """AsyncLLM without the server: a consumer slower than the engine gets merged outputs whose new tokens add up to
-    its solo run; shutdown refuses new requests, lets the open streams finish, then stops the engine thread."""
+    its solo run; shutdown refuses new requests, lets the open streams finish, then stops the engine thread; with a
+    stream interval, outputs come at the first token, every interval tokens, and the last."""
     from compiled_engine.async_llm import AsyncLLM, QueueFullError
 
     llm = LLM(ensure_tiny_model(), device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=4)
@@ -386,9 +387,16 @@ def test_async_llm_merges_outputs_for_a_slow_consumer_and_drains_on_shutdown(sol
             await anext(engine.generate([5], SamplingParams(max_tokens=2)))
         drained = await asyncio.gather(*streams)
         await stopping
-        return slow, drained, engine
+        # stream_interval 4: the first token at once, then every 4 tokens, and the last
+        spaced = AsyncLLM(llm.engine, stream_interval=4)
+        await spaced.start()
+        interval = await consume(spaced, prompts[1], 0)
+        await spaced.shutdown()
+        return slow, drained, engine, interval
 
-    slow, drained, engine = asyncio.run(run())
+    slow, drained, engine, interval = asyncio.run(run())
+    assert {len(o.token_ids) for o in interval} <= {1, 5, 9, 13, 17, 21, 24} and interval[-1].finished
+    assert [t for o in interval for t in o.new_token_ids] == interval[-1].token_ids == expected[1]
     assert [t for o in slow for t in o.new_token_ids] == slow[-1].token_ids == expected[0]
     assert len(slow) < 24  # merged: fewer outputs than tokens
     for outputs, exp in zip(drained, expected):
