@@ -1,8 +1,9 @@
 """Stop strings and logprobs, the engine side of the server (CPU, the embedded tiny default model).
 
-Oracles: ``ce::logprobs`` against a float64 log-softmax and sort (its opcheck case is in tests/test_ops.py); the incremental detokenizer against the tokenizer's
-decode of all the ids at once and Python's ``str.find``; stop strings against a solo run without them; the engine's
-logprobs against HF transformers' logits of the tiny default checkpoint (a Qwen3_5ForCausalLM) in float64.
+Oracles: ``ce::logprobs`` against a float64 log-softmax and sort (its opcheck case is in tests/test_ops.py); the
+incremental detokenizer against the tokenizer's decode of all the ids at once and Python's ``str.find``; stop strings
+against a solo run without them; the engine's logprobs against HF transformers' logits of the tiny default
+checkpoint (a Qwen3_5ForCausalLM) in float64.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def test_logprobs_op_matches_a_float64_log_softmax(rows, vocab, k, seed, dtype):
 # --------------------------------------------------------------------------------------------------------------
 
 # Byte strings rich in multi-byte characters, split over tokens (the tiny tokenizer's tokens are bytes).
-texts = st.lists(st.sampled_from(["a", "b", " ", "é", "€", "😀", "ab", "\n", "zz"]), min_size=1, max_size=20).map("".join)
+PIECES = ["a", "b", " ", "é", "€", "😀", "ab", "\n", "zz"]
+texts = st.lists(st.sampled_from(PIECES), min_size=1, max_size=20).map("".join)
 
 
 @settings(max_examples=40, deadline=None)
@@ -144,7 +146,8 @@ def test_a_stop_string_spanning_two_tokens_ends_the_request(llm, tokenizer, over
     assert first.text == solo[0].text[:at]
     n = len(first.token_ids)
     assert first.token_ids == solo[0].token_ids[:n]  # the tokens up to the one completing the stop string
-    assert tokenizer.decode(first.token_ids).endswith(stop) and not tokenizer.decode(first.token_ids[:-1]).endswith(stop)
+    assert tokenizer.decode(first.token_ids).endswith(stop)
+    assert not tokenizer.decode(first.token_ids[:-1]).endswith(stop)
     for out, ref in zip(outs[1:], solo[1:]):  # the others run to their length, unchanged
         assert (out.token_ids, out.text, out.finish_reason) == (ref.token_ids, ref.text, "length")
     engine = llm.engine
