@@ -435,16 +435,19 @@ class OpenAIServer:
                       ) -> AsyncIterator[RequestOutput]:
         """The request's outputs, with its latencies recorded."""
         timing = Timing(time.perf_counter())
+        finished = False
         try:
             async for out in self.llm.generate(prompt, params, request_id):
                 if out.new_token_ids:
                     timing.token()
                     self.metrics.generation_tokens.inc(len(out.new_token_ids))
                 if out.finished:
+                    finished = True
                     timing.finish(self.metrics, out)
                 yield out
         except (GeneratorExit, asyncio.CancelledError):  # closed early: the client went away
-            self.metrics.aborted.inc()
+            if not finished:
+                self.metrics.aborted.inc()
             raise
 
     # ------------------------------------------------------------------------------------------ rendering
