@@ -26,7 +26,7 @@ import torch
 
 from bench.bandwidth import measure_copy_bandwidth
 from bench.bounds import ModelBytes, model_bytes, model_bytes_from_config
-from bench.models import ModelSpec, resolve_model, shape_summary
+from bench.models import ModelSpec, device_llm, resolve_model, shape_summary
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -139,7 +139,10 @@ class Context:
             return self._llm
         self.release_llm()
         start = time.perf_counter()
-        llm = LLM(self.model.path, **self.llm_kwargs(**extra))  # TypeError for an unknown kwarg
+        if self.model.on_device:
+            self._release_hf()  # a device-drawn model and HF's copy do not fit the device together
+        build = device_llm if self.model.on_device else LLM
+        llm = build(self.model.path, **self.llm_kwargs(**extra))  # TypeError for an unknown kwarg
         self.sync()
         self.llm_build_s = time.perf_counter() - start
         self._llm, self._llm_key = llm, key
@@ -150,6 +153,12 @@ class Context:
         if self._llm is not None and self._llm_key[0] == self.engine_limits():
             return self._llm
         return None
+
+    def _release_hf(self) -> None:
+        if self._hf is not None:
+            self._hf = None
+            gc.collect()
+            torch.cuda.empty_cache()
 
     def release_llm(self) -> None:
         """Close the shared engine (its tensor-parallel workers stop now, not whenever the interpreter exits)."""
@@ -209,6 +218,14 @@ class Context:
         up once by a short generate (first-call CUDA / Triton JIT work stays out of every measurement)."""
         if self._hf is None:
             from bench.hf import hf_generate, load_hf
+
+            if self.model.on_device:  # no checkpoint: HF builds its own random copy, after ours is released
+                from bench.hf import random_hf
+
+                self.release_llm()
+                self._hf = random_hf(self.model.path, self.device, self.dtype)
+                hf_generate(self._hf, [[1] * 16, [2] * 12], 3)
+                return self._hf
 
             self._hf = load_hf(self.model.path, self.device, self.dtype)
             hf_generate(self._hf, [[1] * 16, [2] * 12], 3)  # padded batch: the pad-left path warms up too

@@ -1,4 +1,4 @@
-"""cookbook: SGLang's published Qwen3.5-0.8B bf16 H200 serving cells, reproduced on our engine.
+"""cookbook: SGLang's published Qwen3.5-0.8B (and Qwen3.5-35B-A3B) bf16 H200 serving cells, reproduced on our engine.
 
 The cells (SGLang 0.5.16, the Qwen3.5 cookbook's benchmarks, ``qwen3.5-benchmarks.jsx``, PR 32323): ``bench_serving``
 with ``--dataset-name random --random-input-len 8192 --random-output-len 1024 --random-range-ratio 1.0`` (every
@@ -71,6 +71,21 @@ SGLANG = {
 }
 
 
+# Their Qwen3.5-35B-A3B bf16 cells on one H200 (same source and workload; the TPOTs alone, as issue 24 quotes them).
+SGLANG_35B_A3B = {
+    "source": "SGLang 0.5.16, Qwen3.5 cookbook benchmarks: H200, Qwen3.5-35B-A3B bf16, tp 1, bench_serving random "
+              "8192 in / 1024 out; P50 TPOT",
+    "input_len": 8192,
+    "output_len": 1024,
+    "cells": {1: {"recipe": "low-latency", "tpot_ms": 2.16}, 16: {"recipe": "low-latency", "tpot_ms": 7.29}},
+}
+SGLANG_BY_MODEL = {"qwen3.5-35b-a3b": SGLANG_35B_A3B}  # other models are set beside the 0.8B cells
+
+
+def sglang_reference(model_name: str) -> dict:
+    return SGLANG_BY_MODEL.get(model_name, SGLANG)
+
+
 def requirements(concurrency=DEFAULT_CONCURRENCY, input_len: int = 8192, output_len: int = 1024, **_):
     return max(_concurrency(concurrency)), input_len + output_len
 
@@ -99,6 +114,7 @@ def run(
     vocab = ctx.model_config.vocab_size
     cells: list[dict] = []
     result = ctx.metadata("cookbook")
+    reference = sglang_reference(ctx.model.name)
     result.update(
         {
             "workload": {
@@ -119,10 +135,10 @@ def run(
                 "kv_bytes_per_token": mb.kv_bytes_per_token,
             },
             "fraction_of_bound": {},
-            "sglang": {"source": SGLANG["source"], "input_len": SGLANG["input_len"],
-                       "output_len": SGLANG["output_len"],
-                       "cells": {str(k): v for k, v in SGLANG["cells"].items()},
-                       "same_shape": (input_len, output_len) == (SGLANG["input_len"], SGLANG["output_len"])},
+            "sglang": {"source": reference["source"], "input_len": reference["input_len"],
+                       "output_len": reference["output_len"],
+                       "cells": {str(k): v for k, v in reference["cells"].items()},
+                       "same_shape": (input_len, output_len) == (reference["input_len"], reference["output_len"])},
         }
     )
     for c, n in zip(levels, counts):
@@ -163,7 +179,7 @@ def _cell(ctx: Context, engine, plan: dict, mb, bw: float, vocab: int, c: int, n
     cell["bound"] = {"batch": batch, "context": step["context"], "tpot_ms": step["ms_per_step"],
                      "output_tok_s": whole["output_tok_s"]}
     cell["fraction_of_bound"] = cell["output_tok_s"] / whole["output_tok_s"]
-    cell["sglang"] = _sglang_cell(c, input_len, output_len, cell)
+    cell["sglang"] = _sglang_cell(sglang_reference(ctx.model.name), c, input_len, output_len, cell)
     print(f"[bench] cookbook c={c}: {cell['total_tok_s']:.0f} tok/s in+out, TPOT p50 "
           f"{_fmt(cell['tpot_ms'].get('p50'), '.2f')} ms", file=sys.stderr, flush=True)
     return cell
@@ -309,20 +325,20 @@ def _step_kinds(engine) -> dict | None:
             "prefill_only": scheduler.num_prefill_steps - scheduler.num_mixed_steps}
 
 
-def _sglang_cell(c: int, input_len: int, output_len: int, cell: dict) -> dict | None:
+def _sglang_cell(reference: dict, c: int, input_len: int, output_len: int, cell: dict) -> dict | None:
     """SGLang's published numbers for this concurrency, and ours / theirs (>1: ours larger -- better for tok/s,
-    worse for latencies). None where SGLang published no cell; the ratios only where the shape is theirs."""
-    theirs = SGLANG["cells"].get(c)
+    worse for latencies). None where SGLang published no cell; the ratios only where the shape is theirs (and only
+    of the numbers they published)."""
+    theirs = reference["cells"].get(c)
     if theirs is None:
         return None
-    same = (input_len, output_len) == (SGLANG["input_len"], SGLANG["output_len"])
+    same = (input_len, output_len) == (reference["input_len"], reference["output_len"])
     out = {**theirs, "same_shape": same}
     if same:
-        out["ours_over_sglang"] = {
-            "ttft_ms_p50": ratio(cell["ttft_ms"].get("p50"), theirs["ttft_ms"]),
-            "tpot_ms_p50": ratio(cell["tpot_ms"].get("p50"), theirs["tpot_ms"]),
-            "total_tok_s": ratio(cell["total_tok_s"], theirs["total_tok_s"]),
-        }
+        ours = {"ttft_ms_p50": cell["ttft_ms"].get("p50"), "tpot_ms_p50": cell["tpot_ms"].get("p50"),
+                "total_tok_s": cell["total_tok_s"]}
+        out["ours_over_sglang"] = {key: ratio(value, theirs[key.removesuffix("_p50")])
+                                   for key, value in ours.items() if key.removesuffix("_p50") in theirs}
     return out
 
 
@@ -372,7 +388,7 @@ def _draw(plt, result: dict) -> None:
         plt.subplot(1, 2, index + 1)
         ours = [c[key].get("p50") if key == "tpot_ms" else c[key] for c in cells]
         plt.plot(xs, ours, "o-", label="ours")
-        points = sorted((k, v[key]) for k, v in theirs.items())
+        points = sorted((k, v[key]) for k, v in theirs.items() if key in v)
         plt.plot([p[0] for p in points], [p[1] for p in points], "s--", label=label)
         plt.xscale("log", base=2)
         plt.yscale("log")

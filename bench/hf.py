@@ -26,6 +26,19 @@ def load_hf(path: str, device: torch.device, dtype: torch.dtype):
     return model
 
 
+def random_hf(path: str, device: torch.device, dtype: torch.dtype):
+    """HF's model of a config-only folder (bench.models ``DEVICE_RANDOM_MODELS``), built on ``device`` with HF's own
+    random initialisation: the weights' values do not change its speed. HF's default experts implementation."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    model.generation_config.eos_token_id = None  # ignore_eos
+    model.generation_config.pad_token_id = PAD_TOKEN_ID
+    return model
+
+
 def hf_kernels() -> dict:
     """Which optional kernel packages transformers could bind (a None in sys.modules means hidden)."""
 

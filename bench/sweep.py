@@ -7,7 +7,8 @@ them; every step should give each request a token, else ``missing_tokens`` count
 FINAL_ONLY, as in LLM.generate. Decode tok/s = B x steps / time. The engine step includes scheduling, the runtime
 decode, sampling and the device->host copy of the tokens.
 Bound of each cell (bench/bounds.py ``decode_bound``, the one formula of the performance model): bytes/step =
-weights + B x (2 x state + KV bytes/token x context): every weight read once, every sequence's recurrent and conv
+weights + B x (2 x state + KV bytes/token x context) (+ the routed experts B tokens touch, for a sparse-MoE model):
+every weight read once, every sequence's recurrent and conv
 state read and written, every cached K/V read at the cell's context = the mean context during the timed steps
 (``prompt_len + 1 + warmup_steps + steps / 2``); tok/s <= B x copy bandwidth / bytes/step.
 A cell the engine cannot run whole (B over ``max_num_seqs``, a sequence over ``max_model_len``, or B sequences'

@@ -4,7 +4,17 @@ runtime's knobs (RuntimeConfig, README "Knobs").
 Accepted ``model_type``s:
   * ``qwen3_5_text``  (``Qwen3_5ForCausalLM``): text parameters at the top level;
   * ``qwen3_5``       (``Qwen3_5ForConditionalGeneration``): text parameters nested under ``text_config``;
-  * ``qwen3_next``    (``Qwen3NextForCausalLM``): dense MLP only; a sparse-MoE config raises NotImplementedError.
+  * ``qwen3_5_moe_text`` (``Qwen3_5MoeForCausalLM``): as qwen3_5_text, a sparse MoE in every layer;
+  * ``qwen3_5_moe``   (``Qwen3_5MoeForConditionalGeneration``, the released Qwen3.5-MoE repositories): text
+    parameters nested under ``text_config``, a sparse MoE in every layer;
+  * ``qwen3_next``    (``Qwen3NextForCausalLM``): a sparse MoE in layer i when ``num_experts > 0``, i is not in
+    ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``; a dense MLP elsewhere.
+
+MoE fields follow HF transformers' modeling files: ``num_experts``, ``num_experts_per_tok`` (top-k),
+``moe_intermediate_size`` (each expert), ``shared_expert_intermediate_size``, ``norm_topk_prob`` (renormalise the
+top-k softmax weights; Qwen3.5-MoE always does, whatever its config says). Absent Qwen3-Next MoE fields take HF's
+defaults (512 experts, top-10, 512 wide, decoder_sparse_step 1, norm_topk_prob true); a Qwen3.5-MoE config without
+``intermediate_size`` (it has no dense MLP) gets 0 there.
 
 A ``config.json`` that is not JSON, is not an object, lacks a required field or gives one the wrong type or an
 out-of-range value raises ``ValueError`` naming the file and the field (sizes are ints >= 1, bools are not ints,
@@ -21,7 +31,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
+SUPPORTED_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
+NESTED_TEXT_CONFIG = ("qwen3_5", "qwen3_5_moe")  # the vision-language layouts: text parameters under text_config
+QWEN3_5_MOE = ("qwen3_5_moe_text", "qwen3_5_moe")  # every layer sparse; top-k weights always renormalised
+# HF Qwen3NextConfig's defaults for MoE fields a config.json leaves out.
+QWEN3_NEXT_MOE_DEFAULTS = dict(num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+                               shared_expert_intermediate_size=512, decoder_sparse_step=1, norm_topk_prob=True)
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 
@@ -51,6 +66,13 @@ class ModelConfig:
     max_position_embeddings: int = 32768
     eos_token_ids: tuple[int, ...] = ()
     hidden_act: str = "silu"
+    # sparse mixture of experts (0 experts: every layer dense)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    moe_layers: tuple[int, ...] = ()  # the layers whose MLP is the sparse MoE block
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     # Derived sizes used by the layers and the pools.
@@ -102,11 +124,9 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported model_type {model_type!r}: compiled_engine runs {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        text = raw.get("text_config") or {} if model_type == "qwen3_5" else raw
-        if model_type == "qwen3_5" and (not isinstance(text, dict) or not text):
-            raise ValueError("a qwen3_5 config must nest its text parameters under 'text_config' (an object)")
-        if model_type == "qwen3_next":
-            _reject_sparse_moe(text)
+        text = raw.get("text_config") or {} if model_type in NESTED_TEXT_CONFIG else raw
+        if model_type in NESTED_TEXT_CONFIG and (not isinstance(text, dict) or not text):
+            raise ValueError(f"a {model_type} config must nest its text parameters under 'text_config' (an object)")
 
         def size(key: str, default=None, required: bool = True) -> int:
             """An int >= 1 (JSON has no other integer): a bool, float, string or null is a wrong type."""
@@ -146,11 +166,14 @@ class ModelConfig:
         hidden_act = text.get("hidden_act", "silu")
         if not isinstance(hidden_act, str):
             raise ValueError(f"config field 'hidden_act' must be a string, got {hidden_act!r}")
+        moe = _moe_fields(model_type, text, num_layers, size)
+        dense_needed = len(moe.get("moe_layers", ())) < num_layers
+        intermediate = size("intermediate_size") if dense_needed or "intermediate_size" in text else 0
         config = cls(
             model_type=model_type,
             vocab_size=size("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=size("intermediate_size"),
+            intermediate_size=intermediate,
             num_hidden_layers=num_layers,
             layer_types=layer_types,
             rms_norm_eps=eps,
@@ -168,6 +191,7 @@ class ModelConfig:
             max_position_embeddings=size("max_position_embeddings", 32768, required=False),
             eos_token_ids=eos_ids,
             hidden_act=hidden_act,
+            **moe,
             raw=raw,
         )
         config.validate()
@@ -185,6 +209,9 @@ class ModelConfig:
         unknown = set(self.layer_types) - {LINEAR_ATTENTION, FULL_ATTENTION}
         if unknown:
             raise ValueError(f"unknown layer types {sorted(unknown)}")
+        if self.moe_layers and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
+                             f"got {self.num_experts_per_tok}")
 
 
 def _layer_types(text: dict, num_layers: int) -> tuple[str, ...]:
@@ -201,18 +228,37 @@ def _layer_types(text: dict, num_layers: int) -> tuple[str, ...]:
     return tuple(layer_types)
 
 
-def _reject_sparse_moe(text: dict) -> None:
-    num_experts = text.get("num_experts", 0) or 0
-    if not isinstance(num_experts, int) or num_experts <= 0:
-        return
-    mlp_only = set(text.get("mlp_only_layers") or [])
-    step = text.get("decoder_sparse_step", 1) or 1
-    sparse = [i for i in range(text.get("num_hidden_layers", 0)) if i not in mlp_only and (i + 1) % step == 0]
-    if sparse:
-        raise NotImplementedError(
-            f"Qwen3-Next sparse-MoE layers ({len(sparse)} of them, num_experts={num_experts}) are not supported yet; "
-            "only dense-MLP Qwen3-Next checkpoints run"
-        )
+def _moe_fields(model_type: str, text: dict, num_layers: int, size) -> dict:
+    """The MoE fields of ModelConfig, and which layers are sparse (HF's decoder-layer rule for each family)."""
+    defaults = QWEN3_NEXT_MOE_DEFAULTS if model_type == "qwen3_next" else {}
+    if model_type not in QWEN3_5_MOE and model_type != "qwen3_next":
+        return {}
+    num_experts = text.get("num_experts", defaults.get("num_experts"))
+    if num_experts == 0 and model_type == "qwen3_next":
+        return {}  # a dense Qwen3-Next
+    if model_type in QWEN3_5_MOE:
+        sparse = tuple(range(num_layers))
+        renormalise = True  # Qwen3_5MoeTopKRouter renormalises unconditionally
+    else:
+        step = text.get("decoder_sparse_step", defaults["decoder_sparse_step"])
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ValueError(f"config field 'decoder_sparse_step' must be an int >= 1, got {step!r}")
+        mlp_only = text.get("mlp_only_layers") or []
+        if not isinstance(mlp_only, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int)
+                                                           for i in mlp_only):
+            raise ValueError(f"config field 'mlp_only_layers' must be a list of layer indices, got {mlp_only!r}")
+        sparse = tuple(i for i in range(num_layers) if i not in set(mlp_only) and (i + 1) % step == 0)
+        renormalise = text.get("norm_topk_prob", defaults["norm_topk_prob"])
+        if not isinstance(renormalise, bool):
+            raise ValueError(f"config field 'norm_topk_prob' must be true or false, got {renormalise!r}")
+    if not sparse:
+        return {}
+    keys = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+    return dict(
+        {key: size(key, defaults.get(key), required=key not in defaults) for key in keys},
+        norm_topk_prob=renormalise,
+        moe_layers=sparse,
+    )
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ r keeps part r of every section. Heads stay whole, and a key head stays on the r
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -56,15 +55,8 @@ def shard_sections(tensor: torch.Tensor, sections: list[int], dim: int, tp: Tens
     return torch.cat(parts, dim=dim)
 
 
-def free_port() -> int:
-    """A TCP port free right now on this host (the OS picks it; no fixed port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def check_divisible(config, world_size: int) -> None:
-    """Heads (and the MLP width) must split evenly over the ranks."""
+    """Heads (and the MLP and expert widths) must split evenly over the ranks."""
     checks = {
         "num_key_value_heads": config.num_key_value_heads,
         "num_attention_heads": config.num_attention_heads,
@@ -72,6 +64,9 @@ def check_divisible(config, world_size: int) -> None:
         "linear_num_value_heads": config.linear_num_value_heads,
         "intermediate_size": config.intermediate_size,
     }
+    if config.moe_layers:  # experts and the shared expert are cut by their intermediate dimension
+        checks["moe_intermediate_size"] = config.moe_intermediate_size
+        checks["shared_expert_intermediate_size"] = config.shared_expert_intermediate_size
     bad = {name: value for name, value in checks.items() if value % world_size}
     if bad:
         detail = ", ".join(f"{name}={value}" for name, value in bad.items())

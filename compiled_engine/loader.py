@@ -7,6 +7,11 @@ Names are mapped by whole dotted segments, never substrings:
   * projections are fused: ``q_proj|k_proj|v_proj -> qkv_proj``, ``gate_proj|up_proj -> gate_up_proj``,
     ``in_proj_qkv|in_proj_z|in_proj_b|in_proj_a -> in_proj``; Qwen3-Next's per-key-head grouped ``in_proj_qkvz`` and
     ``in_proj_ba`` are regrouped to the same ``[q | k | v | z | b | a]`` layout;
+  * a sparse MoE layer's experts come per expert (``mlp.experts.N.gate_proj|up_proj|down_proj.weight``, what HF's
+    ``save_pretrained`` writes for Qwen3-Next) or fused (``mlp.experts.gate_up_proj [E, 2I, H]``,
+    ``mlp.experts.down_proj [E, H, I]``, Qwen3.5-MoE's layout); either fills one ``[E * 2I, H]`` and one
+    ``[E * H, I]`` parameter. The shared expert's gate and up, the router (``mlp.gate``) and the shared gate
+    (``mlp.shared_expert_gate``) fill one ``input_proj`` (compiled_engine/moe.py);
   * lm_head is tied to the embedding (one tensor in memory) exactly when the config says
     ``tie_word_embeddings: true`` (vLLM's rule): a tied checkpoint's own ``lm_head.weight``, if any, is ignored; an
     untied checkpoint without ``lm_head.weight`` is an error naming it, never a silent tie.
@@ -135,6 +140,17 @@ class WeightRouter:
             "in_proj_b": (conv + value, hv_local),
             "in_proj_a": (conv + value + hv_local, hv_local),
         }
+        experts, inter_local = c.num_experts, c.moe_intermediate_size // n
+        shared = c.shared_expert_intermediate_size // n
+        # A sparse MoE layer's input_proj, this rank's rows: [shared expert gate_proj | its up_proj | router (E) |
+        # shared_expert_gate (1)].
+        self.moe_input_rows = {
+            "shared_expert.gate_proj": (0, shared),
+            "shared_expert.up_proj": (shared, shared),
+            "gate": (2 * shared, experts),
+            "shared_expert_gate": (2 * shared + experts, 1),
+        }
+        self.expert_rows = 2 * inter_local  # rows of one expert in experts_gate_up
         self.linear_sections = {
             "in_proj_qkv": [self.key_rows, self.key_rows, self.value_rows],
             "in_proj_z": [self.value_rows],
@@ -171,6 +187,8 @@ class WeightRouter:
         c = self.config
         if module in ("input_layernorm", "post_attention_layernorm") and rest == ["weight"]:
             return Placement(f"{prefix}.{module}.weight")
+        if module == "mlp" and index in c.moe_layers:
+            return self._route_moe(f"{prefix}.mlp", rest)
         if module == "mlp" and len(rest) == 2 and rest[1] == "weight":
             if rest[0] in self.mlp_rows:
                 return Placement(
@@ -189,6 +207,45 @@ class WeightRouter:
         if module == "linear_attn":
             return self._route_linear(f"{prefix}.linear_attn", rest)
         return None
+
+    def _route_moe(self, prefix: str, rest: list[str]) -> Placement | None:
+        c = self.config
+        inter, shared = c.moe_intermediate_size, c.shared_expert_intermediate_size
+        name = ".".join(rest[:-1])
+        if rest[-1:] == ["weight"] and name in self.moe_input_rows:
+            cut = (0, [shared]) if name.startswith("shared_expert.") else None  # router, shared gate: replicated
+            return Placement(f"{prefix}.input_proj", *self.moe_input_rows[name], shard=cut)
+        if rest == ["shared_expert", "down_proj", "weight"]:
+            return Placement(f"{prefix}.shared_down", shard=(1, [shared]))
+        if rest == ["experts", "gate_up_proj"]:
+            return Placement(f"{prefix}.experts_gate_up", transform=self._fused_experts(1, [inter, inter]))
+        if rest == ["experts", "down_proj"]:
+            return Placement(f"{prefix}.experts_down", transform=self._fused_experts(2, [inter]))
+        if len(rest) == 4 and rest[0] == "experts" and rest[1].isdigit() and rest[3] == "weight":
+            expert = int(rest[1])
+            if expert >= c.num_experts:
+                return None
+            local = self.expert_rows // 2
+            if rest[2] in ("gate_proj", "up_proj"):
+                offset = expert * self.expert_rows + (local if rest[2] == "up_proj" else 0)
+                return Placement(f"{prefix}.experts_gate_up", offset, local, shard=(0, [inter]))
+            if rest[2] == "down_proj":
+                return Placement(f"{prefix}.experts_down", expert * c.hidden_size, c.hidden_size, shard=(1, [inter]))
+        return None
+
+    def _fused_experts(self, dim: int, sections: list[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A fused 3-D expert tensor (``gate_up [E, 2I, H]`` cut along dim 1, ``down [E, H, I]`` along dim 2): this
+        rank's part of every expert, flattened to our 2-D parameter."""
+        c = self.config
+        expected = (c.num_experts, sum(sections), c.hidden_size) if dim == 1 else (
+            c.num_experts, c.hidden_size, sum(sections))
+
+        def transform(t: torch.Tensor) -> torch.Tensor:
+            if tuple(t.shape) != expected:
+                raise RuntimeError(f"expected shape {expected}")
+            return shard_sections(t, sections, dim, self.tp).flatten(0, 1)
+
+        return transform
 
     def _route_linear(self, prefix: str, rest: list[str]) -> Placement | None:
         c = self.config
@@ -223,7 +280,16 @@ class WeightRouter:
         if last == "in_proj" and self.config.model_type == "qwen3_next":
             conv, value = self.linear_rows["in_proj_z"]
             return f"{head}.{'in_proj_qkvz' if row < conv + value else 'in_proj_ba'}.weight"
-        tables = {"qkv_proj": self.attention_rows, "gate_up_proj": self.mlp_rows, "in_proj": self.linear_rows}
+        if last == "experts_gate_up":
+            expert, part = divmod(row, self.expert_rows)
+            sub = "up_proj" if part >= self.expert_rows // 2 else "gate_proj"
+            return f"{head}.experts.{expert}.{sub}.weight (or {head}.experts.gate_up_proj)"
+        if last == "experts_down":
+            return f"{head}.experts.{row // self.config.hidden_size}.down_proj.weight (or {head}.experts.down_proj)"
+        if last == "shared_down":
+            return f"{head}.shared_expert.down_proj.weight"
+        tables = {"qkv_proj": self.attention_rows, "gate_up_proj": self.mlp_rows, "in_proj": self.linear_rows,
+                  "input_proj": self.moe_input_rows}
         for sub, (offset, rows) in tables.get(last, {}).items():
             if offset <= row < offset + rows:
                 return f"{head}.{sub}.weight"

@@ -18,22 +18,26 @@ from compiled_engine.config import LINEAR_ATTENTION, ModelConfig
 from compiled_engine.distributed import SINGLE, TensorParallel
 from compiled_engine.gated_deltanet import GatedDeltaNet
 from compiled_engine.layers import MLP, RMSNorm, empty_parameter
+from compiled_engine.moe import SparseMoE
 from ops.step import DecodeOutput, StepInputs
 from ops.argmax import argmax_op
 from ops.linear import linear
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_type: str, tp: TensorParallel, attention_backend: str):
+    def __init__(
+        self, config: ModelConfig, layer_type: str, tp: TensorParallel, attention_backend: str, sparse: bool = False
+    ):
         super().__init__()
         self.layer_type = layer_type
+        self.sparse = sparse  # the MLP is the sparse MoE block (compiled_engine/moe.py)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if layer_type == LINEAR_ATTENTION:
             self.linear_attn = GatedDeltaNet(config, tp)
         else:
             self.self_attn = FullAttention(config, tp, attention_backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size, tp)
+        self.mlp = SparseMoE(config, tp) if sparse else MLP(config.hidden_size, config.intermediate_size, tp)
 
     @property
     def mixer(self) -> nn.Module:
@@ -46,11 +50,15 @@ class DecoderLayer(nn.Module):
         previous layer's MLP output, not yet added to ``residual`` (at the first layer: the embedding, and residual
         is None). Each residual add, the norm after it and the projection after that are one op
         (ce::add_rms_norm_linear: one kernel at decode batch sizes). Returns this layer's MLP output and the
-        residual stream before it is added."""
+        residual stream before it is added. A sparse MoE block's experts read the normed rows themselves, so there
+        the norm is ce::add_rms_norm and the block makes its own projections."""
         if residual is None:
             residual, projected = hidden, linear(self.input_layernorm(hidden), self.mixer.input_weight)
         else:
             projected, residual = self.input_layernorm.add_norm_linear(hidden, residual, self.mixer.input_weight)
+        if self.sparse:
+            residual, normed = self.post_attention_layernorm.add_and_norm(self.mixer(projected, step), residual)
+            return self.mlp(normed), residual
         gate_up, residual = self.post_attention_layernorm.add_norm_linear(
             self.mixer(projected, step), residual, self.mlp.gate_up_proj
         )
@@ -70,7 +78,10 @@ class HybridModel(nn.Module):
         self.tp = tp
         self.vocab_per_rank = -(-config.vocab_size // tp.world_size)
         self.embed_tokens = empty_parameter(self.vocab_per_rank, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, t, tp, attention_backend) for t in config.layer_types)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, t, tp, attention_backend, sparse=i in config.moe_layers)
+            for i, t in enumerate(config.layer_types)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Tied checkpoints share the embedding tensor (the loader points lm_head at it: one copy in memory).
         self.lm_head = empty_parameter(self.vocab_per_rank, config.hidden_size)

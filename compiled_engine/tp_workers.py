@@ -6,14 +6,17 @@ of the model. Ranks 1..N-1 are processes this module spawns; each loads only its
 over the process group itself (NCCL on GPUs, gloo on CPU): a small int64 header, then the step's tensors. All ranks then
 run the same model code, whose all-reduces / all-gathers meet inside the forward.
 
-Failure handling: each worker reports "started"/"loaded"/"ready" or its traceback through a multiprocessing queue.
-The driver waits for those reports in Python (polling the queue and that the processes are alive) before it enters
-any collective, so a worker that fails to start, or dies before it even runs (a spawned process re-imports the
-caller's main module: a script read from standard input, or one without ``if __name__ == "__main__":``, breaks
-that), surfaces as a WorkerError in the caller instead of a hang, and Ctrl-C interrupts the wait. A worker that
-fails later reports its traceback and exits; the driver's next collective then fails and the driver raises that
-traceback. Left open: a worker that dies inside ``init_process_group`` itself (after "started") still leaves rank 0
-in the C++ rendezvous until COLLECTIVE_TIMEOUT.
+Failure handling: each worker reports "started"/"joined"/"loaded"/"ready" or its traceback through a
+multiprocessing queue. The driver waits for those reports in Python (polling the queue and that the processes are
+alive) before it enters any collective, so a worker that fails to start, or dies before it even runs (a spawned
+process re-imports the caller's main module: a script read from standard input, or one without
+``if __name__ == "__main__":``, breaks that), surfaces as a WorkerError in the caller instead of a hang, and Ctrl-C
+interrupts the wait. The rendezvous is split the same way: rank 0 hosts the TCPStore without waiting in its
+constructor, each worker reports "joined" once its client is connected, and rank 0 waits for that in Python; only
+then do the ranks enter ``init_process_group``, whose C++ wait (for the peers' backend addresses) is bounded by
+RENDEZVOUS_TIMEOUT, after which the group's timeout becomes COLLECTIVE_TIMEOUT. A worker that dies in that last
+window is seen when the rendezvous times out. A worker that fails later reports its traceback and exits; the
+driver's next collective then fails and the driver raises that traceback (or the dead worker's exit code).
 
 Teardown: ``shutdown`` tells the workers to stop with a broadcast only when the ranks are known to be in lockstep,
 i.e. no exception is propagating (a KeyboardInterrupt in the middle of a step leaves the workers inside a
@@ -32,12 +35,13 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from compiled_engine.distributed import TensorParallel, free_port
+from compiled_engine.distributed import TensorParallel
 from compiled_engine.executor import ModelExecutor
 from compiled_engine.loader import load_model
 from compiled_engine.memory_plan import allocate_caches
@@ -48,11 +52,14 @@ from ops.step import StepInputs
 CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE, CMD_SNAPSHOT_SAVE, CMD_SNAPSHOT_RESTORE = 0, 1, 2, 3, 4, 5
 HEADER_SIZE = 8
 STARTUP_TIMEOUT_S = 600  # loading a large shard can take minutes
-JOIN_TIMEOUT_S = 60  # a spawned worker reports "started" after importing torch and this package: seconds
+JOIN_TIMEOUT_S = 60  # a spawned worker joins after importing torch and this package: seconds
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
-STAGES = ("started", "loaded", "ready")  # what a worker reports through the queue on its way up, in this order
-# Test only: "<rank>:<stage>" makes that worker raise at that stage ("load", "step"); "<rank>:exit" makes it exit
-# with code 3 before it reports anything and "<rank>:hang" makes it sleep there (a worker that never joins).
+# init_process_group's own wait, entered once every worker is connected to the store: the ranks exchange their
+# backend's addresses, which takes well under a second; the bound only matters for a worker that dies meanwhile.
+RENDEZVOUS_TIMEOUT = timedelta(seconds=30)
+STAGES = ("started", "joined", "loaded", "ready")  # what a worker reports on its way up, in this order
+# Test only: "<rank>:<stage>" makes that worker raise at that stage ("start", "join", "rendezvous", "load", "step");
+# "<rank>:<stage>:exit" makes it exit there with code 3 and "<rank>:<stage>:hang" makes it sleep there.
 FAULT_ENV = "COMPILED_ENGINE_TP_TEST_FAULT"
 RUN_FROM_A_FILE = (
     "Spawned tensor-parallel workers re-import the main module: run the script from a file (not standard input) "
@@ -85,11 +92,14 @@ class TensorParallelWorkers:
         context = mp.get_context("spawn")
         self.reports = context.Queue()
         self.stages_seen: dict[int, set[str]] = {rank: set() for rank in range(1, world_size)}
-        port = free_port()
+        # Port 0: the OS picks a free one. wait_for_workers=False: the constructor returns at once, and rank 0 waits
+        # for the workers' connections in Python (wait_for "joined"), where a dead worker is seen.
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=RENDEZVOUS_TIMEOUT,
+                              wait_for_workers=False)
         self.processes = [
             context.Process(
                 target=worker_main,
-                args=(rank, world_size, port, device.type, worker_args, self.reports),
+                args=(rank, world_size, store.port, device.type, worker_args, self.reports),
                 daemon=True,
                 name=f"compiled_engine-tp{rank}",
             )
@@ -103,16 +113,13 @@ class TensorParallelWorkers:
         try:
             for process in self.processes:
                 process.start()
-            # Wait in Python, where a dead worker is seen and Ctrl-C is delivered, until every worker runs; only
-            # then enter the rendezvous, which blocks in C++ until all ranks join (or COLLECTIVE_TIMEOUT).
-            self.wait_for("started", JOIN_TIMEOUT_S)
-            dist.init_process_group(
-                backend_for(device),
-                init_method=f"tcp://127.0.0.1:{port}",
-                rank=0,
-                world_size=world_size,
-                timeout=COLLECTIVE_TIMEOUT,
-            )
+            # Wait in Python, where a dead worker is seen and Ctrl-C is delivered, until every worker is connected
+            # to the store; only then enter init_process_group, which blocks in C++ (RENDEZVOUS_TIMEOUT at most).
+            self.wait_for("joined", JOIN_TIMEOUT_S)
+            try:
+                join_process_group(store, 0, world_size, device)
+            except Exception as error:  # a worker died after it joined the store: name it, not the timeout
+                self.raise_worker_error(error)
         except BaseException:  # KeyboardInterrupt included: no worker and no process group may outlive this
             self.abort()
             raise
@@ -133,12 +140,7 @@ class TensorParallelWorkers:
             try:
                 rank, message = self.reports.get(timeout=0.5)
             except queue.Empty:
-                dead = [p for p in self.processes if not p.is_alive()]
-                if dead:
-                    message = f"tensor-parallel worker {dead[0].name} exited with code {dead[0].exitcode}"
-                    if stage == "started":  # it died before running any of our code: its error is on its stderr
-                        message += f" before it started (its error is printed above). {RUN_FROM_A_FILE}"
-                    raise WorkerError(message)
+                self.raise_if_dead()
                 if time.monotonic() > deadline:
                     raise WorkerError(f"tensor-parallel workers {sorted(pending)} did not reach {stage!r} in time")
                 continue
@@ -146,13 +148,34 @@ class TensorParallelWorkers:
                 raise WorkerError(f"tensor-parallel worker {rank} failed:\n{message}")
             self.stages_seen[rank].add(message)
 
-    def raise_worker_error(self, error: BaseException) -> None:
-        """Turn a failed collective into the worker's own error when a worker reported one."""
-        try:
-            rank, message = self.reports.get(timeout=5)
-        except queue.Empty:
-            raise error
-        raise WorkerError(f"tensor-parallel worker {rank} failed:\n{message}") from error
+    def raise_if_dead(self) -> None:
+        """Raise a WorkerError naming the first worker process that has exited, if any."""
+        for rank, process in enumerate(self.processes, start=1):
+            if not process.is_alive():
+                message = f"tensor-parallel worker {process.name} exited with code {process.exitcode}"
+                if "started" not in self.stages_seen[rank]:  # (a report put just before a hard exit may be lost)
+                    message += (f" before it reported that it started; if it died while importing the main module,"
+                                f" its error is printed above. {RUN_FROM_A_FILE}")
+                raise WorkerError(message)
+
+    def raise_worker_error(self, error: BaseException) -> NoReturn:
+        """Turn a failed collective or rendezvous into the worker's own error: the traceback a worker reported
+        (within 5 s), else the exit code of a worker that died; ``error`` itself when every worker lives on."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                rank, message = self.reports.get(timeout=0.5)
+            except queue.Empty:
+                try:
+                    self.raise_if_dead()
+                except WorkerError as dead:
+                    raise dead from error
+                continue
+            if message in STAGES:
+                self.stages_seen[rank].add(message)
+                continue
+            raise WorkerError(f"tensor-parallel worker {rank} failed:\n{message}") from error
+        raise error
 
     # ------------------------------------------------------------------------------------------------ commands
     def _command(self, values: list[int]) -> None:
@@ -242,7 +265,8 @@ def check_main_module_importable() -> None:
 
 
 def leave_process_group(device: torch.device) -> None:
-    """``destroy_process_group``, after freeing this process's CUDA graphs.
+    """``destroy_process_group``, after freeing this process's CUDA graphs (or only the group count after a
+    failed start).
 
     NCCL cannot destroy a communicator while a CUDA graph that captured its collectives exists: ncclCommDestroy
     waits for those graphs to go (pytorch/pytorch#115388). The decode graphs hold every all-reduce of the step, and
@@ -251,6 +275,10 @@ def leave_process_group(device: torch.device) -> None:
     any more, and any other compiled function records its graphs again on its next call.
     """
     if not dist.is_initialized():
+        # A failed init_process_group has still counted the group it did not make, and the group's name (hence its
+        # store keys) comes from that count: reset it as destroy_process_group does, so that the next start's
+        # fresh workers, which count from 0, meet this process under the same name.
+        dist.distributed_c10d._world.group_count = 0
         return
     if device.type == "cuda":
         from torch._inductor.cudagraph_trees import reset_cudagraph_trees
@@ -258,6 +286,18 @@ def leave_process_group(device: torch.device) -> None:
         reset_cudagraph_trees()
         gc.collect()  # the graphs' last references may sit in reference cycles
     dist.destroy_process_group()
+
+
+def join_process_group(store: dist.Store, rank: int, world_size: int, device: torch.device) -> None:
+    """The default process group over ``store``. Its rendezvous (the backend's address exchange through the store)
+    waits at most RENDEZVOUS_TIMEOUT; then the store's waits and the group's collectives may take COLLECTIVE_TIMEOUT:
+    a rank may spend minutes loading or compiling while the others wait in a broadcast, or in the store for NCCL's
+    unique id, which the ranks exchange at their first collective."""
+    store.set_timeout(RENDEZVOUS_TIMEOUT)
+    dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world_size,
+                            timeout=RENDEZVOUS_TIMEOUT)
+    store.set_timeout(COLLECTIVE_TIMEOUT)
+    dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
 
 
 def step_tensors(step: StepInputs) -> list[torch.Tensor]:
@@ -294,13 +334,16 @@ def receive_step(header: list[int], device: torch.device) -> tuple[StepInputs, b
 
 
 def _maybe_fail(rank: int, stage: str) -> None:
-    fault = os.environ.get(FAULT_ENV)
-    if fault == f"{rank}:exit":
+    """Test only: the fault FAULT_ENV names for this rank at this stage."""
+    fault = os.environ.get(FAULT_ENV, "").split(":")
+    if fault[:2] != [str(rank), stage]:
+        return
+    action = fault[2] if len(fault) > 2 else "raise"
+    if action == "exit":
         os._exit(3)
-    if fault == f"{rank}:hang":
+    if action == "hang":
         time.sleep(3600)
-    if fault == f"{rank}:{stage}":
-        raise RuntimeError(f"injected fault in worker {rank} at {stage!r} ({FAULT_ENV})")
+    raise RuntimeError(f"injected fault in worker {rank} at {stage!r} ({FAULT_ENV})")
 
 
 def worker_main(rank: int, world_size: int, port: int, device_type: str, args: dict, reports) -> None:
@@ -311,13 +354,11 @@ def worker_main(rank: int, world_size: int, port: int, device_type: str, args: d
     try:
         _maybe_fail(rank, "start")
         reports.put((rank, "started"))
-        dist.init_process_group(
-            backend_for(device),
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=COLLECTIVE_TIMEOUT,
-        )
+        _maybe_fail(rank, "join")
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
+        reports.put((rank, "joined"))
+        _maybe_fail(rank, "rendezvous")
+        join_process_group(store, rank, world_size, device)
         tp = TensorParallel(rank=rank, world_size=world_size)
         _maybe_fail(rank, "load")
         config, dtype = args["runtime_config"], args["dtype"]

@@ -6,7 +6,8 @@ here, in plain Python (no triton: the references run where triton is absent). It
 * ``ce::attention_decode``'s ``projected`` row: ``[q_gate (Hq*2*D) | k (Hkv*D) | v (Hkv*D)]``;
 * ``ce::gated_deltanet_decode``'s ``projected`` row: ``[q (Hk*K) | k (Hk*K) | v (Hv*V) | z (Hv*V) | b (Hv) | a (Hv)]``;
 * FLA's chunk length, which the chunked delta-rule reference, the host chunk table and FLA's kernels all use;
-* ``ce::sample``'s number formats: the integer key of a logit, the fixed-point token mass, the cut-offs.
+* ``ce::sample``'s number formats: the integer key of a logit, the fixed-point token mass, the cut-offs;
+* ``ce::fused_moe``'s block-aligned order of (token, expert) rows (``moe_align_block_size``).
 """
 
 from __future__ import annotations
@@ -63,3 +64,41 @@ KEY_SHIFT = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}  # low key
 MIN_TEMPERATURE = 2.0**-100  # temperatures below it count as it: 1 / T stays finite
 MASS_SCALE = 2.0**32  # W = trunc(exp_ce(y) * 2**32): the fixed-point weight of a token in the top-p masses
 EXP_CUTOFF = -80.0  # exp_ce(y) = 0 below it
+
+
+# ce::fused_moe (ops/moe.py)
+def moe_padded_rows(num_rows, num_experts: int, block_m: int):
+    """The static length of ``moe_align_block_size``'s ``sorted_rows``: ``num_rows`` routed rows (T x k), each
+    expert that gets any padded up to a multiple of ``block_m``, rounded up to whole blocks. At most
+    ``min(E, num_rows)`` experts get a row, each wasting at most ``block_m - 1`` slots. Works on SymInts (a compiled
+    graph's symbolic batch), so it never guards on the batch size."""
+    bound = num_rows + torch.sym_min(num_experts, num_rows) * (block_m - 1)
+    return (bound + block_m - 1) // block_m * block_m
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """Sort the routed rows ``r = t * k + j`` (token t's j-th expert) by expert into blocks of ``block_m`` rows that
+    all belong to one expert: the layout the grouped GEMM of ``ce::fused_moe`` walks, one block per program.
+
+    Returns ``sorted_rows`` int32 ``[moe_padded_rows(T*k, E, block_m)]`` (expert 0's rows in row order, padded with
+    the sentinel ``T*k`` to a multiple of ``block_m``, then expert 1's...; the tail past ``num_padded`` is all
+    sentinel), ``block_experts`` int32 ``[len(sorted_rows) / block_m]`` (each block's expert; blocks past
+    ``num_padded`` hold expert E - 1 and are skipped by the kernel) and ``num_padded`` int32 ``[1]``. Experts
+    without rows get no block. Static shapes and no host sync: the decode step's CUDA graph can hold it.
+    """
+    flat = topk_ids.reshape(-1).long()
+    n = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)
+    order = torch.argsort(flat, stable=True)  # rows grouped by expert, each group in row order
+    expert_of = flat[order]
+    first_of_expert = counts.cumsum(0) - counts
+    rank = torch.arange(n, device=flat.device) - first_of_expert[expert_of]
+    length = moe_padded_rows(n, num_experts, block_m)
+    sorted_rows = torch.full((length,), n, dtype=torch.int32, device=flat.device)
+    sorted_rows[(ends - padded)[expert_of] + rank] = order.to(torch.int32)
+    block_starts = torch.arange(0, length, block_m, device=flat.device)
+    block_experts = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
+    return sorted_rows, block_experts, ends[-1:].to(torch.int32)

@@ -14,6 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # same as PYTHONPATH=. from the repository root
     sys.path.insert(0, str(ROOT))
 
+# FLA's chunked prefill kernels autotune over up to 25 configs each on first use, which made the GPU suite spend
+# about two of its five minutes compiling configs it then threw away. The tests check values, not speed, so they
+# pin one config per kernel (tests/fla_configs, FLA's own config-file format, read in its "default" mode; set
+# before FLA is imported). Kernels without a file there still autotune; the runtime and bench always autotune.
+os.environ.setdefault("FLA_CACHE_MODE", "default")
+os.environ.setdefault("FLA_CONFIG_DIR", str(ROOT / "tests" / "fla_configs"))
+
 # Imported first, before any test module: hides FLA from transformers on CPU (see tests/hf_models.py).
 from tests import hf_models  # noqa: E402
 
@@ -78,6 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # --------------------------------------------------------------------------------------------------------------
 
 HF_VARIANTS = tuple(hf_models.BUILDERS)  # qwen3_5_text_tied, qwen3_5_text_untied, qwen3_5_conditional, qwen3_next_dense
+MOE_VARIANTS = tuple(hf_models.MOE_BUILDERS)  # qwen3_next_moe, qwen3_5_moe_text, qwen3_5_moe_conditional
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +95,8 @@ def build_hf_model(tmp_path_factory: pytest.TempPathFactory):
 
     def build(name: str) -> Path:
         if name not in cache:
-            cache[name] = hf_models.BUILDERS[name](tmp_path_factory.mktemp(name))
+            builder = hf_models.BUILDERS.get(name) or hf_models.MOE_BUILDERS[name]
+            cache[name] = builder(tmp_path_factory.mktemp(name))
         return cache[name]
 
     return build

@@ -13,6 +13,9 @@ still match the oracle. Here (docs/ARCHITECTURE.md, "Testing"):
   (see RESIDUAL_GAIN: otherwise tied-embedding models just echo their input token);
   biases (vision tower only): ``N(0, 0.01)``
 * embeddings: ``N(0, 1)``; the depthwise conv1d: ``N(0, 1/kernel)``
+* sparse MoE (tests of compiled_engine/moe.py): the experts' fused ``gate_up_proj`` ``N(0, 1/H)``, ``down_proj``
+  ``N(0, 9/I)`` as the other residual writers; the router ``N(0, 4/H)``, so that routing differs from token to
+  token and the top-k is rarely near a tie;
 * ``A_log = log(U(0.1, 2))``, ``dt_bias ~ N(0, 0.5)``: decays between ~0.3 and ~1 per token, so the recurrent
   state carries over many tokens and the decay still matters.
 
@@ -56,6 +59,7 @@ RMS_EPS = 1e-6
 _MODELING_MODULES = (
     "transformers.models.qwen3_5.modeling_qwen3_5",
     "transformers.models.qwen3_next.modeling_qwen3_next",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
 )
 _HIDDEN_PACKAGES = ("fla", "causal_conv1d")  # GPU-only kernel packages transformers would bind if importable
 _KERNEL_FUNCTIONS = (
@@ -131,7 +135,7 @@ transformers.logging.disable_progress_bar()
 # N(0, 1) embeddings and a TIED lm_head, blocks at gain 1 add too little to the residual and the model mostly
 # predicts its own input token (60-90% of positions); at gain 3 that drops to ~5% and every block matters.
 RESIDUAL_GAIN = 3.0
-_RESIDUAL_WRITERS = ("self_attn.o_proj", "linear_attn.out_proj", "mlp.down_proj")
+_RESIDUAL_WRITERS = ("self_attn.o_proj", "linear_attn.out_proj", "mlp.down_proj", "mlp.shared_expert.down_proj")
 
 
 def _is_zero_centred_norm(module: nn.Module) -> bool:
@@ -141,6 +145,14 @@ def _is_zero_centred_norm(module: nn.Module) -> bool:
 
 def _is_gated_norm(module: nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNormGated")
+
+
+def _is_experts(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("Experts")
+
+
+def _is_router(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("TopKRouter")
 
 
 @torch.no_grad()
@@ -170,6 +182,11 @@ def redraw_weights(model: nn.Module, seed: int = SEED) -> None:
             draw(module.weight, 0.1, mean=1.0)
         elif _is_zero_centred_norm(module):
             draw(module.weight, 0.1)
+        elif _is_experts(module):  # [E, 2I, H] and [E, H, I]
+            draw(module.gate_up_proj, module.gate_up_proj.shape[-1] ** -0.5)
+            draw(module.down_proj, RESIDUAL_GAIN * module.down_proj.shape[-1] ** -0.5)
+        elif _is_router(module):
+            draw(module.weight, 2 * module.weight.shape[-1] ** -0.5)
         for name, p in module.named_parameters(recurse=False):
             if id(p) in done:
                 continue
@@ -296,6 +313,54 @@ def qwen3_next_dense_config() -> transformers.Qwen3NextConfig:
     )
 
 
+# Sparse MoE variants: 8 experts, a shared expert, expert widths != the dense MLP's.
+NUM_EXPERTS = 8
+MOE_INTERMEDIATE = 48
+SHARED_EXPERT_INTERMEDIATE = 80
+
+QWEN3_NEXT_MOE_VOCAB = 448
+QWEN3_NEXT_MOE_LAYERS = 4  # full attention at layer 3; layer 1 dense (mlp_only_layers)
+QWEN3_5_MOE_VOCAB = 416
+QWEN3_5_MOE_LAYERS = 4  # full attention at layer 3; every layer sparse
+
+
+def _moe_kwargs(top_k: int) -> dict:
+    return dict(num_experts=NUM_EXPERTS, num_experts_per_tok=top_k, moe_intermediate_size=MOE_INTERMEDIATE,
+                shared_expert_intermediate_size=SHARED_EXPERT_INTERMEDIATE)
+
+
+def qwen3_next_moe_config() -> transformers.Qwen3NextConfig:
+    """Qwen3-Next with a sparse MoE in layers 0, 2, 3 (top-2, NOT renormalised) and a dense MLP in layer 1."""
+    return transformers.Qwen3NextConfig(
+        **_common_text_kwargs(vocab_size=QWEN3_NEXT_MOE_VOCAB, num_layers=QWEN3_NEXT_MOE_LAYERS),
+        rope_parameters=dict(QWEN3_NEXT_ROPE),
+        **_moe_kwargs(top_k=2),
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        norm_topk_prob=False,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
+def qwen3_5_moe_text_config() -> transformers.Qwen3_5MoeTextConfig:
+    """Qwen3.5-MoE text-only: a sparse MoE (top-3, renormalised) in every layer; no dense MLP."""
+    text = _common_text_kwargs(vocab_size=QWEN3_5_MOE_VOCAB, num_layers=QWEN3_5_MOE_LAYERS)
+    del text["intermediate_size"]
+    return transformers.Qwen3_5MoeTextConfig(
+        **text, rope_parameters=dict(QWEN3_5_TEXT_ROPE), **_moe_kwargs(top_k=3), tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
+def qwen3_5_moe_conditional_config() -> transformers.Qwen3_5MoeConfig:
+    """The released Qwen3.5-MoE layout: ``Qwen3_5MoeForConditionalGeneration``, text_config nested, untied."""
+    text = qwen3_5_moe_text_config().to_dict()
+    vision = qwen3_5_conditional_config().vision_config.to_dict()
+    return transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                                         dtype="float32")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Builders
 # --------------------------------------------------------------------------------------------------------------
@@ -364,12 +429,71 @@ def qwen3_next_dense(folder: str | os.PathLike | None = None) -> Path:
     )
 
 
+def qwen3_next_moe(folder: str | os.PathLike | None = None) -> Path:
+    """``Qwen3NextForCausalLM`` with sparse MoE layers, saved as HF writes it: one tensor per expert and projection
+    (``mlp.experts.N.gate_proj.weight``...)."""
+    return _build(transformers.Qwen3NextForCausalLM, qwen3_next_moe_config(), _folder(folder, "qwen3_next_moe"),
+                  SEED + 5)
+
+
+def qwen3_5_moe_text(folder: str | os.PathLike | None = None) -> Path:
+    """``Qwen3_5MoeForCausalLM``, saved with the fused 3-D expert tensors (``mlp.experts.gate_up_proj``)."""
+    return _build(transformers.Qwen3_5MoeForCausalLM, qwen3_5_moe_text_config(), _folder(folder, "qwen3_5_moe_text"),
+                  SEED + 6)
+
+
+def qwen3_5_moe_conditional(folder: str | os.PathLike | None = None) -> Path:
+    """``Qwen3_5MoeForConditionalGeneration`` (keys ``model.language_model.*``, ``model.visual.*``), sharded, its
+    experts rewritten to the fused 3-D tensors the released Qwen3.5-MoE repositories hold (``fuse_experts``)."""
+    folder = _build(transformers.Qwen3_5MoeForConditionalGeneration, qwen3_5_moe_conditional_config(),
+                    _folder(folder, "qwen3_5_moe_vl"), SEED + 7, max_shard_size="200KB")
+    fuse_experts(folder)
+    return folder
+
+
+def fuse_experts(folder: Path) -> None:
+    """Rewrite a sharded checkpoint's per-expert tensors (``...mlp.experts.N.gate_proj|up_proj|down_proj.weight``)
+    as ``...mlp.experts.gate_up_proj [E, 2I, H]`` (each expert's gate rows, then its up rows) and
+    ``...mlp.experts.down_proj [E, H, I]``, in a shard of their own listed in the index."""
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    weight_map = index["weight_map"]
+    per_expert: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
+    for shard in sorted(set(weight_map.values())):
+        tensors = load_file(folder / shard)
+        kept = {}
+        for name, tensor in tensors.items():
+            head, sep, tail = name.partition(".mlp.experts.")
+            if sep and tail.split(".")[0].isdigit():
+                expert, proj, _ = tail.split(".")
+                per_expert.setdefault(head + ".mlp.experts", {})[(int(expert), proj)] = tensor
+                del weight_map[name]
+            else:
+                kept[name] = tensor
+        save_file(kept, str(folder / shard), metadata={"format": "pt"})
+    fused = {}
+    for prefix, parts in per_expert.items():
+        experts = range(1 + max(e for e, _ in parts))
+        fused[prefix + ".gate_up_proj"] = torch.stack(
+            [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in experts])
+        fused[prefix + ".down_proj"] = torch.stack([parts[(e, "down_proj")] for e in experts])
+    save_file(fused, str(folder / "model-experts.safetensors"), metadata={"format": "pt"})
+    weight_map.update({name: "model-experts.safetensors" for name in fused})
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True))
+
+
 # name -> builder(folder) -> folder. The conftest fixtures build each once per session.
 BUILDERS = {
     "qwen3_5_text_tied": lambda folder=None: qwen3_5_text(True, folder),
     "qwen3_5_text_untied": lambda folder=None: qwen3_5_text(False, folder),
     "qwen3_5_conditional": qwen3_5_conditional,
     "qwen3_next_dense": qwen3_next_dense,
+}
+# The sparse-MoE variants (tests/test_moe_model.py), kept apart from BUILDERS: the dense suites run on those.
+MOE_BUILDERS = {
+    "qwen3_next_moe": qwen3_next_moe,
+    "qwen3_5_moe_text": qwen3_5_moe_text,
+    "qwen3_5_moe_conditional": qwen3_5_moe_conditional,
 }
 
 
@@ -381,12 +505,13 @@ BUILDERS = {
 def load_hf(path: str | os.PathLike) -> transformers.PreTrainedModel:
     """The saved model, float32, eval mode, on the CPU (eager attention)."""
     config = transformers.AutoConfig.from_pretrained(path)
-    cls = (
-        transformers.Qwen3_5ForConditionalGeneration
-        if config.model_type == "qwen3_5"
-        else transformers.AutoModelForCausalLM
-    )
-    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    conditional = {"qwen3_5": transformers.Qwen3_5ForConditionalGeneration,
+                   "qwen3_5_moe": transformers.Qwen3_5MoeForConditionalGeneration}
+    cls = conditional.get(config.model_type, transformers.AutoModelForCausalLM)
+    # MoE models: HF's reference loop over the experts ("eager"), not its grouped-GEMM path.
+    moe = getattr(config.get_text_config(), "num_experts", 0)
+    extra = {"experts_implementation": "eager"} if moe else {}
+    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager", **extra)
     return model.eval()
 
 

@@ -14,13 +14,18 @@ request leaves the engine serving the others with unchanged output.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from compiled_engine import Runtime, SamplingParams
 from compiled_engine.config import RuntimeConfig
 from compiled_engine.runtime import resolve_dtype
+from tests import hf_models
 from tests.test_engine import GREEDY, MODEL, VOCAB, assert_clean, drain, hf_greedy, make_llm, prompt
 
 
@@ -158,6 +163,7 @@ BAD_PARAMS = [
     # wrong types and non-finite values
     (dict(temperature="0.5"), "temperature"),
     (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature=float("inf"), min_tokens=2, max_tokens=4), "temperature"),  # it used to give id 0 every time
     (dict(temperature=None), "temperature"),
     (dict(top_p="1"), "top_p"),
     (dict(min_p=float("nan")), "min_p"),
@@ -333,13 +339,41 @@ def test_integer_ids_of_any_kind_give_the_int_prompt_tokens(llm, load_hf_model):
     assert_clean(engine)
 
 
-def test_tiny_temperature_is_greedy_beside_a_sampled_row(engine, load_hf_model):
-    """temperature=1e-38 is greedy (vLLM's 1e-5 rule) even in a step that samples another row: HF's argmax."""
+@pytest.fixture(scope="module")
+def twin_vocab_path(model_path, tmp_path_factory):
+    """The test model with the second half of its vocabulary a copy of the first (embedding and lm_head rows):
+    every logit has an exactly equal twin, so each step's maximum is a tie. Greedy takes its first index (torch.
+    argmax's rule, HF's greedy); a draw, even at a tiny temperature, takes either twin. Twins embed alike, so either
+    choice continues the sequence in the same way."""
+    folder = tmp_path_factory.mktemp("twin_vocab")
+    for file in Path(model_path).iterdir():
+        if file.is_file():
+            shutil.copy(file, folder / file.name)
+    tensors = load_file(folder / "model.safetensors")
+    half = VOCAB // 2
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        tensors[name][half:] = tensors[name][:half].clone()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def test_tiny_temperature_is_greedy_beside_a_sampled_row(twin_vocab_path):
+    """temperature 1e-30 / 1e-38 is greedy (vLLM's 1e-5 rule) even in a step that samples another row: HF's greedy
+    tokens, i.e. always the first twin of the tied maximum. A draw at that temperature (what the sampler would do if
+    the rule were gone) picks either twin, and a naive softmax(logits / T) gives NaN and token 0."""
+    half = VOCAB // 2
     ids = prompt(13, 6)
-    engine.add_request("tiny", ids, SamplingParams(temperature=1e-38, max_tokens=6, ignore_eos=True))
-    engine.add_request("hot", prompt(9, 7), SamplingParams(temperature=1.0, seed=3, max_tokens=6, ignore_eos=True))
+    expected = hf_models.hf_greedy(hf_models.load_hf(twin_vocab_path), ids, 8)
+    assert all(t < half for t in expected), expected  # the oracle's ties are exact: argmax takes the first twin
+    llm = make_llm(twin_vocab_path, max_model_len=64, max_num_seqs=4, block_size=8)
+    engine = llm.engine
+    for i, temperature in enumerate((1e-30, 1e-38)):
+        engine.add_request(f"tiny{i}", ids, SamplingParams(temperature=temperature, seed=i, max_tokens=8,
+                                                           ignore_eos=True))
+    engine.add_request("hot", prompt(9, 7), SamplingParams(temperature=1.0, seed=3, max_tokens=8, ignore_eos=True))
     finals = drain(engine)
-    assert finals["tiny"].token_ids == hf_greedy(load_hf_model, ids, 6)
+    assert finals["tiny0"].token_ids == expected and finals["tiny1"].token_ids == expected
+    assert_clean(engine)
 
 
 @pytest.mark.parametrize("overlap", [False, True])

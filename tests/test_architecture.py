@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ops", ("ops",)),
     ("graph capture", ("graphs",)),
     ("model and caches", tuple(f"compiled_engine.{m}" for m in (
-        "config", "distributed", "layers", "attention", "gated_deltanet", "model", "loader", "tiny_model",
+        "config", "distributed", "layers", "moe", "attention", "gated_deltanet", "model", "loader", "tiny_model",
         "step", "sequence", "cache", "prefix_cache", "sampling_params",
     ))),
     ("step executor", tuple(f"compiled_engine.{m}" for m in (

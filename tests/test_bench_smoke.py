@@ -19,7 +19,7 @@ from bench import SCENARIOS
 from bench.__main__ import main, scenario_kwargs
 from bench.bounds import decode_bound, model_bytes_from_config, workload_decode_bound
 from bench.models import QWEN3_5_0_8B_CONFIG, build_random_checkpoint
-from compiled_engine.config import ModelConfig
+from compiled_engine.config import ModelConfig, RuntimeConfig
 
 SMOKE_ARGS = [
     "all", "--device", "cpu", "--vs-hf", "--hf-limit", "2", "--hf-batch-size", "2",
@@ -521,3 +521,40 @@ def test_stack_dumps_show_the_caller_of_a_deep_recursion(tmp_path):
     assert "outermost_caller" in first and "recurse  x" in first
     count = int(first.split("recurse  x")[1].split()[0])
     assert count == 301  # recurse(300) .. recurse(0): the whole depth, in one line
+
+
+def test_bounds_of_the_qwen3_5_35b_a3b_shape():
+    """~35B parameters, ~3B of them active: a batch-1 step reads ~6 GB (everything but the routed experts, plus 8
+    experts of every layer); batch 256 touches nearly all 256 experts."""
+    from bench.models import QWEN3_5_35B_A3B_CONFIG
+
+    config = ModelConfig.from_dict(QWEN3_5_35B_A3B_CONFIG)
+    assert config.moe_layers == tuple(range(40)) and len(config.full_attention_layers) == 10
+    mb = model_bytes_from_config(config, torch.bfloat16)
+    assert 34e9 < mb.params < 36e9
+    assert mb.expert_bytes == 40 * 3 * 2048 * 512 * 2
+    assert mb.expected_experts(1) == pytest.approx(8)
+    assert 255 < mb.expected_experts(256) < 256
+    active = decode_bound(mb, 4800e9)["bytes_per_step"]
+    assert 5.5e9 < active < 6.3e9
+    assert decode_bound(mb, 4800e9, batch=256)["bytes_per_step"] > mb.weight_bytes + 255 * mb.expert_bytes
+
+
+def test_device_random_moe_model_has_the_loaders_layout(build_hf_model):
+    """The bench's on-device random model (qwen3.5-35b-a3b's path) has the loaded model's parameter names, shapes
+    and dtypes (checked on the tiny Qwen3.5-MoE), runs, and its counted bytes equal model_bytes_from_config."""
+    from bench.bounds import model_bytes
+    from bench.models import random_device_model
+    from compiled_engine.loader import load_model
+    from compiled_engine.runtime import Runtime
+
+    path = str(build_hf_model("qwen3_5_moe_text"))
+    config = ModelConfig.from_pretrained(path)
+    loaded, _ = load_model(path, config, torch.device("cpu"), torch.bfloat16)
+    drawn, _ = random_device_model(path, config, torch.device("cpu"), torch.bfloat16)
+    shapes = lambda m: {n: (tuple(p.shape), p.dtype) for n, p in m.named_parameters()}  # noqa: E731
+    assert shapes(drawn) == shapes(loaded)
+    assert model_bytes(drawn, torch.bfloat16) == model_bytes_from_config(config, torch.bfloat16)
+    runtime = Runtime(drawn, RuntimeConfig(max_num_seqs=1, max_model_len=32, num_kv_blocks=4), torch.device("cpu"),
+                      torch.bfloat16)
+    assert torch.isfinite(runtime.prefill([runtime.add_sequence([1, 2, 3])])).all()

@@ -443,7 +443,8 @@ def test_runtime_refuses_a_corrupting_step(clean_llm, model_path):
     assert (caches.num_free_blocks, caches.num_free_slots) == free
 
 
-@pytest.mark.parametrize("field,value", [("top_p", 0.0), ("max_tokens", 0), ("temperature", -1.0)])
+@pytest.mark.parametrize("field,value", [("top_p", 0.0), ("max_tokens", 0), ("temperature", -1.0),
+                                         ("temperature", float("inf"))])
 def test_add_request_rechecks_sampling_params_mutated_after_construction(clean_llm, field, value):
     params = greedy(2)
     setattr(params, field, value)

@@ -119,13 +119,6 @@ def test_unknown_model_type_is_rejected(qwen3_5_text_untied_path, tmp_path):
         Runtime.from_pretrained(str(folder), device="cpu")
 
 
-def test_sparse_moe_qwen3_next_is_not_implemented(qwen3_next_dense_path, tmp_path):
-    folder = copy_checkpoint(qwen3_next_dense_path, tmp_path / "ckpt")
-    edit_config(folder, lambda c: c.update(num_experts=8, mlp_only_layers=[], decoder_sparse_step=1))
-    with pytest.raises(NotImplementedError, match="sparse-MoE"):
-        Runtime.from_pretrained(str(folder), device="cpu")
-
-
 def test_missing_checkpoint_files_are_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         Runtime.from_pretrained(str(tmp_path), device="cpu")

@@ -5,8 +5,8 @@ Cases: hypothesis-generated batches (tests/test_sampling_op.py's ``sampling_case
 grid, -inf / NaN / +inf logits, rows of -inf, bf16 / fp16 / fp32, greedy and sampled rows, top_k 0 / 1 / > V,
 top_p 1, min_p 0, the use_top_k / use_top_p switches) with V from 1 to 3,000, small tiles so that rows span several
 chunks and blocks (V rarely a multiple of either), strided rows; hand-picked cases for every decision (ties at the
-k-th largest across chunks, the exact top-p and min-p boundaries, rows without a finite maximum, one-token rows);
-and batch invariance of the kernel itself (each row alone, and the rows permuted).
+k-th largest across chunks, the exact top-p and min-p boundaries, rows without a finite maximum, one-token rows,
+tiny and subnormal temperatures); and batch invariance of the kernel itself (each row alone, and the rows permuted).
 
 ``TRITON_INTERPRET=1`` must be set before triton decorates the kernels, so each group of checks runs in a child
 process (the parent never imports triton), which prints one JSON line {check: error message or null}.
@@ -88,6 +88,13 @@ def _child_checks(group: str) -> dict:
         grid = (torch.randn(4, 300, generator=gen) * 1.5).round().to(torch.bfloat16)
         for k, top_p in ((1, 1.0), (17, 0.6), (299, 1.0)):
             check(rows(grid, [1.0, 0.7, 2.0, 0.0], k, top_p, 0.0), 64, 16)
+        # Block skipping (the bound is the k-th largest block maximum): 125 blocks a row, k from 1 to past the block
+        # count, ties on a grid, in bf16 (16 key bits) and fp32 (32), with top-p and min-p after top-k.
+        wide = (torch.randn(3, 2000, generator=gen) * 2.5).round(decimals=1)
+        wide[2, 1500:] = wide[2, 3]  # one tied value spread over many blocks
+        for dtype, k in ((torch.bfloat16, 1), (torch.bfloat16, 7), (torch.bfloat16, 125), (torch.bfloat16, 126),
+                         (torch.float32, 7)):
+            check(rows(wide.to(dtype), [1.0, 0.6, 1.5], k, [1.0, 0.8, 0.95], [0.0, 0.05, 0.0]), 256, 16)
         # The exact top-p boundary (masses 1 and 4 x 1/4, top_p 0.5: the four are dropped) and min-p's.
         q = exact_quarter_logit()
         row = torch.tensor([[0.0, q, -30.0, q, q, q] + [-50.0] * 40])
@@ -127,6 +134,13 @@ def _child_checks(group: str) -> dict:
         # The default tiling (one chunk, one block at this size).
         args = rows(torch.randn(2, 1000, generator=gen).to(torch.bfloat16), 0.9, 40, 0.9, 0.01)
         assert torch.equal(sample_kernels.sample(*args), sample_reference(*args))
+        # Tiny temperatures beside a sampled row, down to fp32's smallest subnormal (whose 1 / T overflows to inf
+        # without the 2**-100 floor, and (x - m) * inf is NaN at the maximum): the row's argmax, with and without
+        # the top-k / top-p passes.
+        tiny = torch.randn(4, 70, generator=gen)
+        for k, top_p in ((0, 1.0), (5, 0.9)):
+            got = check(rows(tiny, [1e-45, 1e-38, 1.0, 2.0**-100], k, top_p, 0.0), 32, 16)
+            assert got[[0, 1, 3]].tolist() == tiny.argmax(dim=-1)[[0, 1, 3]].tolist(), got
 
     def batch_invariance():
         gen = torch.Generator().manual_seed(4)

@@ -74,7 +74,7 @@ def test_a_worker_that_cannot_import_main_fails_fast(tiny_path, tmp_path):
     unguarded.write_text(script)
     code, out, err, seconds = run_script([str(unguarded)], timeout=60)
     assert code != 0 and "started" not in out
-    assert "WorkerError: tensor-parallel worker compiled_engine-tp1 exited with code 1 before it started" in err, \
+    assert "WorkerError: tensor-parallel worker compiled_engine-tp1 exited with code 1 before it reported" in err, \
         err[-2000:]
     assert "__name__" in err and seconds < 60
 
@@ -101,7 +101,7 @@ def test_ctrl_c_during_start_up_ends_the_process(tiny_path):
         "print('constructing', flush=True)\n"
         f"LLM({tiny_path!r}, {KNOBS})\n"
     )
-    code, stderr, seconds = interrupt_after("constructing", script, fault="1:hang", delay_s=3)
+    code, stderr, seconds = interrupt_after("constructing", script, fault="1:start:hang", delay_s=3)
     assert code != 0 and "KeyboardInterrupt" in stderr, stderr[-2000:]
     assert seconds < 30
 
@@ -160,7 +160,7 @@ if __name__ == "__main__":
     del dropped
     gc.collect()
     assert not dist.is_initialized()
-    start_fails("1:exit")                             # after del + gc; this one dies before it joins
+    start_fails("1:start:exit")                            # after del + gc; this one dies before it joins
     start_fails("1:load")                             # a worker that raises while it loads
     start_fails("none", path=PATH + "-missing")       # a bad checkpoint path
     last = LLM(PATH, {knobs})                         # after the failed starts
@@ -177,3 +177,59 @@ def test_a_dropped_or_failed_tp_runtime_leaves_no_process_group(tiny_path, tmp_p
     code, out, err, _ = run_script([str(script)], timeout=120)
     assert code == 0, err[-3000:]
     assert out.count("failed start:") == 3 and "all orders ok" in out
+
+
+RENDEZVOUS_SCRIPT = """
+import os, time
+from datetime import timedelta
+import torch.distributed as dist
+from compiled_engine import LLM, SamplingParams, tp_workers
+from compiled_engine.tp_workers import FAULT_ENV, WorkerError
+
+PATH, GREEDY = {path!r}, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+BOUND_S = {bound_s}
+
+
+def start_fails(fault):
+    os.environ[FAULT_ENV] = fault
+    started = time.monotonic()
+    try:
+        LLM(PATH, {knobs})
+    except WorkerError as error:
+        seconds = time.monotonic() - started
+        assert seconds < BOUND_S, (fault, seconds)
+        print(f"{{fault}} failed in {{seconds:.1f}} s:", str(error).replace(chr(10), " | "), flush=True)
+    else:
+        raise AssertionError("the start should have failed")
+    finally:
+        del os.environ[FAULT_ENV]
+    assert not dist.is_initialized()
+
+
+if __name__ == "__main__":
+    # init_process_group's own wait is what a worker dying inside it costs rank 0: shortened here to keep the test
+    # short (the default, 30 s, keeps the whole start within 60 s).
+    tp_workers.RENDEZVOUS_TIMEOUT = timedelta(seconds=3)
+    start_fails("1:join:exit")    # dies after "started", before it connects to rank 0's store
+    start_fails("1:rendezvous")   # raises after it joined the store, inside its init_process_group
+    solo = LLM(PATH, device="cpu", enforce_eager=True, max_model_len=64)
+    expected = [o.token_ids for o in solo.generate([[1, 2, 3], [4, 5]], GREEDY, use_tqdm=False)]
+    with LLM(PATH, {knobs}) as llm:
+        assert [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], GREEDY, use_tqdm=False)] == expected
+    print("next start ok", flush=True)
+"""
+
+
+def test_a_worker_that_dies_in_the_rendezvous_fails_fast(tiny_path, tmp_path):
+    """A worker that dies after it reported "started", on its way into init_process_group, used to leave rank 0 in
+    the C++ rendezvous for 10 minutes. Now rank 0 waits in Python until every worker has connected to its store
+    (a dead one is seen at once), and init_process_group's own wait is bounded: rank 0 raises the worker's error
+    (its exit code, or its traceback) well within 60 s, and the next TP LLM in the process generates as a solo run."""
+    script = tmp_path / "rendezvous.py"
+    script.write_text(RENDEZVOUS_SCRIPT.format(path=tiny_path, knobs=KNOBS, bound_s=20))
+    code, out, err, _ = run_script([str(script)], timeout=90)
+    assert code == 0, err[-3000:]
+    lines = out.splitlines()
+    assert "1:join:exit failed" in lines[0] and "worker compiled_engine-tp1 exited with code 3" in lines[0], out
+    assert "1:rendezvous failed" in lines[1] and "injected fault in worker 1 at 'rendezvous'" in lines[1], out
+    assert lines[2] == "next start ok", out

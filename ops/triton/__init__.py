@@ -11,6 +11,9 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
   gated_deltanet_kernels    gated_deltanet_decode (conv + delta rule + gated norm of a decode step, one launch)
   gemv_kernels              skinny_gemm, add_rms_norm_skinny_gemm (linear, silu_mul_linear, add_rms_norm_linear at
                             1-2 rows: a one-row and a few-rows GEMV, configs by rule)
+  moe_kernels               fused_moe (a sparse MoE layer's routed experts: two grouped GEMMs over the rows
+                            sorted by expert, the activation fused into the first), moe_align (that sort in one
+                            program for a decode step's few rows)
   activation_kernels        silu_mul (the SwiGLU MLP's silu(gate) * up, one pass)
   argmax_kernels            argmax (each row's greedy token: chunk winners, then the row's, two launches)
   decode_inputs_kernels     advance_decode_inputs (the decode graph's epilogue: greedy tokens, the next step's inputs)

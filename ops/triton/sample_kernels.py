@@ -10,18 +10,28 @@ it skips the candidate arithmetic on blocks with no key inside. Keys have 16 bit
 4, 5 or 8 passes per filter. Min-p is a per-token test (``y >= log(min_p)``) in the last pass.
 
 Each row is cut into CHUNK-wide pieces, one program each, and every pass is one launch over ``(B, chunks)``:
-  1. ``_scan``: each chunk's greedy winner (torch.argmax's rule, as ``ce::argmax``), its largest key, and the
-     counts of top-k's first pass;
-  2. ``_radix`` (launched once per remaining top-k pass, then once per top-p pass): every program first sums its
-     row's partials of the previous pass and takes the radix decision (all programs of a row take the same one;
-     chunk 0 stores it for the next launch), then writes its chunk's partials of this pass;
+  1. ``_scan``: each chunk's greedy winner (torch.argmax's rule, as ``ce::argmax``), its largest key, and the largest
+     key of each BLOCK of the row (the block maxima);
+  2. ``_radix`` (launched once per top-k pass, then once per top-p pass): every program first sums its row's
+     partials of the previous pass and takes the radix decision (all programs of a row take the same one; chunk 0
+     stores it for the next launch), then writes its chunk's partials of this pass;
   3. ``_final``: the last decision, then each chunk's winner of the Gumbel score among its kept tokens (the noise
      is computed in registers: splitmix64 in uint64, Cephes log in fp32);
   4. ``_reduce`` (grid ``(B,)``): the row's winner among the chunk winners, or its greedy token.
-Cost per row, V logits of s bytes: bf16 with top-k and top-p on: 1 + 3 + 4 + 1 = 9 passes reading ``V * s`` bytes
-each (4.5 MB at V = 248,320), 10 launches; fp32: 1 + 7 + 8 + 1 passes. ``use_top_k`` / ``use_top_p`` False drop
-their passes (temperature-only sampling: 2 passes, 3 launches). The candidate arithmetic (16 compares and adds per
-logit, an exp per logit for top-p) dominates; each pass also re-reads its row's partials ``[chunks, 16]`` per program.
+
+Block skipping: a pass loads a block's logits only if the block's maximum key says it can matter, so with top-k on
+the passes after the scan touch about k blocks a row instead of all of them:
+  - top-k's first pass finds the bound ``L``, the k-th largest block maximum (or 0 with fewer than k blocks): the k
+    largest block maxima are k distinct tokens with keys >= ``L``, so top-k's threshold is >= ``L``. A skipped block
+    holds only keys < ``L``: for a candidate <= ``L`` the count stays >= k either way, and a candidate above ``L``
+    is counted exactly, so every decision equals the unskipped one;
+  - top-p passes skip blocks below top-k's threshold or whose largest mass is 0 (``y < -80``): they add nothing;
+  - every pass skips blocks below its interval; the draw skips blocks with no kept token (y is monotone in the key).
+Cost per row, V logits of s bytes: the scan reads ``V * s`` bytes (4.5 MB at V = 248,320 in bf16); with top-k on, the
+4 (bf16) to 8 (fp32) passes per filter and the draw read the block maxima and the few live blocks; without top-k, the
+top-p passes read every block with mass (the candidate arithmetic, 16 compares and adds and an exp per logit,
+dominates) and the draw computes the noise of every logit not filtered by min-p. Launches: 1 + (4 top-k) + (4
+top-p) + 1 + 1 in bf16; ``use_top_k`` / ``use_top_p`` False drop their passes.
 
 Exactness: the kernels perform the reference's fp32 operations in the same order, are compiled without FMA
 contraction (``enable_fp_fusion=False``), divide with ``div_rn``, and sum integer masses, so they return the
@@ -38,11 +48,14 @@ from ops.layouts import EXP_CUTOFF, KEY_SHIFT, MASS_SCALE, MIN_TEMPERATURE
 from ops.triton.argmax_kernels import _row_winner, _winner
 from ops.triton.pdl import pdl_flags
 
-CHUNK = 4096  # logits per program: 61 programs a row at V = 248,320
+SMALL_CHUNK, LARGE_CHUNK = 4096, 16384  # logits per program (61 or 16 programs a row at V = 248,320)
+MANY_PROGRAMS = 2048  # a pass with more programs than this at SMALL_CHUNK uses LARGE_CHUNK
 BLOCK = 256  # logits per step inside a program ([BLOCK, 16] candidate tiles)
 MAX_VOCAB = 1 << 21  # masses: V * 2**32 < 2**53, exact in float64
 MAX_CHUNKS = 512
-STATE = 4  # a radix search's per-row state: prefix, mass (or count) above the interval, top-p's S, top-k's threshold
+STATE = 8  # a radix search's per-row state: prefix, mass (or count) above the interval, top-p's S, top-k's threshold,
+# top-k's bound (fields 5-7 unused: a power of two for tl.arange)
+MAX_BLOCKS = 8192  # block maxima a row (one program's tile when it finds the bound)
 
 # Globals the kernels read must be constexpr.
 _STATE = tl.constexpr(STATE)
@@ -175,27 +188,57 @@ def _candidate_sums(values, key, inside, prefix, shift):
     return tl.sum(tl.where(hit, values[:, None], 0), 0)
 
 
+@triton.jit
+def _chunk_blocks(block_max, row, chunk, num_blocks, NBC: tl.constexpr):
+    """(the chunk's block indices [NBC], their maximum keys, in range) for its NBC = CHUNK / BLOCK blocks."""
+    blocks = chunk * NBC + tl.arange(0, NBC)
+    valid = blocks < num_blocks
+    return blocks, tl.load(block_max + row * num_blocks + blocks, mask=valid, other=0), valid
+
+
+@triton.jit
+def _compact(live, blocks, live_list, base, NBC: tl.constexpr):
+    """Write the ``live`` blocks' indices to ``live_list[base:]`` in order and return how many there are: the pass
+    then loops over exactly those, with no per-block test (a scalar load and branch per block, 16-64 of them in a
+    row, was a chain of dependent memory latencies in every program)."""
+    flags = live.to(tl.int32)
+    tl.store(live_list + base + tl.cumsum(flags, 0) - 1, blocks, mask=live)
+    tl.debug_barrier()  # the stores above are visible to every thread of the program
+    return tl.sum(flags, 0)
+
+
+@triton.jit
+def _kth_largest_block_key(block_max, row, num_blocks, k, SHIFT: tl.constexpr, KEY_BITS: tl.constexpr,
+                           BLOCKS_P: tl.constexpr):
+    """The k-th largest of the row's block maxima (keys shifted by SHIFT), 0 when the row has fewer than k blocks:
+    top-k's bound. The k largest block maxima are k distinct tokens with a key >= it, so top-k's threshold is >= it.
+    Bit by bit from the top: the largest key T with at least k block maxima >= T."""
+    offs = tl.arange(0, BLOCKS_P)
+    keys = tl.load(block_max + row * num_blocks + offs, mask=offs < num_blocks, other=0) >> SHIFT
+    found = tl.full([], 0, tl.int64)
+    for b in tl.static_range(KEY_BITS - 1, -1, -1):
+        candidate = found | (1 << b)
+        count = tl.sum((keys >= candidate).to(tl.int32), 0)
+        found = tl.where(count >= k, candidate, found)
+    return found
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Kernels
 # --------------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _sample_scan_kernel(logits, stride_row, V, temperature, top_k, num_chunks,
-                        greedy_value, greedy_index, chunk_max, topk_part, topk_state,
-                        SHIFT: tl.constexpr, TOP_SHIFT: tl.constexpr, USE_TOP_K: tl.constexpr,
+def _sample_scan_kernel(logits, stride_row, V, num_chunks, num_blocks, greedy_value, greedy_index, chunk_max, block_max,
                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # the logits are the previous kernel's output
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    k = tl.load(top_k + row)
-    topk_on = (tl.load(temperature + row) > 0) & (k > 0) & (k < V) & USE_TOP_K
     best_value = tl.full([], float("-inf"), tl.float32)
     best_index = tl.full([], _BIG, tl.int32)
     key_max = tl.full([], 0, tl.int64)
-    counts = tl.zeros([16], tl.int64)
     for start in tl.range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
         if start < V:
             offs = start + tl.arange(0, BLOCK)
@@ -209,30 +252,27 @@ def _sample_scan_kernel(logits, stride_row, V, temperature, top_k, num_chunks,
             best_value = tl.where(take, value, best_value)
             best_index = tl.where(take, index, best_index)
             _, key32 = _sanitized(raw)
-            key_max = tl.maximum(key_max, tl.max(tl.where(mask, key32, 0), 0))
-            if topk_on:
-                ones = tl.full([BLOCK], 1, tl.int32)  # (counts: int32 tiles, half the work of int64)
-                counts += _candidate_sums(ones, key32 >> SHIFT, mask, 0, TOP_SHIFT).to(tl.int64)
+            block_key = tl.max(tl.where(mask, key32, 0), 0)
+            tl.store(block_max + row * num_blocks + start // BLOCK, block_key)
+            key_max = tl.maximum(key_max, block_key)
     slot = row * num_chunks + chunk
     tl.store(greedy_value + slot, best_value)
     tl.store(greedy_index + slot, best_index)
     tl.store(chunk_max + slot, key_max)
-    if topk_on:
-        tl.store(topk_part + slot * 16 + tl.arange(0, 16), counts)
-        if chunk == 0:
-            tl.store(topk_state + row * _STATE + tl.arange(0, _STATE), tl.zeros([_STATE], tl.int64))
 
 
 @triton.jit
-def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_chunks, chunk_max,
-                         part_in, state_in, part_out, state_out, shift,
-                         SHIFT: tl.constexpr, MASS: tl.constexpr, START: tl.constexpr, AFTER_START: tl.constexpr,
-                         USE_TOP_K: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr,
+def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_chunks, chunk_max, num_blocks,
+                         block_max, live_list, part_in, state_in, part_out, state_out, shift,
+                         SHIFT: tl.constexpr, KEY_BITS: tl.constexpr, MASS: tl.constexpr, TOPK_START: tl.constexpr,
+                         START: tl.constexpr, AFTER_START: tl.constexpr, USE_TOP_K: tl.constexpr,
+                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, BLOCKS_P: tl.constexpr,
                          USE_PDL: tl.constexpr):
     """One radix pass at digit ``shift``, after the decision of the previous pass (``part_in``, ``state_in``).
-    Top-k (MASS False): token counts. Top-p (MASS True): masses of the top-k tokens. START: top-p's first pass, from
-    prefix 0, whose decision is top-k's last (its threshold, when top-k is on); AFTER_START: the previous pass was
-    top-p's first (its candidate 0 summed S)."""
+    Top-k (MASS False): token counts; TOPK_START: its first pass, from prefix 0, which also finds the row's bound.
+    Top-p (MASS True): masses of the top-k tokens. START: top-p's first pass, from prefix 0, whose decision is
+    top-k's last (its threshold, when top-k is on); AFTER_START: the previous pass was top-p's first (its candidate 0
+    summed S). Blocks that cannot change the decision are skipped on their maximum key alone (see the module doc)."""
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -254,7 +294,10 @@ def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_c
         above = tl.full([], 0, tl.int64)
         total = tl.full([], 0, tl.int64)
         top_k_key = tl.full([], 0, tl.int64)
-        if START:
+        bound = tl.full([], 0, tl.int64)
+        if TOPK_START:
+            bound = _kth_largest_block_key(block_max, row, num_blocks, k, SHIFT, KEY_BITS, BLOCKS_P)
+        elif START:
             if topk_on:
                 top_k_key, _, _ = _decide(part_in, state_in, row, num_chunks, 0, k, p, False, False, CHUNKS_P)
         else:
@@ -262,38 +305,49 @@ def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_c
                                            CHUNKS_P)
             if MASS:
                 top_k_key = tl.load(state_in + row * _STATE + 3)
+            else:
+                bound = tl.load(state_in + row * _STATE + 4)
         if chunk == 0:
             fields = tl.arange(0, _STATE)
-            new_state = tl.where(fields == 0, prefix,
-                                 tl.where(fields == 1, above, tl.where(fields == 2, total, top_k_key)))
+            new_state = tl.where(fields == 0, prefix, tl.where(fields == 1, above, tl.where(
+                fields == 2, total, tl.where(fields == 3, top_k_key, tl.where(fields == 4, bound, 0)))))
             tl.store(state_out + row * _STATE + fields, new_state)
         r = tl.div_rn(1.0, tl.maximum(t, _MIN_TEMPERATURE))
         width = tl.full([], 16, tl.int64) << shift
+        # A block counts only if its largest key reaches the interval, top-k's bound and top-p's top-k threshold
+        # (the fields not in use are 0), and, for masses, only if that key's mass is not 0.
+        low = tl.maximum(tl.maximum(prefix, bound), top_k_key)
         sums = tl.zeros([16], tl.int64)
-        for start in tl.range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
-            if start < V:
-                offs = start + tl.arange(0, BLOCK)
-                mask = offs < V
-                raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
-                x, key32 = _sanitized(raw)
-                key = key32 >> SHIFT
-                rel = key - prefix
-                inside = mask & (rel >= 0) & (rel < width)
+        blocks, block_keys, live = _chunk_blocks(block_max, row, chunk, num_blocks, CHUNK // BLOCK)
+        live = live & ((block_keys >> SHIFT) >= low)
+        if MASS:
+            live = live & ((_float_of_key(block_keys) - m) * r >= _EXP_CUTOFF)
+        base = (row * num_chunks + chunk) * (CHUNK // BLOCK)
+        for i in range(_compact(live, blocks, live_list, base, CHUNK // BLOCK)):
+            start = tl.load(live_list + base + i).to(tl.int32) * BLOCK
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < V
+            raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
+            x, key32 = _sanitized(raw)
+            key = key32 >> SHIFT
+            rel = key - prefix
+            inside = mask & (rel >= 0) & (rel < width)
+            if MASS:
+                inside = inside & (key >= top_k_key)
+            if tl.max(inside.to(tl.int32), 0) > 0:
                 if MASS:
-                    inside = inside & (key >= top_k_key)
-                if tl.max(inside.to(tl.int32), 0) > 0:
-                    if MASS:
-                        w = _exp_ce((x - m) * r)
-                        sums += _candidate_sums((w * _MASS_SCALE).to(tl.int64), key, inside, prefix, shift)
-                    else:
-                        ones = tl.full([BLOCK], 1, tl.int32)
-                        sums += _candidate_sums(ones, key, inside, prefix, shift).to(tl.int64)
+                    w = _exp_ce((x - m) * r)
+                    sums += _candidate_sums((w * _MASS_SCALE).to(tl.int64), key, inside, prefix, shift)
+                else:
+                    ones = tl.full([BLOCK], 1, tl.int32)  # (counts: int32 tiles, half the work of int64)
+                    sums += _candidate_sums(ones, key, inside, prefix, shift).to(tl.int64)
         tl.store(part_out + (row * num_chunks + chunk) * 16 + tl.arange(0, 16), sums)
 
 
 @triton.jit
 def _sample_final_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, seeds, counters, num_chunks,
-                         chunk_max, topk_part, topk_state, topp_part, topp_state, best_score, best_index,
+                         chunk_max, num_blocks, block_max, live_list, topk_part, topk_state, topp_part, topp_state,
+                         best_score, best_index,
                          SHIFT: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:
@@ -325,25 +379,31 @@ def _sample_final_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p
         seed = tl.load(seeds + row).to(tl.uint64, bitcast=True)
         counter = tl.load(counters + row).to(tl.uint64, bitcast=True)
         row_hash = _splitmix64(_splitmix64(seed) ^ counter)
-        for start in tl.range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
-            if start < V:
-                offs = start + tl.arange(0, BLOCK)
-                mask = offs < V
-                raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
-                x, key32 = _sanitized(raw)
-                key = key32 >> SHIFT
-                y = (x - m) * r
-                kept = mask & (key >= threshold) & ((y >= log_min_p) | (key == key_max))
-                if tl.max(kept.to(tl.int32), 0) > 0:
-                    h = _splitmix64(row_hash ^ (offs.to(tl.uint64) * 0x9E3779B97F4A7C15))
-                    u = ((h >> 41).to(tl.int32).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-                    score = y - _log_ce(-_log_ce(u))
-                    score = tl.where(kept, score, float("-inf"))
-                    block_best = tl.max(score, 0)
-                    block_index = tl.min(tl.where(kept & (score == block_best), offs, _BIG), 0)
-                    take = (index_best == _BIG) | (block_best > score_best)
-                    score_best = tl.where(take, block_best, score_best)
-                    index_best = tl.where(take, block_index, index_best)
+        # A block keeps a token only if its largest key passes: y is monotone in the key.
+        blocks, block_keys, live = _chunk_blocks(block_max, row, chunk, num_blocks, CHUNK // BLOCK)
+        block_y = (_float_of_key(block_keys) - m) * r
+        live = live & ((block_keys >> SHIFT) >= threshold) & (
+            (block_y >= log_min_p) | ((block_keys >> SHIFT) == key_max))
+        base = (row * num_chunks + chunk) * (CHUNK // BLOCK)
+        for i in range(_compact(live, blocks, live_list, base, CHUNK // BLOCK)):
+            start = tl.load(live_list + base + i).to(tl.int32) * BLOCK
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < V
+            raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
+            x, key32 = _sanitized(raw)
+            key = key32 >> SHIFT
+            y = (x - m) * r
+            kept = mask & (key >= threshold) & ((y >= log_min_p) | (key == key_max))
+            if tl.max(kept.to(tl.int32), 0) > 0:
+                h = _splitmix64(row_hash ^ (offs.to(tl.uint64) * 0x9E3779B97F4A7C15))
+                u = ((h >> 41).to(tl.int32).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+                score = y - _log_ce(-_log_ce(u))
+                score = tl.where(kept, score, float("-inf"))
+                block_best = tl.max(score, 0)
+                block_index = tl.min(tl.where(kept & (score == block_best), offs, _BIG), 0)
+                take = (index_best == _BIG) | (block_best > score_best)
+                score_best = tl.where(take, block_best, score_best)
+                index_best = tl.where(take, block_index, index_best)
     slot = row * num_chunks + chunk
     tl.store(best_score + slot, score_best)
     tl.store(best_index + slot, index_best)
@@ -384,7 +444,7 @@ def _passes(dtype: torch.dtype) -> tuple[int, int]:
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            min_p: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, use_top_k: bool = True,
-           use_top_p: bool = True, chunk: int = CHUNK, block: int = BLOCK) -> torch.Tensor:
+           use_top_p: bool = True, chunk: int | None = None, block: int = BLOCK) -> torch.Tensor:
     """``ce::sample``'s CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``chunk`` and ``block``
     (powers of two, ``block <= chunk``) override the tiling (the tests use small ones to get several chunks and blocks
     from short rows)."""
@@ -405,18 +465,26 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
         raise ValueError("sample: an empty row has no token")
     if vocab > MAX_VOCAB:
         raise ValueError(f"sample: at most {MAX_VOCAB} logits a row, got {vocab}")
+    if chunk is None:
+        # Every pass pays a fixed cost per program (the row's decision from the partials, the block maxima): many
+        # rows take fewer, wider programs; few rows keep more programs for parallelism. See bench/NOTES.md.
+        chunk = SMALL_CHUNK if rows * triton.cdiv(vocab, SMALL_CHUNK) <= MANY_PROGRAMS else LARGE_CHUNK
     num_chunks = triton.cdiv(vocab, chunk)
     if num_chunks > MAX_CHUNKS:
         raise ValueError(f"sample: {vocab} logits need {num_chunks} chunks of {chunk}, more than {MAX_CHUNKS}")
+    num_blocks = triton.cdiv(vocab, block)
+    if num_blocks > MAX_BLOCKS:
+        raise ValueError(f"sample: {vocab} logits need {num_blocks} blocks of {block}, more than {MAX_BLOCKS}")
     shift, passes = _passes(logits.dtype)
     top_shift = 4 * passes - 4
     chunks_p = max(16, triton.next_power_of_2(num_chunks))
     device = logits.device
     # One int64 workspace: partials and states of the two searches (ping-pong slots: a pass reads the previous
-    # pass's slot and writes the other), chunk maxima, and the fp32 / int32 chunk winners (greedy and drawn).
+    # pass's slot and writes the other), chunk and block maxima, and the fp32 / int32 chunk winners (greedy and drawn).
     n = rows * num_chunks
     sizes = {"topk_part": 2 * n * 16, "topp_part": 2 * n * 16, "topk_state": 2 * rows * STATE,
-             "topp_state": 2 * rows * STATE, "chunk_max": n, "winners": 2 * n}
+             "topp_state": 2 * rows * STATE, "chunk_max": n, "block_max": rows * num_blocks,
+             "live_list": n * (chunk // block), "winners": 2 * n}
     workspace = torch.empty(sum(sizes.values()), dtype=torch.int64, device=device)
     views, offset = {}, 0
     for name, size in sizes.items():
@@ -429,35 +497,37 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     winners = views["winners"].view(torch.int32).view(4, n)
     greedy_value, greedy_index = winners[0].view(torch.float32), winners[1]
     best_score, best_index = winners[2].view(torch.float32), winners[3]
-    chunk_max = views["chunk_max"]
+    chunk_max, block_max, live_list = views["chunk_max"], views["block_max"], views["live_list"]
 
     flags = pdl_flags(logits)
     launch = dict(num_warps=4, enable_fp_fusion=False, **flags)
     grid = (rows, num_chunks)
     stride = logits.stride(0)
-    _sample_scan_kernel[grid](logits, stride, vocab, temperature, top_k, num_chunks, greedy_value, greedy_index,
-                              chunk_max, topk_part[0], topk_state[0], SHIFT=shift, TOP_SHIFT=top_shift,
-                              USE_TOP_K=use_top_k, CHUNK=chunk, BLOCK=block, **launch)
-    common = dict(SHIFT=shift, USE_TOP_K=use_top_k, CHUNK=chunk, BLOCK=block, CHUNKS_P=chunks_p, **launch)
+    _sample_scan_kernel[grid](logits, stride, vocab, num_chunks, num_blocks, greedy_value, greedy_index, chunk_max,
+                              block_max, CHUNK=chunk, BLOCK=block, **launch)
+    common = dict(SHIFT=shift, KEY_BITS=32 - shift, USE_TOP_K=use_top_k, CHUNK=chunk, BLOCK=block,
+                  CHUNKS_P=chunks_p, BLOCKS_P=max(16, triton.next_power_of_2(num_blocks)), **launch)
     if use_top_k:
-        for i in range(1, passes):
+        for i in range(passes):  # pass 0 reads nothing: its part_in / state_in are placeholders
             _sample_radix_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, num_chunks, chunk_max,
-                                       topk_part[(i - 1) % 2], topk_state[(i - 1) % 2], topk_part[i % 2],
-                                       topk_state[i % 2], top_shift - 4 * i, MASS=False, START=False,
-                                       AFTER_START=False, **common)
+                                       num_blocks, block_max, live_list, topk_part[(i - 1) % 2],
+                                       topk_state[(i - 1) % 2], topk_part[i % 2], topk_state[i % 2], top_shift - 4 * i,
+                                       MASS=False, TOPK_START=i == 0, START=False, AFTER_START=False, **common)
     topk_last = (passes - 1) % 2
     if use_top_p:
         for i in range(passes):
             part_in, state_in = (topk_part[topk_last], topk_state[topk_last]) if i == 0 else (
                 topp_part[(i - 1) % 2], topp_state[(i - 1) % 2])
             _sample_radix_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, num_chunks, chunk_max,
-                                       part_in, state_in, topp_part[i % 2], topp_state[i % 2], top_shift - 4 * i,
-                                       MASS=True, START=i == 0, AFTER_START=i == 1, **common)
+                                       num_blocks, block_max, live_list, part_in, state_in, topp_part[i % 2],
+                                       topp_state[i % 2], top_shift - 4 * i, MASS=True, TOPK_START=False, START=i == 0,
+                                       AFTER_START=i == 1, **common)
     topp_last = (passes - 1) % 2
     _sample_final_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, min_p, seeds, counters, num_chunks,
-                               chunk_max, topk_part[topk_last], topk_state[topk_last], topp_part[topp_last],
-                               topp_state[topp_last], best_score, best_index, SHIFT=shift, USE_TOP_K=use_top_k,
-                               USE_TOP_P=use_top_p, CHUNK=chunk, BLOCK=block, CHUNKS_P=chunks_p, **launch)
+                               chunk_max, num_blocks, block_max, live_list, topk_part[topk_last], topk_state[topk_last],
+                               topp_part[topp_last], topp_state[topp_last], best_score, best_index, SHIFT=shift,
+                               USE_TOP_K=use_top_k, USE_TOP_P=use_top_p, CHUNK=chunk, BLOCK=block, CHUNKS_P=chunks_p,
+                               **launch)
     _sample_reduce_kernel[(rows,)](temperature, chunk_max, greedy_value, greedy_index, best_score, best_index, out,
                                    num_chunks, CHUNKS_P=chunks_p, num_warps=4, **flags)
     return out

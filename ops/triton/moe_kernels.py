@@ -1,0 +1,275 @@
+"""Triton kernels for ``ce::fused_moe`` (the routed experts of a sparse MoE layer as two grouped GEMMs) and
+``ce::moe_route`` (the router's softmax and top-k, one program per token).
+
+The routed rows ``r = t * k + j`` (token t's j-th expert) are sorted by expert into blocks of BLOCK_M rows of one
+expert each (``ops.layouts.moe_align_block_size``; padding slots hold the sentinel ``T * k``): for a decode step's
+few rows by ``_moe_align_kernel`` in one launch, above ``ALIGN_KERNEL_MAX_ROWS`` by the torch version. Each program of a
+grouped GEMM takes one block and BLOCK_N output columns, so it reads only its expert's weight tile, and every expert
+that no row chose costs nothing (vLLM's fused_moe kernel is the model of this layout; the code here is our own):
+
+1. ``_moe_gate_up_kernel``: ``act[r] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T)``. The program holds a gate and an
+   up accumulator for the same BLOCK_N columns (gate rows n, up rows I + n of the fused ``[E, 2I, H]`` weight), so
+   the activation is applied before anything is written: one ``[T*k, I]`` intermediate, not ``[T*k, 2I]``.
+2. ``_moe_down_kernel``: ``out[r] = weight[r] * (act[r] @ down[e].T)`` in fp32, ``[T*k, H]``.
+3. ``_moe_sum_kernel``: the k rows of a token are summed in fp32, in order (no atomics, so the result is
+   deterministic), and rounded once to the model's dtype.
+
+Programs whose block lies past ``num_padded`` (a device scalar: the grid is sized by the static bound, so decode
+needs no host sync) return at once. Rounding follows the CPU reference: gate and up are rounded to the model's
+dtype before the activation, the activation before it meets up, their product before the down GEMM. fp32 inputs
+multiply in full fp32 (no TF32), as the reference does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ops.layouts import moe_align_block_size, moe_padded_rows
+
+
+@triton.jit
+def _moe_gate_up_kernel(
+    x, w, act, sorted_rows, block_experts, num_padded,
+    num_rows, inter, hidden,
+    stride_x, stride_we, stride_wn, stride_act,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded):
+        return
+    rows = tl.load(sorted_rows + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    live = rows < num_rows
+    tokens = (rows // TOP_K).to(tl.int64)
+    expert = tl.load(block_experts + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < inter
+    ks = tl.arange(0, BLOCK_K)
+    x_ptrs = x + tokens[:, None] * stride_x + ks[None, :]
+    gate_ptrs = w + expert * stride_we + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None]
+    up_ptrs = gate_ptrs + inter * stride_wn
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        k_ok = ks < hidden - k0
+        a = tl.load(x_ptrs, mask=live[:, None] & k_ok[None, :], other=0.0)
+        b_mask = k_ok[:, None] & col_ok[None, :]
+        acc_gate = tl.dot(a, tl.load(gate_ptrs, mask=b_mask, other=0.0), acc_gate, input_precision=PRECISION)
+        acc_up = tl.dot(a, tl.load(up_ptrs, mask=b_mask, other=0.0), acc_up, input_precision=PRECISION)
+        x_ptrs += BLOCK_K
+        gate_ptrs += BLOCK_K
+        up_ptrs += BLOCK_K
+    dtype = act.dtype.element_ty
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    activated = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+    out_ptrs = act + rows.to(tl.int64)[:, None] * stride_act + cols[None, :]
+    tl.store(out_ptrs, (activated * up).to(dtype), mask=live[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(
+    act, w, out, weights, sorted_rows, block_experts, num_padded,
+    num_rows, hidden, inter,
+    stride_act, stride_we, stride_wn, stride_out,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded):
+        return
+    rows = tl.load(sorted_rows + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    live = rows < num_rows
+    rows64 = rows.to(tl.int64)
+    expert = tl.load(block_experts + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < hidden
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = act + rows64[:, None] * stride_act + ks[None, :]
+    b_ptrs = w + expert * stride_we + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        k_ok = ks < inter - k0
+        a = tl.load(a_ptrs, mask=live[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    scale = tl.load(weights + rows64, mask=live, other=0.0)
+    out_ptrs = out + rows64[:, None] * stride_out + cols[None, :]
+    tl.store(out_ptrs, acc * scale[:, None], mask=live[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_route_kernel(logits, weights, ids, num_experts, stride_row, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """``ce::moe_route`` of one token: softmax over the experts in fp32, k passes of (max, first index of the max,
+    knock it out), the k weights divided by their sum when RENORMALIZE. One launch instead of torch's five."""
+    row = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, BLOCK_E)
+    real = experts < num_experts
+    x = tl.load(logits + row * stride_row + experts, mask=real, other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = tl.where(real, p / tl.sum(p, axis=0), -1.0)  # padding lanes never win
+    slots = tl.arange(0, BLOCK_K)
+    values = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    chosen = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(p, axis=0)
+        at = tl.argmax(p, axis=0, tie_break_left=True)
+        values = tl.where(slots == j, best, values)
+        chosen = tl.where(slots == j, at, chosen)
+        p = tl.where(experts == at, -1.0, p)
+    if RENORMALIZE:
+        values = values / tl.sum(values, axis=0)  # the unused slots hold 0
+    tl.store(weights + row * TOP_K + slots, values, mask=slots < TOP_K)
+    tl.store(ids + row * TOP_K + slots, chosen, mask=slots < TOP_K)
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
+    """``ce::moe_route``'s kernel: one program per token (columns must be contiguous; rows may be strided)."""
+    tokens, num_experts = router_logits.shape
+    if router_logits.stride(1) != 1:
+        router_logits = router_logits.contiguous()
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=router_logits.device)
+    if tokens:
+        _moe_route_kernel[(tokens,)](
+            router_logits, weights, ids, num_experts, router_logits.stride(0), TOP_K=top_k,
+            BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
+            RENORMALIZE=renormalize, num_warps=4 if num_experts > 256 else 1,
+        )
+    return weights, ids
+
+
+@triton.jit
+def _moe_align_kernel(
+    ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """``ops.layouts.moe_align_block_size`` in one program (one launch instead of about ten torch kernels, for the
+    few rows of a decode step): count each expert's rows, place the padded segments, write the sentinel, each
+    block's expert, then each row at its expert's segment start + its rank among the expert's earlier rows."""
+    experts = tl.arange(0, BLOCK_E)
+    counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for start in range(0, num_rows, CHUNK):
+        rows = start + tl.arange(0, CHUNK)
+        e = tl.load(ids + rows, mask=rows < num_rows, other=-1)
+        counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    tl.store(num_padded, tl.sum(padded, axis=0))
+    for start in range(0, length, CHUNK):
+        slots = start + tl.arange(0, CHUNK)
+        tl.store(sorted_rows + slots, tl.full((CHUNK,), 0, tl.int32) + num_rows, mask=slots < length)
+    real = experts < num_experts
+    for start in range(0, num_blocks, CHUNK):
+        blocks = start + tl.arange(0, CHUNK)
+        before = tl.sum(((ends[None, :] <= (blocks * BLOCK_M)[:, None]) & real[None, :]).to(tl.int32), axis=1)
+        tl.store(block_experts + blocks, tl.minimum(before, num_experts - 1), mask=blocks < num_blocks)
+    tl.debug_barrier()  # the sentinel fill above is done (by every thread) before rows overwrite it
+    taken = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for start in range(0, num_rows, CHUNK):
+        rows = start + tl.arange(0, CHUNK)
+        e = tl.load(ids + rows, mask=rows < num_rows, other=-1)
+        onehot = (e[:, None] == experts[None, :]).to(tl.int32)
+        earlier = tl.cumsum(onehot, axis=0) - onehot  # this chunk's earlier rows of the same expert
+        position = tl.sum(onehot * (earlier + (starts + taken)[None, :]), axis=1)
+        tl.store(sorted_rows + position, rows, mask=rows < num_rows)
+        taken += tl.sum(onehot, axis=0)
+
+
+# Up to this many routed rows (T x k) the one-program align kernel runs; above, the torch version (a sort).
+ALIGN_KERNEL_MAX_ROWS = 1024
+ALIGN_KERNEL_MAX_EXPERTS = 512
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """``ops.layouts.moe_align_block_size``'s result: by the one-program kernel for a decode step's few rows, by
+    the torch version (a stable sort) above ``ALIGN_KERNEL_MAX_ROWS``."""
+    num_rows = topk_ids.numel()
+    if num_rows > ALIGN_KERNEL_MAX_ROWS or num_experts > ALIGN_KERNEL_MAX_EXPERTS:
+        return moe_align_block_size(topk_ids, num_experts, block_m)
+    length = moe_padded_rows(num_rows, num_experts, block_m)
+    device = topk_ids.device
+    sorted_rows = torch.empty(length, dtype=torch.int32, device=device)
+    block_experts = torch.empty(length // block_m, dtype=torch.int32, device=device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    _moe_align_kernel[(1,)](
+        ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, length // block_m,
+        BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), CHUNK=32, num_warps=4,
+    )
+    return sorted_rows, block_experts, num_padded
+
+
+@triton.jit
+def _moe_sum_kernel(routed, out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[t] = sum_j routed[t * k + j]`` in fp32 (j in order), rounded once to out's dtype."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < hidden
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(routed + (token * TOP_K + j) * hidden + cols, mask=mask, other=0.0)
+    tl.store(out + token * hidden + cols, acc.to(out.dtype.element_ty), mask=mask)
+
+
+def moe_config(num_rows: int, num_experts: int) -> dict:
+    """Tile sizes by rule: BLOCK_M 16 while an expert gets few rows on average (decode: T x k rows over E experts),
+    64 once blocks fill (prefill); narrow N tiles at few rows, so that the few blocks still spread over the SMs."""
+    per_expert = num_rows / num_experts
+    if per_expert <= 16:
+        return dict(block_m=16, block_n=32 if num_rows <= 64 else 64, block_k=128, num_warps=4)
+    return dict(block_m=64, block_n=64, block_k=64, num_warps=4)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """``ce::fused_moe``'s kernel. The tile sizes default to ``moe_config``'s rule (the tests pass their own)."""
+    tokens, hidden = x.shape
+    num_experts, two_inter, _ = gate_up.shape
+    inter = two_inter // 2
+    top_k = topk_ids.shape[1]
+    num_rows = tokens * top_k
+    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return out
+    config = moe_config(num_rows, num_experts)
+    for key, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k), ("num_warps", num_warps)):
+        if value is not None:
+            config[key] = value
+    bm, bn, bk, warps = config["block_m"], config["block_n"], config["block_k"], config["num_warps"]
+    x = x if x.stride(1) == 1 else x.contiguous()
+    gate_up, down = gate_up.contiguous(), down.contiguous()
+    sorted_rows, block_experts, num_padded = moe_align(topk_ids, num_experts, bm)
+    num_blocks = block_experts.shape[0]
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 models (the exactness tests): no TF32
+    act = torch.empty((num_rows, inter), dtype=x.dtype, device=x.device)
+    _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, bn))](
+        x, gate_up, act, sorted_rows, block_experts, num_padded,
+        num_rows, inter, hidden,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=warps,
+    )
+    routed = torch.empty((num_rows, hidden), dtype=torch.float32, device=x.device)
+    _moe_down_kernel[(num_blocks, triton.cdiv(hidden, bn))](
+        act, down, routed, topk_weights.reshape(-1).float(), sorted_rows, block_experts, num_padded,
+        num_rows, hidden, inter,
+        act.stride(0), down.stride(0), down.stride(1), routed.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=warps,
+    )
+    block = min(1024, triton.next_power_of_2(hidden))
+    _moe_sum_kernel[(tokens, triton.cdiv(hidden, block))](routed, out, hidden, TOP_K=top_k, BLOCK=block, num_warps=4)
+    return out
