@@ -27,7 +27,8 @@ released and ``python -m compiled_engine serve`` starts with the same engine kno
 ``<out>/serve_server.log``), so the client and the server do not share a GIL; ``thread`` (the default on the CPU, and
 the smoke test's): an ``OpenAIServer`` over the shared engine under uvicorn in a thread of this process; ``url``: a
 server already running (its knobs are the caller's business). ``stream_interval``: the server's
-``--stream-interval`` (a request's tokens streamed every that many after its first).
+``--stream-interval`` (a request's tokens streamed every that many after its first); ``engine_process`` (with
+``server=process``): the server's ``--engine-process`` (its engine loop in a process of its own).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def run(
     server: str | None = None,
     url: str | None = None,
     stream_interval: int = 1,
+    engine_process: bool = False,
     startup_timeout_s: float = 1800.0,
 ) -> dict:
     levels = _levels(concurrency)
@@ -81,6 +83,8 @@ def run(
     server = "url" if url else (server or ("process" if ctx.device.type == "cuda" else "thread"))
     if server not in ("process", "thread", "url"):
         raise ValueError(f"server must be 'process', 'thread' or a url, got {server!r}")
+    if engine_process and server != "process":
+        raise ValueError("engine_process needs server=process (the server's own engine process)")
     ctx.require(*requirements(levels, input_len, output_len))
     llm = ctx.llm()
     vocab = ctx.model_config.vocab_size
@@ -94,6 +98,7 @@ def run(
                      "endpoint": "/v1/completions, stream=true, token-id prompts"},
         "server": server,
         "stream_interval": stream_interval,
+        "engine_process": engine_process,
         # a checkpoint without a tokenizer (the random qwen3.5-0.8b) streams token ids only: no detokenization on
         # either side
         "tokenizer": llm.tokenizer is not None,
@@ -110,7 +115,8 @@ def run(
         cell["bound_output_tok_s"] = bound["output_tok_s"]
     ctx.write("serve", result)
 
-    with _server(ctx, server, url, startup_timeout_s, stream_interval) as base:
+    flags = ["--stream-interval", str(stream_interval)] + (["--engine-process"] if engine_process else [])
+    with _server(ctx, server, url, startup_timeout_s, stream_interval, flags) as base:
         if warmup_requests:
             warm = random_prompts(seed + 1_000_003, warmup_requests, input_len, vocab)
             asyncio.run(load(base, warm, min(8, output_len), max(1, min(levels[0], warmup_requests)), math.inf, 0))
@@ -265,9 +271,10 @@ def _levels(concurrency) -> list[int]:
 class _server:
     """A context manager giving the base URL of the server under test (see the module docstring)."""
 
-    def __init__(self, ctx: Context, kind: str, url: str | None, startup_timeout_s: float, stream_interval: int):
+    def __init__(self, ctx: Context, kind: str, url: str | None, startup_timeout_s: float, stream_interval: int,
+                 flags: list[str]):
         self.ctx, self.kind, self.url, self.timeout = ctx, kind, url, startup_timeout_s
-        self.stream_interval = stream_interval
+        self.stream_interval, self.flags = stream_interval, flags
         self.proc = self.uvicorn = self.thread = self.log = None
 
     def __enter__(self) -> str:
@@ -284,7 +291,7 @@ class _server:
             llm = self.ctx.llm()
             tokenizer = copy.deepcopy(llm.tokenizer)  # one per thread (compiled_engine.server.build_server)
             engine = AsyncLLM(llm.engine, stream_interval=self.stream_interval)
-            app = OpenAIServer(engine, tokenizer, SERVED_NAME, llm.runtime.max_model_len).app
+            app = OpenAIServer(engine, tokenizer, SERVED_NAME).app
             self.uvicorn = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
             self.thread = threading.Thread(target=self.uvicorn.run, daemon=True)
             self.thread.start()
@@ -294,7 +301,7 @@ class _server:
             out.mkdir(parents=True, exist_ok=True)
             self.log = open(out / "serve_server.log", "w")
             env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            cmd = server_command(self.ctx, port) + ["--stream-interval", str(self.stream_interval)]
+            cmd = server_command(self.ctx, port) + self.flags
             self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=self.log,
                                          stderr=subprocess.STDOUT)
         self._wait(base)

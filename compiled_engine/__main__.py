@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: MODEL)")
     srv.add_argument("--max-waiting", type=int, default=None,
                      help="requests waiting for admission beyond this get 503 (default: no limit)")
+    srv.add_argument("--engine-process", action="store_true",
+                     help="run the engine loop in a process of its own (no GIL shared with the HTTP server)")
     srv.add_argument("--stream-interval", type=int, default=1,
                      help="stream a request's tokens every N tokens after its first (fewer, larger chunks)")
     srv.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
@@ -107,6 +109,7 @@ def serve(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         max_waiting=args.max_waiting,
         stream_interval=args.stream_interval,
+        engine_process=args.engine_process,
         device=args.device,
         dtype=args.dtype,
         enforce_eager=True if args.enforce_eager else None,

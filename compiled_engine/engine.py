@@ -26,7 +26,7 @@ import torch
 from ops.logprobs import logprobs_op
 from ops.step import HostTokens, SamplingInputs
 from compiled_engine.detokenizer import IncrementalDetokenizer
-from compiled_engine.runtime import Runtime
+from compiled_engine.runtime import Runtime, validate_prompt
 from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
@@ -113,6 +113,25 @@ def to_host(tokens: torch.Tensor) -> HostTokens:
     return HostTokens(host, copied)
 
 
+def validate_request(
+    prompt_token_ids: list[int], params: SamplingParams | None, *, max_model_len: int, vocab_size: int,
+    has_tokenizer: bool,
+) -> tuple[list[int], SamplingParams]:
+    """``LLMEngine.validate_request``'s checks as a function of the engine's numbers, so that a process without the
+    engine (a server's front end over an engine process) checks the same."""
+    params = params or SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+    params = dataclasses.replace(params)
+    token_ids = validate_prompt(prompt_token_ids, max_model_len, vocab_size)
+    bad_stop = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad_stop:
+        raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]!r}, outside [0, {vocab_size})")
+    if params.stop and not has_tokenizer:
+        raise ValueError("SamplingParams.stop needs a tokenizer: this model folder has none")
+    return token_ids, params
+
+
 def fused_decode_row_limit(model: torch.nn.Module) -> int:
     """The most decode rows a mixed step runs through the prefill path; with more, they run as a decode step of their
     own right before the prefill chunks (``LLMEngine._launch``).
@@ -189,18 +208,9 @@ class LLMEngine:
         runs ``SamplingParams.validate`` again, so fields set after construction (top_p=0, max_tokens=0,
         temperature=-1) are checked too; the copy also keeps a queued request's params from changing under it when
         the caller mutates theirs."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        params = dataclasses.replace(params)
-        token_ids = self.runtime.validate_prompt(prompt_token_ids)
-        vocab = self.runtime.model_config.vocab_size
-        bad_stop = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad_stop:
-            raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]!r}, outside [0, {vocab})")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("SamplingParams.stop needs a tokenizer: this model folder has none")
-        return token_ids, params
+        runtime = self.runtime
+        return validate_request(prompt_token_ids, params, max_model_len=runtime.max_model_len,
+                                vocab_size=runtime.model_config.vocab_size, has_tokenizer=self.tokenizer is not None)
 
     def add_request(
         self, request_id: str | None, prompt_token_ids: list[int], params: SamplingParams | None = None

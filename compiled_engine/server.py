@@ -40,9 +40,10 @@ from prometheus_client import (
 )
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from compiled_engine.async_llm import AsyncLLM, QueueFullError, RequestFailedError
+from compiled_engine.async_llm import AsyncLLM, EngineProcess, QueueFullError, RequestFailedError
 from compiled_engine.engine import RequestOutput, TokenLogprobs
-from compiled_engine.llm import LLM
+from compiled_engine.llm import LLM, load_tokenizer
+from compiled_engine.tiny_model import ensure_tiny_model
 from compiled_engine.sampling_params import SamplingParams
 from ops.logprobs import MAX_LOGPROBS
 
@@ -264,11 +265,10 @@ class Prepared:
 class OpenAIServer:
     """The app's handlers over one ``AsyncLLM`` (``app`` is the FastAPI application)."""
 
-    def __init__(self, llm: AsyncLLM, tokenizer, model_name: str, max_model_len: int):
+    def __init__(self, llm: AsyncLLM, tokenizer, model_name: str):
         self.llm = llm
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.max_model_len = max_model_len
         self.metrics = Metrics(llm)
         self.created = int(time.time())
         self.app = self._build_app()
@@ -309,8 +309,12 @@ class OpenAIServer:
         return app
 
     # ------------------------------------------------------------------------------------------------ plain
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.max_model_len
+
     async def health(self) -> Response:
-        return Response(status_code=200)
+        return Response(status_code=200 if self.llm.alive else 503)
 
     async def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
@@ -371,7 +375,7 @@ class OpenAIServer:
     def _check_request(self, prompt: list[int], params: SamplingParams | None, field: str) -> None:
         """The engine's own checks (prompt ids in the vocabulary and within max_model_len, stop ids), as 400s."""
         try:
-            self.llm.engine.validate_request(prompt, params)
+            self.llm.validate_request(prompt, params)
         except ValueError as error:
             raise (bad_params(error) if "SamplingParams." in str(error) else APIError(400, str(error), field)) from None
 
@@ -685,16 +689,21 @@ async def until_disconnect(request: Request, work) -> Response:
 
 
 def build_server(model: str | None = None, *, served_model_name: str | None = None, max_waiting: int | None = None,
-                 stream_interval: int = 1, **llm_kwargs) -> OpenAIServer:
-    """An ``OpenAIServer`` over ``LLM(model, **llm_kwargs)``'s engine (None: the embedded tiny default model). The
-    engine thread starts with the app (its lifespan)."""
-    llm = LLM(model, **llm_kwargs)
+                 stream_interval: int = 1, engine_process: bool = False, **llm_kwargs) -> OpenAIServer:
+    """An ``OpenAIServer`` over ``LLM(model, **llm_kwargs)``'s engine (None: the embedded tiny default model), run
+    by a thread of this process, or with ``engine_process`` built and run by a process of its own
+    (compiled_engine/async_llm.py). The engine loop starts with the app (its lifespan)."""
     name = served_model_name or (model if model is not None else TINY_MODEL_NAME)
+    if engine_process:
+        path = model if model is not None else ensure_tiny_model()
+        host = EngineProcess(path, llm_kwargs, stream_interval)
+        return OpenAIServer(AsyncLLM(host, max_waiting=max_waiting), load_tokenizer(path), name)
+    llm = LLM(model, **llm_kwargs)
     # The handlers tokenize on the event loop while the engine thread detokenizes: each thread gets its own Rust
     # tokenizer (one shared by two threads can fail with "Already borrowed" when a call reconfigures it).
     tokenizer = copy.deepcopy(llm.tokenizer)
-    async_llm = AsyncLLM(llm.engine, max_waiting=max_waiting, stream_interval=stream_interval)
-    return OpenAIServer(async_llm, tokenizer, name, llm.runtime.max_model_len)
+    return OpenAIServer(AsyncLLM(llm.engine, max_waiting=max_waiting, stream_interval=stream_interval), tokenizer,
+                        name)
 
 
 def serve(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:

@@ -401,7 +401,74 @@ def test_async_llm_merges_outputs_for_a_slow_consumer_and_drains_on_shutdown(sol
     assert len(slow) < 24  # merged: fewer outputs than tokens
     for outputs, exp in zip(drained, expected):
         assert outputs[-1].finished and outputs[-1].token_ids == exp
-    assert not engine._thread.is_alive() and not llm.engine.requests
+    assert not engine.alive and not llm.engine.requests
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The engine loop in a process of its own
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_an_engine_process_serves_the_same_tokens_and_leaks_nothing(solo_llm):
+    """--engine-process: outputs rebuilt from the process's deltas equal the solo runs (tokens, text, logprobs),
+    streamed or not, with 16 concurrent clients some of which disconnect; afterwards /metrics shows nothing held."""
+    live = LiveServer(engine_process=True, **KNOBS)
+    try:
+        assert live.engine is None and live.server.llm.host.alive
+        tokenizer = live.server.tokenizer
+        expected = solo(solo_llm, "Hello world", 8, logprobs=2)
+        r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=8, temperature=0, logprobs=2,
+                                           extra_body=NO_EOS)
+        assert r.choices[0].token_ids == expected.token_ids and r.choices[0].text == expected.text
+        assert r.choices[0].logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs],
+                                                                     abs=1e-4)
+        prompts = prompts_for_clients(16, seed=2)
+        oracle = {p: solo(solo_llm, p, 6).token_ids for p in set(prompts)}
+
+        async def client(c, i):
+            stream = await c.completions.create(model=MODEL, prompt=prompts[i], max_tokens=6, temperature=0,
+                                                stream=True, extra_body=NO_EOS)
+            tokens, text = [], ""
+            async with stream:
+                async for chunk in stream:
+                    if i % 4 == 3 and tokens:
+                        return None  # disconnects after its first token
+                    tokens += chunk.choices[0].token_ids
+                    text += chunk.choices[0].text
+            return tokens, text
+
+        async def run():
+            async with openai.AsyncOpenAI(base_url=live.base + "/v1", api_key="none", max_retries=0, timeout=60) as c:
+                return await asyncio.gather(*(client(c, i) for i in range(16)))
+
+        results = asyncio.run(run())
+        for i, result in enumerate(results):
+            if result is not None:
+                assert result == (oracle[prompts[i]], text_of(tokenizer, oracle[prompts[i]])), i
+        assert sum(r is not None for r in results) >= 12
+        live.wait_idle()
+    finally:
+        live.close()
+
+
+def test_a_dead_engine_process_fails_its_requests():
+    """The engine process killed mid-stream: the stream gets an error event, /health answers 503, and a new request
+    a 500 (the server itself stays up)."""
+    live = LiveServer(engine_process=True, **KNOBS)
+    try:
+        stream = live.client.completions.create(model=MODEL, prompt="long", max_tokens=200, temperature=0,
+                                                stream=True, extra_body=NO_EOS)
+        next(iter(stream))
+        live.server.llm.host._process.kill()
+        with pytest.raises(openai.APIError) as caught:
+            for _ in stream:
+                pass
+        assert "engine process exited" in str(caught.value)
+        assert httpx.get(live.base + "/health").status_code == 503
+        with pytest.raises(openai.InternalServerError):
+            live.client.completions.create(model=MODEL, prompt="after", max_tokens=2)
+    finally:
+        live.close()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -491,14 +558,15 @@ def test_more_waiting_than_max_waiting_is_503(live, monkeypatch):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_serve_command_drains_on_sigterm(tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--engine-process"]], ids=["thread", "engine-process"])
+def test_serve_command_drains_on_sigterm(flags):
     """``python -m compiled_engine serve`` with the embedded default model: SIGTERM while a stream is open lets it
     finish (every token, then [DONE]), then the process exits by that signal, without an error."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "compiled_engine", "serve", "--port", str(port), "--device", "cpu",
-         "--max-model-len", "256", "--max-num-seqs", "4", "--num-kv-blocks", "64", "--log-level", "warning"],
+         "--max-model-len", "256", "--max-num-seqs", "4", "--num-kv-blocks", "64", "--log-level", "warning", *flags],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
