@@ -80,16 +80,20 @@ Posted = list[tuple[str, "RequestOutput | BaseException | None"]]  # None: the r
 # --------------------------------------------------------------------------------------------------------------
 
 
+def checked_stream_interval(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"stream_interval must be an int >= 1, got {value!r}")
+    return value
+
+
 class EngineLoop:
     def __init__(self, engine: LLMEngine, post: Callable[[Posted], None], stream_interval: int = 1):
         """``post(items)``: called on the loop's thread after each step and each batch of commands, with ``stats``
         already updated. ``stream_interval``: after a request's first token, post its outputs every that many
         tokens (and when it finishes): fewer, larger stream chunks for less per-token work downstream (SGLang's
         ``--stream-interval``); 1 posts every step's."""
-        if isinstance(stream_interval, bool) or not isinstance(stream_interval, int) or stream_interval < 1:
-            raise ValueError(f"stream_interval must be an int >= 1, got {stream_interval!r}")
         self.engine = engine
-        self.stream_interval = stream_interval
+        self.stream_interval = checked_stream_interval(stream_interval)
         self._post = post
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
@@ -267,7 +271,8 @@ class EngineProcess:
     waits for this process's GIL); commands go over one pipe, outputs come back over another as deltas."""
 
     def __init__(self, model: str | None, llm_kwargs: dict, stream_interval: int = 1, start_timeout_s: float = 3600):
-        self.model, self.llm_kwargs, self.stream_interval = model, dict(llm_kwargs), stream_interval
+        self.model, self.llm_kwargs = model, dict(llm_kwargs)
+        self.stream_interval = checked_stream_interval(stream_interval)
         self.start_timeout_s = start_timeout_s
         self.stats = EngineStats()
         self.info: dict | None = None  # max_model_len, vocab_size, has_tokenizer: sent by the process once ready
