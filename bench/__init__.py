@@ -8,7 +8,8 @@ Scenarios (one module each): latency, sweep, throughput, sampling (the chat-like
 cookbook (SGLang's published Qwen3.5-0.8B serving cells: 8,192 in / 1,024 out at concurrency 1-1024, closed loop),
 prefix, startup, step_profile (where a decode step's time goes: torch profiler), snapshot_methods (prefix-cache
 snapshots: prefill chunks ending at boundaries vs FLA's per-chunk states; GPU only, skipped on the CPU), spec (MTP
-speculative decoding vs plain decoding: the MTP head and forced acceptance rates, step costs). Each
+speculative decoding vs plain decoding: the MTP head and forced acceptance rates, step costs), serve (the
+OpenAI-compatible server under HTTP load, vllm bench serve's metrics, beside the offline engine). Each
 writes ``<scenario>.json`` (and a PNG when matplotlib is importable) to ``--out``. Every number is reported beside
 its bound from the performance model (bench/bounds.py, docs/ARCHITECTURE.md "Performance model") using the copy bandwidth
 measured in the same run (bench/bandwidth.py), and, with ``--vs-hf``, beside HF transformers run on the same
@@ -19,4 +20,4 @@ for every scenario that has the argument) overrides one from the command line.
 """
 
 SCENARIOS = ("latency", "sweep", "throughput", "sampling", "cookbook", "prefix", "startup", "step_profile",
-             "snapshot_methods", "spec")
+             "snapshot_methods", "spec", "serve")

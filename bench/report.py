@@ -132,6 +132,10 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
         from bench.sampling import summary_lines as sampling_lines
 
         lines += sampling_lines(head, r)
+    elif scenario == "serve":
+        from bench.serve import summary_lines as serve_lines
+
+        lines += serve_lines(head, r)
     elif scenario == "snapshot_methods":
         from bench.snapshot_methods import summary_lines as snapshot_lines
 

@@ -1,6 +1,9 @@
-"""Command line: ``python -m compiled_engine generate --prompt "..." [--model PATH] [options]``.
+"""Command line.
 
-With no ``--model`` it runs the embedded tiny default model (built on first use into a cache folder).
+    python -m compiled_engine generate --prompt "..." [--model PATH] [options]
+    python -m compiled_engine serve [MODEL] --host 127.0.0.1 --port 8000 [engine knobs]   (compiled_engine/server.py)
+
+With no model it runs the embedded tiny default model (built on first use into a cache folder).
 """
 
 from __future__ import annotations
@@ -32,6 +35,31 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-num-seqs", type=int, default=256)
     gen.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs")
     gen.add_argument("-v", "--verbose", action="store_true")
+
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (compiled_engine/server.py)")
+    srv.add_argument("model", nargs="?", default=None, help="checkpoint folder (default: the embedded tiny model)")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: MODEL)")
+    srv.add_argument("--max-waiting", type=int, default=None,
+                     help="requests waiting for admission beyond this get 503 (default: no limit)")
+    srv.add_argument("--engine-process", action="store_true",
+                     help="run the engine loop in a process of its own (no GIL shared with the HTTP server)")
+    srv.add_argument("--stream-interval", type=int, default=1,
+                     help="stream a request's tokens every N tokens after its first (fewer, larger chunks)")
+    srv.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    srv.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    srv.add_argument("--max-model-len", type=int, default=None)
+    srv.add_argument("--max-num-seqs", type=int, default=256)
+    srv.add_argument("--max-num-batched-tokens", type=int, default=None)
+    srv.add_argument("--num-kv-blocks", type=int, default=None)
+    srv.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    srv.add_argument("--tensor-parallel-size", type=int, default=1)
+    srv.add_argument("--enable-prefix-caching", action="store_true")
+    srv.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false")
+    srv.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs")
+    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    srv.add_argument("-v", "--verbose", action="store_true")
     return parser
 
 
@@ -39,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        return generate(args)
+        return generate(args) if args.command == "generate" else serve(args)
     except (ValueError, FileNotFoundError, NotImplementedError) as error:  # bad input: a message, not a traceback
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -70,6 +98,31 @@ def generate(args: argparse.Namespace) -> int:
         print(f"prompt: {prompt!r}")
         print(f"output: {out.text!r}  ({len(out.token_ids)} tokens, finish_reason={out.finish_reason})")
     print(f"{generated} tokens in {elapsed:.2f} s: {generated / elapsed:.1f} tokens/s")
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    from compiled_engine import server  # FastAPI and uvicorn only when serving
+
+    app = server.build_server(
+        args.model,
+        served_model_name=args.served_model_name,
+        max_waiting=args.max_waiting,
+        stream_interval=args.stream_interval,
+        engine_process=args.engine_process,
+        device=args.device,
+        dtype=args.dtype,
+        enforce_eager=True if args.enforce_eager else None,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_kv_blocks=args.num_kv_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        overlap_decode=args.overlap_decode,
+    )
+    server.serve(app, args.host, args.port, args.log_level)
     return 0
 
 

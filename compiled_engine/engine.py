@@ -25,15 +25,27 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ops.logprobs import logprobs_op
 from ops.step import HostTokens, SamplingInputs
 from compiled_engine.config import SpeculativeConfig
+from compiled_engine.detokenizer import IncrementalDetokenizer
 from compiled_engine.rejection_sampler import rejection_sample
-from compiled_engine.runtime import Runtime
+from compiled_engine.runtime import Runtime, validate_prompt
 from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence, SequenceStatus
 from compiled_engine.step import upload
+
+
+@dataclass
+class TokenLogprobs:
+    """A generated token's log-probability and the ``SamplingParams.logprobs`` most likely tokens' (id, logprob),
+    most likely first, from the logits of the step that chose it (ops/logprobs.py)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass
@@ -43,8 +55,13 @@ class RequestOutput:
     token_ids: list[int]  # generated tokens so far
     new_token_ids: list[int]  # generated in the step that returned this output
     finished: bool
-    finish_reason: str | None  # "stop" (EOS or a stop token), "length" (max_tokens / max_model_len), "abort"
+    # "stop" (EOS, a stop token or a stop string), "length" (max_tokens / max_model_len), "abort"
+    finish_reason: str | None
+    # The generated text: when finished (with a tokenizer), and at every output of a request that streams
+    # (output_kind CUMULATIVE) or has stop strings: so far, less what may begin a stop string (detokenizer.py).
     text: str | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that finished it (None: EOS, length)
+    logprobs: list[TokenLogprobs] | None = None  # one per generated token, with SamplingParams.logprobs
     num_cached_tokens: int = 0
     arrival_time: float = 0.0
     first_token_time: float | None = None
@@ -68,6 +85,23 @@ class Request:
     finished_time: float | None = None
     finish_reason: str | None = None
     drafts: list[int] | None = None  # speculative decoding: the MTP layer's drafts after the last token
+    stop_reason: str | int | None = None
+    # The text so far, token by token: for requests that stream or have stop strings (with a tokenizer).
+    detokenizer: IncrementalDetokenizer | None = None
+    logprobs: list[TokenLogprobs] | None = None  # with SamplingParams.logprobs
+
+
+@dataclass
+class _StepLogprobs:
+    """ce::logprobs of a step's rows (every row, when any asked): the chosen tokens' [N] fp32, the top-k values
+    [N, k] fp32 and ids [N, k] int64, on the device and on their way to host memory."""
+
+    device: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    host: tuple[HostTokens, HostTokens, HostTokens]
+
+    @classmethod
+    def start(cls, device: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> "_StepLogprobs":
+        return cls(device, tuple(map(to_host, device)))
 
 
 PLACEHOLDER_TOKEN = 0  # an overlapped step's token before it is read back: never read (the device has the real one)
@@ -82,6 +116,25 @@ def to_host(tokens: torch.Tensor) -> HostTokens:
     copied = torch.cuda.Event()
     copied.record()
     return HostTokens(host, copied)
+
+
+def validate_request(
+    prompt_token_ids: list[int], params: SamplingParams | None, *, max_model_len: int, vocab_size: int,
+    has_tokenizer: bool,
+) -> tuple[list[int], SamplingParams]:
+    """``LLMEngine.validate_request``'s checks as a function of the engine's numbers, so that a process without the
+    engine (a server's front end over an engine process) checks the same."""
+    params = params or SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+    params = dataclasses.replace(params)
+    token_ids = validate_prompt(prompt_token_ids, max_model_len, vocab_size)
+    bad_stop = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad_stop:
+        raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]!r}, outside [0, {vocab_size})")
+    if params.stop and not has_tokenizer:
+        raise ValueError("SamplingParams.stop needs a tokenizer: this model folder has none")
+    return token_ids, params
 
 
 def fused_decode_row_limit(model: torch.nn.Module) -> int:
@@ -109,13 +162,14 @@ class _InFlight:
     indices: list[int]
     tokens: torch.Tensor  # [N] int64 on the device: the next step's input ids
     host: HostTokens  # the same tokens in host memory, once their event has passed
+    logprobs: _StepLogprobs | None = None
 
     @classmethod
     def start(cls, requests: list[Request], tokens: torch.Tensor, indices: list[int],
-              host: HostTokens | None = None) -> "_InFlight":
+              host: HostTokens | None = None, logprobs: _StepLogprobs | None = None) -> "_InFlight":
         """``host``: the tokens already on their way to host memory (the decode graph writes its greedy tokens there
         itself); otherwise they are copied, asynchronously."""
-        return cls(requests, indices, tokens, host if host is not None else to_host(tokens))
+        return cls(requests, indices, tokens, host if host is not None else to_host(tokens), logprobs)
 
     def host_tokens(self) -> list[int]:
         return self.host.tolist()
@@ -185,15 +239,13 @@ class LLMEngine:
         runs ``SamplingParams.validate`` again, so fields set after construction (top_p=0, max_tokens=0,
         temperature=-1) are checked too; the copy also keeps a queued request's params from changing under it when
         the caller mutates theirs."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        params = dataclasses.replace(params)
-        token_ids = self.runtime.validate_prompt(prompt_token_ids)
-        vocab = self.runtime.model_config.vocab_size
-        bad_stop = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad_stop:
-            raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]!r}, outside [0, {vocab})")
+        runtime = self.runtime
+        token_ids, params = validate_request(prompt_token_ids, params, max_model_len=runtime.max_model_len,
+                                             vocab_size=runtime.model_config.vocab_size,
+                                             has_tokenizer=self.tokenizer is not None)
+        if params.logprobs is not None and self.num_speculative_tokens:
+            raise ValueError("logprobs: not supported with speculative decoding yet (a verify step's accepted "
+                             "positions have no logprobs)")
         return token_ids, params
 
     def add_request(
@@ -211,6 +263,10 @@ class LLMEngine:
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(62)
         request = Request(request_id, seq, params, seed, stop_ids, list(token_ids))
+        if self.tokenizer is not None and (params.stop or params.output_kind is not RequestOutputKind.FINAL_ONLY):
+            request.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
+        if params.logprobs is not None:
+            request.logprobs = []
         # Registered in the engine and queued in the scheduler in one step: the statements below call no Python
         # function (dict stores, a deque append), so an interrupt (a signal's KeyboardInterrupt runs between
         # bytecodes, a tracer's at a call) cannot leave the request in one and not the other; should one land
@@ -279,8 +335,8 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        requests, tokens, host = self._launch(batch)
-        return self._accept_placed(requests, host, self._place(requests))
+        requests, tokens, host, logprobs = self._launch(batch)
+        return self._accept_placed(requests, host, self._place(requests), logprobs)
 
     # ---------------------------------------------------------------------------------- speculative decoding
     def _step_speculative(self) -> list[RequestOutput]:
@@ -295,10 +351,10 @@ class LLMEngine:
             # Too many rows for verifying to pay: a plain decode step; their drafts are gone (a row drafts again
             # from a 1-token prefill chunk once the batch is small enough).
             decode = batch.seqs[:d]
-            requests, _, host = self._launch(ScheduledBatch(False, decode, [1] * d, d))
+            requests, _, host, logprobs = self._launch(ScheduledBatch(False, decode, [1] * d, d))
             for request in requests:
                 request.drafts = None
-            outputs = self._accept_placed(requests, host, self._place(requests))
+            outputs = self._accept_placed(requests, host, self._place(requests), logprobs)
             if batch.is_prefill and len(batch.seqs) > d:
                 outputs += self._prefill_round(batch.seqs[d:], batch.num_tokens[d:])
             return outputs
@@ -370,7 +426,7 @@ class LLMEngine:
             for index in range(first, first + a + 1):
                 token = seq.token_ids[index]
                 emitted.append(token)
-                reason = self._stop_reason(request, token, generated=index + 1 - seq.num_prompt_tokens)
+                reason = self._take_token(request, token, generated=index + 1 - seq.num_prompt_tokens)
                 if reason is not None:
                     del seq.token_ids[index + 1 :]  # nothing past a stop or the length limit
                     self._finish(request, reason)
@@ -387,23 +443,32 @@ class LLMEngine:
         batch: ScheduledBatch,
         input_ids: torch.Tensor | None = None,
         device_input_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[list[Request], torch.Tensor, HostTokens]:
-        """Run ``batch`` on the runtime and sample: the requests that get a token, their tokens on the device, and the
+        num_logprobs: int | None = None,
+    ) -> tuple[list[Request], torch.Tensor, HostTokens, _StepLogprobs | None]:
+        """Run ``batch`` on the runtime and sample: the requests that get a token, their tokens on the device, the
         same tokens on their way to host memory (the decode graph's own when the graph chose them; a copy started
-        here otherwise). ``input_ids`` (a decode step) and ``device_input_ids`` (a prefill step): input
-        tokens still on the device (``_next_input_ids``, ``_carried_input_ids``).
+        here otherwise), and, when a request of the batch asks for logprobs, every row's (``_logprobs``).
+        ``input_ids`` (a decode step) and ``device_input_ids`` (a prefill step): input tokens still on the device
+        (``_next_input_ids``, ``_carried_input_ids``).
 
         A mixed step with more than ``max_fused_decode_rows`` decode rows runs them as a decode step (``input_ids``
         are theirs) and then its prefill chunks as a prefill step: the same tokens, cheaper on the device.
         """
+        if num_logprobs is None:  # the top-n width of this step's logprobs: one for all its rows (and parts)
+            num_logprobs = self._num_logprobs(batch.seqs)
         if self._splits(batch):
             d = batch.num_decode
-            requests, tokens, host = self._launch(ScheduledBatch(False, batch.seqs[:d], [1] * d, d), input_ids)
-            more, more_tokens, _ = self._launch(ScheduledBatch(True, batch.seqs[d:], batch.num_tokens[d:]))
+            requests, tokens, host, logprobs = self._launch(
+                ScheduledBatch(False, batch.seqs[:d], [1] * d, d), input_ids, num_logprobs=num_logprobs)
+            more, more_tokens, _, more_logprobs = self._launch(
+                ScheduledBatch(True, batch.seqs[d:], batch.num_tokens[d:]), num_logprobs=num_logprobs)
             if not more:  # only middle chunks of prompts: no token from the prefill step
-                return requests, tokens, host
+                return requests, tokens, host, logprobs
             tokens = torch.cat([tokens, more_tokens])  # also a copy of the decode graph's buffers, kept in flight
-            return requests + more, tokens, to_host(tokens)
+            if logprobs is not None:
+                both = zip(logprobs.device, more_logprobs.device)
+                logprobs = _StepLogprobs.start(tuple(torch.cat(pair) for pair in both))
+            return requests + more, tokens, to_host(tokens), logprobs
         seqs = batch.seqs
         if batch.is_prefill:
             logits = self.runtime.prefill(seqs, batch.num_tokens, device_input_ids=device_input_ids)
@@ -425,28 +490,52 @@ class LLMEngine:
             out = self.runtime.decode(seqs, input_ids=input_ids, sampling=sampling)
             if in_step:
                 host = out.host_tokens if out.host_tokens is not None else to_host(out.tokens)
-                return requests, out.tokens, host
+                return requests, out.tokens, host, self._logprobs(out.logits, out.tokens, num_logprobs)
             logits = out.logits
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
         if not requests:
-            return requests, logits.new_empty(0, dtype=torch.long), HostTokens(torch.empty(0, dtype=torch.long), None)
+            empty = HostTokens(torch.empty(0, dtype=torch.long), None)
+            return requests, logits.new_empty(0, dtype=torch.long), empty, None
         tokens = self._sample(requests, logits)
-        return requests, tokens, to_host(tokens)
+        return requests, tokens, to_host(tokens), self._logprobs(logits, tokens, num_logprobs)
+
+    def _num_logprobs(self, seqs: list[Sequence]) -> int | None:
+        """The most top logprobs a request of the step asks for; None when none asks for logprobs."""
+        asked = [r.params.logprobs for r in map(self._request_of_seq.get, (s.seq_id for s in seqs))
+                 if r is not None and r.params.logprobs is not None]
+        return max(asked) if asked else None
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int | None) -> _StepLogprobs | None:
+        """``ce::logprobs`` of the step's own logits and tokens, started on their way to the host (the decode
+        graph's logits are read here, before the next replay overwrites them)."""
+        if k is None:
+            return None
+        return _StepLogprobs.start(logprobs_op(logits, tokens, k))
 
     def _splits(self, batch: ScheduledBatch) -> bool:
         """Whether ``_launch`` runs a mixed batch's decode rows as a decode step of their own."""
         return batch.is_prefill and batch.num_decode > self.max_fused_decode_rows
 
-    def _accept(self, requests: list[Request], indices: list[int]) -> list[RequestOutput]:
-        """Finish what the new tokens (at ``indices`` of each request's token_ids) stop; the step's outputs."""
+    def _accept(self, requests: list[Request], indices: list[int], logprobs: _StepLogprobs | None = None,
+                rows: list[int] | None = None) -> list[RequestOutput]:
+        """Finish what the new tokens (at ``indices`` of each request's token_ids) stop; the step's outputs.
+        ``logprobs``: the step's, whose row ``rows[i]`` (default i) is ``requests[i]``'s."""
         now = time.perf_counter()
+        if logprobs is not None:
+            chosen, top_values, top_ids = (h.tolist() for h in logprobs.host)
         outputs = []
-        for request, index in zip(requests, indices):
+        for i, (request, index) in enumerate(zip(requests, indices)):
             seq = request.seq
             token = seq.token_ids[index]
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self._stop_reason(request, token, generated=index + 1 - seq.num_prompt_tokens)
+            if request.logprobs is not None:
+                row = i if rows is None else rows[i]
+                n = request.params.logprobs
+                request.logprobs.append(
+                    TokenLogprobs(token, chosen[row], list(zip(top_ids[row][:n], top_values[row][:n]))))
+            reason = self._take_token(request, token, generated=index + 1 - seq.num_prompt_tokens)
             if reason is not None:
                 self._finish(request, reason)
             elif request.params.output_kind is RequestOutputKind.FINAL_ONLY:
@@ -483,9 +572,9 @@ class LLMEngine:
                 carried = self._carried_input_ids(batch, in_flight)
             else:
                 input_ids = self._next_input_ids(batch.seqs[: batch.num_decode], in_flight)
-        requests, tokens, host = self._launch(batch, input_ids, None if carried is None else carried[1:])
+        requests, tokens, host, logprobs = self._launch(batch, input_ids, None if carried is None else carried[1:])
         if requests:  # a prefill of middle chunks only gives no token
-            self._in_flight = _InFlight.start(requests, tokens, self._place(requests), host)
+            self._in_flight = _InFlight.start(requests, tokens, self._place(requests), host, logprobs)
         if in_flight is None:
             return []
         outputs = self._complete(in_flight)
@@ -585,22 +674,40 @@ class LLMEngine:
         request.seq.token_ids[index] = token
         request.seq.num_placeholder_tokens -= 1
 
-    def _accept_placed(self, requests: list[Request], tokens: HostTokens, indices: list[int]) -> list[RequestOutput]:
+    def _accept_placed(self, requests: list[Request], tokens: HostTokens, indices: list[int],
+                       logprobs: _StepLogprobs | None = None) -> list[RequestOutput]:
         """Read ``tokens`` back (waiting for them) into the placeholders, then ``_accept``."""
         for request, index, token in zip(requests, indices, tokens.tolist()):
             self._fill(request, index, token)
-        return self._accept(requests, indices)
+        return self._accept(requests, indices, logprobs)
 
     def _complete(self, in_flight: "_InFlight") -> list[RequestOutput]:
         """Read an in-flight step's tokens back into its placeholders, then finish what they stop. Requests that
         stopped meanwhile (the previous step's EOS, an abort) are skipped: their token is the one thrown away."""
         values = in_flight.host_tokens()
-        live = [(r, i, t) for r, i, t in zip(in_flight.requests, in_flight.indices, values) if r.finish_reason is None]
-        for request, index, token in live:
+        live = [(row, r, i, t) for row, (r, i, t) in enumerate(zip(in_flight.requests, in_flight.indices, values))
+                if r.finish_reason is None]
+        for _, request, index, token in live:
             self._fill(request, index, token)
-        return self._accept([r for r, _, _ in live], [i for _, i, _ in live])
+        return self._accept([r for _, r, _, _ in live], [i for _, _, i, _ in live], in_flight.logprobs,
+                            [row for row, _, _, _ in live])
 
     # ------------------------------------------------------------------------------------------------ helpers
+    def _take_token(self, request: Request, token: int, generated: int) -> str | None:
+        """A new token of the request, in order: its finish reason if it ends the request (a stop token, the length
+        limit, or a stop string completed in the detokenized text), with ``stop_reason`` set; else None."""
+        reason = self._stop_reason(request, token, generated)
+        if reason == "stop":
+            request.stop_reason = token if token in request.params.stop_token_ids else None  # None: EOS
+        detokenizer = request.detokenizer
+        if detokenizer is not None:
+            stop = detokenizer.add(token)
+            if reason is None and stop is not None and generated >= request.params.min_tokens:
+                reason, request.stop_reason = "stop", stop
+            if reason is not None:
+                detokenizer.flush()
+        return reason
+
     def _stop_reason(self, request: Request, token: int, generated: int) -> str | None:
         """``generated``: the request's generated tokens up to and including ``token``."""
         params = request.params
@@ -698,7 +805,9 @@ class LLMEngine:
         finished = request.finish_reason is not None
         generated = seq.token_ids[seq.num_prompt_tokens : upto]  # a new list (a slice)
         text = None
-        if finished and self.tokenizer is not None:
+        if request.detokenizer is not None:
+            text = request.detokenizer.output_text(finished)
+        elif finished and self.tokenizer is not None:
             text = self.tokenizer.decode(generated, skip_special_tokens=True)
         return RequestOutput(
             request_id=request.request_id,
@@ -708,6 +817,8 @@ class LLMEngine:
             finished=finished,
             finish_reason=request.finish_reason,
             text=text,
+            stop_reason=request.stop_reason,
+            logprobs=None if request.logprobs is None else list(request.logprobs),
             num_cached_tokens=seq.num_cached_tokens,
             arrival_time=request.arrival_time,
             first_token_time=request.first_token_time,

@@ -228,22 +228,8 @@ class Runtime:
 
     # ----------------------------------------------------------------------------------------- sequence lifecycle
     def validate_prompt(self, token_ids: Seq[int]) -> list[int]:
-        """The prompt as a list of Python ints; raises ValueError when it is empty, longer than max_model_len, or
-        holds something that is not an integer id in ``[0, vocab_size)`` (numpy and 0-d torch ints are ids, bools
-        are not)."""
-        token_ids = list(token_ids)
-        if not token_ids:
-            raise ValueError("prompt is empty: at least one token is needed")
-        if len(token_ids) > self.max_model_len:
-            raise ValueError(f"prompt has {len(token_ids)} tokens, more than max_model_len={self.max_model_len}")
-        vocab = self.model_config.vocab_size
-        # Integer ids of any kind (numpy ints, 0-d integer tensors) become Python ints; bools and floats are no ids.
-        ids = [as_token_id(t) for t in token_ids]
-        bad = [t for t, i in zip(token_ids, ids) if i is None or not 0 <= i < vocab]
-        if bad:
-            kind = "is out of range" if as_token_id(bad[0]) is not None else "is not an integer"
-            raise ValueError(f"prompt token id {bad[0]!r} {kind}: ids are ints in [0, {vocab})")
-        return ids
+        """``validate_prompt`` below, with this runtime's max_model_len and vocabulary."""
+        return validate_prompt(token_ids, self.max_model_len, self.model_config.vocab_size)
 
     def new_sequence(self, token_ids: list[int]) -> Sequence:
         """A sequence with a fresh id for prompt tokens already checked by ``validate_prompt``, holding nothing yet
@@ -533,3 +519,20 @@ class Runtime:
             seq.token_ids.extend(new[: a + 1])
             seq.num_computed_tokens = start + a + 1
         self.caches.record_prefixes(spec.seqs)
+
+def validate_prompt(token_ids: Seq[int], max_model_len: int, vocab_size: int) -> list[int]:
+    """The prompt as a list of Python ints; raises ValueError when it is empty, longer than max_model_len, or holds
+    something that is not an integer id in ``[0, vocab_size)`` (numpy and 0-d torch ints are ids, bools are not).
+    A function of the two numbers, so that a process without the model (a server's front end) checks the same."""
+    token_ids = list(token_ids)
+    if not token_ids:
+        raise ValueError("prompt is empty: at least one token is needed")
+    if len(token_ids) > max_model_len:
+        raise ValueError(f"prompt has {len(token_ids)} tokens, more than max_model_len={max_model_len}")
+    # Integer ids of any kind (numpy ints, 0-d integer tensors) become Python ints; bools and floats are no ids.
+    ids = [as_token_id(t) for t in token_ids]
+    bad = [t for t, i in zip(token_ids, ids) if i is None or not 0 <= i < vocab_size]
+    if bad:
+        kind = "is out of range" if as_token_id(bad[0]) is not None else "is not an integer"
+        raise ValueError(f"prompt token id {bad[0]!r} {kind}: ids are ints in [0, {vocab_size})")
+    return ids

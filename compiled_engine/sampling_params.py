@@ -8,6 +8,8 @@ changed since) raises ValueError naming the field:
     ``int``) but not a bool, float or string;
   * ``stop_token_ids``: None or a list/tuple/set of integer ids (Python, numpy or 0-d torch integers, stored as
     ``int``); a bare int, a string or a non-integer element is rejected;
+  * ``stop``: None, a string, or a list/tuple of non-empty strings (stored as a list);
+  * ``logprobs``: None or an int in [0, 20] (the chosen token's logprob plus that many top ones);
   * a temperature below ``SAMPLING_EPS`` (1e-5, vLLM's ``_SAMPLING_EPS``) is greedy: it is stored as 0, so every
     path (the ``greedy`` property, the sampler's per-row temperatures) takes the argmax; no 1 / 1e-38 ever
     reaches the sampler.
@@ -21,6 +23,8 @@ import numbers
 from dataclasses import dataclass
 
 import torch
+
+from ops.logprobs import MAX_LOGPROBS
 
 SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it are greedy
 
@@ -57,9 +61,14 @@ class SamplingParams:
     max_tokens: int = 16  # generated tokens at most
     min_tokens: int = 0  # EOS and stop tokens are suppressed until this many tokens are generated
     stop_token_ids: list[int] | None = None  # finish when one of these is generated (it is kept in the output)
+    # Finish when the text contains one of these (matched across token boundaries on the incrementally detokenized
+    # text; the stop string and anything after it are not in the output text; its tokens stay in token_ids).
+    stop: list[str] | None = None
     ignore_eos: bool = False  # keep generating past the checkpoint's EOS token(s)
     seed: int | None = None  # per-request seed: the same output whatever else is in the batch
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # engine.step(); LLM.generate uses FINAL_ONLY
+    # Per generated token: its log-probability and the top ``logprobs`` ones (raw model distribution); None: off.
+    logprobs: int | None = None
 
     def __post_init__(self):
         self.validate()
@@ -73,14 +82,15 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
             setattr(self, name, float(value))
-        for name in ("top_k", "max_tokens", "min_tokens", "seed"):
+        for name in ("top_k", "max_tokens", "min_tokens", "seed", "logprobs"):
             value = getattr(self, name)
-            if value is None and name == "seed":
+            if value is None and name in ("seed", "logprobs"):
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"SamplingParams.{name} must be an int, got {value!r} ({type(value).__name__})")
             setattr(self, name, int(value))
         self.stop_token_ids = self._checked_stop_token_ids(self.stop_token_ids)
+        self.stop = self._checked_stop(self.stop)
         if self.top_k == -1:
             self.top_k = 0
         if 0 < self.temperature < SAMPLING_EPS:
@@ -96,6 +106,8 @@ class SamplingParams:
             ("seed", self.seed is None or -(2**63) <= self.seed < 2**63,
              "must be None or an int in [-2**63, 2**63) (it travels as int64)"),
             ("ignore_eos", isinstance(self.ignore_eos, bool), "must be a bool"),
+            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"must be None or an int in [0, {MAX_LOGPROBS}]"),
         ]
         for field_name, ok, rule in checks:
             if not ok:
@@ -114,6 +126,16 @@ class SamplingParams:
         if bad:
             raise ValueError(f"SamplingParams.stop_token_ids must hold ints >= 0, got {bad[0]!r}")
         return ids
+
+    @staticmethod
+    def _checked_stop(stop) -> list[str]:
+        if stop is None:
+            return []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"SamplingParams.stop must be a string or a list of non-empty strings, got {stop!r}")
+        return list(stop)
 
     @property
     def greedy(self) -> bool:

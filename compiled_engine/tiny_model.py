@@ -4,7 +4,8 @@ No download exists here, so ``LLM()`` and ``python -m compiled_engine generate``
 deterministic checkpoint (``config.json`` + ``model.safetensors`` in the Qwen3_5ForCausalLM layout + a byte-level
 tokenizer) into a cache folder once and reuse it. Its output is gibberish: it exercises the whole runtime, not
 language. It carries a multi-token-prediction layer (``mtp.*``, as real Qwen3.5 checkpoints do), so speculative
-decoding runs on it too.
+decoding runs on it too, and its tokenizer has a ChatML-style chat template (plain bytes: the vocabulary has no
+special tokens for it), so the server's chat endpoint works with it too.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ import os
 import torch
 from safetensors.torch import save_file
 
-TINY_VERSION = "v2-mtp"  # bump when the recipe changes, so stale caches are rebuilt
+TINY_VERSION = "v3"  # bump when the recipe changes, so stale caches are rebuilt
 EOS_TOKEN = "<|endoftext|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 TINY_CONFIG = {
     "model_type": "qwen3_5_text",
@@ -141,6 +146,7 @@ def save_byte_tokenizer(path: str) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN)
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)
 
 

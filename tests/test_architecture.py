@@ -26,8 +26,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("step executor", tuple(f"compiled_engine.{m}" for m in (
         "memory_plan", "executor", "cache_manager", "tp_workers", "runtime",
     ))),
-    ("engine", tuple(f"compiled_engine.{m}" for m in ("scheduler", "sampler", "rejection_sampler", "engine"))),
-    ("entry points", ("compiled_engine.llm", "compiled_engine.__main__", "compiled_engine")),
+    ("engine", tuple(f"compiled_engine.{m}" for m in ("scheduler", "sampler", "rejection_sampler", "detokenizer",
+                                                      "engine"))),
+    ("entry points", tuple(f"compiled_engine.{m}" for m in ("llm", "async_llm", "server", "__main__"))
+     + ("compiled_engine",)),
     ("bench", ("bench",)),
 ]
 

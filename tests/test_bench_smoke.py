@@ -40,6 +40,8 @@ SMOKE_ARGS = [
     "-p", "step_profile.prefill_seqs=2", "-p", "step_profile.prefill_len=8",
     "-p", "spec.batches=1,2", "-p", "spec.ks=1,2", "-p", "spec.rates=0,1", "-p", "spec.prompt_len=8",
     "-p", "spec.new_tokens=6", "-p", "spec.step_iters=2",
+    "-p", "serve.concurrency=1,2", "-p", "serve.input_len=8", "-p", "serve.output_len=4", "-p", "serve.num_requests=3",
+    "-p", "serve.warmup_requests=1",
 ]
 
 
@@ -48,13 +50,13 @@ def positive(x) -> bool:
 
 
 def recording(step, streamed: dict):
-    """``LLMEngine.step`` that also tallies, per cookbook request, what its outputs delivered: an account of the
-    tokens kept apart from the scenario's own."""
+    """``LLMEngine.step`` that also tallies, per cookbook request (and per request of the serve scenario's server),
+    what its outputs delivered: an account of the tokens kept apart from the scenario's own."""
 
     def recorded_step(self):
         outputs = step(self)
         for out in outputs:
-            if out.request_id.startswith("cookbook-"):
+            if out.request_id.startswith(("cookbook-", "cmpl-")):  # cookbook's, and the serve scenario's server's
                 seen = streamed.setdefault(out.request_id, {"tokens": 0, "finished": 0,
                                                             "prompt_tokens": len(out.prompt_token_ids)})
                 seen["tokens"] += len(out.new_token_ids)
@@ -189,6 +191,35 @@ def test_cookbook(smoke):
     text = "\n".join(summary_lines({"cookbook": r}))
     assert "SGLang 0.5.16" in text and "NOT this shape" in text
     assert "[53]" in text and "[1.07]" in text and "[8,003]" in text  # beside our c=1 numbers
+
+
+def test_serve(smoke):
+    """The server (a thread of the bench process) under the load generator: every request completes with exactly the
+    asked tokens, as the engine's own outputs tally them; vllm bench serve's metrics are consistent; the offline half
+    ran the same requests."""
+    _, _, results, streamed = smoke
+    r = results["serve"]
+    assert r["server"] == "thread" and r["workload"]["concurrency"] == [1, 2]
+    served = [v for rid, v in streamed.items() if rid.startswith("cmpl-")]
+    assert len(served) == 2 * 3 + 1  # two cells of three, one warm-up
+    assert all(v["tokens"] == 4 and v["finished"] == 1 and v["reason"] == "length" for v in served), served
+    for cell in r["cells"]:
+        assert "error" not in cell, cell
+        h, offline = cell["http"], cell["offline"]
+        assert (h["completed"], h["failed"], h["short_outputs"]) == (3, 0, 0)
+        assert (h["total_output_tokens"], h["total_input_tokens"]) == (12, 24) == (offline["output_tokens"],
+                                                                                 offline["prompt_tokens"])
+        assert h["output_throughput"] == pytest.approx(12 / h["duration_s"])
+        assert h["total_token_throughput"] == pytest.approx(36 / h["duration_s"])
+        assert h["request_throughput"] == pytest.approx(3 / h["duration_s"])
+        for name in ("ttft", "tpot", "itl", "e2el"):
+            assert 0 < h[f"median_{name}_ms"] <= h[f"p99_{name}_ms"], name
+        assert h["p99_ttft_ms"] <= h["p99_e2el_ms"]
+        assert cell["overhead"] == pytest.approx(1 - h["output_throughput"] / offline["output_tok_s"])
+        assert positive(cell["fraction_of_bound"])
+    from bench.report import summary_lines
+
+    assert "overhead" in "\n".join(summary_lines({"serve": r}))
 
 
 def test_cookbook_request_counts_and_memory_plan():

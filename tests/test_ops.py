@@ -979,6 +979,7 @@ def _opcheck_cases():
              torch.tensor([4, 10, 0], dtype=torch.int32), torch.tensor([[2, 5], [1, 3], [0, 0]], dtype=torch.int32),
              torch.zeros(2, 16, dtype=torch.long), torch.tensor([1]), 8),
         ),
+        "logprobs": (ce.logprobs.default, (_randn(g, 3, 40)[:, 4:], torch.tensor([0, 5, 35]), 4)),  # wider rows
     }
 
 

@@ -210,6 +210,39 @@ def test_greedy_output_with_accepted_drafts_equals_non_speculative(tiny_path, gr
         assert steps == 1 + math.ceil(19 / (k + 1))
 
 
+def test_stop_strings_inside_accepted_runs_equal_non_speculative(tiny_path, greedy_reference):
+    """A stop string (two bytes of the byte-level tokenizer: two tokens) that completes in the middle of an accepted
+    run: the text, tokens and stop_reason equal the non-speculative run's with the same stop; and logprobs, which a
+    verify step does not compute, are refused by name."""
+    printable = lambda t: 32 <= t < 127  # noqa: E731
+    stops = []
+    for out in greedy_reference:
+        at = next((i for i in range(5, len(out) - 1) if printable(out[i]) and printable(out[i + 1])), None)
+        if at is not None:
+            stops.append(bytes(out[at : at + 2]).decode())
+    assert stops, "no two printable tokens in a row in the greedy outputs"
+    params = SamplingParams(temperature=0, max_tokens=20, stop=stops)
+    plain = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=6)
+    expected = plain.generate(PROMPTS, params, use_tqdm=False)
+    assert any(o.stop_reason in stops for o in expected)
+    ids = [f"r{i}" for i in range(len(PROMPTS))]
+    engine = LLMEngine(runtime(tiny_path, k=3), plain.tokenizer, draft_override=oracle(
+        dict(zip(ids, greedy_reference)), {i: len(p) for i, p in zip(ids, PROMPTS)}, 1.0, 257))
+    for request_id, prompt in zip(ids, PROMPTS):
+        engine.add_request(request_id, prompt, params)
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    for request_id, want in zip(ids, expected):
+        got = finished[request_id]
+        assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == (
+            want.token_ids, want.text, want.finish_reason, want.stop_reason)
+    with pytest.raises(ValueError, match="logprobs"):
+        engine.add_request("lp", PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, logprobs=2))
+
+
 # ------------------------------------------------------------------------------------------ rejection sampling
 def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """P-value of Pearson's chi-square test of ``counts`` against ``probs`` (cells of expected count >= 5)."""

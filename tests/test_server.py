@@ -1,0 +1,603 @@
+"""The OpenAI-compatible server, live on 127.0.0.1 (CPU, the embedded tiny default model), driven by the official
+``openai`` client and raw HTTP.
+
+Oracles: solo ``LLM.generate`` runs of each prompt on a separate engine (greedy tokens, their text through the
+tokenizer, their logprobs), the tokenizer's chat template for chat prompts, Python's ``str.find`` for stop strings,
+and the engine's own cache allocators for leaks. The server runs in a background thread of this process (so the
+tests can read its engine and inject a failing step); the SIGTERM test starts ``python -m compiled_engine serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from compiled_engine import LLM, SamplingParams
+from compiled_engine.server import TINY_MODEL_NAME, build_server
+from compiled_engine.tiny_model import ensure_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = TINY_MODEL_NAME
+MAX_MODEL_LEN = 256
+# Prefix caching on, with snapshots every 64 tokens: shared-prefix prompts hit it. Fewer slots than clients, so
+# requests wait for admission.
+KNOBS = dict(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=8, num_kv_blocks=160,
+             enable_prefix_caching=True, prefix_snapshot_interval=64, num_prefix_snapshots=4)
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+NO_EOS = {"ignore_eos": True, "return_token_ids": True}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """``build_server`` under uvicorn in a background thread."""
+
+    def __init__(self, **knobs):
+        self.server = build_server(None, **knobs)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.uvicorn = uvicorn.Server(uvicorn.Config(self.server.app, host="127.0.0.1", port=self.port,
+                                                     log_level="warning"))
+        self.thread = threading.Thread(target=self.uvicorn.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.uvicorn.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=60)
+
+    @property
+    def engine(self):
+        return self.server.llm.engine
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.base + "/metrics").text
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values
+
+    def wait_idle(self, timeout: float = 30) -> dict[str, float]:
+        """The metrics once no request is running or waiting and nothing holds a block or slot (or fail)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            busy = [k for k in ("ce:num_requests_running", "ce:num_requests_waiting", "ce:kv_blocks_used",
+                                "ce:state_slots_used") if m[k]]
+            if not busy:
+                return m
+            assert time.monotonic() < deadline, f"still busy after {timeout} s: {[(k, m[k]) for k in busy]}"
+            time.sleep(0.05)
+
+    def assert_nothing_leaked(self) -> None:
+        """Every block, slot and snapshot row is free or (the prefix cache's) reusable; the engine and the server
+        hold no request."""
+        self.wait_idle()
+        engine = self.engine
+        caches = engine.runtime.caches
+        assert not engine.requests and not self.server.llm._streams
+        assert caches.num_free_slots == caches.slots.num_slots - 1
+        assert caches.num_free_blocks == caches.blocks.num_blocks - 1
+        assert all(count == 0 for count in caches.blocks.refcount)
+        prefix = caches.prefix_cache
+        rows = sorted(prefix.free_rows + list(prefix.row_of_hash.values()))
+        assert rows == list(range(KNOBS["num_prefix_snapshots"]))
+
+    def close(self) -> None:
+        self.uvicorn.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def live() -> LiveServer:
+    server = LiveServer(**KNOBS)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def solo_llm() -> LLM:
+    """The oracle: a separate engine without prefix caching, one prompt per generate call."""
+    return LLM(ensure_tiny_model(), device="cpu", enforce_eager=True, max_model_len=MAX_MODEL_LEN, max_num_seqs=2,
+               overlap_decode=False)
+
+
+def solo(llm: LLM, prompt, max_tokens: int, **params):
+    return llm.generate(prompt, SamplingParams(max_tokens=max_tokens, **dict(GREEDY, **params)), use_tqdm=False)[0]
+
+
+def text_of(tokenizer, token_ids: list[int]) -> str:
+    """The oracle text: one decode of all the ids (EOS, a special token, renders as nothing)."""
+    return tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def prompts_for_clients(n: int, seed: int = 0) -> list[str]:
+    """ASCII prompts, some sharing a 70-character prefix (past the 64-token snapshot boundary)."""
+    rng = random.Random(seed)
+    shared = "".join(rng.choice("abcdefghij klmnop") for _ in range(70))
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+    out = []
+    for i in range(n):
+        tail = " ".join(rng.choice(words) for _ in range(rng.randrange(1, 6)))
+        out.append(shared + tail if i % 3 == 0 else tail)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The openai client: outputs equal solo runs
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_models_and_health(live):
+    assert httpx.get(live.base + "/health").status_code == 200
+    assert [m.id for m in live.client.models.list().data] == [MODEL]
+
+
+def test_completions_equal_solo_greedy_runs(live, solo_llm):
+    tokenizer = live.server.tokenizer
+    prompts = ["Hello world", "The quick brown fox"]
+    expected = [solo(solo_llm, p, 12) for p in prompts]
+    # not streamed, two prompts in one request: one choice each
+    r = live.client.completions.create(model=MODEL, prompt=prompts, max_tokens=12, temperature=0, extra_body=NO_EOS)
+    assert [c.index for c in r.choices] == [0, 1]
+    for choice, exp in zip(r.choices, expected):
+        assert choice.token_ids == exp.token_ids
+        assert choice.text == text_of(tokenizer, exp.token_ids) and choice.finish_reason == "length"
+    prompt_tokens = sum(len(tokenizer.encode(p)) for p in prompts)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (prompt_tokens, 24)
+    # streamed, token ids as the prompt
+    ids = tokenizer.encode(prompts[1])
+    stream = live.client.completions.create(model=MODEL, prompt=ids, max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body=NO_EOS)
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    tokens = [t for c in chunks if c.choices for t in c.choices[0].token_ids]
+    assert tokens == expected[1].token_ids and text == text_of(tokenizer, expected[1].token_ids)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens == len(ids)
+    # echo: the prompt's text before the output, streamed (as the first chunk) or not; token-id prompts in a list
+    ids_a, ids_b = tokenizer.encode(prompts[0]), ids
+    r = live.client.completions.create(model=MODEL, prompt=[ids_a, ids_b], max_tokens=12, temperature=0, echo=True,
+                                       extra_body=NO_EOS)
+    assert [c.text for c in r.choices] == [p + text_of(tokenizer, e.token_ids) for p, e in zip(prompts, expected)]
+    stream = live.client.completions.create(model=MODEL, prompt=prompts, max_tokens=12, temperature=0, echo=True,
+                                            stream=True, extra_body=NO_EOS)
+    texts = ["", ""]
+    for c in stream:
+        texts[c.choices[0].index] += c.choices[0].text
+    assert texts == [p + text_of(tokenizer, e.token_ids) for p, e in zip(prompts, expected)]
+
+
+def test_chat_equals_solo_greedy_runs(live, solo_llm):
+    tokenizer = live.server.tokenizer
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    expected = solo(solo_llm, prompt, 10)
+    r = live.client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=10, temperature=0,
+                                            extra_body=NO_EOS)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == text_of(tokenizer, expected.token_ids)
+    assert r.choices[0].token_ids == expected.token_ids and r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(prompt), 10)
+    stream = live.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text_of(tokenizer, expected.token_ids)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.total_tokens == len(prompt) + 10
+
+
+def test_stop_strings_over_http(live, solo_llm):
+    """A two-character stop string (two tokens of the byte-level tokenizer) ends the output where it starts, streamed
+    or not; a stop token id ends it with that token."""
+    tokenizer = live.server.tokenizer
+    expected = solo(solo_llm, "Hello world", 40)
+    text = text_of(tokenizer, expected.token_ids)
+    at = next(i for i in range(1, len(text) - 1) if (text[i : i + 2]).isascii() and text[i : i + 2].isprintable())
+    stop = text[at : at + 2]
+    r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=40, temperature=0,
+                                       stop=[stop, "\x01\x02"], extra_body=NO_EOS)
+    choice = r.choices[0]
+    assert (choice.text, choice.finish_reason, choice.stop_reason) == (text[: text.find(stop)], "stop", stop)
+    assert choice.token_ids == expected.token_ids[: len(choice.token_ids)]
+    stream = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=40, temperature=0,
+                                            stop=stop, stream=True, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == text[: text.find(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    # a stop token id: the output ends with it (its text included)
+    token = expected.token_ids[5]
+    r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=40, temperature=0,
+                                       extra_body=dict(NO_EOS, stop_token_ids=[token]))
+    first = expected.token_ids.index(token)
+    assert r.choices[0].token_ids == expected.token_ids[: first + 1] and r.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_over_http(live, solo_llm):
+    expected = solo(solo_llm, "Hello world", 6, logprobs=3)
+    r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=6, temperature=0, logprobs=3,
+                                       extra_body=NO_EOS)
+    lp = r.choices[0].logprobs
+    assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == 6
+    for got, exp in zip(lp.token_logprobs, expected.logprobs):
+        assert got == pytest.approx(exp.logprob, abs=1e-4)
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    r = live.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4,
+                                            temperature=0, logprobs=True, top_logprobs=2, extra_body=NO_EOS)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
+    assert all(c.logprob <= c.top_logprobs[0].logprob + 1e-6 for c in content)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Many clients, disconnects, a failing step
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_64_streaming_clients_with_random_disconnects(live, solo_llm):
+    """64 concurrent streaming clients over 8 slots (shared prefixes hit the prefix cache); a third disconnect at a
+    random point (some before their first token). Every client that read to the end got its solo run's tokens and
+    text; afterwards nothing is held: no block, slot or snapshot row (the metrics and the engine's allocators)."""
+    tokenizer = live.server.tokenizer
+    prompts = prompts_for_clients(64)
+    max_tokens = [4 + i % 7 for i in range(64)]
+    rng = random.Random(1)
+    quit_after = [rng.randrange(0, 4) if rng.random() < 0.33 else None for _ in range(64)]
+    oracle = {}
+    for p, n in zip(prompts, max_tokens):
+        if (p, n) not in oracle:
+            oracle[p, n] = solo(solo_llm, p, n).token_ids
+    before = live.metrics()
+
+    async def client(c: openai.AsyncOpenAI, i: int):
+        stream = await c.completions.create(model=MODEL, prompt=prompts[i], max_tokens=max_tokens[i], temperature=0,
+                                            stream=True, extra_body=NO_EOS)
+        tokens, text, reason = [], "", None
+        async with stream:
+            chunks = 0
+            async for chunk in stream:
+                if quit_after[i] is not None and chunks >= quit_after[i]:
+                    return None  # leaving the block closes the connection mid-stream
+                chunks += 1
+                tokens += chunk.choices[0].token_ids
+                text += chunk.choices[0].text
+                reason = chunk.choices[0].finish_reason or reason
+        return tokens, text, reason
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=live.base + "/v1", api_key="none", max_retries=0, timeout=120) as c:
+            return await asyncio.gather(*(client(c, i) for i in range(64)))
+
+    results = asyncio.run(run())
+    completed = 0
+    for i, result in enumerate(results):
+        if result is None:
+            continue
+        completed += 1
+        tokens, text, reason = result
+        expected = oracle[prompts[i], max_tokens[i]]
+        assert tokens == expected, f"client {i}"
+        assert text == text_of(tokenizer, expected) and reason == "length"
+    assert 20 < completed < 64
+    live.assert_nothing_leaked()
+    after = live.metrics()
+    assert after["ce:prefix_cache_hits_total"] > before["ce:prefix_cache_hits_total"]  # the shared prefixes hit
+    aborted = after["ce:request_aborted_total"] - before["ce:request_aborted_total"]
+    # a client leaving after its last token was sent has nothing left to abort
+    assert 0 < aborted <= 64 - completed
+
+
+def test_a_failing_step_fails_its_requests_and_the_server_serves_on(live, solo_llm, monkeypatch):
+    """The decode step raises once while three streams and one plain request decode: each gets an error (an error
+    event, a 500), nothing leaks, and the next request is served with its solo tokens."""
+    runtime = live.engine.runtime
+    decode = runtime.decode
+    fired = threading.Event()
+
+    def failing_decode(*args, **kwargs):
+        if not fired.is_set():
+            fired.set()
+            raise RuntimeError("injected step failure")
+        return decode(*args, **kwargs)
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=live.base + "/v1", api_key="none", max_retries=0, timeout=60) as c:
+            streams = [await c.completions.create(model=MODEL, prompt=f"stream {i}", max_tokens=200, temperature=0,
+                                                  stream=True, extra_body=NO_EOS) for i in range(3)]
+            plain = asyncio.ensure_future(c.completions.create(model=MODEL, prompt="plain", max_tokens=200,
+                                                               temperature=0, extra_body=NO_EOS))
+            for s in streams:  # every stream is decoding
+                await s.__anext__()
+            deadline = time.monotonic() + 30
+            while live.server.llm.stats.num_running < 4:  # the plain request too
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            monkeypatch.setattr(runtime, "decode", failing_decode)
+            errors = []
+            for s in streams:
+                with pytest.raises(openai.APIError) as caught:
+                    async for _ in s:
+                        pass
+                errors.append(str(caught.value))
+            with pytest.raises(openai.InternalServerError) as caught:
+                await plain
+            return errors, caught.value
+
+    errors, plain_error = asyncio.run(run())
+    assert fired.is_set()
+    assert all("injected step failure" in e for e in errors), errors
+    assert plain_error.status_code == 500 and "injected step failure" in plain_error.body["message"]
+    live.assert_nothing_leaked()
+    assert live.metrics()["ce:engine_step_failures"] == 1
+    r = live.client.completions.create(model=MODEL, prompt="after", max_tokens=5, temperature=0, extra_body=NO_EOS)
+    assert r.choices[0].token_ids == solo(solo_llm, "after", 5).token_ids
+
+
+def test_async_llm_merges_outputs_for_a_slow_consumer_and_drains_on_shutdown(solo_llm):
+    """AsyncLLM without the server: a consumer slower than the engine gets merged outputs whose new tokens add up to
+    its solo run; shutdown refuses new requests, lets the open streams finish, then stops the engine thread; with a
+    stream interval, outputs come at the first token, every interval tokens, and the last."""
+    from compiled_engine.async_llm import AsyncLLM, QueueFullError
+
+    llm = LLM(ensure_tiny_model(), device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=4)
+    prompts = [[1, 2, 3], [40, 50, 60, 70]]
+    expected = [solo(solo_llm, p, 24).token_ids for p in prompts]
+
+    async def consume(engine: AsyncLLM, prompt, delay: float):
+        outputs = []
+        async for out in engine.generate(prompt, SamplingParams(max_tokens=24, **GREEDY)):
+            outputs.append(out)
+            await asyncio.sleep(delay)
+        return outputs
+
+    async def run():
+        engine = AsyncLLM(llm.engine)
+        await engine.start()
+        slow = await consume(engine, prompts[0], 0.05)
+        streams = [asyncio.ensure_future(consume(engine, p, 0.01)) for p in prompts]
+        await asyncio.sleep(0.05)
+        stopping = asyncio.ensure_future(engine.shutdown())
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFullError):
+            await anext(engine.generate([5], SamplingParams(max_tokens=2)))
+        drained = await asyncio.gather(*streams)
+        await stopping
+        # stream_interval 4: the first token at once, then every 4 tokens, and the last
+        spaced = AsyncLLM(llm.engine, stream_interval=4)
+        await spaced.start()
+        interval = await consume(spaced, prompts[1], 0)
+        await spaced.shutdown()
+        return slow, drained, engine, interval
+
+    slow, drained, engine, interval = asyncio.run(run())
+    assert {len(o.token_ids) for o in interval} <= {1, 5, 9, 13, 17, 21, 24} and interval[-1].finished
+    assert [t for o in interval for t in o.new_token_ids] == interval[-1].token_ids == expected[1]
+    assert [t for o in slow for t in o.new_token_ids] == slow[-1].token_ids == expected[0]
+    assert len(slow) < 24  # merged: fewer outputs than tokens
+    for outputs, exp in zip(drained, expected):
+        assert outputs[-1].finished and outputs[-1].token_ids == exp
+    assert not engine.alive and not llm.engine.requests
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The engine loop in a process of its own
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_an_engine_process_serves_the_same_tokens_and_leaks_nothing(solo_llm):
+    """--engine-process: outputs rebuilt from the process's deltas equal the solo runs (tokens, text, logprobs),
+    streamed or not, with 16 concurrent clients some of which disconnect; afterwards /metrics shows nothing held."""
+    live = LiveServer(engine_process=True, **KNOBS)
+    try:
+        assert live.engine is None and live.server.llm.host.alive
+        tokenizer = live.server.tokenizer
+        expected = solo(solo_llm, "Hello world", 8, logprobs=2)
+        r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=8, temperature=0, logprobs=2,
+                                           extra_body=NO_EOS)
+        assert r.choices[0].token_ids == expected.token_ids and r.choices[0].text == expected.text
+        assert r.choices[0].logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs],
+                                                                     abs=1e-4)
+        prompts = prompts_for_clients(16, seed=2)
+        oracle = {p: solo(solo_llm, p, 6).token_ids for p in set(prompts)}
+
+        async def client(c, i):
+            stream = await c.completions.create(model=MODEL, prompt=prompts[i], max_tokens=6, temperature=0,
+                                                stream=True, extra_body=NO_EOS)
+            tokens, text = [], ""
+            async with stream:
+                async for chunk in stream:
+                    if i % 4 == 3 and tokens:
+                        return None  # disconnects after its first token
+                    tokens += chunk.choices[0].token_ids
+                    text += chunk.choices[0].text
+            return tokens, text
+
+        async def run():
+            async with openai.AsyncOpenAI(base_url=live.base + "/v1", api_key="none", max_retries=0, timeout=60) as c:
+                return await asyncio.gather(*(client(c, i) for i in range(16)))
+
+        results = asyncio.run(run())
+        for i, result in enumerate(results):
+            if result is not None:
+                assert result == (oracle[prompts[i]], text_of(tokenizer, oracle[prompts[i]])), i
+        assert sum(r is not None for r in results) >= 12
+        live.wait_idle()
+    finally:
+        live.close()
+
+
+def test_a_dead_engine_process_fails_its_requests():
+    """The engine process killed mid-stream: the stream gets an error event, /health answers 503, and a new request
+    a 500 (the server itself stays up)."""
+    live = LiveServer(engine_process=True, **KNOBS)
+    try:
+        stream = live.client.completions.create(model=MODEL, prompt="long", max_tokens=200, temperature=0,
+                                                stream=True, extra_body=NO_EOS)
+        next(iter(stream))
+        live.server.llm.host._process.kill()
+        with pytest.raises(openai.APIError) as caught:
+            for _ in stream:
+                pass
+        assert "engine process exited" in str(caught.value)
+        assert httpx.get(live.base + "/health").status_code == 503
+        with pytest.raises(openai.InternalServerError):
+            live.client.completions.create(model=MODEL, prompt="after", max_tokens=2)
+    finally:
+        live.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------------------------
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+OK = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+MSG = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+LONG = "x" * (MAX_MODEL_LEN + 1)
+
+# (path, body: a dict or raw text, status, the field the error names)
+BAD_INPUT = [
+    (C, '{"model": "compiled-engine-tiny", "prompt": ', 400, None),  # malformed JSON
+    (C, "[1, 2]", 400, None),  # not an object
+    (C, {"model": MODEL}, 400, "prompt"),  # missing
+    (C, dict(OK, max_tokens="5"), 400, "max_tokens"),  # a string for an int
+    (C, dict(OK, max_tokens=0), 400, "max_tokens"),
+    (C, dict(OK, temperature=-1), 400, "temperature"),
+    (C, dict(OK, temperature="hot"), 400, "temperature"),
+    (C, '{"model": "compiled-engine-tiny", "prompt": "hi", "temperature": NaN}', 400, "temperature"),
+    (C, dict(OK, top_p=0), 400, "top_p"),
+    (C, dict(OK, top_p=1.5), 400, "top_p"),
+    (C, dict(OK, top_k=-2), 400, "top_k"),
+    (C, dict(OK, min_p=2), 400, "min_p"),
+    (C, dict(OK, seed=2**70), 400, "seed"),
+    (C, dict(OK, stream="yes"), 400, "stream"),
+    (C, dict(OK, ignore_eos=1), 400, "ignore_eos"),
+    (C, dict(OK, stop=5), 400, "stop"),
+    (C, dict(OK, stop=[""]), 400, "stop"),
+    (C, dict(OK, stop_token_ids=[-1]), 400, "stop_token_ids"),
+    (C, dict(OK, stop_token_ids=[10**6]), 400, "stop_token_ids"),  # outside the vocabulary
+    (C, dict(OK, logprobs=21), 400, "logprobs"),
+    (C, dict(OK, prompt=[300]), 400, "prompt"),  # a token id outside the vocabulary
+    (C, dict(OK, prompt=""), 400, "prompt"),  # empty
+    (C, dict(OK, prompt=[]), 400, "prompt"),
+    (C, dict(OK, prompt=LONG), 400, "prompt"),  # over max_model_len
+    (C, dict(OK, prompt="x" * (MAX_MODEL_LEN - 4), max_tokens=8), 400, "max_tokens"),  # with max_tokens, over it
+    (C, dict(OK, n=2), 400, "n"),
+    (C, dict(OK, presence_penalty=0.5), 400, "presence_penalty"),
+    (C, dict(OK, echo=True, logprobs=1), 400, "echo"),
+    (C, dict(OK, stream_options={"include_usage": True}), 400, "stream_options"),  # without stream
+    (C, dict(OK, model="gpt-4"), 404, "model"),
+    (CHAT, {"model": MODEL}, 400, "messages"),
+    (CHAT, dict(MSG, messages=[]), 400, "messages"),
+    (CHAT, dict(MSG, messages=[{"role": "user", "content": 5}]), 400, "messages.0.content"),
+    (CHAT, dict(MSG, messages=[{"role": "user", "content": LONG}]), 400, "messages"),
+    (CHAT, dict(MSG, max_completion_tokens=0), 400, "max_completion_tokens"),
+    (CHAT, dict(MSG, max_completion_tokens=MAX_MODEL_LEN), 400, "max_completion_tokens"),
+    (CHAT, dict(MSG, top_logprobs=3), 400, "top_logprobs"),  # without logprobs
+    (CHAT, dict(MSG, logprobs=True, top_logprobs=30), 400, "top_logprobs"),
+    (CHAT, dict(MSG, n=3), 400, "n"),
+    ("/v1/nothing", OK, 404, None),
+]
+
+
+def test_bad_input_table(live):
+    """Each case gets its status, an OpenAI-shaped error body naming the field, and the server still serves."""
+    got = []
+    for path, body, status, param in BAD_INPUT:
+        content = body if isinstance(body, str) else json.dumps(body)
+        r = httpx.post(live.base + path, content=content, headers={"content-type": "application/json"})
+        error = r.json().get("error") if r.headers.get("content-type", "").startswith("application/json") else None
+        got.append((path, content[:60], r.status_code, error and error["param"]))
+        assert error is not None and set(error) == {"message", "type", "param", "code"} and error["message"], r.text
+    assert got == [(p, (b if isinstance(b, str) else json.dumps(b))[:60], s, f) for p, b, s, f in BAD_INPUT]
+    r = live.client.completions.create(model=MODEL, prompt="still here", max_tokens=3, temperature=0)
+    assert len(r.choices[0].text) > 0 or r.usage.completion_tokens > 0
+    live.assert_nothing_leaked()
+
+
+def test_more_waiting_than_max_waiting_is_503(live, monkeypatch):
+    monkeypatch.setattr(live.server.llm, "max_waiting", 0)
+    with pytest.raises(openai.APIStatusError) as caught:
+        live.client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+    assert caught.value.status_code == 503 and caught.value.body["code"] == "overloaded"
+    monkeypatch.setattr(live.server.llm, "max_waiting", 1)
+    with pytest.raises(openai.APIStatusError) as caught:  # two prompts, one place
+        live.client.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=2)
+    assert caught.value.status_code == 503
+    monkeypatch.undo()
+    assert live.client.completions.create(model=MODEL, prompt="hi", max_tokens=2).usage.completion_tokens >= 1
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The command line, SIGTERM
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", [[], ["--engine-process"]], ids=["thread", "engine-process"])
+def test_serve_command_drains_on_sigterm(flags):
+    """``python -m compiled_engine serve`` with the embedded default model: SIGTERM while a stream is open lets it
+    finish (every token, then [DONE]), then the process exits by that signal, without an error."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "compiled_engine", "serve", "--port", str(port), "--device", "cpu",
+         "--max-model-len", "256", "--max-num-seqs", "4", "--num-kv-blocks", "64", "--log-level", "warning", *flags],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "the server did not come up"
+            try:
+                if httpx.get(base + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        body = {"model": MODEL, "prompt": "drain me", "max_tokens": 60, "temperature": 0, "stream": True,
+                "ignore_eos": True, "return_token_ids": True}
+        tokens, done = [], False
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    continue
+                tokens += json.loads(line[6:])["choices"][0]["token_ids"]
+                if len(tokens) == 1:
+                    proc.send_signal(signal.SIGTERM)
+        assert done and len(tokens) == 60
+        # uvicorn re-raises the signal once it has shut down (the lifespan, hence AsyncLLM.shutdown, included)
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        log = proc.stdout.read().decode()
+        assert "Traceback" not in log, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

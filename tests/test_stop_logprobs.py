@@ -1,0 +1,204 @@
+"""Stop strings and logprobs, the engine side of the server (CPU, the embedded tiny default model).
+
+Oracles: ``ce::logprobs`` against a float64 log-softmax and sort (its opcheck case is in tests/test_ops.py); the
+incremental detokenizer against the tokenizer's decode of all the ids at once and Python's ``str.find``; stop strings
+against a solo run without them; the engine's logprobs against HF transformers' logits of the tiny default
+checkpoint (a Qwen3_5ForCausalLM) in float64.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ops  # noqa: F401  (registers the ce ops)
+from compiled_engine import LLM, SamplingParams
+from compiled_engine.detokenizer import IncrementalDetokenizer
+from compiled_engine.llm import load_tokenizer
+from compiled_engine.tiny_model import ensure_tiny_model
+from tests import hf_models
+
+ce = torch.ops.ce
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_path() -> str:
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_path):
+    return load_tokenizer(tiny_path)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_path) -> LLM:
+    return LLM(tiny_path, device="cpu", enforce_eager=True, max_model_len=256, max_num_seqs=4, overlap_decode=False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ce::logprobs
+# --------------------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 5), vocab=st.integers(2, 300), k=st.integers(0, 20), seed=st.integers(0, 2**31),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_logprobs_op_matches_a_float64_log_softmax(rows, vocab, k, seed, dtype):
+    k = min(k, vocab)
+    g = torch.Generator().manual_seed(seed)
+    # Distinct values (a permutation of a grid) so that the top-k order has no ties, in any dtype.
+    logits = (torch.stack([torch.randperm(vocab, generator=g) for _ in range(rows)]).float() * 0.0625 - 8).to(dtype)
+    tokens = torch.randint(vocab, (rows,), generator=g)
+    chosen, values, ids = ce.logprobs(logits, tokens, k)
+    x = logits.double()
+    expected = x - torch.log(torch.exp(x - x.max(-1, keepdim=True).values).sum(-1, keepdim=True)) \
+        - x.max(-1, keepdim=True).values
+    order = torch.argsort(x, dim=-1, descending=True)[:, :k]
+    assert chosen.dtype == values.dtype == torch.float32 and ids.dtype == torch.long
+    torch.testing.assert_close(chosen.double(), expected.gather(1, tokens[:, None])[:, 0], atol=1e-5, rtol=0)
+    assert torch.equal(ids, order)
+    torch.testing.assert_close(values.double(), expected.gather(1, order), atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Incremental detokenizer
+# --------------------------------------------------------------------------------------------------------------
+
+# Byte strings rich in multi-byte characters, split over tokens (the tiny tokenizer's tokens are bytes).
+PIECES = ["a", "b", " ", "é", "€", "😀", "ab", "\n", "zz"]
+texts = st.lists(st.sampled_from(PIECES), min_size=1, max_size=20).map("".join)
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=texts, prompt=texts, junk=st.lists(st.integers(128, 255), max_size=3))
+def test_incremental_text_is_the_decode_of_all_ids(tokenizer, text, prompt, junk):
+    """Token by token, including invalid bytes (a stray continuation byte renders as U+FFFD): the text equals one
+    decode of all the generated ids once flushed, and is a prefix of it at every step."""
+    ids = list(text.encode()) + junk
+    detok = IncrementalDetokenizer(tokenizer, list(prompt.encode()))
+    full = tokenizer.decode(ids)
+    for token in ids:
+        assert detok.add(token) is None
+        assert full.startswith(detok.text)
+    detok.flush()
+    assert detok.text == full
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=texts, stops=st.lists(st.sampled_from(["b", "zz", "a b", "€", "é€", "q"]), min_size=1, max_size=3))
+def test_stop_strings_cut_the_text_where_the_first_one_starts(tokenizer, text, stops):
+    """Oracle: str.find on the whole text. The stop string is found at the token that completes it, the text is
+    cut before it, and while running the text shown holds back what may begin a stop string."""
+    ids = list(text.encode())
+    detok = IncrementalDetokenizer(tokenizer, [1, 2, 3], stops)
+    found = None
+    for token in ids:
+        shown = detok.output_text(finished=False)
+        assert len(shown) <= max(0, len(detok.text) - (max(map(len, stops)) - 1)) or len(shown) == len(detok.text)
+        found = detok.add(token)
+        if found is not None:
+            break
+    hits = [(text.find(s), s) for s in stops if s in text]
+    if not hits:
+        assert found is None and detok.text == text
+        return
+    at = min(i for i, _ in hits)
+    assert detok.text == text[:at]
+    assert found in {s for i, s in hits if i == at}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The engine: stop strings and logprobs
+# --------------------------------------------------------------------------------------------------------------
+
+
+def two_char_stop(text: str) -> tuple[str, int]:
+    """The first two adjacent printable ASCII characters of ``text`` (two bytes: two tokens of the tiny tokenizer),
+    not at its very start."""
+    for i in range(1, len(text) - 1):
+        if text[i].isascii() and text[i + 1].isascii() and (text[i] + text[i + 1]).isprintable():
+            return text[i : i + 2], i
+    raise AssertionError(f"no two adjacent ASCII characters in {text!r}")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_stop_string_spanning_two_tokens_ends_the_request(llm, tokenizer, overlap):
+    prompts = ["Hello world", "abc", "The quick brown fox"]
+    solo = [llm.generate(p, SamplingParams(max_tokens=40, **GREEDY), use_tqdm=False)[0] for p in prompts]
+    stop, at = two_char_stop(solo[0].text)
+    assert solo[0].text.find(stop) == at  # its first occurrence
+    llm.engine.overlap_decode = overlap
+    try:
+        params = [SamplingParams(max_tokens=40, stop=[stop, "\x00never"], **GREEDY),
+                  SamplingParams(max_tokens=40, **GREEDY), SamplingParams(max_tokens=40, stop="\x00never", **GREEDY)]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.engine.overlap_decode = False
+    first = outs[0]
+    assert first.finish_reason == "stop" and first.stop_reason == stop
+    assert first.text == solo[0].text[:at]
+    n = len(first.token_ids)
+    assert first.token_ids == solo[0].token_ids[:n]  # the tokens up to the one completing the stop string
+    assert tokenizer.decode(first.token_ids).endswith(stop)
+    assert not tokenizer.decode(first.token_ids[:-1]).endswith(stop)
+    for out, ref in zip(outs[1:], solo[1:]):  # the others run to their length, unchanged
+        assert (out.token_ids, out.text, out.finish_reason) == (ref.token_ids, ref.text, "length")
+    engine = llm.engine
+    assert engine.runtime.caches.num_free_slots == engine.runtime.config.max_num_seqs
+
+
+def test_streamed_text_adds_up_and_stop_text_is_never_shown(llm):
+    """Through engine.step (CUMULATIVE outputs): each output's text extends the previous one and never shows the
+    stop string; the last one is the stopped text."""
+    solo = llm.generate("Hello world", SamplingParams(max_tokens=40, **GREEDY), use_tqdm=False)[0]
+    stop, at = two_char_stop(solo.text)
+    engine = llm.engine
+    engine.add_request("s", llm._encode("Hello world"), SamplingParams(max_tokens=40, stop=[stop], **GREEDY))
+    shown = ""
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert out.text.startswith(shown) and stop not in out.text
+            shown = out.text
+    assert out.finished and shown == solo.text[:at]
+
+
+@pytest.mark.parametrize("overlap,split", [(False, False), (True, False), (True, True)])
+def test_logprobs_are_the_models_log_softmax(llm, tiny_path, overlap, split):
+    """Against HF transformers' float64 logits of the same checkpoint over prompt + generated tokens: the chosen
+    token's logprob and the top-n, for greedy and seeded sampled rows, through decode steps, prefill steps (first
+    tokens; min_tokens rows sample from the logits) and mixed steps (six requests over four slots, finishing at
+    different lengths, so later ones join running ones), fused or ``split`` into a decode and a prefill step."""
+    model = hf_models.load_hf(tiny_path).double()
+    rng = random.Random(3)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (5, 17, 40, 9, 23, 3)]
+    kinds = [dict(logprobs=3, **GREEDY), dict(temperature=0.8, top_k=20, seed=7, logprobs=20, ignore_eos=True),
+             dict(temperature=0.0, min_tokens=3, logprobs=0), dict(**GREEDY)]
+    params = [SamplingParams(max_tokens=2 + 2 * i, **kinds[i % len(kinds)]) for i in range(len(prompts))]
+    engine = llm.engine
+    engine.overlap_decode, fused = overlap, engine.max_fused_decode_rows
+    engine.max_fused_decode_rows = 0 if split else fused
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        engine.overlap_decode, engine.max_fused_decode_rows = False, fused
+    for prompt, p, out in zip(prompts, params, outs):
+        if p.logprobs is None:
+            assert out.logprobs is None
+            continue
+        assert [e.token_id for e in out.logprobs] == out.token_ids
+        logits = hf_models.hf_logits(model, prompt + out.token_ids)
+        oracle = torch.log_softmax(logits.double(), dim=-1)[len(prompt) - 1 : -1]
+        for row, entry in zip(oracle, out.logprobs):
+            assert math.isclose(entry.logprob, row[entry.token_id].item(), abs_tol=1e-4)
+            assert len(entry.top) == p.logprobs
+            kth = row.sort(descending=True).values[p.logprobs - 1].item() if p.logprobs else math.inf
+            for token, value in entry.top:
+                assert math.isclose(value, row[token].item(), abs_tol=1e-4) and value >= kth - 1e-4
+            assert [v for _, v in entry.top] == sorted((v for _, v in entry.top), reverse=True)
