@@ -102,7 +102,11 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from compiled_engine import server  # FastAPI and uvicorn only when serving
+    try:
+        from compiled_engine import server  # FastAPI and uvicorn only when serving
+    except ModuleNotFoundError as error:
+        raise SystemExit(f"serve needs the server's packages ({error.name} is missing): "
+                         "pip install -e '.[serve]'") from error
 
     app = server.build_server(
         args.model,
