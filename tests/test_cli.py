@@ -26,3 +26,16 @@ def test_bad_input_is_an_error_message_not_a_traceback(tmp_path, monkeypatch, ca
     # a checkpoint folder without a tokenizer cannot take text prompts
     assert main(["generate", "--model", str(qwen3_5_text_untied_path), "--prompt", "x"]) == 2
     assert "no tokenizer" in capsys.readouterr().err
+
+
+def test_serve_without_the_server_packages_names_the_extra(monkeypatch):
+    """A base install has no FastAPI: `serve` says which package is missing and which extra brings it."""
+    import sys
+
+    import pytest
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # "import fastapi" now raises ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "compiled_engine.server", raising=False)  # as if never imported
+    monkeypatch.delattr(sys.modules["compiled_engine"], "server", raising=False)
+    with pytest.raises(SystemExit, match=r"fastapi is missing.*\.\[serve\]"):
+        main(["serve", "--port", "0"])
