@@ -240,7 +240,7 @@ def test_route_kernel_on_gpu(renormalize):
 def test_fused_moe_kernel_hypothesis_on_gpu():
     from hypothesis import HealthCheck
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
     @given(routings(max_tokens=300, max_experts=64), st.sampled_from([torch.float32, torch.bfloat16]))
     def run(routing, dtype):
         tokens, experts, top_k, ids = routing
