@@ -66,7 +66,8 @@ def mtp_float64(weights: dict, embed: torch.Tensor, hidden: torch.Tensor, next_i
     heads, kv_heads, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     t = len(next_ids)
     e = embed.double()[torch.tensor(next_ids)]
-    x = torch.cat([_rms(e, w["mtp.pre_fc_norm_embedding.weight"]), _rms(hidden.double(), w["mtp.pre_fc_norm_hidden.weight"])],
+    x = torch.cat([_rms(e, w["mtp.pre_fc_norm_embedding.weight"]),
+                   _rms(hidden.double(), w["mtp.pre_fc_norm_hidden.weight"])],
                   dim=-1) @ w["mtp.fc.weight"].T
     p = "mtp.layers.0."
     a = _rms(x, w[p + "input_layernorm.weight"])
