@@ -193,7 +193,7 @@ class WeightRouter:
             if parts[1] == "weight":
                 return Placement(f"mtp.{parts[0]}.weight")
         if len(parts) >= 4 and parts[:2] == ["layers", "0"]:
-            placement = self._route_layer("mtp.layers.0", parts[2:], sparse=False)
+            placement = self._route_layer("mtp.layers.0", parts[2:], sparse=0 in self.config.moe_layers)
             if placement is not None:
                 return placement
         raise CheckpointError(f"unexpected tensor {name!r}")

@@ -83,8 +83,6 @@ class HybridModel(nn.Module):
         super().__init__()
         if mtp and tp.world_size > 1:
             raise ValueError("the MTP layer (speculative decoding) runs without tensor parallelism only")
-        if mtp and config.moe_layers:
-            raise ValueError("speculative_config: the MTP layer of MoE checkpoints (a sparse MLP) is not supported yet")
         self.config = config
         self.tp = tp
         self.vocab_per_rank = -(-config.vocab_size // tp.world_size)

@@ -37,7 +37,11 @@ class MTPLayer(nn.Module):
         self.fc = empty_parameter(h, 2 * h)
         self.pre_fc_norm_embedding = RMSNorm(h, config.rms_norm_eps)
         self.pre_fc_norm_hidden = RMSNorm(h, config.rms_norm_eps)
-        self.layers = nn.ModuleList([decoder_layer(config, FULL_ATTENTION, SINGLE, attention_backend)])
+        # Its MLP is sparse exactly when the target's layer 0 is (vLLM builds it as a decoder layer of index 0):
+        # the MoE checkpoints' MTP layers carry experts.
+        self.layers = nn.ModuleList(
+            [decoder_layer(config, FULL_ATTENTION, SINGLE, attention_backend, sparse=0 in config.moe_layers)]
+        )
         self.norm = RMSNorm(h, config.rms_norm_eps)
 
     def forward(self, embedded: torch.Tensor, hidden: torch.Tensor, step: StepInputs) -> torch.Tensor:

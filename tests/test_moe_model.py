@@ -141,16 +141,6 @@ def test_a_sparse_config_over_a_dense_checkpoint_is_refused(build_hf_model, tmp_
         _parameters(folder)
 
 
-def test_speculative_decoding_on_a_moe_checkpoint_is_refused(build_hf_model):
-    """The MTP layer of MoE checkpoints has a sparse MLP, which the MTP layer does not build yet: a clear ValueError
-    at construction, not a loader error about an unexpected expert tensor."""
-    from compiled_engine.runtime import Runtime
-
-    with pytest.raises(ValueError, match="MTP layer of MoE checkpoints"):
-        Runtime.from_pretrained(str(build_hf_model("qwen3_next_moe")), device="cpu", dtype="float32",
-                                speculative_config={"method": "mtp", "num_speculative_tokens": 1})
-
-
 def test_engine_stream_with_preemption_keeps_hf_greedy(build_hf_model, load_hf_model):
     path = build_hf_model("qwen3_next_moe")
     llm = make_llm(path, **PREEMPTING)

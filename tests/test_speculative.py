@@ -59,23 +59,25 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: floa
     return torch.cat([a * cos - b * sin, b * cos + a * sin, rest], dim=-1)
 
 
-def mtp_float64(weights: dict, embed: torch.Tensor, hidden: torch.Tensor, next_ids: list[int]) -> torch.Tensor:
-    """The MTP layer of one sequence's rows 0..T-1 (causal), in float64, from the checkpoint's own tensors."""
+def mtp_float64(weights: dict, embed: torch.Tensor, hidden: torch.Tensor, next_ids: list[int],
+                config: dict = TINY_CONFIG) -> torch.Tensor:
+    """The MTP layer of one sequence's rows 0..T-1 (causal), in float64, from the checkpoint's own tensors and its
+    config.json (HF's formulas: a dense MLP, or the sparse block of HF's Qwen3-Next / Qwen3.5-MoE modeling files)."""
     w = {k: v.double() for k, v in weights.items() if k.startswith("mtp.")}
-    c = TINY_CONFIG
+    c = config
+    rms = lambda x, weight: _rms(x, weight, c["rms_norm_eps"])  # noqa: E731
     heads, kv_heads, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     t = len(next_ids)
     e = embed.double()[torch.tensor(next_ids)]
-    x = torch.cat([_rms(e, w["mtp.pre_fc_norm_embedding.weight"]),
-                   _rms(hidden.double(), w["mtp.pre_fc_norm_hidden.weight"])],
-                  dim=-1) @ w["mtp.fc.weight"].T
+    x = torch.cat([rms(e, w["mtp.pre_fc_norm_embedding.weight"]),
+                   rms(hidden.double(), w["mtp.pre_fc_norm_hidden.weight"])], dim=-1) @ w["mtp.fc.weight"].T
     p = "mtp.layers.0."
-    a = _rms(x, w[p + "input_layernorm.weight"])
+    a = rms(x, w[p + "input_layernorm.weight"])
     q_gate = (a @ w[p + "self_attn.q_proj.weight"].T).view(t, heads, 2 * d)
     q, gate = q_gate[..., :d], q_gate[..., d:]
     k = (a @ w[p + "self_attn.k_proj.weight"].T).view(t, kv_heads, d)
     v = (a @ w[p + "self_attn.v_proj.weight"].T).view(t, kv_heads, d)
-    q, k = _rms(q, w[p + "self_attn.q_norm.weight"]), _rms(k, w[p + "self_attn.k_norm.weight"])
+    q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
     rope = c["rope_parameters"]
     positions = torch.arange(t)
     rotary = int(d * rope["partial_rotary_factor"])
@@ -85,10 +87,26 @@ def mtp_float64(weights: dict, embed: torch.Tensor, hidden: torch.Tensor, next_i
     scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
     attn = torch.einsum("hts,shd->thd", scores.softmax(-1), v) * torch.sigmoid(gate)
     x = x + attn.reshape(t, -1) @ w[p + "self_attn.o_proj.weight"].T
-    m = _rms(x, w[p + "post_attention_layernorm.weight"])
-    g, u = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T
-    x = x + (torch.nn.functional.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
-    return _rms(x, w["mtp.norm.weight"])
+    m = rms(x, w[p + "post_attention_layernorm.weight"])
+
+    def mlp(prefix: str, rows: torch.Tensor) -> torch.Tensor:
+        g, u = rows @ w[prefix + "gate_proj.weight"].T, rows @ w[prefix + "up_proj.weight"].T
+        return (torch.nn.functional.silu(g) * u) @ w[prefix + "down_proj.weight"].T
+
+    if p + "mlp.gate.weight" not in w:
+        return rms(x + mlp(p + "mlp.", m), w["mtp.norm.weight"])
+    # Sparse: softmax over the experts, top-k, renormalised (always in Qwen3.5-MoE, per norm_topk_prob in
+    # Qwen3-Next), the experts' weighted sum, plus the shared expert scaled by sigmoid(shared_expert_gate).
+    probs = (m @ w[p + "mlp.gate.weight"].T).softmax(-1)
+    top, ids = probs.topk(c["num_experts_per_tok"], dim=-1)
+    if c["model_type"].startswith("qwen3_5") or c.get("norm_topk_prob", True):
+        top = top / top.sum(-1, keepdim=True)
+    routed = torch.zeros_like(m)
+    for row in range(t):
+        for weight, expert in zip(top[row], ids[row].tolist()):
+            routed[row] += weight * mlp(f"{p}mlp.experts.{expert}.", m[row : row + 1])[0]
+    shared = torch.sigmoid(m @ w[p + "mlp.shared_expert_gate.weight"].T) * mlp(p + "mlp.shared_expert.", m)
+    return rms(x + routed + shared, w["mtp.norm.weight"])
 
 
 def test_mtp_layer_matches_a_float64_formula(tiny_path):
@@ -106,6 +124,53 @@ def test_mtp_layer_matches_a_float64_formula(tiny_path):
     with torch.inference_mode():
         drafts = rt.draft_after_prefill(step, torch.tensor([77]))
     assert drafts[0, 0].item() == int((expected[-1] @ weights["lm_head.weight"].double().T).argmax())
+
+
+def moe_checkpoint_with_mtp(build_hf_model, variant: str, folder) -> str:
+    """A tiny MoE checkpoint (tests/hf_models.py, HF's own save) given mtp.* tensors, as the released MoE checkpoints
+    carry them: its full-attention layer 3 (sparse) as mtp.layers.0, a random fc and random norms."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(build_hf_model(variant), folder)
+    weights = load_file(f"{folder}/model.safetensors")
+    hidden = weights["model.norm.weight"].shape[0]
+    g = torch.Generator().manual_seed(1)
+    mtp = {name.replace("model.layers.3.", "mtp.layers.0."): tensor.clone() for name, tensor in weights.items()
+           if name.startswith("model.layers.3.")}
+    mtp["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden, generator=g) * (2 * hidden) ** -0.5
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        mtp[f"mtp.{norm}.weight"] = torch.randn(hidden, generator=g) * 0.1
+    save_file({**weights, **mtp}, f"{folder}/model.safetensors")
+    return str(folder)
+
+
+@pytest.mark.parametrize("variant", ["qwen3_5_moe_text", "qwen3_next_moe"])
+def test_moe_checkpoints_mtp_layer_is_sparse_and_lossless(build_hf_model, tmp_path, variant):
+    """The MTP layer of MoE checkpoints has the sparse block (layer 0's kind): it loads, matches the float64 formula
+    of HF's sparse block, and speculative greedy output equals plain greedy output."""
+    import json
+
+    path = moe_checkpoint_with_mtp(build_hf_model, variant, tmp_path / "ckpt")
+    config = json.load(open(f"{path}/config.json"))
+    rt = Runtime.from_pretrained(path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=4,
+                                 speculative_config=spec(2))
+    prompt = [5, 17, 99, 3, 42, 7, 8, 200, 31, 64]
+    step = rt.prefill_for_drafts([rt.add_sequence(prompt)])
+    next_ids = prompt[1:] + [77]
+    with torch.inference_mode():
+        ours = rt.model.mtp_forward(torch.tensor(next_ids), step.hidden, step.step)
+    weights = load_file(f"{path}/model.safetensors")
+    expected = mtp_float64(weights, weights["model.embed_tokens.weight"], step.hidden, next_ids, config)
+    torch.testing.assert_close(ours.double(), expected, atol=2e-4, rtol=2e-4)
+    prompts = [[5, 17, 99, 3], [250, 251, 1, 2, 3, 4, 5], [9] * 12]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    plain = LLM(path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=4)
+    speculative = LLM(path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=4,
+                      speculative_config=spec(2))
+    assert [o.token_ids for o in speculative.generate(prompts, greedy, use_tqdm=False)] == [
+        o.token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)]
 
 
 # -------------------------------------------------------------------------------------------------- options
