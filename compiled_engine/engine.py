@@ -222,6 +222,8 @@ class LLMEngine:
                                    decode_tokens=1 + self.num_speculative_tokens, max_model_len=runtime.max_model_len)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)
+        # The ids of those that ask for logprobs: while none does, a step does not look for them row by row.
+        self._with_logprobs: set[str] = set()
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
         self._seed_source = random.Random()
         self._next_id = 0
@@ -275,10 +277,13 @@ class LLMEngine:
             seq.status = SequenceStatus.WAITING
             self.requests[request_id] = request
             self._request_of_seq[seq.seq_id] = request
+            if params.logprobs is not None:
+                self._with_logprobs.add(request_id)
             self.scheduler.waiting.append(seq)
         except BaseException:
             self.requests.pop(request_id, None)
             self._request_of_seq.pop(seq.seq_id, None)
+            self._with_logprobs.discard(request_id)
             if seq in self.scheduler.waiting:
                 self.scheduler.waiting.remove(seq)
             raise
@@ -501,6 +506,8 @@ class LLMEngine:
 
     def _num_logprobs(self, seqs: list[Sequence]) -> int | None:
         """The most top logprobs a request of the step asks for; None when none asks for logprobs."""
+        if not self._with_logprobs:  # the common case, without a pass over the batch
+            return None
         asked = [r.params.logprobs for r in map(self._request_of_seq.get, (s.seq_id for s in seqs))
                  if r is not None and r.params.logprobs is not None]
         return max(asked) if asked else None
@@ -734,6 +741,7 @@ class LLMEngine:
             request.finish_reason = reason
         self._request_of_seq.pop(request.seq.seq_id, None)
         self.requests.pop(request.request_id, None)
+        self._with_logprobs.discard(request.request_id)
 
     @staticmethod
     def _suppressing(request: Request) -> bool:

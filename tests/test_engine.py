@@ -93,7 +93,7 @@ def drain(engine: LLMEngine, max_steps: int = 5000, on_step=None, streamed=None)
 def assert_clean(engine: LLMEngine) -> None:
     """No request, queue entry, KV block or state slot is left behind."""
     runtime, scheduler = engine.runtime, engine.scheduler
-    assert not engine.requests
+    assert not engine.requests and not engine._with_logprobs
     assert not scheduler.waiting and not scheduler.running
     blocks = runtime.caches.blocks
     assert blocks.num_free == runtime.cache_config.num_kv_blocks - 1

@@ -188,6 +188,7 @@ def test_logprobs_are_the_models_log_softmax(llm, tiny_path, overlap, split):
         outs = llm.generate(prompts, params, use_tqdm=False)
     finally:
         engine.overlap_decode, engine.max_fused_decode_rows = False, fused
+    assert not engine._with_logprobs  # finished requests leave steps without the row-by-row look for logprobs
     for prompt, p, out in zip(prompts, params, outs):
         if p.logprobs is None:
             assert out.logprobs is None
