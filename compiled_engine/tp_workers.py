@@ -364,7 +364,7 @@ def worker_main(rank: int, world_size: int, port: int, device_type: str, args: d
         _maybe_fail(rank, "load")
         config, dtype = args["runtime_config"], args["dtype"]
         model, _ = load_model(args["path"], args["model_config"], device, dtype, tp=tp,
-                              attention_backend=config.attention_backend)
+                              attention_backend=config.attention_backend, weights=args["weights"])
         reports.put((rank, "loaded"))
         max_model_len = config.max_model_len or model.config.max_position_embeddings
         _, prefix_cache = allocate_caches(model, config, max_model_len, device, dtype)
