@@ -32,9 +32,11 @@ import gc
 import os
 import queue
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
+from multiprocessing.connection import wait as wait_for_any
 from typing import NoReturn
 
 import torch
@@ -125,6 +127,23 @@ class TensorParallelWorkers:
             self.abort()
             raise
         self.tp = TensorParallel(rank=0, world_size=world_size)
+        if device.type == "cuda":
+            threading.Thread(target=self.abort_collectives_when_a_worker_dies, daemon=True,
+                             name="compiled_engine-tp-watch").start()
+
+    def abort_collectives_when_a_worker_dies(self) -> None:
+        """NCCL only, on a daemon thread: wait for any worker process to end; one that ends while the workers serve
+        (neither ``shutdown`` nor ``abort`` stopped it) makes this process abort its NCCL communicators.
+
+        A rank that dies inside a collective leaves the others' NCCL kernels waiting for it until the collective
+        timeout (10 min), and rank 0's host waiting on them (a token read-back), deaf to anything else. The abort
+        ends those kernels: rank 0's step returns (its outputs meaningless) and its next command fails, which
+        ModelExecutor.execute raises as the WorkerError naming the dead worker. gloo needs none of this: a dead
+        peer's closed sockets end its collectives at once.
+        """
+        wait_for_any([process.sentinel for process in self.processes])
+        if not self.closed:
+            dist.distributed_c10d._abort_process_group()
 
     # ---------------------------------------------------------------------------------------------- handshakes
     def wait_for(self, stage: str, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
@@ -274,18 +293,19 @@ def leave_process_group(device: torch.device) -> None:
     without this both ranks of a TP=2 run hang there after their last step.
     The graphs are cudagraph trees', which are per process, so all of this process's go: these ranks cannot step
     any more, and any other compiled function records its graphs again on its next call.
+    A group that ``abort_collectives_when_a_worker_dies`` aborted is gone already; its graphs still go.
     """
+    if device.type == "cuda":
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()
+        gc.collect()  # the graphs' last references may sit in reference cycles
     if not dist.is_initialized():
         # A failed init_process_group has still counted the group it did not make, and the group's name (hence its
         # store keys) comes from that count: reset it as destroy_process_group does, so that the next start's
         # fresh workers, which count from 0, meet this process under the same name.
         dist.distributed_c10d._world.group_count = 0
         return
-    if device.type == "cuda":
-        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
-
-        reset_cudagraph_trees()
-        gc.collect()  # the graphs' last references may sit in reference cycles
     dist.destroy_process_group()
 
 
