@@ -580,3 +580,37 @@ def test_spec(smoke):
                 assert positive(entry["output_tok_s"])
             assert cell["forced_1"]["acceptance"] == 1.0
             assert cell["forced_0"]["acceptance"] == 0.0
+
+
+def test_tensor_parallel_bench_on_cpu(tmp_path, monkeypatch):
+    """bench/run_tp2.sh's bench stage, tiny and on the CPU at TP=2 (gloo): latency, sweep (batches 1, 2) and
+    throughput run over the sharded engine, their bounds from rank 0's shard (about half the weight bytes); and its
+    allreduce stage: the step's collectives of the same shape, timed on 2 spawned ranks."""
+    from bench import allreduce_microbench
+    from compiled_engine.tiny_model import ensure_tiny_model
+
+    monkeypatch.setenv("COMPILED_ENGINE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "tp2"
+    rc = main(["latency,sweep,throughput", "--device", "cpu", "--tensor-parallel-size", "2", "--max-num-seqs", "2",
+               "--max-model-len", "48", "--bandwidth-mib", "8", "-p", "latency.prompt_len=8",
+               "-p", "latency.new_tokens=4", "-p", "latency.repeats=1", "-p", "latency.warmup_tokens=2",
+               "-p", "sweep.batches=1,2", "-p", "sweep.prompt_len=8", "-p", "sweep.steps=2",
+               "-p", "sweep.warmup_steps=1", "-p", "throughput.num_requests=3", "-p", "min_len=4", "-p", "max_len=8",
+               "-p", "throughput.warmup_requests=1", "--out", str(out)])
+    assert rc == 0
+    full = model_bytes_from_config(ModelConfig.from_pretrained(ensure_tiny_model()), torch.float32).weight_bytes
+    for scenario in ("latency", "sweep", "throughput"):
+        result = json.loads((out / f"{scenario}.json").read_text())
+        assert "error" not in result and result["engine"]["tensor_parallel_size"] == 2
+        assert 0.4 * full < result["model"]["weight_bytes"] < 0.6 * full  # rank 0's shard
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert {row["batch"] for row in sweep["rows"]} == {1, 2}
+    assert all(positive(row["decode_tok_s"]) and positive(row["fraction_of_bound"]) for row in sweep["rows"])
+
+    result = allreduce_microbench.run("tiny", [1, 2], device="cpu", iters=2)
+    config = ModelConfig.from_pretrained(ensure_tiny_model())
+    assert [row["batch"] for row in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert row["all_reduces_per_step"] == 2 * config.num_hidden_layers
+        assert row["all_reduce_bytes"] == row["batch"] * config.hidden_size * 4
+        assert positive(row["all_reduce_us"]) and positive(row["all_gather_us"]) and not row["captured"]
