@@ -14,7 +14,7 @@
 #                                        #   the throughput workload, each against its bound (rank 0's shard: weight
 #                                        #   bytes per rank), at tensor_parallel_size TP (1 or 2)
 #       MODEL qwen3.5-0.8b: ~3 min a TP; qwen3.5-27b (27B-like dense, random weights drawn on the GPUs): ~6-8 min a
-#       TP (64 layers compile cold: unmeasured); qwen3-next-80b-a3b: TP=2 only (163 GB in bf16), latency and
+#       TP (64 layers compile cold: unmeasured); qwen3-next-80b-a3b: TP=2 only (159 GB in bf16), latency and
 #       throughput (SCENARIOS=latency,throughput is its default; its 48-layer MoE compile is unmeasured)
 # SCENARIOS overrides a bench stage's scenarios, STAGE_S its time limit. Compile caches live in /tmp/ce_* so that later
 # calls on a machine that stayed warm reuse them. Merge the bench folders afterwards, on any machine:
