@@ -90,6 +90,9 @@ class TensorParallelWorkers:
         # NVLink multicast stays off (it can take a shared host's GPUs out of service); children inherit this.
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        # NCCL errors and timeouts abort the communicators without killing the process (torch's default kills it):
+        # what abort_collectives_when_a_worker_dies does itself, and the watchdog must not answer it with a kill.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         self.world_size = world_size
         self.device = device
         context = mp.get_context("spawn")
@@ -109,6 +112,7 @@ class TensorParallelWorkers:
             for rank in range(1, world_size)
         ]
         self.closed = False
+        self.group_lock = threading.Lock()  # leaving the process group vs the watch thread's abort of it
         # An owner that never calls close() must not hang the interpreter's exit: the workers would sit in their
         # next broadcast, and rank 0's process group in its teardown (seen in the TP=2 bench). atexit runs
         # this before multiprocessing's own exit handler, which was registered earlier.
@@ -142,8 +146,9 @@ class TensorParallelWorkers:
         peer's closed sockets end its collectives at once.
         """
         wait_for_any([process.sentinel for process in self.processes])
-        if not self.closed:
-            dist.distributed_c10d._abort_process_group()
+        with self.group_lock:
+            if not self.closed and dist.is_initialized():
+                dist.distributed_c10d._abort_process_group()
 
     # ---------------------------------------------------------------------------------------------- handshakes
     def wait_for(self, stage: str, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
@@ -199,10 +204,18 @@ class TensorParallelWorkers:
 
     # ------------------------------------------------------------------------------------------------ commands
     def _command(self, values: list[int]) -> None:
-        """Broadcast a command header to the workers (which must still be running)."""
+        """Broadcast a command header to the workers (which must still be running). A failed broadcast (a dead
+        worker: gloo's closed socket, or the group aborted by ``abort_collectives_when_a_worker_dies``) stops the
+        workers and raises the worker's error, whichever command it was (a step's, a slot reset's...)."""
         if self.closed:
             raise RuntimeError("the tensor-parallel workers are stopped (closed, or a step failed)")
-        dist.broadcast(self._header(values), 0)
+        try:
+            dist.broadcast(self._header(values), 0)
+        except Exception as error:
+            try:
+                self.raise_worker_error(error)
+            finally:
+                self.abort()
 
     def _header(self, values: list[int]) -> torch.Tensor:
         return upload(torch.tensor(values + [0] * (HEADER_SIZE - len(values)), dtype=torch.int64), self.device)
@@ -233,7 +246,8 @@ class TensorParallelWorkers:
                 process.kill()
             if process.pid is not None:  # started (an interrupted start may not have started them all)
                 process.join()
-        leave_process_group(self.device)
+        with self.group_lock:
+            leave_process_group(self.device)
 
     def shutdown_at_exit(self) -> None:
         """``shutdown`` at interpreter exit: after an uncaught exception (sys.last_value: a KeyboardInterrupt in a
@@ -263,7 +277,8 @@ class TensorParallelWorkers:
                     dist.broadcast(self._header([CMD_STOP]), 0)
             except Exception:  # a dead peer: nothing to tell it
                 pass
-            leave_process_group(self.device)
+            with self.group_lock:
+                leave_process_group(self.device)
         for process in self.processes:
             process.join(timeout=30)
             if process.is_alive():

@@ -113,6 +113,7 @@ def test_a_worker_killed_mid_step_raises_worker_error_on_nccl(tmp_path):
     print("\n".join(lines))
     assert "WorkerError" in lines[0] and "worker compiled_engine-tp1 exited with code -9" in lines[0], lines
     assert lines[1] == "next LLM ok", lines
+    assert lines[2] == "idle kill: tensor-parallel worker compiled_engine-tp1 exited with code -9", lines
 
 
 def test_tp2_equals_tp1_on_the_qwen3_next_80b_layer_shapes():
