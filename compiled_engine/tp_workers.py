@@ -16,7 +16,9 @@ constructor, each worker reports "joined" once its client is connected, and rank
 then do the ranks enter ``init_process_group``, whose C++ wait (for the peers' backend addresses) is bounded by
 RENDEZVOUS_TIMEOUT, after which the group's timeout becomes COLLECTIVE_TIMEOUT. A worker that dies in that last
 window is seen when the rendezvous times out. A worker that fails later reports its traceback and exits; the
-driver's next collective then fails and the driver raises that traceback (or the dead worker's exit code).
+driver's next collective then fails and the driver raises that traceback (or the dead worker's exit code). With
+NCCL a dead rank would leave the driver's collectives waiting for the collective timeout, so a watch thread aborts
+the driver's communicators as soon as a worker process ends unasked (``abort_collectives_when_a_worker_dies``).
 
 Teardown: ``shutdown`` tells the workers to stop with a broadcast only when the ranks are known to be in lockstep,
 i.e. no exception is propagating (a KeyboardInterrupt in the middle of a step leaves the workers inside a

@@ -107,7 +107,7 @@ def test_a_worker_killed_mid_step_raises_worker_error_on_nccl(tmp_path):
     from compiled_engine.tiny_model import ensure_tiny_model
     from tests.test_tensor_parallel_reliability import run_kill_mid_step
 
-    knobs = "device='cuda', max_model_len=256, max_num_seqs=2, tensor_parallel_size=2"  # compiled: graphs
+    knobs = "device='cuda', max_model_len=256, max_num_seqs=1, tensor_parallel_size=2"  # compiled: one graph
     lines = run_kill_mid_step(ensure_tiny_model(str(tmp_path / "tiny")), knobs, bound_s=30, tmp_path=tmp_path,
                               timeout=300)
     print("\n".join(lines))
@@ -129,7 +129,7 @@ def test_tp2_equals_tp1_on_the_qwen3_next_80b_layer_shapes():
     prompts = [[rng.randrange(vocab) for _ in range(n)] for n in (1, 60)]
     continuation = [[rng.randrange(vocab) for _ in range(DECODE_STEPS)] for _ in prompts]
     knobs = dict(device="cuda", dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=1,
-                 gpu_memory_utilization=0.6, weights=RandomWeights())
+                 max_num_batched_tokens=256, gpu_memory_utilization=0.6, weights=RandomWeights())
     start = time.perf_counter()
     llm = LLM(path, **knobs)
     reference = teacher_forced_logits(llm.runtime, prompts, continuation)
