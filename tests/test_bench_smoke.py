@@ -598,11 +598,13 @@ def test_tensor_parallel_bench_on_cpu(tmp_path, monkeypatch):
                "-p", "sweep.warmup_steps=1", "-p", "throughput.num_requests=3", "-p", "min_len=4", "-p", "max_len=8",
                "-p", "throughput.warmup_requests=1", "--out", str(out)])
     assert rc == 0
-    full = model_bytes_from_config(ModelConfig.from_pretrained(ensure_tiny_model()), torch.float32).weight_bytes
+    full = model_bytes_from_config(ModelConfig.from_pretrained(ensure_tiny_model()), torch.float32)
     for scenario in ("latency", "sweep", "throughput"):
         result = json.loads((out / f"{scenario}.json").read_text())
         assert "error" not in result and result["engine"]["tensor_parallel_size"] == 2
-        assert 0.4 * full < result["model"]["weight_bytes"] < 0.6 * full  # rank 0's shard
+        assert 0.4 * full.weight_bytes < result["model"]["weight_bytes"] < 0.6 * full.weight_bytes  # rank 0's shard
+        assert result["model"]["state_bytes"] == full.state_bytes // 2  # its heads' states
+        assert result["model"]["kv_bytes_per_token"] == full.kv_bytes_per_token // 2
     sweep = json.loads((out / "sweep.json").read_text())
     assert {row["batch"] for row in sweep["rows"]} == {1, 2}
     assert all(positive(row["decode_tok_s"]) and positive(row["fraction_of_bound"]) for row in sweep["rows"])
