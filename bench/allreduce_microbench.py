@@ -1,8 +1,8 @@
 """The collectives of one tensor-parallel decode step, timed alone (GPU: NCCL; CPU: gloo).
 
 A decode step of a sharded model (compiled_engine/distributed.py) does two all-reduces per layer on ``[batch,
-hidden]`` in the model dtype (the row-parallel outputs of the mixer and of the MLP or MoE block) and one all-gather
-of the vocab-parallel logits ``[batch, vocab / world]``. This runs exactly those, with torch.distributed's
+hidden]`` in the model dtype (the row-parallel outputs of the mixer and of the MLP or MoE block), one more for the
+vocab-parallel embedding lookup, and one all-gather of the vocab-parallel logits ``[batch, vocab / world]``. This runs exactly those, with torch.distributed's
 functional collectives as the engine's compiled step does, for each batch size: on CUDA captured in one CUDA graph
 per kind (the decode graph holds them the same way), replayed back to back and timed with CUDA events; on the CPU
 eagerly. ``step_collectives_ms`` is what a step spends in them when nothing overlaps them: the share of the TP=2
@@ -94,7 +94,7 @@ def rank_main(rank: int, world: int, init_file: str, args: dict, out_file: str) 
     try:
         group, dtype = dist.group.WORLD, DTYPES[args["dtype"]]
         layers, hidden, vocab_shard = args["layers"], args["hidden"], -(-args["vocab"] // world)
-        reduces = 2 * layers
+        reduces = 2 * layers + 1  # the mixers', the MLPs', the embedding's
         rows = []
         for batch in args["batches"]:
             x = torch.randn(batch, hidden, device=device).to(dtype)

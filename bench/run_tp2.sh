@@ -7,7 +7,7 @@
 #   bash bench/run_tp2.sh tests-80b      # the same file: TP=2 == TP=1 on the Qwen3-Next-80B-A3B shape cut to 8 layers
 #                                        #   (fp32, random weights made on each GPU), and a worker SIGKILLed mid-step
 #                                        #   raises WorkerError within 30 s on NCCL, then a new LLM starts; ~4 min
-#   bash bench/run_tp2.sh allreduce      # the collectives of one decode step alone (2 all-reduces a layer of
+#   bash bench/run_tp2.sh allreduce      # the collectives of one decode step alone (2 all-reduces a layer + 1 of
 #                                        #   [batch, hidden] bf16 + the logits all-gather, in CUDA graphs), batches
 #                                        #   1/64/256, shapes 0.8B, 27B and 80B-A3B; ~1 min
 #   bash bench/run_tp2.sh bench MODEL TP # batch-1 decode (latency), batch 1/64/256 decode at context 512 (sweep) and
