@@ -17,6 +17,7 @@ TP=2 equals TP=1 (tests/test_tensor_parallel.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import zlib
@@ -206,6 +207,7 @@ def build_random_checkpoint(
     return folder
 
 
+@functools.lru_cache(maxsize=8)  # RandomWeights looks every tensor up in it
 def checkpoint_layout(config, mtp: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every tensor of a Qwen3.5-layout checkpoint of ``config`` (a compiled_engine ModelConfig), in file order:
     HF name -> (whole shape, how it is drawn: a key of ``draw``). Linear attention as Qwen3.5 names it

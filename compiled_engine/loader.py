@@ -424,7 +424,7 @@ def load_model(
     total = sum(len(v) for v in by_file.values())
     bar = tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress)
     for file, names in by_file.items():
-        with _open_safetensors(file) if weights is None else _Made(weights, config, device) as f:
+        with _open_safetensors(file) if weights is None else _SourceFile(weights, config, device) as f:
             for name in names:
                 placement = router.route_mtp(name) if _skip_reason(name) == "mtp" else router.route(name)
                 bar.update(1)
@@ -453,13 +453,13 @@ def load_model(
     return model, report
 
 
-class _Made:
+class _SourceFile:
     """A WeightSource in the place of an open safetensors file: ``get_tensor`` makes the tensor on ``device``."""
 
     def __init__(self, weights: WeightSource, config: ModelConfig, device: torch.device):
         self.weights, self.config, self.device = weights, config, device
 
-    def __enter__(self) -> "_Made":
+    def __enter__(self) -> "_SourceFile":
         return self
 
     def __exit__(self, *exc) -> None:
