@@ -91,49 +91,50 @@ def rank_main(rank: int, world: int, init_file: str, args: dict, out_file: str) 
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
-    try:
-        group, dtype = dist.group.WORLD, DTYPES[args["dtype"]]
-        layers, hidden, vocab_shard = args["layers"], args["hidden"], -(-args["vocab"] // world)
-        reduces = 2 * layers + 1  # the mixers', the MLPs', the embedding's
-        rows = []
-        for batch in args["batches"]:
-            x = torch.randn(batch, hidden, device=device).to(dtype)
-            logits = torch.randn(batch, vocab_shard, device=device).to(dtype)
+    group, dtype = dist.group.WORLD, DTYPES[args["dtype"]]
+    layers, hidden, vocab_shard = args["layers"], args["hidden"], -(-args["vocab"] // world)
+    reduces = 2 * layers + 1  # the mixers', the MLPs', the embedding's
+    rows = []
+    for batch in args["batches"]:
+        x = torch.randn(batch, hidden, device=device).to(dtype)
+        logits = torch.randn(batch, vocab_shard, device=device).to(dtype)
 
-            def all_reduces():
-                for _ in range(reduces):
-                    funcol.wait_tensor(funcol.all_reduce(x, "sum", group))
+        def all_reduces():
+            for _ in range(reduces):
+                funcol.wait_tensor(funcol.all_reduce(x, "sum", group))
 
-            def all_gather():
-                funcol.wait_tensor(_all_gather(logits, 0, group))
+        def all_gather():
+            funcol.wait_tensor(_all_gather(logits, 0, group))
 
-            iters, error = args["iters"], None
-            try:
-                reduce_fn, gather_fn = captured(all_reduces, device), captured(all_gather, device)
-            except RuntimeError as failure:  # capture refused: the eager collectives are still worth timing
-                reduce_fn, gather_fn, error = all_reduces, all_gather, repr(failure)[:300]
-            reduce_ms = timed_ms(reduce_fn, device, iters)
-            gather_ms = timed_ms(gather_fn, device, iters)
-            eager_ms = timed_ms(lambda: (all_reduces(), all_gather()), device, max(1, iters // 4))
-            reduce_bytes = batch * hidden * x.element_size()
-            rows.append({
-                "batch": batch,
-                "all_reduces_per_step": reduces,
-                "all_reduce_bytes": reduce_bytes,
-                "all_reduce_us": reduce_ms * 1e3 / reduces,
-                "all_reduce_algbw_GBps": reduce_bytes / (reduce_ms / reduces * 1e-3) / 1e9,
-                "all_reduces_ms": reduce_ms,
-                "all_gather_bytes": batch * vocab_shard * world * logits.element_size(),
-                "all_gather_us": gather_ms * 1e3,
-                "step_collectives_ms": reduce_ms + gather_ms,
-                "eager_step_collectives_ms": eager_ms,
-                "captured": cuda and error is None,
-                "capture_error": error,
-            })
-        if rank == 0:
-            Path(out_file).write_text(json.dumps(rows))
-    finally:
-        dist.destroy_process_group()
+        iters, error = args["iters"], None
+        try:
+            reduce_fn, gather_fn = captured(all_reduces, device), captured(all_gather, device)
+        except RuntimeError as failure:  # capture refused: the eager collectives are still worth timing
+            reduce_fn, gather_fn, error = all_reduces, all_gather, repr(failure)[:300]
+        reduce_ms = timed_ms(reduce_fn, device, iters)
+        gather_ms = timed_ms(gather_fn, device, iters)
+        eager_ms = timed_ms(lambda: (all_reduces(), all_gather()), device, max(1, iters // 4))
+        reduce_bytes = batch * hidden * x.element_size()
+        rows.append({
+            "batch": batch,
+            "all_reduces_per_step": reduces,
+            "all_reduce_bytes": reduce_bytes,
+            "all_reduce_us": reduce_ms * 1e3 / reduces,
+            "all_reduce_algbw_GBps": reduce_bytes / (reduce_ms / reduces * 1e-3) / 1e9,
+            "all_reduces_ms": reduce_ms,
+            "all_gather_bytes": batch * vocab_shard * world * logits.element_size(),
+            "all_gather_us": gather_ms * 1e3,
+            "step_collectives_ms": reduce_ms + gather_ms,
+            "eager_step_collectives_ms": eager_ms,
+            "captured": cuda and error is None,
+            "capture_error": error,
+        })
+    if rank == 0:
+        Path(out_file).write_text(json.dumps(rows))
+    # Done: exit without tearing the group down. A rank whose peer has already left can abort inside gloo's
+    # teardown ("terminate called without an active exception"), which would fail a run whose numbers are in.
+    dist.barrier()
+    os._exit(0)
 
 
 def run(model: str, batches: list[int], world_size: int = 2, device: str | None = None, dtype: str | None = None,
