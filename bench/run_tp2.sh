@@ -77,3 +77,6 @@ bench)
     ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
+# A command cut by `timeout` leaves its spawned ranks behind (rank 1 holding GPU 1, waiting in a collective): the
+# next call on a machine that stayed warm would find that GPU taken.
+pkill -KILL -f multiprocessing.spawn 2>/dev/null || true
