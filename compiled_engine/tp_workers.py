@@ -144,8 +144,8 @@ class TensorParallelWorkers:
         A rank that dies inside a collective leaves the others' NCCL kernels waiting for it until the collective
         timeout (10 min), and rank 0's host waiting on them (a token read-back), deaf to anything else. The abort
         ends those kernels: rank 0's step returns (its outputs meaningless) and its next command fails, which
-        ModelExecutor.execute raises as the WorkerError naming the dead worker. gloo needs none of this: a dead
-        peer's closed sockets end its collectives at once.
+        ``_command`` (or ModelExecutor.execute) raises as the WorkerError naming the dead worker. gloo needs none of
+        this: a dead peer's closed sockets end its collectives at once.
         """
         wait_for_any([process.sentinel for process in self.processes])
         with self.group_lock:
