@@ -66,7 +66,9 @@ def state_and_kv_bytes(config, dtype: torch.dtype, state_dtype: torch.dtype = to
 
 
 def model_bytes(model, dtype: torch.dtype, state_dtype: torch.dtype = torch.float32) -> ModelBytes:
-    """From a loaded compiled_engine HybridModel: its parameters as they sit in memory (dtype per tensor)."""
+    """From a loaded compiled_engine HybridModel: its parameters as they sit in memory (dtype per tensor). A
+    tensor-parallel rank's model gives its own shard's bytes, state and KV included (its heads: 1 / world of each):
+    what that rank's GPU must move in a step, the bound of a sharded step."""
     seen: set[int] = set()
     params = weight = 0
     embed = model.embed_tokens
@@ -79,7 +81,7 @@ def model_bytes(model, dtype: torch.dtype, state_dtype: torch.dtype = torch.floa
         if name == "embed_tokens" and not tied:
             continue  # a step reads B rows of an untied input embedding, not the matrix
         weight += p.numel() * p.element_size()
-    recurrent, conv, kv = state_and_kv_bytes(model.config, dtype, state_dtype)
+    recurrent, conv, kv = (size // model.tp.world_size for size in state_and_kv_bytes(model.config, dtype, state_dtype))
     c = model.config
     expert = 0
     for layer in model.layers:  # the routed experts leave weight_bytes: a step reads only those it routes to

@@ -1,21 +1,26 @@
-"""Model resolution for the benchmarks: ``tiny``, ``qwen3.5-0.8b`` and ``qwen3.5-35b-a3b`` (the real shapes, random
-weights) or a folder.
+"""Model resolution for the benchmarks: ``tiny``, the real shapes with random weights (``qwen3.5-0.8b``, and the
+``DEVICE_RANDOM_MODELS``: ``qwen3.5-27b``, ``qwen3.5-35b-a3b``, ``qwen3-next-80b-a3b`` and its 8-layer cut
+``qwen3-next-80b-a3b-8l``) or a folder.
 
 ``qwen3.5-0.8b`` is the Qwen3.5-0.8B text architecture with RANDOM bf16 weights: no download exists here, and the
 speed of a forward pass does not depend on the weight values. The checkpoint (config.json + model.safetensors in
 the HF ``Qwen3_5ForCausalLM`` layout, ~1.5 GB) is drawn on the benchmark device (a GPU draws it in well under a
 second) and written once to the cache folder; HF transformers loads the same folder for ``--vs-hf``.
 
-``qwen3.5-35b-a3b`` is the Qwen3.5-35B-A3B text shape (a sparse MoE in every layer: 256 experts, top-8) with random
-bf16 weights drawn straight into the model's parameters on the GPU (``random_device_model``): its 67 GB checkpoint
-would not fit the device's disk. Its folder holds config.json only; ``device_llm`` builds the LLM over it with the
-loader replaced by that draw. A bench-only path: the loader itself is tested on small checkpoints.
+The ``DEVICE_RANDOM_MODELS`` have random bf16 weights drawn on the GPUs while the model loads: their checkpoints
+(54 to 159 GB) would not fit the device's disk. Their folders hold config.json only; ``device_llm`` builds the LLM
+over one with ``RandomWeights`` as the loader's weight source (compiled_engine.loader.WeightSource), which makes each
+checkpoint tensor whole on the loading rank's device, from a seed and its name; the loader then routes and cuts it as
+it would a file's. So every tensor-parallel rank draws only on its own GPU and holds its part of the same model:
+TP=2 equals TP=1 (tests/test_tensor_parallel.py).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -78,8 +83,67 @@ QWEN3_5_35B_A3B_CONFIG = {
     "dtype": "bfloat16",
 }
 
+# A Qwen3.5-27B-like dense text shape: hidden 5,120, 64 layers in the 3:1 Gated-DeltaNet : attention pattern, 24 query
+# and 4 KV heads of 256, linear attention 16 key and 48 value heads of 128, MLP 17,408, untied lm_head. The hidden
+# size, layers, attention heads, MLP width and vocabulary are the published model card's; the linear-attention heads
+# are not stated there and are chosen so that the count, with the model's vision encoder (~0.45B) and MTP layer
+# (~0.4B), comes to its published 27.78B parameters (26.9B for this text shape, 53.8 GB in bf16).
+QWEN3_5_27B_CONFIG = {
+    **QWEN3_5_0_8B_CONFIG,
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 4,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48,
+    "tie_word_embeddings": False,
+}
+
+# The Qwen3-Next-80B-A3B shape (Qwen3NextForCausalLM; HF Qwen3NextConfig's defaults describe it): 48 layers, every
+# one a sparse MoE (512 experts of 512, top-10, a shared expert of 512), 3 Gated-DeltaNet layers to 1 attention
+# layer (16 query and 2 KV heads of 256; linear attention 16 key and 32 value heads of 128), vocabulary 151,936.
+QWEN3_NEXT_80B_A3B_CONFIG = {
+    "model_type": "qwen3_next",
+    "architectures": ["Qwen3NextForCausalLM"],
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 5120,  # no dense MLP layer uses it (every layer is sparse)
+    "num_hidden_layers": 48,
+    "full_attention_interval": 4,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 512,
+    "num_experts_per_tok": 10,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "rope_theta": 1e7,
+    "partial_rotary_factor": 0.25,
+    "tie_word_embeddings": False,
+    "eos_token_id": 151645,  # a stand-in (the weights are random); every benchmark runs with ignore_eos
+    "hidden_act": "silu",
+    "dtype": "bfloat16",
+}
+
 NAMED_MODELS = {"qwen3.5-0.8b": QWEN3_5_0_8B_CONFIG}
-DEVICE_RANDOM_MODELS = {"qwen3.5-35b-a3b": QWEN3_5_35B_A3B_CONFIG}  # weights drawn on the device, no checkpoint
+DEVICE_RANDOM_MODELS = {  # weights drawn on the device, no checkpoint
+    "qwen3.5-27b": QWEN3_5_27B_CONFIG,
+    "qwen3.5-35b-a3b": QWEN3_5_35B_A3B_CONFIG,
+    "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B_CONFIG,
+    # Its first 8 layers (two 4-layer blocks): fits one GPU, for TP=2 == TP=1 on the 80B's layer shapes.
+    "qwen3-next-80b-a3b-8l": {**QWEN3_NEXT_80B_A3B_CONFIG, "num_hidden_layers": 8},
+}
 
 
 @dataclass(frozen=True)
@@ -143,123 +207,127 @@ def build_random_checkpoint(
     return folder
 
 
-def random_weights(config: dict, device: torch.device, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
-    """Random fp32 weights with HF ``Qwen3_5ForCausalLM`` names, drawn like compiled_engine.tiny_model.tiny_weights
-    (every block perturbs the output; no NaN/inf through many bf16 layers), but on ``device`` and one tensor at a
-    time. ``lm_head.weight`` only for untied configs; the ``mtp.*`` layer always."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    hk, hv = config["linear_num_key_heads"], config["linear_num_value_heads"]
-    kd, vd = config["linear_key_head_dim"], config["linear_value_head_dim"]
-    heads, kv_heads, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
-    kernel = config.get("linear_conv_kernel_dim", 4)
-    conv_dim = 2 * hk * kd + hv * vd
+@functools.lru_cache(maxsize=8)  # RandomWeights looks every tensor up in it
+def checkpoint_layout(config, mtp: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every tensor of a Qwen3.5-layout checkpoint of ``config`` (a compiled_engine ModelConfig), in file order:
+    HF name -> (whole shape, how it is drawn: a key of ``draw``). Linear attention as Qwen3.5 names it
+    (``in_proj_qkv|z|b|a``; the loader takes it for Qwen3-Next too), a sparse layer's experts fused as Qwen3.5-MoE
+    stores them (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj [E, H, I]``). ``lm_head.weight`` only for
+    untied configs; ``mtp``: the multi-token-prediction layer (dense MLP) too."""
+    c = config
+    hidden, inter = c.hidden_size, c.intermediate_size
+    heads, kv_heads, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    hv, vd = c.linear_num_value_heads, c.linear_value_head_dim
+    layout = {"model.embed_tokens.weight": ((c.vocab_size, hidden), "embed")}
 
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, device=device)
+    def dense_mlp(p):
+        layout[p + "mlp.gate_proj.weight"] = ((inter, hidden), "linear")
+        layout[p + "mlp.up_proj.weight"] = ((inter, hidden), "linear")
+        layout[p + "mlp.down_proj.weight"] = ((hidden, inter), "linear")
 
-    def linear(rows, cols):
-        return randn(rows, cols) * cols**-0.5
+    def attention(p):
+        layout[p + "self_attn.q_proj.weight"] = ((2 * heads * hd, hidden), "linear")
+        layout[p + "self_attn.k_proj.weight"] = ((kv_heads * hd, hidden), "linear")
+        layout[p + "self_attn.v_proj.weight"] = ((kv_heads * hd, hidden), "linear")
+        layout[p + "self_attn.o_proj.weight"] = ((hidden, heads * hd), "linear")
+        layout[p + "self_attn.q_norm.weight"] = ((hd,), "norm")
+        layout[p + "self_attn.k_norm.weight"] = ((hd,), "norm")
 
-    def norm(dim):  # zero-centred norms: a non-zero weight matters
-        return randn(dim) * 0.1
-
-    yield "model.embed_tokens.weight", randn(config["vocab_size"], hidden)
-    interval = config.get("full_attention_interval", 4)
-    for i in range(config["num_hidden_layers"]):
+    for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
-        yield p + "input_layernorm.weight", norm(hidden)
-        yield p + "post_attention_layernorm.weight", norm(hidden)
-        yield p + "mlp.gate_proj.weight", linear(inter, hidden)
-        yield p + "mlp.up_proj.weight", linear(inter, hidden)
-        yield p + "mlp.down_proj.weight", linear(hidden, inter)
-        if (i + 1) % interval == 0:
-            yield p + "self_attn.q_proj.weight", linear(2 * heads * hd, hidden)
-            yield p + "self_attn.k_proj.weight", linear(kv_heads * hd, hidden)
-            yield p + "self_attn.v_proj.weight", linear(kv_heads * hd, hidden)
-            yield p + "self_attn.o_proj.weight", linear(hidden, heads * hd)
-            yield p + "self_attn.q_norm.weight", norm(hd)
-            yield p + "self_attn.k_norm.weight", norm(hd)
+        layout[p + "input_layernorm.weight"] = ((hidden,), "norm")
+        layout[p + "post_attention_layernorm.weight"] = ((hidden,), "norm")
+        if i in c.moe_layers:
+            e, moe, shared = c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
+            layout[p + "mlp.gate.weight"] = ((e, hidden), "linear")
+            layout[p + "mlp.experts.gate_up_proj"] = ((e, 2 * moe, hidden), "linear")
+            layout[p + "mlp.experts.down_proj"] = ((e, hidden, moe), "linear")
+            layout[p + "mlp.shared_expert.gate_proj.weight"] = ((shared, hidden), "linear")
+            layout[p + "mlp.shared_expert.up_proj.weight"] = ((shared, hidden), "linear")
+            layout[p + "mlp.shared_expert.down_proj.weight"] = ((hidden, shared), "linear")
+            layout[p + "mlp.shared_expert_gate.weight"] = ((1, hidden), "linear")
         else:
-            yield p + "linear_attn.in_proj_qkv.weight", linear(conv_dim, hidden)
-            yield p + "linear_attn.in_proj_z.weight", linear(hv * vd, hidden)
-            yield p + "linear_attn.in_proj_b.weight", linear(hv, hidden)
-            yield p + "linear_attn.in_proj_a.weight", linear(hv, hidden)
-            yield p + "linear_attn.conv1d.weight", randn(conv_dim, 1, kernel) * 0.5
-            yield p + "linear_attn.A_log", torch.empty(hv, device=device).uniform_(0.01, 16, generator=g).log()
-            yield p + "linear_attn.dt_bias", randn(hv) * 0.5
-            yield p + "linear_attn.norm.weight", 1 + randn(vd) * 0.1
-            yield p + "linear_attn.out_proj.weight", linear(hidden, hv * vd)
-    yield "model.norm.weight", norm(hidden)
-    if not config.get("tie_word_embeddings", False):
-        yield "lm_head.weight", linear(config["vocab_size"], hidden) * 4
-    # The multi-token-prediction layer (speculative decoding: bench/spec.py), as real Qwen3.5 checkpoints carry it.
-    yield "mtp.fc.weight", linear(hidden, 2 * hidden)
-    yield "mtp.pre_fc_norm_embedding.weight", norm(hidden)
-    yield "mtp.pre_fc_norm_hidden.weight", norm(hidden)
-    p = "mtp.layers.0."
-    yield p + "input_layernorm.weight", norm(hidden)
-    yield p + "post_attention_layernorm.weight", norm(hidden)
-    yield p + "mlp.gate_proj.weight", linear(inter, hidden)
-    yield p + "mlp.up_proj.weight", linear(inter, hidden)
-    yield p + "mlp.down_proj.weight", linear(hidden, inter)
-    yield p + "self_attn.q_proj.weight", linear(2 * heads * hd, hidden)
-    yield p + "self_attn.k_proj.weight", linear(kv_heads * hd, hidden)
-    yield p + "self_attn.v_proj.weight", linear(kv_heads * hd, hidden)
-    yield p + "self_attn.o_proj.weight", linear(hidden, heads * hd)
-    yield p + "self_attn.q_norm.weight", norm(hd)
-    yield p + "self_attn.k_norm.weight", norm(hd)
-    yield "mtp.norm.weight", norm(hidden)
+            dense_mlp(p)
+        if i in c.full_attention_layers:
+            attention(p)
+        else:
+            layout[p + "linear_attn.in_proj_qkv.weight"] = ((c.conv_dim, hidden), "linear")
+            layout[p + "linear_attn.in_proj_z.weight"] = ((c.linear_value_dim, hidden), "linear")
+            layout[p + "linear_attn.in_proj_b.weight"] = ((hv, hidden), "linear")
+            layout[p + "linear_attn.in_proj_a.weight"] = ((hv, hidden), "linear")
+            layout[p + "linear_attn.conv1d.weight"] = ((c.conv_dim, 1, c.linear_conv_kernel_dim), "conv")
+            layout[p + "linear_attn.A_log"] = ((hv,), "A_log")
+            layout[p + "linear_attn.dt_bias"] = ((hv,), "dt_bias")
+            layout[p + "linear_attn.norm.weight"] = ((vd,), "gated_norm")
+            layout[p + "linear_attn.out_proj.weight"] = ((hidden, c.linear_value_dim), "linear")
+    layout["model.norm.weight"] = ((hidden,), "norm")
+    if not c.tie_word_embeddings:
+        layout["lm_head.weight"] = ((c.vocab_size, hidden), "lm_head")
+    if mtp:  # as real Qwen3.5 checkpoints carry it (speculative decoding: bench/spec.py)
+        layout["mtp.fc.weight"] = ((hidden, 2 * hidden), "linear")
+        layout["mtp.pre_fc_norm_embedding.weight"] = ((hidden,), "norm")
+        layout["mtp.pre_fc_norm_hidden.weight"] = ((hidden,), "norm")
+        p = "mtp.layers.0."
+        layout[p + "input_layernorm.weight"] = ((hidden,), "norm")
+        layout[p + "post_attention_layernorm.weight"] = ((hidden,), "norm")
+        dense_mlp(p)
+        attention(p)
+        layout["mtp.norm.weight"] = ((hidden,), "norm")
+    return layout
 
 
-def random_device_model(path, config, device, dtype, progress=False, tp=None, attention_backend="triton"):
-    """``load_model``'s signature and result, with random weights drawn on ``device`` instead of read from ``path``
-    (which holds config.json only), into our layout directly, one parameter at a time in ``dtype`` (A_log and
-    dt_bias in fp32, as the loader keeps them). Draws as ``random_weights``: every block perturbs the output."""
-    from compiled_engine.distributed import SINGLE
-    from compiled_engine.loader import FP32_PARAMETERS, LoadReport
-    from compiled_engine.model import HybridModel
+def draw(kind: str, shape: tuple[int, ...], g: torch.Generator, device) -> torch.Tensor:
+    """One random fp32 tensor of ``checkpoint_layout``'s ``kind``, scaled so that every block perturbs the output
+    and nothing overflows through many bf16 layers (as compiled_engine.tiny_model.tiny_weights draws them)."""
+    if kind == "A_log":
+        return torch.empty(shape, device=device).uniform_(0.01, 16, generator=g).log()
+    value = torch.randn(shape, generator=g, device=device)
+    if kind in ("linear", "lm_head"):
+        value *= shape[-1] ** -0.5 * (4 if kind == "lm_head" else 1)
+    elif kind in ("conv", "dt_bias"):
+        value *= 0.5
+    elif kind == "norm":  # zero-centred norms: a non-zero weight matters
+        value *= 0.1
+    elif kind == "gated_norm":
+        value = 1 + value * 0.1
+    return value
 
-    tp = tp or SINGLE
-    with torch.device("meta"):
-        model = HybridModel(config, tp, attention_backend)
-    g = torch.Generator(device=device).manual_seed(0)
-    for name, meta in list(model.named_parameters()):
-        leaf = name.rsplit(".", 1)[-1]
-        fp32 = leaf in FP32_PARAMETERS
-        value = torch.randn(meta.shape, generator=g, device=device, dtype=torch.float32 if fp32 else dtype)
-        if leaf == "A_log":
-            value = torch.empty(meta.shape, device=device).uniform_(0.01, 16, generator=g).log_()
-        elif name.endswith("linear_attn.norm.weight"):
-            value.mul_(0.1).add_(1)
-        elif leaf == "dt_bias" or leaf == "conv_weight":
-            value.mul_(0.5)
-        elif meta.dim() == 1:  # zero-centred norms
-            value.mul_(0.1)
-        elif name != "embed_tokens":
-            value.mul_(meta.shape[-1] ** -0.5)
-        owner_path, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(owner_path) if owner_path else model, attr, torch.nn.Parameter(value, False))
-    if config.tie_word_embeddings:
-        model.lm_head = model.embed_tokens
-    for module in model.modules():  # derived buffers (rotary inv_freq)
-        for buffer_name, buffer in list(module.named_buffers(recurse=False)):
-            setattr(module, buffer_name, buffer.to(device))
-    return model, LoadReport(tied_lm_head=config.tie_word_embeddings)
+
+def random_weights(config: dict, device: torch.device, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Random fp32 weights with HF ``Qwen3_5ForCausalLM`` names (``checkpoint_layout`` with the MTP layer), drawn
+    on ``device`` one tensor at a time from one generator seeded with ``seed``."""
+    from compiled_engine.config import ModelConfig
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    for name, (shape, kind) in checkpoint_layout(ModelConfig.from_dict(config), mtp=True).items():
+        yield name, draw(kind, shape, g, device)
+
+
+@dataclass(frozen=True)
+class RandomWeights:
+    """A ``compiled_engine.loader.WeightSource`` of random weights: ``checkpoint_layout``'s tensors, each drawn on
+    the loading rank's device from a generator seeded by ``seed`` and its name. The loader cuts every rank's part
+    from the whole tensor, so a tensor-parallel rank holds exactly the values of its part of the unsharded model
+    (TP=2 computes what TP=1 computes), whatever order the tensors are made in. ``LLM(folder,
+    weights=RandomWeights())`` for a folder that holds only config.json."""
+
+    seed: int = 0
+
+    def names(self, config) -> list[str]:
+        return list(checkpoint_layout(config))
+
+    def get_tensor(self, name: str, config, device: torch.device) -> torch.Tensor:
+        shape, kind = checkpoint_layout(config)[name]
+        g = torch.Generator(device=device).manual_seed(self.seed * 2**32 + zlib.crc32(name.encode()))
+        return draw(kind, shape, g, device)
 
 
 def device_llm(path: str, **llm_kwargs):
-    """``LLM(path, **llm_kwargs)`` for a ``DEVICE_RANDOM_MODELS`` folder: the runtime's loader is swapped for
-    ``random_device_model`` while the LLM is built (one process: tensor parallelism is not supported here)."""
-    from unittest import mock
-
-    from compiled_engine import runtime
+    """``LLM(path, **llm_kwargs)`` for a ``DEVICE_RANDOM_MODELS`` folder (config.json only): random weights drawn
+    on every rank's device (``RandomWeights``)."""
     from compiled_engine.llm import LLM
 
-    if llm_kwargs.get("tensor_parallel_size", 1) != 1:
-        raise ValueError("a device-drawn random model runs with tensor_parallel_size 1 only")
-    with mock.patch.object(runtime, "load_model", random_device_model):
-        return LLM(path, **llm_kwargs)
+    return LLM(path, weights=RandomWeights(), **llm_kwargs)
 
 
 def shape_summary(config) -> dict:

@@ -68,7 +68,8 @@ class LLM:
         keeps free in the KV cache: 1 admits nothing that would later be preempted for blocks, 0 counts only the
         admission's own step.
         ``runtime_config``: max_model_len, max_num_seqs, block_size, num_kv_blocks, gpu_memory_utilization,
-        state_dtype (see README "Knobs").
+        state_dtype (see README "Knobs"); ``weights``, a ``loader.WeightSource`` that makes the checkpoint's tensors
+        instead of reading them (Runtime.from_pretrained).
         """
         if model is None:
             model = ensure_tiny_model()

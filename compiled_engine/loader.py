@@ -25,6 +25,11 @@ the target dtype. A safetensors file (or shard index) that cannot be read, trunc
 Each tensor is read from disk once and copied straight into its slice of the (fused) parameter, allocated
 directly on the target device in the target dtype: no second full copy of the model is ever built. With tensor
 parallelism each rank reads only its own slices of the tensors that need no regrouping.
+
+A ``WeightSource`` stands in for the safetensors files (the benchmarks' random weights of shapes whose checkpoint
+would not fit a disk: bench/models.py): it names the checkpoint tensors and makes each one whole, on the loading
+rank's device; everything else (routing, regrouping, the tensor-parallel cut, the checks) is the files' path, so
+every rank keeps exactly the part of each tensor that it would read from a file.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -44,6 +49,18 @@ from compiled_engine.distributed import SINGLE, TensorParallel, shard_sections
 from compiled_engine.model import HybridModel
 
 FP32_PARAMETERS = ("A_log", "dt_bias")  # tiny, and the gates are computed in fp32 anyway
+
+
+class WeightSource(Protocol):
+    """Checkpoint tensors made instead of read: HF names and whole (unsharded) tensors, as a safetensors file holds
+    them. Picklable (a tensor-parallel worker is handed it through its spawn arguments), and deterministic: every
+    rank makes the same tensor for a name and keeps its own part of it."""
+
+    def names(self, config: ModelConfig) -> list[str]:
+        """Every tensor of the checkpoint (what a file's ``keys()`` would list)."""
+
+    def get_tensor(self, name: str, config: ModelConfig, device: torch.device) -> torch.Tensor:
+        """The whole tensor ``name``, made on ``device``."""
 
 
 class CheckpointError(ValueError):
@@ -360,15 +377,18 @@ def load_model(
     tp: TensorParallel = SINGLE,
     attention_backend: str = "triton",
     mtp: bool = False,
+    weights: WeightSource | None = None,
 ) -> tuple[HybridModel, LoadReport]:
     """Build the model (this rank's shard) on ``meta`` and fill every parameter from the checkpoint at ``path``.
 
     Each tensor is read on the CPU, cut to this rank's shard, and only the shard is copied to ``device``.
     ``mtp``: build and load the multi-token-prediction layer too (speculative decoding).
+    ``weights``: make the checkpoint's tensors with this source (on ``device``, whole, then cut) instead of reading
+    the safetensors files at ``path``, which then needs only its config.json.
     """
     with torch.device("meta"):
         model = HybridModel(config, tp, attention_backend, mtp=mtp)
-    files = checkpoint_files(path)
+    files = checkpoint_files(path) if weights is None else dict.fromkeys(weights.names(config), path)
     if mtp and not any(_skip_reason(name) == "mtp" for name in files):
         raise CheckpointError(
             f"checkpoint {path!r} has no mtp.* tensors (the multi-token-prediction layer: mtp.fc.weight, "
@@ -404,13 +424,13 @@ def load_model(
     total = sum(len(v) for v in by_file.values())
     bar = tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress)
     for file, names in by_file.items():
-        with _open_safetensors(file) as f:
+        with _open_safetensors(file) if weights is None else _SourceFile(weights, config, device) as f:
             for name in names:
                 placement = router.route_mtp(name) if _skip_reason(name) == "mtp" else router.route(name)
                 bar.update(1)
                 if placement is None:
                     continue
-                tensor = _read(f, name, placement, tp)
+                tensor = _read(f, name, placement, tp, sliced=weights is None)
                 _place(name, tensor, placement, params, materialised, rows_written, device, dtype)
                 report.loaded.append(name)
     bar.close()
@@ -433,14 +453,31 @@ def load_model(
     return model, report
 
 
-def _read(f, name: str, placement: Placement, tp: TensorParallel) -> torch.Tensor:
+class _SourceFile:
+    """A WeightSource in the place of an open safetensors file: ``get_tensor`` makes the tensor on ``device``."""
+
+    def __init__(self, weights: WeightSource, config: ModelConfig, device: torch.device):
+        self.weights, self.config, self.device = weights, config, device
+
+    def __enter__(self) -> "_SourceFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        return self.weights.get_tensor(name, self.config, self.device)
+
+
+def _read(f, name: str, placement: Placement, tp: TensorParallel, sliced: bool = True) -> torch.Tensor:
     """The checkpoint tensor as our parameter wants it: transformed and cut to this rank's shard.
 
-    A sharded tensor that needs no layout change is read slice by slice, so a rank reads only its own part from
-    disk; one that is regrouped first (Qwen3-Next's projections, the conv weight, vocab padding) is read whole.
+    From a file (``sliced``), a sharded tensor that needs no layout change is read slice by slice, so a rank reads
+    only its own part from disk; one that is regrouped first (Qwen3-Next's projections, the conv weight, vocab
+    padding), and every tensor a WeightSource makes, is taken whole and then cut.
     """
     sharded = placement.shard is not None and tp.world_size > 1
-    if sharded and placement.transform is None:
+    if sharded and placement.transform is None and sliced:
         dim, sections = placement.shard
         view = f.get_slice(name)
         _check_dtype(name, view.get_dtype())

@@ -46,7 +46,7 @@ from compiled_engine.cache_manager import CacheManager, OutOfBlocksError, blocks
 from compiled_engine.config import ModelConfig, RuntimeConfig
 from compiled_engine.distributed import check_divisible
 from compiled_engine.executor import ModelExecutor
-from compiled_engine.loader import load_model
+from compiled_engine.loader import WeightSource, load_model
 from compiled_engine.memory_plan import allocate_caches
 from compiled_engine.model import HybridModel
 from compiled_engine.sampling_params import as_token_id
@@ -143,6 +143,7 @@ class Runtime:
         tensor_parallel_size: int = 1,
         compile: bool | None = None,
         progress: bool = False,
+        weights: WeightSource | None = None,
         **runtime_config,
     ) -> "Runtime":
         """Load a checkpoint folder (config.json + safetensors). ``runtime_config``: fields of RuntimeConfig.
@@ -150,7 +151,8 @@ class Runtime:
         ``compile``: compile and capture the decode step (torch.compile, one CUDA graph per bucketed batch size);
         default: on CUDA yes, on CPU no. ``tensor_parallel_size`` N > 1 shards the model over N processes (this one
         is rank 0; on CUDA rank r uses GPU r). Call ``close()`` (or use ``with``) to stop them; they also stop when
-        this process exits.
+        this process exits. ``weights``: a ``loader.WeightSource`` that makes the checkpoint's tensors on each rank
+        instead of reading them from ``path`` (which then needs only its config.json): the benchmarks' random weights.
         """
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
@@ -173,7 +175,7 @@ class Runtime:
             raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
         if tensor_parallel_size == 1:
             model, report = load_model(path, config, device, dtype, progress=progress, attention_backend=backend,
-                                       mtp=mtp)
+                                       mtp=mtp, weights=weights)
             runtime = cls(model, runtime_config, device, dtype, compile=compile)
             runtime.load_report = report
             return runtime
@@ -184,11 +186,13 @@ class Runtime:
         if device.type == "cuda":
             device = torch.device("cuda", 0)
             torch.cuda.set_device(device)
-        args = {"path": path, "model_config": config, "dtype": dtype, "runtime_config": runtime_config}
+        args = {"path": path, "model_config": config, "dtype": dtype, "runtime_config": runtime_config,
+                "weights": weights}
         workers = TensorParallelWorkers(tensor_parallel_size, device, args)
         try:
             model, report = load_model(
-                path, config, device, dtype, progress=progress, tp=workers.tp, attention_backend=backend
+                path, config, device, dtype, progress=progress, tp=workers.tp, attention_backend=backend,
+                weights=weights,
             )
             workers.wait_for("loaded")  # before any collective: a worker that failed to load raises here
             runtime = cls(model, runtime_config, device, dtype, workers=workers)

@@ -16,7 +16,9 @@ constructor, each worker reports "joined" once its client is connected, and rank
 then do the ranks enter ``init_process_group``, whose C++ wait (for the peers' backend addresses) is bounded by
 RENDEZVOUS_TIMEOUT, after which the group's timeout becomes COLLECTIVE_TIMEOUT. A worker that dies in that last
 window is seen when the rendezvous times out. A worker that fails later reports its traceback and exits; the
-driver's next collective then fails and the driver raises that traceback (or the dead worker's exit code).
+driver's next collective then fails and the driver raises that traceback (or the dead worker's exit code). With
+NCCL a dead rank would leave the driver's collectives waiting for the collective timeout, so a watch thread aborts
+the driver's communicators as soon as a worker process ends unasked (``abort_collectives_when_a_worker_dies``).
 
 Teardown: ``shutdown`` tells the workers to stop with a broadcast only when the ranks are known to be in lockstep,
 i.e. no exception is propagating (a KeyboardInterrupt in the middle of a step leaves the workers inside a
@@ -32,9 +34,11 @@ import gc
 import os
 import queue
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
+from multiprocessing.connection import wait as wait_for_any
 from typing import NoReturn
 
 import torch
@@ -88,6 +92,9 @@ class TensorParallelWorkers:
         # NVLink multicast stays off (it can take a shared host's GPUs out of service); children inherit this.
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        # NCCL errors and timeouts abort the communicators without killing the process (torch's default kills it):
+        # what abort_collectives_when_a_worker_dies does itself, and the watchdog must not answer it with a kill.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         self.world_size = world_size
         self.device = device
         context = mp.get_context("spawn")
@@ -107,6 +114,7 @@ class TensorParallelWorkers:
             for rank in range(1, world_size)
         ]
         self.closed = False
+        self.group_lock = threading.Lock()  # leaving the process group vs the watch thread's abort of it
         # An owner that never calls close() must not hang the interpreter's exit: the workers would sit in their
         # next broadcast, and rank 0's process group in its teardown (seen in the TP=2 bench). atexit runs
         # this before multiprocessing's own exit handler, which was registered earlier.
@@ -125,6 +133,24 @@ class TensorParallelWorkers:
             self.abort()
             raise
         self.tp = TensorParallel(rank=0, world_size=world_size)
+        if device.type == "cuda":
+            threading.Thread(target=self.abort_collectives_when_a_worker_dies, daemon=True,
+                             name="compiled_engine-tp-watch").start()
+
+    def abort_collectives_when_a_worker_dies(self) -> None:
+        """NCCL only, on a daemon thread: wait for any worker process to end; one that ends while the workers serve
+        (neither ``shutdown`` nor ``abort`` stopped it) makes this process abort its NCCL communicators.
+
+        A rank that dies inside a collective leaves the others' NCCL kernels waiting for it until the collective
+        timeout (10 min), and rank 0's host waiting on them (a token read-back), deaf to anything else. The abort
+        ends those kernels: rank 0's step returns (its outputs meaningless) and its next command fails, which
+        ``_command`` (or ModelExecutor.execute) raises as the WorkerError naming the dead worker. gloo needs none of
+        this: a dead peer's closed sockets end its collectives at once.
+        """
+        wait_for_any([process.sentinel for process in self.processes])
+        with self.group_lock:
+            if not self.closed and dist.is_initialized():
+                dist.distributed_c10d._abort_process_group()
 
     # ---------------------------------------------------------------------------------------------- handshakes
     def wait_for(self, stage: str, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
@@ -180,10 +206,18 @@ class TensorParallelWorkers:
 
     # ------------------------------------------------------------------------------------------------ commands
     def _command(self, values: list[int]) -> None:
-        """Broadcast a command header to the workers (which must still be running)."""
+        """Broadcast a command header to the workers (which must still be running). A failed broadcast (a dead
+        worker: gloo's closed socket, or the group aborted by ``abort_collectives_when_a_worker_dies``) stops the
+        workers and raises the worker's error, whichever command it was (a step's, a slot reset's...)."""
         if self.closed:
             raise RuntimeError("the tensor-parallel workers are stopped (closed, or a step failed)")
-        dist.broadcast(self._header(values), 0)
+        try:
+            dist.broadcast(self._header(values), 0)
+        except Exception as error:
+            try:
+                self.raise_worker_error(error)
+            finally:
+                self.abort()
 
     def _header(self, values: list[int]) -> torch.Tensor:
         return upload(torch.tensor(values + [0] * (HEADER_SIZE - len(values)), dtype=torch.int64), self.device)
@@ -214,7 +248,8 @@ class TensorParallelWorkers:
                 process.kill()
             if process.pid is not None:  # started (an interrupted start may not have started them all)
                 process.join()
-        leave_process_group(self.device)
+        with self.group_lock:
+            leave_process_group(self.device)
 
     def shutdown_at_exit(self) -> None:
         """``shutdown`` at interpreter exit: after an uncaught exception (sys.last_value: a KeyboardInterrupt in a
@@ -244,7 +279,8 @@ class TensorParallelWorkers:
                     dist.broadcast(self._header([CMD_STOP]), 0)
             except Exception:  # a dead peer: nothing to tell it
                 pass
-            leave_process_group(self.device)
+            with self.group_lock:
+                leave_process_group(self.device)
         for process in self.processes:
             process.join(timeout=30)
             if process.is_alive():
@@ -274,18 +310,19 @@ def leave_process_group(device: torch.device) -> None:
     without this both ranks of a TP=2 run hang there after their last step.
     The graphs are cudagraph trees', which are per process, so all of this process's go: these ranks cannot step
     any more, and any other compiled function records its graphs again on its next call.
+    A group that ``abort_collectives_when_a_worker_dies`` aborted is gone already; its graphs still go.
     """
+    if device.type == "cuda":
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()
+        gc.collect()  # the graphs' last references may sit in reference cycles
     if not dist.is_initialized():
         # A failed init_process_group has still counted the group it did not make, and the group's name (hence its
         # store keys) comes from that count: reset it as destroy_process_group does, so that the next start's
         # fresh workers, which count from 0, meet this process under the same name.
         dist.distributed_c10d._world.group_count = 0
         return
-    if device.type == "cuda":
-        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
-
-        reset_cudagraph_trees()
-        gc.collect()  # the graphs' last references may sit in reference cycles
     dist.destroy_process_group()
 
 
@@ -364,7 +401,7 @@ def worker_main(rank: int, world_size: int, port: int, device_type: str, args: d
         _maybe_fail(rank, "load")
         config, dtype = args["runtime_config"], args["dtype"]
         model, _ = load_model(args["path"], args["model_config"], device, dtype, tp=tp,
-                              attention_backend=config.attention_backend)
+                              attention_backend=config.attention_backend, weights=args["weights"])
         reports.put((rank, "loaded"))
         max_model_len = config.max_model_len or model.config.max_position_embeddings
         _, prefix_cache = allocate_caches(model, config, max_model_len, device, dtype)

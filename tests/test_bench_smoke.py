@@ -542,24 +542,59 @@ def test_bounds_of_the_qwen3_5_35b_a3b_shape():
     assert decode_bound(mb, 4800e9, batch=256)["bytes_per_step"] > mb.weight_bytes + 255 * mb.expert_bytes
 
 
-def test_device_random_moe_model_has_the_loaders_layout(build_hf_model):
-    """The bench's on-device random model (qwen3.5-35b-a3b's path) has the loaded model's parameter names, shapes
-    and dtypes (checked on the tiny Qwen3.5-MoE), runs, and its counted bytes equal model_bytes_from_config."""
+def test_random_weights_load_as_the_same_tensors_from_a_file(build_hf_model, tmp_path):
+    """The bench's device-drawn weights (bench.models.RandomWeights, a loader WeightSource: the path of
+    qwen3.5-27b, qwen3.5-35b-a3b and qwen3-next-80b-a3b) give the model that the file loader builds from the same
+    tensors saved as a safetensors checkpoint (checked on the tiny Qwen3-Next MoE); its counted bytes equal
+    model_bytes_from_config, and it runs."""
+    import shutil
+
+    from safetensors.torch import save_file
+
     from bench.bounds import model_bytes
-    from bench.models import random_device_model
+    from bench.models import RandomWeights
     from compiled_engine.loader import load_model
     from compiled_engine.runtime import Runtime
 
-    path = str(build_hf_model("qwen3_5_moe_text"))
-    config = ModelConfig.from_pretrained(path)
-    loaded, _ = load_model(path, config, torch.device("cpu"), torch.bfloat16)
-    drawn, _ = random_device_model(path, config, torch.device("cpu"), torch.bfloat16)
-    shapes = lambda m: {n: (tuple(p.shape), p.dtype) for n, p in m.named_parameters()}  # noqa: E731
-    assert shapes(drawn) == shapes(loaded)
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    shutil.copy(build_hf_model("qwen3_next_moe") / "config.json", folder)
+    config = ModelConfig.from_pretrained(folder)
+    cpu, source = torch.device("cpu"), RandomWeights(seed=3)
+    drawn, _ = load_model(str(folder), config, cpu, torch.bfloat16, weights=source)  # config.json only
+    save_file({name: source.get_tensor(name, config, cpu) for name in source.names(config)},
+              str(folder / "model.safetensors"))
+    loaded, _ = load_model(str(folder), config, cpu, torch.bfloat16)
+    params = dict(loaded.named_parameters())
+    assert {n: (p.shape, p.dtype) for n, p in drawn.named_parameters()} == {n: (p.shape, p.dtype) for n, p in
+                                                                            params.items()}
+    for name, p in drawn.named_parameters():
+        assert torch.equal(p, params[name]), name
     assert model_bytes(drawn, torch.bfloat16) == model_bytes_from_config(config, torch.bfloat16)
-    runtime = Runtime(drawn, RuntimeConfig(max_num_seqs=1, max_model_len=32, num_kv_blocks=4), torch.device("cpu"),
-                      torch.bfloat16)
+    runtime = Runtime(drawn, RuntimeConfig(max_num_seqs=1, max_model_len=32, num_kv_blocks=4), cpu, torch.bfloat16)
     assert torch.isfinite(runtime.prefill([runtime.add_sequence([1, 2, 3])])).all()
+
+
+def test_the_large_random_shapes():
+    """qwen3.5-27b: ~27B dense parameters (the published 27.78B less the vision encoder and MTP layer), a step
+    reads ~51 GB; qwen3-next-80b-a3b: ~80B parameters, a batch-1 step ~7 GB (10 of 512 experts a layer), and its
+    8-layer cut 1/6 of its layers; all split evenly over 2 ranks."""
+    from bench.models import DEVICE_RANDOM_MODELS
+    from compiled_engine.distributed import check_divisible
+
+    dense = ModelConfig.from_dict(DEVICE_RANDOM_MODELS["qwen3.5-27b"])
+    assert (dense.hidden_size, dense.num_hidden_layers, len(dense.full_attention_layers)) == (5120, 64, 16)
+    mb = model_bytes_from_config(dense, torch.bfloat16)
+    assert 26.5e9 < mb.params < 27.5e9 and 50e9 < mb.weight_bytes < 53e9
+    sparse = ModelConfig.from_dict(DEVICE_RANDOM_MODELS["qwen3-next-80b-a3b"])
+    assert sparse.moe_layers == tuple(range(48)) and (sparse.num_experts, sparse.num_experts_per_tok) == (512, 10)
+    mb = model_bytes_from_config(sparse, torch.bfloat16)
+    assert 79e9 < mb.params < 81e9
+    assert 6.5e9 < decode_bound(mb, 4800e9)["bytes_per_step"] < 8e9
+    cut = ModelConfig.from_dict(DEVICE_RANDOM_MODELS["qwen3-next-80b-a3b-8l"])
+    assert cut.num_hidden_layers == 8 and len(cut.full_attention_layers) == 2
+    for config in (dense, sparse, cut):
+        check_divisible(config, 2)
 
 
 def test_spec(smoke):
@@ -576,3 +611,39 @@ def test_spec(smoke):
                 assert positive(entry["output_tok_s"])
             assert cell["forced_1"]["acceptance"] == 1.0
             assert cell["forced_0"]["acceptance"] == 0.0
+
+
+def test_tensor_parallel_bench_on_cpu(tmp_path, monkeypatch):
+    """bench/run_tp2.sh's bench stage, tiny and on the CPU at TP=2 (gloo): latency, sweep (batches 1, 2) and
+    throughput run over the sharded engine, their bounds from rank 0's shard (about half the weight bytes); and its
+    allreduce stage: the step's collectives of the same shape, timed on 2 spawned ranks."""
+    from bench import allreduce_microbench
+    from compiled_engine.tiny_model import ensure_tiny_model
+
+    monkeypatch.setenv("COMPILED_ENGINE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "tp2"
+    rc = main(["latency,sweep,throughput", "--device", "cpu", "--tensor-parallel-size", "2", "--max-num-seqs", "2",
+               "--max-model-len", "48", "--bandwidth-mib", "8", "-p", "latency.prompt_len=8",
+               "-p", "latency.new_tokens=4", "-p", "latency.repeats=1", "-p", "latency.warmup_tokens=2",
+               "-p", "sweep.batches=1,2", "-p", "sweep.prompt_len=8", "-p", "sweep.steps=2",
+               "-p", "sweep.warmup_steps=1", "-p", "throughput.num_requests=3", "-p", "min_len=4", "-p", "max_len=8",
+               "-p", "throughput.warmup_requests=1", "--out", str(out)])
+    assert rc == 0
+    full = model_bytes_from_config(ModelConfig.from_pretrained(ensure_tiny_model()), torch.float32)
+    for scenario in ("latency", "sweep", "throughput"):
+        result = json.loads((out / f"{scenario}.json").read_text())
+        assert "error" not in result and result["engine"]["tensor_parallel_size"] == 2
+        assert 0.4 * full.weight_bytes < result["model"]["weight_bytes"] < 0.6 * full.weight_bytes  # rank 0's shard
+        assert result["model"]["state_bytes"] == full.state_bytes // 2  # its heads' states
+        assert result["model"]["kv_bytes_per_token"] == full.kv_bytes_per_token // 2
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert {row["batch"] for row in sweep["rows"]} == {1, 2}
+    assert all(positive(row["decode_tok_s"]) and positive(row["fraction_of_bound"]) for row in sweep["rows"])
+
+    result = allreduce_microbench.run("tiny", [1, 2], device="cpu", iters=2)
+    config = ModelConfig.from_pretrained(ensure_tiny_model())
+    assert [row["batch"] for row in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert row["all_reduces_per_step"] == 2 * config.num_hidden_layers + 1  # and the embedding's
+        assert row["all_reduce_bytes"] == row["batch"] * config.hidden_size * 4
+        assert positive(row["all_reduce_us"]) and positive(row["all_gather_us"]) and not row["captured"]

@@ -157,3 +157,37 @@ def test_tp2_overlapped_decode_equals_tp1(tmp_path):
              overlap_decode=True) as llm:
         sharded = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in sharded] == [o.token_ids for o in single]
+
+
+@pytest.mark.parametrize("variant", ["qwen3_5_text_untied", "qwen3_next_moe"])
+def test_tp2_with_random_weights_made_on_each_rank_equals_tp1(variant, build_hf_model, tmp_path):
+    """The bench's random weights of shapes without a checkpoint (bench.models.RandomWeights, a loader
+    WeightSource handed to every rank): each rank makes the whole tensors and keeps its part, so TP=2 runs the TP=1
+    model: the same greedy tokens and teacher-forced logits, on a dense model and a sparse-MoE one."""
+    import shutil
+
+    import torch
+
+    from bench.models import RandomWeights
+
+    folder = tmp_path / "config-only"
+    folder.mkdir()
+    shutil.copy(build_hf_model(variant) / "config.json", folder)
+    vocab = 320  # of both variants' vocabularies (320 and 448)
+    prompts = prompts_for(vocab)
+    knobs = dict(device="cpu", dtype="float32", enforce_eager=True, max_model_len=128, weights=RandomWeights(seed=5))
+
+    def run(llm: LLM) -> tuple[list[list[int]], torch.Tensor]:
+        tokens = [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+        seq = llm.runtime.add_sequence(prompts[2] + tokens[2])
+        logits = llm.runtime.prefill([seq], all_logits=True)
+        llm.runtime.release(seq)
+        return tokens, logits
+
+    tokens, logits = run(LLM(str(folder), **knobs))
+    with LLM(str(folder), tensor_parallel_size=2, **knobs) as llm:
+        assert llm.runtime.model.embed_tokens.shape[0] == llm.runtime.model_config.vocab_size // 2  # half of it
+        sharded_tokens, sharded_logits = run(llm)
+    assert sharded_tokens == tokens
+    assert logits.std() > 0.1  # the made weights reach the logits
+    torch.testing.assert_close(sharded_logits, logits, rtol=1e-4, atol=1e-3)  # fp32 sums in another order

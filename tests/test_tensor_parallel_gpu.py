@@ -97,3 +97,51 @@ def test_a_tp2_engine_never_closed_exits_on_nccl(tmp_path):
     from tests.test_tensor_parallel import run_tp_engine_without_close
 
     run_tp_engine_without_close(ensure_tiny_model(str(tmp_path / "tiny")), "cuda")
+
+
+def test_a_worker_killed_mid_step_raises_worker_error_on_nccl(tmp_path):
+    """SIGKILL to worker 1 while the ranks generate through their captured decode graphs: without help rank 0's
+    NCCL kernels would wait for the dead rank for the collective timeout (10 min). Rank 0 aborts its communicators
+    when a worker process ends (TensorParallelWorkers.abort_collectives_when_a_worker_dies), so generate raises
+    WorkerError within 30 s, and a new TP=2 LLM in the same process generates what the first one did."""
+    from compiled_engine.tiny_model import ensure_tiny_model
+    from tests.test_tensor_parallel_reliability import run_kill_mid_step
+
+    knobs = "device='cuda', max_model_len=256, max_num_seqs=1, tensor_parallel_size=2"  # compiled: one graph
+    lines = run_kill_mid_step(ensure_tiny_model(str(tmp_path / "tiny")), knobs, bound_s=30, tmp_path=tmp_path,
+                              timeout=300)
+    print("\n".join(lines))
+    assert "WorkerError" in lines[0] and "worker compiled_engine-tp1 exited with code -9" in lines[0], lines
+    assert lines[1] == "next LLM ok", lines
+    assert lines[2] == "idle kill: tensor-parallel worker compiled_engine-tp1 exited with code -9", lines
+
+
+def test_tp2_equals_tp1_on_the_qwen3_next_80b_layer_shapes():
+    """The Qwen3-Next-80B-A3B shape cut to 8 layers (512 experts, top-10, the shared expert), random weights made
+    on each GPU (bench.models.RandomWeights): every rank keeps its part of the tensors TP=1 holds, so TP=2 runs the
+    TP=1 model. fp32 (55 GB at TP=1) so that the only difference is the order of the sums: teacher-forced logits
+    within 1e-3 relative, argmax everywhere equal but at near-ties."""
+    from bench.models import RandomWeights, resolve_model
+
+    path = resolve_model("qwen3-next-80b-a3b-8l").path
+    rng = random.Random(1)
+    vocab = 151936
+    prompts = [[rng.randrange(vocab) for _ in range(n)] for n in (1, 60)]
+    continuation = [[rng.randrange(vocab) for _ in range(DECODE_STEPS)] for _ in prompts]
+    knobs = dict(device="cuda", dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=1,
+                 max_num_batched_tokens=256, gpu_memory_utilization=0.6, weights=RandomWeights())
+    start = time.perf_counter()
+    llm = LLM(path, **knobs)
+    reference = teacher_forced_logits(llm.runtime, prompts, continuation)
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    print(f"[{time.perf_counter() - start:.0f} s] TP=1 done", flush=True)
+    with LLM(path, tensor_parallel_size=2, **knobs) as llm:
+        sharded = teacher_forced_logits(llm.runtime, prompts, continuation)
+    print(f"[{time.perf_counter() - start:.0f} s] TP=2 done", flush=True)
+    error = ((sharded - reference).norm() / reference.norm()).item()
+    agreement = (sharded.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    print(f"\n80B-A3B shape, 8 layers, fp32: TP=2 vs TP=1 relative logit error {error:.2e}, argmax {agreement:.1%}")
+    assert error < 1e-3
+    assert agreement > 0.95

@@ -237,3 +237,75 @@ def test_a_worker_that_dies_in_the_rendezvous_fails_fast(tiny_path, tmp_path):
     assert "1:rendezvous failed" in lines[1] and "injected fault in worker 1 at 'rendezvous'" in lines[1], out
     assert "1:join:hang failed" in lines[2] and "did not reach 'joined' in time" in lines[2], out
     assert lines[3] == "next start ok", out
+
+
+KILL_SCRIPT = """
+import os, signal, threading, time
+import torch.distributed as dist
+from compiled_engine import LLM, SamplingParams
+from compiled_engine.tp_workers import WorkerError
+
+PATH, BOUND_S = {path!r}, {bound_s}
+KNOBS = dict({knobs})
+SHORT = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+LONG = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+PROMPTS = [[1, 2, 3], [4, 5], [6]]
+
+
+def generate(llm):
+    return [o.token_ids for o in llm.generate(PROMPTS, SHORT, use_tqdm=False)]
+
+
+if __name__ == "__main__":
+    llm = LLM(PATH, **KNOBS)
+    expected = generate(llm)
+    worker = llm.runtime.workers.processes[0]
+    killed = []
+
+    def kill_soon():
+        time.sleep(1.0)  # the ranks are stepping by then: LONG takes far longer than this
+        killed.append(time.monotonic())
+        os.kill(worker.pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_soon, daemon=True).start()
+    try:
+        while True:
+            llm.generate(PROMPTS * 4, LONG, use_tqdm=False)
+    except WorkerError as error:
+        seconds = time.monotonic() - killed[0]
+        print(f"WorkerError {{seconds:.2f}} s after the kill:", str(error).replace(chr(10), " | "), flush=True)
+        assert seconds < BOUND_S, seconds
+    assert not dist.is_initialized()
+    with LLM(PATH, **KNOBS) as again:
+        assert generate(again) == expected
+        print("next LLM ok", flush=True)
+        # Killed between steps, the worker is missed by whatever command comes next: a slot reset here.
+        os.kill(again.runtime.workers.processes[0].pid, signal.SIGKILL)
+        again.runtime.workers.processes[0].join()
+        try:
+            again.runtime.executor.reset_state_slots([1])
+        except WorkerError as error:
+            print("idle kill:", str(error).replace(chr(10), " | "), flush=True)
+    assert not dist.is_initialized()
+"""
+
+
+def run_kill_mid_step(model_path: str, knobs: str, bound_s: float, tmp_path, timeout: float) -> list[str]:
+    """KILL_SCRIPT in a subprocess: its lines of output (the WorkerError's, then the next LLM's)."""
+    script = tmp_path / "kill_mid_step.py"
+    script.write_text(KILL_SCRIPT.format(path=model_path, knobs=knobs, bound_s=bound_s))
+    code, out, err, _ = run_script([str(script)], timeout=timeout)
+    assert code == 0, err[-3000:]
+    return out.splitlines()
+
+
+def test_a_worker_killed_mid_step_raises_worker_error_and_a_new_llm_starts(tiny_path, tmp_path):
+    """SIGKILL to worker 1 while the ranks are generating: the caller's generate raises WorkerError naming the dead
+    worker within seconds (gloo: the dead peer's sockets end the collective at once; NCCL's analogue is in
+    tests/test_tensor_parallel_gpu.py), it leaves the process group, and a new TP LLM in the same process generates
+    what the first one did."""
+    knobs = "device='cpu', enforce_eager=True, max_model_len=256, max_num_seqs=2, tensor_parallel_size=2"  # admits all along
+    lines = run_kill_mid_step(tiny_path, knobs, bound_s=30, tmp_path=tmp_path, timeout=120)
+    assert "WorkerError" in lines[0] and "worker compiled_engine-tp1 exited with code -9" in lines[0], lines
+    assert lines[1] == "next LLM ok", lines
+    assert lines[2] == "idle kill: tensor-parallel worker compiled_engine-tp1 exited with code -9", lines
