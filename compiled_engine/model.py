@@ -6,8 +6,8 @@ each row's greedy token (what the compiled decode graph returns). The layer mixe
 compiled_engine/cache.py), so one forward mutates exactly: every attention layer's ``k_cache``/``v_cache``, and every
 linear layer's ``conv_state``/``recurrent_state``. With ``mtp=True`` the model also holds the checkpoint's
 multi-token-prediction layer (``self.mtp``, compiled_engine/mtp.py), run by ``mtp_forward``; a verify step
-(``step.speculative``) commits only its first position's linear state and keeps the others apart until
-``commit_verify``.
+(``step.speculative``) leaves the linear layers' state pools as they are and keeps what each position adds apart
+until ``commit_verify``.
 """
 
 from __future__ import annotations
@@ -110,13 +110,12 @@ class HybridModel(nn.Module):
         with the shared embedding; writes its KV at ``step.slot_mapping``. Returns ``[T, H]``."""
         return self.mtp(self.embed(input_ids), hidden, step)
 
-    def commit_verify(self, slots: torch.Tensor, num_accepted: torch.Tensor, num_drafts: int) -> None:
-        """After a verify step of ``num_drafts`` drafts a sequence: every linear layer's state pools at ``slots`` [N]
-        take the state after each sequence's last accepted position (``num_accepted`` [N]: GatedDeltaNet.commit_verify).
-        """
+    def commit_verify(self, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """After a verify step: every linear layer's state pools at ``slots`` [N] (the step's state slots) take the
+        state after each sequence's last accepted position (``num_accepted`` [N]: GatedDeltaNet.commit_verify)."""
         for layer in self.layers:
             if layer.layer_type == LINEAR_ATTENTION:
-                layer.linear_attn.commit_verify(slots, num_accepted, num_drafts)
+                layer.linear_attn.commit_verify(slots, num_accepted)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:

@@ -182,7 +182,7 @@ def greedy_round(
     tokens = torch.cat([proposed, proposed[:, :1]], dim=1).scatter(1, accepted[:, None],
                                                                    greedy.gather(1, accepted[:, None]))
     index = torch.arange(n, device=input_ids.device)
-    model.commit_verify(state_slots.long(), accepted, k)
+    model.commit_verify(state_slots, accepted)
     drafts = draft(model, step, hidden, tokens.reshape(-1), index * (k + 1) + accepted, index, k, block_size)
     return accepted, tokens, drafts
 
