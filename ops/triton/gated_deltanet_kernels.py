@@ -577,8 +577,8 @@ def _gated_deltanet_commit_kernel(
     h_mask = offs_h < WIDTH - 1
     src = accepted + 1 + offs_h
     rows = conv_state + slot * stride_cs_slot + channels[:, None] * stride_cs_c
-    from_state = tl.load(rows + src[None, :] * stride_cs_k, mask=c_mask[:, None] & (h_mask & (src < WIDTH - 1))[None, :],
-                         other=0.0)
+    from_state = tl.load(rows + src[None, :] * stride_cs_k,
+                         mask=c_mask[:, None] & (h_mask & (src < WIDTH - 1))[None, :], other=0.0)
     from_rows = tl.load(entries + (src - (WIDTH - 1)).to(tl.int64)[None, :] * stride_h_pos + channels[:, None],
                         mask=c_mask[:, None] & (h_mask & (src >= WIDTH - 1))[None, :], other=0.0)
     new = tl.where((src < WIDTH - 1)[None, :], from_state, from_rows.to(conv_state.dtype.element_ty))
