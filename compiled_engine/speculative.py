@@ -5,8 +5,8 @@ A round for a sequence of length L (tokens t_0..t_{L-1}, the last one not comput
 
 1. verify (``pack_verify_step``): the target scores t_{L-1}, d_1..d_k at positions L-1..L-1+k in one step
    (``StepInputs.speculative``): attention layers write KV for every position (rejected ones are overwritten by
-   later steps: attention never reads past a sequence's length), linear layers commit position L-1 (always
-   accepted) and keep the later positions' states apart (compiled_engine/gated_deltanet.py). Logits
+   later steps: attention never reads past a sequence's length), linear layers leave their pools as they are and
+   keep what each position adds to the state apart (compiled_engine/gated_deltanet.py). Logits
    ``[N * (k+1), vocab]``.
 2. acceptance (compiled_engine/rejection_sampler.py): a in 0..k drafts accepted and one more token b from the target
    (the correction, or the bonus when all k are accepted), on the device.
