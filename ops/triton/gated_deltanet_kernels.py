@@ -405,7 +405,7 @@ def _gated_deltanet_verify_kernel(
         v_w = _conv_weights(conv_weight, v_channels, v_mask, stride_w_c, stride_w_k, WIDTH, WIDTH_P)
         A_log_val = tl.load(A_log + v_head)
         dt_bias_val = tl.load(dt_bias + v_head)
-        for i in range(POSITIONS):
+        for i in tl.static_range(POSITIONS):  # unrolled: the loads of later positions can be issued early
             row = first_row + i * stride_p_b
             entry = entries + i * stride_h_pos
             q = _conv_window(first_row, q_state, q_channels, k_mask, q_w, i, stride_p_b, stride_p_c, stride_cs_k,
