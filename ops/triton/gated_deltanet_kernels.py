@@ -280,7 +280,7 @@ def _conv_window(
     state_rows,  # conv_state + slot * stride_cs_slot + channels * stride_cs_c
     channels,
     c_mask,
-    weights,  # [BLOCK, WIDTH_P] fp32, zeros past WIDTH
+    weights,  # [WIDTH_P, BLOCK] fp32, zeros past WIDTH
     position,
     stride_p_b,
     stride_p_c,
@@ -295,12 +295,15 @@ def _conv_window(
     src = position - (WIDTH - 1) + offs_w
     in_rows = (offs_w < WIDTH) & (src >= 0)
     in_state = (offs_w < WIDTH) & (src < 0)
-    from_rows = tl.load(first_row + src.to(tl.int64)[None, :] * stride_p_b + channels[:, None] * stride_p_c,
-                        mask=c_mask[:, None] & in_rows[None, :], other=0.0)
-    from_state = tl.load(state_rows[:, None] + (WIDTH - 1 + src)[None, :] * stride_cs_k,
-                         mask=c_mask[:, None] & in_state[None, :], other=0.0)
+    # [WIDTH_P, channels], reduced over axis 0: the channels run along the threads as the state tile's columns do,
+    # so the compiler keeps the tile in its load layout (a [channels, WIDTH_P] window made it move the whole tile
+    # through shared memory to match the window's).
+    from_rows = tl.load(first_row + src.to(tl.int64)[:, None] * stride_p_b + channels[None, :] * stride_p_c,
+                        mask=in_rows[:, None] & c_mask[None, :], other=0.0)
+    from_state = tl.load(state_rows[None, :] + (WIDTH - 1 + src)[:, None] * stride_cs_k,
+                         mask=in_state[:, None] & c_mask[None, :], other=0.0)
     window = from_rows.to(state_rows.dtype.element_ty).to(tl.float32) + from_state.to(tl.float32)
-    acc = tl.sum(window * weights, 1)
+    acc = tl.sum(window * weights, 0)
     y = acc * tl.sigmoid(acc)
     return y.to(first_row.dtype.element_ty).to(tl.float32)
 
@@ -309,8 +312,8 @@ def _conv_window(
 def _conv_weights(conv_weight, channels, c_mask, stride_w_c, stride_w_k, WIDTH: tl.constexpr,
                   WIDTH_P: tl.constexpr):
     offs_w = tl.arange(0, WIDTH_P)
-    return tl.load(conv_weight + channels[:, None] * stride_w_c + offs_w[None, :] * stride_w_k,
-                   mask=c_mask[:, None] & (offs_w < WIDTH)[None, :], other=0.0).to(tl.float32)
+    return tl.load(conv_weight + channels[None, :] * stride_w_c + offs_w[:, None] * stride_w_k,
+                   mask=(offs_w < WIDTH)[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
