@@ -602,7 +602,17 @@ def test_gated_deltanet_verify_matches_reference(live, layout, k, dtype, state_d
     assert torch.equal(conv_state, want_conv) and torch.equal(rec_state, want_rec), "the verify wrote a pool"
     gated_deltanet_verify.gated_deltanet_commit_reference(want_conv, want_rec, slots, want_history, accepted, *heads)
     torch.ops.ce.gated_deltanet_commit(conv_state, rec_state, slots, history, accepted, *heads)
-    _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
+    _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec)
+
+
+def _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec):
+    """As ``_assert_gated_deltanet_states_close``, for up to 5 positions in a row: a bf16 conv output that rounds a
+    tie apart at one position moves every later state a little, so the recurrent state gets 2-3x the one-step
+    bounds. The conv state is the inputs themselves: exact."""
+    torch.testing.assert_close(conv_state[1:], want_conv[1:], atol=0, rtol=0)
+    fp32_pool = rec_state.dtype == torch.float32
+    _assert_close_relative(rec_state[1:], want_rec[1:], max_abs=2e-2 if fp32_pool else 4e-2,
+                           max_rel_norm=1e-3 if fp32_pool else 5e-3, what="recurrent state")
 
 
 @QUICK
@@ -642,7 +652,7 @@ def test_gated_deltanet_verify_replays_in_cuda_graph():
                                                               *heads)
         graph.replay()
         torch.testing.assert_close(out, want, **TOL[torch.bfloat16])
-        _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
+        _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec)
 
 
 @QUICK
