@@ -524,6 +524,7 @@ def _gated_deltanet_commit_kernel(
     stride_rs_v,
     stride_h_seq,
     stride_h_pos,
+    POSITIONS: tl.constexpr,  # the history's positions (the most a verify step has)
     NUM_K_HEADS: tl.constexpr,
     NUM_V_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -563,11 +564,15 @@ def _gated_deltanet_commit_kernel(
     tile_mask = k_mask[:, None] & v_mask[None, :]
     s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
     k_head = v_head // GROUP
-    for i in range(accepted + 1):
+    # Unrolled over the history's positions, so that every load can be issued up front (one round trip to memory,
+    # not one per position); a position past the accepted ones takes decay 1, k 0 and u 0 (whatever its entry holds:
+    # it may never have been written), which leave S exactly as it is.
+    for i in tl.static_range(POSITIONS):
         entry = entries + i * stride_h_pos
-        k = tl.load(entry + KEYS_AT + k_head * DK + offs_k, mask=k_mask, other=0.0)
-        u = tl.load(entry + UPDATES_AT + v_head * DV + offs_v, mask=v_mask, other=0.0)
-        decay = tl.load(entry + DECAYS_AT + v_head)
+        active = accepted >= i  # the loads stay in bounds either way: the history holds POSITIONS entries
+        k = tl.where(active, tl.load(entry + KEYS_AT + k_head * DK + offs_k, mask=k_mask, other=0.0), 0.0)
+        u = tl.where(active, tl.load(entry + UPDATES_AT + v_head * DV + offs_v, mask=v_mask, other=0.0), 0.0)
+        decay = tl.where(active, tl.load(entry + DECAYS_AT + v_head), 1.0)
         s = s * decay
         s = s + k[:, None] * u[None, :]
         s = s.to(recurrent_state.dtype.element_ty).to(tl.float32)
@@ -620,6 +625,7 @@ def gated_deltanet_commit(
         *recurrent_state.stride(),
         history.stride(0),
         history.stride(1),
+        POSITIONS=history.shape[1],
         NUM_K_HEADS=num_k_heads,
         NUM_V_HEADS=num_v_heads,
         GROUP=num_v_heads // num_k_heads,
