@@ -296,10 +296,10 @@ def run(args) -> dict:
                 "pools read only")
             us = timed(f"gated_deltanet_commit P={positions} B={batch}",
                        lambda: gated_deltanet_kernels.gated_deltanet_commit(
-                           conv_state, state, slots, history, accepted, hk, dk, hv, dv),
+                           [conv_state], [state], slots, [history], accepted, hk, dk, hv, dv),
                        graph=True)
             add(f"gated_deltanet_commit P={positions}", batch, us, commit_bytes, "graph",
-                f"{positions} updates replayed")
+                f"{positions} updates replayed, one layer (the engine commits all 18 in one launch)")
             del rows_p, history
         del projected
         if args.baseline:

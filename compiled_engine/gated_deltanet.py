@@ -13,9 +13,10 @@ Verify steps: each sequence scores its last token and its k drafts (k + 1 positi
 may enter the pools, and which prefix is known only after the logits. ``ce::gated_deltanet_verify`` runs the k + 1
 positions of every sequence in one kernel from the pools' states without writing them, keeping in the layer's
 ``verify_history`` what each position adds to the state (its conv inputs, keys, delta-rule updates and decays);
-``commit_verify`` then replays the accepted prefix into the pools (``ce::gated_deltanet_commit``, one kernel: the
-accepted count stays on the device). Each position computes what a decode step computes; the state is read once by
-the verify and read and written once by the commit (ops/gated_deltanet_verify.py).
+``commit_verify`` then replays the accepted prefix into the pools of every layer (``ce::gated_deltanet_commit``, one
+kernel for all of them: the accepted count stays on the device). Each position computes what a decode step
+computes; the state is read once by the verify and read and written once by the commit
+(ops/gated_deltanet_verify.py).
 """
 
 from __future__ import annotations
@@ -95,15 +96,6 @@ class GatedDeltaNet(nn.Module):
             self.num_v_heads, self.head_v_dim, self.norm.eps,
         )
 
-    def commit_verify(self, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
-        """After a verify step: the pools at ``slots`` [N] (the step's state slots) take the state after each
-        sequence's last accepted position (``num_accepted`` [N] int64 drafts accepted, on the device: no host
-        sync)."""
-        torch.ops.ce.gated_deltanet_commit(
-            self.conv_state, self.recurrent_state, slots, self.verify_history, num_accepted, self.num_k_heads,
-            self.head_k_dim, self.num_v_heads, self.head_v_dim,
-        )
-
     def _prefill(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Varlen tokens packed by ``step.cu_seqlens``: unfused conv, chunked delta rule, gated norm -> [T, Hv*V]."""
         tokens = projected.shape[0]
@@ -123,3 +115,17 @@ class GatedDeltaNet(nn.Module):
         )
         o = self.norm(o, z.reshape(tokens, self.num_v_heads, self.head_v_dim))
         return o.reshape(tokens, -1)
+
+
+def commit_verify(layers: list[GatedDeltaNet], slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
+    """After a verify step: the pools of every one of ``layers`` at ``slots`` [N] (the step's state slots) take the
+    state after each sequence's last accepted position (``num_accepted`` [N] int64 drafts accepted, on the device: no
+    host sync). One ``ce::gated_deltanet_commit`` for all the layers: one launch."""
+    if not layers:
+        return
+    first = layers[0]
+    torch.ops.ce.gated_deltanet_commit(
+        [m.conv_state for m in layers], [m.recurrent_state for m in layers], slots,
+        [m.verify_history for m in layers], num_accepted, first.num_k_heads, first.head_k_dim, first.num_v_heads,
+        first.head_v_dim,
+    )

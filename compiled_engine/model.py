@@ -19,7 +19,7 @@ from torch import nn
 from compiled_engine.attention import FullAttention
 from compiled_engine.config import LINEAR_ATTENTION, ModelConfig
 from compiled_engine.distributed import SINGLE, TensorParallel
-from compiled_engine.gated_deltanet import GatedDeltaNet
+from compiled_engine.gated_deltanet import GatedDeltaNet, commit_verify
 from compiled_engine.layers import MLP, RMSNorm, empty_parameter
 from compiled_engine.moe import SparseMoE
 from compiled_engine.mtp import MTPLayer
@@ -112,10 +112,9 @@ class HybridModel(nn.Module):
 
     def commit_verify(self, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """After a verify step: every linear layer's state pools at ``slots`` [N] (the step's state slots) take the
-        state after each sequence's last accepted position (``num_accepted`` [N]: GatedDeltaNet.commit_verify)."""
-        for layer in self.layers:
-            if layer.layer_type == LINEAR_ATTENTION:
-                layer.linear_attn.commit_verify(slots, num_accepted)
+        state after each sequence's last accepted position (``num_accepted`` [N]: gated_deltanet.commit_verify)."""
+        commit_verify([layer.linear_attn for layer in self.layers if layer.layer_type == LINEAR_ATTENTION], slots,
+                      num_accepted)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:

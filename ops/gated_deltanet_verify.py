@@ -11,8 +11,9 @@ only a prefix of them (known once the target's logits are) may enter the state p
   P outputs. Instead it writes ``history[n, i]`` (ops/layouts.py ``gated_deltanet_history_offsets``): what
   position i adds to the state, i.e. its conv inputs, its normalised keys, the delta rule's update
   ``u = (v - S^T k) * beta`` and decay ``exp(g)`` of every value head. ``R >= N``, ``Pmax >= P``.
-* ``gated_deltanet_commit(conv_state(a!), recurrent_state(b!), state_slots [N], history [R, Pmax, D],
-  num_accepted [N] int64, Hk, K, Hv, V)``: the pools at ``state_slots`` take the state after position
+* ``gated_deltanet_commit(conv_states(a!)[], recurrent_states(b!)[], state_slots [N], histories [], num_accepted [N]
+  int64, Hk, K, Hv, V)``, for every linear layer of the model at once (one list entry a layer, all of one shape:
+  one launch instead of one a layer): the pools at ``state_slots`` take the state after position
   ``num_accepted[n]`` (0 .. P - 1) of the last verify: the old conv history shifted by ``num_accepted + 1`` inputs,
   and the recurrent state with ``num_accepted + 1`` updates ``S = S * decay; S += k (x) u`` replayed (rounded to the
   pool's dtype after each, as the decode op stores it). ``num_accepted`` stays on the device: no host sync.
@@ -108,16 +109,25 @@ gated_deltanet_verify = define_op(
 
 
 def gated_deltanet_commit_reference(
-    conv_state: torch.Tensor,  # [S, C, W-1]  (written at state_slots)
-    recurrent_state: torch.Tensor,  # [S, Hv, K, V]  (written at state_slots)
+    conv_states: list[torch.Tensor],  # per layer [S, C, W-1]  (written at state_slots)
+    recurrent_states: list[torch.Tensor],  # per layer [S, Hv, K, V]  (written at state_slots)
     state_slots: torch.Tensor,  # [N] int32
-    history: torch.Tensor,  # [R, Pmax, D] fp32: the last verify's
+    histories: list[torch.Tensor],  # per layer [R, Pmax, D] fp32: the last verify's
     num_accepted: torch.Tensor,  # [N] int64: positions 0..num_accepted of the last verify are committed
     num_k_heads: int,
     head_k_dim: int,
     num_v_heads: int,
     head_v_dim: int,
 ) -> None:
+    if not len(conv_states) == len(recurrent_states) == len(histories):
+        raise ValueError("gated_deltanet_commit: one conv state, recurrent state and history per layer")
+    for conv_state, recurrent_state, history in zip(conv_states, recurrent_states, histories):
+        _commit_layer(conv_state, recurrent_state, state_slots, history, num_accepted, num_k_heads, head_k_dim,
+                      num_v_heads, head_v_dim)
+
+
+def _commit_layer(conv_state, recurrent_state, state_slots, history, num_accepted, num_k_heads, head_k_dim,
+                  num_v_heads, head_v_dim) -> None:
     n = state_slots.shape[0]
     slots = state_slots.long()
     keys_at, updates_at, decays_at, _ = gated_deltanet_history_offsets(num_k_heads, head_k_dim, num_v_heads,
@@ -140,14 +150,14 @@ def gated_deltanet_commit_reference(
     recurrent_state.index_copy_(0, slots, s)
 
 
-def _gated_deltanet_commit_fake(conv_state, recurrent_state, state_slots, history, num_accepted, num_k_heads,
+def _gated_deltanet_commit_fake(conv_states, recurrent_states, state_slots, histories, num_accepted, num_k_heads,
                                 head_k_dim, num_v_heads, head_v_dim) -> None:
     return None
 
 
 gated_deltanet_commit = define_op(
-    "gated_deltanet_commit(Tensor(a!) conv_state, Tensor(b!) recurrent_state, Tensor state_slots, Tensor history, "
-    "Tensor num_accepted, int num_k_heads, int head_k_dim, int num_v_heads, int head_v_dim) -> ()",
+    "gated_deltanet_commit(Tensor(a!)[] conv_states, Tensor(b!)[] recurrent_states, Tensor state_slots, "
+    "Tensor[] histories, Tensor num_accepted, int num_k_heads, int head_k_dim, int num_v_heads, int head_v_dim) -> ()",
     reference=gated_deltanet_commit_reference,
     cuda=gated_deltanet_kernels.gated_deltanet_commit if HAVE_TRITON else None,
     fake=_gated_deltanet_commit_fake,

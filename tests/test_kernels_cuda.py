@@ -600,8 +600,9 @@ def test_gated_deltanet_verify_matches_reference(live, layout, k, dtype, state_d
     assert got.shape == (n * positions, hv * dv) and got.dtype == dtype and got.is_contiguous()
     torch.testing.assert_close(got[: live * positions], want[: live * positions], **TOL[dtype])
     assert torch.equal(conv_state, want_conv) and torch.equal(rec_state, want_rec), "the verify wrote a pool"
-    gated_deltanet_verify.gated_deltanet_commit_reference(want_conv, want_rec, slots, want_history, accepted, *heads)
-    torch.ops.ce.gated_deltanet_commit(conv_state, rec_state, slots, history, accepted, *heads)
+    gated_deltanet_verify.gated_deltanet_commit_reference([want_conv], [want_rec], slots, [want_history], accepted,
+                                                          *heads)
+    torch.ops.ce.gated_deltanet_commit([conv_state], [rec_state], slots, [history], accepted, *heads)
     _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec)
 
 
@@ -632,7 +633,7 @@ def test_gated_deltanet_verify_replays_in_cuda_graph():
     def step():
         out = torch.ops.ce.gated_deltanet_verify(
             projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, history, *heads, 1e-6)
-        torch.ops.ce.gated_deltanet_commit(conv_state, rec_state, slots, history, accepted, *heads)
+        torch.ops.ce.gated_deltanet_commit([conv_state], [rec_state], slots, [history], accepted, *heads)
         return out
 
     step()  # compile the kernels outside the capture
@@ -648,8 +649,8 @@ def test_gated_deltanet_verify_replays_in_cuda_graph():
         want = gated_deltanet_verify.gated_deltanet_verify_reference(
             projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, want_history, *heads,
             1e-6)
-        gated_deltanet_verify.gated_deltanet_commit_reference(want_conv, want_rec, slots, want_history, accepted,
-                                                              *heads)
+        gated_deltanet_verify.gated_deltanet_commit_reference([want_conv], [want_rec], slots, [want_history],
+                                                              accepted, *heads)
         graph.replay()
         torch.testing.assert_close(out, want, **TOL[torch.bfloat16])
         _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec)

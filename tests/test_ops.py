@@ -975,9 +975,9 @@ def _opcheck_cases():
              torch.zeros(4, 3, 3 * Hk * K + 2 * Hv * V + Hv), Hk, K, Hv, V, 1e-6),
         ),
         "gated_deltanet_commit": (
-            ce.gated_deltanet_commit.default,
-            (_randn(g, 5, 2 * Hk * K + Hv * V, W - 1), state.clone(), slots3,
-             _randn(g, 4, 3, 3 * Hk * K + 2 * Hv * V + Hv), torch.tensor([2, 0, 1]), Hk, K, Hv, V),
+            ce.gated_deltanet_commit.default,  # two layers
+            ([_randn(g, 5, 2 * Hk * K + Hv * V, W - 1) for _ in range(2)], [state.clone(), state.clone()], slots3,
+             [_randn(g, 4, 3, 3 * Hk * K + 2 * Hv * V + Hv) for _ in range(2)], torch.tensor([2, 0, 1]), Hk, K, Hv, V),
         ),
         "advance_decode_inputs": (
             ce.advance_decode_inputs.default,

@@ -510,10 +510,10 @@ def gated_deltanet_verify(
 
 @triton.jit
 def _gated_deltanet_commit_kernel(
-    conv_state,
-    recurrent_state,
+    conv_states,  # [L] int64: each layer's conv state's address
+    recurrent_states,  # [L] int64
     state_slots,
-    history,
+    histories,  # [L] int64
     num_accepted,
     stride_cs_slot,
     stride_cs_c,
@@ -536,11 +536,14 @@ def _gated_deltanet_commit_kernel(
     BLOCK_V: tl.constexpr,
     V_BLOCKS: tl.constexpr,
     BLOCK_C: tl.constexpr,  # conv channels a program commits: cdiv(C, Hv * V_BLOCKS) rounded up to a power of two
+    CONV_DTYPE: tl.constexpr,
+    STATE_DTYPE: tl.constexpr,
 ):
-    """Grid ``(N, Hv, V_BLOCKS)``: program (n, j, c) replays the accepted updates on columns
-    ``c*BLOCK_V .. +BLOCK_V`` of value head j's state tile (the update is column-wise: ``S[:, v] = S[:, v] * decay
-    + k * u[v]``), and shifts a slice of BLOCK_C conv channels. Each program reads and writes only its own part of
-    the slot (the conv slice in place, after a barrier)."""
+    """Grid ``(N, Hv * V_BLOCKS, L)``: program (n, j * V_BLOCKS + c, l) replays, in layer l, the accepted updates on
+    columns ``c*BLOCK_V .. +BLOCK_V`` of value head j's state tile (the update is column-wise: ``S[:, v] = S[:, v] *
+    decay + k * u[v]``), and shifts a slice of BLOCK_C conv channels. Each program reads and writes only its own part
+    of the slot (the conv slice in place, after a barrier). The layers' tensors come as address tables: one launch
+    for every layer (they share shapes, strides and dtypes)."""
     KEY_DIM = NUM_K_HEADS * DK
     CHANNELS = 2 * KEY_DIM + NUM_V_HEADS * DV
     KEYS_AT = CHANNELS
@@ -548,8 +551,12 @@ def _gated_deltanet_commit_kernel(
     DECAYS_AT = UPDATES_AT + NUM_V_HEADS * DV
 
     seq = tl.program_id(0).to(tl.int64)
-    v_head = tl.program_id(1)
-    v_block = tl.program_id(2)
+    v_head = tl.program_id(1) // V_BLOCKS
+    v_block = tl.program_id(1) % V_BLOCKS
+    layer = tl.program_id(2)
+    conv_state = tl.load(conv_states + layer).to(tl.pointer_type(CONV_DTYPE))
+    recurrent_state = tl.load(recurrent_states + layer).to(tl.pointer_type(STATE_DTYPE))
+    history = tl.load(histories + layer).to(tl.pointer_type(tl.float32))
     slot = tl.load(state_slots + seq).to(tl.int64)
     accepted = tl.load(num_accepted + seq).to(tl.int32)
     entries = history + seq * stride_h_seq
@@ -575,8 +582,8 @@ def _gated_deltanet_commit_kernel(
         decay = tl.where(active, tl.load(entry + DECAYS_AT + v_head), 1.0)
         s = s * decay
         s = s + k[:, None] * u[None, :]
-        s = s.to(recurrent_state.dtype.element_ty).to(tl.float32)
-    tl.store(tile, s.to(recurrent_state.dtype.element_ty), mask=tile_mask)
+        s = s.to(STATE_DTYPE).to(tl.float32)
+    tl.store(tile, s.to(STATE_DTYPE), mask=tile_mask)
 
     # Conv history: column m of the new history is input accepted + 1 + m of [old history (W-1) | x_0 .. x_P-1].
     channels = (v_head * V_BLOCKS + v_block) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -589,16 +596,32 @@ def _gated_deltanet_commit_kernel(
                          mask=c_mask[:, None] & (h_mask & (src < WIDTH - 1))[None, :], other=0.0)
     from_rows = tl.load(entries + (src - (WIDTH - 1)).to(tl.int64)[None, :] * stride_h_pos + channels[:, None],
                         mask=c_mask[:, None] & (h_mask & (src >= WIDTH - 1))[None, :], other=0.0)
-    new = tl.where((src < WIDTH - 1)[None, :], from_state, from_rows.to(conv_state.dtype.element_ty))
+    new = tl.where((src < WIDTH - 1)[None, :], from_state, from_rows.to(CONV_DTYPE))
     tl.debug_barrier()  # every read of this slice's old history happens before any write below
     tl.store(rows + offs_h[None, :] * stride_cs_k, new, mask=c_mask[:, None] & h_mask[None, :])
 
 
+_TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# Address tables by (device, addresses): made once for each list of tensors. The state pools and histories are
+# allocated once, so a CUDA graph captured after a warm-up call finds its table made (a capture cannot copy from the
+# host); a table holds addresses only, so an entry stays right for whatever tensor later lives at them.
+_ADDRESS_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _address_table(tensors: list[torch.Tensor]) -> torch.Tensor:
+    key = (tensors[0].device, *(t.data_ptr() for t in tensors))
+    table = _ADDRESS_TABLES.get(key)
+    if table is None:
+        table = torch.tensor(key[1:], dtype=torch.int64).to(tensors[0].device)
+        _ADDRESS_TABLES[key] = table
+    return table
+
+
 def gated_deltanet_commit(
-    conv_state: torch.Tensor,  # [S, C, W-1]  (written at state_slots)
-    recurrent_state: torch.Tensor,  # [S, Hv, K, V]  (written at state_slots)
+    conv_states: list[torch.Tensor],  # per layer [S, C, W-1]  (written at state_slots)
+    recurrent_states: list[torch.Tensor],  # per layer [S, Hv, K, V]  (written at state_slots)
     state_slots: torch.Tensor,  # [N] int32
-    history: torch.Tensor,  # [R, Pmax, D] fp32
+    histories: list[torch.Tensor],  # per layer [R, Pmax, D] fp32
     num_accepted: torch.Tensor,  # [N] int64
     num_k_heads: int,
     head_k_dim: int,
@@ -606,20 +629,30 @@ def gated_deltanet_commit(
     head_v_dim: int,
     block_v: int = 32,
 ) -> None:
-    """One launch: ``V / block_v`` programs a value head (4 at V = 128: 64 programs a sequence at Qwen3.5-0.8B's
-    shape), each moving a [K, block_v] fp32 slice (16 KiB) in and out, and ~100 conv channels."""
-    n = state_slots.shape[0]
-    if n == 0:
+    """One launch for every layer: ``V / block_v`` programs a value head and layer (4 at V = 128: 64 programs a
+    sequence and layer at Qwen3.5-0.8B's shape, 1,152 over its 18 linear layers), each moving a [K, block_v] fp32
+    slice (16 KiB) in and out, and ~100 conv channels."""
+    n, layers = state_slots.shape[0], len(conv_states)
+    if not layers == len(recurrent_states) == len(histories):
+        raise ValueError("gated_deltanet_commit: one conv state, recurrent state and history per layer")
+    for group in (conv_states, recurrent_states, histories):
+        if any((t.shape, t.stride(), t.dtype, t.device) != (group[0].shape, group[0].stride(), group[0].dtype,
+                                                            group[0].device) for t in group):
+            raise ValueError("gated_deltanet_commit: every layer's tensors must share shape, strides, dtype, device")
+    if n == 0 or layers == 0:
         return
+    conv_state, recurrent_state, history = conv_states[0], recurrent_states[0], histories[0]
+    if history.stride(2) != 1 or history.dtype != torch.float32:
+        raise ValueError("gated_deltanet_commit: histories must be fp32 with a contiguous last dimension")
     width = conv_state.shape[2] + 1
     channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     block_v = min(block_v, triton.next_power_of_2(head_v_dim))
     v_blocks = triton.cdiv(head_v_dim, block_v)
-    _gated_deltanet_commit_kernel[(n, num_v_heads, v_blocks)](
-        conv_state,
-        recurrent_state,
+    _gated_deltanet_commit_kernel[(n, num_v_heads * v_blocks, layers)](
+        _address_table(conv_states),
+        _address_table(recurrent_states),
         state_slots,
-        history,
+        _address_table(histories),
         num_accepted,
         *conv_state.stride(),
         *recurrent_state.stride(),
@@ -637,5 +670,7 @@ def gated_deltanet_commit(
         BLOCK_V=block_v,
         V_BLOCKS=v_blocks,
         BLOCK_C=triton.next_power_of_2(triton.cdiv(channels, num_v_heads * v_blocks)),
+        CONV_DTYPE=_TRITON_DTYPES[conv_state.dtype],
+        STATE_DTYPE=_TRITON_DTYPES[recurrent_state.dtype],
         num_warps=4,
     )
