@@ -9,6 +9,9 @@ with the host and the engine does not capture prefill). Every timing is the medi
 Bytes counted: every tensor the op must read or write once (states read + written, KV read at the context
 length, activations in and out); the minimum traffic, so the fraction is a roofline fraction.
 
+``gated_deltanet_verify``/``gated_deltanet_commit``: speculative decoding's verify kernel at P = 2, 3, 4 positions a
+sequence (the pools read only) and its commit (all P updates replayed), beside ``gated_deltanet_decode``.
+
 ``linear``: ce::linear (our skinny GEMM up to ``SKINNY_MAX_ROWS`` rows, cuBLAS above) against ``F.linear`` (cuBLAS)
 on each weight shape of the model at ``--linear-rows`` rows (default 1, 2, 8 and 64: the skinny GEMM's two, then
 the cuBLAS fallback), both as captured CUDA graphs; bytes are the weight plus x and the output. The "linear step"
@@ -36,6 +39,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
 import ops  # noqa: E402,F401  (registers torch.ops.ce)
+from ops import layouts  # noqa: E402
 from ops.linear import SKINNY_MAX_ROWS, linear  # noqa: E402
 from ops.triton import delta_rule_kernels, gated_deltanet_kernels, gemv_kernels, paged_attention_kernels  # noqa: E402
 
@@ -274,6 +278,29 @@ def run(args) -> dict:
             op = "gated_deltanet_decode" if fused else "  unfused conv+delta+norm"
             add(op if warps == 8 else "  sweep gated_deltanet_decode", batch, us, fused_bytes, "graph",
                 f"one kernel, {warps} warps" if fused else "3 kernels", num_warps=warps)
+        # --- speculative decoding's verify step (P = k + 1 positions a sequence) and its commit (all accepted)
+        history_width = layouts.gated_deltanet_history_offsets(hk, dk, hv, dv)[3]
+        for positions in (2, 3, 4):
+            rows_p = torch.cat([projected] * positions)  # any values: the cost does not depend on them
+            history = torch.zeros(batch, positions, history_width, device="cuda")
+            accepted = torch.full((batch,), positions - 1, dtype=torch.long, device="cuda")
+            history_bytes = history.numel() * 4
+            verify_bytes = rec_bytes // 2 + state_bytes + (rows_p.numel() + batch * positions * value_width) * bf16
+            commit_bytes = rec_bytes + 2 * state_bytes + history_bytes
+            us = timed(f"gated_deltanet_verify P={positions} B={batch}",
+                       lambda: gated_deltanet_kernels.gated_deltanet_verify(
+                           rows_p, weight, conv_state, A_log, dt_bias, norm_weight, state, slots, history, hk, dk,
+                           hv, dv, 1e-6),
+                       graph=True)
+            add(f"gated_deltanet_verify P={positions}", batch, us, verify_bytes + history_bytes, "graph",
+                "pools read only")
+            us = timed(f"gated_deltanet_commit P={positions} B={batch}",
+                       lambda: gated_deltanet_kernels.gated_deltanet_commit(
+                           [conv_state], [state], slots, [history], accepted, hk, dk, hv, dv),
+                       graph=True)
+            add(f"gated_deltanet_commit P={positions}", batch, us, commit_bytes, "graph",
+                f"{positions} updates replayed, one layer (the engine commits all 18 in one launch)")
+            del rows_p, history
         del projected
         if args.baseline:
             try:

@@ -10,7 +10,10 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   compiled like the decode graph unless ``--enforce-eager``; prefill eager as always): output tok/s with the checkpoint's MTP head (and its acceptance: accepted / drafted), then with
   a forced-acceptance drafter at each ``rates`` (``LLMEngine.draft_override``: the known greedy continuation of each
   request, from the baseline run, each draft right with that probability, else a wrong token); the speed-up over
-  the baseline; and the step costs at that batch: ``verify_ms`` (the target's verify step: k+1 tokens a sequence),
+  the baseline; and the step costs at that batch: ``verify_ms`` (the target's verify step: k+1 tokens a sequence,
+  eager), ``verify_graph_ms`` (the same captured in a CUDA graph: GPU time, against the baseline's
+  ``decode_graph_ms``, a decode graph's replay: ``verify_graph_vs_decode_graph``, the issue's "verify step against a
+  decode step"),
   ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
   on CUDA unless ``--enforce-eager``; the read-back included), ``eager_decode_ms`` (an eager decode step of the
   speculative runtime), their ratios to the baseline decode step.
@@ -84,7 +87,8 @@ def run(
         base.generate(warmup[:b], greedy(8), use_tqdm=False)
         timed, outputs = _timed(ctx, base, prompts[:b], new_tokens)
         references[b] = {tuple(p): o.token_ids for p, o in zip(prompts[:b], outputs)}
-        baseline[b] = {**timed, "decode_ms": _decode_ms(ctx, base.runtime, prompts[:b], step_iters)}
+        baseline[b] = {**timed, "decode_ms": _decode_ms(ctx, base.runtime, prompts[:b], step_iters),
+                       "decode_graph_ms": _decode_graph_ms(ctx, base.runtime, prompts[:b], step_iters)}
 
     per_k: dict[int, dict] = {}
     for k in ks:
@@ -104,6 +108,9 @@ def run(
             decode = baseline[b]["decode_ms"]
             costs.update({"verify_vs_decode": costs["verify_ms"] / decode, "round_vs_decode": costs["round_ms"] / decode,
                           "eager_decode_vs_decode": costs["eager_decode_ms"] / decode})
+            decode_graph = baseline[b]["decode_graph_ms"]
+            if costs["verify_graph_ms"] is not None and decode_graph is not None:
+                costs["verify_graph_vs_decode_graph"] = costs["verify_graph_ms"] / decode_graph
             cell["steps"] = costs
             per_k[k][b] = cell
     ctx.release_llm()
@@ -194,12 +201,68 @@ def _decode_ms(ctx: Context, runtime, prompts, iters: int) -> float:
             runtime.release(seq)
 
 
+def _decode_graph_ms(ctx: Context, runtime, prompts, iters: int) -> float | None:
+    """GPU time of one replay of the decode graph of ``prompts`` (back-to-back replays, CUDA events), in ms; None
+    without the runner's graphs. The sequences are garbage afterwards (``DecodeGraphRunner.replay_last``)."""
+    from graphs.decode_graph import DecodeGraphRunner
+
+    runner = runtime.decode_fn
+    if ctx.device.type != "cuda" or not isinstance(runner, DecodeGraphRunner):
+        return None
+    seqs = _started(runtime, prompts)
+    try:
+        runtime.decode(seqs)  # a live step in the graph's static buffers
+        return _replay_ms(lambda: runner.replay_last(len(seqs)), iters)
+    finally:
+        for seq in seqs:
+            runtime.release(seq)
+
+
+@torch.inference_mode()
+def _replay_ms(replay, iters: int) -> float:
+    for _ in range(3):
+        replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+@torch.inference_mode()
+def _verify_graph_ms(runtime, seqs, drafts, iters: int) -> float:
+    """GPU time of a verify step alone (the target's forward of k+1 tokens a sequence and its logits' argmax, the
+    work a round's verify does) captured into a CUDA graph of its own and replayed, in ms: the number to hold
+    against a decode graph's replay (``decode_graph_ms``). It writes KV at the verified positions and the linear
+    layers' verify history; the pools stay as they are."""
+    from compiled_engine.speculative import pack_verify_step
+
+    step = pack_verify_step(seqs, drafts, runtime.config.block_size, runtime.device)
+    model = runtime.model
+
+    def forward():
+        return model.compute_logits(model(step)).argmax(dim=-1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # Triton's JIT and autotuning happen here, outside the capture
+        forward()
+        forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward()
+    return _replay_ms(graph.replay, iters)
+
+
 def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
-    """In ms: a verify step alone (the unfused eager path: the target's forward of k+1 tokens a sequence), a whole
-    greedy round as the engine runs it (``Runtime.greedy_round``: compiled when the runtime is; the read-back and
-    ``advance`` included), and an eager decode step of the speculative runtime. (The lone verify step commits its
-    first position as any verify step does, so the round after it starts one state further: garbage values, the
-    same work.)"""
+    """In ms: a verify step alone (the unfused eager path: the target's forward of k+1 tokens a sequence, host time
+    included; and on CUDA the same captured into a graph: ``verify_graph_ms``, GPU time), a whole greedy round as the
+    engine runs it (``Runtime.greedy_round``: compiled when the runtime is; the read-back and ``advance`` included),
+    and an eager decode step of the speculative runtime. (A lone verify step leaves the pools as they are.)"""
     seqs = _started(runtime, prompts)
     drafts = [[0] * k for _ in seqs]
     verify_s = round_s = 0.0
@@ -218,11 +281,13 @@ def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
             if i >= 2:
                 verify_s += verified - start
                 round_s += done - verified
+        verify_graph = _verify_graph_ms(runtime, seqs, drafts, iters) if ctx.device.type == "cuda" else None
         eager = _decode_loop(ctx, runtime, seqs, iters)
     finally:
         for seq in seqs:
             runtime.release(seq)
-    return {"verify_ms": verify_s / iters * 1e3, "round_ms": round_s / iters * 1e3, "eager_decode_ms": eager}
+    return {"verify_ms": verify_s / iters * 1e3, "verify_graph_ms": verify_graph, "round_ms": round_s / iters * 1e3,
+            "eager_decode_ms": eager}
 
 
 def _decode_loop(ctx: Context, runtime, seqs, iters: int) -> float:
@@ -249,7 +314,9 @@ def summary_lines(head: str, r: dict) -> list[str]:
                                if name.startswith("forced_"))
             mtp = cell["mtp"]
             acceptance = "-" if mtp["acceptance"] is None else f"{mtp['acceptance']:.2f}"
+            graphed = cell["steps"].get("verify_graph_vs_decode_graph")
+            graphed = "" if graphed is None else f" (as graphs: {graphed:.2f})"
             lines.append(f"{'':<11} k={k} batch {b}: MTP head {mtp['speedup']:.2f}x (acceptance {acceptance}) | forced "
-                         f"acceptance {forced} | verify {cell['steps']['verify_vs_decode']:.2f}, round "
+                         f"acceptance {forced} | verify {cell['steps']['verify_vs_decode']:.2f}{graphed}, round "
                          f"{cell['steps']['round_vs_decode']:.2f} decode steps")
     return lines

@@ -20,6 +20,7 @@ import torch
 from compiled_engine.config import LINEAR_ATTENTION
 from compiled_engine.model import HybridModel
 from compiled_engine.step import upload
+from ops.layouts import gated_deltanet_history_offsets
 from ops.library import NULL_BLOCK, NULL_SLOT
 
 
@@ -77,16 +78,16 @@ def allocate_kv_cache(
 
 
 def allocate_verify_history(model: HybridModel, num_drafts: int, rows: int) -> None:
-    """Give every linear layer the verify history of speculative decoding with ``num_drafts`` drafts a sequence:
-    ``(num_drafts - 1) * rows`` rows shaped like its state pools, and ``rows`` scratch rows
-    (compiled_engine/gated_deltanet.py), for verify steps of up to ``rows`` sequences."""
+    """Give every linear layer the verify history of speculative decoding with ``num_drafts`` drafts a sequence,
+    ``[rows, num_drafts + 1, D]`` fp32 (compiled_engine/gated_deltanet.py), for verify steps of up to ``rows``
+    sequences: ~40 KB a position at Qwen3.5-0.8B's shape, against a 1 MiB recurrent state."""
     for layer in model.layers:
         if layer.layer_type == LINEAR_ATTENTION:
             m = layer.mixer
-            for name, pool in (("conv", m.conv_state), ("recurrent", m.recurrent_state)):
-                shape, kind = pool.shape[1:], dict(device=pool.device, dtype=pool.dtype)
-                setattr(m, f"{name}_history", torch.empty(((num_drafts - 1) * rows, *shape), **kind))
-                setattr(m, f"{name}_scratch", torch.empty((rows, *shape), **kind))
+            width = gated_deltanet_history_offsets(m.num_k_heads, m.head_k_dim, m.num_v_heads, m.head_v_dim)[3]
+            m.verify_history = None  # free the old history before allocating the new one
+            m.verify_history = torch.empty((rows, num_drafts + 1, width), device=m.recurrent_state.device,
+                                           dtype=torch.float32)
 
 
 def reset_state_slot(model: HybridModel, slot: int) -> None:

@@ -7,17 +7,16 @@ everything between the two projections is one op, ``ce::gated_deltanet_decode`` 
 the unfused varlen ops.
 
 Mutates: ``conv_state`` and ``recurrent_state`` (this layer's pool buffers) at the rows ``step.state_slots``; in a
-verify step of speculative decoding (``step.speculative``), its ``conv_history``/``recurrent_history`` instead.
+verify step of speculative decoding (``step.speculative``), its ``verify_history`` instead.
 
 Verify steps: each sequence scores its last token and its k drafts (k + 1 positions), but only the accepted prefix
-may enter the pools, and which prefix is known only after the logits. Position 0 (the sequence's last token) is
-always accepted, so the layer runs it through the decode op in the pools themselves; positions 1..k run on scratch
-rows (a copy of the pools' rows after position 0), the state after each of positions 1..k-1 copied into a history
-first (rows ``(i - 1) * N + n``: sequence n after position i). ``commit_verify`` then copies each sequence's state
-after its last accepted position into the pools: from the history, from the scratch rows (all accepted), or nothing
-(none accepted). The copies are ``ce::copy_state_rows`` (copies a compiled graph keeps). Each position is exactly
-what a decode step computes; the cost is k + 1 decode-op calls and k state copies per layer, and at most one copy
-to commit (a fused kernel that keeps the k + 1 states on chip is the faster form).
+may enter the pools, and which prefix is known only after the logits. ``ce::gated_deltanet_verify`` runs the k + 1
+positions of every sequence in one kernel from the pools' states without writing them, keeping in the layer's
+``verify_history`` what each position adds to the state (its conv inputs, keys, delta-rule updates and decays);
+``commit_verify`` then replays the accepted prefix into the pools of every layer (``ce::gated_deltanet_commit``, one
+kernel for all of them: the accepted count stays on the device). Each position computes what a decode step
+computes; the state is read once by the verify and read and written once by the commit
+(ops/gated_deltanet_verify.py).
 """
 
 from __future__ import annotations
@@ -29,9 +28,7 @@ import ops  # noqa: F401  (registers torch.ops.ce)
 from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import TensorParallel
 from compiled_engine.layers import GatedRMSNorm, empty_parameter
-from ops.library import NULL_SLOT
 from ops.linear import linear
-from ops.state_rows import copy_state_rows
 from ops.step import StepInputs
 
 
@@ -60,12 +57,9 @@ class GatedDeltaNet(nn.Module):
         # Buffers, so that torch.compile treats them as static addresses (mutated plain inputs skip CUDA graphs).
         self.register_buffer("conv_state", None, persistent=False)
         self.register_buffer("recurrent_state", None, persistent=False)
-        # Verify steps only (cache.allocate_verify_history): the history, [(k - 1) * rows, conv_dim, kernel - 1] and
-        # [(k - 1) * rows, Hv, K, V], and the scratch rows the decode op runs on, [rows, ...] each.
-        self.register_buffer("conv_history", None, persistent=False)
-        self.register_buffer("recurrent_history", None, persistent=False)
-        self.register_buffer("conv_scratch", None, persistent=False)
-        self.register_buffer("recurrent_scratch", None, persistent=False)
+        # Verify steps only (cache.allocate_verify_history): [rows, k + 1, D] fp32, what each position of a verify
+        # step adds to a sequence's state (ops/layouts.py gated_deltanet_history_offsets).
+        self.register_buffer("verify_history", None, persistent=False)
 
     @property
     def input_weight(self) -> nn.Parameter:
@@ -89,48 +83,18 @@ class GatedDeltaNet(nn.Module):
         )
 
     def _verify(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        """Each sequence's ``positions`` tokens (rows grouped by sequence), one position at a time through the decode
-        op (see the module docstring): the first in the pools, the others on the scratch rows, the states between
-        them kept in the history -> [T, Hv*V]."""
+        """Each sequence's ``positions`` tokens (rows grouped by sequence) in one op, the pools only read, what each
+        position adds to the state kept in the verify history -> [T, Hv*V]."""
         n = step.num_sequences
-        positions = projected.shape[0] // n
-        if (positions - 2) * n > self.recurrent_history.shape[0] or n > self.recurrent_scratch.shape[0]:
-            raise ValueError(f"a verify step of {n} sequences x {positions} positions exceeds the verify history "
-                             f"({self.recurrent_scratch.shape[0]} sequences)")
-        per_position = projected.view(n, positions, -1)
-        rows = torch.arange(n, device=projected.device, dtype=torch.int32)
-        outputs = []
-        for i in range(positions):
-            if i == 1:  # position 0 ran in the pools (it is always committed): the others start from there
-                copy_state_rows(self.conv_scratch, self.recurrent_scratch, rows, self.conv_state,
-                                self.recurrent_state, step.state_slots)
-            elif i > 1:  # keep the state after position i - 1 before position i overwrites it
-                copy_state_rows(self.conv_history, self.recurrent_history, rows + (i - 2) * n, self.conv_scratch,
-                                self.recurrent_scratch, rows)
-            in_pools = i == 0
-            outputs.append(torch.ops.ce.gated_deltanet_decode(
-                per_position[:, i], self.conv_weight, self.conv_state if in_pools else self.conv_scratch, self.A_log,
-                self.dt_bias, self.norm.weight, self.recurrent_state if in_pools else self.recurrent_scratch,
-                step.state_slots if in_pools else rows, self.num_k_heads, self.head_k_dim, self.num_v_heads,
-                self.head_v_dim, self.norm.eps,
-            ))
-        return torch.stack(outputs, dim=1).reshape(n * positions, -1)
-
-    def commit_verify(self, slots: torch.Tensor, num_accepted: torch.Tensor, num_drafts: int) -> None:
-        """After a verify step of ``num_drafts`` drafts a sequence: the pools at ``slots`` [N] take the state after
-        each sequence's last accepted position (``num_accepted`` [N] int64 drafts accepted, on the device: no host
-        sync). None accepted: the pools hold it already; all: the scratch rows; else the history. Sequences that take
-        nothing from a source copy into the null slot instead."""
-        n = slots.shape[0]
-        rows = torch.arange(n, device=slots.device)
-        null = torch.full_like(slots, NULL_SLOT)
-        copy_state_rows(self.conv_state, self.recurrent_state, torch.where(num_accepted == num_drafts, slots, null),
-                        self.conv_scratch, self.recurrent_scratch, rows)
-        if num_drafts > 1:
-            middle = (num_accepted >= 1) & (num_accepted < num_drafts)
-            source = torch.where(middle, (num_accepted - 1) * n + rows, rows)  # any valid row for the others
-            copy_state_rows(self.conv_state, self.recurrent_state, torch.where(middle, slots, null),
-                            self.conv_history, self.recurrent_history, source)
+        rows, positions = self.verify_history.shape[:2]
+        if n > rows or projected.shape[0] > n * positions:
+            raise ValueError(f"a verify step of {n} sequences x {projected.shape[0] // max(n, 1)} positions exceeds "
+                             f"the verify history ({rows} sequences x {positions} positions)")
+        return torch.ops.ce.gated_deltanet_verify(
+            projected, self.conv_weight, self.conv_state, self.A_log, self.dt_bias, self.norm.weight,
+            self.recurrent_state, step.state_slots, self.verify_history, self.num_k_heads, self.head_k_dim,
+            self.num_v_heads, self.head_v_dim, self.norm.eps,
+        )
 
     def _prefill(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Varlen tokens packed by ``step.cu_seqlens``: unfused conv, chunked delta rule, gated norm -> [T, Hv*V]."""
@@ -151,3 +115,17 @@ class GatedDeltaNet(nn.Module):
         )
         o = self.norm(o, z.reshape(tokens, self.num_v_heads, self.head_v_dim))
         return o.reshape(tokens, -1)
+
+
+def commit_verify(layers: list[GatedDeltaNet], slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
+    """After a verify step: the pools of every one of ``layers`` at ``slots`` [N] (the step's state slots) take the
+    state after each sequence's last accepted position (``num_accepted`` [N] int64 drafts accepted, on the device: no
+    host sync). One ``ce::gated_deltanet_commit`` for all the layers: one launch."""
+    if not layers:
+        return
+    first = layers[0]
+    torch.ops.ce.gated_deltanet_commit(
+        [m.conv_state for m in layers], [m.recurrent_state for m in layers], slots,
+        [m.verify_history for m in layers], num_accepted, first.num_k_heads, first.head_k_dim, first.num_v_heads,
+        first.head_v_dim,
+    )

@@ -6,8 +6,8 @@ each row's greedy token (what the compiled decode graph returns). The layer mixe
 compiled_engine/cache.py), so one forward mutates exactly: every attention layer's ``k_cache``/``v_cache``, and every
 linear layer's ``conv_state``/``recurrent_state``. With ``mtp=True`` the model also holds the checkpoint's
 multi-token-prediction layer (``self.mtp``, compiled_engine/mtp.py), run by ``mtp_forward``; a verify step
-(``step.speculative``) commits only its first position's linear state and keeps the others apart until
-``commit_verify``.
+(``step.speculative``) leaves the linear layers' state pools as they are and keeps what each position adds apart
+until ``commit_verify``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import nn
 from compiled_engine.attention import FullAttention
 from compiled_engine.config import LINEAR_ATTENTION, ModelConfig
 from compiled_engine.distributed import SINGLE, TensorParallel
-from compiled_engine.gated_deltanet import GatedDeltaNet
+from compiled_engine.gated_deltanet import GatedDeltaNet, commit_verify
 from compiled_engine.layers import MLP, RMSNorm, empty_parameter
 from compiled_engine.moe import SparseMoE
 from compiled_engine.mtp import MTPLayer
@@ -108,13 +108,11 @@ class HybridModel(nn.Module):
         with the shared embedding; writes its KV at ``step.slot_mapping``. Returns ``[T, H]``."""
         return self.mtp(self.embed(input_ids), hidden, step)
 
-    def commit_verify(self, slots: torch.Tensor, num_accepted: torch.Tensor, num_drafts: int) -> None:
-        """After a verify step of ``num_drafts`` drafts a sequence: every linear layer's state pools at ``slots`` [N]
-        take the state after each sequence's last accepted position (``num_accepted`` [N]: GatedDeltaNet.commit_verify).
-        """
-        for layer in self.layers:
-            if layer.layer_type == LINEAR_ATTENTION:
-                layer.linear_attn.commit_verify(slots, num_accepted, num_drafts)
+    def commit_verify(self, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """After a verify step: every linear layer's state pools at ``slots`` [N] (the step's state slots) take the
+        state after each sequence's last accepted position (``num_accepted`` [N]: gated_deltanet.commit_verify)."""
+        commit_verify([layer.linear_attn for layer in self.layers if layer.layer_type == LINEAR_ATTENTION], slots,
+                      num_accepted)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:

@@ -498,8 +498,7 @@ class Runtime:
         self._check_speculative()
         n, k = len(spec.seqs), tokens.shape[1] - 1
         index = torch.arange(n, device=tokens.device)
-        slots = spec.step.state_slots.long()
-        self.model.commit_verify(slots, num_accepted, k)
+        self.model.commit_verify(spec.step.state_slots, num_accepted)
         rows = index * (k + 1) + num_accepted
         return draft(self.model, spec.step, spec.hidden, tokens.reshape(-1), rows, index, k, self.config.block_size)
 

@@ -5,8 +5,8 @@ A round for a sequence of length L (tokens t_0..t_{L-1}, the last one not comput
 
 1. verify (``pack_verify_step``): the target scores t_{L-1}, d_1..d_k at positions L-1..L-1+k in one step
    (``StepInputs.speculative``): attention layers write KV for every position (rejected ones are overwritten by
-   later steps: attention never reads past a sequence's length), linear layers commit position L-1 (always
-   accepted) and keep the later positions' states apart (compiled_engine/gated_deltanet.py). Logits
+   later steps: attention never reads past a sequence's length), linear layers leave their pools as they are and
+   keep what each position adds to the state apart (compiled_engine/gated_deltanet.py). Logits
    ``[N * (k+1), vocab]``.
 2. acceptance (compiled_engine/rejection_sampler.py): a in 0..k drafts accepted and one more token b from the target
    (the correction, or the bonus when all k are accepted), on the device.
@@ -20,9 +20,10 @@ the sampled token) and drafts from its last row; after a middle chunk it only fi
 
 A round of greedy requests (the engine's common case: no sampling, no min_tokens suppression) is one function,
 ``greedy_round``: verify, acceptance, commit and drafts with nothing read on the host. ``SpeculativeRound`` runs it
-eagerly, or compiled (``torch.compile(fullgraph=True)``; on CUDA with mode "reduce-overhead", whose cudagraph trees
-capture one CUDA graph per bucket of sequences), the batch padded to its bucket with null rows (the null slot, the
-null block). Sampled rounds run the unfused path (``Runtime.verify``, the rejection sampler, ``Runtime.accept``).
+eagerly, or compiled (``torch.compile(fullgraph=True)`` of ``greedy_round_packed``: the step's fields in one
+buffer; on CUDA each bucket's call captured into a CUDA graph of the round's own), the batch padded to its bucket
+with null rows (the null slot, the null block). Sampled rounds run the unfused path (``Runtime.verify``, the
+rejection sampler, ``Runtime.accept``).
 
 The MTP layer's KV shares the target's blocks. A round writes at most positions L-1..L+2k-2; blocks for the
 verified positions are guaranteed by the scheduler, those for the draft positions beyond them are taken when free
@@ -182,17 +183,55 @@ def greedy_round(
     tokens = torch.cat([proposed, proposed[:, :1]], dim=1).scatter(1, accepted[:, None],
                                                                    greedy.gather(1, accepted[:, None]))
     index = torch.arange(n, device=input_ids.device)
-    model.commit_verify(state_slots.long(), accepted, k)
+    model.commit_verify(state_slots, accepted)
     drafts = draft(model, step, hidden, tokens.reshape(-1), index * (k + 1) + accepted, index, k, block_size)
     return accepted, tokens, drafts
+
+
+def _packed_layout(batch: int, num_drafts: int, table_width: int) -> tuple[int, int, int, int, int]:
+    """Offsets in the int64 buffer of a compiled round (``SpeculativeRound``): ``input_ids | positions |
+    slot_mapping`` (``batch * (k+1)`` rows each, from even offsets: 16-byte aligned views) ``| context_lens |
+    state_slots | block_tables [batch, table_width]``; returns each field's start after input_ids' and the total."""
+    rows = batch * (num_drafts + 1)
+    stride = rows + rows % 2
+    context_lens = 3 * stride
+    state_slots = context_lens + batch
+    tables = state_slots + batch
+    return stride, 2 * stride, context_lens, state_slots, tables + batch * table_width
+
+
+def greedy_round_packed(
+    model: HybridModel, packed: torch.Tensor, batch: int, num_drafts: int, block_size: int, table_width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``greedy_round`` on the fields of a verify step of ``batch`` sequences packed into one int64 buffer
+    (``_packed_layout``): the function a compiled round traces. One buffer at a fixed address is the whole input of
+    the captured graph, written by one copy a round; the fields are sliced (and the int32 ones cast) inside the
+    graph, and the verify step's ``cu_seqlens`` (k+1 rows a sequence) computed there."""
+    rows = batch * (num_drafts + 1)
+    at_positions, at_slots, at_context, at_state, end = _packed_layout(batch, num_drafts, table_width)
+    return greedy_round(
+        model,
+        packed[:rows],
+        packed[at_positions : at_positions + rows],
+        packed[at_slots : at_slots + rows],
+        packed[at_state + batch : end].view(batch, table_width).to(torch.int32),
+        packed[at_context : at_context + batch].to(torch.int32),
+        packed[at_state : at_state + batch].to(torch.int32),
+        torch.arange(0, rows + 1, num_drafts + 1, dtype=torch.int32, device=packed.device),
+        num_drafts,
+        block_size,
+    )
 
 
 class SpeculativeRound:
     """Runs ``greedy_round``: eagerly, or compiled with one graph per bucket of sequences (CUDA graphs on CUDA).
 
-    ``compile``: ``torch.compile(fullgraph=True)`` (mode "reduce-overhead" on CUDA: cudagraph trees capture and
-    replay; Inductor's C++ code on the CPU), every bucket compiled at ``warmup`` on padding rows only (the null slot
-    and block: live sequences keep their state), largest first; later rounds run under ``fail_on_recompile``."""
+    ``compile``: ``greedy_round_packed`` under ``torch.compile(fullgraph=True)`` (Inductor's code, no cudagraph
+    trees), every bucket compiled at ``warmup`` on padding rows only (the null slot and block: live sequences keep
+    their state), largest first, later rounds under ``fail_on_recompile``. On CUDA the round captures each bucket's
+    compiled call into a ``torch.cuda.CUDAGraph`` of its own (one memory pool for all), as the decode runner does
+    (graphs/decode_graph.py): a round is then one host -> device copy of its packed step (a pinned staging buffer)
+    and one ``graph.replay()``, ~0.3 ms of host time less than a cudagraph-trees replay."""
 
     def __init__(self, model: HybridModel, num_drafts: int, block_size: int, max_num_seqs: int, max_model_len: int,
                  device: torch.device, compile: bool = False):
@@ -203,13 +242,27 @@ class SpeculativeRound:
         self.block_size = block_size
         self.device = device
         self.policy = BucketPolicy.create(max_num_seqs) if compile else None
-        self.fn = greedy_round
         self.compiled = compile
+        self.captured = compile and device.type == "cuda"
+        # bucket -> (its CUDA graph, the outputs it writes): filled by warmup on CUDA.
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         if compile:
             register_inductor_fallbacks(OPS)
             raise_recompile_limit(2 * len(self.policy))
-            mode = "reduce-overhead" if device.type == "cuda" else None
-            self.fn = torch.compile(greedy_round, mode=mode, fullgraph=True)
+            self.fn = torch.compile(greedy_round_packed, fullgraph=True)
+            size = _packed_layout(self.policy.max_size, num_drafts, self.table_width)[-1]
+            self.packed = torch.zeros(size, dtype=torch.long, device=device)  # the graphs' one input
+            if self.captured:
+                torch._dynamo.mark_static_address(self.packed)
+            # Host staging (pinned on CUDA: an asynchronous copy), and the event of its last copy: the host waits
+            # for it before writing the staging buffer again.
+            self._stage = torch.zeros(size, dtype=torch.long, pin_memory=self.captured)
+            self._staged: torch.cuda.Event | None = None
+
+    @property
+    def captured_buckets(self) -> tuple[int, ...]:
+        """The buckets with a CUDA graph of the round's own, after warmup (CUDA only)."""
+        return tuple(sorted(self._graphs))
 
     @torch.inference_mode()
     def warmup(self) -> None:
@@ -217,33 +270,60 @@ class SpeculativeRound:
         if not self.compiled:
             return
         start = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle() if self.captured else None
         for bucket in reversed(self.policy.sizes):
-            for _ in range(3):  # cudagraph trees: a warm-up run, the recording, a replay
-                self._run(pack_verify_step([], [], self.block_size, self.device, bucket, self.num_drafts,
-                                           self.table_width))
+            self._upload(pack_verify_step([], [], self.block_size, torch.device("cpu"), bucket, self.num_drafts,
+                                          self.table_width), bucket)
+            for _ in range(2):  # compile, Triton's JIT and autotuning: none of it may happen inside a capture
+                self._call(bucket)
+            if self.captured:
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool), torch.compiler.set_stance("fail_on_recompile"):
+                    outputs = self._call(bucket)
+                self._graphs[bucket] = (graph, outputs)
+                graph.replay()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        logger.info("compiled speculative rounds: buckets %s in %.1f s", list(self.policy.sizes),
-                    time.perf_counter() - start)
+        logger.info("compiled speculative rounds%s: buckets %s in %.1f s", " and captured" if self.captured else "",
+                    list(self.policy.sizes), time.perf_counter() - start)
 
-    def _run(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.fn(self.model, step.input_ids, step.positions, step.slot_mapping, step.block_tables,
-                       step.context_lens, step.state_slots, step.cu_seqlens, self.num_drafts, self.block_size)
+    def _call(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.fn(self.model, self.packed, bucket, self.num_drafts, self.block_size, self.table_width)
+
+    def _upload(self, step: StepInputs, bucket: int) -> None:
+        """A host-built verify step of ``bucket`` sequences into the packed buffer, in one copy."""
+        at_positions, at_slots, at_context, at_state, end = _packed_layout(bucket, self.num_drafts, self.table_width)
+        if self._staged is not None:
+            self._staged.synchronize()  # the last copy has read the staging buffer
+        stage = self._stage
+        for at, field in ((0, step.input_ids), (at_positions, step.positions), (at_slots, step.slot_mapping),
+                          (at_context, step.context_lens), (at_state, step.state_slots)):
+            stage[at : at + field.shape[0]] = field
+        stage[at_state + bucket : end] = step.block_tables.reshape(-1)
+        self.packed[:end].copy_(stage[:end], non_blocking=True)
+        if self.captured:
+            self._staged = torch.cuda.Event()
+            self._staged.record()
 
     @torch.inference_mode()
     def __call__(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The round of ``seqs`` (their blocks reserved) with ``drafts``: ``(num_accepted, tokens, drafts)`` of the
         live rows, on the device; compiled outputs are valid until the next round."""
         n, k = len(seqs), len(drafts[0])
-        pad_to = None
-        if self.compiled and self.policy.covers(n) and k == self.num_drafts:
-            pad_to = self.policy.bucket_for(n)
-        step = pack_verify_step(seqs, drafts, self.block_size, self.device, pad_to, table_width=self.table_width)
-        if pad_to is None:  # eagerly: past the buckets, or fewer drafts than the graphs were compiled for
-            accepted, tokens, new = greedy_round(self.model, step.input_ids, step.positions, step.slot_mapping,
-                                                 step.block_tables, step.context_lens, step.state_slots,
-                                                 step.cu_seqlens, k, self.block_size)
+        if not (self.compiled and self.policy.covers(n) and k == self.num_drafts):
+            # Eagerly: past the buckets, or fewer drafts than the graphs were compiled for.
+            step = pack_verify_step(seqs, drafts, self.block_size, self.device)
+            return greedy_round(self.model, step.input_ids, step.positions, step.slot_mapping, step.block_tables,
+                                step.context_lens, step.state_slots, step.cu_seqlens, k, self.block_size)
+        bucket = self.policy.bucket_for(n)
+        self._upload(pack_verify_step(seqs, drafts, self.block_size, torch.device("cpu"), bucket,
+                                      table_width=self.table_width), bucket)
+        captured = self._graphs.get(bucket)
+        if captured is not None:
+            graph, (accepted, tokens, new) = captured
+            graph.replay()
         else:
             with torch.compiler.set_stance("fail_on_recompile"):
-                accepted, tokens, new = self._run(step)
+                accepted, tokens, new = self._call(bucket)
         return accepted[:n], tokens[:n], new[:n]

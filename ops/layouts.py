@@ -5,6 +5,7 @@ here, in plain Python (no triton: the references run where triton is absent). It
 
 * ``ce::attention_decode``'s ``projected`` row: ``[q_gate (Hq*2*D) | k (Hkv*D) | v (Hkv*D)]``;
 * ``ce::gated_deltanet_decode``'s ``projected`` row: ``[q (Hk*K) | k (Hk*K) | v (Hv*V) | z (Hv*V) | b (Hv) | a (Hv)]``;
+* ``ce::gated_deltanet_verify``'s history entry (what ``ce::gated_deltanet_commit`` replays);
 * FLA's chunk length, which the chunked delta-rule reference, the host chunk table and FLA's kernels all use;
 * ``ce::sample``'s number formats: the integer key of a logit, the fixed-point token mass, the cut-offs;
 * ``ce::fused_moe``'s block-aligned order of (token, expert) rows (``moe_align_block_size``).
@@ -57,6 +58,35 @@ def check_gated_deltanet_decode_args(projected, conv_weight, num_k_heads, head_k
     if conv_weight.dim() != 2 or conv_weight.shape[0] != sum(sizes[:3]):
         raise ValueError(f"gated_deltanet_decode: conv_weight must be [{sum(sizes[:3])}, W], "
                          f"got {tuple(conv_weight.shape)}")
+
+
+def gated_deltanet_history_offsets(num_k_heads: int, head_k_dim: int, num_v_heads: int,
+                                   head_v_dim: int) -> tuple[int, int, int, int]:
+    """``ce::gated_deltanet_verify``'s history entry of one (sequence, position), fp32: ``[x (C) | keys (Hk*K) |
+    updates (Hv*V) | decays (Hv)]``: the q|k|v conv inputs as the conv state holds them, the l2-normalised keys, the
+    delta rule's ``u = (v - S^T k) * beta`` and ``exp(g)`` of each value head. Returns the offsets of keys, updates
+    and decays, and the entry's width."""
+    key_dim, value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+    keys = 2 * key_dim + value_dim
+    updates = keys + key_dim
+    decays = updates + value_dim
+    return keys, updates, decays, decays + num_v_heads
+
+
+def check_gated_deltanet_verify_args(projected, conv_weight, state_slots, history, num_k_heads, head_k_dim,
+                                     num_v_heads, head_v_dim) -> int:
+    """The verify op's argument checks (the decode op's, and the history's shape); returns P."""
+    check_gated_deltanet_decode_args(projected, conv_weight, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    n = state_slots.shape[0]
+    width = gated_deltanet_history_offsets(num_k_heads, head_k_dim, num_v_heads, head_v_dim)[3]
+    if n == 0 or projected.shape[0] % n:
+        raise ValueError(f"gated_deltanet_verify: {projected.shape[0]} rows are not P rows for each of {n} sequences")
+    positions = projected.shape[0] // n
+    if (history.dim() != 3 or history.dtype != torch.float32 or history.shape[0] < n
+            or history.shape[1] < positions or history.shape[2] != width):
+        raise ValueError(f"gated_deltanet_verify: history must be fp32 [>= {n}, >= {positions}, {width}], got "
+                         f"{history.dtype} {tuple(history.shape)}")
+    return positions
 
 
 # ce::sample (ops/sample.py)

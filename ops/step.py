@@ -34,8 +34,8 @@ class StepInputs:
     cu_seqlens_long: torch.Tensor | None = None  # [N + 1] int64: cu_seqlens again
     chunk_indices: torch.Tensor | None = None  # [num_chunks, 2] int64: (sequence, chunk of it) per 64-token chunk
     # A verify step of speculative decoding (a prefill step in every other respect): each sequence scores the same
-    # number of tokens, its last one and its drafts; the linear layers keep the state after each position apart
-    # (their verify history) and leave the pools unchanged until the model's commit_verify.
+    # number of tokens, its last one and its drafts; the linear layers keep what each position adds to the state
+    # apart (their verify history) and leave the pools unchanged until the model's commit_verify.
     speculative: bool = False
 
     @property

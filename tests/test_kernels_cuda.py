@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 import ops
 from ops import (
-    activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, kv_cache, layouts, norm, paged_attention,
-    sample,
+    activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, gated_deltanet_verify, kv_cache, layouts,
+    norm, paged_attention, sample,
 )
 from ops.linear import SKINNY_MAX_ROWS
 from tests import hf_models
@@ -564,6 +564,96 @@ def test_gated_deltanet_decode_replays_in_cuda_graph_with_new_inputs():
         graph.replay()
         torch.testing.assert_close(out[:live], want[:live], **TOL[torch.bfloat16])
         _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
+
+
+@given(
+    live=st.integers(1, 64),
+    layout=st.sampled_from(LINEAR_LAYOUTS),
+    k=st.integers(1, 4),
+    dtype=st.sampled_from([torch.bfloat16, torch.bfloat16, torch.float32]),
+    state_dtype=st.sampled_from([torch.float32, torch.float32, torch.bfloat16]),
+    padding=st.integers(0, 3),
+    strided=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+@settings(max_examples=6, deadline=None, phases=PHASES)  # each (k, layout, dtypes) compiles a variant of the kernel
+def test_gated_deltanet_verify_matches_reference(live, layout, k, dtype, state_dtype, padding, strided, seed):
+    """Speculative decoding's verify (k + 1 positions a sequence, the pools only read) and commit (random accepted
+    counts) against their references on clones: outputs, the pools left unchanged by the verify, the pools after the
+    commit (but the null slot)."""
+    gen = _seeded(seed)
+    hk, hv, dk, dv = layout
+    n, positions, num_slots = live + padding, k + 1, live + 2
+    slots = torch.cat([_live_slots(gen, live, num_slots), torch.zeros(padding, dtype=torch.int32, device=DEV)])
+    projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state = _gated_deltanet_inputs(
+        gen, n * positions, layout, dtype, state_dtype, num_slots, strided)
+    width = layouts.gated_deltanet_history_offsets(hk, dk, hv, dv)[3]
+    history = torch.full((n + 1, positions, width), float("nan"), device=DEV)
+    want_history = history.clone()
+    accepted = torch.randint(0, k + 1, (n,), generator=gen, device=DEV)
+    heads = (hk, dk, hv, dv)
+    want_conv, want_rec = conv_state.clone(), rec_state.clone()
+    want = gated_deltanet_verify.gated_deltanet_verify_reference(
+        projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, want_history, *heads, 1e-6)
+    got = torch.ops.ce.gated_deltanet_verify(
+        projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, history, *heads, 1e-6)
+    assert got.shape == (n * positions, hv * dv) and got.dtype == dtype and got.is_contiguous()
+    torch.testing.assert_close(got[: live * positions], want[: live * positions], **TOL[dtype])
+    assert torch.equal(conv_state, want_conv) and torch.equal(rec_state, want_rec), "the verify wrote a pool"
+    gated_deltanet_verify.gated_deltanet_commit_reference([want_conv], [want_rec], slots, [want_history], accepted,
+                                                          *heads)
+    torch.ops.ce.gated_deltanet_commit([conv_state], [rec_state], slots, [history], accepted, *heads)
+    _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec)
+
+
+def _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec):
+    """As ``_assert_gated_deltanet_states_close``, for up to 5 positions in a row: a bf16 conv output that rounds a
+    tie apart at one position moves every later state a little, so the recurrent state gets 2-3x the one-step
+    bounds. The conv state is the inputs themselves: exact."""
+    torch.testing.assert_close(conv_state[1:], want_conv[1:], atol=0, rtol=0)
+    fp32_pool = rec_state.dtype == torch.float32
+    _assert_close_relative(rec_state[1:], want_rec[1:], max_abs=2e-2 if fp32_pool else 4e-2,
+                           max_rel_norm=1e-3 if fp32_pool else 5e-3, what="recurrent state")
+
+
+@QUICK
+def test_gated_deltanet_verify_replays_in_cuda_graph():
+    """The Qwen3.5-0.8B layout, k = 2, bf16 with an fp32 pool: verify then commit captured once, replayed with new rows,
+    slots and accepted counts; each replay equals the references on clones."""
+    gen = _seeded(13)
+    live, k, layout = 4, 2, LINEAR_LAYOUTS[0]
+    hk, hv, dk, dv = layout
+    positions, num_slots, heads = k + 1, 2 * live + 1, (hk, dk, hv, dv)
+    projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state = _gated_deltanet_inputs(
+        gen, live * positions, layout, torch.bfloat16, torch.float32, num_slots, strided=False)
+    history = torch.zeros(live, positions, layouts.gated_deltanet_history_offsets(*heads)[3], device=DEV)
+    slots = _live_slots(gen, live, num_slots)
+    accepted = torch.zeros(live, dtype=torch.long, device=DEV)
+
+    def step():
+        out = torch.ops.ce.gated_deltanet_verify(
+            projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, history, *heads, 1e-6)
+        torch.ops.ce.gated_deltanet_commit([conv_state], [rec_state], slots, [history], accepted, *heads)
+        return out
+
+    step()  # compile the kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(2):
+        projected.copy_(_randn(gen, *projected.shape, dtype=torch.bfloat16))
+        slots.copy_(_live_slots(gen, live, num_slots))
+        accepted.copy_(torch.randint(0, k + 1, (live,), generator=gen, device=DEV))
+        want_conv, want_rec, want_history = conv_state.clone(), rec_state.clone(), history.clone()
+        want = gated_deltanet_verify.gated_deltanet_verify_reference(
+            projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, want_history, *heads,
+            1e-6)
+        gated_deltanet_verify.gated_deltanet_commit_reference([want_conv], [want_rec], slots, [want_history],
+                                                              accepted, *heads)
+        graph.replay()
+        torch.testing.assert_close(out, want, **TOL[torch.bfloat16])
+        _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec)
 
 
 @QUICK

@@ -968,10 +968,16 @@ def _opcheck_cases():
              torch.tensor([1.0, 0.9, 0.5]), torch.tensor([0.0, 0.0, 0.1]), torch.tensor([1, 2, 3]),
              torch.tensor([4, 5, 6]), True, True),
         ),
-        "copy_state_rows": (  # int32 destination rows, int64 source rows
-            ce.copy_state_rows.default,
-            (_randn(g, 5, 3, 2), _randn(g, 5, 2, 2, 2), torch.tensor([4, 0, 2], dtype=torch.int32), _randn(g, 4, 3, 2),
-             _randn(g, 4, 2, 2, 2), torch.tensor([1, 3, 2])),
+        "gated_deltanet_verify": (  # 3 sequences (the last padding) x 2 positions; projected rows of wider rows
+            ce.gated_deltanet_verify.default,
+            (_randn(g, 6, 2 * Hk * K + 2 * Hv * V + 2 * Hv + 4)[:, 2:-2], _randn(g, 2 * Hk * K + Hv * V, W),
+             _randn(g, 5, 2 * Hk * K + Hv * V, W - 1), d["A_log"], d["dt_bias"], _randn(g, V), state.clone(), slots3,
+             torch.zeros(4, 3, 3 * Hk * K + 2 * Hv * V + Hv), Hk, K, Hv, V, 1e-6),
+        ),
+        "gated_deltanet_commit": (
+            ce.gated_deltanet_commit.default,  # two layers
+            ([_randn(g, 5, 2 * Hk * K + Hv * V, W - 1) for _ in range(2)], [state.clone(), state.clone()], slots3,
+             [_randn(g, 4, 3, 3 * Hk * K + 2 * Hv * V + Hv) for _ in range(2)], torch.tensor([2, 0, 1]), Hk, K, Hv, V),
         ),
         "advance_decode_inputs": (
             ce.advance_decode_inputs.default,
@@ -1018,18 +1024,6 @@ def test_opcheck_gated_delta_rule_prefill_with_fla_fields():
     packed = torch.tensor([*cu.tolist(), 0, *dr.host_chunk_indices(cu.tolist())], dtype=torch.long)
     n = cu.shape[0]
     _opcheck(op, (*args, packed[:n], packed[n + 1 :].view(-1, 2)))
-
-
-def test_copy_state_rows_by_hand():
-    """ce::copy_state_rows: each destination row takes its source row, in both tensors, nothing else changes."""
-    conv, rec = torch.randn(5, 3, 2, dtype=torch.float64), torch.randn(5, 2, 2, 2)
-    conv_src, rec_src = torch.randn(4, 3, 2, dtype=torch.float64), torch.randn(4, 2, 2, 2)
-    expected_conv, expected_rec = conv.clone(), rec.clone()
-    for d, s in ((4, 1), (0, 3), (2, 2)):
-        expected_conv[d], expected_rec[d] = conv_src[s], rec_src[s]
-    dst, src = torch.tensor([4, 0, 2], dtype=torch.int32), torch.tensor([1, 3, 2])
-    ce.copy_state_rows(conv, rec, dst, conv_src, rec_src, src)
-    assert torch.equal(conv, expected_conv) and torch.equal(rec, expected_rec)
 
 
 def test_every_op_is_covered():

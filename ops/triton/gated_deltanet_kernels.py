@@ -42,7 +42,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.layouts import check_gated_deltanet_decode_args, gated_deltanet_split_sizes
+from ops.layouts import (
+    check_gated_deltanet_decode_args, check_gated_deltanet_verify_args, gated_deltanet_split_sizes,
+)
 from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels
 from ops.triton.conv1d_kernels import conv_apply, conv_load, store_history
 from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta
@@ -263,3 +265,412 @@ def _unfused(projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, re
     )
     z = projected[:, z_start:z_start + z_width].view(batch, num_v_heads, head_v_dim)
     return norm_kernels.rms_norm(o, norm_weight, z, eps, False).view(batch, -1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Speculative decoding: ce::gated_deltanet_verify (P positions a sequence, the pools only read) and
+# ce::gated_deltanet_commit (the accepted prefix replayed into the pools). ops/gated_deltanet_verify.py has the
+# contract; the history entry's layout is ops/layouts.py gated_deltanet_history_offsets.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _conv_window(
+    first_row,  # projected + seq * P * stride_p_b: the sequence's first position's row
+    state_rows,  # conv_state + slot * stride_cs_slot + channels * stride_cs_c
+    channels,
+    c_mask,
+    weights,  # [WIDTH_P, BLOCK] fp32, zeros past WIDTH
+    position,
+    stride_p_b,
+    stride_p_c,
+    stride_cs_k,
+    WIDTH: tl.constexpr,
+    WIDTH_P: tl.constexpr,
+):
+    """silu(causal conv) of ``channels`` at ``position`` of the verify rows: tap j reads the input at
+    ``position - (WIDTH - 1) + j``, from the rows when it is >= 0, else from the (unchanged) conv history. Inputs
+    enter the window in the history's dtype, as in the decode op; the output is rounded to projected's dtype."""
+    offs_w = tl.arange(0, WIDTH_P)
+    src = position - (WIDTH - 1) + offs_w
+    in_rows = (offs_w < WIDTH) & (src >= 0)
+    in_state = (offs_w < WIDTH) & (src < 0)
+    # [WIDTH_P, channels], reduced over axis 0: the channels run along the threads as the state tile's columns do,
+    # so the compiler keeps the tile in its load layout (a [channels, WIDTH_P] window made it move the whole tile
+    # through shared memory to match the window's).
+    from_rows = tl.load(first_row + src.to(tl.int64)[:, None] * stride_p_b + channels[None, :] * stride_p_c,
+                        mask=in_rows[:, None] & c_mask[None, :], other=0.0)
+    from_state = tl.load(state_rows[None, :] + (WIDTH - 1 + src)[:, None] * stride_cs_k,
+                         mask=in_state[:, None] & c_mask[None, :], other=0.0)
+    window = from_rows.to(state_rows.dtype.element_ty).to(tl.float32) + from_state.to(tl.float32)
+    acc = tl.sum(window * weights, 0)
+    y = acc * tl.sigmoid(acc)
+    return y.to(first_row.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _conv_weights(conv_weight, channels, c_mask, stride_w_c, stride_w_k, WIDTH: tl.constexpr,
+                  WIDTH_P: tl.constexpr):
+    offs_w = tl.arange(0, WIDTH_P)
+    return tl.load(conv_weight + channels[None, :] * stride_w_c + offs_w[:, None] * stride_w_k,
+                   mask=(offs_w < WIDTH)[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_conv_input(entry, first_row, channels, c_mask, position, stride_p_b, stride_p_c, STATE_DTYPE: tl.constexpr):
+    """The history's copy of an input of the conv window (in the conv state's dtype, held in fp32)."""
+    x = tl.load(first_row + position * stride_p_b + channels * stride_p_c, mask=c_mask, other=0.0)
+    tl.store(entry + channels, x.to(STATE_DTYPE).to(tl.float32), mask=c_mask)
+
+
+@triton.jit
+def _gated_deltanet_verify_kernel(
+    projected,
+    conv_weight,
+    conv_state,
+    A_log,
+    dt_bias,
+    norm_weight,
+    recurrent_state,
+    state_slots,
+    history,  # [R, Pmax, D] fp32, last dim contiguous
+    out,  # contiguous [N * P, Hv * V]
+    scale,  # K ** -0.5
+    eps,  # the gated RMSNorm's
+    stride_p_b,
+    stride_p_c,
+    stride_w_c,
+    stride_w_k,
+    stride_cs_slot,
+    stride_cs_c,
+    stride_cs_k,
+    stride_rs_slot,
+    stride_rs_h,
+    stride_rs_k,
+    stride_rs_v,
+    stride_h_seq,
+    stride_h_pos,
+    POSITIONS: tl.constexpr,
+    NUM_K_HEADS: tl.constexpr,
+    NUM_V_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    WIDTH: tl.constexpr,
+    WIDTH_P: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    ROUND_WEIGHT_PRODUCT: tl.constexpr,
+):
+    """Grid ``(N, Hk)``: program (n, h) walks the value heads of key head h (as the decode kernel does) and, for
+    each, the P positions in turn with the ``[K, V]`` state tile in registers, loaded once from the pool and never
+    stored. q and k are recomputed for each value head of the group (cheap: their rows sit in L1/L2); the first
+    value head's walk writes their history. Nothing here writes what another program reads, and nothing in a pool:
+    no barriers."""
+    KEY_DIM = NUM_K_HEADS * DK
+    VALUE_DIM = NUM_V_HEADS * DV
+    Z_START = 2 * KEY_DIM + VALUE_DIM
+    B_START = Z_START + VALUE_DIM
+    A_START = B_START + NUM_V_HEADS
+    KEYS_AT = 2 * KEY_DIM + VALUE_DIM  # the history entry: [x (C) | keys | updates | decays]
+    UPDATES_AT = KEYS_AT + KEY_DIM
+    DECAYS_AT = UPDATES_AT + VALUE_DIM
+
+    seq = tl.program_id(0).to(tl.int64)
+    k_head = tl.program_id(1)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = tl.arange(0, BLOCK_V)
+    k_mask = offs_k < DK
+    v_mask = offs_v < DV
+    tile_mask = k_mask[:, None] & v_mask[None, :]
+    dtype = out.dtype.element_ty
+    conv_dtype = conv_state.dtype.element_ty
+
+    norm_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    conv_rows = conv_state + slot * stride_cs_slot
+    q_channels = k_head * DK + offs_k
+    k_channels = KEY_DIM + k_head * DK + offs_k
+    q_state = conv_rows + q_channels * stride_cs_c
+    k_state = conv_rows + k_channels * stride_cs_c
+    q_w = _conv_weights(conv_weight, q_channels, k_mask, stride_w_c, stride_w_k, WIDTH, WIDTH_P)
+    k_w = _conv_weights(conv_weight, k_channels, k_mask, stride_w_c, stride_w_k, WIDTH, WIDTH_P)
+    first_row = projected + seq * POSITIONS * stride_p_b
+    entries = history + seq * stride_h_seq
+
+    for j in tl.static_range(GROUP):
+        v_head = k_head * GROUP + j
+        tile = (recurrent_state + slot * stride_rs_slot + v_head * stride_rs_h + offs_k[:, None] * stride_rs_k
+                + offs_v[None, :] * stride_rs_v)
+        s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
+        v_channels = 2 * KEY_DIM + v_head * DV + offs_v
+        v_state = conv_rows + v_channels * stride_cs_c
+        v_w = _conv_weights(conv_weight, v_channels, v_mask, stride_w_c, stride_w_k, WIDTH, WIDTH_P)
+        A_log_val = tl.load(A_log + v_head)
+        dt_bias_val = tl.load(dt_bias + v_head)
+        for i in tl.static_range(POSITIONS):  # unrolled: the loads of later positions can be issued early
+            row = first_row + i * stride_p_b
+            entry = entries + i * stride_h_pos
+            q = _conv_window(first_row, q_state, q_channels, k_mask, q_w, i, stride_p_b, stride_p_c, stride_cs_k,
+                             WIDTH, WIDTH_P)
+            k = _conv_window(first_row, k_state, k_channels, k_mask, k_w, i, stride_p_b, stride_p_c, stride_cs_k,
+                             WIDTH, WIDTH_P)
+            v = _conv_window(first_row, v_state, v_channels, v_mask, v_w, i, stride_p_b, stride_p_c, stride_cs_k,
+                             WIDTH, WIDTH_P)
+            q = q * tl.rsqrt(tl.sum(q * q, 0) + L2NORM_EPS) * scale  # l2norm in fp32, q scaled by K**-0.5
+            k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
+            a_val = tl.load(row + (A_START + v_head) * stride_p_c)
+            b_val = tl.load(row + (B_START + v_head) * stride_p_c)
+            z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0).to(tl.float32)
+
+            decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
+            s = s * decay  # S *= exp(g)
+            u = (v - tl.sum(s * k[:, None], 0)) * beta  # u = (v - S^T k) beta
+            s = s + k[:, None] * u[None, :]  # S += k (x) u
+            o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
+            s = s.to(recurrent_state.dtype.element_ty).to(tl.float32)  # what the pool would hold after a decode step
+
+            _store_conv_input(entry, first_row, v_channels, v_mask, i, stride_p_b, stride_p_c, conv_dtype)
+            tl.store(entry + UPDATES_AT + v_head * DV + offs_v, u, mask=v_mask)
+            tl.store(entry + DECAYS_AT + v_head, decay)
+            if j == 0:
+                _store_conv_input(entry, first_row, q_channels, k_mask, i, stride_p_b, stride_p_c, conv_dtype)
+                _store_conv_input(entry, first_row, k_channels, k_mask, i, stride_p_b, stride_p_c, conv_dtype)
+                tl.store(entry + KEYS_AT + k_head * DK + offs_k, k, mask=k_mask)
+
+            # Gated RMSNorm over V, rounded where the unfused path rounds (as in the decode kernel).
+            o = o.to(dtype).to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(o * o, 0) / DV + eps)
+            scaled = norm_w * (o * rstd).to(dtype).to(tl.float32)
+            if ROUND_WEIGHT_PRODUCT:
+                scaled = scaled.to(dtype).to(tl.float32)
+            y = scaled * (z * tl.sigmoid(z))
+            tl.store(out + (seq * POSITIONS + i) * VALUE_DIM + v_head * DV + offs_v, y.to(dtype), mask=v_mask)
+
+
+def gated_deltanet_verify(
+    projected: torch.Tensor,  # [N*P, Pw]: [q | k | v | z | b | a], last dim contiguous
+    conv_weight: torch.Tensor,  # [C, W]
+    conv_state: torch.Tensor,  # [S, C, W-1]  (read only)
+    A_log: torch.Tensor,  # [Hv]
+    dt_bias: torch.Tensor,  # [Hv]
+    norm_weight: torch.Tensor,  # [V]
+    recurrent_state: torch.Tensor,  # [S, Hv, K, V]  (read only)
+    state_slots: torch.Tensor,  # [N] int32
+    history: torch.Tensor,  # [R, Pmax, D] fp32  (written at [:N, :P])
+    num_k_heads: int,
+    head_k_dim: int,
+    num_v_heads: int,
+    head_v_dim: int,
+    eps: float,
+    num_warps: int = 8,
+) -> torch.Tensor:
+    """One launch, grid (sequences, key heads): 8 warps hold the fp32 state tile as in the decode kernel."""
+    positions = check_gated_deltanet_verify_args(projected, conv_weight, state_slots, history, num_k_heads,
+                                                 head_k_dim, num_v_heads, head_v_dim)
+    if history.stride(2) != 1:
+        raise ValueError("gated_deltanet_verify: the history's last dimension must be contiguous")
+    width = conv_weight.shape[1]
+    out = torch.empty((projected.shape[0], num_v_heads * head_v_dim), dtype=projected.dtype, device=projected.device)
+    norm_weight = norm_weight.contiguous()
+    _gated_deltanet_verify_kernel[(state_slots.shape[0], num_k_heads)](
+        projected,
+        conv_weight,
+        conv_state,
+        A_log,
+        dt_bias,
+        norm_weight,
+        recurrent_state,
+        state_slots,
+        history,
+        out,
+        head_k_dim**-0.5,
+        eps,
+        *projected.stride(),
+        *conv_weight.stride(),
+        *conv_state.stride(),
+        *recurrent_state.stride(),
+        history.stride(0),
+        history.stride(1),
+        POSITIONS=positions,
+        NUM_K_HEADS=num_k_heads,
+        NUM_V_HEADS=num_v_heads,
+        GROUP=num_v_heads // num_k_heads,
+        DK=head_k_dim,
+        DV=head_v_dim,
+        WIDTH=width,
+        WIDTH_P=triton.next_power_of_2(width),
+        BLOCK_K=triton.next_power_of_2(head_k_dim),
+        BLOCK_V=triton.next_power_of_2(head_v_dim),
+        ROUND_WEIGHT_PRODUCT=torch.promote_types(norm_weight.dtype, projected.dtype) == projected.dtype,
+        num_warps=num_warps,
+    )
+    return out
+
+
+@triton.jit
+def _gated_deltanet_commit_kernel(
+    conv_states,  # [L] int64: each layer's conv state's address
+    recurrent_states,  # [L] int64
+    state_slots,
+    histories,  # [L] int64
+    num_accepted,
+    stride_cs_slot,
+    stride_cs_c,
+    stride_cs_k,
+    stride_rs_slot,
+    stride_rs_h,
+    stride_rs_k,
+    stride_rs_v,
+    stride_h_seq,
+    stride_h_pos,
+    POSITIONS: tl.constexpr,  # the history's positions (the most a verify step has)
+    NUM_K_HEADS: tl.constexpr,
+    NUM_V_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    WIDTH: tl.constexpr,
+    HIST_P: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    V_BLOCKS: tl.constexpr,
+    BLOCK_C: tl.constexpr,  # conv channels a program commits: cdiv(C, Hv * V_BLOCKS) rounded up to a power of two
+    CONV_DTYPE: tl.constexpr,
+    STATE_DTYPE: tl.constexpr,
+):
+    """Grid ``(N, Hv * V_BLOCKS, L)``: program (n, j * V_BLOCKS + c, l) replays, in layer l, the accepted updates on
+    columns ``c*BLOCK_V .. +BLOCK_V`` of value head j's state tile (the update is column-wise: ``S[:, v] = S[:, v] *
+    decay + k * u[v]``), and shifts a slice of BLOCK_C conv channels. Each program reads and writes only its own part
+    of the slot (the conv slice in place, after a barrier). The layers' tensors come as address tables: one launch
+    for every layer (they share shapes, strides and dtypes)."""
+    KEY_DIM = NUM_K_HEADS * DK
+    CHANNELS = 2 * KEY_DIM + NUM_V_HEADS * DV
+    KEYS_AT = CHANNELS
+    UPDATES_AT = KEYS_AT + KEY_DIM
+    DECAYS_AT = UPDATES_AT + NUM_V_HEADS * DV
+
+    seq = tl.program_id(0).to(tl.int64)
+    v_head = tl.program_id(1) // V_BLOCKS
+    v_block = tl.program_id(1) % V_BLOCKS
+    layer = tl.program_id(2)
+    conv_state = tl.load(conv_states + layer).to(tl.pointer_type(CONV_DTYPE))
+    recurrent_state = tl.load(recurrent_states + layer).to(tl.pointer_type(STATE_DTYPE))
+    history = tl.load(histories + layer).to(tl.pointer_type(tl.float32))
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    accepted = tl.load(num_accepted + seq).to(tl.int32)
+    entries = history + seq * stride_h_seq
+
+    # Recurrent state: positions 0 .. accepted, each S = S * decay + k (x) u, rounded as the pool stores it.
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_mask = offs_k < DK
+    v_mask = offs_v < DV
+    tile = (recurrent_state + slot * stride_rs_slot + v_head * stride_rs_h + offs_k[:, None] * stride_rs_k
+            + offs_v[None, :] * stride_rs_v)
+    tile_mask = k_mask[:, None] & v_mask[None, :]
+    s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
+    k_head = v_head // GROUP
+    # Unrolled over the history's positions, so that every load can be issued up front (one round trip to memory,
+    # not one per position); a position past the accepted ones takes decay 1, k 0 and u 0 (whatever its entry holds:
+    # it may never have been written), which leave S exactly as it is.
+    for i in tl.static_range(POSITIONS):
+        entry = entries + i * stride_h_pos
+        active = accepted >= i  # the loads stay in bounds either way: the history holds POSITIONS entries
+        k = tl.where(active, tl.load(entry + KEYS_AT + k_head * DK + offs_k, mask=k_mask, other=0.0), 0.0)
+        u = tl.where(active, tl.load(entry + UPDATES_AT + v_head * DV + offs_v, mask=v_mask, other=0.0), 0.0)
+        decay = tl.where(active, tl.load(entry + DECAYS_AT + v_head), 1.0)
+        s = s * decay
+        s = s + k[:, None] * u[None, :]
+        s = s.to(STATE_DTYPE).to(tl.float32)
+    tl.store(tile, s.to(STATE_DTYPE), mask=tile_mask)
+
+    # Conv history: column m of the new history is input accepted + 1 + m of [old history (W-1) | x_0 .. x_P-1].
+    channels = (v_head * V_BLOCKS + v_block) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_mask = channels < CHANNELS
+    offs_h = tl.arange(0, HIST_P)
+    h_mask = offs_h < WIDTH - 1
+    src = accepted + 1 + offs_h
+    rows = conv_state + slot * stride_cs_slot + channels[:, None] * stride_cs_c
+    from_state = tl.load(rows + src[None, :] * stride_cs_k,
+                         mask=c_mask[:, None] & (h_mask & (src < WIDTH - 1))[None, :], other=0.0)
+    from_rows = tl.load(entries + (src - (WIDTH - 1)).to(tl.int64)[None, :] * stride_h_pos + channels[:, None],
+                        mask=c_mask[:, None] & (h_mask & (src >= WIDTH - 1))[None, :], other=0.0)
+    new = tl.where((src < WIDTH - 1)[None, :], from_state, from_rows.to(CONV_DTYPE))
+    tl.debug_barrier()  # every read of this slice's old history happens before any write below
+    tl.store(rows + offs_h[None, :] * stride_cs_k, new, mask=c_mask[:, None] & h_mask[None, :])
+
+
+_TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# Address tables by (device, addresses): made once for each list of tensors. The state pools and histories are
+# allocated once, so a CUDA graph captured after a warm-up call finds its table made (a capture cannot copy from the
+# host); a table holds addresses only, so an entry stays right for whatever tensor later lives at them.
+_ADDRESS_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _address_table(tensors: list[torch.Tensor]) -> torch.Tensor:
+    key = (tensors[0].device, *(t.data_ptr() for t in tensors))
+    table = _ADDRESS_TABLES.get(key)
+    if table is None:
+        table = torch.tensor(key[1:], dtype=torch.int64).to(tensors[0].device)
+        _ADDRESS_TABLES[key] = table
+    return table
+
+
+def gated_deltanet_commit(
+    conv_states: list[torch.Tensor],  # per layer [S, C, W-1]  (written at state_slots)
+    recurrent_states: list[torch.Tensor],  # per layer [S, Hv, K, V]  (written at state_slots)
+    state_slots: torch.Tensor,  # [N] int32
+    histories: list[torch.Tensor],  # per layer [R, Pmax, D] fp32
+    num_accepted: torch.Tensor,  # [N] int64
+    num_k_heads: int,
+    head_k_dim: int,
+    num_v_heads: int,
+    head_v_dim: int,
+    block_v: int = 32,
+) -> None:
+    """One launch for every layer: ``V / block_v`` programs a value head and layer (4 at V = 128: 64 programs a
+    sequence and layer at Qwen3.5-0.8B's shape, 1,152 over its 18 linear layers), each moving a [K, block_v] fp32
+    slice (16 KiB) in and out, and ~100 conv channels."""
+    n, layers = state_slots.shape[0], len(conv_states)
+    if not layers == len(recurrent_states) == len(histories):
+        raise ValueError("gated_deltanet_commit: one conv state, recurrent state and history per layer")
+    for group in (conv_states, recurrent_states, histories):
+        if any((t.shape, t.stride(), t.dtype, t.device) != (group[0].shape, group[0].stride(), group[0].dtype,
+                                                            group[0].device) for t in group):
+            raise ValueError("gated_deltanet_commit: every layer's tensors must share shape, strides, dtype, device")
+    if n == 0 or layers == 0:
+        return
+    conv_state, recurrent_state, history = conv_states[0], recurrent_states[0], histories[0]
+    if history.stride(2) != 1 or history.dtype != torch.float32:
+        raise ValueError("gated_deltanet_commit: histories must be fp32 with a contiguous last dimension")
+    width = conv_state.shape[2] + 1
+    channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    block_v = min(block_v, triton.next_power_of_2(head_v_dim))
+    v_blocks = triton.cdiv(head_v_dim, block_v)
+    _gated_deltanet_commit_kernel[(n, num_v_heads * v_blocks, layers)](
+        _address_table(conv_states),
+        _address_table(recurrent_states),
+        state_slots,
+        _address_table(histories),
+        num_accepted,
+        *conv_state.stride(),
+        *recurrent_state.stride(),
+        history.stride(0),
+        history.stride(1),
+        POSITIONS=history.shape[1],
+        NUM_K_HEADS=num_k_heads,
+        NUM_V_HEADS=num_v_heads,
+        GROUP=num_v_heads // num_k_heads,
+        DK=head_k_dim,
+        DV=head_v_dim,
+        WIDTH=width,
+        HIST_P=triton.next_power_of_2(width - 1),
+        BLOCK_K=triton.next_power_of_2(head_k_dim),
+        BLOCK_V=block_v,
+        V_BLOCKS=v_blocks,
+        BLOCK_C=triton.next_power_of_2(triton.cdiv(channels, num_v_heads * v_blocks)),
+        CONV_DTYPE=_TRITON_DTYPES[conv_state.dtype],
+        STATE_DTYPE=_TRITON_DTYPES[recurrent_state.dtype],
+        num_warps=4,
+    )
