@@ -9,7 +9,8 @@ the keys inside the current interval ``[prefix, prefix + 16 << shift)`` (what li
 it skips the candidate arithmetic on blocks with no key inside. Keys have 16 bits (bf16), 19 (fp16) or 32 (fp32):
 4, 5 or 8 passes per filter. Min-p is a per-token test (``y >= log(min_p)``) in the last pass.
 
-Each row is cut into CHUNK-wide pieces, one program each, and every pass is one launch over ``(B, chunks)``:
+Each row is cut into CHUNK-wide pieces (4,096 or 16,384 logits, by ``sample``'s rule), one program each, and every
+pass is one launch over ``(B, chunks)``:
   1. ``_scan``: each chunk's greedy winner (torch.argmax's rule, as ``ce::argmax``), its largest key, and the largest
      key of each BLOCK of the row (the block maxima);
   2. ``_radix`` (launched once per top-k pass, then once per top-p pass): every program first sums its row's
@@ -27,6 +28,7 @@ the passes after the scan touch about k blocks a row instead of all of them:
     is counted exactly, so every decision equals the unskipped one;
   - top-p passes skip blocks below top-k's threshold or whose largest mass is 0 (``y < -80``): they add nothing;
   - every pass skips blocks below its interval; the draw skips blocks with no kept token (y is monotone in the key).
+Each program first lists its chunk's live blocks (``_compact``), then loops over exactly those.
 Cost per row, V logits of s bytes: the scan reads ``V * s`` bytes (4.5 MB at V = 248,320 in bf16); with top-k on, the
 4 (bf16) to 8 (fp32) passes per filter and the draw read the block maxima and the few live blocks; without top-k, the
 top-p passes read every block with mass (the candidate arithmetic, 16 compares and adds and an exp per logit,
