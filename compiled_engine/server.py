@@ -28,6 +28,7 @@ import json
 import re
 import time
 import uuid
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Literal, Union
 
@@ -48,6 +49,7 @@ from compiled_engine.sampling_params import SamplingParams
 from ops.logprobs import MAX_LOGPROBS
 
 TINY_MODEL_NAME = "compiled-engine-tiny"  # the served name of the embedded default model
+MAX_N = 64  # choices per prompt: each one is a request of its own
 
 # --------------------------------------------------------------------------------------------------------------
 # Errors
@@ -112,8 +114,8 @@ class SamplingFields(BaseModel):
     return_token_ids: StrictBool = False  # vLLM's extension: token ids in every choice
 
     def check_unsupported(self) -> None:
-        if self.n != 1:
-            raise APIError(400, f"n={self.n}: only n=1 is supported", "n")
+        if not 1 <= self.n <= MAX_N:
+            raise APIError(400, f"n must be in [1, {MAX_N}], got {self.n}", "n")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise APIError(400, f"{name} is not supported", name)
@@ -254,12 +256,21 @@ class Timing:
 
 @dataclass
 class Prepared:
-    """A validated request: one prompt per choice, their params, and how to render the results."""
+    """A validated request: its prompts, their params, and how to render the results. Each prompt has ``body.n``
+    choices, prompt by prompt: choice ``i`` is prompt ``i // n``'s ``i % n``-th (OpenAI's order)."""
 
     prompts: list[list[int]]
     params: SamplingParams
     body: SamplingFields
     echo_texts: list[str] | None = None
+
+    def choice_params(self, index: int) -> SamplingParams:
+        """Choice ``index``'s params: with a seed, the j-th choice of a prompt draws with seed + j (vLLM's rule), so
+        that its n choices differ and each is reproducible."""
+        j = index % self.body.n
+        if self.params.seed is None or j == 0:
+            return self.params
+        return dataclasses.replace(self.params, seed=self.params.seed + j)
 
 
 class OpenAIServer:
@@ -423,12 +434,13 @@ class OpenAIServer:
 
     async def _serve(self, prepared: Prepared, request: Request, chat: bool) -> Response:
         try:
-            self.llm.check_capacity(len(prepared.prompts))
+            self.llm.check_capacity(len(prepared.prompts) * prepared.body.n)
         except QueueFullError as error:
             raise APIError(503, str(error), code="overloaded") from None
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        streams = [self._stream(f"{request_id}-{i}", prompt, prepared.params)
-                   for i, prompt in enumerate(prepared.prompts)]
+        n = prepared.body.n
+        streams = [self._stream(f"{request_id}-{i}", prepared.prompts[i // n], prepared.choice_params(i))
+                   for i in range(len(prepared.prompts) * n)]
         if prepared.body.stream:
             render = self._chat_chunks if chat else self._completion_chunks
             return StreamingResponse(render(request_id, prepared, streams), media_type="text/event-stream")
@@ -455,8 +467,10 @@ class OpenAIServer:
             raise
 
     # ------------------------------------------------------------------------------------------ rendering
-    def _usage(self, outs: list[RequestOutput]) -> dict:
-        prompt = sum(len(o.prompt_token_ids) for o in outs)
+    @staticmethod
+    def _usage(prepared: Prepared, outs: list[RequestOutput]) -> dict:
+        """OpenAI's usage: each prompt's tokens once, whatever its n; every choice's generated tokens."""
+        prompt = sum(map(len, prepared.prompts))
         completion = sum(len(o.token_ids) for o in outs)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -496,7 +510,7 @@ class OpenAIServer:
         choices = []
         for i, out in enumerate(outs):
             text = out.text or ""
-            prefix = prepared.echo_texts[i] if prepared.echo_texts else ""
+            prefix = prepared.echo_texts[i // prepared.body.n] if prepared.echo_texts else ""
             choice = {"index": i, "text": prefix + text, "finish_reason": out.finish_reason,
                       "stop_reason": out.stop_reason,
                       "logprobs": None if out.logprobs is None else self._completion_logprobs(out.logprobs, 0)}
@@ -504,17 +518,20 @@ class OpenAIServer:
                 choice.update(prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids)
             choices.append(choice)
         return JSONResponse({"id": request_id, "object": "text_completion", "created": int(time.time()),
-                             "model": self.model_name, "choices": choices, "usage": self._usage(outs)})
+                             "model": self.model_name, "choices": choices, "usage": self._usage(prepared, outs)})
 
     async def _chat_response(self, request_id: str, prepared: Prepared, streams) -> JSONResponse:
-        (out,) = await asyncio.gather(*(last(s) for s in streams))
-        choice = {"index": 0, "message": {"role": "assistant", "content": out.text or ""},
-                  "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
-                  "logprobs": None if out.logprobs is None else self._chat_logprobs(out.logprobs)}
-        if prepared.body.return_token_ids:
-            choice.update(prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids)
+        outs = await asyncio.gather(*(last(s) for s in streams))
+        choices = []
+        for i, out in enumerate(outs):
+            choice = {"index": i, "message": {"role": "assistant", "content": out.text or ""},
+                      "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
+                      "logprobs": None if out.logprobs is None else self._chat_logprobs(out.logprobs)}
+            if prepared.body.return_token_ids:
+                choice.update(prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids)
+            choices.append(choice)
         return JSONResponse({"id": request_id, "object": "chat.completion", "created": int(time.time()),
-                             "model": self.model_name, "choices": [choice], "usage": self._usage([out])})
+                             "model": self.model_name, "choices": choices, "usage": self._usage(prepared, outs)})
 
     async def _completion_chunks(self, request_id: str, prepared: Prepared, streams) -> AsyncIterator[str]:
         created = int(time.time())
@@ -530,7 +547,8 @@ class OpenAIServer:
 
         async def events():
             if prepared.echo_texts:
-                for i, text in enumerate(prepared.echo_texts):
+                for i in range(len(streams)):
+                    text = prepared.echo_texts[i // body.n]
                     offsets[i] = len(text)
                     yield chunk([{"index": i, "text": text, "logprobs": None, "finish_reason": None}])
             async for i, out in merged(streams):
@@ -550,7 +568,7 @@ class OpenAIServer:
                 if delta or out.finished or out.logprobs is not None or body.return_token_ids:
                     yield chunk([choice])
             if body.stream_options is not None and body.stream_options.include_usage:
-                yield chunk([], self._usage(finals))
+                yield chunk([], self._usage(prepared, finals))
 
         async for event in guarded(events()):
             yield event
@@ -558,7 +576,8 @@ class OpenAIServer:
     async def _chat_chunks(self, request_id: str, prepared: Prepared, streams) -> AsyncIterator[str]:
         created = int(time.time())
         body = prepared.body
-        sent_text = sent_logprobs = 0
+        sent_text = [0] * len(streams)
+        sent_logprobs = [0] * len(streams)
         finals: list[RequestOutput] = []
 
         def chunk(choices: list[dict], usage: dict | None = None) -> str:
@@ -566,17 +585,17 @@ class OpenAIServer:
                         "model": self.model_name, "choices": choices, "usage": usage})
 
         async def events():
-            nonlocal sent_text, sent_logprobs
-            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None}])
-            async for _, out in merged(streams):
+            for i in range(len(streams)):
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])
+            async for i, out in merged(streams):
                 text = out.text or ""
-                delta, sent_text = text[sent_text:], len(text)
-                choice = {"index": 0, "delta": {"content": delta} if delta else {}, "logprobs": None,
+                delta, sent_text[i] = text[sent_text[i] :], len(text)
+                choice = {"index": i, "delta": {"content": delta} if delta else {}, "logprobs": None,
                           "finish_reason": self._finish_reason(out)}
                 if out.logprobs is not None:
-                    choice["logprobs"] = self._chat_logprobs(out.logprobs[sent_logprobs:])
-                    sent_logprobs = len(out.logprobs)
+                    choice["logprobs"] = self._chat_logprobs(out.logprobs[sent_logprobs[i] :])
+                    sent_logprobs[i] = len(out.logprobs)
                 if body.return_token_ids:
                     choice["token_ids"] = out.new_token_ids
                 if out.finished:
@@ -585,7 +604,7 @@ class OpenAIServer:
                 if delta or out.finished or out.logprobs is not None or body.return_token_ids:
                     yield chunk([choice])
             if body.stream_options is not None and body.stream_options.include_usage:
-                yield chunk([], self._usage(finals))
+                yield chunk([], self._usage(prepared, finals))
 
         async for event in guarded(events()):
             yield event

@@ -211,6 +211,39 @@ def test_chat_equals_solo_greedy_runs(live, solo_llm):
     assert chunks[-1].usage.total_tokens == len(prompt) + 10
 
 
+def test_n_choices_equal_solo_runs_with_their_seeds(live, solo_llm):
+    """n > 1: each prompt's n choices, prompt by prompt (OpenAI's order); with a seed, choice j of a prompt draws with
+    seed + j (vLLM's rule), so each equals the solo run with that seed; greedy choices are all the greedy run. Usage
+    counts each prompt once. Chat streams its n choices by index."""
+    tokenizer = live.server.tokenizer
+    prompts = ["Hello world", "The quick brown fox"]
+    sampled = dict(temperature=0.9, top_k=50, seed=11)
+    expected = [solo(solo_llm, p, 10, **dict(sampled, seed=11 + j)) for p in prompts for j in range(3)]
+    assert len({tuple(e.token_ids) for e in expected[:3]}) > 1  # the seeds do draw different choices
+    r = live.client.completions.create(model=MODEL, prompt=prompts, max_tokens=10, n=3, temperature=0.9, seed=11,
+                                       extra_body=dict(NO_EOS, top_k=50))
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.token_ids for c in r.choices] == [e.token_ids for e in expected]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (sum(len(tokenizer.encode(p)) for p in prompts), 60)
+    messages = [{"role": "user", "content": "hi there"}]
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    greedy = solo(solo_llm, prompt, 8)
+    stream = live.client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=8, n=2,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True},
+                                                 extra_body=NO_EOS)
+    texts, roles = ["", ""], set()
+    for c in stream:
+        for choice in c.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.delta.role:
+                roles.add((choice.index, choice.delta.role))
+        if not c.choices:
+            assert (c.usage.prompt_tokens, c.usage.completion_tokens) == (len(prompt), 16)
+    assert roles == {(0, "assistant"), (1, "assistant")}
+    assert texts == [text_of(tokenizer, greedy.token_ids)] * 2
+    live.assert_nothing_leaked()
+
+
 def test_stop_strings_over_http(live, solo_llm):
     """A two-character stop string (two tokens of the byte-level tokenizer) ends the output where it starts, streamed
     or not; a stop token id ends it with that token."""
@@ -507,7 +540,8 @@ BAD_INPUT = [
     (C, dict(OK, prompt=[]), 400, "prompt"),
     (C, dict(OK, prompt=LONG), 400, "prompt"),  # over max_model_len
     (C, dict(OK, prompt="x" * (MAX_MODEL_LEN - 4), max_tokens=8), 400, "max_tokens"),  # with max_tokens, over it
-    (C, dict(OK, n=2), 400, "n"),
+    (C, dict(OK, n=0), 400, "n"),
+    (C, dict(OK, n=65), 400, "n"),
     (C, dict(OK, presence_penalty=0.5), 400, "presence_penalty"),
     (C, dict(OK, echo=True, logprobs=1), 400, "echo"),
     (C, dict(OK, stream_options={"include_usage": True}), 400, "stream_options"),  # without stream
@@ -520,7 +554,7 @@ BAD_INPUT = [
     (CHAT, dict(MSG, max_completion_tokens=MAX_MODEL_LEN), 400, "max_completion_tokens"),
     (CHAT, dict(MSG, top_logprobs=3), 400, "top_logprobs"),  # without logprobs
     (CHAT, dict(MSG, logprobs=True, top_logprobs=30), 400, "top_logprobs"),
-    (CHAT, dict(MSG, n=3), 400, "n"),
+    (CHAT, dict(MSG, n=-1), 400, "n"),
     ("/v1/nothing", OK, 404, None),
 ]
 
