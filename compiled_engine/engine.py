@@ -103,6 +103,22 @@ class _StepLogprobs:
     def start(cls, device: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> "_StepLogprobs":
         return cls(device, tuple(map(to_host, device)))
 
+    def read(self) -> "_LogprobTable":
+        return _LogprobTable(*(h.tolist() for h in self.host))
+
+
+@dataclass
+class _LogprobTable:
+    """A step's logprobs in host lists, row by row."""
+
+    chosen: list[float]
+    top_values: list[list[float]]
+    top_ids: list[list[int]]
+
+    def entry(self, row: int, token: int, n: int) -> TokenLogprobs:
+        """Row ``row``'s entry for its chosen ``token``, with the ``n`` most likely tokens."""
+        return TokenLogprobs(token, self.chosen[row], list(zip(self.top_ids[row][:n], self.top_values[row][:n])))
+
 
 PLACEHOLDER_TOKEN = 0  # an overlapped step's token before it is read back: never read (the device has the real one)
 
@@ -245,9 +261,6 @@ class LLMEngine:
         token_ids, params = validate_request(prompt_token_ids, params, max_model_len=runtime.max_model_len,
                                              vocab_size=runtime.model_config.vocab_size,
                                              has_tokenizer=self.tokenizer is not None)
-        if params.logprobs is not None and self.num_speculative_tokens:
-            raise ValueError("logprobs: not supported with speculative decoding yet (a verify step's accepted "
-                             "positions have no logprobs)")
         return token_ids, params
 
     def add_request(
@@ -382,10 +395,12 @@ class LLMEngine:
         device = spec.logits.device
         next_tokens = torch.zeros(len(seqs), dtype=torch.long, device=device)
         requests = [self._request_of_seq[seqs[i].seq_id] for i in done]
+        logprobs = None
         if done:
             rows = upload(torch.tensor(done, dtype=torch.long), device)
             tokens = self._sample(requests, spec.logits[rows])
             next_tokens[rows] = tokens
+            logprobs = self._logprobs(spec.logits[rows], tokens, self._num_logprobs([r.seq for r in requests]))
         drafts = self.runtime.draft_after_prefill(spec, next_tokens)
         if not done:
             return []
@@ -395,7 +410,7 @@ class LLMEngine:
             request.seq.token_ids.append(row[0])
             self._set_drafts(request, row[1:])
             indices.append(len(request.seq.token_ids) - 1)
-        return self._accept(requests, indices)
+        return self._accept(requests, indices, logprobs)
 
     def _set_drafts(self, request: Request, drafts: list[int]) -> None:
         if self.draft_override is not None:
@@ -407,22 +422,28 @@ class LLMEngine:
         k = self.num_speculative_tokens
         proposals = [r.drafts[:k] for r in requests]
         n = len(seqs)
-        if all(r.params.greedy and not self._suppressing(r) for r in requests):
+        num_logprobs = self._num_logprobs(seqs)
+        logprobs = None
+        if num_logprobs is None and all(r.params.greedy and not self._suppressing(r) for r in requests):
             spec, accepted, tokens, new_drafts = self.runtime.greedy_round(seqs, proposals, keep_free)
-        else:
+        else:  # the unfused round, whose logits serve the rejection sampler and logprobs alike
             spec = self.runtime.verify(seqs, proposals, keep_free)
             drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
             batch = self._sampling_batch(requests, spec.logits.device, positions=k + 1)
             accepted, tokens = rejection_sample(spec.logits, drafts, batch)
+            # Row i * (k+1) + p: the target's distribution at the sequence's p-th verified position, where the
+            # emitted token p (an accepted draft, or the correction / bonus) was drawn from.
+            logprobs = self._logprobs(spec.logits, tokens.reshape(-1), num_logprobs)
             new_drafts = self.runtime.accept(spec, accepted, tokens)
         host = torch.cat([accepted[:, None], tokens, new_drafts], dim=1).tolist()  # the step's one read-back
+        table = logprobs.read() if logprobs is not None else None
         self.runtime.advance(spec, [row[0] for row in host], [row[1 : k + 2] for row in host])
         self.num_verified_rows += n
         self.num_draft_tokens += n * k
         self.num_accepted_tokens += sum(row[0] for row in host)
         now = time.perf_counter()
         outputs = []
-        for request, row in zip(requests, host):
+        for i, (request, row) in enumerate(zip(requests, host)):
             seq, a = request.seq, row[0]
             first = len(seq.token_ids) - (a + 1)  # where this step's tokens start
             emitted = []
@@ -431,6 +452,8 @@ class LLMEngine:
             for index in range(first, first + a + 1):
                 token = seq.token_ids[index]
                 emitted.append(token)
+                if request.logprobs is not None:
+                    request.logprobs.append(table.entry(i * (k + 1) + index - first, token, request.params.logprobs))
                 reason = self._take_token(request, token, generated=index + 1 - seq.num_prompt_tokens)
                 if reason is not None:
                     del seq.token_ids[index + 1 :]  # nothing past a stop or the length limit
@@ -529,8 +552,7 @@ class LLMEngine:
         """Finish what the new tokens (at ``indices`` of each request's token_ids) stop; the step's outputs.
         ``logprobs``: the step's, whose row ``rows[i]`` (default i) is ``requests[i]``'s."""
         now = time.perf_counter()
-        if logprobs is not None:
-            chosen, top_values, top_ids = (h.tolist() for h in logprobs.host)
+        table = logprobs.read() if logprobs is not None else None
         outputs = []
         for i, (request, index) in enumerate(zip(requests, indices)):
             seq = request.seq
@@ -538,10 +560,7 @@ class LLMEngine:
             if request.first_token_time is None:
                 request.first_token_time = now
             if request.logprobs is not None:
-                row = i if rows is None else rows[i]
-                n = request.params.logprobs
-                request.logprobs.append(
-                    TokenLogprobs(token, chosen[row], list(zip(top_ids[row][:n], top_values[row][:n]))))
+                request.logprobs.append(table.entry(i if rows is None else rows[i], token, request.params.logprobs))
             reason = self._take_token(request, token, generated=index + 1 - seq.num_prompt_tokens)
             if reason is not None:
                 self._finish(request, reason)

@@ -305,8 +305,39 @@ def test_stop_strings_inside_accepted_runs_equal_non_speculative(tiny_path, gree
         got = finished[request_id]
         assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == (
             want.token_ids, want.text, want.finish_reason, want.stop_reason)
-    with pytest.raises(ValueError, match="logprobs"):
-        engine.add_request("lp", PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, logprobs=2))
+
+
+def test_logprobs_in_speculative_rounds_are_the_models_log_softmax(tiny_path, greedy_reference):
+    """Logprobs of tokens emitted by verify rounds (accepted drafts and the correction or bonus, oracle drafts at
+    rate 0.6) and by the prefill round: against HF transformers' float64 log-softmax over prompt + output, for a
+    greedy and a seeded sampled request; the greedy one's tokens are the plain greedy run's."""
+    from tests import hf_models
+
+    model = hf_models.load_hf(tiny_path).double()
+    ids = [f"r{i}" for i in range(len(PROMPTS))]
+    engine = LLMEngine(runtime(tiny_path, k=2), draft_override=oracle(
+        dict(zip(ids, greedy_reference)), {i: len(p) for i, p in zip(ids, PROMPTS)}, 0.6, 257))
+    params = [SamplingParams(temperature=0, max_tokens=20, logprobs=3),
+              SamplingParams(temperature=0.8, top_k=40, seed=5, max_tokens=20, logprobs=2, ignore_eos=True)]
+    for i, (request_id, prompt) in enumerate(zip(ids[:2], PROMPTS[:2])):
+        engine.add_request(request_id, prompt, params[i])
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    assert finished["r0"].token_ids == greedy_reference[0]
+    assert engine.num_verified_rows > 0 and engine.num_accepted_tokens > 0
+    for request_id, prompt, p in zip(ids, PROMPTS, params):
+        out = finished[request_id]
+        assert [e.token_id for e in out.logprobs] == out.token_ids
+        oracle_rows = torch.log_softmax(hf_models.hf_logits(model, prompt + out.token_ids).double(), -1)
+        for row, entry in zip(oracle_rows[len(prompt) - 1 : -1], out.logprobs):
+            assert math.isclose(entry.logprob, row[entry.token_id].item(), abs_tol=1e-4)
+            assert len(entry.top) == p.logprobs
+            for token, value in entry.top:
+                assert math.isclose(value, row[token].item(), abs_tol=1e-4)
+            assert [t for t, _ in entry.top] == row.topk(p.logprobs).indices.tolist()
 
 
 # ------------------------------------------------------------------------------------------ rejection sampling
