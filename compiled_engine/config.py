@@ -297,8 +297,8 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config method must be one of {SPECULATIVE_METHODS}, got {config.method!r}")
         k = config.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise ValueError(f"speculative_config num_speculative_tokens must be an int in 1..{MAX_SPECULATIVE_TOKENS}, "
-                             f"got {k!r}")
+            raise ValueError("speculative_config num_speculative_tokens must be an int in "
+                             f"1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
         limit = config.disable_by_batch_size
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1):
             raise ValueError(f"speculative_config disable_by_batch_size must be an int >= 1 or None, got {limit!r}")

@@ -10,9 +10,9 @@ For the normed hidden state x of a token (HF transformers' modeling files are th
 The three projections of x that every token needs (the shared expert's gate and up, the router, the shared gate)
 are one matrix ``input_proj = [shared_expert.gate_proj | shared_expert.up_proj | gate (the router, E rows) |
 shared_expert_gate (1 row)]``: one GEMM instead of three. The routing weights stay fp32 up to the weighted sum
-(HF rounds them to the model's dtype first: bf16 models differ by that rounding). The experts' weights are HF's fused layout, ``gate_up [E, 2I, H]`` and ``down [E, H, I]``, held
-flattened to 2-D (``[E * 2I, H]``, ``[E * H, I]``) so that each per-expert checkpoint tensor fills a row range
-(compiled_engine/loader.py).
+(HF rounds them to the model's dtype first: bf16 models differ by that rounding). The experts' weights are HF's
+fused layout, ``gate_up [E, 2I, H]`` and ``down [E, H, I]``, held flattened to 2-D (``[E * 2I, H]``,
+``[E * H, I]``) so that each per-expert checkpoint tensor fills a row range (compiled_engine/loader.py).
 
 Tensor parallel: every expert is cut by its intermediate dimension, as the dense MLP is (each rank holds I/world of
 every expert's gate, up and down; the shared expert likewise), and the router and the shared gate are replicated.

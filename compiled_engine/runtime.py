@@ -479,9 +479,10 @@ class Runtime:
     @torch.inference_mode()
     def verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0) -> SpeculativeStep:
         """The verify step: each sequence's last (uncomputed) token and its k ``drafts`` (k at most the runtime's
-        num_speculative_tokens) scored by the target in one step. ``.logits``: fp32 ``[N * (k+1), vocab]``, sequence by sequence. The linear layers' pools stay as they
-        are until ``accept``; the sequences' lengths until ``advance``. ``keep_free``: blocks the draft positions'
-        blocks may not take (those a prefill step after this one needs)."""
+        num_speculative_tokens) scored by the target in one step. ``.logits``: fp32 ``[N * (k+1), vocab]``, sequence
+        by sequence. The linear layers' pools stay as they are until ``accept``; the sequences' lengths until
+        ``advance``. ``keep_free``: blocks the draft positions' blocks may not take (those a prefill step after this
+        one needs)."""
         k = self._check_verify(seqs, drafts)
         self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)

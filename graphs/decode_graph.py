@@ -390,9 +390,9 @@ class DecodeGraphRunner:
         draws, in the sampling variant of the graph (or eagerly where the runner has no such variant).
         ``step``'s fields may be on the host (``step_device``: one copy into the graph's buffers) or the device.
         Input ids that are the tokens this runner returned last (the engine feeds them back) are already in the
-        graph's input buffer: they are not copied. The output's ``host_tokens`` are a row of the graph's token ring in host memory: read them (``tolist`` waits for
-        the replay) before ``graphs.static_inputs.TOKEN_RING_SLOTS`` (4) more calls, which write the ring's rows in
-        turn."""
+        graph's input buffer: they are not copied. The output's ``host_tokens`` are a row of the graph's token ring in
+        host memory: read them (``tolist`` waits for the replay) before ``graphs.static_inputs.TOKEN_RING_SLOTS`` (4)
+        more calls, which write the ring's rows in turn."""
         n = step.num_sequences
         sample = sampling is not None
         if not self.policy.covers(n) or sample not in self.variants:
