@@ -56,31 +56,19 @@ QWEN3_5_0_8B_CONFIG = {
 
 # The Qwen3.5-35B-A3B text shape (Qwen3_5MoeForCausalLM): 40 layers, 3 Gated-DeltaNet to 1 attention.
 QWEN3_5_35B_A3B_CONFIG = {
+    **{key: value for key, value in QWEN3_5_0_8B_CONFIG.items() if key != "intermediate_size"},  # no dense MLP
     "model_type": "qwen3_5_moe_text",
     "architectures": ["Qwen3_5MoeForCausalLM"],
-    "vocab_size": 248320,
     "hidden_size": 2048,
     "num_hidden_layers": 40,
-    "full_attention_interval": 4,
     "num_attention_heads": 16,
-    "num_key_value_heads": 2,
-    "head_dim": 256,
-    "linear_num_key_heads": 16,
     "linear_num_value_heads": 32,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
     "num_experts": 256,
     "num_experts_per_tok": 8,
     "moe_intermediate_size": 512,
     "shared_expert_intermediate_size": 512,
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 262144,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
     "tie_word_embeddings": False,
     "eos_token_id": 248044,  # a stand-in (the weights are random); every benchmark runs with ignore_eos
-    "hidden_act": "silu",
-    "dtype": "bfloat16",
 }
 
 # A Qwen3.5-27B-like dense text shape: hidden 5,120, 64 layers in the 3:1 Gated-DeltaNet : attention pattern, 24 query

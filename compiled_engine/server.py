@@ -442,8 +442,7 @@ class OpenAIServer:
         streams = [self._stream(f"{request_id}-{i}", prepared.prompts[i // n], prepared.choice_params(i))
                    for i in range(len(prepared.prompts) * n)]
         if prepared.body.stream:
-            render = self._chat_chunks if chat else self._completion_chunks
-            return StreamingResponse(render(request_id, prepared, streams), media_type="text/event-stream")
+            return StreamingResponse(self._chunks(request_id, prepared, streams, chat), media_type="text/event-stream")
         collect = self._chat_response if chat else self._completion_response
         return await until_disconnect(request, collect(request_id, prepared, streams))
 
@@ -533,69 +532,42 @@ class OpenAIServer:
         return JSONResponse({"id": request_id, "object": "chat.completion", "created": int(time.time()),
                              "model": self.model_name, "choices": choices, "usage": self._usage(prepared, outs)})
 
-    async def _completion_chunks(self, request_id: str, prepared: Prepared, streams) -> AsyncIterator[str]:
+    async def _chunks(self, request_id: str, prepared: Prepared, streams, chat: bool) -> AsyncIterator[str]:
+        """The server-sent events of a streamed request: first each choice's opening (chat: the assistant role;
+        completions with echo: the prompt's text), then per output its new text (chat: as a delta), logprobs, token
+        ids and finish, and the usage last when asked for."""
         created = int(time.time())
         body = prepared.body
+        kind = "chat.completion.chunk" if chat else "text_completion"
         sent_text = [0] * len(streams)
         sent_logprobs = [0] * len(streams)
-        offsets = [0] * len(streams)
+        offsets = [0] * len(streams)  # completions: each choice's text so far, where its next logprobs start
         finals: list[RequestOutput] = []
 
         def chunk(choices: list[dict], usage: dict | None = None) -> str:
-            return sse({"id": request_id, "object": "text_completion", "created": created, "model": self.model_name,
+            return sse({"id": request_id, "object": kind, "created": created, "model": self.model_name,
                         "choices": choices, "usage": usage})
 
         async def events():
-            if prepared.echo_texts:
-                for i in range(len(streams)):
+            for i in range(len(streams)):
+                if chat:
+                    yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}])
+                elif prepared.echo_texts:
                     text = prepared.echo_texts[i // body.n]
                     offsets[i] = len(text)
                     yield chunk([{"index": i, "text": text, "logprobs": None, "finish_reason": None}])
             async for i, out in merged(streams):
                 text = out.text or ""
                 delta, sent_text[i] = text[sent_text[i] :], len(text)
-                choice = {"index": i, "text": delta, "logprobs": None, "finish_reason": self._finish_reason(out)}
+                content = {"delta": {"content": delta} if delta else {}} if chat else {"text": delta}
+                choice = {"index": i, **content, "logprobs": None, "finish_reason": self._finish_reason(out)}
                 if out.logprobs is not None:
                     new = out.logprobs[sent_logprobs[i] :]
                     sent_logprobs[i] = len(out.logprobs)
-                    choice["logprobs"] = self._completion_logprobs(new, offsets[i])
+                    choice["logprobs"] = self._chat_logprobs(new) if chat else self._completion_logprobs(new,
+                                                                                                          offsets[i])
                 offsets[i] += len(delta)
-                if body.return_token_ids:
-                    choice["token_ids"] = out.new_token_ids
-                if out.finished:
-                    choice["stop_reason"] = out.stop_reason
-                    finals.append(out)
-                if delta or out.finished or out.logprobs is not None or body.return_token_ids:
-                    yield chunk([choice])
-            if body.stream_options is not None and body.stream_options.include_usage:
-                yield chunk([], self._usage(prepared, finals))
-
-        async for event in guarded(events()):
-            yield event
-
-    async def _chat_chunks(self, request_id: str, prepared: Prepared, streams) -> AsyncIterator[str]:
-        created = int(time.time())
-        body = prepared.body
-        sent_text = [0] * len(streams)
-        sent_logprobs = [0] * len(streams)
-        finals: list[RequestOutput] = []
-
-        def chunk(choices: list[dict], usage: dict | None = None) -> str:
-            return sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
-                        "model": self.model_name, "choices": choices, "usage": usage})
-
-        async def events():
-            for i in range(len(streams)):
-                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}])
-            async for i, out in merged(streams):
-                text = out.text or ""
-                delta, sent_text[i] = text[sent_text[i] :], len(text)
-                choice = {"index": i, "delta": {"content": delta} if delta else {}, "logprobs": None,
-                          "finish_reason": self._finish_reason(out)}
-                if out.logprobs is not None:
-                    choice["logprobs"] = self._chat_logprobs(out.logprobs[sent_logprobs[i] :])
-                    sent_logprobs[i] = len(out.logprobs)
                 if body.return_token_ids:
                     choice["token_ids"] = out.new_token_ids
                 if out.finished:
