@@ -536,23 +536,14 @@ def test_compiled_greedy_rounds_equal_non_speculative(tiny_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rate", [None, 0.7])
-def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path, rate):
+def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
     """On a GPU, in fp32: greedy rounds compiled and captured (the round's own CUDA graph per bucket) give the
-    non-speculative eager output, with the MTP head's drafts and with oracle drafts (long accepted runs), and every
-    bucket has its graph."""
+    non-speculative eager output, with the MTP head's drafts and then, on the same compiled runtime, with oracle
+    drafts (long accepted runs); every bucket has its graph. One compile serves both drafters."""
     prompts = PROMPTS
     ids = [f"r{i}" for i in range(len(prompts))]
 
-    runtimes = []
-
-    def run(**knobs) -> list[list[int]]:
-        rt = Runtime.from_pretrained(tiny_path, device="cuda", dtype="float32", max_model_len=MAX_LEN,
-                                     max_num_seqs=2, **knobs)  # 2 buckets: compile time
-        override = None
-        if rate is not None and knobs.get("speculative_config"):
-            override = oracle(dict(zip(ids, reference)), {i: len(p) for i, p in zip(ids, prompts)}, rate, 257)
-        runtimes.append(rt)
+    def run(rt, override=None) -> list[list[int]]:
         engine = LLMEngine(rt, draft_override=override)
         for request_id, prompt in zip(ids, prompts):
             engine.add_request(request_id, prompt, SamplingParams(temperature=0, max_tokens=24))
@@ -563,7 +554,14 @@ def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path, rate):
                     done[out.request_id] = out.token_ids
         return [done[i] for i in ids]
 
-    reference = run(compile=False)
-    assert run(compile=True, speculative_config=spec(3)) == reference
-    rounds = runtimes[-1].speculative_round
+    def build(**knobs):  # 2 buckets: compile time
+        return Runtime.from_pretrained(tiny_path, device="cuda", dtype="float32", max_model_len=MAX_LEN,
+                                       max_num_seqs=2, **knobs)
+
+    reference = run(build(compile=False))
+    compiled = build(compile=True, speculative_config=spec(3))
+    assert run(compiled) == reference
+    drafts = oracle(dict(zip(ids, reference)), {i: len(p) for i, p in zip(ids, prompts)}, 0.7, 257)
+    assert run(compiled, drafts) == reference
+    rounds = compiled.speculative_round
     assert rounds.captured_buckets == rounds.policy.sizes  # every bucket's round is a CUDA graph
