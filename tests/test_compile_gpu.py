@@ -44,7 +44,9 @@ from tests.compile_helpers import (
     written_rows,
 )
 
-pytestmark = pytest.mark.gpu
+# One worker runs this module under pytest-xdist's --dist loadgroup (bench/gpu_tests.sh): its tests share one
+# compiled runtime (the module fixture), built once.
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("compile_gpu")]
 
 BUCKETS = (1, 2, 4, 8)
 MAX_NUM_SEQS = 8
