@@ -598,7 +598,11 @@ def test_gated_deltanet_verify_matches_reference(live, layout, k, dtype, state_d
     got = torch.ops.ce.gated_deltanet_verify(
         projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, history, *heads, 1e-6)
     assert got.shape == (n * positions, hv * dv) and got.dtype == dtype and got.is_contiguous()
-    torch.testing.assert_close(got[: live * positions], want[: live * positions], **TOL[dtype])
+    # A bf16 pool rounds the state after every position (kernel and reference alike), so a state the two compute one
+    # fp32 ulp apart (another sum order) can round a tie apart at position i and move the outputs of later positions
+    # by a bf16 ulp of the state: ~1e-3 on these inputs, over the fp32 tolerance. bf16's tolerance then.
+    tol = TOL[torch.bfloat16] if torch.bfloat16 in (dtype, state_dtype) else TOL[torch.float32]
+    torch.testing.assert_close(got[: live * positions], want[: live * positions], **tol)
     assert torch.equal(conv_state, want_conv) and torch.equal(rec_state, want_rec), "the verify wrote a pool"
     gated_deltanet_verify.gated_deltanet_commit_reference([want_conv], [want_rec], slots, [want_history], accepted,
                                                           *heads)
