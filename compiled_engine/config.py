@@ -270,11 +270,16 @@ class SpeculativeConfig:
     """Speculative decoding (vLLM's ``speculative_config``): ``method`` "mtp" drafts with the checkpoint's own
     multi-token-prediction layer (compiled_engine/mtp.py), ``num_speculative_tokens`` k in 1..4 tokens a step;
     ``disable_by_batch_size`` (vLLM's name): a step with more decoding sequences than that decodes them plainly (no
-    drafts), where verifying k+1 tokens a sequence stops paying (bench/spec.py measures where)."""
+    drafts), where verifying k+1 tokens a sequence stops paying (bench/spec.py measures where).
+    ``draft_vocab_size`` N: drafts are the argmax over the first N token ids only (a byte-level BPE vocabulary numbers
+    its tokens in merge order, frequent ones first), so a draft reads N rows of the lm_head instead of all of them
+    (SGLang's hot-token map, FR-Spec, as an id prefix). Lossless: the target still verifies over the whole vocabulary;
+    only drafts of rarer tokens are lost. None: the whole vocabulary."""
 
     method: str = "mtp"
     num_speculative_tokens: int = 1
     disable_by_batch_size: int | None = None
+    draft_vocab_size: int | None = None
 
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
@@ -283,12 +288,12 @@ class SpeculativeConfig:
         if value is None or isinstance(value, cls):
             config = value
         elif isinstance(value, dict):
-            unknown = sorted(set(value) - {"method", "num_speculative_tokens", "disable_by_batch_size"})
+            known = ("method", "num_speculative_tokens", "disable_by_batch_size", "draft_vocab_size")
+            unknown = sorted(set(value) - set(known))
             if unknown:
-                raise ValueError(f"speculative_config has unknown key(s) {unknown}; known: method, "
-                                 "num_speculative_tokens, disable_by_batch_size")
+                raise ValueError(f"speculative_config has unknown key(s) {unknown}; known: {', '.join(known)}")
             config = cls(value.get("method", "mtp"), value.get("num_speculative_tokens", 1),
-                         value.get("disable_by_batch_size"))
+                         value.get("disable_by_batch_size"), value.get("draft_vocab_size"))
         else:
             raise ValueError(f"speculative_config must be a dict or None, got {value!r}")
         if config is None:
@@ -302,7 +307,10 @@ class SpeculativeConfig:
         limit = config.disable_by_batch_size
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1):
             raise ValueError(f"speculative_config disable_by_batch_size must be an int >= 1 or None, got {limit!r}")
-        return cls(config.method, int(k), None if limit is None else int(limit))
+        vocab = config.draft_vocab_size
+        if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, numbers.Integral) or vocab < 1):
+            raise ValueError(f"speculative_config draft_vocab_size must be an int >= 1 or None, got {vocab!r}")
+        return cls(config.method, int(k), None if limit is None else int(limit), None if vocab is None else int(vocab))
 
 
 @dataclass(frozen=True)

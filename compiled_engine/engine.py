@@ -208,9 +208,10 @@ class LLMEngine:
         that each ``step()`` returns its own tokens to a caller that streams them; ``LLM``, which only returns
         finished outputs, turns it on. ``mixed_steps``, ``kv_growth_reserve``: the scheduler's policy
         (compiled_engine/scheduler.py). ``speculative_config``: the runtime's by default; a config here (vLLM's
-        dict) needs a runtime built with one, and at most its ``num_speculative_tokens``. Speculative decoding
-        turns ``overlap_decode`` off. ``draft_override(request_id, token_ids, drafts) -> drafts``: replaces the MTP
-        layer's k drafts after each round (the MTP layer still runs): the bench's forced-acceptance drafter."""
+        dict) needs a runtime built with one, at most its ``num_speculative_tokens`` and its ``draft_vocab_size``.
+        Speculative decoding turns ``overlap_decode`` off. ``draft_override(request_id, token_ids, drafts) ->
+        drafts``: replaces the MTP layer's k drafts after each round (the MTP layer still runs): the bench's
+        forced-acceptance drafter."""
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.num_speculative_tokens = runtime.num_speculative_tokens
@@ -225,6 +226,9 @@ class LLMEngine:
                                  "buffers): Runtime.from_pretrained(path, speculative_config=...)")
             if k > self.num_speculative_tokens:
                 raise ValueError(f"num_speculative_tokens={k} exceeds the runtime's {self.num_speculative_tokens}")
+            if parsed.draft_vocab_size != runtime.speculative_config.draft_vocab_size:  # the runtime's rounds use it
+                raise ValueError(f"draft_vocab_size={parsed.draft_vocab_size} differs from the runtime's "
+                                 f"{runtime.speculative_config.draft_vocab_size}")
             self.num_speculative_tokens = k
         if self.num_speculative_tokens:
             overlap_decode = False

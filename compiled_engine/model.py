@@ -134,6 +134,13 @@ class HybridModel(nn.Module):
         logits = self.decode_logits(hidden)
         return DecodeOutput(logits, argmax_op(logits))
 
+    def draft_tokens(self, hidden: torch.Tensor, vocab: int | None = None) -> torch.Tensor:
+        """Greedy draft tokens ``[rows]`` int64: the argmax of the logits over the first ``vocab`` token ids (None:
+        all), computed from those rows of the lm_head only. Single rank (speculative decoding runs without TP)."""
+        if vocab is None or vocab >= self.config.vocab_size:
+            return argmax_op(self.decode_logits(hidden))
+        return argmax_op(linear(hidden, self.lm_head[:vocab]))
+
     def decode_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """A decode step's logits ``[N, vocab]`` in the model's dtype."""
         return self._logits(hidden)

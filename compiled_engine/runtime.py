@@ -104,6 +104,10 @@ class Runtime:
         """``workers``: the other tensor-parallel ranks, when this is rank 0 of a sharded model. ``compile``:
         compile and capture the decode step now (``compile_decode``)."""
         config.validate()
+        draft_vocab = config.speculative_config.draft_vocab_size if config.speculative_config else None
+        if draft_vocab is not None and draft_vocab > model.config.vocab_size:
+            raise ValueError(f"speculative_config draft_vocab_size={draft_vocab} exceeds the model's vocab_size "
+                             f"{model.config.vocab_size}")
         self.model = model
         self.model_config: ModelConfig = model.config
         self.config = config
@@ -126,7 +130,7 @@ class Runtime:
             # Decode rows become verify rounds: greedy ones compiled (with compile), no decode graph.
             self.speculative_round = SpeculativeRound(
                 model, self.speculative_config.num_speculative_tokens, config.block_size, config.max_num_seqs,
-                self.max_model_len, device, compile=compile,
+                self.max_model_len, device, compile=compile, draft_vocab=self.speculative_config.draft_vocab_size,
             )
             self.speculative_round.warmup()
         if compile and (self.speculative_config is None or self.speculative_config.disable_by_batch_size):
@@ -449,7 +453,8 @@ class Runtime:
         next_ids = packed[:t].clone()
         last, seq_rows = packed[t : t + d], packed[t + d :]
         next_ids[last] = next_tokens[seq_rows]
-        return draft(self.model, spec.step, spec.hidden, next_ids, last, seq_rows, k, self.config.block_size)
+        return draft(self.model, spec.step, spec.hidden, next_ids, last, seq_rows, k, self.config.block_size,
+                     self.speculative_config.draft_vocab_size)
 
     def _check_verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> int:
         """Raise ValueError, before anything changes, for a verify step that cannot run; returns k."""
@@ -501,7 +506,8 @@ class Runtime:
         index = torch.arange(n, device=tokens.device)
         self.model.commit_verify(spec.step.state_slots, num_accepted)
         rows = index * (k + 1) + num_accepted
-        return draft(self.model, spec.step, spec.hidden, tokens.reshape(-1), rows, index, k, self.config.block_size)
+        return draft(self.model, spec.step, spec.hidden, tokens.reshape(-1), rows, index, k, self.config.block_size,
+                     self.speculative_config.draft_vocab_size)
 
     @torch.inference_mode()
     def greedy_round(

@@ -122,18 +122,20 @@ def draft(
     seq_rows: torch.Tensor,
     num_drafts: int,
     block_size: int,
+    draft_vocab: int | None = None,
 ) -> torch.Tensor:
     """Greedy drafts ``[len(rows), num_drafts]`` int64, on the device (no host sync).
 
     The MTP layer runs over every row of ``step`` with ``hidden`` (the target's, ``[T, H]``) and ``next_ids`` (each
     row's next token, ``[T]``), writing its KV there; ``rows`` are the rows to draft from (one per drafting sequence)
     and ``seq_rows`` their sequences' rows of ``step.block_tables``. Each further draft is a one-row MTP decode step
-    at the next position, on the previous step's output."""
+    at the next position, on the previous step's output. ``draft_vocab``: drafts among the first that many token ids
+    (SpeculativeConfig.draft_vocab_size; None: all)."""
     out = model.mtp_forward(next_ids, hidden, step)
     if rows.numel() == 0:  # only middle chunks of prompts: their MTP KV is all this step needed
         return rows.new_empty((0, num_drafts))
     h = out[rows]
-    tokens = model.compute_logits(h).argmax(dim=-1)
+    tokens = model.draft_tokens(h, draft_vocab)
     drafts = [tokens]
     if num_drafts > 1:
         positions = step.positions[rows]
@@ -152,7 +154,7 @@ def draft(
                 state_slots=null_slots,
             )
             h = model.mtp_forward(tokens, h, decode)
-            tokens = model.compute_logits(h).argmax(dim=-1)
+            tokens = model.draft_tokens(h, draft_vocab)
             drafts.append(tokens)
     return torch.stack(drafts, dim=1)
 
@@ -168,6 +170,7 @@ def greedy_round(
     cu_seqlens: torch.Tensor,
     num_drafts: int,
     block_size: int,
+    draft_vocab: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A whole round for greedy sequences, from a verify step's tensors (``pack_verify_step``): the target's verify
     step, acceptance (the argmax prefix), the commit of the linear layers' states, and the MTP drafts. Returns
@@ -184,7 +187,8 @@ def greedy_round(
                                                                    greedy.gather(1, accepted[:, None]))
     index = torch.arange(n, device=input_ids.device)
     model.commit_verify(state_slots, accepted)
-    drafts = draft(model, step, hidden, tokens.reshape(-1), index * (k + 1) + accepted, index, k, block_size)
+    drafts = draft(model, step, hidden, tokens.reshape(-1), index * (k + 1) + accepted, index, k, block_size,
+                   draft_vocab)
     return accepted, tokens, drafts
 
 
@@ -202,6 +206,7 @@ def _packed_layout(batch: int, num_drafts: int, table_width: int) -> tuple[int, 
 
 def greedy_round_packed(
     model: HybridModel, packed: torch.Tensor, batch: int, num_drafts: int, block_size: int, table_width: int,
+    draft_vocab: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``greedy_round`` on the fields of a verify step of ``batch`` sequences packed into one int64 buffer
     (``_packed_layout``): the function a compiled round traces. One buffer at a fixed address is the whole input of
@@ -220,6 +225,7 @@ def greedy_round_packed(
         torch.arange(0, rows + 1, num_drafts + 1, dtype=torch.int32, device=packed.device),
         num_drafts,
         block_size,
+        draft_vocab,
     )
 
 
@@ -234,8 +240,9 @@ class SpeculativeRound:
     and one ``graph.replay()``, ~0.3 ms of host time less than a cudagraph-trees replay."""
 
     def __init__(self, model: HybridModel, num_drafts: int, block_size: int, max_num_seqs: int, max_model_len: int,
-                 device: torch.device, compile: bool = False):
+                 device: torch.device, compile: bool = False, draft_vocab: int | None = None):
         self.model = model
+        self.draft_vocab = draft_vocab
         # Compiled rounds have block tables of one width: up to the furthest verified position.
         self.table_width = -(-(max_model_len + num_drafts) // block_size) if compile else None
         self.num_drafts = num_drafts
@@ -289,7 +296,8 @@ class SpeculativeRound:
                     list(self.policy.sizes), time.perf_counter() - start)
 
     def _call(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.fn(self.model, self.packed, bucket, self.num_drafts, self.block_size, self.table_width)
+        return self.fn(self.model, self.packed, bucket, self.num_drafts, self.block_size, self.table_width,
+                       self.draft_vocab)
 
     def _upload(self, step: StepInputs, bucket: int) -> None:
         """A host-built verify step of ``bucket`` sequences into the packed buffer, in one copy."""
@@ -315,7 +323,8 @@ class SpeculativeRound:
             # Eagerly: past the buckets, or fewer drafts than the graphs were compiled for.
             step = pack_verify_step(seqs, drafts, self.block_size, self.device)
             return greedy_round(self.model, step.input_ids, step.positions, step.slot_mapping, step.block_tables,
-                                step.context_lens, step.state_slots, step.cu_seqlens, k, self.block_size)
+                                step.context_lens, step.state_slots, step.cu_seqlens, k, self.block_size,
+                                self.draft_vocab)
         bucket = self.policy.bucket_for(n)
         self._upload(pack_verify_step(seqs, drafts, self.block_size, torch.device("cpu"), bucket,
                                       table_width=self.table_width), bucket)

@@ -180,7 +180,10 @@ def test_moe_checkpoints_mtp_layer_is_sparse_and_lossless(build_hf_model, tmp_pa
                                  {"method": "mtp", "num_speculative_tokens": "2"},
                                  {"method": "eagle", "num_speculative_tokens": 1},
                                  {"method": "mtp", "k": 1}, "mtp",
-                                 {"method": "mtp", "num_speculative_tokens": 1, "disable_by_batch_size": 0}])
+                                 {"method": "mtp", "num_speculative_tokens": 1, "disable_by_batch_size": 0},
+                                 {"method": "mtp", "num_speculative_tokens": 1, "draft_vocab_size": 0},
+                                 {"method": "mtp", "num_speculative_tokens": 1, "draft_vocab_size": 64.5},
+                                 {"method": "mtp", "num_speculative_tokens": 1, "draft_vocab_size": 258}])  # vocab 257
 def test_bad_speculative_config_raises(tiny_path, bad):
     with pytest.raises(ValueError, match="speculative_config"):
         Runtime.from_pretrained(tiny_path, device="cpu", speculative_config=bad)
@@ -209,6 +212,8 @@ def test_engine_speculative_config_needs_a_runtime_with_one(tiny_path):
         LLMEngine(runtime(tiny_path), speculative_config=spec(1))
     with pytest.raises(ValueError, match="exceeds"):
         LLMEngine(runtime(tiny_path, k=1), speculative_config=spec(2))
+    with pytest.raises(ValueError, match="draft_vocab_size=64 differs"):
+        LLMEngine(runtime(tiny_path, k=1), speculative_config={**spec(1), "draft_vocab_size": 64})
     assert SpeculativeConfig.parse(None) is None
 
 
@@ -224,6 +229,32 @@ def test_engine_with_fewer_drafts_than_its_runtime(tiny_path, greedy_reference):
     assert engine.num_draft_tokens == engine.num_verified_rows  # one draft a round
 
 
+def test_draft_vocab_size_drafts_the_argmax_of_the_first_ids(tiny_path):
+    """With draft_vocab_size N each first draft is the argmax over token ids < N of the float64 logits of the MTP
+    layer's output (an independent product with the lm_head's first N rows), while the whole vocabulary drafts
+    ids >= N for the same prompts (so the restriction is seen)."""
+    n = 64
+    prompts = [[5, 17, 99, 3, 42], [250, 251, 1, 2], list(range(100, 140)), [9] * 7, [200, 100, 150]]
+    drafts = {}
+    for vocab in (None, n):
+        rt = Runtime.from_pretrained(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN,
+                                     max_num_seqs=len(prompts), speculative_config={**spec(3), "draft_vocab_size": vocab})
+        seqs = [rt.add_sequence(p) for p in prompts]
+        with torch.inference_mode():
+            step = rt.prefill_for_drafts(seqs)
+            sampled = step.logits.argmax(dim=-1)
+            drafts[vocab] = rt.draft_after_prefill(step, sampled)
+            # The oracle: the MTP layer's output at each prompt's last row (its next token: the sampled one).
+            next_ids = torch.cat([torch.tensor(p[1:] + [t]) for p, t in zip(prompts, sampled.tolist())])
+            out = rt.model.mtp_forward(next_ids, step.hidden, step.step)
+        last = torch.tensor([sum(map(len, prompts[: i + 1])) - 1 for i in range(len(prompts))])
+        logits = out[last].double() @ rt.model.lm_head.double().T
+        if vocab is not None:
+            assert torch.equal(drafts[vocab][:, 0], logits[:, :n].argmax(dim=-1))
+    assert (drafts[n] < n).all()
+    assert (drafts[None] >= n).any(), "every full-vocabulary draft is below N: the test would not see the cut"
+
+
 # ------------------------------------------------------------------------------------------ greedy exactness
 PROMPTS = [[5, 17, 99, 3, 42, 7, 8, 200], [1, 2, 3], list(range(40, 90)), [250, 251], [9] * 20]
 
@@ -234,10 +265,10 @@ def greedy_reference(tiny_path) -> list[list[int]]:
     return [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)]
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_greedy_output_equals_non_speculative(tiny_path, greedy_reference, k):
+@pytest.mark.parametrize("k,draft_vocab", [(1, None), (2, None), (3, None), (2, 64)])
+def test_greedy_output_equals_non_speculative(tiny_path, greedy_reference, k, draft_vocab):
     llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=6,
-              speculative_config=spec(k))
+              speculative_config={**spec(k), "draft_vocab_size": draft_vocab})
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
     assert [o.token_ids for o in outputs] == greedy_reference
 
@@ -521,16 +552,17 @@ def test_drafts_across_max_model_len(tiny_path, k):
 
 
 # ---------------------------------------------------------------------------------------------- compiled rounds
-def test_compiled_greedy_rounds_equal_non_speculative(tiny_path):
+@pytest.mark.parametrize("draft_vocab", [None, 64])
+def test_compiled_greedy_rounds_equal_non_speculative(tiny_path, draft_vocab):
     """Greedy rounds compiled (Inductor's C++ code on the CPU; CUDA graphs on a GPU), buckets 1 and 2 compiled at
     start-up on padding rows: the output is the non-speculative greedy output, with nothing recompiled later
-    (the rounds run under fail_on_recompile)."""
+    (the rounds run under fail_on_recompile); with the whole vocabulary drafting and with its first 64 ids."""
     prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1]]
     params = SamplingParams(temperature=0, max_tokens=12)
     eager = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=96, max_num_seqs=2)
     reference = [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
     llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=96, max_num_seqs=2, enforce_eager=False,
-              speculative_config=spec(2))
+              speculative_config={**spec(2), "draft_vocab_size": draft_vocab})
     assert llm.runtime.speculative_round.compiled
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == reference
 
