@@ -7,7 +7,8 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   ``--enforce-eager``): output tok/s, TTFT/TPOT, and one decode step's cost (``decode_ms``, at that batch and a
   ``prompt_len`` context, the step's tokens read back as the engine does);
 * per k: an engine with ``speculative_config={"method": "mtp", "num_speculative_tokens": k}`` (greedy rounds
-  compiled like the decode graph unless ``--enforce-eager``; prefill eager as always): output tok/s with the checkpoint's MTP head (and its acceptance: accepted / drafted), then with
+  compiled like the decode graph unless ``--enforce-eager``; prefill eager as always): output tok/s with the
+  checkpoint's MTP head (and its acceptance: accepted / drafted), then with
   a forced-acceptance drafter at each ``rates`` (``LLMEngine.draft_override``: the known greedy continuation of each
   request, from the baseline run, each draft right with that probability, else a wrong token); the speed-up over
   the baseline; and the step costs at that batch: ``verify_ms`` (the target's verify step: k+1 tokens a sequence,
@@ -15,12 +16,16 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   ``decode_graph_ms``, a decode graph's replay: ``verify_graph_vs_decode_graph``, the issue's "verify step against a
   decode step"),
   ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
-  on CUDA unless ``--enforce-eager``; the read-back included), ``eager_decode_ms`` (an eager decode step of the
+  on CUDA unless ``--enforce-eager``; the read-back included; on CUDA ``round_profile``: its kernels by category
+  under torch.profiler, bench/step_profile.py), ``eager_decode_ms`` (an eager decode step of the
   speculative runtime), their ratios to the baseline decode step.
 * ``bound``: per batch, the non-speculative decode bound (bench/bounds.py: one read of the weights per token), and
   ``fraction_of_bound`` of every run (speculation exists to pass 1);
 * ``rule``: per batch, the best k at each forced acceptance rate and whether drafting pays there at all, and the
   ``disable_by_batch_size`` (speculative_config) that follows at each rate: the largest measured batch that pays.
+
+``-p spec.draft_vocab_size=N``: the speculative engines draft over the first N token ids only (speculative_config's
+``draft_vocab_size``), so each draft reads N rows of the lm_head instead of all 248,320.
 
 With random weights the MTP head's acceptance says nothing about a real checkpoint: the forced-acceptance curve is
 the result. The outputs of every speculative run are checked against the baseline's (greedy: token for token).
@@ -35,6 +40,7 @@ import torch
 
 from bench.bounds import workload_decode_bound
 from bench.common import Context, greedy, random_prompt, request_timings
+from bench.step_profile import profile_steps
 
 OWN_ENGINES = True  # builds an engine per k: the driver runs it after the shared-engine scenarios
 
@@ -73,7 +79,9 @@ def run(
     new_tokens: int = 128,
     step_iters: int = 20,
     seed: int = 0,
+    draft_vocab_size: int | None = None,
 ) -> dict:
+    """``draft_vocab_size``: the MTP drafts over the first that many token ids (speculative_config's knob)."""
     batches, ks, rates = _as_list(batches), _as_list(ks), _as_list(rates)
     ctx.require(*requirements(batches, prompt_len, new_tokens, ks))
     vocab = ctx.model_config.vocab_size
@@ -92,7 +100,8 @@ def run(
 
     per_k: dict[int, dict] = {}
     for k in ks:
-        llm = ctx.llm(speculative_config={"method": "mtp", "num_speculative_tokens": k})
+        llm = ctx.llm(speculative_config={"method": "mtp", "num_speculative_tokens": k,
+                                          "draft_vocab_size": draft_vocab_size})
         per_k[k] = {}
         for b in batches:
             llm.engine.draft_override = None
@@ -139,7 +148,8 @@ def run(
         "bound": bound,
         "fraction_of_bound": fraction,
         "workload": {"batches": batches, "ks": ks, "rates": rates, "prompt_len": prompt_len,
-                     "new_tokens": new_tokens, "greedy": True, "ignore_eos": True, "seed": seed},
+                     "new_tokens": new_tokens, "greedy": True, "ignore_eos": True, "seed": seed,
+                     "draft_vocab_size": draft_vocab_size},
         "baseline": baseline,
         "speculative": per_k,
         "rule": rule,
@@ -265,6 +275,14 @@ def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
     and an eager decode step of the speculative runtime. (A lone verify step leaves the pools as they are.)"""
     seqs = _started(runtime, prompts)
     drafts = [[0] * k for _ in seqs]
+
+    def one_round() -> None:  # as the engine runs a greedy round: the round, its read-back, advance
+        nonlocal drafts
+        spec, accepted, tokens, new = runtime.greedy_round(seqs, drafts)
+        host = torch.cat([accepted[:, None], tokens, new], dim=1).tolist()
+        runtime.advance(spec, [r[0] for r in host], [r[1 : k + 2] for r in host])
+        drafts = [r[k + 2 :] for r in host]
+
     verify_s = round_s = 0.0
     try:
         for i in range(iters + 2):  # two warm-up rounds
@@ -273,21 +291,20 @@ def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
             runtime.verify(seqs, drafts)  # reserves nothing new after the first call; the pools stay as they are
             ctx.sync()
             verified = time.perf_counter()
-            spec, accepted, tokens, new = runtime.greedy_round(seqs, drafts)
-            host = torch.cat([accepted[:, None], tokens, new], dim=1).tolist()
-            runtime.advance(spec, [r[0] for r in host], [r[1 : k + 2] for r in host])
-            drafts = [r[k + 2 :] for r in host]
+            one_round()
             done = time.perf_counter()
             if i >= 2:
                 verify_s += verified - start
                 round_s += done - verified
         verify_graph = _verify_graph_ms(runtime, seqs, drafts, iters) if ctx.device.type == "cuda" else None
+        # Where a round's time goes: its kernels by category (CUDA; a few rounds more, each 1 to k+1 tokens).
+        profile = profile_steps(ctx, one_round, iters, top=12) if ctx.device.type == "cuda" else None
         eager = _decode_loop(ctx, runtime, seqs, iters)
     finally:
         for seq in seqs:
             runtime.release(seq)
     return {"verify_ms": verify_s / iters * 1e3, "verify_graph_ms": verify_graph, "round_ms": round_s / iters * 1e3,
-            "eager_decode_ms": eager}
+            "eager_decode_ms": eager, "round_profile": profile}
 
 
 def _decode_loop(ctx: Context, runtime, seqs, iters: int) -> float:
@@ -319,4 +336,9 @@ def summary_lines(head: str, r: dict) -> list[str]:
             lines.append(f"{'':<11} k={k} batch {b}: MTP head {mtp['speedup']:.2f}x (acceptance {acceptance}) | forced "
                          f"acceptance {forced} | verify {cell['steps']['verify_vs_decode']:.2f}{graphed}, round "
                          f"{cell['steps']['round_vs_decode']:.2f} decode steps")
+            profile = cell["steps"].get("round_profile")
+            if profile:
+                top = ", ".join(f"{name} {ms:.3f}" for name, ms in list(profile["gpu_ms_by_category"].items())[:4])
+                lines.append(f"{'':<11}   a round's GPU {profile['gpu_ms']:.3f} ms of {profile['wall_ms']:.3f} wall, "
+                             f"{profile['kernels_per_step']:.0f} kernels: {top}")
     return lines

@@ -90,7 +90,7 @@ def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, pr
         row["fraction_of_bound"] = row["bound_ms"] / row["wall_ms"]
         engine_rows.append(row)
     prompts = [random_prompt(rng, prefill_len, ctx.model_config.vocab_size) for _ in range(prefill_seqs)]
-    prefill = _profile(ctx, lambda: _prefill_once(runtime, prompts), repeats=3, top=top)
+    prefill = profile_steps(ctx, lambda: _prefill_once(runtime, prompts), repeats=3, top=top)
     prefill.update(sequences=prefill_seqs, tokens=prefill_seqs * prefill_len,
                    tok_s=prefill_seqs * prefill_len / (prefill["wall_ms"] / 1e3))
     result = ctx.metadata("step_profile")
@@ -123,7 +123,7 @@ def _profile_batch(ctx: Context, runtime, seqs, steps: int, top: int) -> dict:
         for seq, token in zip(seqs, tokens):
             seq.token_ids.append(token)
 
-    return {"batch": len(seqs), **_profile(ctx, decode_step, repeats=steps, top=top)}
+    return {"batch": len(seqs), **profile_steps(ctx, decode_step, repeats=steps, top=top)}
 
 
 def _profile_engine_decode(ctx: Context, batch: int, context: int, steps: int, top: int, rng) -> dict:
@@ -138,7 +138,7 @@ def _profile_engine_decode(ctx: Context, batch: int, context: int, steps: int, t
     try:
         while any(engine.requests[i].first_token_time is None for i in ids):
             engine.step()
-        row = {"batch": batch, "overlap_decode": engine.overlap_decode, **_profile(ctx, engine.step, steps, top)}
+        row = {"batch": batch, "overlap_decode": engine.overlap_decode, **profile_steps(ctx, engine.step, steps, top)}
         _, row["host_functions_per_step"] = profiled_call(lambda: [engine.step() for _ in range(steps)], top, steps)
         return row
     finally:
@@ -159,8 +159,9 @@ def _prefill_once(runtime, prompts: list[list[int]]) -> None:
             runtime.release(seq)
 
 
-def _profile(ctx: Context, step, repeats: int, top: int) -> dict:
-    """Wall ms per ``step()`` (each ends in a device -> host read), then the same under torch.profiler (CUDA)."""
+def profile_steps(ctx: Context, step, repeats: int, top: int) -> dict:
+    """Wall ms per ``step()`` (each ends in a device -> host read), then the same under torch.profiler (CUDA): GPU ms
+    a step, by kernel category and the ``top`` kernels (bench/spec.py profiles a speculative round with it)."""
 
     def timed(n: int) -> float:
         ctx.sync()
