@@ -271,14 +271,14 @@ def _verify_graph_ms(runtime, seqs, drafts, iters: int) -> float:
 def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
     """In ms: a verify step alone (the unfused eager path: the target's forward of k+1 tokens a sequence, host time
     included; and on CUDA the same captured into a graph: ``verify_graph_ms``, GPU time), a whole greedy round as the
-    engine runs it (``Runtime.greedy_round``: compiled when the runtime is; the read-back and ``advance`` included),
+    engine runs it (``Runtime.fused_round``: compiled when the runtime is; the read-back and ``advance`` included),
     and an eager decode step of the speculative runtime. (A lone verify step leaves the pools as they are.)"""
     seqs = _started(runtime, prompts)
     drafts = [[0] * k for _ in seqs]
 
     def one_round() -> None:  # as the engine runs a greedy round: the round, its read-back, advance
         nonlocal drafts
-        spec, accepted, tokens, new = runtime.greedy_round(seqs, drafts)
+        spec, accepted, tokens, new = runtime.fused_round(seqs, drafts)
         host = torch.cat([accepted[:, None], tokens, new], dim=1).tolist()
         runtime.advance(spec, [r[0] for r in host], [r[1 : k + 2] for r in host])
         drafts = [r[k + 2 :] for r in host]

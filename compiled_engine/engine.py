@@ -428,9 +428,10 @@ class LLMEngine:
         n = len(seqs)
         num_logprobs = self._num_logprobs(seqs)
         logprobs = None
-        if num_logprobs is None and all(r.params.greedy and not self._suppressing(r) for r in requests):
-            spec, accepted, tokens, new_drafts = self.runtime.greedy_round(seqs, proposals, keep_free)
-        else:  # the unfused round, whose logits serve the rejection sampler and logprobs alike
+        if num_logprobs is None and not any(self._suppressing(r) for r in requests):
+            sampling = None if all(r.params.greedy for r in requests) else self._sampling_inputs(requests, k + 1)
+            spec, accepted, tokens, new_drafts = self.runtime.fused_round(seqs, proposals, keep_free, sampling)
+        else:  # the unfused round, whose logits serve min_tokens suppression and logprobs
             spec = self.runtime.verify(seqs, proposals, keep_free)
             drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
             batch = self._sampling_batch(requests, spec.logits.device, positions=k + 1)
@@ -772,16 +773,20 @@ class LLMEngine:
         return request.seq.num_generated_tokens < request.params.min_tokens and bool(request.stop_ids)
 
     @staticmethod
-    def _sampling_inputs(requests: list[Request]) -> SamplingInputs:
-        """The rows' ce::sample parameters, on the host (the decode graph stages them into its own buffers)."""
-        params = [r.params for r in requests]
+    def _sampling_inputs(requests: list[Request], positions: int = 1) -> SamplingInputs:
+        """The rows' ce::sample parameters, on the host (the decode graph and the speculative rounds stage them into
+        their own buffers): ``positions`` rows a request (a verify step's), drawing its next ``positions`` output
+        tokens (counters from its generated count on)."""
+        rows = [r for r in requests for _ in range(positions)]
+        params = [r.params for r in rows]
         return SamplingInputs(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
             min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32),
-            seeds=torch.tensor([r.seed for r in requests], dtype=torch.int64),
-            counters=torch.tensor([r.seq.num_generated_tokens for r in requests], dtype=torch.int64),
+            seeds=torch.tensor([r.seed for r in rows], dtype=torch.int64),
+            counters=torch.tensor([r.seq.num_generated_tokens + i % positions for i, r in enumerate(rows)],
+                                  dtype=torch.int64),
         )
 
     def _sample(self, requests: list[Request], logits: torch.Tensor) -> torch.Tensor:

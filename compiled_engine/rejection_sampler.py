@@ -1,65 +1,43 @@
 """Speculative decoding's acceptance rule: which drafts a verify step keeps and the target's next token, on the
 device with no host sync (compiled_engine/speculative.py has the round).
 
-The drafts are greedy (the MTP layer's argmax): a one-hot draft distribution q. Per sequence, for row i (the
-target's distribution p_i of the token after draft i, with the request's temperature, top-k, top-p, min-p and
-min_tokens suppression, as ``ce::sample`` draws), draft d_{i+1} is accepted
+The drafts are greedy (the MTP layer's argmax): a one-hot draft distribution q. Leviathan et al. 2023 and Chen et
+al. 2023 accept draft d with probability min(1, p(d) / q(d)) = p(d), and after a rejection draw from the residual
+max(p - q, 0), normalised: p without d. For a one-hot q that is exactly: draw x from p; accept iff x == d; emit x.
+(x == d has probability p(d); given x != d, x is distributed as p without d.) So every verified row i of a sequence
+draws the token that non-speculative sampling draws at that output index (``ce::sample``, ops/sample.py, with the
+request's temperature, top-k, top-p, min-p, min_tokens suppression, its seed, and the output index as the counter),
+and the sequence keeps its drafts up to the first that differs from its row's draw, then that draw: the row after
+the last accepted draft gives the correction, or, all k accepted, the bonus. Greedy rows draw the argmax: a draft
+is accepted iff it is the target's argmax.
 
-* greedy requests: iff it is p_i's argmax (so the output is the non-speculative greedy output, token for token);
-* sampled requests: with probability min(1, p_i(d) / q(d)) = p_i(d) (Leviathan et al. 2023, Chen et al. 2023).
-
-The first rejected row i draws the correction from the residual max(p_i - q, 0), normalised: p_i without d_{i+1};
-when all k are accepted, row k draws the bonus from p_k. Either way the token at each output index is distributed as
-non-speculative sampling draws it. Randomness is counter-based, as in ``ce::sample`` (ops/sample.py): row i of a
-request draws with (seed, counter = the output index of its token), the acceptance test with the uniform of
-(seed, counter + ACCEPT_STREAM, vocab id 0), a stream no draw uses. So a seeded request's tokens do not depend on
-the rest of the batch.
+So the output is distributed as non-speculative sampling's, and a seeded request emits the very tokens of its
+non-speculative run (up to a tie that the verify step's and a decode step's logits, computed in another order,
+break apart), whatever else is in the batch.
 """
 
 from __future__ import annotations
 
 import torch
 
-from compiled_engine.sampler import SamplingBatch
-from ops.sample import filtered_scaled_logits, sample_op, uniform_noise
+from compiled_engine.sampler import SamplingBatch, sample
 
-ACCEPT_STREAM = 1 << 40  # counter offset of the acceptance tests' uniforms
+
+def accept_drafts(drafts: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``drafts`` ``[N, k]``, ``targets`` ``[N, k+1]`` (each verified row's draw) -> ``(num_accepted [N] int64,
+    tokens [N, k+1])``: the drafts equal to their rows' draws, up to the first that is not; ``tokens`` are the
+    draws: ``tokens[n, :a]`` the accepted drafts, ``tokens[n, a]`` the target's next token (valid ids after it,
+    never output)."""
+    k = drafts.shape[1]
+    num_accepted = (drafts == targets[:, :k]).long().cumprod(dim=1).sum(dim=1)
+    return num_accepted, targets
 
 
 def rejection_sample(
     logits: torch.Tensor, drafts: torch.Tensor, batch: SamplingBatch
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits`` ``[N * (k+1), V]`` fp32 (a verify step's, sequence by sequence), ``drafts`` ``[N, k]`` int64,
-    ``batch`` the per-row sampling parameters of the ``N * (k+1)`` rows (counters: each row's output index).
-
-    Returns ``(num_accepted [N] int64, tokens [N, k+1] int64)``: ``tokens[n, :a]`` are the accepted drafts and
-    ``tokens[n, a]`` the target's next token (the entries after it are drafts, valid ids, never output)."""
+    """``logits`` ``[N * (k+1), V]`` (a verify step's, sequence by sequence), ``drafts`` ``[N, k]`` int64, ``batch``
+    the per-row sampling parameters of the ``N * (k+1)`` rows (counters: each row's output index; min_tokens
+    suppression row by row). Returns ``accept_drafts``'s ``(num_accepted, tokens)``."""
     n, k = drafts.shape
-    vocab = logits.shape[-1]
-    if batch.suppress_rows.numel():
-        logits = logits.index_put((batch.suppress_rows, batch.suppress_tokens), torch.tensor(float("-inf")))
-    greedy = logits.argmax(dim=-1).view(n, k + 1)
-    accept = drafts == greedy[:, :k]
-    candidates = greedy
-    if not batch.all_greedy:
-        kept, sampled = filtered_scaled_logits(logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p,
-                                               batch.use_top_k, batch.use_top_p)
-        kept = kept.view(n, k + 1, vocab)
-        p_draft = torch.softmax(kept[:, :k], dim=-1).gather(2, drafts[..., None])[..., 0]
-        uniform = uniform_noise(batch.seeds, batch.counters + ACCEPT_STREAM, 1).view(n, k + 1)[:, :k]
-        # The residual of row i < k: its distribution without the draft (q is one-hot); row k: as it is.
-        residual = kept.clone()
-        residual[:, :k].scatter_(2, drafts[..., None], float("-inf"))
-        rows = n * (k + 1)
-        ones = torch.ones(rows, device=logits.device)
-        drawn = sample_op(
-            residual.view(rows, vocab), ones, torch.zeros(rows, dtype=torch.long, device=logits.device), ones,
-            torch.zeros(rows, device=logits.device), batch.seeds, batch.counters, False, False,
-        ).view(n, k + 1)
-        sampled = sampled.view(n, k + 1)
-        accept = torch.where(sampled[:, :k], uniform < p_draft, accept)
-        candidates = torch.where(sampled, drawn, greedy)
-    num_accepted = accept.long().cumprod(dim=1).sum(dim=1)
-    tokens = torch.cat([drafts, drafts[:, :1]], dim=1)
-    tokens.scatter_(1, num_accepted[:, None], candidates.gather(1, num_accepted[:, None]))
-    return num_accepted, tokens
+    return accept_drafts(drafts, sample(logits, batch).view(n, k + 1))

@@ -28,10 +28,10 @@ layer drafts k tokens; compiled_engine/speculative.py has the round) adds, on a 
     accepted, tokens = <rejection sampling of spec.logits>  # [1] and [1, k+1] (rejection_sampler.py)
     drafts = rt.accept(spec, accepted, tokens)     # commits the accepted states, drafts again; no host sync
     rt.advance(spec, accepted.tolist(), tokens.tolist())   # appends tokens[:a+1]; lengths move on
-    spec, accepted, tokens, drafts = rt.greedy_round([seq], drafts.tolist())   # verify..accept for greedy
-                                                   # sequences in one call: compiled (CUDA graphs) with compile
+    spec, accepted, tokens, drafts = rt.fused_round([seq], drafts.tolist())   # verify..accept in one call
+                                                   # (sampling=: sampled rows): compiled (CUDA graphs) with compile
 
-Prefill steps and sampled rounds run eagerly.
+Prefill steps, and rounds that suppress stop tokens (min_tokens), run eagerly.
 """
 
 from __future__ import annotations
@@ -510,16 +510,22 @@ class Runtime:
                      self.speculative_config.draft_vocab_size)
 
     @torch.inference_mode()
-    def greedy_round(
-        self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0
+    def fused_round(
+        self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0, sampling: SamplingInputs | None = None
     ) -> tuple[SpeculativeStep, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``verify``, greedy acceptance and ``accept`` in one call (SpeculativeRound: compiled when the runtime is):
+        """``verify``, acceptance and ``accept`` in one call (SpeculativeRound: compiled when the runtime is):
         ``(spec, num_accepted [N], tokens [N, k+1], drafts [N, k])``, on the device (compiled: valid until the next
-        round); ``advance(spec, ...)`` follows. For sequences whose next tokens are all the target's argmax."""
+        round); ``advance(spec, ...)`` follows. Every verified row draws the target's argmax, or with ``sampling``
+        (``[N * (k+1)]`` per-row ``ce::sample`` parameters on the host, sequence by sequence; counters: each row's
+        output index) the token ``ce::sample`` draws (compiled_engine/rejection_sampler.py). No min_tokens
+        suppression here: such rounds take ``verify`` and the rejection sampler."""
         k = self._check_verify(seqs, drafts)
+        if sampling is not None and sampling.temperature.shape != (len(seqs) * (k + 1),):
+            raise ValueError(f"sampling needs {len(seqs) * (k + 1)} rows (k + 1 a sequence), got "
+                             f"{tuple(sampling.temperature.shape)}")
         self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         starts = [s.num_computed_tokens for s in seqs]
-        accepted, tokens, new = self.speculative_round(seqs, drafts)
+        accepted, tokens, new = self.speculative_round(seqs, drafts, sampling)
         return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * len(seqs), None), accepted, tokens, new
 
     def advance(self, spec: SpeculativeStep, num_accepted: Seq[int], tokens: Seq[Seq[int]]) -> None:

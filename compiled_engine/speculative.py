@@ -18,12 +18,14 @@ A round for a sequence of length L (tokens t_0..t_{L-1}, the last one not comput
 After a prompt's last chunk the MTP pass runs over the chunk's rows (next tokens: the prompt shifted by one, then
 the sampled token) and drafts from its last row; after a middle chunk it only fills the MTP's KV.
 
-A round of greedy requests (the engine's common case: no sampling, no min_tokens suppression) is one function,
-``greedy_round``: verify, acceptance, commit and drafts with nothing read on the host. ``SpeculativeRound`` runs it
-eagerly, or compiled (``torch.compile(fullgraph=True)`` of ``greedy_round_packed``: the step's fields in one
-buffer; on CUDA each bucket's call captured into a CUDA graph of the round's own), the batch padded to its bucket
-with null rows (the null slot, the null block). Sampled rounds run the unfused path (``Runtime.verify``, the
-rejection sampler, ``Runtime.accept``).
+A round (the engine's common case: no min_tokens suppression, no logprobs) is one function, ``fused_round``:
+verify, each row's draw (the argmax, or ``ce::sample``'s for sampled rows: compiled_engine/rejection_sampler.py
+says why that is the acceptance rule), acceptance, commit and drafts, with nothing read on the host.
+``SpeculativeRound`` runs it eagerly, or compiled (``torch.compile(fullgraph=True)`` of ``fused_round_packed``: the
+step's fields in one buffer, the sampling parameters in static buffers; one variant that draws the argmax, one that
+samples; on CUDA each (bucket, variant) call captured into a CUDA graph of the round's own), the batch padded to its
+bucket with null rows (the null slot, the null block). Rounds that suppress stop tokens (min_tokens) or return
+logprobs run the unfused path (``Runtime.verify``, the rejection sampler, ``Runtime.accept``).
 
 The MTP layer's KV shares the target's blocks. A round writes at most positions L-1..L+2k-2; blocks for the
 verified positions are guaranteed by the scheduler, those for the draft positions beyond them are taken when free
@@ -44,11 +46,14 @@ import torch.nn.functional as F
 
 from compiled_engine.model import HybridModel
 from compiled_engine.sequence import Sequence
+from compiled_engine.rejection_sampler import accept_drafts
 from compiled_engine.step import pack_step
 from graphs.buckets import BucketPolicy
 from graphs.decode_graph import raise_recompile_limit, register_inductor_fallbacks
+from graphs.static_inputs import StaticSamplingInputs
 from ops.library import NULL_BLOCK, NULL_SLOT, OPS
-from ops.step import StepInputs
+from ops.sample import sample_op
+from ops.step import SamplingInputs, StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +66,7 @@ class SpeculativeStep:
     every row), and (a prefill step) which sequences it computed completely."""
 
     seqs: list[Sequence]
-    step: StepInputs | None  # None: a greedy round (its step stayed inside SpeculativeRound)
+    step: StepInputs | None  # None: a fused round (its step stayed inside SpeculativeRound)
     hidden: torch.Tensor | None
     starts: list[int]
     counts: list[int]
@@ -159,7 +164,7 @@ def draft(
     return torch.stack(drafts, dim=1)
 
 
-def greedy_round(
+def fused_round(
     model: HybridModel,
     input_ids: torch.Tensor,
     positions: torch.Tensor,
@@ -171,20 +176,21 @@ def greedy_round(
     num_drafts: int,
     block_size: int,
     draft_vocab: int | None = None,
+    sampling: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A whole round for greedy sequences, from a verify step's tensors (``pack_verify_step``): the target's verify
-    step, acceptance (the argmax prefix), the commit of the linear layers' states, and the MTP drafts. Returns
-    ``(num_accepted [N], tokens [N, k+1], drafts [N, k])`` as ``Runtime.verify``/``accept`` and the rejection
-    sampler's greedy rule do; nothing is read on the host (the traced function of ``SpeculativeRound``)."""
+    """A whole round, from a verify step's tensors (``pack_verify_step``): the target's verify step, each row's draw
+    (the argmax; with ``sampling``, ``ce::sample``'s parameters ``(temperature, top_k, top_p, min_p, seeds,
+    counters)`` ``[N * (k+1)]`` each, its draw), acceptance (compiled_engine/rejection_sampler.py), the commit of the
+    linear layers' states, and the MTP drafts. Returns ``(num_accepted [N], tokens [N, k+1], drafts [N, k])`` as
+    ``Runtime.verify``, the rejection sampler and ``Runtime.accept`` do; nothing is read on the host (the traced
+    function of ``SpeculativeRound``)."""
     step = StepInputs(input_ids, positions, slot_mapping, block_tables, context_lens, state_slots, cu_seqlens,
                       is_prefill=True, speculative=True)
     n, k = state_slots.shape[0], num_drafts
     hidden = model(step)
-    greedy = model.compute_logits(hidden).argmax(dim=-1).view(n, k + 1)
-    proposed = input_ids.view(n, k + 1)[:, 1:]
-    accepted = (proposed == greedy[:, :k]).long().cumprod(dim=1).sum(dim=1)
-    tokens = torch.cat([proposed, proposed[:, :1]], dim=1).scatter(1, accepted[:, None],
-                                                                   greedy.gather(1, accepted[:, None]))
+    logits = model.decode_logits(hidden)
+    targets = (model.draft_tokens(hidden) if sampling is None else sample_op(logits, *sampling)).view(n, k + 1)
+    accepted, tokens = accept_drafts(input_ids.view(n, k + 1)[:, 1:], targets)
     index = torch.arange(n, device=input_ids.device)
     model.commit_verify(state_slots, accepted)
     drafts = draft(model, step, hidden, tokens.reshape(-1), index * (k + 1) + accepted, index, k, block_size,
@@ -204,17 +210,19 @@ def _packed_layout(batch: int, num_drafts: int, table_width: int) -> tuple[int, 
     return stride, 2 * stride, context_lens, state_slots, tables + batch * table_width
 
 
-def greedy_round_packed(
+def fused_round_packed(
     model: HybridModel, packed: torch.Tensor, batch: int, num_drafts: int, block_size: int, table_width: int,
-    draft_vocab: int | None = None,
+    draft_vocab: int | None, sampling: tuple[torch.Tensor, ...], sample: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``greedy_round`` on the fields of a verify step of ``batch`` sequences packed into one int64 buffer
-    (``_packed_layout``): the function a compiled round traces. One buffer at a fixed address is the whole input of
-    the captured graph, written by one copy a round; the fields are sliced (and the int32 ones cast) inside the
-    graph, and the verify step's ``cu_seqlens`` (k+1 rows a sequence) computed there."""
+    """``fused_round`` on the fields of a verify step of ``batch`` sequences packed into one int64 buffer
+    (``_packed_layout``) and, when ``sample`` (a Python bool: each value is a graph of its own), the first
+    ``batch * (k+1)`` rows of the static sampling buffers ``sampling``: the function a compiled round traces. One
+    buffer at a fixed address is the whole step input of the captured graph, written by one copy a round; the fields
+    are sliced (and the int32 ones cast) inside the graph, and the verify step's ``cu_seqlens`` (k+1 rows a
+    sequence) computed there."""
     rows = batch * (num_drafts + 1)
     at_positions, at_slots, at_context, at_state, end = _packed_layout(batch, num_drafts, table_width)
-    return greedy_round(
+    return fused_round(
         model,
         packed[:rows],
         packed[at_positions : at_positions + rows],
@@ -226,18 +234,23 @@ def greedy_round_packed(
         num_drafts,
         block_size,
         draft_vocab,
+        tuple(t[:rows] for t in sampling) if sample else None,
     )
 
 
 class SpeculativeRound:
-    """Runs ``greedy_round``: eagerly, or compiled with one graph per bucket of sequences (CUDA graphs on CUDA).
+    """Runs ``fused_round``: eagerly, or compiled with one graph per bucket of sequences and variant (CUDA graphs on
+    CUDA).
 
-    ``compile``: ``greedy_round_packed`` under ``torch.compile(fullgraph=True)`` (Inductor's code, no cudagraph
-    trees), every bucket compiled at ``warmup`` on padding rows only (the null slot and block: live sequences keep
-    their state), largest first, later rounds under ``fail_on_recompile``. On CUDA the round captures each bucket's
-    compiled call into a ``torch.cuda.CUDAGraph`` of its own (one memory pool for all), as the decode runner does
-    (graphs/decode_graph.py): a round is then one host -> device copy of its packed step (a pinned staging buffer)
-    and one ``graph.replay()``, ~0.3 ms of host time less than a cudagraph-trees replay."""
+    ``compile``: ``fused_round_packed`` under ``torch.compile(fullgraph=True)`` (Inductor's code, no cudagraph
+    trees), every bucket compiled at ``warmup`` in both variants (argmax rows; ``ce::sample`` rows) on padding rows
+    only (the null slot and block: live sequences keep their state), largest first, later rounds under
+    ``fail_on_recompile``. On CUDA the round captures each compiled call into a ``torch.cuda.CUDAGraph`` of its own
+    (one memory pool for all), as the decode runner does (graphs/decode_graph.py): a round is then one host -> device
+    copy of its packed step (a pinned staging buffer), one of its sampling parameters when it samples, and one
+    ``graph.replay()``, ~0.3 ms of host time less than a cudagraph-trees replay."""
+
+    VARIANTS = (False, True)  # the ``sample`` values that get graphs
 
     def __init__(self, model: HybridModel, num_drafts: int, block_size: int, max_num_seqs: int, max_model_len: int,
                  device: torch.device, compile: bool = False, draft_vocab: int | None = None):
@@ -251,16 +264,18 @@ class SpeculativeRound:
         self.policy = BucketPolicy.create(max_num_seqs) if compile else None
         self.compiled = compile
         self.captured = compile and device.type == "cuda"
-        # bucket -> (its CUDA graph, the outputs it writes): filled by warmup on CUDA.
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        # (bucket, sample) -> (its CUDA graph, the outputs it writes): filled by warmup on CUDA.
+        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         if compile:
             register_inductor_fallbacks(OPS)
-            raise_recompile_limit(2 * len(self.policy))
-            self.fn = torch.compile(greedy_round_packed, fullgraph=True)
+            raise_recompile_limit(2 * len(self.VARIANTS) * len(self.policy))
+            self.fn = torch.compile(fused_round_packed, fullgraph=True)
             size = _packed_layout(self.policy.max_size, num_drafts, self.table_width)[-1]
-            self.packed = torch.zeros(size, dtype=torch.long, device=device)  # the graphs' one input
+            self.packed = torch.zeros(size, dtype=torch.long, device=device)  # the graphs' step input
             if self.captured:
                 torch._dynamo.mark_static_address(self.packed)
+            # The sampling parameters of every verified row (k + 1 a sequence), in static buffers.
+            self.sampling = StaticSamplingInputs(self.policy.max_size * (num_drafts + 1), device)
             # Host staging (pinned on CUDA: an asynchronous copy), and the event of its last copy: the host waits
             # for it before writing the staging buffer again.
             self._stage = torch.zeros(size, dtype=torch.long, pin_memory=self.captured)
@@ -268,12 +283,13 @@ class SpeculativeRound:
 
     @property
     def captured_buckets(self) -> tuple[int, ...]:
-        """The buckets with a CUDA graph of the round's own, after warmup (CUDA only)."""
-        return tuple(sorted(self._graphs))
+        """The buckets with a CUDA graph of the round's own in every variant, after warmup (CUDA only)."""
+        buckets = {bucket for bucket, _ in self._graphs}
+        return tuple(sorted(b for b in buckets if all((b, v) in self._graphs for v in self.VARIANTS)))
 
     @torch.inference_mode()
     def warmup(self) -> None:
-        """Compile (and on CUDA capture) every bucket, largest first."""
+        """Compile (and on CUDA capture) every bucket in every variant, largest first."""
         if not self.compiled:
             return
         start = time.perf_counter()
@@ -281,23 +297,24 @@ class SpeculativeRound:
         for bucket in reversed(self.policy.sizes):
             self._upload(pack_verify_step([], [], self.block_size, torch.device("cpu"), bucket, self.num_drafts,
                                           self.table_width), bucket)
-            for _ in range(2):  # compile, Triton's JIT and autotuning: none of it may happen inside a capture
-                self._call(bucket)
-            if self.captured:
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool), torch.compiler.set_stance("fail_on_recompile"):
-                    outputs = self._call(bucket)
-                self._graphs[bucket] = (graph, outputs)
-                graph.replay()
+            for sample in self.VARIANTS:  # the sampling buffers hold greedy padding rows: they sample nothing
+                for _ in range(2):  # compile, Triton's JIT and autotuning: none of it may happen inside a capture
+                    self._call(bucket, sample)
+                if self.captured:
+                    torch.cuda.synchronize(self.device)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool), torch.compiler.set_stance("fail_on_recompile"):
+                        outputs = self._call(bucket, sample)
+                    self._graphs[bucket, sample] = (graph, outputs)
+                    graph.replay()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("compiled speculative rounds%s: buckets %s in %.1f s", " and captured" if self.captured else "",
                     list(self.policy.sizes), time.perf_counter() - start)
 
-    def _call(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _call(self, bucket: int, sample: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.fn(self.model, self.packed, bucket, self.num_drafts, self.block_size, self.table_width,
-                       self.draft_vocab)
+                       self.draft_vocab, self.sampling.tensors(), sample)
 
     def _upload(self, step: StepInputs, bucket: int) -> None:
         """A host-built verify step of ``bucket`` sequences into the packed buffer, in one copy."""
@@ -315,24 +332,34 @@ class SpeculativeRound:
             self._staged.record()
 
     @torch.inference_mode()
-    def __call__(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __call__(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], sampling: SamplingInputs | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The round of ``seqs`` (their blocks reserved) with ``drafts``: ``(num_accepted, tokens, drafts)`` of the
-        live rows, on the device; compiled outputs are valid until the next round."""
+        live rows, on the device; compiled outputs are valid until the next round. ``sampling``: the ``ce::sample``
+        parameters of the ``N * (k+1)`` verified rows, sequence by sequence, on the host (None: every row draws its
+        argmax)."""
         n, k = len(seqs), len(drafts[0])
+        sample = sampling is not None
         if not (self.compiled and self.policy.covers(n) and k == self.num_drafts):
             # Eagerly: past the buckets, or fewer drafts than the graphs were compiled for.
             step = pack_verify_step(seqs, drafts, self.block_size, self.device)
-            return greedy_round(self.model, step.input_ids, step.positions, step.slot_mapping, step.block_tables,
-                                step.context_lens, step.state_slots, step.cu_seqlens, k, self.block_size,
-                                self.draft_vocab)
+            fields = None
+            if sample:
+                fields = tuple(t.to(self.device) for t in (sampling.temperature, sampling.top_k, sampling.top_p,
+                                                            sampling.min_p, sampling.seeds, sampling.counters))
+            return fused_round(self.model, step.input_ids, step.positions, step.slot_mapping, step.block_tables,
+                               step.context_lens, step.state_slots, step.cu_seqlens, k, self.block_size,
+                               self.draft_vocab, fields)
         bucket = self.policy.bucket_for(n)
         self._upload(pack_verify_step(seqs, drafts, self.block_size, torch.device("cpu"), bucket,
                                       table_width=self.table_width), bucket)
-        captured = self._graphs.get(bucket)
+        if sample:
+            self.sampling.fill(sampling, n * (k + 1))  # the other rows: greedy padding
+        captured = self._graphs.get((bucket, sample))
         if captured is not None:
             graph, (accepted, tokens, new) = captured
             graph.replay()
         else:
             with torch.compiler.set_stance("fail_on_recompile"):
-                accepted, tokens, new = self._call(bucket)
+                accepted, tokens, new = self._call(bucket, sample)
         return accepted[:n], tokens[:n], new[:n]
