@@ -598,16 +598,16 @@ def test_compiled_rounds_equal_non_speculative(tiny_path, draft_vocab):
 
 @pytest.mark.gpu
 def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
-    """On a GPU, in fp32: greedy rounds compiled and captured (the round's own CUDA graph per bucket) give the
-    non-speculative eager output, with the MTP head's drafts and then, on the same compiled runtime, with oracle
-    drafts (long accepted runs); every bucket has its graph. One compile serves both drafters."""
+    """On a GPU, in fp32: rounds compiled and captured (the round's own CUDA graphs per bucket and variant) give the
+    non-speculative eager output, greedy with the MTP head's drafts and with oracle drafts (long accepted runs), and
+    seeded sampled; every bucket has its graphs. One compile serves every run."""
     prompts = PROMPTS
     ids = [f"r{i}" for i in range(len(prompts))]
 
-    def run(rt, override=None) -> list[list[int]]:
+    def run(rt, override=None, params=SamplingParams(temperature=0, max_tokens=24)) -> list[list[int]]:
         engine = LLMEngine(rt, draft_override=override)
         for request_id, prompt in zip(ids, prompts):
-            engine.add_request(request_id, prompt, SamplingParams(temperature=0, max_tokens=24))
+            engine.add_request(request_id, prompt, params)
         done = {}
         while engine.has_unfinished_requests():
             for out in engine.step():
@@ -619,10 +619,14 @@ def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
         return Runtime.from_pretrained(tiny_path, device="cuda", dtype="float32", max_model_len=MAX_LEN,
                                        max_num_seqs=2, **knobs)
 
-    reference = run(build(compile=False))
+    eager = build(compile=False)
+    reference = run(eager)
+    sampled = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=3, max_tokens=24)
+    sampled_reference = run(eager, params=sampled)
     compiled = build(compile=True, speculative_config=spec(3))
     assert run(compiled) == reference
     drafts = oracle(dict(zip(ids, reference)), {i: len(p) for i, p in zip(ids, prompts)}, 0.7, 257)
     assert run(compiled, drafts) == reference
+    assert run(compiled, params=sampled) == sampled_reference  # the sampling variant's graphs
     rounds = compiled.speculative_round
     assert rounds.captured_buckets == rounds.policy.sizes  # every bucket's round is a CUDA graph
