@@ -21,16 +21,7 @@ from __future__ import annotations
 import torch
 
 from compiled_engine.sampler import SamplingBatch, sample
-
-
-def accept_drafts(drafts: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``drafts`` ``[N, k]``, ``targets`` ``[N, k+1]`` (each verified row's draw) -> ``(num_accepted [N] int64,
-    tokens [N, k+1])``: the drafts equal to their rows' draws, up to the first that is not; ``tokens`` are the
-    draws: ``tokens[n, :a]`` the accepted drafts, ``tokens[n, a]`` the target's next token (valid ids after it,
-    never output)."""
-    k = drafts.shape[1]
-    num_accepted = (drafts == targets[:, :k]).long().cumprod(dim=1).sum(dim=1)
-    return num_accepted, targets
+from compiled_engine.speculative import accept_drafts
 
 
 def rejection_sample(

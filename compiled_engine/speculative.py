@@ -46,7 +46,6 @@ import torch.nn.functional as F
 
 from compiled_engine.model import HybridModel
 from compiled_engine.sequence import Sequence
-from compiled_engine.rejection_sampler import accept_drafts
 from compiled_engine.step import pack_step
 from graphs.buckets import BucketPolicy
 from graphs.decode_graph import raise_recompile_limit, register_inductor_fallbacks
@@ -162,6 +161,16 @@ def draft(
             tokens = model.draft_tokens(h, draft_vocab)
             drafts.append(tokens)
     return torch.stack(drafts, dim=1)
+
+
+def accept_drafts(drafts: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``drafts`` ``[N, k]``, ``targets`` ``[N, k+1]`` (each verified row's draw) -> ``(num_accepted [N] int64,
+    tokens [N, k+1])``: the drafts equal to their rows' draws, up to the first that is not; ``tokens`` are the
+    draws: ``tokens[n, :a]`` the accepted drafts, ``tokens[n, a]`` the target's next token (valid ids after it,
+    never output). Why that is the rejection rule for greedy drafts: compiled_engine/rejection_sampler.py."""
+    k = drafts.shape[1]
+    num_accepted = (drafts == targets[:, :k]).long().cumprod(dim=1).sum(dim=1)
+    return num_accepted, targets
 
 
 def fused_round(
