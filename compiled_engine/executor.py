@@ -1,5 +1,7 @@
 """ModelExecutor: runs a packed step on the model, on every tensor-parallel rank, prefill eagerly and decode through
-its decode function: the eager model, or after ``compile_decode`` the captured graphs (graphs.DecodeGraphRunner).
+its decode function: the eager model, or after ``compile_decode`` the captured graphs (graphs.DecodeGraphRunner);
+and speculative decoding's device work (compiled_engine/speculative.py: steps that keep the target's hidden states,
+MTP drafts, the commit, fused rounds), every rank in lockstep.
 
 It owns the model and what runs it; it knows nothing of sequences, blocks or slots (compiled_engine.cache_manager
 decides those, compiled_engine.step packs them into a StepInputs).
@@ -12,7 +14,9 @@ from typing import Callable, Iterable
 import torch
 
 from compiled_engine.cache import reset_state_slots
+from compiled_engine.config import SpeculativeConfig
 from compiled_engine.model import HybridModel
+from compiled_engine.speculative import draft, fused_round
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from graphs import DecodeGraphRunner, eager_decode
 
@@ -26,16 +30,22 @@ class ModelExecutor:
         max_model_len: int,
         device: torch.device,
         workers=None,
+        speculative_config: SpeculativeConfig | None = None,
     ):
         """``workers``: rank 0's handle on the other tensor-parallel ranks (compiled_engine.tp_workers), or None.
-        The model's caches must be allocated (compiled_engine.memory_plan.allocate_caches)."""
+        The model's caches must be allocated (compiled_engine.memory_plan.allocate_caches). ``speculative_config``:
+        its ``draft_vocab_size`` for the drafts."""
         self.model = model
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.device = device
         self.workers = workers
+        self.draft_vocab = speculative_config.draft_vocab_size if speculative_config is not None else None
         self._decode_fn: Callable[..., DecodeOutput] = self._decode_eager
+        # A worker's last step that kept its hidden states (forward_keeping_hidden): what its next draft or accept
+        # command runs on. Rank 0 passes its own (the SpeculativeStep's).
+        self.kept: tuple[StepInputs, torch.Tensor] | None = None
 
     @property
     def decode_fn(self) -> Callable[..., DecodeOutput]:
@@ -83,17 +93,22 @@ class ModelExecutor:
         token when ``all_logits``); a decode step its ``DecodeOutput`` (with compiled decode: the graph's buffers,
         valid until the next decode step), whose tokens ``sampling`` draws (rank 0 only: the other ranks' tokens are
         dropped), else the greedy ones."""
+        return self._on_every_rank(lambda workers: workers.send_step(step, all_logits),
+                                   lambda: self._execute_local(step, all_logits, sampling))
+
+    def _on_every_rank(self, send, run):
+        """``send(workers)`` (the command and its tensors) when there are workers, then ``run()`` here."""
         if self.workers is None:
-            return self._execute_local(step, all_logits, sampling)
+            return run()
         if self.workers.closed:
             raise RuntimeError("the tensor-parallel workers are stopped (closed, or a step failed)")
         try:
-            self.workers.send_step(step, all_logits)
-            return self._execute_local(step, all_logits, sampling)
+            send(self.workers)
+            return run()
         except BaseException as error:
             # The ranks are out of lockstep now (some may wait in a collective forever): stop them, then report the
-            # worker's own error if one sent it, else ours. BaseException: a KeyboardInterrupt between send_step and
-            # the local forward leaves the workers in the step's collectives just the same.
+            # worker's own error if one sent it, else ours. BaseException: a KeyboardInterrupt between the send and
+            # the local work leaves the workers in the command's collectives just the same.
             try:
                 self.workers.raise_worker_error(error)
             finally:
@@ -108,6 +123,55 @@ class ModelExecutor:
         if not all_logits:
             hidden = hidden[step.last_token_indices()]
         return self.model.compute_logits(hidden)
+
+    # ------------------------------------------------------------------------------------- speculative decoding
+    def forward_keeping_hidden(self, step: StepInputs, all_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A prefill or verify step on every rank that keeps the target's hidden states for the MTP layer: ``(hidden
+        [T, H], fp32 logits)`` of each sequence's last token, or of every token with ``all_logits``. Each worker
+        keeps its own (``kept``) for the draft or accept command that follows."""
+        return self._on_every_rank(lambda workers: workers.send_step(step, all_logits, keep_hidden=True),
+                                   lambda: self._forward_keeping_hidden(step, all_logits))
+
+    def _forward_keeping_hidden(self, step: StepInputs, all_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.model(step)
+        if self.model.tp.rank > 0:  # a worker: rank 0's SpeculativeStep holds its own
+            self.kept = (step, hidden)
+        return hidden, self.model.compute_logits(hidden if all_logits else hidden[step.last_token_indices()])
+
+    def draft(self, step: StepInputs, hidden: torch.Tensor, next_ids: torch.Tensor, rows: torch.Tensor,
+              seq_rows: torch.Tensor, num_drafts: int) -> torch.Tensor:
+        """``speculative.draft`` on every rank, after ``forward_keeping_hidden`` of ``step`` (whose ``hidden`` this
+        rank passes): drafts ``[len(rows), num_drafts]`` on the device."""
+        return self._on_every_rank(
+            lambda workers: workers.send_draft(next_ids, rows, seq_rows, num_drafts),
+            lambda: draft(self.model, step, hidden, next_ids, rows, seq_rows, num_drafts, self.block_size,
+                          self.draft_vocab))
+
+    def accept(self, step: StepInputs, hidden: torch.Tensor, num_accepted: torch.Tensor,
+               tokens: torch.Tensor) -> torch.Tensor:
+        """After a verify step (``forward_keeping_hidden`` of ``step``), on every rank: each linear layer's state
+        pools take the state after each sequence's last accepted position, then the MTP layer drafts from the
+        target's next token (``tokens[n, num_accepted[n]]``). Returns the drafts ``[N, k]`` on the device."""
+        return self._on_every_rank(lambda workers: workers.send_accept(num_accepted, tokens),
+                                   lambda: self._accept(step, hidden, num_accepted, tokens))
+
+    def _accept(self, step: StepInputs, hidden: torch.Tensor, num_accepted: torch.Tensor,
+                tokens: torch.Tensor) -> torch.Tensor:
+        n, k = tokens.shape[0], tokens.shape[1] - 1
+        index = torch.arange(n, device=tokens.device)
+        self.model.commit_verify(step.state_slots, num_accepted)
+        return draft(self.model, step, hidden, tokens.reshape(-1), index * (k + 1) + num_accepted, index, k,
+                     self.block_size, self.draft_vocab)
+
+    def fused_round(self, step: StepInputs, num_drafts: int, sampling: tuple[torch.Tensor, ...] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``speculative.fused_round`` of a verify step (``pack_verify_step``) on every rank, eagerly; ``sampling``:
+        ``ce::sample``'s six per-row parameters on the device (None: argmax rows)."""
+        return self._on_every_rank(
+            lambda workers: workers.send_round(step, num_drafts, sampling),
+            lambda: fused_round(self.model, step.input_ids, step.positions, step.slot_mapping, step.block_tables,
+                                step.context_lens, step.state_slots, step.cu_seqlens, num_drafts, self.block_size,
+                                self.draft_vocab, sampling))
 
     def _decode_eager(self, step: StepInputs, sampling: SamplingInputs | None = None) -> DecodeOutput:
         return eager_decode(self.model, step, sampling)

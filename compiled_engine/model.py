@@ -79,10 +79,8 @@ class HybridModel(nn.Module):
     def __init__(
         self, config: ModelConfig, tp: TensorParallel = SINGLE, attention_backend: str = "triton", mtp: bool = False
     ):
-        """``mtp``: build the multi-token-prediction layer too (speculative decoding; single rank only)."""
+        """``mtp``: build the multi-token-prediction layer too (speculative decoding)."""
         super().__init__()
-        if mtp and tp.world_size > 1:
-            raise ValueError("the MTP layer (speculative decoding) runs without tensor parallelism only")
         self.config = config
         self.tp = tp
         self.vocab_per_rank = -(-config.vocab_size // tp.world_size)
@@ -94,7 +92,7 @@ class HybridModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Tied checkpoints share the embedding tensor (the loader points lm_head at it: one copy in memory).
         self.lm_head = empty_parameter(self.vocab_per_rank, config.hidden_size)
-        self.mtp = MTPLayer(config, DecoderLayer, attention_backend) if mtp else None
+        self.mtp = MTPLayer(config, DecoderLayer, attention_backend, tp) if mtp else None
 
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` of the step's new tokens, after the final norm."""
@@ -136,9 +134,12 @@ class HybridModel(nn.Module):
 
     def draft_tokens(self, hidden: torch.Tensor, vocab: int | None = None) -> torch.Tensor:
         """Greedy draft tokens ``[rows]`` int64: the argmax of the logits over the first ``vocab`` token ids (None:
-        all), computed from those rows of the lm_head only. Single rank (speculative decoding runs without TP)."""
+        all), computed from those rows of the lm_head only (with tensor parallelism: from the gathered logits, the
+        first ``vocab`` of them: rank r holds ids r * vocab_per_rank onwards)."""
         if vocab is None or vocab >= self.config.vocab_size:
             return argmax_op(self.decode_logits(hidden))
+        if self.tp.world_size > 1:
+            return argmax_op(self.decode_logits(hidden)[:, :vocab].contiguous())
         return argmax_op(linear(hidden, self.lm_head[:vocab]))
 
     def decode_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -22,16 +22,19 @@ import torch
 from torch import nn
 
 from compiled_engine.config import FULL_ATTENTION, ModelConfig
-from compiled_engine.distributed import SINGLE
+from compiled_engine.distributed import SINGLE, TensorParallel
 from compiled_engine.layers import RMSNorm, empty_parameter
 from ops.linear import linear
 from ops.step import StepInputs
 
 
 class MTPLayer(nn.Module):
-    """Parameter names follow the checkpoint's ``mtp.*`` tensors (the loader maps them as the target's layers)."""
+    """Parameter names follow the checkpoint's ``mtp.*`` tensors (the loader maps them as the target's layers). With
+    tensor parallelism its decoder layer is sharded as the target's are (``fc`` and the norms are whole on every
+    rank: each rank computes the same ``x``)."""
 
-    def __init__(self, config: ModelConfig, decoder_layer: type[nn.Module], attention_backend: str = "triton"):
+    def __init__(self, config: ModelConfig, decoder_layer: type[nn.Module], attention_backend: str = "triton",
+                 tp: TensorParallel = SINGLE):
         super().__init__()
         h = config.hidden_size
         self.fc = empty_parameter(h, 2 * h)
@@ -40,7 +43,7 @@ class MTPLayer(nn.Module):
         # Its MLP is sparse exactly when the target's layer 0 is (vLLM builds it as a decoder layer of index 0):
         # the MoE checkpoints' MTP layers carry experts.
         self.layers = nn.ModuleList(
-            [decoder_layer(config, FULL_ATTENTION, SINGLE, attention_backend, sparse=0 in config.moe_layers)]
+            [decoder_layer(config, FULL_ATTENTION, tp, attention_backend, sparse=0 in config.moe_layers)]
         )
         self.norm = RMSNorm(h, config.rms_norm_eps)
 

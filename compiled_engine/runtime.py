@@ -19,7 +19,8 @@ one varlen batch; ``decode_step`` runs exactly one token per sequence. Both allo
 ``OutOfBlocksError`` when the cache is full (the scheduler asks the CacheManager first and preempts instead).
 
 Speculative decoding (``speculative_config={"method": "mtp", "num_speculative_tokens": k}``: the checkpoint's MTP
-layer drafts k tokens; compiled_engine/speculative.py has the round) adds, on a single rank:
+layer drafts k tokens; compiled_engine/speculative.py has the round) adds (with tensor parallelism every rank runs
+the same device work: ModelExecutor's speculative methods; rounds then run eagerly):
 
     spec = rt.prefill_for_drafts([seq])            # spec.logits [1, vocab]: sample the next token from them
     seq.token_ids.append(token)
@@ -51,7 +52,7 @@ from compiled_engine.memory_plan import allocate_caches
 from compiled_engine.model import HybridModel
 from compiled_engine.sampling_params import as_token_id
 from compiled_engine.sequence import Sequence
-from compiled_engine.speculative import SpeculativeRound, SpeculativeStep, draft, pack_verify_step
+from compiled_engine.speculative import SpeculativeRound, SpeculativeStep, pack_verify_step
 from compiled_engine.step import pack_step, upload
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from compiled_engine.tp_workers import TensorParallelWorkers
@@ -117,7 +118,7 @@ class Runtime:
         mirror = workers.send_snapshot if workers is not None else None
         self.cache_config, prefix_cache = allocate_caches(model, config, self.max_model_len, device, dtype, mirror)
         self.executor = ModelExecutor(model, config.block_size, config.max_num_seqs, self.max_model_len, device,
-                                      workers)
+                                      workers, config.speculative_config)
         self.caches = CacheManager(self.cache_config, self.executor.reset_state_slots, prefix_cache)
         self._next_seq_id = 0
         self._owner = object()  # stamped on the sequences this runtime makes (Sequence.owner), checked per step
@@ -128,9 +129,11 @@ class Runtime:
                 raise ValueError("speculative_config method 'mtp' needs the model built with its MTP layer "
                                  "(load_model(..., mtp=True))")
             # Decode rows become verify rounds: greedy ones compiled (with compile), no decode graph.
+            # Tensor parallel rounds run eagerly (ModelExecutor.fused_round on every rank).
             self.speculative_round = SpeculativeRound(
                 model, self.speculative_config.num_speculative_tokens, config.block_size, config.max_num_seqs,
-                self.max_model_len, device, compile=compile, draft_vocab=self.speculative_config.draft_vocab_size,
+                self.max_model_len, device, compile=compile and workers is None,
+                draft_vocab=self.speculative_config.draft_vocab_size,
             )
             self.speculative_round.warmup()
         if compile and (self.speculative_config is None or self.speculative_config.disable_by_batch_size):
@@ -170,8 +173,6 @@ class Runtime:
         runtime_config = RuntimeConfig(**runtime_config)
         runtime_config.validate()
         mtp = runtime_config.speculative_config is not None
-        if mtp and tensor_parallel_size != 1:
-            raise ValueError("speculative_config runs without tensor parallelism only (tensor_parallel_size=1)")
         backend = runtime_config.attention_backend
         if backend == "flash_attn":
             check_flash_attn_usable(device, dtype, runtime_config.block_size)
@@ -196,7 +197,7 @@ class Runtime:
         try:
             model, report = load_model(
                 path, config, device, dtype, progress=progress, tp=workers.tp, attention_backend=backend,
-                weights=weights,
+                mtp=mtp, weights=weights,
             )
             workers.wait_for("loaded")  # before any collective: a worker that failed to load raises here
             runtime = cls(model, runtime_config, device, dtype, workers=workers)
@@ -424,8 +425,7 @@ class Runtime:
         if all(n >= 1 for n in counts):  # bad counts are build_step's to report
             self._reserve_draft_blocks(seqs, counts, [k - 1 if d else 0 for d in done])
         step = self.build_step(seqs, counts, is_prefill=True)
-        hidden = self.model(step)
-        logits = self.model.compute_logits(hidden[step.last_token_indices()])
+        hidden, logits = self.executor.forward_keeping_hidden(step, all_logits=False)
         spec = SpeculativeStep(list(seqs), step, hidden, starts, counts, logits, done)
         self.caches.record_prefixes(seqs)
         return spec
@@ -453,8 +453,7 @@ class Runtime:
         next_ids = packed[:t].clone()
         last, seq_rows = packed[t : t + d], packed[t + d :]
         next_ids[last] = next_tokens[seq_rows]
-        return draft(self.model, spec.step, spec.hidden, next_ids, last, seq_rows, k, self.config.block_size,
-                     self.speculative_config.draft_vocab_size)
+        return self.executor.draft(spec.step, spec.hidden, next_ids, last, seq_rows, k)
 
     def _check_verify(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> int:
         """Raise ValueError, before anything changes, for a verify step that cannot run; returns k."""
@@ -491,9 +490,9 @@ class Runtime:
         k = self._check_verify(seqs, drafts)
         self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
-        hidden = self.model(step)
+        hidden, logits = self.executor.forward_keeping_hidden(step, all_logits=True)
         starts = [s.num_computed_tokens for s in seqs]
-        return SpeculativeStep(list(seqs), step, hidden, starts, [k + 1] * len(seqs), self.model.compute_logits(hidden))
+        return SpeculativeStep(list(seqs), step, hidden, starts, [k + 1] * len(seqs), logits)
 
     @torch.inference_mode()
     def accept(self, spec: SpeculativeStep, num_accepted: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -502,12 +501,7 @@ class Runtime:
         ids after it). Commits each linear layer's state after the last accepted position and drafts anew: returns
         the drafts ``[N, k]`` on the device. Queues device work only (no host sync); ``advance`` follows."""
         self._check_speculative()
-        n, k = len(spec.seqs), tokens.shape[1] - 1
-        index = torch.arange(n, device=tokens.device)
-        self.model.commit_verify(spec.step.state_slots, num_accepted)
-        rows = index * (k + 1) + num_accepted
-        return draft(self.model, spec.step, spec.hidden, tokens.reshape(-1), rows, index, k, self.config.block_size,
-                     self.speculative_config.draft_vocab_size)
+        return self.executor.accept(spec.step, spec.hidden, num_accepted, tokens)
 
     @torch.inference_mode()
     def fused_round(
@@ -525,7 +519,14 @@ class Runtime:
                              f"{tuple(sampling.temperature.shape)}")
         self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         starts = [s.num_computed_tokens for s in seqs]
-        accepted, tokens, new = self.speculative_round(seqs, drafts, sampling)
+        if self.executor.workers is None:
+            accepted, tokens, new = self.speculative_round(seqs, drafts, sampling)
+        else:  # tensor parallel: every rank runs the round eagerly on rank 0's step
+            step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
+            fields = None if sampling is None else tuple(
+                t.to(self.device) for t in (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
+                                            sampling.seeds, sampling.counters))
+            accepted, tokens, new = self.executor.fused_round(step, k, fields)
         return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * len(seqs), None), accepted, tokens, new
 
     def advance(self, spec: SpeculativeStep, num_accepted: Seq[int], tokens: Seq[Seq[int]]) -> None:

@@ -54,6 +54,7 @@ from compiled_engine.step import upload
 from ops.step import StepInputs
 
 CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE, CMD_SNAPSHOT_SAVE, CMD_SNAPSHOT_RESTORE = 0, 1, 2, 3, 4, 5
+CMD_DRAFT, CMD_ACCEPT, CMD_ROUND = 6, 7, 8  # speculative decoding (ModelExecutor's draft, accept, fused_round)
 HEADER_SIZE = 8
 STARTUP_TIMEOUT_S = 600  # loading a large shard can take minutes
 JOIN_TIMEOUT_S = 50  # from the spawn: a worker joins after importing torch and this package (seconds);
@@ -222,11 +223,31 @@ class TensorParallelWorkers:
     def _header(self, values: list[int]) -> torch.Tensor:
         return upload(torch.tensor(values + [0] * (HEADER_SIZE - len(values)), dtype=torch.int64), self.device)
 
-    def send_step(self, step: StepInputs, all_logits: bool) -> None:
-        tokens, seqs, max_blocks = step.input_ids.shape[0], step.state_slots.shape[0], step.block_tables.shape[1]
-        self._command([CMD_STEP, tokens, seqs, max_blocks, int(step.is_prefill), int(all_logits)])
+    def send_step(self, step: StepInputs, all_logits: bool, keep_hidden: bool = False) -> None:
+        """A step (``keep_hidden``: ModelExecutor.forward_keeping_hidden's, speculative decoding's prefill and
+        verify steps)."""
+        self._command([CMD_STEP, *step_shape(step), int(all_logits), int(keep_hidden)])
         for tensor in step_tensors(step):
             dist.broadcast(tensor.contiguous(), 0)
+
+    def send_draft(self, next_ids: torch.Tensor, rows: torch.Tensor, seq_rows: torch.Tensor, num_drafts: int) -> None:
+        self._command([CMD_DRAFT, next_ids.shape[0], rows.shape[0], num_drafts])
+        dist.broadcast(torch.cat([next_ids, rows, seq_rows]), 0)
+
+    def send_accept(self, num_accepted: torch.Tensor, tokens: torch.Tensor) -> None:
+        self._command([CMD_ACCEPT, tokens.shape[0], tokens.shape[1] - 1])
+        dist.broadcast(torch.cat([num_accepted, tokens.reshape(-1)]), 0)
+
+    def send_round(self, step: StepInputs, num_drafts: int, sampling: tuple[torch.Tensor, ...] | None) -> None:
+        """A fused round's verify step, and the rows' sampling parameters (fp32 temperature, top_p, min_p; int64
+        top_k, seeds, counters) when it samples."""
+        self._command([CMD_ROUND, *step_shape(step), num_drafts, int(sampling is not None)])
+        for tensor in step_tensors(step):
+            dist.broadcast(tensor.contiguous(), 0)
+        if sampling is not None:
+            temperature, top_k, top_p, min_p, seeds, counters = sampling
+            dist.broadcast(torch.stack([temperature, top_p, min_p]), 0)
+            dist.broadcast(torch.stack([top_k, seeds, counters]), 0)
 
     def send_reset_slot(self, slot: int) -> None:
         self._command([CMD_RESET_SLOT, slot])
@@ -338,6 +359,12 @@ def join_process_group(store: dist.Store, rank: int, world_size: int, device: to
     dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
 
 
+def step_shape(step: StepInputs) -> list[int]:
+    """What a worker needs to receive a step: its token, sequence and block-table column counts, and its kind."""
+    return [step.input_ids.shape[0], step.state_slots.shape[0], step.block_tables.shape[1], int(step.is_prefill),
+            int(step.speculative)]
+
+
 def step_tensors(step: StepInputs) -> list[torch.Tensor]:
     tensors = [
         step.input_ids, step.positions, step.slot_mapping, step.block_tables, step.context_lens, step.state_slots
@@ -347,8 +374,9 @@ def step_tensors(step: StepInputs) -> list[torch.Tensor]:
     return tensors
 
 
-def receive_step(header: list[int], device: torch.device) -> tuple[StepInputs, bool]:
-    _, tokens, seqs, max_blocks, is_prefill, all_logits = header[:6]
+def receive_step(header: list[int], device: torch.device) -> StepInputs:
+    """The step whose ``step_shape`` is ``header[1:6]``, from rank 0's broadcasts."""
+    _, tokens, seqs, max_blocks, is_prefill, speculative = header[:6]
     shapes = [
         ((tokens,), torch.long),
         ((tokens,), torch.long),
@@ -362,13 +390,20 @@ def receive_step(header: list[int], device: torch.device) -> tuple[StepInputs, b
     tensors = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
     for tensor in tensors:
         dist.broadcast(tensor, 0)
-    step = StepInputs(*tensors[:6], cu_seqlens=tensors[6] if is_prefill else None, is_prefill=bool(is_prefill))
+    step = StepInputs(*tensors[:6], cu_seqlens=tensors[6] if is_prefill else None, is_prefill=bool(is_prefill),
+                      speculative=bool(speculative))
     if is_prefill:
         # One int64 copy for the whole step, which every linear layer hands FLA: it derives the chunk indices (with
         # a host sync) in the first layer only and memoises them on this object's identity for the others. Rank 0
         # has them from pack_step, computed on the host; a worker does not know the lengths on the host.
         step.cu_seqlens_long = step.cu_seqlens.long()
-    return step, bool(all_logits)
+    return step
+
+
+def receive(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    tensor = torch.empty(shape, dtype=dtype, device=device)
+    dist.broadcast(tensor, 0)
+    return tensor
 
 
 def _maybe_fail(rank: int, stage: str) -> None:
@@ -401,11 +436,13 @@ def worker_main(rank: int, world_size: int, port: int, device_type: str, args: d
         _maybe_fail(rank, "load")
         config, dtype = args["runtime_config"], args["dtype"]
         model, _ = load_model(args["path"], args["model_config"], device, dtype, tp=tp,
-                              attention_backend=config.attention_backend, weights=args["weights"])
+                              attention_backend=config.attention_backend, mtp=config.speculative_config is not None,
+                              weights=args["weights"])
         reports.put((rank, "loaded"))
         max_model_len = config.max_model_len or model.config.max_position_embeddings
         _, prefix_cache = allocate_caches(model, config, max_model_len, device, dtype)
-        executor = ModelExecutor(model, config.block_size, config.max_num_seqs, max_model_len, device)
+        executor = ModelExecutor(model, config.block_size, config.max_num_seqs, max_model_len, device,
+                                 speculative_config=config.speculative_config)
         reports.put((rank, "ready"))
         serve(executor, prefix_cache, rank, device)
     except BaseException:
@@ -423,7 +460,8 @@ def worker_main(rank: int, world_size: int, port: int, device_type: str, args: d
 @torch.inference_mode()
 def serve(executor: ModelExecutor, prefix_cache: PrefixCache | None, rank: int, device: torch.device) -> None:
     """Run rank 0's commands until it says stop: steps (outputs dropped: rank 0 samples), slot resets, prefix-cache
-    snapshot copies and the decode compile, in the order rank 0 issues them."""
+    snapshot copies, the decode compile and speculative decoding's drafts, commits and rounds (the same device work
+    as rank 0's, so every rank computes the same accepted tokens and drafts), in the order rank 0 issues them."""
     header = torch.empty(HEADER_SIZE, dtype=torch.int64, device=device)
     while True:
         dist.broadcast(header, 0)
@@ -433,8 +471,28 @@ def serve(executor: ModelExecutor, prefix_cache: PrefixCache | None, rank: int, 
             return
         if command == CMD_STEP:
             _maybe_fail(rank, "step")
-            step, all_logits = receive_step(values, device)
-            executor.execute(step, all_logits)
+            step, (all_logits, keep_hidden) = receive_step(values, device), values[6:8]
+            if keep_hidden:
+                executor.forward_keeping_hidden(step, bool(all_logits))
+            else:
+                executor.execute(step, bool(all_logits))
+        elif command == CMD_DRAFT:
+            t, d, k = values[1:4]
+            packed = receive((t + 2 * d,), torch.long, device)
+            executor.draft(*executor.kept, packed[:t], packed[t : t + d], packed[t + d :], k)
+        elif command == CMD_ACCEPT:
+            n, k = values[1:3]
+            packed = receive((n * (k + 2),), torch.long, device)
+            executor.accept(*executor.kept, packed[:n], packed[n:].view(n, k + 1))
+        elif command == CMD_ROUND:
+            step, (k, sample) = receive_step(values, device), values[6:8]
+            sampling = None
+            if sample:
+                rows = step.input_ids.shape[0]
+                temperature, top_p, min_p = receive((3, rows), torch.float32, device)
+                top_k, seeds, counters = receive((3, rows), torch.long, device)
+                sampling = (temperature, top_k, top_p, min_p, seeds, counters)
+            executor.fused_round(step, k, sampling)
         elif command == CMD_RESET_SLOT:
             executor.reset_state_slots([values[1]])
         elif command == CMD_SNAPSHOT_SAVE:

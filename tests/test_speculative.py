@@ -200,11 +200,48 @@ def test_checkpoint_without_mtp_names_what_is_missing(qwen3_5_text_untied_path, 
                                 max_model_len=64)
 
 
-def test_speculative_refuses_tensor_parallelism_and_turns_overlap_off(tiny_path):
-    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
-        Runtime.from_pretrained(tiny_path, device="cpu", tensor_parallel_size=2, speculative_config=spec(1))
+def test_speculative_turns_overlap_off(tiny_path):
     llm = LLM(tiny_path, device="cpu", max_model_len=64, max_num_seqs=2, speculative_config=spec(1))
     assert llm.engine.num_speculative_tokens == 1 and not llm.engine.overlap_decode
+
+
+@pytest.mark.parametrize("draft_vocab", [None, 64])
+def test_tp2_speculative_equals_tp1_non_speculative(tiny_path, draft_vocab):
+    """Tensor parallelism (2 ranks, gloo) with MTP drafts: every rank runs the same verify, draws, commit and
+    drafts (its MTP layer sharded as the target's layers), so greedy and seeded sampled requests emit the tokens of a
+    single-rank non-speculative run: fused rounds, and the unfused path (min_tokens suppression, logprobs) too;
+    drafting over the whole vocabulary and over its first 64 ids (the gathered logits cut)."""
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[4]]
+    params = [SamplingParams(temperature=0, max_tokens=16),
+              SamplingParams(temperature=0.9, top_k=30, seed=21, max_tokens=16),
+              SamplingParams(temperature=0.8, top_p=0.9, seed=22, min_tokens=6, max_tokens=16),
+              SamplingParams(temperature=0, logprobs=2, max_tokens=16)]
+    knobs = dict(device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=4)
+    reference = LLM(tiny_path, **knobs).generate(prompts, params, use_tqdm=False)
+    ids = [f"r{i}" for i in range(len(prompts))]
+    # Oracle drafts (the reference continuation, right 3 times in 4): long accepted runs on both ranks.
+    drafts = oracle({i: o.token_ids for i, o in zip(ids, reference)}, {i: len(p) for i, p in zip(ids, prompts)},
+                    0.75, 257)
+    rt = Runtime.from_pretrained(tiny_path, tensor_parallel_size=2,
+                                 speculative_config={**spec(2), "draft_vocab_size": draft_vocab}, **knobs)
+    try:
+        engine = LLMEngine(rt, draft_override=drafts)
+        for request_id, prompt, p in zip(ids, prompts, params):
+            engine.add_request(request_id, prompt, p)
+        got = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    got[out.request_id] = out
+    finally:
+        rt.close()
+    got = [got[i] for i in ids]
+    assert [o.token_ids for o in got] == [o.token_ids for o in reference]
+    assert engine.num_accepted_tokens > 0  # rounds of several tokens ran on both ranks
+    assert len(got[3].logprobs) == len(reference[3].logprobs) == 16
+    for ours, theirs in zip(got[3].logprobs, reference[3].logprobs):  # from the verify step's gathered logits
+        assert ours.token_id == theirs.token_id and [t for t, _ in ours.top] == [t for t, _ in theirs.top]
+        assert math.isclose(ours.logprob, theirs.logprob, abs_tol=1e-4)
 
 
 def test_engine_speculative_config_needs_a_runtime_with_one(tiny_path):
