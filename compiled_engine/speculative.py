@@ -50,6 +50,7 @@ from compiled_engine.step import pack_step
 from graphs.buckets import BucketPolicy
 from graphs.decode_graph import raise_recompile_limit, register_inductor_fallbacks
 from graphs.static_inputs import StaticSamplingInputs
+from ops.argmax import argmax_op
 from ops.library import NULL_BLOCK, NULL_SLOT, OPS
 from ops.sample import sample_op
 from ops.step import SamplingInputs, StepInputs
@@ -198,7 +199,7 @@ def fused_round(
     n, k = state_slots.shape[0], num_drafts
     hidden = model(step)
     logits = model.decode_logits(hidden)
-    targets = (model.draft_tokens(hidden) if sampling is None else sample_op(logits, *sampling)).view(n, k + 1)
+    targets = (argmax_op(logits) if sampling is None else sample_op(logits, *sampling)).view(n, k + 1)
     accepted, tokens = accept_drafts(input_ids.view(n, k + 1)[:, 1:], targets)
     index = torch.arange(n, device=input_ids.device)
     model.commit_verify(state_slots, accepted)
