@@ -523,9 +523,7 @@ class Runtime:
             accepted, tokens, new = self.speculative_round(seqs, drafts, sampling)
         else:  # tensor parallel: every rank runs the round eagerly on rank 0's step
             step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
-            fields = None if sampling is None else tuple(
-                t.to(self.device) for t in (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
-                                            sampling.seeds, sampling.counters))
+            fields = None if sampling is None else sampling.on(self.device)
             accepted, tokens, new = self.executor.fused_round(step, k, fields)
         return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * len(seqs), None), accepted, tokens, new
 

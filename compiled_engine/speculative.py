@@ -353,10 +353,7 @@ class SpeculativeRound:
         if not (self.compiled and self.policy.covers(n) and k == self.num_drafts):
             # Eagerly: past the buckets, or fewer drafts than the graphs were compiled for.
             step = pack_verify_step(seqs, drafts, self.block_size, self.device)
-            fields = None
-            if sample:
-                fields = tuple(t.to(self.device) for t in (sampling.temperature, sampling.top_k, sampling.top_p,
-                                                            sampling.min_p, sampling.seeds, sampling.counters))
+            fields = sampling.on(self.device) if sample else None
             return fused_round(self.model, step.input_ids, step.positions, step.slot_mapping, step.block_tables,
                                step.context_lens, step.state_slots, step.cu_seqlens, k, self.block_size,
                                self.draft_vocab, fields)

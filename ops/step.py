@@ -85,3 +85,8 @@ class SamplingInputs:
     min_p: torch.Tensor  # fp32, 0 = off
     seeds: torch.Tensor  # int64
     counters: torch.Tensor  # int64: the index of the token being drawn in each request's output
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The fields in ``ce::sample``'s argument order, on ``device``."""
+        return tuple(t.to(device) for t in (self.temperature, self.top_k, self.top_p, self.min_p, self.seeds,
+                                             self.counters))
