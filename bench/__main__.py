@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-growth-reserve", type=float, default=None,
                    help="LLM(kv_growth_reserve=...): share of the running sequences' growth that admission keeps free "
                         "(default: LLM's, 1)")
+    p.add_argument("--speculative-config", type=json.loads, default=None, metavar="JSON",
+                   help='LLM(speculative_config=...) for every scenario\'s engine, e.g. '
+                        '\'{"method": "mtp", "num_speculative_tokens": 2}\' (the spec scenario builds its own)')
     p.add_argument("--bandwidth-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 cuda, 64 cpu)")
     p.add_argument("--hf-limit", type=int, default=None, help="HF runs only the first N requests of a workload")
     p.add_argument("--hf-batch-size", type=int, default=64, help="HF pad-left batch size")
@@ -138,6 +141,7 @@ def run(names, modules, kwargs, args, argv) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
         tensor_parallel_size=args.tensor_parallel_size, enable_prefix_caching=args.enable_prefix_caching,
         overlap_decode=args.overlap_decode, mixed_steps=args.mixed_steps, kv_growth_reserve=args.kv_growth_reserve,
+        speculative_config=args.speculative_config,
         bandwidth_mib=args.bandwidth_mib, hf_limit=args.hf_limit, hf_batch_size=args.hf_batch_size,
         hf_max_time=args.hf_max_time, argv=argv,
     )

@@ -52,6 +52,7 @@ class Options:
     overlap_decode: bool = True  # LLM(overlap_decode=...) for every scenario's engine (LLM's default)
     mixed_steps: bool = True  # LLM(mixed_steps=...) for every scenario's engine (LLM's default)
     kv_growth_reserve: float | None = None  # LLM(kv_growth_reserve=...); default: LLM's
+    speculative_config: dict | None = None  # LLM(speculative_config=...) for every scenario's engine
     bandwidth_mib: int | None = None  # copy buffer size; default 1024 on CUDA, 64 on CPU
     hf_limit: int | None = None  # HF runs at most this many requests of a workload (throughput, prefix)
     hf_batch_size: int = 64  # HF pad-left batch size
@@ -128,6 +129,8 @@ class Context:
             kwargs["kv_growth_reserve"] = self.opts.kv_growth_reserve
         if self.opts.tensor_parallel_size != 1:
             kwargs["tensor_parallel_size"] = self.opts.tensor_parallel_size
+        if self.opts.speculative_config is not None:
+            kwargs["speculative_config"] = self.opts.speculative_config
         return {**kwargs, **extra}
 
     def llm(self, **extra):
@@ -188,6 +191,7 @@ class Context:
             "mixed_steps": self._llm.engine.scheduler.mixed_steps,
             "kv_growth_reserve": self._llm.engine.scheduler.kv_growth_reserve,
             "tensor_parallel_size": rt.model.tp.world_size,
+            "speculative_config": asdict(rt.speculative_config) if rt.speculative_config else None,
             "attention_backend": rt.config.attention_backend,
             "llm_build_s": self.llm_build_s,  # LLM(...) in this process: load + compile + capture
             **decode_fn_info(rt.decode_fn),
