@@ -16,7 +16,7 @@ import torch
 from compiled_engine.cache import reset_state_slots
 from compiled_engine.config import SpeculativeConfig
 from compiled_engine.model import HybridModel
-from compiled_engine.speculative import draft, fused_round
+from compiled_engine.speculative import SpeculativeRound, draft, fused_round
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from graphs import DecodeGraphRunner, eager_decode
 
@@ -41,7 +41,9 @@ class ModelExecutor:
         self.max_model_len = max_model_len
         self.device = device
         self.workers = workers
+        self.speculative_config = speculative_config
         self.draft_vocab = speculative_config.draft_vocab_size if speculative_config is not None else None
+        self.speculative_round: SpeculativeRound | None = None  # compile_rounds' (eager rounds until then)
         self._decode_fn: Callable[..., DecodeOutput] = self._decode_eager
         # A worker's last step that kept its hidden states (forward_keeping_hidden): what its next draft or accept
         # command runs on. Rank 0 passes its own (the SpeculativeStep's).
@@ -162,6 +164,30 @@ class ModelExecutor:
         self.model.commit_verify(step.state_slots, num_accepted)
         return draft(self.model, step, hidden, tokens.reshape(-1), index * (k + 1) + num_accepted, index, k,
                      self.block_size, self.draft_vocab)
+
+    def compile_rounds(self) -> SpeculativeRound:
+        """Compile (on a single CUDA rank also capture) the fused rounds of every bucket, on every rank in lockstep;
+        later rounds that ``speculative_round.covers`` run through ``run_round``. Under tensor parallelism the rounds
+        are compiled but not captured (as the decode runner uses cudagraph trees there: compile_decode)."""
+        if self.workers is not None:
+            self.workers.send_compile_rounds()
+        capture = self.device.type == "cuda" and self.model.tp.world_size == 1
+        self.speculative_round = SpeculativeRound(
+            self.model, self.speculative_config.num_speculative_tokens, self.block_size, self.max_num_seqs,
+            self.max_model_len, self.device, capture, self.draft_vocab)
+        self.speculative_round.warmup()
+        return self.speculative_round
+
+    def run_round(self, step: StepInputs, bucket: int, sampling: SamplingInputs | None, num_seqs: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A compiled round of ``num_seqs`` sequences: ``step`` (``SpeculativeRound.pack``'s) and ``sampling`` into
+        this rank's buffers, those buffers broadcast to the workers' own, then the bucket's graph on every rank.
+        Outputs of every row of the bucket (the graphs' buffers: valid until the next round)."""
+        round_, sample = self.speculative_round, sampling is not None
+        round_.load(step, bucket, sampling, num_seqs)
+        return self._on_every_rank(lambda workers: workers.send_round_buffers(bucket, sample,
+                                                                              round_.buffers(bucket, sample)),
+                                   lambda: round_.run(bucket, sample))
 
     def fused_round(self, step: StepInputs, num_drafts: int, sampling: tuple[torch.Tensor, ...] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

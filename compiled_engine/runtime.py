@@ -20,7 +20,7 @@ one varlen batch; ``decode_step`` runs exactly one token per sequence. Both allo
 
 Speculative decoding (``speculative_config={"method": "mtp", "num_speculative_tokens": k}``: the checkpoint's MTP
 layer drafts k tokens; compiled_engine/speculative.py has the round) adds (with tensor parallelism every rank runs
-the same device work: ModelExecutor's speculative methods; rounds then run eagerly):
+the same device work: ModelExecutor's speculative methods):
 
     spec = rt.prefill_for_drafts([seq])            # spec.logits [1, vocab]: sample the next token from them
     seq.token_ids.append(token)
@@ -123,21 +123,25 @@ class Runtime:
         self._next_seq_id = 0
         self._owner = object()  # stamped on the sequences this runtime makes (Sequence.owner), checked per step
         self.speculative_config = config.speculative_config
-        self.speculative_round: SpeculativeRound | None = None
+        if self.speculative_config is not None and model.mtp is None:
+            raise ValueError("speculative_config method 'mtp' needs the model built with its MTP layer "
+                             "(load_model(..., mtp=True))")
+        if compile:
+            self.compile_steps()
+
+    def compile_steps(self) -> None:
+        """Compile (and capture) what decodes, on every rank: the decode step, or with speculative decoding the
+        rounds (decode rows become verify rounds), and the decode step too when ``disable_by_batch_size`` sends
+        large batches to it."""
         if self.speculative_config is not None:
-            if model.mtp is None:
-                raise ValueError("speculative_config method 'mtp' needs the model built with its MTP layer "
-                                 "(load_model(..., mtp=True))")
-            # Decode rows become verify rounds: greedy ones compiled (with compile), no decode graph.
-            # Tensor parallel rounds run eagerly (ModelExecutor.fused_round on every rank).
-            self.speculative_round = SpeculativeRound(
-                model, self.speculative_config.num_speculative_tokens, config.block_size, config.max_num_seqs,
-                self.max_model_len, device, compile=compile and workers is None,
-                draft_vocab=self.speculative_config.draft_vocab_size,
-            )
-            self.speculative_round.warmup()
-        if compile and (self.speculative_config is None or self.speculative_config.disable_by_batch_size):
-            self.compile_decode()  # with speculative decoding: the steps past disable_by_batch_size
+            self.executor.compile_rounds()
+        if self.speculative_config is None or self.speculative_config.disable_by_batch_size:
+            self.compile_decode()
+
+    @property
+    def speculative_round(self) -> SpeculativeRound | None:
+        """The compiled rounds (compile_steps), or None: rounds run eagerly."""
+        return self.executor.speculative_round
 
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -203,7 +207,7 @@ class Runtime:
             runtime = cls(model, runtime_config, device, dtype, workers=workers)
             workers.wait_for("ready")
             if compile:
-                runtime.compile_decode()
+                runtime.compile_steps()
         except BaseException:
             workers.shutdown()
             raise
@@ -519,9 +523,11 @@ class Runtime:
                              f"{tuple(sampling.temperature.shape)}")
         self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         starts = [s.num_computed_tokens for s in seqs]
-        if self.executor.workers is None:
-            accepted, tokens, new = self.speculative_round(seqs, drafts, sampling)
-        else:  # tensor parallel: every rank runs the round eagerly on rank 0's step
+        n, compiled = len(seqs), self.executor.speculative_round
+        if compiled is not None and compiled.covers(n, k):
+            step, bucket = compiled.pack(seqs, drafts)
+            accepted, tokens, new = (t[:n] for t in self.executor.run_round(step, bucket, sampling, n))
+        else:  # eagerly: no compiled rounds, past their buckets, or fewer drafts than they were compiled for
             step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
             fields = None if sampling is None else sampling.on(self.device)
             accepted, tokens, new = self.executor.fused_round(step, k, fields)

@@ -21,10 +21,10 @@ the sampled token) and drafts from its last row; after a middle chunk it only fi
 A round (the engine's common case: no min_tokens suppression, no logprobs) is one function, ``fused_round``:
 verify, each row's draw (the argmax, or ``ce::sample``'s for sampled rows: compiled_engine/rejection_sampler.py
 says why that is the acceptance rule), acceptance, commit and drafts, with nothing read on the host.
-``SpeculativeRound`` runs it eagerly, or compiled (``torch.compile(fullgraph=True)`` of ``fused_round_packed``: the
-step's fields in one buffer, the sampling parameters in static buffers; one variant that draws the argmax, one that
-samples; on CUDA each (bucket, variant) call captured into a CUDA graph of the round's own), the batch padded to its
-bucket with null rows (the null slot, the null block). Rounds that suppress stop tokens (min_tokens) or return
+It runs eagerly (ModelExecutor.fused_round), or compiled by ``SpeculativeRound`` (``torch.compile(fullgraph=True)``
+of ``fused_round_packed``: the step's fields in one buffer, the sampling parameters in static buffers; one variant
+that draws the argmax, one that samples; on a single CUDA rank each (bucket, variant) call captured into a CUDA graph
+of the round's own), the batch padded to its bucket with null rows (the null slot, the null block). Rounds that suppress stop tokens (min_tokens) or return
 logprobs run the unfused path (``Runtime.verify``, the rejection sampler, ``Runtime.accept``).
 
 The MTP layer's KV shares the target's blocks. A round writes at most positions L-1..L+2k-2; blocks for the
@@ -249,47 +249,44 @@ def fused_round_packed(
 
 
 class SpeculativeRound:
-    """Runs ``fused_round``: eagerly, or compiled with one graph per bucket of sequences and variant (CUDA graphs on
-    CUDA).
-
-    ``compile``: ``fused_round_packed`` under ``torch.compile(fullgraph=True)`` (Inductor's code, no cudagraph
-    trees), every bucket compiled at ``warmup`` in both variants (argmax rows; ``ce::sample`` rows) on padding rows
-    only (the null slot and block: live sequences keep their state), largest first, later rounds under
-    ``fail_on_recompile``. On CUDA the round captures each compiled call into a ``torch.cuda.CUDAGraph`` of its own
-    (one memory pool for all), as the decode runner does (graphs/decode_graph.py): a round is then one host -> device
-    copy of its packed step (a pinned staging buffer), one of its sampling parameters when it samples, and one
-    ``graph.replay()``, ~0.3 ms of host time less than a cudagraph-trees replay."""
+    """Compiled rounds: ``fused_round_packed`` under ``torch.compile(fullgraph=True)`` (Inductor's code, no cudagraph
+    trees), one graph per bucket of sequences and variant (rows draw their argmax; rows draw with ``ce::sample``).
+    Every bucket is compiled at ``warmup`` in both variants on padding rows only (the null slot and block: live
+    sequences keep their state), largest first; later rounds run under ``fail_on_recompile``. With ``capture`` (CUDA)
+    each compiled call is also captured into a ``torch.cuda.CUDAGraph`` of its own (one memory pool for all), as the
+    decode runner does (graphs/decode_graph.py): a round is then one host -> device copy of its packed step (a pinned
+    staging buffer), one of its sampling parameters when it samples, and one ``graph.replay()``, ~0.3 ms of host time
+    less than a cudagraph-trees replay. A round is ``load`` (this rank's buffers) then ``run``; between the two a
+    tensor-parallel rank 0 broadcasts ``buffers`` (compiled_engine/executor.py)."""
 
     VARIANTS = (False, True)  # the ``sample`` values that get graphs
 
     def __init__(self, model: HybridModel, num_drafts: int, block_size: int, max_num_seqs: int, max_model_len: int,
-                 device: torch.device, compile: bool = False, draft_vocab: int | None = None):
+                 device: torch.device, capture: bool, draft_vocab: int | None = None):
         self.model = model
         self.draft_vocab = draft_vocab
-        # Compiled rounds have block tables of one width: up to the furthest verified position.
-        self.table_width = -(-(max_model_len + num_drafts) // block_size) if compile else None
+        # Block tables of one width: up to the furthest verified position.
+        self.table_width = -(-(max_model_len + num_drafts) // block_size)
         self.num_drafts = num_drafts
         self.block_size = block_size
         self.device = device
-        self.policy = BucketPolicy.create(max_num_seqs) if compile else None
-        self.compiled = compile
-        self.captured = compile and device.type == "cuda"
-        # (bucket, sample) -> (its CUDA graph, the outputs it writes): filled by warmup on CUDA.
+        self.policy = BucketPolicy.create(max_num_seqs)
+        self.captured = capture
+        # (bucket, sample) -> (its CUDA graph, the outputs it writes): filled by warmup when capturing.
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
-        if compile:
-            register_inductor_fallbacks(OPS)
-            raise_recompile_limit(2 * len(self.VARIANTS) * len(self.policy))
-            self.fn = torch.compile(fused_round_packed, fullgraph=True)
-            size = _packed_layout(self.policy.max_size, num_drafts, self.table_width)[-1]
-            self.packed = torch.zeros(size, dtype=torch.long, device=device)  # the graphs' step input
-            if self.captured:
-                torch._dynamo.mark_static_address(self.packed)
-            # The sampling parameters of every verified row (k + 1 a sequence), in static buffers.
-            self.sampling = StaticSamplingInputs(self.policy.max_size * (num_drafts + 1), device)
-            # Host staging (pinned on CUDA: an asynchronous copy), and the event of its last copy: the host waits
-            # for it before writing the staging buffer again.
-            self._stage = torch.zeros(size, dtype=torch.long, pin_memory=self.captured)
-            self._staged: torch.cuda.Event | None = None
+        register_inductor_fallbacks(OPS)
+        raise_recompile_limit(2 * len(self.VARIANTS) * len(self.policy))
+        self.fn = torch.compile(fused_round_packed, fullgraph=True)
+        size = _packed_layout(self.policy.max_size, num_drafts, self.table_width)[-1]
+        self.packed = torch.zeros(size, dtype=torch.long, device=device)  # the graphs' step input
+        if capture:
+            torch._dynamo.mark_static_address(self.packed)
+        # The sampling parameters of every verified row (k + 1 a sequence), in static buffers.
+        self.sampling = StaticSamplingInputs(self.policy.max_size * (num_drafts + 1), device)
+        # Host staging (pinned when capturing: an asynchronous copy), and the event of its last copy: the host waits
+        # for it before writing the staging buffer again.
+        self._stage = torch.zeros(size, dtype=torch.long, pin_memory=capture)
+        self._staged: torch.cuda.Event | None = None
 
     @property
     def captured_buckets(self) -> tuple[int, ...]:
@@ -297,11 +294,14 @@ class SpeculativeRound:
         buckets = {bucket for bucket, _ in self._graphs}
         return tuple(sorted(b for b in buckets if all((b, v) in self._graphs for v in self.VARIANTS)))
 
+    def covers(self, num_seqs: int, num_drafts: int) -> bool:
+        """Whether a round of ``num_seqs`` sequences with ``num_drafts`` drafts each has graphs (else it runs
+        eagerly: past the buckets, or fewer drafts than the graphs were compiled for)."""
+        return self.policy.covers(num_seqs) and num_drafts == self.num_drafts
+
     @torch.inference_mode()
     def warmup(self) -> None:
-        """Compile (and on CUDA capture) every bucket in every variant, largest first."""
-        if not self.compiled:
-            return
+        """Compile (and capture) every bucket in every variant, largest first."""
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle() if self.captured else None
         for bucket in reversed(self.policy.sizes):
@@ -341,32 +341,33 @@ class SpeculativeRound:
             self._staged = torch.cuda.Event()
             self._staged.record()
 
+    def pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> tuple[StepInputs, int]:
+        """The verify step of ``seqs`` on the host, padded to its bucket, and the bucket (``covers`` them)."""
+        bucket = self.policy.bucket_for(len(seqs))
+        return pack_verify_step(seqs, drafts, self.block_size, torch.device("cpu"), bucket,
+                                table_width=self.table_width), bucket
+
+    def load(self, step: StepInputs, bucket: int, sampling: SamplingInputs | None, num_seqs: int) -> None:
+        """``pack``'s step into this rank's buffers, and ``sampling`` (the ``ce::sample`` parameters of the
+        ``num_seqs * (k+1)`` verified rows, on the host) into the sampling buffers, the other rows greedy padding."""
+        self._upload(step, bucket)
+        if sampling is not None:
+            self.sampling.fill(sampling, num_seqs * (self.num_drafts + 1))
+
+    def buffers(self, bucket: int, sample: bool) -> list[torch.Tensor]:
+        """What a round of ``bucket`` reads: the packed step, and the sampling rows when it samples."""
+        rows = bucket * (self.num_drafts + 1)
+        packed = [self.packed[: _packed_layout(bucket, self.num_drafts, self.table_width)[-1]]]
+        return packed + ([t[:rows] for t in self.sampling.tensors()] if sample else [])
+
     @torch.inference_mode()
-    def __call__(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], sampling: SamplingInputs | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The round of ``seqs`` (their blocks reserved) with ``drafts``: ``(num_accepted, tokens, drafts)`` of the
-        live rows, on the device; compiled outputs are valid until the next round. ``sampling``: the ``ce::sample``
-        parameters of the ``N * (k+1)`` verified rows, sequence by sequence, on the host (None: every row draws its
-        argmax)."""
-        n, k = len(seqs), len(drafts[0])
-        sample = sampling is not None
-        if not (self.compiled and self.policy.covers(n) and k == self.num_drafts):
-            # Eagerly: past the buckets, or fewer drafts than the graphs were compiled for.
-            step = pack_verify_step(seqs, drafts, self.block_size, self.device)
-            fields = sampling.on(self.device) if sample else None
-            return fused_round(self.model, step.input_ids, step.positions, step.slot_mapping, step.block_tables,
-                               step.context_lens, step.state_slots, step.cu_seqlens, k, self.block_size,
-                               self.draft_vocab, fields)
-        bucket = self.policy.bucket_for(n)
-        self._upload(pack_verify_step(seqs, drafts, self.block_size, torch.device("cpu"), bucket,
-                                      table_width=self.table_width), bucket)
-        if sample:
-            self.sampling.fill(sampling, n * (k + 1))  # the other rows: greedy padding
+    def run(self, bucket: int, sample: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The loaded round: ``(num_accepted, tokens, drafts)`` of every row of the bucket, on the device (the
+        graphs' outputs: valid until the next round)."""
         captured = self._graphs.get((bucket, sample))
         if captured is not None:
-            graph, (accepted, tokens, new) = captured
+            graph, outputs = captured
             graph.replay()
-        else:
-            with torch.compiler.set_stance("fail_on_recompile"):
-                accepted, tokens, new = self._call(bucket, sample)
-        return accepted[:n], tokens[:n], new[:n]
+            return outputs
+        with torch.compiler.set_stance("fail_on_recompile"):
+            return self._call(bucket, sample)

@@ -54,7 +54,8 @@ from compiled_engine.step import upload
 from ops.step import StepInputs
 
 CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE, CMD_SNAPSHOT_SAVE, CMD_SNAPSHOT_RESTORE = 0, 1, 2, 3, 4, 5
-CMD_DRAFT, CMD_ACCEPT, CMD_ROUND = 6, 7, 8  # speculative decoding (ModelExecutor's draft, accept, fused_round)
+# Speculative decoding: ModelExecutor's draft, accept, fused_round, compile_rounds and run_round.
+CMD_DRAFT, CMD_ACCEPT, CMD_ROUND, CMD_COMPILE_ROUNDS, CMD_ROUND_BUFFERS = 6, 7, 8, 9, 10
 HEADER_SIZE = 8
 STARTUP_TIMEOUT_S = 600  # loading a large shard can take minutes
 JOIN_TIMEOUT_S = 50  # from the spawn: a worker joins after importing torch and this package (seconds);
@@ -237,6 +238,15 @@ class TensorParallelWorkers:
     def send_accept(self, num_accepted: torch.Tensor, tokens: torch.Tensor) -> None:
         self._command([CMD_ACCEPT, tokens.shape[0], tokens.shape[1] - 1])
         dist.broadcast(torch.cat([num_accepted, tokens.reshape(-1)]), 0)
+
+    def send_compile_rounds(self) -> None:
+        self._command([CMD_COMPILE_ROUNDS])
+
+    def send_round_buffers(self, bucket: int, sample: bool, buffers: list[torch.Tensor]) -> None:
+        """A compiled round: rank 0's loaded buffers (SpeculativeRound.buffers) into each worker's own."""
+        self._command([CMD_ROUND_BUFFERS, bucket, int(sample)])
+        for tensor in buffers:
+            dist.broadcast(tensor, 0)
 
     def send_round(self, step: StepInputs, num_drafts: int, sampling: tuple[torch.Tensor, ...] | None) -> None:
         """A fused round's verify step, and the rows' sampling parameters (fp32 temperature, top_p, min_p; int64
@@ -493,6 +503,14 @@ def serve(executor: ModelExecutor, prefix_cache: PrefixCache | None, rank: int, 
                 top_k, seeds, counters = receive((3, rows), torch.long, device)
                 sampling = (temperature, top_k, top_p, min_p, seeds, counters)
             executor.fused_round(step, k, sampling)
+        elif command == CMD_COMPILE_ROUNDS:
+            executor.compile_rounds()
+        elif command == CMD_ROUND_BUFFERS:
+            bucket, sample = values[1], bool(values[2])
+            round_ = executor.speculative_round
+            for tensor in round_.buffers(bucket, sample):
+                dist.broadcast(tensor, 0)
+            round_.run(bucket, sample)
         elif command == CMD_RESET_SLOT:
             executor.reset_state_slots([values[1]])
         elif command == CMD_SNAPSHOT_SAVE:

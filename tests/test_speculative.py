@@ -205,12 +205,13 @@ def test_speculative_turns_overlap_off(tiny_path):
     assert llm.engine.num_speculative_tokens == 1 and not llm.engine.overlap_decode
 
 
-@pytest.mark.parametrize("draft_vocab", [None, 64])
-def test_tp2_speculative_equals_tp1_non_speculative(tiny_path, draft_vocab):
+@pytest.mark.parametrize("draft_vocab,compile", [(None, False), (64, False), (None, True)])
+def test_tp2_speculative_equals_tp1_non_speculative(tiny_path, draft_vocab, compile):
     """Tensor parallelism (2 ranks, gloo) with MTP drafts: every rank runs the same verify, draws, commit and
     drafts (its MTP layer sharded as the target's layers), so greedy and seeded sampled requests emit the tokens of a
-    single-rank non-speculative run: fused rounds, and the unfused path (min_tokens suppression, logprobs) too;
-    drafting over the whole vocabulary and over its first 64 ids (the gathered logits cut)."""
+    single-rank non-speculative run: fused rounds (eager; compiled, rank 0's loaded buffers broadcast to the worker's),
+    and the unfused path (min_tokens suppression, logprobs) too; drafting over the whole vocabulary and over its first
+    64 ids (the gathered logits cut)."""
     prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[4]]
     params = [SamplingParams(temperature=0, max_tokens=16),
               SamplingParams(temperature=0.9, top_k=30, seed=21, max_tokens=16),
@@ -222,8 +223,9 @@ def test_tp2_speculative_equals_tp1_non_speculative(tiny_path, draft_vocab):
     # Oracle drafts (the reference continuation, right 3 times in 4): long accepted runs on both ranks.
     drafts = oracle({i: o.token_ids for i, o in zip(ids, reference)}, {i: len(p) for i, p in zip(ids, prompts)},
                     0.75, 257)
-    rt = Runtime.from_pretrained(tiny_path, tensor_parallel_size=2,
+    rt = Runtime.from_pretrained(tiny_path, tensor_parallel_size=2, compile=compile,
                                  speculative_config={**spec(2), "draft_vocab_size": draft_vocab}, **knobs)
+    assert (rt.speculative_round is not None) == compile
     try:
         engine = LLMEngine(rt, draft_override=drafts)
         for request_id, prompt, p in zip(ids, prompts, params):
@@ -629,7 +631,7 @@ def test_compiled_rounds_equal_non_speculative(tiny_path, draft_vocab):
     reference = [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
     llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=96, max_num_seqs=2, enforce_eager=False,
               speculative_config={**spec(2), "draft_vocab_size": draft_vocab})
-    assert llm.runtime.speculative_round.compiled
+    assert llm.runtime.speculative_round is not None  # compiled rounds
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == reference
 
 
