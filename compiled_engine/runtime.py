@@ -103,7 +103,8 @@ class Runtime:
         compile: bool = False,
     ):
         """``workers``: the other tensor-parallel ranks, when this is rank 0 of a sharded model. ``compile``:
-        compile and capture the decode step now (``compile_decode``)."""
+        compile and capture what decodes now (``compile_steps``; a tensor-parallel runtime does it once its
+        workers are ready)."""
         config.validate()
         draft_vocab = config.speculative_config.draft_vocab_size if config.speculative_config else None
         if draft_vocab is not None and draft_vocab > model.config.vocab_size:

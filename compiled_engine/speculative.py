@@ -24,8 +24,9 @@ says why that is the acceptance rule), acceptance, commit and drafts, with nothi
 It runs eagerly (ModelExecutor.fused_round), or compiled by ``SpeculativeRound`` (``torch.compile(fullgraph=True)``
 of ``fused_round_packed``: the step's fields in one buffer, the sampling parameters in static buffers; one variant
 that draws the argmax, one that samples; on a single CUDA rank each (bucket, variant) call captured into a CUDA graph
-of the round's own), the batch padded to its bucket with null rows (the null slot, the null block). Rounds that suppress stop tokens (min_tokens) or return
-logprobs run the unfused path (``Runtime.verify``, the rejection sampler, ``Runtime.accept``).
+of the round's own), the batch padded to its bucket with null rows (the null slot, the null block). Rounds that
+suppress stop tokens (min_tokens) or return logprobs run the unfused path (``Runtime.verify``, the rejection
+sampler, ``Runtime.accept``).
 
 The MTP layer's KV shares the target's blocks. A round writes at most positions L-1..L+2k-2; blocks for the
 verified positions are guaranteed by the scheduler, those for the draft positions beyond them are taken when free
@@ -36,6 +37,7 @@ never the output).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -48,7 +50,7 @@ from compiled_engine.model import HybridModel
 from compiled_engine.sequence import Sequence
 from compiled_engine.step import pack_step
 from graphs.buckets import BucketPolicy
-from graphs.decode_graph import raise_recompile_limit, register_inductor_fallbacks
+from graphs.decode_graph import private_copy, raise_recompile_limit, register_inductor_fallbacks
 from graphs.static_inputs import StaticSamplingInputs
 from ops.argmax import argmax_op
 from ops.library import NULL_BLOCK, NULL_SLOT, OPS
@@ -56,6 +58,7 @@ from ops.sample import sample_op
 from ops.step import SamplingInputs, StepInputs
 
 logger = logging.getLogger(__name__)
+_round_ids = itertools.count()
 
 
 @dataclass
@@ -276,7 +279,8 @@ class SpeculativeRound:
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         register_inductor_fallbacks(OPS)
         raise_recompile_limit(2 * len(self.VARIANTS) * len(self.policy))
-        self.fn = torch.compile(fused_round_packed, fullgraph=True)
+        # Its own code object: Dynamo counts recompiles per code object, so each instance's buckets count alone.
+        self.fn = torch.compile(private_copy(fused_round_packed, f"round{next(_round_ids)}"), fullgraph=True)
         size = _packed_layout(self.policy.max_size, num_drafts, self.table_width)[-1]
         self.packed = torch.zeros(size, dtype=torch.long, device=device)  # the graphs' step input
         if capture:

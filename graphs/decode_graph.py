@@ -135,12 +135,13 @@ def expected_compiles(buckets: Iterable[int], variants: int = 2) -> int:
 _runner_ids = itertools.count()
 
 
-def _private_copy(fn: Callable, suffix: str) -> Callable:
+def private_copy(fn: Callable, suffix: str) -> Callable:
     """A copy of ``fn`` with its own code object.
 
     Dynamo keeps compiled graphs (and counts recompiles against ``recompile_limit``) per code object. A private
-    code object per runner means each runner's buckets are counted on their own (two runners in one process, as in
-    tests, do not add up towards the limit) and its graphs are freed with it.
+    code object per runner (or compiled speculative round: compiled_engine/speculative.py) means each one's buckets
+    are counted on their own (two runners in one process, as in tests, do not add up towards the limit) and its
+    graphs are freed with it.
     """
     name = f"{fn.__name__}_{suffix}"
     replace = {"co_name": name}
@@ -274,7 +275,7 @@ class DecodeGraphRunner:
         self.mode = mode if backend is None else None
         self.fullgraph = fullgraph
         self.name = f"runner{next(_runner_ids)}"
-        fn = _private_copy(decode_forward, self.name)
+        fn = private_copy(decode_forward, self.name)
         # dynamic=None ("automatic dynamic"): the largest bucket compiles with static shapes, the next bucket makes
         # Dynamo recompile once with the batch size symbolic (every tensor shape stays static: the step inputs are
         # full static buffers, sliced to the bucket inside the graph), and batch 1 gets its own specialised graph.

@@ -149,7 +149,8 @@ def moe_checkpoint_with_mtp(build_hf_model, variant: str, folder) -> str:
 @pytest.mark.parametrize("variant", ["qwen3_5_moe_text", "qwen3_next_moe"])
 def test_moe_checkpoints_mtp_layer_is_sparse_and_lossless(build_hf_model, tmp_path, variant):
     """The MTP layer of MoE checkpoints has the sparse block (layer 0's kind): it loads, matches the float64 formula
-    of HF's sparse block, and speculative greedy output equals plain greedy output."""
+    of HF's sparse block, and speculative greedy output equals plain greedy output, on one rank and on two (gloo:
+    the MTP layer's experts cut by their intermediate dimension as the target's are)."""
     import json
 
     path = moe_checkpoint_with_mtp(build_hf_model, variant, tmp_path / "ckpt")
@@ -169,8 +170,12 @@ def test_moe_checkpoints_mtp_layer_is_sparse_and_lossless(build_hf_model, tmp_pa
     plain = LLM(path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=4)
     speculative = LLM(path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=4,
                       speculative_config=spec(2))
-    assert [o.token_ids for o in speculative.generate(prompts, greedy, use_tqdm=False)] == [
-        o.token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)]
+    reference = [o.token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)]
+    assert [o.token_ids for o in speculative.generate(prompts, greedy, use_tqdm=False)] == reference
+    with LLM(path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=4, tensor_parallel_size=2,
+             speculative_config=spec(2)) as sharded:
+        assert sharded.runtime.model.mtp.layers[0].mlp.expert_intermediate == config["moe_intermediate_size"] // 2
+        assert [o.token_ids for o in sharded.generate(prompts, greedy, use_tqdm=False)] == reference
 
 
 # -------------------------------------------------------------------------------------------------- options
