@@ -581,7 +581,8 @@ def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate):
     drafts at a few acceptance rates: every request's tokens are the non-speculative run's (a prefix of them for
     aborted requests), the sampled ones' too (seeded: each verified row draws what a decode step draws there)."""
     full = [dict(r, abort_at=None) for r in requests]
-    reference = _run(runtimes[0], full)
+    reference_reasons: dict[str, str] = {}
+    reference = _run(runtimes[0], full, reasons=reference_reasons)
     ids = {f"r{i}": r for i, r in enumerate(requests)}
     override = oracle(reference, {i: len(r["prompt"]) for i, r in ids.items()}, rate, 257)
     reasons: dict[str, str] = {}
@@ -591,6 +592,7 @@ def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate):
         out = got.get(request_id, [])
         if r["abort_at"] is None:
             assert out == ref, request_id
+            assert reasons[request_id] == reference_reasons[request_id], request_id  # stop or length alike
         else:
             assert out == ref[: len(out)], request_id
 
