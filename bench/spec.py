@@ -217,7 +217,8 @@ def _decode_graph_ms(ctx: Context, runtime, prompts, iters: int) -> float | None
     from graphs.decode_graph import DecodeGraphRunner
 
     runner = runtime.decode_fn
-    if ctx.device.type != "cuda" or not isinstance(runner, DecodeGraphRunner):
+    # Tensor parallel: a replay on rank 0 alone would wait in its collectives for the workers.
+    if ctx.device.type != "cuda" or not isinstance(runner, DecodeGraphRunner) or runtime.model.tp.world_size > 1:
         return None
     seqs = _started(runtime, prompts)
     try:
@@ -296,7 +297,8 @@ def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
             if i >= 2:
                 verify_s += verified - start
                 round_s += done - verified
-        verify_graph = _verify_graph_ms(runtime, seqs, drafts, iters) if ctx.device.type == "cuda" else None
+        single_gpu = ctx.device.type == "cuda" and runtime.model.tp.world_size == 1  # (as _decode_graph_ms)
+        verify_graph = _verify_graph_ms(runtime, seqs, drafts, iters) if single_gpu else None
         # Where a round's time goes: its kernels by category (CUDA; a few rounds more, each 1 to k+1 tokens).
         profile = profile_steps(ctx, one_round, iters, top=12) if ctx.device.type == "cuda" else None
         eager = _decode_loop(ctx, runtime, seqs, iters)
