@@ -9,12 +9,28 @@ With no model it runs the embedded tiny default model (built on first use into a
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
 
 from compiled_engine.llm import LLM
 from compiled_engine.sampling_params import SamplingParams
+
+
+SPECULATIVE_HELP = ('MTP speculative decoding, vLLM\'s JSON: \'{"method": "mtp", "num_speculative_tokens": 2}\' '
+                    "(optional disable_by_batch_size, draft_vocab_size)")
+
+
+def speculative_config(text: str) -> dict:
+    """``--speculative-config``'s JSON object (its keys are checked by the runtime)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-model-len", type=int, default=None)
     gen.add_argument("--max-num-seqs", type=int, default=256)
     gen.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs")
+    gen.add_argument("--speculative-config", type=speculative_config, default=None, metavar="JSON",
+                     help=SPECULATIVE_HELP)
     gen.add_argument("-v", "--verbose", action="store_true")
 
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (compiled_engine/server.py)")
@@ -58,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--enable-prefix-caching", action="store_true")
     srv.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false")
     srv.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs")
+    srv.add_argument("--speculative-config", type=speculative_config, default=None, metavar="JSON",
+                     help=SPECULATIVE_HELP)
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     srv.add_argument("-v", "--verbose", action="store_true")
     return parser
@@ -89,6 +109,7 @@ def generate(args: argparse.Namespace) -> int:
         enforce_eager=True if args.enforce_eager else None,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
+        speculative_config=args.speculative_config,
     )
     start = time.perf_counter()
     outputs = llm.generate(args.prompt, params, use_tqdm=False)
@@ -125,6 +146,7 @@ def serve(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         enable_prefix_caching=args.enable_prefix_caching,
         overlap_decode=args.overlap_decode,
+        speculative_config=args.speculative_config,
     )
     server.serve(app, args.host, args.port, args.log_level)
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from compiled_engine.__main__ import main
 
 
@@ -15,6 +17,23 @@ def test_generate_with_the_embedded_default_model(tmp_path, monkeypatch, capsys)
     assert main(["generate", "--prompt", "Hello", "--max-tokens", "5", "--ignore-eos"]) == 0
     first_output = out.splitlines()[1]
     assert capsys.readouterr().out.splitlines()[1] == first_output
+
+
+def test_generate_with_speculative_decoding_prints_the_same_outputs(tmp_path, monkeypatch, capsys):
+    """--speculative-config (MTP drafts of the embedded model): greedy outputs equal the plain command's; a value
+    that is not a JSON object is refused by argparse, a bad key by the runtime, each with a message."""
+    monkeypatch.setenv("COMPILED_ENGINE_CACHE", str(tmp_path))
+    args = ["generate", "--prompt", "Hello", "--prompt", "abc", "--max-tokens", "12", "--ignore-eos"]
+    assert main(args) == 0
+    plain = [line for line in capsys.readouterr().out.splitlines() if line.startswith("output:")]
+    assert main(args + ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']) == 0
+    speculative = [line for line in capsys.readouterr().out.splitlines() if line.startswith("output:")]
+    assert speculative == plain and len(plain) == 2
+    with pytest.raises(SystemExit):
+        main(args + ["--speculative-config", "mtp"])
+    assert "not JSON" in capsys.readouterr().err
+    assert main(args + ["--speculative-config", '{"method": "mtp", "k": 2}']) == 2
+    assert "unknown key" in capsys.readouterr().err
 
 
 def test_bad_input_is_an_error_message_not_a_traceback(tmp_path, monkeypatch, capsys, qwen3_5_text_untied_path):

@@ -437,6 +437,49 @@ def test_async_llm_merges_outputs_for_a_slow_consumer_and_drains_on_shutdown(sol
     assert not engine.alive and not llm.engine.requests
 
 
+def test_a_speculative_server_serves_the_non_speculative_tokens(solo_llm):
+    """`serve --speculative-config` (MTP drafts, k = 2): greedy and seeded sampled completions, streamed or not,
+    with logprobs (the verify step's logits) and a stop string that may land inside an accepted run, equal the
+    non-speculative solo runs; concurrent clients share rounds; nothing is held afterwards."""
+    live = LiveServer(speculative_config={"method": "mtp", "num_speculative_tokens": 2}, **KNOBS)
+    try:
+        assert live.engine.num_speculative_tokens == 2
+        tokenizer = live.server.tokenizer
+        cases = [("Hello world", dict(temperature=0)), ("The quick brown fox", dict(temperature=0.9, seed=7)),
+                 ("abc abc abc", dict(temperature=0.7, top_p=0.9, seed=8))]
+
+        async def client(c, prompt, params):
+            stream = await c.completions.create(model=MODEL, prompt=prompt, max_tokens=16, stream=True,
+                                                extra_body=NO_EOS, **params)
+            tokens = []
+            async with stream:
+                async for chunk in stream:
+                    tokens += chunk.choices[0].token_ids
+            return tokens
+
+        async def run():
+            async with openai.AsyncOpenAI(base_url=live.base + "/v1", api_key="none", max_retries=0, timeout=60) as c:
+                return await asyncio.gather(*(client(c, p, params) for p, params in cases))
+
+        for got, (prompt, params) in zip(asyncio.run(run()), cases):
+            assert got == solo(solo_llm, prompt, 16, **params).token_ids, prompt
+        expected = solo(solo_llm, "Hello world", 12, logprobs=2)
+        r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=12, temperature=0,
+                                           logprobs=2, extra_body=NO_EOS)
+        assert r.choices[0].token_ids == expected.token_ids
+        assert r.choices[0].logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs],
+                                                                     abs=1e-4)
+        text = text_of(tokenizer, expected.token_ids)
+        stop = text[5:7]  # two characters from the middle of the output (maybe two tokens: an accepted run)
+        r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=12, temperature=0,
+                                           stop=[stop], extra_body={"ignore_eos": True})
+        assert r.choices[0].text == text[: text.index(stop)] and r.choices[0].finish_reason == "stop"
+        assert live.engine.num_verified_rows > 0
+        live.assert_nothing_leaked()
+    finally:
+        live.close()
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The engine loop in a process of its own
 # --------------------------------------------------------------------------------------------------------------
