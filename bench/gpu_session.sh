@@ -26,6 +26,10 @@
 #        graphs cached after the cookbook stage, for the same COOKBOOK_CONCURRENCY);
 #      sampling: the chat-like workload greedy vs sampled (temperature 0.8, top_p 0.95, top_k 50) on the main
 #        stage's engine shape.
+#   8. (last too) speculative decoding: sampling_mtp (the sampling stage with MTP drafts, k = 2), test_speculative
+#      (its GPU tests), spec and spec_draft_vocab (bench spec at batch 1, k = 2: speed-ups at forced acceptance, the
+#      verify against a decode step, a round's kernels by category; then drafts over the first 32,768 ids), e.g.
+#      STAGES="sampling sampling_mtp test_speculative spec spec_draft_vocab".
 # HF's numbers come from bench/run_h200.sh (they do not change with our code); tensor parallelism from
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
@@ -110,7 +114,16 @@ stage cookbook 540 python3 -m bench cookbook "${COOKBOOK[@]}" ${COOKBOOK_ARGS:-}
     -p cookbook.concurrency="$COOKBOOK_CONCURRENCY" --out "$WORK/cookbook"
 stage sweep_contexts 150 python3 -m bench sweep "${COOKBOOK[@]}" -p sweep.prompt_len=512,8192 --out "$WORK/sweep_contexts"
 stage sampling 90 python3 -m bench sampling "${BENCH[@]}" --out "$WORK/sampling"
-dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix cookbook sweep_contexts sampling; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
+# Speculative decoding (8.): the sampling workload with MTP drafts, the GPU tests of speculative decoding, and the
+# spec scenario at batch 1, k = 2, with the whole vocabulary drafting and with its first 32,768 ids.
+MTP='{"method": "mtp", "num_speculative_tokens": 2}'
+SPEC=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1
+      -p spec.ks=2)
+stage sampling_mtp 150 python3 -m bench sampling "${BENCH[@]}" --speculative-config "$MTP" --out "$WORK/sampling_mtp"
+stage test_speculative 150 python3 -m pytest -q -m gpu tests/test_speculative.py -p no:cacheprovider --durations=5
+stage spec 200 python3 -m bench spec "${SPEC[@]}" --out "$WORK/spec"
+stage spec_draft_vocab 150 python3 -m bench spec "${SPEC[@]}" -p spec.draft_vocab_size=32768 --out "$WORK/spec_vocab"
+dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix cookbook sweep_contexts sampling sampling_mtp spec spec_vocab; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done
