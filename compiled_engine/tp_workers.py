@@ -490,10 +490,12 @@ def serve(executor: ModelExecutor, prefix_cache: PrefixCache | None, rank: int, 
             t, d, k = values[1:4]
             packed = receive((t + 2 * d,), torch.long, device)
             executor.draft(*executor.kept, packed[:t], packed[t : t + d], packed[t + d :], k)
+            executor.kept = None  # its one use: free the step's hidden states
         elif command == CMD_ACCEPT:
             n, k = values[1:3]
             packed = receive((n * (k + 2),), torch.long, device)
             executor.accept(*executor.kept, packed[:n], packed[n:].view(n, k + 1))
+            executor.kept = None
         elif command == CMD_ROUND:
             step, (k, sample) = receive_step(values, device), values[6:8]
             sampling = None
