@@ -35,8 +35,18 @@ def speculative_config(text: str) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m compiled_engine", description=__doc__)
+    # The engine flags both commands take (engine_kwargs passes them on).
+    engine = argparse.ArgumentParser(add_help=False)
+    engine.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    engine.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    engine.add_argument("--max-model-len", type=int, default=None)
+    engine.add_argument("--max-num-seqs", type=int, default=256)
+    engine.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs")
+    engine.add_argument("--speculative-config", type=speculative_config, default=None, metavar="JSON",
+                        help=SPECULATIVE_HELP)
+    engine.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    gen = sub.add_parser("generate", parents=[engine], help="generate text for one or more prompts")
     gen.add_argument("--model", default=None, help="checkpoint folder (default: the embedded tiny model)")
     gen.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
     gen.add_argument("--max-tokens", type=int, default=64)
@@ -45,16 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--ignore-eos", action="store_true")
-    gen.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    gen.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    gen.add_argument("--max-model-len", type=int, default=None)
-    gen.add_argument("--max-num-seqs", type=int, default=256)
-    gen.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs")
-    gen.add_argument("--speculative-config", type=speculative_config, default=None, metavar="JSON",
-                     help=SPECULATIVE_HELP)
-    gen.add_argument("-v", "--verbose", action="store_true")
 
-    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (compiled_engine/server.py)")
+    srv = sub.add_parser("serve", parents=[engine], help="an OpenAI-compatible HTTP server (compiled_engine/server.py)")
     srv.add_argument("model", nargs="?", default=None, help="checkpoint folder (default: the embedded tiny model)")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
@@ -65,21 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run the engine loop in a process of its own (no GIL shared with the HTTP server)")
     srv.add_argument("--stream-interval", type=int, default=1,
                      help="stream a request's tokens every N tokens after its first (fewer, larger chunks)")
-    srv.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    srv.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    srv.add_argument("--max-model-len", type=int, default=None)
-    srv.add_argument("--max-num-seqs", type=int, default=256)
     srv.add_argument("--max-num-batched-tokens", type=int, default=None)
     srv.add_argument("--num-kv-blocks", type=int, default=None)
     srv.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     srv.add_argument("--tensor-parallel-size", type=int, default=1)
     srv.add_argument("--enable-prefix-caching", action="store_true")
     srv.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false")
-    srv.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs")
-    srv.add_argument("--speculative-config", type=speculative_config, default=None, metavar="JSON",
-                     help=SPECULATIVE_HELP)
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    srv.add_argument("-v", "--verbose", action="store_true")
     return parser
 
 
@@ -93,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """The LLM knobs of the flags both commands take."""
+    return dict(device=args.device, dtype=args.dtype, enforce_eager=True if args.enforce_eager else None,
+                max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                speculative_config=args.speculative_config)
+
+
 def generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         temperature=args.temperature,
@@ -102,15 +103,7 @@ def generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
-    llm = LLM(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        enforce_eager=True if args.enforce_eager else None,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        speculative_config=args.speculative_config,
-    )
+    llm = LLM(args.model, **engine_kwargs(args))
     start = time.perf_counter()
     outputs = llm.generate(args.prompt, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -135,18 +128,13 @@ def serve(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         stream_interval=args.stream_interval,
         engine_process=args.engine_process,
-        device=args.device,
-        dtype=args.dtype,
-        enforce_eager=True if args.enforce_eager else None,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
+        **engine_kwargs(args),
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_kv_blocks=args.num_kv_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel_size=args.tensor_parallel_size,
         enable_prefix_caching=args.enable_prefix_caching,
         overlap_decode=args.overlap_decode,
-        speculative_config=args.speculative_config,
     )
     server.serve(app, args.host, args.port, args.log_level)
     return 0

@@ -16,7 +16,7 @@ import torch
 from compiled_engine.cache import reset_state_slots
 from compiled_engine.config import SpeculativeConfig
 from compiled_engine.model import HybridModel
-from compiled_engine.speculative import SpeculativeRound, draft, fused_round
+from compiled_engine.speculative import SpeculativeRound, commit_and_draft, draft, fused_round
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from graphs import DecodeGraphRunner, eager_decode
 
@@ -34,7 +34,7 @@ class ModelExecutor:
     ):
         """``workers``: rank 0's handle on the other tensor-parallel ranks (compiled_engine.tp_workers), or None.
         The model's caches must be allocated (compiled_engine.memory_plan.allocate_caches). ``speculative_config``:
-        its ``draft_vocab_size`` for the drafts."""
+        its k and ``draft_vocab_size`` for the rounds and drafts."""
         self.model = model
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
@@ -42,7 +42,6 @@ class ModelExecutor:
         self.device = device
         self.workers = workers
         self.speculative_config = speculative_config
-        self.draft_vocab = speculative_config.draft_vocab_size if speculative_config is not None else None
         self.speculative_round: SpeculativeRound | None = None  # compile_rounds' (eager rounds until then)
         self._decode_fn: Callable[..., DecodeOutput] = self._decode_eager
         # A worker's last step that kept its hidden states (forward_keeping_hidden): what its next draft or accept
@@ -127,6 +126,11 @@ class ModelExecutor:
         return self.model.compute_logits(hidden)
 
     # ------------------------------------------------------------------------------------- speculative decoding
+    @property
+    def draft_vocab(self) -> int | None:
+        """Drafts over the first this many token ids (SpeculativeConfig.draft_vocab_size; None: all)."""
+        return self.speculative_config.draft_vocab_size if self.speculative_config is not None else None
+
     def forward_keeping_hidden(self, step: StepInputs, all_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A prefill or verify step on every rank that keeps the target's hidden states for the MTP layer: ``(hidden
         [T, H], fp32 logits)`` of each sequence's last token, or of every token with ``all_logits``. Each worker
@@ -151,19 +155,12 @@ class ModelExecutor:
 
     def accept(self, step: StepInputs, hidden: torch.Tensor, num_accepted: torch.Tensor,
                tokens: torch.Tensor) -> torch.Tensor:
-        """After a verify step (``forward_keeping_hidden`` of ``step``), on every rank: each linear layer's state
-        pools take the state after each sequence's last accepted position, then the MTP layer drafts from the
-        target's next token (``tokens[n, num_accepted[n]]``). Returns the drafts ``[N, k]`` on the device."""
-        return self._on_every_rank(lambda workers: workers.send_accept(num_accepted, tokens),
-                                   lambda: self._accept(step, hidden, num_accepted, tokens))
-
-    def _accept(self, step: StepInputs, hidden: torch.Tensor, num_accepted: torch.Tensor,
-                tokens: torch.Tensor) -> torch.Tensor:
-        n, k = tokens.shape[0], tokens.shape[1] - 1
-        index = torch.arange(n, device=tokens.device)
-        self.model.commit_verify(step.state_slots, num_accepted)
-        return draft(self.model, step, hidden, tokens.reshape(-1), index * (k + 1) + num_accepted, index, k,
-                     self.block_size, self.draft_vocab)
+        """``speculative.commit_and_draft`` on every rank, after ``forward_keeping_hidden`` of the verify ``step``:
+        the drafts ``[N, k]`` on the device."""
+        return self._on_every_rank(
+            lambda workers: workers.send_accept(num_accepted, tokens),
+            lambda: commit_and_draft(self.model, step, hidden, num_accepted, tokens, self.block_size,
+                                     self.draft_vocab))
 
     def compile_rounds(self) -> SpeculativeRound:
         """Compile (on a single CUDA rank also capture) the fused rounds of every bucket, on every rank in lockstep;

@@ -204,11 +204,19 @@ def fused_round(
     logits = model.decode_logits(hidden)
     targets = (argmax_op(logits) if sampling is None else sample_op(logits, *sampling)).view(n, k + 1)
     accepted, tokens = accept_drafts(input_ids.view(n, k + 1)[:, 1:], targets)
-    index = torch.arange(n, device=input_ids.device)
-    model.commit_verify(state_slots, accepted)
-    drafts = draft(model, step, hidden, tokens.reshape(-1), index * (k + 1) + accepted, index, k, block_size,
-                   draft_vocab)
-    return accepted, tokens, drafts
+    return accepted, tokens, commit_and_draft(model, step, hidden, accepted, tokens, block_size, draft_vocab)
+
+
+def commit_and_draft(model: HybridModel, step: StepInputs, hidden: torch.Tensor, num_accepted: torch.Tensor,
+                     tokens: torch.Tensor, block_size: int, draft_vocab: int | None = None) -> torch.Tensor:
+    """After a verify ``step`` (the target's ``hidden`` states of its rows) and acceptance: each linear layer's
+    state pools take the state after each sequence's last accepted position, then the MTP layer drafts from the
+    target's next token (``tokens[n, num_accepted[n]]``). Returns the drafts ``[N, k]`` on the device."""
+    n, k = tokens.shape[0], tokens.shape[1] - 1
+    index = torch.arange(n, device=tokens.device)
+    model.commit_verify(step.state_slots, num_accepted)
+    return draft(model, step, hidden, tokens.reshape(-1), index * (k + 1) + num_accepted, index, k, block_size,
+                 draft_vocab)
 
 
 def _packed_layout(batch: int, num_drafts: int, table_width: int) -> tuple[int, int, int, int, int]:

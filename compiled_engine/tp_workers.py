@@ -397,9 +397,7 @@ def receive_step(header: list[int], device: torch.device) -> StepInputs:
     ]
     if is_prefill:
         shapes.append(((seqs + 1,), torch.int32))
-    tensors = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
-    for tensor in tensors:
-        dist.broadcast(tensor, 0)
+    tensors = [receive(shape, dtype, device) for shape, dtype in shapes]
     step = StepInputs(*tensors[:6], cu_seqlens=tensors[6] if is_prefill else None, is_prefill=bool(is_prefill),
                       speculative=bool(speculative))
     if is_prefill:
@@ -411,6 +409,7 @@ def receive_step(header: list[int], device: torch.device) -> StepInputs:
 
 
 def receive(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor rank 0 broadcasts."""
     tensor = torch.empty(shape, dtype=dtype, device=device)
     dist.broadcast(tensor, 0)
     return tensor
