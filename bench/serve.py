@@ -29,6 +29,8 @@ the smoke test's): an ``OpenAIServer`` over the shared engine under uvicorn in a
 server already running (its knobs are the caller's business). ``stream_interval``: the server's
 ``--stream-interval`` (a request's tokens streamed every that many after its first); ``engine_process`` (with
 ``server=process``): the server's ``--engine-process`` (its engine loop in a process of its own).
+``client_processes``: the load generator's processes (default one per 16 concurrent streams, at most 8; see
+``run_load``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from bench.bounds import workload_decode_bound
 from bench.common import REPO_ROOT, Context, percentile
@@ -76,6 +79,7 @@ def run(
     url: str | None = None,
     stream_interval: int = 1,
     engine_process: bool = False,
+    client_processes: int | None = None,
     startup_timeout_s: float = 1800.0,
 ) -> dict:
     levels = _levels(concurrency)
@@ -99,6 +103,7 @@ def run(
         "server": server,
         "stream_interval": stream_interval,
         "engine_process": engine_process,
+        "client_processes": {c: _client_processes(c, client_processes) for c in levels},
         # a checkpoint without a tokenizer (the random qwen3.5-0.8b) streams token ids only: no detokenization on
         # either side
         "tokenizer": llm.tokenizer is not None,
@@ -123,8 +128,8 @@ def run(
         for cell in cells:
             try:
                 prompts = random_prompts(cell["prompts_seed"], cell["requests"], input_len, vocab)
-                records, duration = asyncio.run(
-                    load(base, prompts, output_len, cell["concurrency"], cell["request_rate"], seed))
+                records, duration = run_load(base, prompts, output_len, cell["concurrency"], cell["request_rate"],
+                                             seed, _client_processes(cell["concurrency"], client_processes))
                 cell["http"] = metrics(records, duration, output_len)
                 ours, offline = cell["http"]["output_throughput"], cell["offline"]["output_tok_s"]
                 cell["output_tok_s_ratio"] = ours / offline if offline else None
@@ -147,11 +152,66 @@ def run(
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _client_processes(concurrency: int, requested: int | None) -> int:
+    """The load generator's processes for a concurrency: ``requested``, else one per 16 streams (at most 8). One
+    Python client process handles ~14,000 SSE events a second (bench/NOTES.md, "Serving overhead"), fewer than
+    the 0.8B engine streams at c = 64 (~20,000 tokens/s): a single client would measure itself."""
+    n = requested if requested is not None else min(8, max(1, concurrency // 16))
+    if n < 1:
+        raise ValueError(f"client_processes must be >= 1, got {n}")
+    return min(n, concurrency)
+
+
+def run_load(base: str, prompts: list[list[int]], output_len: int, concurrency: int, request_rate: float,
+             seed: int, processes: int = 1) -> tuple[list[dict], float]:
+    """``load`` over ``processes`` client processes: process ``i`` sends prompts ``i::processes`` with its share of
+    the concurrency (their sum is ``concurrency``) and ``request_rate / processes`` (independent Poisson arrivals
+    add up to one at ``request_rate``); all start together, after a barrier. Records as ``load``'s (perf_counter is
+    the system's monotonic clock, the same in every process); the duration runs from the first start to the last
+    completion; ``client_cpu_s`` per process."""
+    if processes == 1:
+        return asyncio.run(load(base, prompts, output_len, concurrency, request_rate, seed))
+    import multiprocessing
+
+    mp = multiprocessing.get_context("spawn")  # the bench process holds CUDA: no fork
+    barrier, results = mp.Barrier(processes), mp.Queue()
+    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    workers = [mp.Process(target=_load_process, daemon=True,
+                          args=(results, barrier, base, prompts[i::processes], output_len, shares[i],
+                                request_rate / processes, seed + i))
+               for i in range(processes)]
+    for w in workers:
+        w.start()
+    try:
+        parts = [results.get() for _ in workers]  # before join: a full pipe would block the child's exit
+    finally:
+        for w in workers:
+            w.join(timeout=60)
+            if w.is_alive():
+                w.kill()
+    failed = [p for p in parts if isinstance(p, str)]
+    if failed:
+        raise RuntimeError(f"a client process failed: {failed[0]}")
+    records = [r for part_records, _, _ in parts for r in part_records]
+    duration = max(end for _, _, end in parts) - min(start for _, start, _ in parts)
+    return records, duration
+
+
+def _load_process(results, barrier, *args) -> None:
+    """One client process of ``run_load``: its records, start and end, or its traceback."""
+    try:
+        records, started = asyncio.run(load(*args, ready=barrier.wait, started=True))
+        results.put((records, started, time.perf_counter()))
+    except BaseException:  # noqa: B036 (reported to the parent, which raises)
+        results.put(traceback.format_exc())
+
+
 async def load(base: str, prompts: list[list[int]], output_len: int, concurrency: int, request_rate: float,
-               seed: int) -> tuple[list[dict], float]:
+               seed: int, ready: Callable[[], object] | None = None, started: bool = False):
     """Send every prompt as a streaming completion (Poisson arrivals at ``request_rate``, at most ``concurrency`` in
     flight); per request: its send time, each chunk's arrival time and token count, its end. Returns them and the
-    duration (first send to last completion)."""
+    duration (first send to last completion), or with ``started`` the perf_counter time of the first send instead.
+    ``ready``: called (blocking) once the client is built, right before the first send."""
     import httpx
 
     rng = random.Random(seed)
@@ -185,6 +245,8 @@ async def load(base: str, prompts: list[list[int]], output_len: int, concurrency
                 record["end"] = time.perf_counter()
                 records.append(record)
 
+        if ready is not None:
+            ready()
         tasks = []
         cpu = time.process_time()
         start = time.perf_counter()
@@ -195,7 +257,7 @@ async def load(base: str, prompts: list[list[int]], output_len: int, concurrency
         await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         records.append({"client_cpu_s": time.process_time() - cpu})
-        return records, duration
+        return records, (start if started else duration)
 
 
 def _event_tokens(event: bytes, record: dict) -> int:
@@ -213,7 +275,7 @@ def _event_tokens(event: bytes, record: dict) -> int:
 
 def metrics(records: list[dict], duration: float, output_len: int) -> dict:
     """``vllm bench serve``'s metrics of the load's records (see the module docstring)."""
-    client_cpu = sum(r.pop("client_cpu_s") for r in records if "client_cpu_s" in r)
+    client_cpu = max((r.pop("client_cpu_s") for r in records if "client_cpu_s" in r), default=0.0)
     records = [r for r in records if r]
     done = [r for r in records if r["error"] is None and r["chunks"]]
     ttft, tpot, itl, e2el = [], [], [], []
@@ -238,8 +300,8 @@ def metrics(records: list[dict], duration: float, output_len: int) -> dict:
         "request_throughput": len(done) / duration,
         "output_throughput": output / duration,
         "total_token_throughput": (prompt + output) / duration,
-        # CPU time of the bench process over the duration: near 1 (one core), the client may be what limits (in
-        # ``thread`` mode it includes the server and the engine)
+        # CPU time of the busiest client process over the duration: near 1 (one core), the client may be what
+        # limits (in ``thread`` mode it includes the server and the engine)
         "client_cpu_fraction": client_cpu / duration,
     }
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):

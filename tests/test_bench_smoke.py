@@ -41,7 +41,7 @@ SMOKE_ARGS = [
     "-p", "spec.batches=1,2", "-p", "spec.ks=1,2", "-p", "spec.rates=0,1", "-p", "spec.prompt_len=8",
     "-p", "spec.new_tokens=6", "-p", "spec.step_iters=2",
     "-p", "serve.concurrency=1,2", "-p", "serve.input_len=8", "-p", "serve.output_len=4", "-p", "serve.num_requests=3",
-    "-p", "serve.warmup_requests=1",
+    "-p", "serve.warmup_requests=1", "-p", "serve.client_processes=2",
 ]
 
 
@@ -196,10 +196,12 @@ def test_cookbook(smoke):
 def test_serve(smoke):
     """The server (a thread of the bench process) under the load generator: every request completes with exactly the
     asked tokens, as the engine's own outputs tally them; vllm bench serve's metrics are consistent; the offline half
-    ran the same requests."""
+    ran the same requests. The second cell's load comes from two client processes."""
     _, _, results, streamed = smoke
     r = results["serve"]
     assert r["server"] == "thread" and r["workload"]["concurrency"] == [1, 2]
+    # c=2 runs the load generator as two processes (its multi-process path), c=1 as one
+    assert {int(c): n for c, n in r["client_processes"].items()} == {1: 1, 2: 2}
     served = [v for rid, v in streamed.items() if rid.startswith("cmpl-")]
     assert len(served) == 2 * 3 + 1  # two cells of three, one warm-up
     assert all(v["tokens"] == 4 and v["finished"] == 1 and v["reason"] == "length" for v in served), served
