@@ -28,7 +28,8 @@ released and ``python -m compiled_engine serve`` starts with the same engine kno
 the smoke test's): an ``OpenAIServer`` over the shared engine under uvicorn in a thread of this process; ``url``: a
 server already running (its knobs are the caller's business). ``stream_interval``: the server's
 ``--stream-interval`` (a request's tokens streamed every that many after its first); ``engine_process`` (with
-``server=process``): the server's ``--engine-process`` (its engine loop in a process of its own).
+``server=process``): the server's ``--engine-process`` (its engine loop in a process of its own) or
+``--no-engine-process`` (a thread); default: the server's default (a process on CUDA).
 ``client_processes``: the load generator's processes (default one per 16 concurrent streams, at most 8; see
 ``run_load``).
 """
@@ -78,7 +79,7 @@ def run(
     server: str | None = None,
     url: str | None = None,
     stream_interval: int = 1,
-    engine_process: bool = False,
+    engine_process: bool | None = None,
     client_processes: int | None = None,
     startup_timeout_s: float = 1800.0,
 ) -> dict:
@@ -89,6 +90,8 @@ def run(
         raise ValueError(f"server must be 'process', 'thread' or a url, got {server!r}")
     if engine_process and server != "process":
         raise ValueError("engine_process needs server=process (the server's own engine process)")
+    if server == "process" and engine_process is None:  # the server's own default (server.build_server)
+        engine_process = ctx.device.type == "cuda"
     ctx.require(*requirements(levels, input_len, output_len))
     llm = ctx.llm()
     vocab = ctx.model_config.vocab_size
@@ -120,7 +123,9 @@ def run(
         cell["bound_output_tok_s"] = bound["output_tok_s"]
     ctx.write("serve", result)
 
-    flags = ["--stream-interval", str(stream_interval)] + (["--engine-process"] if engine_process else [])
+    flags = ["--stream-interval", str(stream_interval)]
+    if server == "process":
+        flags.append("--engine-process" if engine_process else "--no-engine-process")
     with _server(ctx, server, url, startup_timeout_s, stream_interval, flags) as base:
         if warmup_requests:
             warm = random_prompts(seed + 1_000_003, warmup_requests, input_len, vocab)

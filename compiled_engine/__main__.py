@@ -63,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: MODEL)")
     srv.add_argument("--max-waiting", type=int, default=None,
                      help="requests waiting for admission beyond this get 503 (default: no limit)")
-    srv.add_argument("--engine-process", action="store_true",
-                     help="run the engine loop in a process of its own (no GIL shared with the HTTP server)")
+    srv.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                     help="run the engine loop in a process of its own (no GIL shared with the HTTP server); "
+                          "default: on when the engine runs on CUDA, off (a thread) on the CPU")
     srv.add_argument("--stream-interval", type=int, default=1,
                      help="stream a request's tokens every N tokens after its first (fewer, larger chunks)")
     srv.add_argument("--max-num-batched-tokens", type=int, default=None)

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, 
 from compiled_engine.async_llm import AsyncLLM, EngineProcess, QueueFullError, RequestFailedError
 from compiled_engine.engine import RequestOutput, TokenLogprobs
 from compiled_engine.llm import LLM, load_tokenizer
+from compiled_engine.runtime import resolve_device
 from compiled_engine.tiny_model import ensure_tiny_model
 from compiled_engine.sampling_params import SamplingParams
 from ops.logprobs import MAX_LOGPROBS
@@ -680,11 +681,18 @@ async def until_disconnect(request: Request, work) -> Response:
 
 
 def build_server(model: str | None = None, *, served_model_name: str | None = None, max_waiting: int | None = None,
-                 stream_interval: int = 1, engine_process: bool = False, **llm_kwargs) -> OpenAIServer:
+                 stream_interval: int = 1, engine_process: bool | None = None, **llm_kwargs) -> OpenAIServer:
     """An ``OpenAIServer`` over ``LLM(model, **llm_kwargs)``'s engine (None: the embedded tiny default model), run
     by a thread of this process, or with ``engine_process`` built and run by a process of its own
-    (compiled_engine/async_llm.py). The engine loop starts with the app (its lifespan)."""
+    (compiled_engine/async_llm.py). The engine loop starts with the app (its lifespan).
+
+    ``engine_process`` None: a process of its own when the engine runs on CUDA. There the engine's steps are short
+    and its host work is on the critical path; sharing the GIL with the event loop's per-token work slowed them by a
+    third at 64 streams (bench/NOTES.md, "Serving overhead"). On the CPU a thread: steps are long, and a second
+    process would build a second copy of the model for nothing."""
     name = served_model_name or (model if model is not None else TINY_MODEL_NAME)
+    if engine_process is None:
+        engine_process = resolve_device(llm_kwargs.get("device")).type == "cuda"
     if engine_process:
         path = model if model is not None else ensure_tiny_model()
         host = EngineProcess(path, llm_kwargs, stream_interval)

@@ -635,6 +635,15 @@ def test_more_waiting_than_max_waiting_is_503(live, monkeypatch):
 # --------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("engine_process, expected", [(None, "ThreadEngine"), (False, "ThreadEngine"),
+                                                       (True, "EngineProcess")])
+def test_where_the_engine_loop_runs(engine_process, expected):
+    """A CPU engine runs in a thread of the server unless asked otherwise (the process default is CUDA's); the
+    process is only built here, not started."""
+    server = build_server(engine_process=engine_process, **KNOBS)
+    assert type(server.llm.host).__name__ == expected
+
+
 @pytest.mark.parametrize("flags", [[], ["--engine-process"]], ids=["thread", "engine-process"])
 def test_serve_command_drains_on_sigterm(flags):
     """``python -m compiled_engine serve`` with the embedded default model: SIGTERM while a stream is open lets it
