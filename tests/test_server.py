@@ -635,11 +635,19 @@ def test_more_waiting_than_max_waiting_is_503(live, monkeypatch):
 # --------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine_process, expected", [(None, "ThreadEngine"), (False, "ThreadEngine"),
-                                                       (True, "EngineProcess")])
-def test_where_the_engine_loop_runs(engine_process, expected):
-    """A CPU engine runs in a thread of the server unless asked otherwise (the process default is CUDA's); the
-    process is only built here, not started."""
+@pytest.mark.parametrize("device, engine_process, expected", [
+    ("cpu", None, "ThreadEngine"), ("cpu", False, "ThreadEngine"), ("cpu", True, "EngineProcess"),
+    ("cuda", None, "EngineProcess"), ("cuda", False, "ThreadEngine")])
+def test_where_the_engine_loop_runs(device, engine_process, expected, monkeypatch):
+    """By default the engine loop runs in a process of its own when the engine is on CUDA, in a thread of the server
+    on the CPU; either way when asked. The process is only built here, not started; "cuda" is where the server
+    resolves the engine's device to CUDA (the engine itself is built on the CPU)."""
+    import torch
+
+    import compiled_engine.server as server_module
+
+    if device == "cuda":
+        monkeypatch.setattr(server_module, "resolve_device", lambda _: torch.device("cuda"))
     server = build_server(engine_process=engine_process, **KNOBS)
     assert type(server.llm.host).__name__ == expected
 
