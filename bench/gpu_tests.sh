@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU tests, timed from cold compile caches, in one device call (kind nvidia-h200, carry .whl, timeout 600):
 #   1. pytest -m "gpu and quick": one small reference check of every CUDA kernel (budget 90 s);
-#   2. pytest -m gpu: every GPU test (budget 240 s), on GPU_TEST_WORKERS pytest-xdist workers (default 4) sharing the
+#   2. pytest -m gpu: every GPU test (budget 240 s; 209 s in run 50), on GPU_TEST_WORKERS pytest-xdist workers
+#      (default 4; the device image lacks pytest-xdist: its wheel and execnet's come from .whl) sharing the
 #      one GPU: the suite's time is compiling (Inductor, Triton), which is CPU work; --dist loadgroup keeps a module
 #      that shares one compiled fixture on one worker (its xdist_group mark).
 # Each run gets its own empty Triton and Inductor cache folders, so the second compiles and autotunes everything again,
