@@ -30,6 +30,9 @@
 #      (its GPU tests), spec and spec_draft_vocab (bench spec at batch 1, k = 2: speed-ups at forced acceptance, the
 #      verify against a decode step, a round's kernels by category; then drafts over the first 32,768 ids), e.g.
 #      STAGES="sampling sampling_mtp test_speculative spec spec_draft_vocab".
+#   9. (last too) serve: the OpenAI server at c = 64 (1,024 in / 512 out, 256 streaming requests) against the offline
+#      engine on the same requests (~90 s warm, ~240 s cold: two engines compile); serve_thread: the same with the
+#      engine loop in a thread of the server.
 # HF's numbers come from bench/run_h200.sh (they do not change with our code); tensor parallelism from
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
@@ -123,7 +126,11 @@ stage sampling_mtp 150 python3 -m bench sampling "${BENCH[@]}" --speculative-con
 stage test_speculative 150 python3 -m pytest -q -m gpu tests/test_speculative.py -p no:cacheprovider --durations=5
 stage spec 200 python3 -m bench spec "${SPEC[@]}" --out "$WORK/spec"
 stage spec_draft_vocab 150 python3 -m bench spec "${SPEC[@]}" -p spec.draft_vocab_size=32768 --out "$WORK/spec_vocab"
-dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix cookbook sweep_contexts sampling sampling_mtp spec spec_vocab; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
+SERVE=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 -p concurrency=64 -p input_len=1024 -p output_len=512
+       -p num_requests=256)
+stage serve 240 python3 -m bench serve "${SERVE[@]}" --out "$WORK/serve"
+stage serve_thread 240 python3 -m bench serve "${SERVE[@]}" -p engine_process=false --out "$WORK/serve_thread"
+dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix cookbook sweep_contexts sampling sampling_mtp spec spec_vocab serve serve_thread; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done
