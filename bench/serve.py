@@ -31,7 +31,8 @@ server already running (its knobs are the caller's business). ``stream_interval`
 ``server=process``): the server's ``--engine-process`` (its engine loop in a process of its own) or
 ``--no-engine-process`` (a thread); default: the server's default (a process on CUDA).
 ``client_processes``: the load generator's processes (default one per 16 concurrent streams, at most 8; see
-``run_load``).
+``run_load``). ``server_side``, per cell: the mean TTFT and TPOT the server itself measured (its /metrics), which
+splits the client's TTFT into the server's part and the wire's.
 """
 
 from __future__ import annotations
@@ -133,9 +134,11 @@ def run(
         for cell in cells:
             try:
                 prompts = random_prompts(cell["prompts_seed"], cell["requests"], input_len, vocab)
+                before = server_latency_sums(base)
                 records, duration = run_load(base, prompts, output_len, cell["concurrency"], cell["request_rate"],
                                              seed, _client_processes(cell["concurrency"], client_processes))
                 cell["http"] = metrics(records, duration, output_len)
+                cell["server_side"] = server_means(before, server_latency_sums(base))
                 ours, offline = cell["http"]["output_throughput"], cell["offline"]["output_tok_s"]
                 cell["output_tok_s_ratio"] = ours / offline if offline else None
                 cell["overhead"] = 1 - cell["output_tok_s_ratio"] if offline else None
@@ -317,6 +320,37 @@ def metrics(records: list[dict], duration: float, output_len: int) -> dict:
     return out
 
 
+def server_latency_sums(base: str) -> dict | None:
+    """The server's own TTFT and TPOT histograms (``/metrics``: sums and counts), or None where it has none (a server
+    of another kind behind ``url``). The server's TTFT runs from the handler's start to the first output it gets from
+    the engine: the client's TTFT less the request's way in (HTTP, JSON, checks) and its first chunk's way out."""
+    import httpx
+
+    try:
+        text = httpx.get(base + "/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return None
+    sums = {}
+    for name in ("time_to_first_token_seconds", "time_per_output_token_seconds"):
+        for part in ("sum", "count"):
+            found = re.search(rf"^ce:{name}_{part} (\S+)$", text, re.MULTILINE)
+            if found is None:
+                return None
+            sums[f"{name}_{part}"] = float(found.group(1))
+    return sums
+
+
+def server_means(before: dict | None, after: dict | None) -> dict | None:
+    """Mean TTFT and TPOT (ms) the server measured over one cell (the histograms' growth between two scrapes)."""
+    if before is None or after is None:
+        return None
+    out = {}
+    for key, name in (("mean_ttft_ms", "time_to_first_token_seconds"), ("mean_tpot_ms", "time_per_output_token_seconds")):
+        count = after[f"{name}_count"] - before[f"{name}_count"]
+        out[key] = 1e3 * (after[f"{name}_sum"] - before[f"{name}_sum"]) / count if count else None
+    return out
+
+
 def _summary(offline: dict) -> dict:
     keep = ("wall_s", "output_tokens", "prompt_tokens", "output_tok_s", "total_tok_s", "requests_per_s",
             "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -449,4 +483,8 @@ def summary_lines(head: str, r: dict) -> list[str]:
             f"E2EL {h['median_e2el_ms']:.0f}/{h['p99_e2el_ms']:.0f} | {h['output_throughput']:,.0f} output tok/s, "
             f"{h['request_throughput']:.2f} req/s | offline {cell['offline']['output_tok_s']:,.0f} tok/s: overhead "
             f"{100 * cell['overhead']:.1f}% | {h['failed']} failed")
+        side = cell.get("server_side")
+        if side and side["mean_ttft_ms"] is not None:
+            lines.append(f"{'':<11} {'':<{len(label)}}  mean TTFT {h['mean_ttft_ms']:.1f} ms at the client, "
+                         f"{side['mean_ttft_ms']:.1f} ms in the server (handler start to the engine's first output)")
     return lines
