@@ -14,12 +14,13 @@ CPU); as a task it would stall the event loop, and with it every client's socket
 steps, so requests from many clients join the same batches and the engine needs no lock. It posts each step's
 outputs in one batch; the event loop routes them to per-request asyncio queues, and a stream whose consumer fell
 behind yields one merged output for the outputs it missed.
-  * ``ThreadEngine`` (the default): the loop in a thread of this process, posting through ``call_soon_threadsafe``.
+  * ``ThreadEngine`` (what ``AsyncLLM(engine)`` builds; ``serve``'s default on the CPU): the loop in a thread of
+    this process, posting through ``call_soon_threadsafe``.
     Torch releases the GIL in its kernels and while the host waits for the device, but the Python of the engine
     and of the event loop (per stream chunk: the queue hand-off, SSE rendering, the socket write) share it.
-  * ``EngineProcess``: the loop in a spawned process that builds the ``LLM`` itself (vLLM's engine-core split), with
-    commands in and outputs out over pipes, as deltas (new tokens, new text, new logprobs) rebuilt into cumulative
-    outputs here. The engine's host work then never waits for the event loop's.
+  * ``EngineProcess`` (``serve``'s default on CUDA): the loop in a spawned process that builds the ``LLM`` itself
+    (vLLM's engine-core split), with commands in and outputs out over pipes, as deltas (new tokens, new text, new
+    logprobs) rebuilt into cumulative outputs here. The engine's host work then never waits for the event loop's.
 
 Faults: a request whose stream is closed before it finished (a client that disconnects: the server's iterator is
 cancelled or closed) is aborted, which frees its KV blocks, state slot and snapshot references. A step that raises
