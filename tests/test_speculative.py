@@ -45,6 +45,17 @@ def runtime(path: str, k: int = 0, disable_by_batch_size: int | None = None, **k
 
 
 # ------------------------------------------------------------------------------------------------ the MTP layer
+def finish_all(engine: LLMEngine) -> tuple[dict, int]:
+    """Step ``engine`` until it holds no request: each request's finished output by id, and the number of steps."""
+    finished, steps = {}, 0
+    while engine.has_unfinished_requests():
+        steps += 1
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    return finished, steps
+
+
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float = TINY_CONFIG["rms_norm_eps"]) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + w)
 
@@ -235,11 +246,7 @@ def test_tp2_speculative_equals_tp1_non_speculative(tiny_path, draft_vocab, comp
         engine = LLMEngine(rt, draft_override=drafts)
         for request_id, prompt, p in zip(ids, prompts, params):
             engine.add_request(request_id, prompt, p)
-        got = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    got[out.request_id] = out
+        got, _ = finish_all(engine)
     finally:
         rt.close()
     got = [got[i] for i in ids]
@@ -265,11 +272,8 @@ def test_engine_with_fewer_drafts_than_its_runtime(tiny_path, greedy_reference):
     engine = LLMEngine(runtime(tiny_path, k=3), speculative_config=spec(1))
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=20))
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            done[out.request_id] = out.token_ids
-    assert [done[f"r{i}"] for i in range(len(PROMPTS))] == greedy_reference
+    done, _ = finish_all(engine)
+    assert [done[f"r{i}"].token_ids for i in range(len(PROMPTS))] == greedy_reference
     assert engine.num_draft_tokens == engine.num_verified_rows  # one draft a round
 
 
@@ -340,13 +344,8 @@ def test_greedy_output_with_accepted_drafts_equals_non_speculative(tiny_path, gr
                                                  {i: len(p) for i, p in zip(ids, PROMPTS)}, rate, 257))
     for request_id, prompt in zip(ids, PROMPTS):
         engine.add_request(request_id, prompt, SamplingParams(temperature=0, max_tokens=20))
-    finished, steps = {}, 0
-    while engine.has_unfinished_requests():
-        steps += 1
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = out.token_ids
-    assert [finished[i] for i in ids] == greedy_reference
+    finished, steps = finish_all(engine)
+    assert [finished[i].token_ids for i in ids] == greedy_reference
     if rate == 1.0:  # every verify step accepts all k drafts: 1 prefill step, then 19 tokens in ceil(19/(k+1))
         assert steps == 1 + math.ceil(19 / (k + 1))
 
@@ -371,11 +370,7 @@ def test_stop_strings_inside_accepted_runs_equal_non_speculative(tiny_path, gree
         dict(zip(ids, greedy_reference)), {i: len(p) for i, p in zip(ids, PROMPTS)}, 1.0, 257))
     for request_id, prompt in zip(ids, PROMPTS):
         engine.add_request(request_id, prompt, params)
-    finished = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = out
+    finished, _ = finish_all(engine)
     for request_id, want in zip(ids, expected):
         got = finished[request_id]
         assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == (
@@ -396,11 +391,7 @@ def test_logprobs_in_speculative_rounds_are_the_models_log_softmax(tiny_path, gr
               SamplingParams(temperature=0.8, top_k=40, seed=5, max_tokens=20, logprobs=2, ignore_eos=True)]
     for i, (request_id, prompt) in enumerate(zip(ids[:2], PROMPTS[:2])):
         engine.add_request(request_id, prompt, params[i])
-    finished = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = out
+    finished, _ = finish_all(engine)
     assert finished["r0"].token_ids == greedy_reference[0]
     assert engine.num_verified_rows > 0 and engine.num_accepted_tokens > 0
     for request_id, prompt, p in zip(ids, PROMPTS, params):
@@ -512,13 +503,8 @@ def test_seeded_sampled_output_equals_non_speculative(tiny_path, sampled_referen
     engine = LLMEngine(runtime(tiny_path, k=k), draft_override=override)
     for request_id, prompt, params in zip(ids, PROMPTS, SAMPLED):
         engine.add_request(request_id, prompt, params)
-    done, steps = {}, 0
-    while engine.has_unfinished_requests():
-        steps += 1
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
-    assert [done[i] for i in ids] == sampled_reference
+    done, steps = finish_all(engine)
+    assert [done[i].token_ids for i in ids] == sampled_reference
     if rate == 1.0:  # every round accepts all k drafts: 1 prefill step, then 19 tokens in ceil(19/(k+1)) rounds
         assert steps == 1 + math.ceil(19 / (k + 1))
 
@@ -609,12 +595,8 @@ def test_drafts_across_max_model_len(tiny_path, k):
                            draft_override=override)
         for i, p in enumerate(prompts):
             engine.add_request(f"r{i}", p, params)
-        done = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = (out.token_ids, out.finish_reason)
-        return [done[f"r{i}"] for i in range(len(prompts))]
+        done, _ = finish_all(engine)
+        return [(done[f"r{i}"].token_ids, done[f"r{i}"].finish_reason) for i in range(len(prompts))]
 
     reference = run(0)
     assert all(reason == "length" and len(p) + len(t) == 40 for (t, reason), p in zip(reference, prompts))
@@ -654,12 +636,8 @@ def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
         engine = LLMEngine(rt, draft_override=override)
         for request_id, prompt in zip(ids, prompts):
             engine.add_request(request_id, prompt, params)
-        done = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = out.token_ids
-        return [done[i] for i in ids]
+        done, _ = finish_all(engine)
+        return [done[i].token_ids for i in ids]
 
     def build(**knobs):  # 2 buckets: compile time
         return Runtime.from_pretrained(tiny_path, device="cuda", dtype="float32", max_model_len=MAX_LEN,
