@@ -4,6 +4,7 @@ as ~20 int64 elementwise kernels over ``[B, V]``, reproduced below as the baseli
 
 Each call runs as a captured CUDA graph (as in a decode step) and is timed with ``triton.testing.do_bench`` (median,
 L2 flushed before each call), on bf16 logits ``[B, 248320]`` with the same sampling configuration in every row.
+Configurations with top-k are also timed with the row path off (``radix_us``: every row through the radix passes).
 
     python bench/sample_microbench.py                      # table on stdout
     python bench/sample_microbench.py --batches 1 64 --out results/sample_microbench.json
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside benc
 
 import ops  # noqa: E402,F401  (registers torch.ops.ce)
 from ops.sample import uniform_noise  # noqa: E402
+from ops.triton import sample_kernels  # noqa: E402
 
 VOCAB = 248320
 CONFIGS = {  # name: (temperature, top_k, top_p, min_p)
@@ -80,8 +82,14 @@ def main(argv=None) -> None:
             flags = (k > 0, p < 1)
             op_us = bench_us(lambda: torch.ops.ce.sample(logits, *params, seeds, counters, *flags))
             torch_us = bench_us(lambda: torch_sampler(logits, *params, seeds, counters))
-            rows.append({"batch": batch, "what": name, "us": round(op_us, 2), "torch_us": round(torch_us, 2)})
-            print(f"B={batch:<4} {name:<28} {op_us:9.2f} us  (torch sampler {torch_us:9.2f} us)", flush=True)
+            row = {"batch": batch, "what": name, "us": round(op_us, 2), "torch_us": round(torch_us, 2)}
+            radix = ""
+            if k > 0:
+                row["radix_us"] = round(bench_us(lambda: sample_kernels.sample(
+                    logits, *params, seeds, counters, *flags, row_candidates=0)), 2)
+                radix = f", radix passes only {row['radix_us']:9.2f} us"
+            rows.append(row)
+            print(f"B={batch:<4} {name:<28} {op_us:9.2f} us  (torch sampler {torch_us:9.2f} us{radix})", flush=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))

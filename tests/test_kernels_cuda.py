@@ -34,6 +34,7 @@ from ops import (
     norm, paged_attention, sample,
 )
 from ops.linear import SKINNY_MAX_ROWS
+from ops.triton import sample_kernels
 from tests import hf_models
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -1170,8 +1171,9 @@ def test_sample_matches_reference_after_lm_head_in_cuda_graph(rows, dtype):
     """ce::sample on V = 248,320 rows of the lm_head's output (strided rows; a PDL skinny GEMM before it, as in the
     decode graph) equals the reference token for token (the CPU reference first: bit-exact across devices; then the
     reference run on the GPU, quicker): greedy and sampled rows, every filter; ties at the k-th largest across
-    chunks, -inf / NaN entries, the use_top_k / use_top_p switches; eager, then replayed in a CUDA graph with new
-    hidden states and counters. The sampled rows really sample (not all their tokens are the argmax)."""
+    chunks, -inf / NaN entries, the use_top_k / use_top_p switches, the radix passes alone (the row path off); eager,
+    then replayed in a CUDA graph with new hidden states and counters. The sampled rows really sample (not all their
+    tokens are the argmax)."""
     gen = _seeded(rows + 100)
     hidden = _randn(gen, rows, 1024, dtype=dtype)
     lm_head = _randn(gen, 248320 + 64, 1024, dtype=dtype, scale=2 * 1024**-0.5)
@@ -1189,8 +1191,10 @@ def test_sample_matches_reference_after_lm_head_in_cuda_graph(rows, dtype):
     special[-1, 5] = float("nan")
     special[0, 3::7] = float("-inf")
     for flags in ((True, True), (False, True), (True, False)):  # (the reference on the GPU from here on: faster)
-        got = torch.ops.ce.sample(special, *params, *flags)
-        assert torch.equal(got, sample.sample_reference(special, *params, *flags)), flags
+        want = sample.sample_reference(special, *params, *flags)
+        assert torch.equal(torch.ops.ce.sample(special, *params, *flags), want), flags
+        radix_only = sample_kernels.sample(special, *params, *flags, row_candidates=0)
+        assert torch.equal(radix_only, want), flags
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

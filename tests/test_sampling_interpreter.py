@@ -7,6 +7,9 @@ top_p 1, min_p 0, the use_top_k / use_top_p switches) with V from 1 to 3,000, sm
 chunks and blocks (V rarely a multiple of either), strided rows; hand-picked cases for every decision (ties at the
 k-th largest across chunks, the exact top-p and min-p boundaries, rows without a finite maximum, one-token rows,
 tiny and subnormal temperatures); and batch invariance of the kernel itself (each row alone, and the rows permuted).
+Every case runs through both paths: the row path (one program decides a sampled top-k row from its few candidates),
+with the radix passes for the rows it leaves, and the radix passes alone (``row_candidates=0``); which rows the row
+path takes is checked on its own.
 
 ``TRITON_INTERPRET=1`` must be set before triton decorates the kernels, so each group of checks runs in a child
 process (the parent never imports triton), which prints one JSON line {check: error message or null}.
@@ -50,27 +53,29 @@ def _child_checks(group: str) -> dict:
     def triton_next_pow2(n):
         return 1 << max(0, (n - 1).bit_length())
 
-    def check(case, chunk, block, strided=False):
+    def check(case, chunk, block, strided=False, row_candidates=(0, sample_kernels.ROW_CANDIDATES)):
         logits, *params = case
         if strided:  # rows of a wider tensor
             wide = torch.full((logits.shape[0], logits.shape[1] + 5), 7.0, dtype=logits.dtype)
             wide[:, 2 : 2 + logits.shape[1]] = logits
             logits = wide[:, 2 : 2 + logits.shape[1]]
         chunk, block = tiling(logits.shape[1], chunk, block)
-        got = sample_kernels.sample(logits, *params, chunk=chunk, block=block)
         want = sample_reference(logits, *params)
-        assert got.dtype == torch.int64 and torch.equal(got, want), (
-            f"kernel {got.tolist()} != reference {want.tolist()} (V {logits.shape[1]}, {logits.dtype}, chunk {chunk}, "
-            f"block {block}, params {[p.tolist() if torch.is_tensor(p) else p for p in params]})")
+        for capacity in row_candidates:
+            got = sample_kernels.sample(logits, *params, chunk=chunk, block=block, row_candidates=capacity)
+            assert got.dtype == torch.int64 and torch.equal(got, want), (
+                f"kernel {got.tolist()} != reference {want.tolist()} (V {logits.shape[1]}, {logits.dtype}, chunk "
+                f"{chunk}, block {block}, row candidates {capacity}, "
+                f"params {[p.tolist() if torch.is_tensor(p) else p for p in params]})")
         return got
 
     def hypothesis_check(vocab_sizes, examples):
         @settings(max_examples=examples, derandomize=True, deadline=None, database=None,
                   phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
         @given(sampling_cases(vocab_sizes=vocab_sizes, max_rows=4), st.sampled_from([16, 64, 256]),
-               st.sampled_from([16, 32]), st.booleans())
-        def run(case, chunk, block, strided):
-            check(case, chunk, block, strided)
+               st.sampled_from([16, 32]), st.booleans(), st.sampled_from([0, 16, sample_kernels.ROW_CANDIDATES]))
+        def run(case, chunk, block, strided, row_candidates):
+            check(case, chunk, block, strided, row_candidates=(row_candidates,))
 
         run()
 
@@ -95,16 +100,26 @@ def _child_checks(group: str) -> dict:
         for dtype, k in ((torch.bfloat16, 1), (torch.bfloat16, 7), (torch.bfloat16, 125), (torch.bfloat16, 126),
                          (torch.float32, 7)):
             check(rows(wide.to(dtype), [1.0, 0.6, 1.5], k, [1.0, 0.8, 0.95], [0.0, 0.05, 0.0]), 256, 16)
+        # Small k at a high temperature: every drawn token is among the row's k largest (torch.topk; no ties in
+        # fp32 normals), and the tokens are not all the argmax.
+        flat = torch.randn(16, 100, generator=gen)
+        for k in (1, 2, 3):
+            got = check(rows(flat, 5.0, k, 1.0, 0.0), 64, 16)
+            assert (flat.topk(k, dim=-1).indices == got[:, None]).any(-1).all(), (k, got)
+            assert k == 1 or not torch.equal(got, flat.argmax(dim=-1)), (k, got)
         # The exact top-p boundary (masses 1 and 4 x 1/4, top_p 0.5: the four are dropped) and min-p's.
         q = exact_quarter_logit()
+        # With top-k on too (5 keeps the five largest), which the row path decides.
         row = torch.tensor([[0.0, q, -30.0, q, q, q] + [-50.0] * 40])
-        got = check(rows(row.expand(6, -1).clone(), 1.0, 0, 0.5, 0.0), 16, 16)
-        assert set(got.tolist()) == {0}, got
-        check(rows(row.expand(6, -1).clone(), 1.0, 0, 0.51, 0.0), 16, 16)
+        for k in (0, 5):
+            got = check(rows(row.expand(6, -1).clone(), 1.0, k, 0.5, 0.0), 16, 16)
+            assert set(got.tolist()) == {0}, got
+            check(rows(row.expand(6, -1).clone(), 1.0, k, 0.51, 0.0), 16, 16)
         y = log_ce(torch.tensor([0.3])).item()
         below = torch.nextafter(torch.tensor(y), torch.tensor(-math.inf)).item()
-        got = check(rows(torch.tensor([[below, 0.0, y, -0.1]]).expand(32, -1).clone(), 1.0, 0, 1.0, 0.3), 16, 16)
-        assert set(got.tolist()) == {1, 2, 3}, got
+        for k in (0, 3):
+            got = check(rows(torch.tensor([[below, 0.0, y, -0.1]]).expand(32, -1).clone(), 1.0, k, 1.0, 0.3), 16, 16)
+            assert set(got.tolist()) == {1, 2, 3}, got
         # Exactly tied Gumbel scores (equal logits, equal noise at tokens 13 and 24): the first index wins, across
         # chunks (16), across blocks of a chunk (32 / 16), and inside a block (64).
         seed, counter, vocab, (first, _) = NOISE_TIE
@@ -142,6 +157,26 @@ def _child_checks(group: str) -> dict:
             got = check(rows(tiny, [1e-45, 1e-38, 1.0, 2.0**-100], k, top_p, 0.0), 32, 16)
             assert got[[0, 1, 3]].tolist() == tiny.argmax(dim=-1)[[0, 1, 3]].tolist(), got
 
+    def row_path():
+        """Which rows the row path decides (``radix=False`` leaves -1 for the others), and that its tokens are the
+        reference's: sampled top-k rows with few candidates, not greedy rows, top-k off, a k past the capacity, a row
+        whose ties put more tokens than the capacity at its bound, or a row without a finite maximum."""
+        gen = torch.Generator().manual_seed(6)
+        logits = (torch.randn(8, 4096, generator=gen) * 3).to(torch.bfloat16)  # 128 blocks of 32
+        logits[6] = 1.5  # every token tied at the bound: 128 live blocks, 4,096 candidates
+        logits[7, 100] = math.inf
+        # Candidates (tokens at or above the bound) of the sampled top-k rows: row 0 64 (51 live blocks), row 3 201
+        # (100 live blocks), row 4 1, row 5 23.
+        args = rows(logits, [0.8, 0.0, 0.8, 0.8, 1.0, 0.7, 0.9, 1.0], [50, 50, 0, 100, 1, 20, 3, 5],
+                    [0.9, 0.9, 0.9, 0.9, 1.0, 0.5, 1.0, 0.9], [0.0, 0.0, 0.0, 0.02, 0.0, 0.1, 0.0, 0.0])
+        want = sample_reference(*args)
+        for capacity, takes in ((64, [0, 4, 5]), (256, [0, 3, 4, 5])):
+            got = sample_kernels.sample(*args, chunk=512, block=32, row_candidates=capacity, radix=False)
+            taken = [i for i, token in enumerate(got.tolist()) if token >= 0]
+            assert taken == takes, (capacity, got.tolist())
+            assert torch.equal(got[takes], want[takes]), (got.tolist(), want.tolist())
+            assert torch.equal(sample_kernels.sample(*args, chunk=512, block=32, row_candidates=capacity), want)
+
     def batch_invariance():
         gen = torch.Generator().manual_seed(4)
         logits = (torch.randn(6, 150, generator=gen) * 2).to(torch.bfloat16)
@@ -160,7 +195,8 @@ def _child_checks(group: str) -> dict:
         "hypothesis_small_vocab": {"hypothesis_small_vocab": lambda: hypothesis_check(st.integers(1, 64), 30)},
         "hypothesis_large_vocab": {"hypothesis_large_vocab": lambda: hypothesis_check(st.integers(65, 3000), 8)},
         "ties_and_boundaries": {"ties_and_boundaries": ties_and_boundaries},
-        "special_rows_and_batch_invariance": {"special_rows": special_rows, "batch_invariance": batch_invariance},
+        "special_rows_and_batch_invariance": {"special_rows": special_rows, "batch_invariance": batch_invariance,
+                                              "row_path": row_path},
     }
     results = {}
     for name, fn in groups[group].items():

@@ -20,6 +20,13 @@ pass is one launch over ``(B, chunks)``:
      is computed in registers: splitmix64 in uint64, Cephes log in fp32);
   4. ``_reduce`` (grid ``(B,)``): the row's winner among the chunk winners, or its greedy token.
 
+The row path (with top-k on): after the scan, ``_row`` (grid ``(B,)``, one program a row) decides every sampled
+top-k row whose candidates fit ROW_CANDIDATES: the tokens at or above top-k's bound (below), ~k on rows of independent
+logits. It gathers them, finds both thresholds bit by bit over them in registers and draws, and marks the row
+handled; the radix passes, ``_final`` and ``_reduce`` skip handled rows and decide the others (greedy rows, top-k
+off, large k, wide ties). For the serving defaults (top-k 20-50) a step's sampling is then the scan and one
+program a row, instead of 8-9 passes of ``(B, chunks)`` programs that each pay a row decision and a launch.
+
 Block skipping: a pass loads a block's logits only if the block's maximum key says it can matter, so with top-k on
 the passes after the scan touch about k blocks a row instead of all of them:
   - top-k's first pass finds the bound ``L``, the k-th largest block maximum (or 0 with fewer than k blocks): the k
@@ -32,8 +39,8 @@ Each program first lists its chunk's live blocks (``_compact``), then loops over
 Cost per row, V logits of s bytes: the scan reads ``V * s`` bytes (4.5 MB at V = 248,320 in bf16); with top-k on, the
 4 (bf16) to 8 (fp32) passes per filter and the draw read the block maxima and the few live blocks; without top-k, the
 top-p passes read every block with mass (the candidate arithmetic, 16 compares and adds and an exp per logit,
-dominates) and the draw computes the noise of every logit not filtered by min-p. Launches: 1 + (4 top-k) + (4
-top-p) + 1 + 1 in bf16; ``use_top_k`` / ``use_top_p`` False drop their passes.
+dominates) and the draw computes the noise of every logit not filtered by min-p. Launches: 1 + (1 row + 4 top-k) +
+(4 top-p) + 1 + 1 in bf16; ``use_top_k`` / ``use_top_p`` False drop their passes (and, for top-k, the row path).
 
 Exactness: the kernels perform the reference's fp32 operations in the same order, are compiled without FMA
 contraction (``enable_fp_fusion=False``), divide with ``div_rn``, and sum integer masses, so they return the
@@ -58,6 +65,11 @@ MAX_CHUNKS = 512
 STATE = 8  # a radix search's per-row state: prefix, mass (or count) above the interval, top-p's S, top-k's threshold,
 # top-k's bound (fields 5-7 unused: a power of two for tl.arange)
 MAX_BLOCKS = 8192  # block maxima a row (one program's tile when it finds the bound)
+# The row path (``_sample_row_kernel``): a sampled top-k row with at most ROW_CANDIDATES tokens at or above its bound
+# is decided by one program over those tokens (~k on rows of independent logits); GATHER logits a step when it
+# collects them.
+ROW_CANDIDATES = 1024
+GATHER = 4096
 
 # Globals the kernels read must be constexpr.
 _STATE = tl.constexpr(STATE)
@@ -264,17 +276,115 @@ def _sample_scan_kernel(logits, stride_row, V, num_chunks, num_blocks, greedy_va
 
 
 @triton.jit
+def _sample_row_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, seeds, counters, num_chunks, chunk_max,
+                       num_blocks, block_max, live_list, live_stride, cand_x, cand_i, handled, out,
+                       SHIFT: tl.constexpr, KEY_BITS: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK: tl.constexpr,
+                       GATHER: tl.constexpr, CAND: tl.constexpr, CHUNKS_P: tl.constexpr, BLOCKS_P: tl.constexpr,
+                       USE_PDL: tl.constexpr):
+    """A sampled top-k row's whole decision in one program, when few tokens can be in its top k (the row path).
+
+    Every token of the top k has a key >= the bound ``L`` (the k-th largest block maximum), and a block whose
+    maximum is below ``L`` holds none, so the row's candidates are the tokens >= ``L`` of the blocks whose maximum
+    reaches it: ~k of them on a row of independent logits. The program gathers them (their logits and vocabulary ids)
+    into ``cand_x`` / ``cand_i``, then finds top-k's threshold (the k-th largest key), top-p's (the largest key whose
+    mass of keys >= it still reaches ``top_p * S``) bit by bit over the candidates held in registers, and draws among
+    the kept ones: the operations and the decisions of the radix passes and ``_final``, on the tokens that can matter.
+    It writes the token and ``handled[row] = 1``; rows it does not take (greedy, top-k off, more than CAND candidates)
+    get ``handled[row] = 0`` and go through the radix passes, which skip the handled rows."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(temperature + row)
+    k = tl.load(top_k + row)
+    p = tl.load(top_p + row)
+    key_max32 = _row_max_key(chunk_max, row, num_chunks, CHUNKS_P)
+    m = _float_of_key(key_max32)  # the row's maximum (NaN counted as -inf)
+    finite = (m > float("-inf")) & (m < float("inf"))
+    done = 0
+    if (t > 0) & finite & (k > 0) & (k < V):
+        bound = _kth_largest_block_key(block_max, row, num_blocks, k, SHIFT, KEY_BITS, BLOCKS_P)
+        blocks = tl.arange(0, BLOCKS_P)
+        block_keys = tl.load(block_max + row * num_blocks + blocks, mask=blocks < num_blocks, other=0) >> SHIFT
+        live = (blocks < num_blocks) & (block_keys >= bound)
+        base = row * live_stride
+        num_live = _compact(live, blocks, live_list, base, BLOCKS_P)
+        if num_live <= CAND:  # each live block holds a candidate (its maximum): more cannot fit
+            # Gather, GATHER logits (GATHER // BLOCK live blocks) at a time, in vocabulary order.
+            lane = tl.arange(0, GATHER)
+            count = tl.full([], 0, tl.int32)
+            for first in range(0, num_live, GATHER // BLOCK):
+                slot = first + lane // BLOCK
+                in_list = slot < num_live
+                block = tl.load(live_list + base + slot, mask=in_list, other=0).to(tl.int32)
+                offs = block * BLOCK + lane % BLOCK
+                mask = in_list & (offs < V)
+                raw = tl.load(logits + row * stride_row + offs, mask=mask, other=float("-inf"))
+                x, key32 = _sanitized(raw)
+                take = mask & ((key32 >> SHIFT) >= bound)
+                flags = take.to(tl.int32)
+                at = count + tl.cumsum(flags, 0) - 1
+                fits = take & (at < CAND)
+                tl.store(cand_x + row * CAND + at, x, mask=fits)
+                tl.store(cand_i + row * CAND + at, offs, mask=fits)
+                count += tl.sum(flags, 0)
+            if count <= CAND:
+                tl.debug_barrier()  # the stores above are visible to every thread of the program
+                c = tl.arange(0, CAND)
+                valid = c < count
+                x = tl.load(cand_x + row * CAND + c, mask=valid, other=float("-inf"))
+                index = tl.load(cand_i + row * CAND + c, mask=valid, other=_BIG)
+                _, key32 = _sanitized(x)
+                key = tl.where(valid, key32 >> SHIFT, -1)
+                # top-k's threshold: the largest T with at least k keys >= T.
+                threshold = tl.full([], 0, tl.int64)
+                for b in tl.static_range(KEY_BITS - 1, -1, -1):
+                    candidate = threshold | (1 << b)
+                    threshold = tl.where(tl.sum((key >= candidate).to(tl.int32), 0) >= k, candidate, threshold)
+                r = tl.div_rn(1.0, tl.maximum(t, _MIN_TEMPERATURE))
+                y = (x - m) * r
+                if USE_TOP_P:
+                    if p < 1:  # the largest T whose mass of keys >= T reaches top_p * S, over the top-k tokens
+                        w = tl.where(key >= threshold, (_exp_ce(y) * _MASS_SCALE).to(tl.int64), 0)
+                        target = p.to(tl.float64) * tl.sum(w, 0).to(tl.float64)
+                        found = tl.full([], 0, tl.int64)
+                        for b in tl.static_range(KEY_BITS - 1, -1, -1):
+                            candidate = found | (1 << b)
+                            mass = tl.sum(tl.where(key >= candidate, w, 0), 0)
+                            found = tl.where(mass.to(tl.float64) >= target, candidate, found)
+                        threshold = tl.maximum(threshold, found)
+                key_max = key_max32 >> SHIFT
+                threshold = tl.minimum(threshold, key_max)
+                mp = tl.load(min_p + row)
+                min_p_on = mp > 0  # off: every y passes (y >= -inf)
+                log_min_p = tl.where(min_p_on, _log_ce(tl.where(min_p_on, mp, 1.0)), float("-inf"))
+                kept = valid & (key >= threshold) & ((y >= log_min_p) | (key == key_max))
+                seed = tl.load(seeds + row).to(tl.uint64, bitcast=True)
+                counter = tl.load(counters + row).to(tl.uint64, bitcast=True)
+                row_hash = _splitmix64(_splitmix64(seed) ^ counter)
+                h = _splitmix64(row_hash ^ (index.to(tl.uint64) * 0x9E3779B97F4A7C15))
+                u = ((h >> 41).to(tl.int32).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+                score = tl.where(kept, y - _log_ce(-_log_ce(u)), float("-inf"))
+                best = tl.max(score, 0)
+                drawn = tl.min(tl.where(kept & (score == best), index, _BIG), 0)
+                tl.store(out + row, drawn.to(tl.int64))
+                done = 1
+    tl.store(handled + row, done)
+
+
+@triton.jit
 def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_chunks, chunk_max, num_blocks,
-                         block_max, live_list, part_in, state_in, part_out, state_out, shift,
+                         block_max, live_list, part_in, state_in, part_out, state_out, shift, handled,
                          SHIFT: tl.constexpr, KEY_BITS: tl.constexpr, MASS: tl.constexpr, TOPK_START: tl.constexpr,
                          START: tl.constexpr, AFTER_START: tl.constexpr, USE_TOP_K: tl.constexpr,
-                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, BLOCKS_P: tl.constexpr,
-                         USE_PDL: tl.constexpr):
+                         ROW_PATH: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr,
+                         BLOCKS_P: tl.constexpr, USE_PDL: tl.constexpr):
     """One radix pass at digit ``shift``, after the decision of the previous pass (``part_in``, ``state_in``).
     Top-k (MASS False): token counts; TOPK_START: its first pass, from prefix 0, which also finds the row's bound.
     Top-p (MASS True): masses of the top-k tokens. START: top-p's first pass, from prefix 0, whose decision is
     top-k's last (its threshold, when top-k is on); AFTER_START: the previous pass was top-p's first (its candidate 0
-    summed S). Blocks that cannot change the decision are skipped on their maximum key alone (see the module doc)."""
+    summed S). Blocks that cannot change the decision are skipped on their maximum key alone (see the module doc).
+    ROW_PATH: rows the row kernel took (``handled``) are skipped."""
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -291,6 +401,8 @@ def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_c
         on = (t > 0) & (p < 1) & finite
     else:
         on = topk_on
+    if ROW_PATH:
+        on = on & (tl.load(handled + row) == 0)
     if on:
         prefix = tl.full([], 0, tl.int64)
         above = tl.full([], 0, tl.int64)
@@ -349,8 +461,8 @@ def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_c
 @triton.jit
 def _sample_final_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, seeds, counters, num_chunks,
                          chunk_max, num_blocks, block_max, live_list, topk_part, topk_state, topp_part, topp_state,
-                         best_score, best_index,
-                         SHIFT: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
+                         best_score, best_index, handled,
+                         SHIFT: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, ROW_PATH: tl.constexpr,
                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -365,7 +477,10 @@ def _sample_final_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p
     finite = (m > float("-inf")) & (m < float("inf"))
     score_best = tl.full([], float("-inf"), tl.float32)
     index_best = tl.full([], _BIG, tl.int32)
-    if (t > 0) & finite:
+    sampled = (t > 0) & finite
+    if ROW_PATH:
+        sampled = sampled & (tl.load(handled + row) == 0)
+    if sampled:
         threshold = tl.full([], 0, tl.int64)
         if (p < 1) & USE_TOP_P:  # the previous launch was top-p's last pass; its state carries top-k's threshold
             threshold, _, _ = _decide(topp_part, topp_state, row, num_chunks, 0, k, p, True, False, CHUNKS_P)
@@ -412,8 +527,8 @@ def _sample_final_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p
 
 
 @triton.jit
-def _sample_reduce_kernel(temperature, chunk_max, greedy_value, greedy_index, best_score, best_index, out,
-                          num_chunks, CHUNKS_P: tl.constexpr, USE_PDL: tl.constexpr):
+def _sample_reduce_kernel(temperature, chunk_max, greedy_value, greedy_index, best_score, best_index, handled, out,
+                          num_chunks, ROW_PATH: tl.constexpr, CHUNKS_P: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -430,7 +545,10 @@ def _sample_reduce_kernel(temperature, chunk_max, greedy_value, greedy_index, be
     top = tl.max(tl.where(valid, scores, float("-inf")), 0)
     drawn = tl.min(tl.where(valid & (scores == top), winners, _BIG), 0)
     sampled = (tl.load(temperature + row) > 0) & finite
-    tl.store(out + row, tl.where(sampled, drawn, greedy).to(tl.int64))
+    if ROW_PATH:  # the row kernel wrote the handled rows' tokens
+        tl.store(out + row, tl.where(sampled, drawn, greedy).to(tl.int64), mask=tl.load(handled + row) == 0)
+    else:
+        tl.store(out + row, tl.where(sampled, drawn, greedy).to(tl.int64))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -446,10 +564,13 @@ def _passes(dtype: torch.dtype) -> tuple[int, int]:
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            min_p: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, use_top_k: bool = True,
-           use_top_p: bool = True, chunk: int | None = None, block: int = BLOCK) -> torch.Tensor:
+           use_top_p: bool = True, chunk: int | None = None, block: int = BLOCK,
+           row_candidates: int = ROW_CANDIDATES, radix: bool = True) -> torch.Tensor:
     """``ce::sample``'s CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``chunk`` and ``block``
     (powers of two, ``block <= chunk``) override the tiling (the tests use small ones to get several chunks and blocks
-    from short rows)."""
+    from short rows); ``row_candidates`` (a power of two, or 0: every row through the radix passes) is the row
+    path's capacity; ``radix`` False launches the scan and the row kernel only, leaving -1 for the rows the row path
+    does not take (the tests check which rows it takes)."""
     if logits.dim() != 2 or logits.stride(1) != 1 or logits.dtype not in KEY_SHIFT:
         raise ValueError(f"sample: logits must be [B, V] bf16/fp16/fp32 with contiguous columns, got "
                          f"{tuple(logits.shape)} {logits.dtype} strides {logits.stride()}")
@@ -465,6 +586,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
         return out
     if vocab == 0:
         raise ValueError("sample: an empty row has no token")
+    if row_candidates < 0 or row_candidates & (row_candidates - 1):
+        raise ValueError(f"sample: row_candidates must be 0 or a power of two, got {row_candidates}")
     if vocab > MAX_VOCAB:
         raise ValueError(f"sample: at most {MAX_VOCAB} logits a row, got {vocab}")
     if chunk is None:
@@ -484,9 +607,11 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     # One int64 workspace: partials and states of the two searches (ping-pong slots: a pass reads the previous
     # pass's slot and writes the other), chunk and block maxima, and the fp32 / int32 chunk winners (greedy and drawn).
     n = rows * num_chunks
+    row_path = use_top_k and row_candidates > 0
     sizes = {"topk_part": 2 * n * 16, "topp_part": 2 * n * 16, "topk_state": 2 * rows * STATE,
              "topp_state": 2 * rows * STATE, "chunk_max": n, "block_max": rows * num_blocks,
-             "live_list": n * (chunk // block), "winners": 2 * n}
+             "live_list": n * (chunk // block), "winners": 2 * n,
+             "candidates": rows * row_candidates if row_path else 0, "handled": rows}
     workspace = torch.empty(sum(sizes.values()), dtype=torch.int64, device=device)
     views, offset = {}, 0
     for name, size in sizes.items():
@@ -500,6 +625,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     greedy_value, greedy_index = winners[0].view(torch.float32), winners[1]
     best_score, best_index = winners[2].view(torch.float32), winners[3]
     chunk_max, block_max, live_list = views["chunk_max"], views["block_max"], views["live_list"]
+    candidates = views["candidates"].view(torch.int32).view(2, -1)
+    handled = views["handled"].view(torch.int32)[:rows]
 
     flags = pdl_flags(logits)
     launch = dict(num_warps=4, enable_fp_fusion=False, **flags)
@@ -507,14 +634,24 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     stride = logits.stride(0)
     _sample_scan_kernel[grid](logits, stride, vocab, num_chunks, num_blocks, greedy_value, greedy_index, chunk_max,
                               block_max, CHUNK=chunk, BLOCK=block, **launch)
-    common = dict(SHIFT=shift, KEY_BITS=32 - shift, USE_TOP_K=use_top_k, CHUNK=chunk, BLOCK=block,
-                  CHUNKS_P=chunks_p, BLOCKS_P=max(16, triton.next_power_of_2(num_blocks)), **launch)
+    blocks_p = max(16, triton.next_power_of_2(num_blocks))
+    if row_path:
+        _sample_row_kernel[(rows,)](logits, stride, vocab, temperature, top_k, top_p, min_p, seeds, counters,
+                                    num_chunks, chunk_max, num_blocks, block_max, live_list, num_chunks * (chunk // block),
+                                    candidates[0].view(torch.float32), candidates[1], handled, out, SHIFT=shift,
+                                    KEY_BITS=32 - shift, USE_TOP_P=use_top_p, BLOCK=block, GATHER=max(GATHER, block),
+                                    CAND=row_candidates, CHUNKS_P=chunks_p, BLOCKS_P=blocks_p,
+                                    **dict(launch, num_warps=8))
+    if not radix:
+        return out.masked_fill_(handled == 0, -1) if row_path else out.fill_(-1)
+    common = dict(SHIFT=shift, KEY_BITS=32 - shift, USE_TOP_K=use_top_k, ROW_PATH=row_path, CHUNK=chunk, BLOCK=block,
+                  CHUNKS_P=chunks_p, BLOCKS_P=blocks_p, **launch)
     if use_top_k:
         for i in range(passes):  # pass 0 reads nothing: its part_in / state_in are placeholders
             _sample_radix_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, num_chunks, chunk_max,
                                        num_blocks, block_max, live_list, topk_part[(i - 1) % 2],
                                        topk_state[(i - 1) % 2], topk_part[i % 2], topk_state[i % 2], top_shift - 4 * i,
-                                       MASS=False, TOPK_START=i == 0, START=False, AFTER_START=False, **common)
+                                       handled, MASS=False, TOPK_START=i == 0, START=False, AFTER_START=False, **common)
     topk_last = (passes - 1) % 2
     if use_top_p:
         for i in range(passes):
@@ -522,14 +659,14 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                 topp_part[(i - 1) % 2], topp_state[(i - 1) % 2])
             _sample_radix_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, num_chunks, chunk_max,
                                        num_blocks, block_max, live_list, part_in, state_in, topp_part[i % 2],
-                                       topp_state[i % 2], top_shift - 4 * i, MASS=True, TOPK_START=False, START=i == 0,
+                                       topp_state[i % 2], top_shift - 4 * i, handled, MASS=True, TOPK_START=False, START=i == 0,
                                        AFTER_START=i == 1, **common)
     topp_last = (passes - 1) % 2
     _sample_final_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, min_p, seeds, counters, num_chunks,
                                chunk_max, num_blocks, block_max, live_list, topk_part[topk_last], topk_state[topk_last],
-                               topp_part[topp_last], topp_state[topp_last], best_score, best_index, SHIFT=shift,
-                               USE_TOP_K=use_top_k, USE_TOP_P=use_top_p, CHUNK=chunk, BLOCK=block, CHUNKS_P=chunks_p,
+                               topp_part[topp_last], topp_state[topp_last], best_score, best_index, handled,
+                               SHIFT=shift, USE_TOP_K=use_top_k, USE_TOP_P=use_top_p, ROW_PATH=row_path, CHUNK=chunk, BLOCK=block, CHUNKS_P=chunks_p,
                                **launch)
-    _sample_reduce_kernel[(rows,)](temperature, chunk_max, greedy_value, greedy_index, best_score, best_index, out,
-                                   num_chunks, CHUNKS_P=chunks_p, num_warps=4, **flags)
+    _sample_reduce_kernel[(rows,)](temperature, chunk_max, greedy_value, greedy_index, best_score, best_index, handled,
+                                   out, num_chunks, ROW_PATH=row_path, CHUNKS_P=chunks_p, num_warps=4, **flags)
     return out
