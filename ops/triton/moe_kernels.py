@@ -14,12 +14,10 @@ that no row chose costs nothing (vLLM's fused_moe kernel is the model of this la
 3. ``_moe_sum_kernel``: the k rows of a token are summed in fp32, in order (no atomics, so the result is
    deterministic), and rounded once to the model's dtype.
 
-Every kernel is a PDL launch that waits before any load (ops/triton/pdl.py): at a decode step's few rows the five
-launches of a layer are short, and each overlaps its start with the previous one's end. Programs whose block lies
-past ``num_padded`` (a device scalar: the grid is sized by the static bound, so decode needs no host sync) return at
-once. Rounding follows the CPU reference: gate and up are rounded to the model's dtype before the activation, the
-activation before it meets up, their product before the down GEMM. fp32 inputs multiply in full fp32 (no TF32), as
-the reference does.
+Programs whose block lies past ``num_padded`` (a device scalar: the grid is sized by the static bound, so decode
+needs no host sync) return at once. Rounding follows the CPU reference: gate and up are rounded to the model's
+dtype before the activation, the activation before it meets up, their product before the down GEMM. fp32 inputs
+multiply in full fp32 (no TF32), as the reference does.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import triton
 import triton.language as tl
 
 from ops.layouts import moe_align_block_size, moe_padded_rows
-from ops.triton.pdl import pdl_flags
 
 
 @triton.jit
@@ -38,11 +35,8 @@ def _moe_gate_up_kernel(
     num_rows, inter, hidden,
     stride_x, stride_we, stride_wn, stride_act,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    if USE_PDL:  # (ops/triton/pdl.py) nothing here is read or written before the earlier kernels are done
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded):
         return
@@ -81,11 +75,7 @@ def _moe_down_kernel(
     num_rows, hidden, inter,
     stride_act, stride_we, stride_wn, stride_out,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # (ops/triton/pdl.py) nothing here is read or written before the earlier kernels are done
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded):
         return
@@ -113,12 +103,9 @@ def _moe_down_kernel(
 
 @triton.jit
 def _moe_route_kernel(logits, weights, ids, num_experts, stride_row, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                      BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr, USE_PDL: tl.constexpr):
+                      BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
     """``ce::moe_route`` of one token: softmax over the experts in fp32, k passes of (max, first index of the max,
     knock it out), the k weights divided by their sum when RENORMALIZE. One launch instead of torch's five."""
-    if USE_PDL:  # (ops/triton/pdl.py) nothing here is read or written before the earlier kernels are done
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     real = experts < num_experts
@@ -151,7 +138,7 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
         _moe_route_kernel[(tokens,)](
             router_logits, weights, ids, num_experts, router_logits.stride(0), TOP_K=top_k,
             BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
-            RENORMALIZE=renormalize, num_warps=4 if num_experts > 256 else 1, **pdl_flags(router_logits),
+            RENORMALIZE=renormalize, num_warps=4 if num_experts > 256 else 1,
         )
     return weights, ids
 
@@ -159,14 +146,11 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
 @triton.jit
 def _moe_align_kernel(
     ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """``ops.layouts.moe_align_block_size`` in one program (one launch instead of about ten torch kernels, for the
     few rows of a decode step): count each expert's rows, place the padded segments, write the sentinel, each
     block's expert, then each row at its expert's segment start + its rank among the expert's earlier rows."""
-    if USE_PDL:  # (ops/triton/pdl.py) nothing here is read or written before the earlier kernels are done
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     experts = tl.arange(0, BLOCK_E)
     counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
     for start in range(0, num_rows, CHUNK):
@@ -216,17 +200,14 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     ids = topk_ids.reshape(-1).to(torch.int32)
     _moe_align_kernel[(1,)](
         ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, length // block_m,
-        BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), CHUNK=32, num_warps=4, **pdl_flags(ids),
+        BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), CHUNK=32, num_warps=4,
     )
     return sorted_rows, block_experts, num_padded
 
 
 @triton.jit
-def _moe_sum_kernel(routed, out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def _moe_sum_kernel(routed, out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
     """``out[t] = sum_j routed[t * k + j]`` in fp32 (j in order), rounded once to out's dtype."""
-    if USE_PDL:  # (ops/triton/pdl.py) nothing here is read or written before the earlier kernels are done
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -275,22 +256,20 @@ def fused_moe(
     sorted_rows, block_experts, num_padded = moe_align(topk_ids, num_experts, bm)
     num_blocks = block_experts.shape[0]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 models (the exactness tests): no TF32
-    flags = pdl_flags(x)
     act = torch.empty((num_rows, inter), dtype=x.dtype, device=x.device)
     _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, bn))](
         x, gate_up, act, sorted_rows, block_experts, num_padded,
         num_rows, inter, hidden,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=warps, **flags,
+        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=warps,
     )
     routed = torch.empty((num_rows, hidden), dtype=torch.float32, device=x.device)
     _moe_down_kernel[(num_blocks, triton.cdiv(hidden, bn))](
         act, down, routed, topk_weights.reshape(-1).float(), sorted_rows, block_experts, num_padded,
         num_rows, hidden, inter,
         act.stride(0), down.stride(0), down.stride(1), routed.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=warps, **flags,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=warps,
     )
     block = min(1024, triton.next_power_of_2(hidden))
-    _moe_sum_kernel[(tokens, triton.cdiv(hidden, block))](routed, out, hidden, TOP_K=top_k, BLOCK=block, num_warps=4,
-                                                          **flags)
+    _moe_sum_kernel[(tokens, triton.cdiv(hidden, block))](routed, out, hidden, TOP_K=top_k, BLOCK=block, num_warps=4)
     return out
