@@ -613,6 +613,7 @@ def test_spec(smoke):
                     assert positive(entry["verify_ms"]) and positive(entry["round_ms"])
                     continue
                 assert entry["outputs_differing_from_baseline"] == 0
+                assert entry.get("outputs_differing_from_continuation", 0) == 0
                 assert positive(entry["output_tok_s"])
             assert cell["forced_1"]["acceptance"] == 1.0
             assert cell["forced_0"]["acceptance"] == 0.0
