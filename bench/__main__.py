@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help=f"one of {', '.join(SCENARIOS)}, a comma-separated list, 'all', or 'report'")
     p.add_argument("dirs", nargs="*", help="report: result folders to merge")
-    p.add_argument("--model", default="tiny", help="tiny | qwen3.5-0.8b (random weights) | a checkpoint folder")
+    p.add_argument("--model", default="tiny", help="tiny | qwen3.5-0.8b (random weights; qwen3.5-0.8b-confident: wide top-1 margins, for spec) | a checkpoint folder")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="default: bfloat16 on cuda, float32 on cpu")

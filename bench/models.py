@@ -124,7 +124,12 @@ QWEN3_NEXT_80B_A3B_CONFIG = {
     "dtype": "bfloat16",
 }
 
-NAMED_MODELS = {"qwen3.5-0.8b": QWEN3_5_0_8B_CONFIG}
+NAMED_MODELS = {"qwen3.5-0.8b": QWEN3_5_0_8B_CONFIG, "qwen3.5-0.8b-confident": QWEN3_5_0_8B_CONFIG}
+# Named models whose tied embedding (the output projection) is drawn at this std instead of lm_head's scale: logits
+# of std ~32 whose top token leads by tens (the recipe before v3). Greedy tokens then survive bf16 rounding
+# differences, such as a speculative verify step's against a decode step's, which the spec scenario's forced drafter
+# needs (its continuation must hold in every run); sampled tokens are nearly always the argmax (not for sampling).
+EMBEDDING_STD = {"qwen3.5-0.8b-confident": 1.0}
 DEVICE_RANDOM_MODELS = {  # weights drawn on the device, no checkpoint
     "qwen3.5-27b": QWEN3_5_27B_CONFIG,
     "qwen3.5-35b-a3b": QWEN3_5_35B_A3B_CONFIG,
@@ -157,7 +162,8 @@ def resolve_model(spec: str | None, device: torch.device | str | None = None) ->
         return ModelSpec(spec, folder, True, on_device=True)
     if spec in NAMED_MODELS:
         folder = os.path.join(cache_root(), f"{spec}-random-{RANDOM_VERSION}")
-        build_random_checkpoint(NAMED_MODELS[spec], folder, dtype=torch.bfloat16, device=device)
+        build_random_checkpoint(NAMED_MODELS[spec], folder, dtype=torch.bfloat16, device=device,
+                                embedding_std=EMBEDDING_STD.get(spec))
         return ModelSpec(spec, folder, True)
     if os.path.isdir(spec):
         if not os.path.isfile(os.path.join(spec, "config.json")):
@@ -172,9 +178,11 @@ def cache_root() -> str:
 
 
 def build_random_checkpoint(
-    config: dict, folder: str, *, dtype: torch.dtype = torch.bfloat16, device=None, seed: int = 0
+    config: dict, folder: str, *, dtype: torch.dtype = torch.bfloat16, device=None, seed: int = 0,
+    embedding_std: float | None = None,
 ) -> str:
-    """Write config.json + model.safetensors with random weights for ``config`` unless ``folder`` has them."""
+    """Write config.json + model.safetensors with random weights for ``config`` unless ``folder`` has them;
+    ``embedding_std``: the embedding rescaled to that std (``EMBEDDING_STD``)."""
     from safetensors.torch import save_file
 
     weights_file = os.path.join(folder, "model.safetensors")
@@ -186,6 +194,8 @@ def build_random_checkpoint(
     tensors = {}
     for name, tensor in random_weights(config, torch.device(device), seed):
         keep_fp32 = name.rsplit(".", 1)[-1] in ("A_log", "dt_bias")  # as the loader keeps them
+        if embedding_std is not None and name == "model.embed_tokens.weight":
+            tensor = tensor * (embedding_std / tensor.std())
         tensors[name] = tensor.to("cpu", torch.float32 if keep_fp32 else dtype).contiguous()
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump({**config, "dtype": str(dtype).removeprefix("torch.")}, f, indent=2)

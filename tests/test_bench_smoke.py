@@ -410,6 +410,30 @@ def test_random_checkpoint_loads(tmp_path):
     assert torch.isfinite(runtime.prefill([seq])).all()
 
 
+def test_confident_random_checkpoint_has_wide_top1_margins(tmp_path):
+    """``EMBEDDING_STD``'s checkpoints (qwen3.5-0.8b-confident, for the spec scenario's forced drafter): the tied
+    embedding at std 1 instead of lm_head's scale, so the top logit leads the second by far more than the default
+    model's (checked on a scaled-down copy, the runtime's prefill logits in fp32)."""
+    from bench.models import EMBEDDING_STD
+    from compiled_engine.runtime import Runtime
+
+    small = {**QWEN3_5_0_8B_CONFIG, "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96,
+             "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 16, "linear_num_key_heads": 2,
+             "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+             "max_position_embeddings": 128}
+    margins = {}
+    for name, std in (("default", None), ("confident", EMBEDDING_STD["qwen3.5-0.8b-confident"])):
+        folder = build_random_checkpoint(small, str(tmp_path / name), dtype=torch.bfloat16, device="cpu",
+                                         embedding_std=std)
+        runtime = Runtime.from_pretrained(folder, device="cpu", dtype=torch.float32, max_num_seqs=8,
+                                          max_model_len=32, num_kv_blocks=16)
+        seqs = [runtime.add_sequence([3 + 7 * i, 11 + i, 40 + 13 * i]) for i in range(8)]
+        logits = runtime.prefill(seqs).float()
+        top2 = logits.topk(2, dim=-1).values
+        margins[name] = ((top2[:, 0] - top2[:, 1]) / logits.std(dim=-1)).median().item()
+    assert margins["confident"] > 3 * margins["default"], margins  # 1.29 against 0.31 when written
+
+
 def test_unknown_params_are_rejected():
     import bench.latency
     import bench.sweep
