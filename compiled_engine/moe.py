@@ -2,8 +2,9 @@
 
 For the normed hidden state x of a token (HF transformers' modeling files are the reference):
   * router: ``softmax(gate(x))`` in fp32 over the E experts, the top k, renormalised to sum 1 when
-    ``norm_topk_prob`` (always for Qwen3.5-MoE) -> ``ce::moe_route``;
-  * routed experts: ``sum_j w_j * down_e(silu(gate_e(x)) * up_e(x))`` over the k chosen experts -> ``ce::fused_moe``;
+    ``norm_topk_prob`` (always for Qwen3.5-MoE);
+  * routed experts: ``sum_j w_j * down_e(silu(gate_e(x)) * up_e(x))`` over the k chosen experts; with the router,
+    one op: ``ce::routed_moe`` (``ce::moe_route``, then ``ce::fused_moe``'s grouped GEMMs);
   * shared expert: a SwiGLU MLP every token takes, scaled by ``sigmoid(shared_expert_gate(x))``;
   * output: routed + scaled shared.
 
@@ -32,7 +33,7 @@ from compiled_engine.config import ModelConfig
 from compiled_engine.distributed import TensorParallel
 from compiled_engine.layers import empty_parameter
 from ops.linear import linear, silu_mul_linear
-from ops.moe import fused_moe_op, moe_route_op
+from ops.moe import routed_moe_op
 
 
 class SparseMoE(nn.Module):
@@ -56,9 +57,8 @@ class SparseMoE(nn.Module):
         shared_gate_up, router_logits, shared_gate = linear(x, self.input_proj).split(
             [2 * self.shared_intermediate, self.num_experts, 1], dim=-1
         )
-        weights, ids = moe_route_op(router_logits, self.top_k, self.renormalize)
         gate_up = self.experts_gate_up.view(self.num_experts, 2 * self.expert_intermediate, hidden)
         down = self.experts_down.view(self.num_experts, hidden, self.expert_intermediate)
-        routed = fused_moe_op(x, gate_up, down, weights, ids)
+        routed = routed_moe_op(x, router_logits, gate_up, down, self.top_k, self.renormalize)
         shared = silu_mul_linear(shared_gate_up, self.shared_down)
         return self.tp.all_reduce(routed + torch.sigmoid(shared_gate) * shared)

@@ -13,6 +13,9 @@
   ``gate_up[e] = [gate (I rows) | up (I rows)]`` (HF's fused expert layout). The CUDA kernel is a Triton grouped
   GEMM over the expert-sorted rows (ops/triton/moe_kernels.py); the reference a loop over the experts that got
   rows. Both sum a token's k expert outputs in fp32 and round once.
+* ``ce::routed_moe(x, router_logits, gate_up, down, top_k, renormalize) -> [T, H]``: ``ce::moe_route`` then
+  ``ce::fused_moe``, what a sparse layer runs (compiled_engine/moe.py). For a decode step's few tokens the CUDA
+  kernels route and align in one launch instead of two.
 """
 
 from __future__ import annotations
@@ -89,5 +92,22 @@ fused_moe_op = define_op(
     reference=fused_moe_reference,
     cuda=moe_kernels.fused_moe if HAVE_TRITON else None,
     fake=_fused_moe_fake,
+)
+
+
+def routed_moe_reference(x, router_logits, gate_up, down, top_k: int, renormalize: bool) -> torch.Tensor:
+    weights, ids = moe_route_reference(router_logits, top_k, renormalize)
+    return fused_moe_reference(x, gate_up, down, weights, ids)
+
+
+def _routed_moe_fake(x, router_logits, gate_up, down, top_k, renormalize):
+    return x.new_empty(x.shape)
+
+
+routed_moe_op = define_op(
+    "routed_moe(Tensor x, Tensor router_logits, Tensor gate_up, Tensor down, int top_k, bool renormalize) -> Tensor",
+    reference=routed_moe_reference,
+    cuda=moe_kernels.routed_moe if HAVE_TRITON else None,
+    fake=_routed_moe_fake,
 )
 

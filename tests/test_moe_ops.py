@@ -29,7 +29,10 @@ from hypothesis import strategies as st
 
 import ops  # noqa: F401  (registers the ce ops)
 from ops.layouts import moe_align_block_size, moe_padded_rows
-from ops.moe import fused_moe_op, fused_moe_reference, moe_align_block_size_op, moe_route_op, moe_route_reference
+from ops.moe import (
+    fused_moe_op, fused_moe_reference, moe_align_block_size_op, moe_route_op, moe_route_reference, routed_moe_op,
+    routed_moe_reference,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,6 +116,24 @@ def test_fused_moe_reference_equals_float64(routing):
     torch.testing.assert_close(got.double(), float64_moe(x, gate_up, down, weights, ids), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_routed_moe_equals_float64_routing_and_experts(renormalize):
+    """ce::routed_moe (CPU: its reference) = float64 softmax and top-k, then the float64 experts."""
+    g = torch.Generator().manual_seed(5)
+    tokens, experts, top_k, hidden, inter = 6, 8, 3, 16, 12
+    x = torch.randn(tokens, hidden, generator=g)
+    logits = torch.randn(tokens, experts, generator=g) * 3
+    gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) * 0.3
+    down = torch.randn(experts, hidden, inter, generator=g) * 0.3
+    probs = torch.softmax(logits.double(), dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    got = routed_moe_op(x, logits, gate_up, down, top_k, renormalize)
+    assert torch.equal(got, routed_moe_reference(x, logits, gate_up, down, top_k, renormalize))
+    torch.testing.assert_close(got.double(), float64_moe(x, gate_up, down, weights, ids), atol=1e-5, rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The Triton kernel in the interpreter (child process: TRITON_INTERPRET=1 must be set before triton decorates)
 # ----------------------------------------------------------------------------------------------------------------
@@ -164,6 +185,24 @@ def _child_checks() -> dict:
         assert torch.equal(ids, want_ids), f"ids {ids.tolist()} != {want_ids.tolist()}"
         torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
 
+    @settings(max_examples=12, derandomize=True, deadline=None, database=None,
+              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
+    @given(st.integers(1, 2 * moe_kernels.ROUTE_ALIGN_MAX_TOKENS), st.integers(2, 40), st.integers(1, 4),
+           st.booleans(), st.booleans(), st.integers(0, 2**16))
+    def routed(tokens, experts, top_k, renormalize, strided, seed):
+        """ce::routed_moe's kernels (route and align in one program up to ROUTE_ALIGN_MAX_TOKENS tokens, as two
+        launches above) against the float64 experts of the reference's routing."""
+        top_k = min(top_k, experts)
+        g = torch.Generator().manual_seed(seed)
+        hidden, inter = 24, 20
+        x = torch.randn(tokens, hidden, generator=g)
+        logits = torch.randn(tokens, experts + (3 if strided else 0), generator=g)[:, :experts] * 3
+        gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) * 0.3
+        down = torch.randn(experts, hidden, inter, generator=g) * 0.3
+        weights, ids = moe_route_reference(logits, top_k, renormalize)
+        got = moe_kernels.routed_moe(x, logits, gate_up, down, top_k, renormalize)
+        torch.testing.assert_close(got.double(), float64_moe(x, gate_up, down, weights, ids), atol=1e-4, rtol=1e-4)
+
     def run_with_sorted_align():  # the align of many rows (the torch sort) under the grouped GEMMs
         limit = moe_kernels.ALIGN_KERNEL_MAX_ROWS
         moe_kernels.ALIGN_KERNEL_MAX_ROWS = 0
@@ -173,7 +212,8 @@ def _child_checks() -> dict:
             moe_kernels.ALIGN_KERNEL_MAX_ROWS = limit
 
     checks = [("fused_moe_hypothesis", run), ("moe_align_kernel", align),
-              ("fused_moe_sorted_align", run_with_sorted_align), ("moe_route_kernel", route)]
+              ("fused_moe_sorted_align", run_with_sorted_align), ("moe_route_kernel", route),
+              ("routed_moe_kernels", routed)]
     for name, check in checks:
         try:
             check()
@@ -198,6 +238,7 @@ def interpreter_results() -> dict:
 
 def test_fused_moe_kernel_matches_reference_in_interpreter(interpreter_results):
     assert set(interpreter_results) == {"fused_moe_hypothesis", "moe_align_kernel", "fused_moe_sorted_align",
+                                        "routed_moe_kernels",
                                         "moe_route_kernel"}
     for name, error in interpreter_results.items():
         assert error is None, f"{name}: {error}"
@@ -217,10 +258,14 @@ def test_fused_moe_kernel_on_the_35b_a3b_expert_shape(tokens):
     x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
     gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g) * hidden**-0.5).bfloat16()
     down = (torch.randn(experts, hidden, inter, device="cuda", generator=g) * inter**-0.5).bfloat16()
-    weights, ids = moe_route_op(torch.randn(tokens, experts, device="cuda", generator=g), top_k, True)
+    logits = torch.randn(tokens, experts, device="cuda", generator=g)
+    weights, ids = moe_route_op(logits, top_k, True)
     got = fused_moe_op(x, gate_up, down, weights, ids)
     want = fused_moe_reference(x, gate_up, down, weights, ids)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    # ce::routed_moe (what the model runs: route and align in one launch at 1 token) on the same router logits
+    torch.testing.assert_close(routed_moe_op(x, logits, gate_up, down, top_k, True).float(), want.float(), atol=2e-2,
+                               rtol=2e-2)
 
 
 @pytest.mark.gpu

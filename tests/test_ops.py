@@ -957,6 +957,8 @@ def _opcheck_cases():
         "fused_moe": (ce.fused_moe.default, (_randn(g, 4, 8), _randn(g, 6, 10, 8), _randn(g, 6, 8, 5),
                                              torch.rand(4, 2, generator=g),
                                              torch.tensor([[3, 1], [1, 0], [3, 5], [2, 1]], dtype=torch.int32))),
+        "routed_moe": (ce.routed_moe.default, (_randn(g, 4, 8), _randn(g, 4, 6), _randn(g, 6, 10, 8), _randn(g, 6, 8, 5),
+                                               2, True)),
         "add_rms_norm": (ce.add_rms_norm.default, (_randn(g, 3, 8), _randn(g, 3, 8), _randn(g, 8), 1e-6)),
         "add_rms_norm_linear": (ce.add_rms_norm_linear.default,
                                 (_randn(g, 3, 8), _randn(g, 3, 8), _randn(g, 8), 1e-6, _randn(g, 5, 8))),

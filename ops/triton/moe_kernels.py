@@ -1,9 +1,10 @@
-"""Triton kernels for ``ce::fused_moe`` (the routed experts of a sparse MoE layer as two grouped GEMMs) and
-``ce::moe_route`` (the router's softmax and top-k, one program per token).
+"""Triton kernels for ``ce::fused_moe`` (the routed experts of a sparse MoE layer as two grouped GEMMs),
+``ce::moe_route`` (the router's softmax and top-k, one program per token) and ``ce::routed_moe`` (both).
 
 The routed rows ``r = t * k + j`` (token t's j-th expert) are sorted by expert into blocks of BLOCK_M rows of one
 expert each (``ops.layouts.moe_align_block_size``; padding slots hold the sentinel ``T * k``): for a decode step's
-few rows by ``_moe_align_kernel`` in one launch, above ``ALIGN_KERNEL_MAX_ROWS`` by the torch version. Each program of a
+few rows by ``_moe_align_kernel`` in one launch (up to ``ROUTE_ALIGN_MAX_TOKENS`` tokens, ``routed_moe`` routes them
+in the same program, ``_moe_route_align_kernel``), above ``ALIGN_KERNEL_MAX_ROWS`` by the torch version. Each program of a
 grouped GEMM takes one block and BLOCK_N output columns, so it reads only its expert's weight tile, and every expert
 that no row chose costs nothing (vLLM's fused_moe kernel is the model of this layout; the code here is our own):
 
@@ -102,11 +103,10 @@ def _moe_down_kernel(
 
 
 @triton.jit
-def _moe_route_kernel(logits, weights, ids, num_experts, stride_row, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                      BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
-    """``ce::moe_route`` of one token: softmax over the experts in fp32, k passes of (max, first index of the max,
-    knock it out), the k weights divided by their sum when RENORMALIZE. One launch instead of torch's five."""
-    row = tl.program_id(0).to(tl.int64)
+def _route_token(logits, weights, ids, row, num_experts, stride_row, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                 BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """``ce::moe_route`` of token ``row``: softmax over the experts in fp32, k passes of (max, first index of the max,
+    knock it out), the k weights divided by their sum when RENORMALIZE."""
     experts = tl.arange(0, BLOCK_E)
     real = experts < num_experts
     x = tl.load(logits + row * stride_row + experts, mask=real, other=float("-inf")).to(tl.float32)
@@ -127,6 +127,14 @@ def _moe_route_kernel(logits, weights, ids, num_experts, stride_row, TOP_K: tl.c
     tl.store(ids + row * TOP_K + slots, chosen, mask=slots < TOP_K)
 
 
+@triton.jit
+def _moe_route_kernel(logits, weights, ids, num_experts, stride_row, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """``ce::moe_route``, one program per token: one launch instead of torch's five."""
+    _route_token(logits, weights, ids, tl.program_id(0).to(tl.int64), num_experts, stride_row, TOP_K, BLOCK_E,
+                 BLOCK_K, RENORMALIZE)
+
+
 def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
     """``ce::moe_route``'s kernel: one program per token (columns must be contiguous; rows may be strided)."""
     tokens, num_experts = router_logits.shape
@@ -144,13 +152,11 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
 
 
 @triton.jit
-def _moe_align_kernel(
-    ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
-):
-    """``ops.layouts.moe_align_block_size`` in one program (one launch instead of about ten torch kernels, for the
-    few rows of a decode step): count each expert's rows, place the padded segments, write the sentinel, each
-    block's expert, then each row at its expert's segment start + its rank among the expert's earlier rows."""
+def _align(ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks,
+           BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+    """``ops.layouts.moe_align_block_size`` in one program: count each expert's rows, place the padded segments,
+    write the sentinel, each block's expert, then each row at its expert's segment start + its rank among the
+    expert's earlier rows."""
     experts = tl.arange(0, BLOCK_E)
     counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
     for start in range(0, num_rows, CHUNK):
@@ -179,6 +185,31 @@ def _moe_align_kernel(
         position = tl.sum(onehot * (earlier + (starts + taken)[None, :]), axis=1)
         tl.store(sorted_rows + position, rows, mask=rows < num_rows)
         taken += tl.sum(onehot, axis=0)
+
+
+@triton.jit
+def _moe_align_kernel(
+    ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """The align in one launch instead of about ten torch kernels, for the few rows of a decode step."""
+    _align(ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks, BLOCK_M, BLOCK_E,
+           CHUNK)
+
+
+@triton.jit
+def _moe_route_align_kernel(
+    logits, weights, ids, sorted_rows, block_experts, num_padded, num_tokens, num_experts, stride_row, length,
+    num_blocks, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """Route then align in one program, for a decode step of at most ``ROUTE_ALIGN_MAX_TOKENS`` tokens: at batch 1 the
+    two are one-program launches of a few µs each, twice in every sparse layer."""
+    for row in range(num_tokens):
+        _route_token(logits, weights, ids, row, num_experts, stride_row, TOP_K, BLOCK_E, BLOCK_K, RENORMALIZE)
+    tl.debug_barrier()  # every token's ids are stored before the align reads them
+    _align(ids, sorted_rows, block_experts, num_padded, num_tokens * TOP_K, num_experts, length, num_blocks, BLOCK_M,
+           BLOCK_E, CHUNK)
 
 
 # Up to this many routed rows (T x k) the one-program align kernel runs; above, the torch version (a sort).
@@ -238,22 +269,61 @@ def fused_moe(
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """``ce::fused_moe``'s kernel. The tile sizes default to ``moe_config``'s rule (the tests pass their own)."""
-    tokens, hidden = x.shape
-    num_experts, two_inter, _ = gate_up.shape
-    inter = two_inter // 2
-    top_k = topk_ids.shape[1]
-    num_rows = tokens * top_k
-    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
+    tokens = x.shape[0]
     if tokens == 0:
-        return out
-    config = moe_config(num_rows, num_experts)
+        return torch.empty_like(x)
+    top_k = topk_ids.shape[1]
+    config = moe_config(tokens * top_k, gate_up.shape[0])
     for key, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k), ("num_warps", num_warps)):
         if value is not None:
             config[key] = value
+    sorted_rows, block_experts, num_padded = moe_align(topk_ids, gate_up.shape[0], config["block_m"])
+    return _experts(x if x.stride(1) == 1 else x.contiguous(), gate_up.contiguous(), down.contiguous(), topk_weights,
+                    top_k, sorted_rows, block_experts, num_padded, config)
+
+
+# Up to this many tokens routed_moe routes and aligns in one program (the route loops over the tokens there).
+ROUTE_ALIGN_MAX_TOKENS = 4
+
+
+def routed_moe(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
+               renormalize: bool) -> torch.Tensor:
+    """``ce::routed_moe``'s kernels: the route (``moe_route``) and the align (``moe_align``) in one launch for a few
+    tokens, else as two, then ``fused_moe``'s grouped GEMMs."""
+    tokens = x.shape[0]
+    num_experts = gate_up.shape[0]
+    if tokens > ROUTE_ALIGN_MAX_TOKENS or num_experts > ALIGN_KERNEL_MAX_EXPERTS:
+        weights, ids = moe_route(router_logits, top_k, renormalize)
+        return fused_moe(x, gate_up, down, weights, ids)
+    if tokens == 0:
+        return torch.empty_like(x)
+    config = moe_config(tokens * top_k, num_experts)
+    bm = config["block_m"]
+    if router_logits.stride(1) != 1:
+        router_logits = router_logits.contiguous()
+    device = x.device
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=device)
+    length = moe_padded_rows(tokens * top_k, num_experts, bm)
+    sorted_rows = torch.empty(length, dtype=torch.int32, device=device)
+    block_experts = torch.empty(length // bm, dtype=torch.int32, device=device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    _moe_route_align_kernel[(1,)](
+        router_logits, weights, ids, sorted_rows, block_experts, num_padded, tokens, num_experts,
+        router_logits.stride(0), length, length // bm, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts),
+        BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize, BLOCK_M=bm, CHUNK=32, num_warps=4,
+    )
+    return _experts(x if x.stride(1) == 1 else x.contiguous(), gate_up.contiguous(), down.contiguous(), weights,
+                    top_k, sorted_rows, block_experts, num_padded, config)
+
+
+def _experts(x, gate_up, down, topk_weights, top_k, sorted_rows, block_experts, num_padded, config):
+    """The grouped GEMMs and the per-token sum over expert-sorted rows (``fused_moe``'s second half)."""
+    tokens, hidden = x.shape
+    inter = gate_up.shape[1] // 2
+    num_rows = tokens * top_k
     bm, bn, bk, warps = config["block_m"], config["block_n"], config["block_k"], config["num_warps"]
-    x = x if x.stride(1) == 1 else x.contiguous()
-    gate_up, down = gate_up.contiguous(), down.contiguous()
-    sorted_rows, block_experts, num_padded = moe_align(topk_ids, num_experts, bm)
+    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     num_blocks = block_experts.shape[0]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 models (the exactness tests): no TF32
     act = torch.empty((num_rows, inter), dtype=x.dtype, device=x.device)
