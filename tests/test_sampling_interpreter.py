@@ -115,6 +115,16 @@ def _child_checks(group: str) -> dict:
             got = check(rows(row.expand(6, -1).clone(), 1.0, k, 0.5, 0.0), 16, 16)
             assert set(got.tolist()) == {0}, got
             check(rows(row.expand(6, -1).clone(), 1.0, k, 0.51, 0.0), 16, 16)
+        # The same boundary through the row path's implicit k (top-p alone; 320 blocks of 16, so the 256th largest
+        # block maximum leaves ~500 candidates): the filler's masses are 0, so S = 2**33 exactly. Every row is taken
+        # by the row path (radix=False: no radix pass runs) and draws the reference's token.
+        filler = -50.0 - 40.0 * torch.rand(5120 - 6, generator=gen)
+        row = torch.cat([torch.tensor([0.0, q, -30.0, q, q, q]), filler])[None].expand(8, -1).clone()
+        for top_p, allowed in ((0.5, {0}), (0.51, {0, 1, 3, 4, 5})):
+            args = rows(row, 1.0, 0, top_p, 0.0)[:7]
+            got = sample_kernels.sample(*args, chunk=512, block=16, radix=False)
+            assert torch.equal(got, sample_reference(*args)) and set(got.tolist()) <= allowed, (top_p, got)
+        assert len(set(got.tolist())) > 1, got  # at 0.51 the four tokens of mass 1/4 are kept
         y = log_ce(torch.tensor([0.3])).item()
         below = torch.nextafter(torch.tensor(y), torch.tensor(-math.inf)).item()
         for k in (0, 3):
@@ -159,8 +169,9 @@ def _child_checks(group: str) -> dict:
 
     def row_path():
         """Which rows the row path decides (``radix=False`` leaves -1 for the others), and that its tokens are the
-        reference's: sampled top-k rows with few candidates, not greedy rows, top-k off, a k past the capacity, a row
-        whose ties put more tokens than the capacity at its bound, or a row without a finite maximum."""
+        reference's: sampled top-k rows with few candidates, and top-p rows whose candidates hold top_p of the mass;
+        not greedy rows, rows with neither filter, a k past the capacity, a row whose ties put more tokens than the
+        capacity at its bound, or a row without a finite maximum."""
         gen = torch.Generator().manual_seed(6)
         logits = (torch.randn(8, 4096, generator=gen) * 3).to(torch.bfloat16)  # 128 blocks of 32
         logits[6] = 1.5  # every token tied at the bound: 128 live blocks, 4,096 candidates
@@ -176,6 +187,18 @@ def _child_checks(group: str) -> dict:
             assert taken == takes, (capacity, got.tolist())
             assert torch.equal(got[takes], want[takes]), (got.tolist(), want.tolist())
             assert torch.equal(sample_kernels.sample(*args, chunk=512, block=32, row_candidates=capacity), want)
+        # Top-p alone (the implicit k, TOP_P_CANDIDATES_K = 256, over 272 blocks of 16): taken when the candidates hold
+        # top_p of the row's mass (peaked rows 0 and 1), left to the radix passes when they do not (the flat row 2);
+        # with use_top_k on and off.
+        spread = torch.tensor([[6.0], [6.0], [1.0], [6.0]])
+        peaked = (torch.randn(4, 4352, generator=gen) * spread).to(torch.bfloat16)
+        args = rows(peaked, [0.8, 1.0, 0.8, 0.0], 0, [0.9, 0.5, 0.9, 0.9], [0.0, 0.02, 0.0, 0.0])[:7]
+        for flags in ((True, True), (False, True)):
+            want = sample_reference(*args, *flags)
+            got = sample_kernels.sample(*args, *flags, chunk=256, block=16, radix=False)
+            assert [i for i, token in enumerate(got.tolist()) if token >= 0] == [0, 1], (flags, got.tolist())
+            assert torch.equal(got[:2], want[:2]), (got.tolist(), want.tolist())
+            assert torch.equal(sample_kernels.sample(*args, *flags, chunk=256, block=16), want)
 
     def batch_invariance():
         gen = torch.Generator().manual_seed(4)

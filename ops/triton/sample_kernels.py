@@ -20,12 +20,15 @@ pass is one launch over ``(B, chunks)``:
      is computed in registers: splitmix64 in uint64, Cephes log in fp32);
   4. ``_reduce`` (grid ``(B,)``): the row's winner among the chunk winners, or its greedy token.
 
-The row path (with top-k on): after the scan, ``_row`` (grid ``(B,)``, one program a row) decides every sampled
-top-k row whose candidates fit ROW_CANDIDATES: the tokens at or above top-k's bound (below), ~k on rows of independent
-logits. It gathers them, finds both thresholds bit by bit over them in registers and draws, and marks the row
-handled; the radix passes, ``_final`` and ``_reduce`` skip handled rows and decide the others (greedy rows, top-k
-off, large k, wide ties). For the serving defaults (top-k 20-50) a step's sampling is then the scan and one
-program a row, instead of 8-9 passes of ``(B, chunks)`` programs that each pay a row decision and a launch.
+The row path: after the scan, ``_row`` (grid ``(B,)``, one program a row) decides every sampled top-k row whose
+candidates fit ROW_CANDIDATES: the tokens at or above top-k's bound (below), ~k on rows of independent logits. It
+gathers them, finds both thresholds bit by bit over them in registers and draws, and marks the row handled; the radix
+passes, ``_final`` and ``_reduce`` skip handled rows and decide the others (greedy rows, large k, wide ties). For the
+serving defaults (top-k 20-50) a step's sampling is then the scan and one program a row, instead of 8-9 passes of
+``(B, chunks)`` programs that each pay a row decision and a launch. A top-p row without top-k takes the row path with
+an implicit k (TOP_P_CANDIDATES_K) when those candidates hold ``top_p * S`` of its mass, S coming from ``_mass`` (one
+pass over the row: an exp and an integer add a logit): a language model's nucleus is usually a few tokens, where the
+radix passes would compute 16 candidate masses for every logit of the row four times.
 
 Block skipping: a pass loads a block's logits only if the block's maximum key says it can matter, so with top-k on
 the passes after the scan touch about k blocks a row instead of all of them:
@@ -39,8 +42,9 @@ Each program first lists its chunk's live blocks (``_compact``), then loops over
 Cost per row, V logits of s bytes: the scan reads ``V * s`` bytes (4.5 MB at V = 248,320 in bf16); with top-k on, the
 4 (bf16) to 8 (fp32) passes per filter and the draw read the block maxima and the few live blocks; without top-k, the
 top-p passes read every block with mass (the candidate arithmetic, 16 compares and adds and an exp per logit,
-dominates) and the draw computes the noise of every logit not filtered by min-p. Launches: 1 + (1 row + 4 top-k) +
-(4 top-p) + 1 + 1 in bf16; ``use_top_k`` / ``use_top_p`` False drop their passes (and, for top-k, the row path).
+dominates) and the draw computes the noise of every logit not filtered by min-p. Launches: 1 + (1 mass) + (1 row) +
+(4 top-k) + (4 top-p) + 1 + 1 in bf16; ``use_top_k`` / ``use_top_p`` False drop their passes (the mass pass goes
+with top-p; the row kernel runs with either).
 
 Exactness: the kernels perform the reference's fp32 operations in the same order, are compiled without FMA
 contraction (``enable_fp_fusion=False``), divide with ``div_rn``, and sum integer masses, so they return the
@@ -70,6 +74,9 @@ MAX_BLOCKS = 8192  # block maxima a row (one program's tile when it finds the bo
 # collects them.
 ROW_CANDIDATES = 1024
 GATHER = 4096
+# A top-p row without top-k takes the row path with this implicit k when its candidates (the tokens at or above that
+# k's bound) hold top_p of the row's mass: the usual case for a language model's peaked distribution.
+TOP_P_CANDIDATES_K = 256
 
 # Globals the kernels read must be constexpr.
 _STATE = tl.constexpr(STATE)
@@ -276,11 +283,40 @@ def _sample_scan_kernel(logits, stride_row, V, num_chunks, num_blocks, greedy_va
 
 
 @triton.jit
+def _sample_mass_kernel(logits, stride_row, V, temperature, top_k, top_p, num_chunks, chunk_max, mass_part,
+                        USE_TOP_K: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr,
+                        USE_PDL: tl.constexpr):
+    """Each chunk's part of S, the whole row's W-mass (``sum trunc(exp_ce(y) * 2**32)``), for the sampled rows with
+    top-p on and top-k off: the row path takes such a row when its candidates hold ``top_p * S`` (0 elsewhere)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    t = tl.load(temperature + row)
+    k = tl.load(top_k + row)
+    p = tl.load(top_p + row)
+    m = _float_of_key(_row_max_key(chunk_max, row, num_chunks, CHUNKS_P))
+    finite = (m > float("-inf")) & (m < float("inf"))
+    topk_on = (k > 0) & (k < V) & USE_TOP_K
+    total = tl.zeros([BLOCK], tl.int64)
+    if (t > 0) & finite & (p < 1) & ~topk_on:
+        r = tl.div_rn(1.0, tl.maximum(t, _MIN_TEMPERATURE))
+        for start in tl.range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
+            if start < V:
+                offs = start + tl.arange(0, BLOCK)
+                raw = tl.load(logits + row * stride_row + offs, mask=offs < V, other=float("-inf"))
+                x, _ = _sanitized(raw)
+                total += (_exp_ce((x - m) * r) * _MASS_SCALE).to(tl.int64)
+    tl.store(mass_part + row * num_chunks + chunk, tl.sum(total, 0))
+
+
+@triton.jit
 def _sample_row_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, seeds, counters, num_chunks, chunk_max,
-                       num_blocks, block_max, live_list, live_stride, cand_x, cand_i, handled, out,
-                       SHIFT: tl.constexpr, KEY_BITS: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK: tl.constexpr,
-                       GATHER: tl.constexpr, CAND: tl.constexpr, CHUNKS_P: tl.constexpr, BLOCKS_P: tl.constexpr,
-                       USE_PDL: tl.constexpr):
+                       num_blocks, block_max, live_list, live_stride, cand_x, cand_i, mass_part, handled, out,
+                       SHIFT: tl.constexpr, KEY_BITS: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
+                       IMPLICIT_K: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr, CAND: tl.constexpr,
+                       CHUNKS_P: tl.constexpr, BLOCKS_P: tl.constexpr, USE_PDL: tl.constexpr):
     """A sampled top-k row's whole decision in one program, when few tokens can be in its top k (the row path).
 
     Every token of the top k has a key >= the bound ``L`` (the k-th largest block maximum), and a block whose
@@ -289,8 +325,11 @@ def _sample_row_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, 
     into ``cand_x`` / ``cand_i``, then finds top-k's threshold (the k-th largest key), top-p's (the largest key whose
     mass of keys >= it still reaches ``top_p * S``) bit by bit over the candidates held in registers, and draws among
     the kept ones: the operations and the decisions of the radix passes and ``_final``, on the tokens that can matter.
-    It writes the token and ``handled[row] = 1``; rows it does not take (greedy, top-k off, more than CAND candidates)
-    get ``handled[row] = 0`` and go through the radix passes, which skip the handled rows."""
+    A top-p row without top-k is taken the same way with k = IMPLICIT_K when its candidates hold ``top_p * S`` of
+    the row's mass (S from ``_mass``): then top-p's threshold is at or above the bound, and every token it keeps is a
+    candidate. It writes the token and ``handled[row] = 1``; rows it does not take (greedy, neither filter, more than
+    CAND candidates, a top-p set past the candidates) get ``handled[row] = 0`` and go through the radix passes, which
+    skip the handled rows."""
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -302,8 +341,11 @@ def _sample_row_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, 
     m = _float_of_key(key_max32)  # the row's maximum (NaN counted as -inf)
     finite = (m > float("-inf")) & (m < float("inf"))
     done = 0
-    if (t > 0) & finite & (k > 0) & (k < V):
-        bound = _kth_largest_block_key(block_max, row, num_blocks, k, SHIFT, KEY_BITS, BLOCKS_P)
+    topk_on = (k > 0) & (k < V) & USE_TOP_K
+    implicit = (p < 1) & ~topk_on & USE_TOP_P  # top-p alone: candidates of an implicit k
+    if (t > 0) & finite & (topk_on | implicit):
+        kk = tl.where(topk_on, k, IMPLICIT_K)
+        bound = _kth_largest_block_key(block_max, row, num_blocks, kk, SHIFT, KEY_BITS, BLOCKS_P)
         blocks = tl.arange(0, BLOCKS_P)
         block_keys = tl.load(block_max + row * num_blocks + blocks, mask=blocks < num_blocks, other=0) >> SHIFT
         live = (blocks < num_blocks) & (block_keys >= bound)
@@ -336,23 +378,34 @@ def _sample_row_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, 
                 index = tl.load(cand_i + row * CAND + c, mask=valid, other=_BIG)
                 _, key32 = _sanitized(x)
                 key = tl.where(valid, key32 >> SHIFT, -1)
-                # top-k's threshold: the largest T with at least k keys >= T.
+                # top-k's threshold: the largest T with at least k keys >= T (0: top-k off, every token).
                 threshold = tl.full([], 0, tl.int64)
-                for b in tl.static_range(KEY_BITS - 1, -1, -1):
-                    candidate = threshold | (1 << b)
-                    threshold = tl.where(tl.sum((key >= candidate).to(tl.int32), 0) >= k, candidate, threshold)
+                if topk_on:
+                    for b in tl.static_range(KEY_BITS - 1, -1, -1):
+                        candidate = threshold | (1 << b)
+                        threshold = tl.where(tl.sum((key >= candidate).to(tl.int32), 0) >= k, candidate, threshold)
                 r = tl.div_rn(1.0, tl.maximum(t, _MIN_TEMPERATURE))
                 y = (x - m) * r
+                ok = tl.full([], 1, tl.int32)
                 if USE_TOP_P:
                     if p < 1:  # the largest T whose mass of keys >= T reaches top_p * S, over the top-k tokens
                         w = tl.where(key >= threshold, (_exp_ce(y) * _MASS_SCALE).to(tl.int64), 0)
-                        target = p.to(tl.float64) * tl.sum(w, 0).to(tl.float64)
+                        held = tl.sum(w, 0)
+                        if implicit:  # S is the whole row's; the candidates must hold top_p of it
+                            offs = tl.arange(0, CHUNKS_P)
+                            total = tl.sum(tl.load(mass_part + row * num_chunks + offs, mask=offs < num_chunks,
+                                                   other=0), 0)
+                        else:
+                            total = held
+                        target = p.to(tl.float64) * total.to(tl.float64)
                         found = tl.full([], 0, tl.int64)
                         for b in tl.static_range(KEY_BITS - 1, -1, -1):
                             candidate = found | (1 << b)
                             mass = tl.sum(tl.where(key >= candidate, w, 0), 0)
                             found = tl.where(mass.to(tl.float64) >= target, candidate, found)
                         threshold = tl.maximum(threshold, found)
+                        if implicit:
+                            ok = tl.where(held.to(tl.float64) >= target, 1, 0)  # else top-p's set is wider
                 key_max = key_max32 >> SHIFT
                 threshold = tl.minimum(threshold, key_max)
                 mp = tl.load(min_p + row)
@@ -367,8 +420,8 @@ def _sample_row_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, 
                 score = tl.where(kept, y - _log_ce(-_log_ce(u)), float("-inf"))
                 best = tl.max(score, 0)
                 drawn = tl.min(tl.where(kept & (score == best), index, _BIG), 0)
-                tl.store(out + row, drawn.to(tl.int64))
-                done = 1
+                tl.store(out + row, drawn.to(tl.int64), mask=ok == 1)
+                done = ok
     tl.store(handled + row, done)
 
 
@@ -607,11 +660,12 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     # One int64 workspace: partials and states of the two searches (ping-pong slots: a pass reads the previous
     # pass's slot and writes the other), chunk and block maxima, and the fp32 / int32 chunk winners (greedy and drawn).
     n = rows * num_chunks
-    row_path = use_top_k and row_candidates > 0
+    row_path = (use_top_k or use_top_p) and row_candidates > 0
     sizes = {"topk_part": 2 * n * 16, "topp_part": 2 * n * 16, "topk_state": 2 * rows * STATE,
              "topp_state": 2 * rows * STATE, "chunk_max": n, "block_max": rows * num_blocks,
              "live_list": n * (chunk // block), "winners": 2 * n,
-             "candidates": rows * row_candidates if row_path else 0, "handled": rows}
+             "candidates": rows * row_candidates if row_path else 0, "handled": rows,
+             "mass_part": n if row_path and use_top_p else 0}
     workspace = torch.empty(sum(sizes.values()), dtype=torch.int64, device=device)
     views, offset = {}, 0
     for name, size in sizes.items():
@@ -636,10 +690,15 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                               block_max, CHUNK=chunk, BLOCK=block, **launch)
     blocks_p = max(16, triton.next_power_of_2(num_blocks))
     if row_path:
+        mass_part = views["mass_part"]
+        if use_top_p:
+            _sample_mass_kernel[grid](logits, stride, vocab, temperature, top_k, top_p, num_chunks, chunk_max, mass_part,
+                                      USE_TOP_K=use_top_k, CHUNK=chunk, BLOCK=block, CHUNKS_P=chunks_p, **launch)
         _sample_row_kernel[(rows,)](logits, stride, vocab, temperature, top_k, top_p, min_p, seeds, counters,
                                     num_chunks, chunk_max, num_blocks, block_max, live_list, num_chunks * (chunk // block),
-                                    candidates[0].view(torch.float32), candidates[1], handled, out, SHIFT=shift,
-                                    KEY_BITS=32 - shift, USE_TOP_P=use_top_p, BLOCK=block, GATHER=max(GATHER, block),
+                                    candidates[0].view(torch.float32), candidates[1], mass_part, handled, out,
+                                    SHIFT=shift, KEY_BITS=32 - shift, USE_TOP_K=use_top_k, USE_TOP_P=use_top_p,
+                                    IMPLICIT_K=TOP_P_CANDIDATES_K, BLOCK=block, GATHER=max(GATHER, block),
                                     CAND=row_candidates, CHUNKS_P=chunks_p, BLOCKS_P=blocks_p,
                                     **dict(launch, num_warps=8))
     if not radix:
