@@ -217,17 +217,22 @@ ALIGN_KERNEL_MAX_ROWS = 1024
 ALIGN_KERNEL_MAX_EXPERTS = 512
 
 
+def _align_outputs(num_rows: int, num_experts: int, block_m: int, device):
+    """The align's outputs, empty: ``sorted_rows [moe_padded_rows]``, ``block_experts``, ``num_padded [1]``."""
+    length = moe_padded_rows(num_rows, num_experts, block_m)
+    return (torch.empty(length, dtype=torch.int32, device=device),
+            torch.empty(length // block_m, dtype=torch.int32, device=device),
+            torch.empty(1, dtype=torch.int32, device=device))
+
+
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     """``ops.layouts.moe_align_block_size``'s result: by the one-program kernel for a decode step's few rows, by
     the torch version (a stable sort) above ``ALIGN_KERNEL_MAX_ROWS``."""
     num_rows = topk_ids.numel()
     if num_rows > ALIGN_KERNEL_MAX_ROWS or num_experts > ALIGN_KERNEL_MAX_EXPERTS:
         return moe_align_block_size(topk_ids, num_experts, block_m)
-    length = moe_padded_rows(num_rows, num_experts, block_m)
-    device = topk_ids.device
-    sorted_rows = torch.empty(length, dtype=torch.int32, device=device)
-    block_experts = torch.empty(length // block_m, dtype=torch.int32, device=device)
-    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    sorted_rows, block_experts, num_padded = _align_outputs(num_rows, num_experts, block_m, topk_ids.device)
+    length = sorted_rows.shape[0]
     ids = topk_ids.reshape(-1).to(torch.int32)
     _moe_align_kernel[(1,)](
         ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, length // block_m,
@@ -301,13 +306,10 @@ def routed_moe(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tens
     bm = config["block_m"]
     if router_logits.stride(1) != 1:
         router_logits = router_logits.contiguous()
-    device = x.device
-    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=device)
-    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=device)
-    length = moe_padded_rows(tokens * top_k, num_experts, bm)
-    sorted_rows = torch.empty(length, dtype=torch.int32, device=device)
-    block_experts = torch.empty(length // bm, dtype=torch.int32, device=device)
-    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=x.device)
+    sorted_rows, block_experts, num_padded = _align_outputs(tokens * top_k, num_experts, bm, x.device)
+    length = sorted_rows.shape[0]
     _moe_route_align_kernel[(1,)](
         router_logits, weights, ids, sorted_rows, block_experts, num_padded, tokens, num_experts,
         router_logits.stride(0), length, length // bm, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts),
