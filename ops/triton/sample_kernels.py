@@ -174,6 +174,18 @@ def _row_max_key(chunk_max, row, num_chunks, CHUNKS_P: tl.constexpr):
 
 
 @triton.jit
+def _row_params(temperature, top_k, top_p, chunk_max, row, num_chunks, CHUNKS_P: tl.constexpr):
+    """(t, k, p, the row's largest 32-bit key, its value m (NaN counted as -inf), whether m is finite): what every
+    kernel after the scan first reads of its row."""
+    t = tl.load(temperature + row)
+    k = tl.load(top_k + row)
+    p = tl.load(top_p + row)
+    key_max32 = _row_max_key(chunk_max, row, num_chunks, CHUNKS_P)
+    m = _float_of_key(key_max32)
+    return t, k, p, key_max32, m, (m > float("-inf")) & (m < float("inf"))
+
+
+@triton.jit
 def _decide(part, state, row, num_chunks, shift, k, top_p,
             MASS: tl.constexpr, FROM_START: tl.constexpr, CHUNKS_P: tl.constexpr):
     """The radix decision after a pass whose digit sat at ``shift``: (prefix, above, total), from that pass's
@@ -293,11 +305,7 @@ def _sample_mass_kernel(logits, stride_row, V, temperature, top_k, top_p, num_ch
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    t = tl.load(temperature + row)
-    k = tl.load(top_k + row)
-    p = tl.load(top_p + row)
-    m = _float_of_key(_row_max_key(chunk_max, row, num_chunks, CHUNKS_P))
-    finite = (m > float("-inf")) & (m < float("inf"))
+    t, k, p, key_max32, m, finite = _row_params(temperature, top_k, top_p, chunk_max, row, num_chunks, CHUNKS_P)
     topk_on = (k > 0) & (k < V) & USE_TOP_K
     total = tl.zeros([BLOCK], tl.int64)
     if (t > 0) & finite & (p < 1) & ~topk_on:
@@ -334,12 +342,7 @@ def _sample_row_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, 
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
-    t = tl.load(temperature + row)
-    k = tl.load(top_k + row)
-    p = tl.load(top_p + row)
-    key_max32 = _row_max_key(chunk_max, row, num_chunks, CHUNKS_P)
-    m = _float_of_key(key_max32)  # the row's maximum (NaN counted as -inf)
-    finite = (m > float("-inf")) & (m < float("inf"))
+    t, k, p, key_max32, m, finite = _row_params(temperature, top_k, top_p, chunk_max, row, num_chunks, CHUNKS_P)
     done = 0
     topk_on = (k > 0) & (k < V) & USE_TOP_K
     implicit = (p < 1) & ~topk_on & USE_TOP_P  # top-p alone: candidates of an implicit k
@@ -443,13 +446,8 @@ def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_c
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    t = tl.load(temperature + row)
-    k = tl.load(top_k + row)
-    p = tl.load(top_p + row)
+    t, k, p, key_max32, m, finite = _row_params(temperature, top_k, top_p, chunk_max, row, num_chunks, CHUNKS_P)
     topk_on = (t > 0) & (k > 0) & (k < V) & USE_TOP_K
-    key_max32 = _row_max_key(chunk_max, row, num_chunks, CHUNKS_P)
-    m = _float_of_key(key_max32)  # the row's maximum (NaN counted as -inf)
-    finite = (m > float("-inf")) & (m < float("inf"))
     if MASS:
         on = (t > 0) & (p < 1) & finite
     else:
@@ -522,12 +520,7 @@ def _sample_final_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    t = tl.load(temperature + row)
-    k = tl.load(top_k + row)
-    p = tl.load(top_p + row)
-    key_max32 = _row_max_key(chunk_max, row, num_chunks, CHUNKS_P)
-    m = _float_of_key(key_max32)  # the row's maximum (NaN counted as -inf)
-    finite = (m > float("-inf")) & (m < float("inf"))
+    t, k, p, key_max32, m, finite = _row_params(temperature, top_k, top_p, chunk_max, row, num_chunks, CHUNKS_P)
     score_best = tl.full([], float("-inf"), tl.float32)
     index_best = tl.full([], _BIG, tl.int32)
     sampled = (t > 0) & finite
