@@ -1,0 +1,82 @@
+"""The Triton kernels of ``ce::sample`` and the MoE ops compiled for the H200 (sm_90) on a CPU machine: Triton's
+frontend and ptxas, no GPU. The interpreter tests run these kernels' logic in NumPy, which accepts programs that
+Triton's compiler rejects (a name rebound to a value of another type inside a loop, for one), so a kernel that passes
+them can still fail at its first launch on a GPU; this compiles every variant the launchers use (bf16 and fp32 logits,
+each filter switch, the row path on and off) the way the GPU would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+def _compile(fn, signature: dict, constexprs: dict, num_warps: int = 4):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    full = {name: "constexpr" if name in constexprs else signature[name] for name in names}
+    source = ASTSource(fn=fn, signature=full, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 64),
+                          options={"num_warps": num_warps, "enable_fp_fusion": False})
+
+
+def _ptr(dtype):
+    return "*" + dtype
+
+
+ROW = dict(stride_row="i64", V="i32", temperature=_ptr("fp32"), top_k=_ptr("i64"), top_p=_ptr("fp32"),
+           min_p=_ptr("fp32"), seeds=_ptr("i64"), counters=_ptr("i64"), num_chunks="i32", chunk_max=_ptr("i64"),
+           num_blocks="i32", block_max=_ptr("i64"), live_list=_ptr("i64"), live_stride="i32", cand_x=_ptr("fp32"),
+           cand_i=_ptr("i32"), mass_part=_ptr("i64"), handled=_ptr("i32"), out=_ptr("i64"), shift="i32",
+           part_in=_ptr("i64"), state_in=_ptr("i64"), part_out=_ptr("i64"), state_out=_ptr("i64"),
+           topk_part=_ptr("i64"), topk_state=_ptr("i64"), topp_part=_ptr("i64"), topp_state=_ptr("i64"),
+           best_score=_ptr("fp32"), best_index=_ptr("i32"), greedy_value=_ptr("fp32"), greedy_index=_ptr("i32"))
+
+
+@pytest.fixture(autouse=True)
+def _own_triton_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+
+
+@pytest.mark.parametrize("logits, shift", [("bf16", 16), ("fp32", 0)])
+def test_sample_kernels_compile_for_sm90(logits, shift):
+    from ops.triton import sample_kernels as sk
+
+    sig = dict(ROW, logits=_ptr(logits))
+    common = dict(SHIFT=shift, BLOCK=256, CHUNKS_P=64, USE_PDL=True)
+    key_bits = 32 - shift
+    for use_top_k, use_top_p in ((True, True), (False, True), (True, False)):
+        _compile(sk._sample_row_kernel, sig, dict(common, KEY_BITS=key_bits, USE_TOP_K=use_top_k, USE_TOP_P=use_top_p,
+                 IMPLICIT_K=sk.TOP_P_CANDIDATES_K, GATHER=sk.GATHER, CAND=sk.ROW_CANDIDATES, BLOCKS_P=1024),
+                 num_warps=8)
+    _compile(sk._sample_mass_kernel, sig, dict(USE_TOP_K=True, CHUNK=4096, BLOCK=256, CHUNKS_P=64, USE_PDL=True))
+    for mass, topk_start, start, after_start in ((False, True, False, False), (False, False, False, False),
+                                                (True, False, True, False), (True, False, False, True)):
+        for row_path in (True, False):
+            _compile(sk._sample_radix_kernel, sig, dict(common, KEY_BITS=key_bits, MASS=mass, TOPK_START=topk_start,
+                     START=start, AFTER_START=after_start, USE_TOP_K=True, ROW_PATH=row_path, CHUNK=4096,
+                     BLOCKS_P=1024))
+    for row_path in (True, False):
+        _compile(sk._sample_final_kernel, sig, dict(common, USE_TOP_K=True, USE_TOP_P=True, ROW_PATH=row_path,
+                 CHUNK=4096))
+        _compile(sk._sample_reduce_kernel, sig, dict(ROW_PATH=row_path, CHUNKS_P=64, USE_PDL=True))
+
+
+def test_moe_routing_kernels_compile_for_sm90():
+    from ops.triton import moe_kernels as mk
+
+    sig = dict(logits=_ptr("bf16"), weights=_ptr("fp32"), ids=_ptr("i32"), sorted_rows=_ptr("i32"),
+               block_experts=_ptr("i32"), num_padded=_ptr("i32"), num_tokens="i32", num_experts="i32",
+               stride_row="i32", length="i32", num_blocks="i32", num_rows="i32")
+    for renormalize in (True, False):
+        _compile(mk._moe_route_align_kernel, sig, dict(TOP_K=8, BLOCK_E=256, BLOCK_K=8, RENORMALIZE=renormalize,
+                 BLOCK_M=16, CHUNK=32))
+        _compile(mk._moe_route_kernel, sig, dict(TOP_K=8, BLOCK_E=256, BLOCK_K=8, RENORMALIZE=renormalize),
+                 num_warps=1)
+    _compile(mk._moe_align_kernel, sig, dict(BLOCK_M=16, BLOCK_E=256, CHUNK=32))
