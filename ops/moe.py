@@ -83,7 +83,7 @@ def fused_moe_reference(
     return out.to(x.dtype)
 
 
-def _fused_moe_fake(x, gate_up, down, topk_weights, topk_ids):
+def _like_x_fake(x, *args):
     return x.new_empty(x.shape)
 
 
@@ -91,7 +91,7 @@ fused_moe_op = define_op(
     "fused_moe(Tensor x, Tensor gate_up, Tensor down, Tensor topk_weights, Tensor topk_ids) -> Tensor",
     reference=fused_moe_reference,
     cuda=moe_kernels.fused_moe if HAVE_TRITON else None,
-    fake=_fused_moe_fake,
+    fake=_like_x_fake,
 )
 
 
@@ -100,14 +100,10 @@ def routed_moe_reference(x, router_logits, gate_up, down, top_k: int, renormaliz
     return fused_moe_reference(x, gate_up, down, weights, ids)
 
 
-def _routed_moe_fake(x, router_logits, gate_up, down, top_k, renormalize):
-    return x.new_empty(x.shape)
-
-
 routed_moe_op = define_op(
     "routed_moe(Tensor x, Tensor router_logits, Tensor gate_up, Tensor down, int top_k, bool renormalize) -> Tensor",
     reference=routed_moe_reference,
     cuda=moe_kernels.routed_moe if HAVE_TRITON else None,
-    fake=_routed_moe_fake,
+    fake=_like_x_fake,
 )
 

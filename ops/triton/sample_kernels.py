@@ -245,14 +245,22 @@ def _kth_largest_block_key(block_max, row, num_blocks, k, SHIFT: tl.constexpr, K
                            BLOCKS_P: tl.constexpr):
     """The k-th largest of the row's block maxima (keys shifted by SHIFT), 0 when the row has fewer than k blocks:
     top-k's bound. The k largest block maxima are k distinct tokens with a key >= it, so top-k's threshold is >= it.
-    Bit by bit from the top: the largest key T with at least k block maxima >= T."""
+    The largest key T with at least k block maxima >= T."""
     offs = tl.arange(0, BLOCKS_P)
     keys = tl.load(block_max + row * num_blocks + offs, mask=offs < num_blocks, other=0) >> SHIFT
+    return _largest_key_reaching(keys, tl.full([BLOCKS_P], 1, tl.int32), k.to(tl.float64), KEY_BITS)
+
+
+@triton.jit
+def _largest_key_reaching(keys, weights, target, KEY_BITS: tl.constexpr):
+    """The largest T whose weight of ``keys >= T`` (summed exactly, compared in float64) reaches ``target``, bit by
+    bit from the top (0 if none above does): the k-th largest key for unit weights and target k, top-p's threshold
+    for masses and target ``top_p * S``. Keys below 0 never count."""
     found = tl.full([], 0, tl.int64)
     for b in tl.static_range(KEY_BITS - 1, -1, -1):
         candidate = found | (1 << b)
-        count = tl.sum((keys >= candidate).to(tl.int32), 0)
-        found = tl.where(count >= k, candidate, found)
+        reached = tl.sum(tl.where(keys >= candidate, weights, 0), 0).to(tl.float64) >= target
+        found = tl.where(reached, candidate, found)
     return found
 
 
@@ -384,9 +392,7 @@ def _sample_row_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, 
                 # top-k's threshold: the largest T with at least k keys >= T (0: top-k off, every token).
                 threshold = tl.full([], 0, tl.int64)
                 if topk_on:
-                    for b in tl.static_range(KEY_BITS - 1, -1, -1):
-                        candidate = threshold | (1 << b)
-                        threshold = tl.where(tl.sum((key >= candidate).to(tl.int32), 0) >= k, candidate, threshold)
+                    threshold = _largest_key_reaching(key, tl.full([CAND], 1, tl.int32), k.to(tl.float64), KEY_BITS)
                 r = tl.div_rn(1.0, tl.maximum(t, _MIN_TEMPERATURE))
                 y = (x - m) * r
                 ok = tl.full([], 1, tl.int32)
@@ -401,12 +407,7 @@ def _sample_row_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, 
                         else:
                             total = held
                         target = p.to(tl.float64) * total.to(tl.float64)
-                        found = tl.full([], 0, tl.int64)
-                        for b in tl.static_range(KEY_BITS - 1, -1, -1):
-                            candidate = found | (1 << b)
-                            mass = tl.sum(tl.where(key >= candidate, w, 0), 0)
-                            found = tl.where(mass.to(tl.float64) >= target, candidate, found)
-                        threshold = tl.maximum(threshold, found)
+                        threshold = tl.maximum(threshold, _largest_key_reaching(key, w, target, KEY_BITS))
                         if implicit:
                             ok = tl.where(held.to(tl.float64) >= target, 1, 0)  # else top-p's set is wider
                 key_max = key_max32 >> SHIFT
