@@ -6,7 +6,12 @@ distinct experts the routing touched, counted from the ids, plus x, the weights 
 the copy bandwidth measured in the same run, and the TFLOP/s of the expert GEMMs (2 x 3 x H x I per routed row).
 With ``--sweep`` every tile config of ``CONFIGS`` is timed too, to tune ``moe_kernels.moe_config`` on the GPU.
 
-    python bench/moe_microbench.py --out DIR [--sweep] [--tokens 1,8,64,256,2048,16384]
+``ce::routed_moe`` (what a sparse layer runs: the route, then the experts) is timed at ``--routed-tokens`` down both
+of its decode paths, the GEMVs (``experts_gemv``) and the one-program route and align before the grouped GEMMs, with
+the same bytes counted; with ``--sweep`` at 1 token every ``GEMV_CONFIGS`` tile of the GEMVs too (one kernel's tiles
+varied, the other's at the rule's).
+
+    python bench/moe_microbench.py --out DIR [--sweep] [--tokens 1,8,64,256,2048,16384] [--routed-tokens 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from ops.triton import moe_kernels
 EXPERTS, TOP_K, HIDDEN, INTER = 256, 8, 2048, 512
 CONFIGS = [dict(block_m=m, block_n=n, block_k=k, num_warps=w)
            for m in (16, 32, 64) for n in (32, 64, 128) for k in (64, 128) for w in (4, 8)]
+GEMV_CONFIGS = ([("gate_up", dict(block_n=n, block_k=k, num_warps=w))
+                 for n in (2, 4, 8) for k in (512, 1024, 2048) for w in (4, 8)]
+                + [("down", dict(block_n=n, block_k=k, num_warps=w))
+                   for n in (2, 4, 8, 16) for k in (256, 512) for w in (4, 8)])
 
 
 def time_graph(fn) -> float:
@@ -41,6 +50,7 @@ def time_graph(fn) -> float:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", default="1,8,64,256,2048,16384")
+    p.add_argument("--routed-tokens", default="1,2,4,8")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -69,11 +79,53 @@ def main(argv=None) -> None:
                        bandwidth_fraction=nbytes / (us * 1e-6) / bandwidth, tflops=flops / (us * 1e-6) / 1e12)
             rows.append(row)
             print(json.dumps(row))
+    for tokens in [int(t) for t in args.routed_tokens.split(",") if t]:
+        rows += routed_rows(tokens, gate_up, down, bandwidth, g, args.sweep)
     result = {"shape": dict(experts=EXPERTS, top_k=TOP_K, hidden=HIDDEN, inter=INTER), "copy_GBps": bandwidth / 1e9,
               "rows": rows}
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "moe_microbench.json").write_text(json.dumps(result, indent=2))
+
+
+def routed_rows(tokens, gate_up, down, bandwidth, g, sweep) -> list[dict]:
+    """``ce::routed_moe`` at ``tokens`` tokens down each decode path (and the GEMV tiles with ``sweep`` at 1 token)."""
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=g).bfloat16()
+    logits = torch.randn(tokens, EXPERTS, device="cuda", generator=g)
+    _, ids = moe_route_op(logits, TOP_K, True)
+    touched = int(torch.unique(ids).numel())
+    nbytes = touched * 3 * HIDDEN * INTER * 2 + 2 * x.numel() * 2 + logits.numel() * 4
+    default = moe_kernels.moe_gemv_config(HIDDEN, INTER)
+    variants = [("gemv", None), ("grouped", None)]
+    if sweep and tokens == 1:
+        variants += [("gemv", dict(default, **{kernel: tiles})) for kernel, tiles in GEMV_CONFIGS]
+    rows, limit = [], moe_kernels.MOE_GEMV_MAX_TOKENS
+
+    def call(path, config):
+        if path == "grouped":
+            moe_kernels.MOE_GEMV_MAX_TOKENS = 0
+            return moe_kernels.routed_moe(x, logits, gate_up, down, TOP_K, True)
+        moe_kernels.MOE_GEMV_MAX_TOKENS = max(limit, tokens)
+        if config is None:
+            return moe_kernels.routed_moe(x, logits, gate_up, down, TOP_K, True)
+        weights, chosen = moe_kernels.moe_route(logits, TOP_K, True)
+        return moe_kernels.experts_gemv(x, gate_up, down, weights, chosen, config)
+
+    try:
+        for path, config in variants:
+            try:
+                us = time_graph(lambda: call(path, config))
+            except Exception as error:  # noqa: BLE001  (a tile that does not fit: reported, not fatal)
+                rows.append(dict(op="routed_moe", tokens=tokens, path=path, config=config, error=repr(error)[:300]))
+                continue
+            row = dict(op="routed_moe", tokens=tokens, path=path, config=config or (default if path == "gemv" else
+                       moe_kernels.moe_config(tokens * TOP_K, EXPERTS)), rule=config is None, us=us,
+                       experts_touched=touched, bytes=nbytes, bandwidth_fraction=nbytes / (us * 1e-6) / bandwidth)
+            rows.append(row)
+            print(json.dumps(row))
+    finally:
+        moe_kernels.MOE_GEMV_MAX_TOKENS = limit
+    return rows
 
 
 if __name__ == "__main__":

@@ -80,3 +80,16 @@ def test_moe_routing_kernels_compile_for_sm90():
         _compile(mk._moe_route_kernel, sig, dict(TOP_K=8, BLOCK_E=256, BLOCK_K=8, RENORMALIZE=renormalize),
                  num_warps=1)
     _compile(mk._moe_align_kernel, sig, dict(BLOCK_M=16, BLOCK_E=256, CHUNK=32))
+
+
+def test_moe_expert_gemv_kernels_compile_for_sm90():
+    from ops.triton import moe_kernels as mk
+
+    sig = dict(x=_ptr("bf16"), w=_ptr("bf16"), act=_ptr("bf16"), out=_ptr("bf16"), weights=_ptr("fp32"),
+               ids=_ptr("i32"), inter="i32", hidden="i32", stride_x="i32", stride_we="i32", stride_wn="i32",
+               stride_act="i32", stride_out="i32")
+    config = mk.moe_gemv_config(2048, 512)
+    for name, kernel in (("gate_up", mk._moe_gemv_gate_up_kernel), ("down", mk._moe_gemv_down_kernel)):
+        tiles = config[name]
+        _compile(kernel, sig, dict(TOP_K=8, BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"]),
+                 num_warps=tiles["num_warps"])

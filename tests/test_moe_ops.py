@@ -7,8 +7,8 @@
 * (opcheck of the three ops: tests/test_ops.py's OPCHECK_CASES)
 * the Triton kernels under ``TRITON_INTERPRET=1`` on the CPU (hypothesis: random routings, all rows to one expert,
   empty experts, tiny shapes): the grouped GEMMs against the reference, with the one-program align kernel and with
-  the torch sort, the align kernel against the torch version, the route kernel against its
-  reference; in a child process as
+  the torch sort, the few-tokens GEMVs against float64, the align kernel against the torch version, the route kernel
+  against its reference, ``ce::routed_moe`` down each of its paths; in a child process as
   tests/test_kernels_interpreter.py does;
 * on a GPU (marked ``gpu``): the kernel in bf16 on the Qwen3.5-35B-A3B expert shape against the reference.
 """
@@ -162,6 +162,28 @@ def _child_checks() -> dict:
         got = moe_kernels.fused_moe(x, gate_up, down, weights, ids, block_m=block_m, block_n=block_n, block_k=16)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
+    @settings(max_examples=12, derandomize=True, deadline=None, database=None,
+              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
+    @given(routings(max_tokens=6, max_experts=8), st.sampled_from([2, 4, 8]), st.sampled_from([8, 16, 64]),
+           st.sampled_from([(16, 24), (40, 20)]), st.booleans())
+    def gemv(routing, block_n, block_k, dims, strided):
+        """The few-tokens path (``experts_gemv``): chunks along K that do not divide H or I, column blocks past the
+        end, experts chosen by several tokens."""
+        tokens, experts, top_k, ids = routing
+        hidden, inter = dims
+        g = torch.Generator().manual_seed(tokens * 131 + experts * 7 + top_k)
+        x = torch.randn(tokens, hidden + (3 if strided else 0), generator=g)[:, :hidden]
+        gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) * 0.3
+        down = torch.randn(experts, hidden, inter, generator=g) * 0.3
+        weights = torch.rand(tokens, top_k, generator=g)
+        tiles = dict(block_n=block_n, block_k=block_k, num_warps=1)
+        got = moe_kernels.experts_gemv(x, gate_up, down, weights, ids, dict(gate_up=tiles, down=tiles))
+        torch.testing.assert_close(got.double(), float64_moe(x, gate_up, down, weights, ids), atol=1e-4, rtol=1e-4)
+        if tokens <= moe_kernels.MOE_GEMV_MAX_TOKENS:  # and the op's own dispatch, at its default tiles
+            got = moe_kernels.fused_moe(x, gate_up, down, weights, ids)
+            torch.testing.assert_close(got.double(), float64_moe(x, gate_up, down, weights, ids), atol=1e-4,
+                                       rtol=1e-4)
+
     @settings(max_examples=25, derandomize=True, deadline=None, database=None,
               phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
     @given(routings(max_tokens=40, max_experts=40), st.sampled_from([1, 4, 16]))
@@ -190,8 +212,9 @@ def _child_checks() -> dict:
     @given(st.integers(1, 2 * moe_kernels.ROUTE_ALIGN_MAX_TOKENS), st.integers(2, 40), st.integers(1, 4),
            st.booleans(), st.booleans(), st.integers(0, 2**16))
     def routed(tokens, experts, top_k, renormalize, strided, seed):
-        """ce::routed_moe's kernels (route and align in one program up to ROUTE_ALIGN_MAX_TOKENS tokens, as two
-        launches above) against the float64 experts of the reference's routing."""
+        """ce::routed_moe's kernels (the route then the GEMVs up to MOE_GEMV_MAX_TOKENS tokens, then route and align
+        in one program up to ROUTE_ALIGN_MAX_TOKENS, as two launches above) against the float64 experts of the
+        reference's routing."""
         top_k = min(top_k, experts)
         g = torch.Generator().manual_seed(seed)
         hidden, inter = 24, 20
@@ -211,9 +234,17 @@ def _child_checks() -> dict:
         finally:
             moe_kernels.ALIGN_KERNEL_MAX_ROWS = limit
 
+    def routed_without_gemv():  # the grouped GEMMs under the one-program route and align
+        limit = moe_kernels.MOE_GEMV_MAX_TOKENS
+        moe_kernels.MOE_GEMV_MAX_TOKENS = 0
+        try:
+            routed()
+        finally:
+            moe_kernels.MOE_GEMV_MAX_TOKENS = limit
+
     checks = [("fused_moe_hypothesis", run), ("moe_align_kernel", align),
               ("fused_moe_sorted_align", run_with_sorted_align), ("moe_route_kernel", route),
-              ("routed_moe_kernels", routed)]
+              ("routed_moe_kernels", routed), ("experts_gemv", gemv), ("routed_moe_grouped", routed_without_gemv)]
     for name, check in checks:
         try:
             check()
@@ -238,8 +269,8 @@ def interpreter_results() -> dict:
 
 def test_fused_moe_kernel_matches_reference_in_interpreter(interpreter_results):
     assert set(interpreter_results) == {"fused_moe_hypothesis", "moe_align_kernel", "fused_moe_sorted_align",
-                                        "routed_moe_kernels",
-                                        "moe_route_kernel"}
+                                        "routed_moe_kernels", "moe_route_kernel", "experts_gemv",
+                                        "routed_moe_grouped"}
     for name, error in interpreter_results.items():
         assert error is None, f"{name}: {error}"
 
@@ -253,6 +284,8 @@ def test_fused_moe_kernel_matches_reference_in_interpreter(interpreter_results):
 @pytest.mark.parametrize("tokens", [1, 8, 64, 256, 2048])
 def test_fused_moe_kernel_on_the_35b_a3b_expert_shape(tokens):
     """bf16, 256 experts, top-8, H 2048, I 512: the kernel (the op's CUDA path) against the CPU-order reference."""
+    from ops.triton import moe_kernels
+
     g = torch.Generator(device="cuda").manual_seed(tokens)
     experts, top_k, hidden, inter = 256, 8, 2048, 512
     x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
@@ -263,9 +296,13 @@ def test_fused_moe_kernel_on_the_35b_a3b_expert_shape(tokens):
     got = fused_moe_op(x, gate_up, down, weights, ids)
     want = fused_moe_reference(x, gate_up, down, weights, ids)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
-    # ce::routed_moe (what the model runs: route and align in one launch at 1 token) on the same router logits
+    # ce::routed_moe (what the model runs: the GEMVs at 1 token) on the same router logits, and its grouped GEMMs
     torch.testing.assert_close(routed_moe_op(x, logits, gate_up, down, top_k, True).float(), want.float(), atol=2e-2,
                                rtol=2e-2)
+    if tokens <= moe_kernels.MOE_GEMV_MAX_TOKENS:
+        grouped = moe_kernels.fused_moe(x, gate_up, down, weights, ids, **moe_kernels.moe_config(tokens * top_k,
+                                                                                                   experts))
+        torch.testing.assert_close(grouped.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu

@@ -103,6 +103,64 @@ def _moe_down_kernel(
 
 
 @triton.jit
+def _moe_gemv_gate_up_kernel(
+    x, w, act, ids, inter, hidden, stride_x, stride_we, stride_wn, stride_act,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The few-tokens path's ``act[r] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T)``: program (r, n) reads routed row
+    r's expert straight from ``ids`` (no sort) and streams BLOCK_N gate rows and the same up rows along H as a GEMV
+    (products summed into [BLOCK_N, BLOCK_K] fp32 accumulators, reduced once after the loop)."""
+    row = tl.program_id(0)
+    token = (row // TOP_K).to(tl.int64)
+    expert = tl.load(ids + row).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < inter
+    ks = tl.arange(0, BLOCK_K)
+    gate_rows = w + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn
+    up_rows = gate_rows + inter * stride_wn
+    acc_gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        k_ok = ks < hidden - k0
+        xv = tl.load(x + token * stride_x + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        mask = col_ok[:, None] & k_ok[None, :]
+        acc_gate += tl.load(gate_rows + k0 + ks[None, :], mask=mask, other=0.0).to(tl.float32) * xv
+        acc_up += tl.load(up_rows + k0 + ks[None, :], mask=mask, other=0.0).to(tl.float32) * xv
+    dtype = act.dtype.element_ty
+    gate = tl.sum(acc_gate, axis=1).to(dtype).to(tl.float32)
+    up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+    activated = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+    tl.store(act + row.to(tl.int64) * stride_act + cols, (activated * up).to(dtype), mask=col_ok)
+
+
+@triton.jit
+def _moe_gemv_down_kernel(
+    act, w, out, weights, ids, hidden, inter, stride_act, stride_we, stride_wn, stride_out,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The few-tokens path's ``out[t] = sum_j weight[t, j] * (act[t * k + j] @ down[e_j].T)``: program (t, n) walks
+    token t's k experts in order for BLOCK_N output columns, summing in fp32 as ``_moe_sum_kernel`` does, and rounds
+    once: the down GEMV and the per-token sum in one launch."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < hidden
+    ks = tl.arange(0, BLOCK_K)
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        row = token * TOP_K + j
+        expert = tl.load(ids + row).to(tl.int64)
+        rows = w + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            k_ok = ks < inter - k0
+            a = tl.load(act + row * stride_act + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
+            b = tl.load(rows + k0 + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            acc += b * a[None, :]
+        total += tl.sum(acc, axis=1) * tl.load(weights + row)
+    tl.store(out + token * stride_out + cols, total.to(out.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
 def _route_token(logits, weights, ids, row, num_experts, stride_row, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
     """``ce::moe_route`` of token ``row``: softmax over the experts in fp32, k passes of (max, first index of the max,
@@ -262,6 +320,41 @@ def moe_config(num_rows: int, num_experts: int) -> dict:
     return dict(block_m=64, block_n=64, block_k=64, num_warps=4)
 
 
+# Up to this many tokens the experts run as GEMVs (``_moe_gemv_*``: no align, no sum kernel), above as grouped GEMMs.
+MOE_GEMV_MAX_TOKENS = 4
+
+
+def moe_gemv_config(hidden: int, inter: int) -> dict:
+    """The few-tokens path's tiles: BLOCK_N output columns a program (gate_up: of the gate and of the up half), along
+    K in BLOCK_K chunks; at batch 1 on the 35B-A3B shape 8 x 128 gate_up and 1 x 512 down programs."""
+    return dict(gate_up=dict(block_n=4, block_k=min(1024, triton.next_power_of_2(hidden)), num_warps=4),
+                down=dict(block_n=4, block_k=min(512, triton.next_power_of_2(inter)), num_warps=4))
+
+
+def experts_gemv(x, gate_up, down, topk_weights, topk_ids, config=None):
+    """The routed experts of a few tokens: one gate_up GEMV program per (routed row, column block), reading its expert
+    from ``topk_ids``, then one down GEMV per (token, column block) summing the token's k experts."""
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    inter = gate_up.shape[1] // 2
+    config = config or moe_gemv_config(hidden, inter)
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    weights = topk_weights.reshape(-1).float().contiguous()
+    act = torch.empty((tokens * top_k, inter), dtype=x.dtype, device=x.device)
+    gu = config["gate_up"]
+    _moe_gemv_gate_up_kernel[(tokens * top_k, triton.cdiv(inter, gu["block_n"]))](
+        x, gate_up, act, ids, inter, hidden, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+        TOP_K=top_k, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"], num_warps=gu["num_warps"],
+    )
+    dn = config["down"]
+    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
+    _moe_gemv_down_kernel[(tokens, triton.cdiv(hidden, dn["block_n"]))](
+        act, down, out, weights, ids, hidden, inter, act.stride(0), down.stride(0), down.stride(1), out.stride(0),
+        TOP_K=top_k, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"], num_warps=dn["num_warps"],
+    )
+    return out
+
+
 def fused_moe(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -277,14 +370,18 @@ def fused_moe(
     tokens = x.shape[0]
     if tokens == 0:
         return torch.empty_like(x)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if tokens <= MOE_GEMV_MAX_TOKENS and block_m is None:
+        return experts_gemv(x, gate_up.contiguous(), down.contiguous(), topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
     config = moe_config(tokens * top_k, gate_up.shape[0])
     for key, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k), ("num_warps", num_warps)):
         if value is not None:
             config[key] = value
     sorted_rows, block_experts, num_padded = moe_align(topk_ids, gate_up.shape[0], config["block_m"])
-    return _experts(x if x.stride(1) == 1 else x.contiguous(), gate_up.contiguous(), down.contiguous(), topk_weights,
-                    top_k, sorted_rows, block_experts, num_padded, config)
+    return _experts(x, gate_up.contiguous(), down.contiguous(), topk_weights, top_k, sorted_rows, block_experts,
+                    num_padded, config)
 
 
 # Up to this many tokens routed_moe routes and aligns in one program (the route loops over the tokens there).
@@ -297,6 +394,9 @@ def routed_moe(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tens
     tokens, else as two, then ``fused_moe``'s grouped GEMMs."""
     tokens = x.shape[0]
     num_experts = gate_up.shape[0]
+    if tokens <= MOE_GEMV_MAX_TOKENS:
+        weights, ids = moe_route(router_logits, top_k, renormalize)
+        return fused_moe(x, gate_up, down, weights, ids)
     if tokens > ROUTE_ALIGN_MAX_TOKENS or num_experts > ALIGN_KERNEL_MAX_EXPERTS:
         weights, ids = moe_route(router_logits, top_k, renormalize)
         return fused_moe(x, gate_up, down, weights, ids)
