@@ -89,7 +89,8 @@ def test_moe_expert_gemv_kernels_compile_for_sm90():
                ids=_ptr("i32"), inter="i32", hidden="i32", stride_x="i32", stride_we="i32", stride_wn="i32",
                stride_act="i32", stride_out="i32")
     config = mk.moe_gemv_config(2048, 512)
+    extra = {"gate_up": {}, "down": {"BLOCK_J": 8}}
     for name, kernel in (("gate_up", mk._moe_gemv_gate_up_kernel), ("down", mk._moe_gemv_down_kernel)):
         tiles = config[name]
-        _compile(kernel, sig, dict(TOP_K=8, BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"]),
+        _compile(kernel, sig, dict(TOP_K=8, BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"], **extra[name]),
                  num_warps=tiles["num_warps"])

@@ -136,27 +136,31 @@ def _moe_gemv_gate_up_kernel(
 @triton.jit
 def _moe_gemv_down_kernel(
     act, w, out, weights, ids, hidden, inter, stride_act, stride_we, stride_wn, stride_out,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """The few-tokens path's ``out[t] = sum_j weight[t, j] * (act[t * k + j] @ down[e_j].T)``: program (t, n) walks
-    token t's k experts in order for BLOCK_N output columns, summing in fp32 as ``_moe_sum_kernel`` does, and rounds
-    once: the down GEMV and the per-token sum in one launch."""
+    """The few-tokens path's ``out[t] = sum_j weight[t, j] * (act[t * k + j] @ down[e_j].T)``: program (t, n) loads
+    token t's k expert ids at once and streams the k experts' BLOCK_N down rows together (a [BLOCK_J, BLOCK_N,
+    BLOCK_K] tile: no chain of k dependent loads), sums the k weighted outputs in fp32 and rounds once: the down GEMV
+    and the per-token sum in one launch."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
+    js = tl.arange(0, BLOCK_J)
+    j_ok = js < TOP_K
+    rows = token * TOP_K + js
+    experts = tl.load(ids + rows, mask=j_ok, other=0).to(tl.int64)
     ks = tl.arange(0, BLOCK_K)
-    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        row = token * TOP_K + j
-        expert = tl.load(ids + row).to(tl.int64)
-        rows = w + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, inter, BLOCK_K):
-            k_ok = ks < inter - k0
-            a = tl.load(act + row * stride_act + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
-            b = tl.load(rows + k0 + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            acc += b * a[None, :]
-        total += tl.sum(acc, axis=1) * tl.load(weights + row)
+    w_rows = w + experts[:, None, None] * stride_we + cols.to(tl.int64)[None, :, None] * stride_wn
+    a_rows = act + rows[:, None] * stride_act
+    acc = tl.zeros((BLOCK_J, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        k_ok = ks < inter - k0
+        a = tl.load(a_rows + k0 + ks[None, :], mask=j_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        mask = j_ok[:, None, None] & col_ok[None, :, None] & k_ok[None, None, :]
+        b = tl.load(w_rows + k0 + ks[None, None, :], mask=mask, other=0.0).to(tl.float32)
+        acc += b * a[:, None, :]
+    scale = tl.load(weights + rows, mask=j_ok, other=0.0)
+    total = tl.sum(tl.sum(acc, axis=2) * scale[:, None], axis=0)
     tl.store(out + token * stride_out + cols, total.to(out.dtype.element_ty), mask=col_ok)
 
 
@@ -325,10 +329,11 @@ MOE_GEMV_MAX_TOKENS = 4
 
 
 def moe_gemv_config(hidden: int, inter: int) -> dict:
-    """The few-tokens path's tiles: BLOCK_N output columns a program (gate_up: of the gate and of the up half), along
-    K in BLOCK_K chunks; at batch 1 on the 35B-A3B shape 8 x 128 gate_up and 1 x 512 down programs."""
+    """The few-tokens path's tiles: BLOCK_N output columns a program (gate_up: of the gate and of the up half; down:
+    of each of the token's k experts), along K in BLOCK_K chunks; at batch 1 on the 35B-A3B shape 8 x 128 gate_up and
+    1 x 1024 down programs."""
     return dict(gate_up=dict(block_n=4, block_k=min(1024, triton.next_power_of_2(hidden)), num_warps=4),
-                down=dict(block_n=4, block_k=min(512, triton.next_power_of_2(inter)), num_warps=4))
+                down=dict(block_n=2, block_k=min(256, triton.next_power_of_2(inter)), num_warps=4))
 
 
 def experts_gemv(x, gate_up, down, topk_weights, topk_ids, config=None):
@@ -350,7 +355,8 @@ def experts_gemv(x, gate_up, down, topk_weights, topk_ids, config=None):
     out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     _moe_gemv_down_kernel[(tokens, triton.cdiv(hidden, dn["block_n"]))](
         act, down, out, weights, ids, hidden, inter, act.stride(0), down.stride(0), down.stride(1), out.stride(0),
-        TOP_K=top_k, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"], num_warps=dn["num_warps"],
+        TOP_K=top_k, BLOCK_J=triton.next_power_of_2(top_k), BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
+        num_warps=dn["num_warps"],
     )
     return out
 
