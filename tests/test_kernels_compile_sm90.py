@@ -75,8 +75,6 @@ def test_moe_routing_kernels_compile_for_sm90():
                block_experts=_ptr("i32"), num_padded=_ptr("i32"), num_tokens="i32", num_experts="i32",
                stride_row="i32", length="i32", num_blocks="i32", num_rows="i32")
     for renormalize in (True, False):
-        _compile(mk._moe_route_align_kernel, sig, dict(TOP_K=8, BLOCK_E=256, BLOCK_K=8, RENORMALIZE=renormalize,
-                 BLOCK_M=16, CHUNK=32))
         _compile(mk._moe_route_kernel, sig, dict(TOP_K=8, BLOCK_E=256, BLOCK_K=8, RENORMALIZE=renormalize),
                  num_warps=1)
     _compile(mk._moe_align_kernel, sig, dict(BLOCK_M=16, BLOCK_E=256, CHUNK=32))

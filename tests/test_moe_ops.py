@@ -209,12 +209,11 @@ def _child_checks() -> dict:
 
     @settings(max_examples=12, derandomize=True, deadline=None, database=None,
               phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
-    @given(st.integers(1, 2 * moe_kernels.ROUTE_ALIGN_MAX_TOKENS), st.integers(2, 40), st.integers(1, 4),
+    @given(st.integers(1, 2 * moe_kernels.MOE_GEMV_MAX_TOKENS), st.integers(2, 40), st.integers(1, 4),
            st.booleans(), st.booleans(), st.integers(0, 2**16))
     def routed(tokens, experts, top_k, renormalize, strided, seed):
-        """ce::routed_moe's kernels (the route then the GEMVs up to MOE_GEMV_MAX_TOKENS tokens, then route and align
-        in one program up to ROUTE_ALIGN_MAX_TOKENS, as two launches above) against the float64 experts of the
-        reference's routing."""
+        """ce::routed_moe's kernels (the route, then the GEMVs up to MOE_GEMV_MAX_TOKENS tokens, the align and the
+        grouped GEMMs above) against the float64 experts of the reference's routing."""
         top_k = min(top_k, experts)
         g = torch.Generator().manual_seed(seed)
         hidden, inter = 24, 20
@@ -234,7 +233,7 @@ def _child_checks() -> dict:
         finally:
             moe_kernels.ALIGN_KERNEL_MAX_ROWS = limit
 
-    def routed_without_gemv():  # the grouped GEMMs under the one-program route and align
+    def routed_without_gemv():  # the grouped GEMMs at every token count
         limit = moe_kernels.MOE_GEMV_MAX_TOKENS
         moe_kernels.MOE_GEMV_MAX_TOKENS = 0
         try:

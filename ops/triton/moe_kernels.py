@@ -1,24 +1,30 @@
-"""Triton kernels for ``ce::fused_moe`` (the routed experts of a sparse MoE layer as two grouped GEMMs),
-``ce::moe_route`` (the router's softmax and top-k, one program per token) and ``ce::routed_moe`` (both).
+"""Triton kernels for ``ce::fused_moe`` (the routed experts of a sparse MoE layer), ``ce::moe_route`` (the router's
+softmax and top-k, one program per token) and ``ce::routed_moe`` (both).
 
-The routed rows ``r = t * k + j`` (token t's j-th expert) are sorted by expert into blocks of BLOCK_M rows of one
-expert each (``ops.layouts.moe_align_block_size``; padding slots hold the sentinel ``T * k``): for a decode step's
-few rows by ``_moe_align_kernel`` in one launch (up to ``ROUTE_ALIGN_MAX_TOKENS`` tokens, ``routed_moe`` routes them
-in the same program, ``_moe_route_align_kernel``), above ``ALIGN_KERNEL_MAX_ROWS`` by the torch version. Each program of a
-grouped GEMM takes one block and BLOCK_N output columns, so it reads only its expert's weight tile, and every expert
-that no row chose costs nothing (vLLM's fused_moe kernel is the model of this layout; the code here is our own):
+Two paths, by the number of tokens T (routed rows ``r = t * k + j``, token t's j-th expert):
 
-1. ``_moe_gate_up_kernel``: ``act[r] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T)``. The program holds a gate and an
-   up accumulator for the same BLOCK_N columns (gate rows n, up rows I + n of the fused ``[E, 2I, H]`` weight), so
-   the activation is applied before anything is written: one ``[T*k, I]`` intermediate, not ``[T*k, 2I]``.
-2. ``_moe_down_kernel``: ``out[r] = weight[r] * (act[r] @ down[e].T)`` in fp32, ``[T*k, H]``.
-3. ``_moe_sum_kernel``: the k rows of a token are summed in fp32, in order (no atomics, so the result is
-   deterministic), and rounded once to the model's dtype.
+* up to ``MOE_GEMV_MAX_TOKENS`` tokens (decode at small batches), two GEMVs that read each row's expert straight
+  from the routing ids, with no sort:
+  1. ``_moe_gemv_gate_up_kernel``: program (r, n) computes ``act[r] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T)``
+     for BLOCK_N columns;
+  2. ``_moe_gemv_down_kernel``: program (t, n) streams token t's k experts' down rows together and writes the
+     weighted sum of their outputs, rounded once (the down GEMV and the per-token sum in one launch).
+* above, grouped GEMMs over the rows sorted by expert into blocks of BLOCK_M rows of one expert each
+  (``ops.layouts.moe_align_block_size``; padding slots hold the sentinel ``T * k``): by ``_moe_align_kernel`` in one
+  launch up to ``ALIGN_KERNEL_MAX_ROWS`` rows, above by the torch version. Each program of a grouped GEMM takes one
+  block and BLOCK_N output columns, so it reads only its expert's weight tile, and every expert that no row chose
+  costs nothing (vLLM's fused_moe kernel is the model of this layout; the code here is our own):
+  1. ``_moe_gate_up_kernel``: ``act[r] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T)``. The program holds a gate and
+     an up accumulator for the same BLOCK_N columns (gate rows n, up rows I + n of the fused ``[E, 2I, H]`` weight),
+     so the activation is applied before anything is written: one ``[T*k, I]`` intermediate, not ``[T*k, 2I]``.
+  2. ``_moe_down_kernel``: ``out[r] = weight[r] * (act[r] @ down[e].T)`` in fp32, ``[T*k, H]``.
+  3. ``_moe_sum_kernel``: the k rows of a token are summed in fp32, in order (no atomics, so the result is
+     deterministic), and rounded once to the model's dtype.
 
-Programs whose block lies past ``num_padded`` (a device scalar: the grid is sized by the static bound, so decode
-needs no host sync) return at once. Rounding follows the CPU reference: gate and up are rounded to the model's
-dtype before the activation, the activation before it meets up, their product before the down GEMM. fp32 inputs
-multiply in full fp32 (no TF32), as the reference does.
+Grouped-GEMM programs whose block lies past ``num_padded`` (a device scalar: the grid is sized by the static bound,
+so decode needs no host sync) return at once. Both paths round where the CPU reference rounds: gate and up to the
+model's dtype before the activation, the activation before it meets up, their product before the down GEMM. fp32
+inputs multiply in full fp32 (no TF32), as the reference does.
 """
 
 from __future__ import annotations
@@ -165,10 +171,12 @@ def _moe_gemv_down_kernel(
 
 
 @triton.jit
-def _route_token(logits, weights, ids, row, num_experts, stride_row, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                 BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
-    """``ce::moe_route`` of token ``row``: softmax over the experts in fp32, k passes of (max, first index of the max,
-    knock it out), the k weights divided by their sum when RENORMALIZE."""
+def _moe_route_kernel(logits, weights, ids, num_experts, stride_row, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """``ce::moe_route``, one program per token (one launch instead of torch's five): softmax over the experts in
+    fp32, k passes of (max, first index of the max, knock it out), the k weights divided by their sum when
+    RENORMALIZE."""
+    row = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     real = experts < num_experts
     x = tl.load(logits + row * stride_row + experts, mask=real, other=float("-inf")).to(tl.float32)
@@ -189,14 +197,6 @@ def _route_token(logits, weights, ids, row, num_experts, stride_row, TOP_K: tl.c
     tl.store(ids + row * TOP_K + slots, chosen, mask=slots < TOP_K)
 
 
-@triton.jit
-def _moe_route_kernel(logits, weights, ids, num_experts, stride_row, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                      BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
-    """``ce::moe_route``, one program per token: one launch instead of torch's five."""
-    _route_token(logits, weights, ids, tl.program_id(0).to(tl.int64), num_experts, stride_row, TOP_K, BLOCK_E,
-                 BLOCK_K, RENORMALIZE)
-
-
 def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
     """``ce::moe_route``'s kernel: one program per token (columns must be contiguous; rows may be strided)."""
     tokens, num_experts = router_logits.shape
@@ -214,9 +214,12 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
 
 
 @triton.jit
-def _align(ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks,
-           BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
-    """``ops.layouts.moe_align_block_size`` in one program: count each expert's rows, place the padded segments,
+def _moe_align_kernel(
+    ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """``ops.layouts.moe_align_block_size`` in one program (one launch instead of about ten torch kernels, for the
+    few rows of a decode step): count each expert's rows, place the padded segments,
     write the sentinel, each block's expert, then each row at its expert's segment start + its rank among the
     expert's earlier rows."""
     experts = tl.arange(0, BLOCK_E)
@@ -247,31 +250,6 @@ def _align(ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, l
         position = tl.sum(onehot * (earlier + (starts + taken)[None, :]), axis=1)
         tl.store(sorted_rows + position, rows, mask=rows < num_rows)
         taken += tl.sum(onehot, axis=0)
-
-
-@triton.jit
-def _moe_align_kernel(
-    ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
-):
-    """The align in one launch instead of about ten torch kernels, for the few rows of a decode step."""
-    _align(ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, num_blocks, BLOCK_M, BLOCK_E,
-           CHUNK)
-
-
-@triton.jit
-def _moe_route_align_kernel(
-    logits, weights, ids, sorted_rows, block_experts, num_padded, num_tokens, num_experts, stride_row, length,
-    num_blocks, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
-):
-    """Route then align in one program, for a decode step of at most ``ROUTE_ALIGN_MAX_TOKENS`` tokens: at batch 1 the
-    two are one-program launches of a few µs each, twice in every sparse layer."""
-    for row in range(num_tokens):
-        _route_token(logits, weights, ids, row, num_experts, stride_row, TOP_K, BLOCK_E, BLOCK_K, RENORMALIZE)
-    tl.debug_barrier()  # every token's ids are stored before the align reads them
-    _align(ids, sorted_rows, block_experts, num_padded, num_tokens * TOP_K, num_experts, length, num_blocks, BLOCK_M,
-           BLOCK_E, CHUNK)
 
 
 # Up to this many routed rows (T x k) the one-program align kernel runs; above, the torch version (a sort).
@@ -390,39 +368,12 @@ def fused_moe(
                     num_padded, config)
 
 
-# Up to this many tokens routed_moe routes and aligns in one program (the route loops over the tokens there).
-ROUTE_ALIGN_MAX_TOKENS = 4
-
-
 def routed_moe(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
                renormalize: bool) -> torch.Tensor:
-    """``ce::routed_moe``'s kernels: the route (``moe_route``) and the align (``moe_align``) in one launch for a few
-    tokens, else as two, then ``fused_moe``'s grouped GEMMs."""
-    tokens = x.shape[0]
-    num_experts = gate_up.shape[0]
-    if tokens <= MOE_GEMV_MAX_TOKENS:
-        weights, ids = moe_route(router_logits, top_k, renormalize)
-        return fused_moe(x, gate_up, down, weights, ids)
-    if tokens > ROUTE_ALIGN_MAX_TOKENS or num_experts > ALIGN_KERNEL_MAX_EXPERTS:
-        weights, ids = moe_route(router_logits, top_k, renormalize)
-        return fused_moe(x, gate_up, down, weights, ids)
-    if tokens == 0:
-        return torch.empty_like(x)
-    config = moe_config(tokens * top_k, num_experts)
-    bm = config["block_m"]
-    if router_logits.stride(1) != 1:
-        router_logits = router_logits.contiguous()
-    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=x.device)
-    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=x.device)
-    sorted_rows, block_experts, num_padded = _align_outputs(tokens * top_k, num_experts, bm, x.device)
-    length = sorted_rows.shape[0]
-    _moe_route_align_kernel[(1,)](
-        router_logits, weights, ids, sorted_rows, block_experts, num_padded, tokens, num_experts,
-        router_logits.stride(0), length, length // bm, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts),
-        BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize, BLOCK_M=bm, CHUNK=32, num_warps=4,
-    )
-    return _experts(x if x.stride(1) == 1 else x.contiguous(), gate_up.contiguous(), down.contiguous(), weights,
-                    top_k, sorted_rows, block_experts, num_padded, config)
+    """``ce::routed_moe``'s kernels: the route (``moe_route``, one launch), then ``fused_moe`` (the GEMVs up to
+    ``MOE_GEMV_MAX_TOKENS`` tokens, the align and the grouped GEMMs above)."""
+    weights, ids = moe_route(router_logits, top_k, renormalize)
+    return fused_moe(x, gate_up, down, weights, ids)
 
 
 def _experts(x, gate_up, down, topk_weights, top_k, sorted_rows, block_experts, num_padded, config):
