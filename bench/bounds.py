@@ -44,12 +44,17 @@ class ModelBytes:
             return 0.0
         return self.num_experts * (1 - (1 - self.top_k / self.num_experts) ** batch)
 
+    def weight_bytes_at(self, batch: int) -> float:
+        """Bytes a decode step of ``batch`` tokens reads from the weights: ``weight_bytes`` plus the routed experts
+        they touch (a dense model: ``weight_bytes``)."""
+        return self.weight_bytes + self.expected_experts(batch) * self.expert_bytes
+
     @property
     def state_bytes(self) -> int:
         return self.recurrent_state_bytes + self.conv_state_bytes
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "state_bytes": self.state_bytes}
+        return {**asdict(self), "state_bytes": self.state_bytes, "weight_bytes_at_batch_1": self.weight_bytes_at(1)}
 
 
 def _size(dtype: torch.dtype) -> int:
@@ -121,8 +126,7 @@ def model_bytes_from_config(config, dtype: torch.dtype, state_dtype: torch.dtype
 
 def decode_step_bytes(mb: ModelBytes, batch: int, context: float) -> float:
     """Bytes one decode step of ``batch`` sequences at mean ``context`` tokens must move."""
-    experts = mb.expected_experts(batch) * mb.expert_bytes
-    return mb.weight_bytes + experts + batch * (2 * mb.state_bytes + mb.kv_bytes_per_token * context)
+    return mb.weight_bytes_at(batch) + batch * (2 * mb.state_bytes + mb.kv_bytes_per_token * context)
 
 
 def decode_bound(mb: ModelBytes, bandwidth: float, batch: int = 1, context: float = 0.0) -> dict:

@@ -128,7 +128,7 @@ def run(
             "memory_plan": plan,
             "cells": cells,
             "bound": {
-                "formula": "TPOT >= (weight_bytes + b * (2 * state_bytes + kv_bytes_per_token * context)) / "
+                "formula": "TPOT >= (weight_bytes_at(b) + b * (2 * state_bytes + kv_bytes_per_token * context)) / "
                            "copy_bandwidth, b = min(c, requests, requests_at_once), context = input + output / 2; "
                            "output tok/s <= workload_decode_bound(cell's requests, b in flight) (decode only)",
                 "weight_bytes": mb.weight_bytes, "state_bytes": mb.state_bytes,

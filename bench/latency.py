@@ -15,8 +15,9 @@ What is timed (after one warm-up request of the same prompt length):
     timed with CUDA events: the GPU time of a step with no host work between steps. Against the
     engine's step time it says whether a step is GPU-bound (equal) or waits for the host. ``host_ms_per_replay``
     is the host's cost of one replay call (Dynamo guards, cudagraph-tree bookkeeping, the graph launch).
-Bound: batch-1 decode reads every weight once, so tok/s <= copy bandwidth / weight_bytes (bench/bounds.py).
-Achieved bandwidth = weight_bytes x decode steps/s (as gpt-fast reports it); its fraction of the copy bandwidth
+Bound: batch-1 decode reads every weight once (of a MoE model's routed experts, the k it routes to), so tok/s <=
+copy bandwidth / the weight bytes a batch-1 step reads (``ModelBytes.weight_bytes_at(1)``, bench/bounds.py).
+Achieved bandwidth = those bytes x decode steps/s (as gpt-fast reports it); its fraction of the copy bandwidth
 equals the fraction of the bound.
 """
 
@@ -61,10 +62,11 @@ def run(
     mb = ctx.model_bytes()
     bw = ctx.bandwidth()["bytes_per_s"]
     bound = decode_bound(mb, bw, batch=1, context=prompt_len + new_tokens / 2)
-    bound_weights_only = bw / mb.weight_bytes
+    step_weight_bytes = mb.weight_bytes_at(1)
+    bound_weights_only = bw / step_weight_bytes
 
     def with_bandwidth(r: dict) -> dict:
-        achieved = mb.weight_bytes * r["decode_tok_s"]  # batch 1: one step per token
+        achieved = step_weight_bytes * r["decode_tok_s"]  # batch 1: one step per token
         return {
             **r,
             "achieved_bandwidth_GBps": achieved / 1e9,
@@ -84,8 +86,8 @@ def run(
             "graph_replay": graph_replay and with_bandwidth(graph_replay),
             "bound": {
                 "tok_s": bound_weights_only,
-                "formula": "copy_bandwidth / weight_bytes",
-                "weight_bytes": mb.weight_bytes,
+                "formula": "copy_bandwidth / weight_bytes_at_batch_1",
+                "weight_bytes_at_batch_1": step_weight_bytes,
                 "with_state_and_kv_tok_s": bound["tok_s"],
                 "with_state_and_kv": bound,
             },

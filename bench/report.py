@@ -161,7 +161,7 @@ def header(results: dict[str, dict]) -> list[str]:
     return [
         f"device {first['device']['name']} | torch {first['versions']['torch']} | transformers "
         f"{first['versions']['transformers']} | model {m['name']} ({m['params'] / 1e6:.0f}M params, weights read per "
-        f"step {m['weight_bytes'] / 1e9:.3f} GB) | {first['dtype']} | copy bandwidth "
+        f"batch-1 step {m.get('weight_bytes_at_batch_1', m['weight_bytes']) / 1e9:.3f} GB) | {first['dtype']} | copy bandwidth "
         f"{first['copy_bandwidth']['GBps']:.0f} GB/s | engine {mode} | git {str(first['git'].get('commit'))[:10]}"
         f"{' (dirty)' if first['git'].get('dirty') else ''}"
     ]

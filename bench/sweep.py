@@ -73,7 +73,7 @@ def run(
             "rows": rows,
             "skipped": skipped,
             "bound": {
-                "formula": "B * copy_bandwidth / (weight_bytes + B * (2 * state_bytes + kv_bytes_per_token * context))",
+                "formula": "B * copy_bandwidth / (weight_bytes_at(B) + B * (2 * state_bytes + kv_bytes_per_token * context))",
                 "contexts": sorted({r["context"] for r in rows}),
                 "weight_bytes": mb.weight_bytes,
                 "state_bytes": mb.state_bytes,

@@ -568,6 +568,8 @@ def test_bounds_of_the_qwen3_5_35b_a3b_shape():
     assert 34e9 < mb.params < 36e9
     assert mb.expert_bytes == 40 * 3 * 2048 * 512 * 2
     assert mb.expected_experts(1) == pytest.approx(8)
+    # what latency's bound divides by: a batch-1 step reads everything but the routed experts, and 8 of those a layer
+    assert mb.weight_bytes_at(1) == pytest.approx(mb.weight_bytes + 8 * 40 * 3 * 2048 * 512 * 2)
     assert 255 < mb.expected_experts(256) < 256
     active = decode_bound(mb, 4800e9)["bytes_per_step"]
     assert 5.5e9 < active < 6.3e9
