@@ -18,7 +18,9 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
   on CUDA unless ``--enforce-eager``; the read-back included; on CUDA ``round_profile``: its kernels by category
   under torch.profiler, bench/step_profile.py), ``eager_decode_ms`` (an eager decode step of the
-  speculative runtime), their ratios to the baseline decode step.
+  speculative runtime), their ratios to the baseline decode step; and ``round_vs_baseline_tpot``, the round against
+  the baseline's TPOT p50 (the baseline engine overlaps a step's host work with the next step's GPU work, which
+  ``decode_ms`` does not: at k tokens a round the speed-up is about ``tokens_per_round / round_vs_baseline_tpot``).
 * ``bound``: per batch, the non-speculative decode bound (bench/bounds.py: one read of the weights per token), and
   ``fraction_of_bound`` of every run (speculation exists to pass 1);
 * ``rule``: per batch, the best k at each forced acceptance rate and whether drafting pays there at all, and the
@@ -129,6 +131,10 @@ def run(
             decode = baseline[b]["decode_ms"]
             costs.update({"verify_vs_decode": costs["verify_ms"] / decode, "round_vs_decode": costs["round_ms"] / decode,
                           "eager_decode_vs_decode": costs["eager_decode_ms"] / decode})
+            # The same round against what a token costs the baseline engine (TPOT p50: its steps overlap the host's
+            # work with the GPU's, where decode_ms waits for each step's tokens): the ratio the speed-up divides by.
+            tpot = baseline[b]["tpot_ms"]["p50"]
+            costs["round_vs_baseline_tpot"] = costs["round_ms"] / tpot if tpot else None
             decode_graph = baseline[b]["decode_graph_ms"]
             if costs["verify_graph_ms"] is not None and decode_graph is not None:
                 costs["verify_graph_vs_decode_graph"] = costs["verify_graph_ms"] / decode_graph
@@ -353,7 +359,9 @@ def summary_lines(head: str, r: dict) -> list[str]:
             graphed = "" if graphed is None else f" (as graphs: {graphed:.2f})"
             lines.append(f"{'':<11} k={k} batch {b}: MTP head {mtp['speedup']:.2f}x (acceptance {acceptance}) | forced "
                          f"acceptance {forced} | verify {cell['steps']['verify_vs_decode']:.2f}{graphed}, round "
-                         f"{cell['steps']['round_vs_decode']:.2f} decode steps")
+                         f"{cell['steps']['round_vs_decode']:.2f} decode steps"
+                         + (f" ({cell['steps']['round_vs_baseline_tpot']:.2f} baseline TPOTs)"
+                            if cell["steps"].get("round_vs_baseline_tpot") else ""))
             profile = cell["steps"].get("round_profile")
             if profile:
                 top = ", ".join(f"{name} {ms:.3f}" for name, ms in list(profile["gpu_ms_by_category"].items())[:4])

@@ -640,6 +640,8 @@ def test_spec(smoke):
             for name, entry in cell.items():
                 if name == "steps":
                     assert positive(entry["verify_ms"]) and positive(entry["round_ms"])
+                    tpot = r["baseline"][b]["tpot_ms"]["p50"]
+                    assert entry["round_vs_baseline_tpot"] == pytest.approx(entry["round_ms"] / tpot)
                     continue
                 assert entry["outputs_differing_from_baseline"] == 0
                 assert entry.get("outputs_differing_from_continuation", 0) == 0
