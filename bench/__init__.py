@@ -13,7 +13,8 @@ OpenAI-compatible server under HTTP load, vllm bench serve's metrics, beside the
 writes ``<scenario>.json`` (and a PNG when matplotlib is importable) to ``--out``. Every number is reported beside
 its bound from the performance model (bench/bounds.py, docs/ARCHITECTURE.md "Performance model") using the copy bandwidth
 measured in the same run (bench/bandwidth.py), and, with ``--vs-hf``, beside HF transformers run on the same
-requests in the same process.
+requests in the same process (after ours is released; ``--ours-from DIR`` takes our side from an earlier run's JSON
+instead, so that HF alone runs: a model too large for ours and HF in one device call).
 
 Scenario sizes are keyword arguments of each module's ``run``; ``-p latency.new_tokens=8`` (or ``-p new_tokens=8``
 for every scenario that has the argument) overrides one from the command line.

@@ -22,6 +22,7 @@ import logging
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from bench import SCENARIOS
 
@@ -58,12 +59,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 cuda, 64 cpu)")
     p.add_argument("--hf-limit", type=int, default=None, help="HF runs only the first N requests of a workload")
     p.add_argument("--hf-batch-size", type=int, default=64, help="HF pad-left batch size")
+    p.add_argument("--ours-from", default=None, metavar="DIR",
+                   help="with --vs-hf: our side of each scenario from DIR/<scenario>.json, an earlier run of the same "
+                        "model and parameters, instead of running it (HF alone runs; e.g. a large model whose build "
+                        "and HF run do not fit one device call)")
     p.add_argument("--hf-max-time", type=float, default=None,
                    help="seconds: HF starts no batch past this and cuts a running one (reported as truncated)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="[SCENARIO.]NAME=VALUE",
                    help="a scenario size, e.g. -p latency.new_tokens=8 or -p batches=1,2 (repeatable)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def earlier_result(folder: Path, scenario: str, model: str) -> dict:
+    """``--ours-from``: a scenario's result as an earlier run wrote it, checked to be of the same model."""
+    path = folder / f"{scenario}.json"
+    if not path.is_file():
+        raise SystemExit(f"--ours-from: no {path}")
+    result = json.loads(path.read_text())
+    if result.get("model", {}).get("name") != model:
+        raise SystemExit(f"--ours-from: {path} is of model {result.get('model', {}).get('name')!r}, not {model!r}")
+    result["ours_from"] = str(path)
+    return result
 
 
 def parse_value(text: str):
@@ -134,6 +151,9 @@ def run(names, modules, kwargs, args, argv) -> int:
     from bench.common import Context, Options, default_out_dir
     from bench.report import header, summary_lines
 
+    if args.ours_from and not args.vs_hf:
+        raise SystemExit("--ours-from takes our results from an earlier run for --vs-hf; without --vs-hf nothing runs")
+
     out = args.out or str(default_out_dir("-".join(names) if len(names) < len(SCENARIOS) else "all"))
     opts = Options(
         model=args.model, device=args.device, dtype=args.dtype, enforce_eager=args.enforce_eager, vs_hf=args.vs_hf,
@@ -174,6 +194,9 @@ def run(names, modules, kwargs, args, argv) -> int:
         # shared engine is built once.
         shared = [n for n in names if not getattr(modules[n], "OWN_ENGINES", False)]
         for name in shared:
+            if args.ours_from:
+                results[name] = earlier_result(Path(args.ours_from), name, ctx.model.name)
+                continue
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             attempt(name, modules[name].run)
         if args.vs_hf:

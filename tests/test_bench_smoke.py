@@ -341,6 +341,31 @@ def test_throughput(smoke):
     assert positive(r["ratio_vs_hf"]["same_requests"]) and positive(r["ratio_vs_hf"]["full_workload_vs_hf_subset"])
 
 
+def test_hf_alone_beside_an_earlier_run_of_ours(smoke, tmp_path, monkeypatch):
+    """``--ours-from``: HF runs the throughput workload's subset beside our side read from the smoke run's JSON; our
+    engine is never built (Context.llm raises here), and the ratios divide the earlier run's numbers."""
+    from bench.common import Context
+
+    def no_engine(*_, **__):
+        raise AssertionError("--ours-from built our engine")
+
+    monkeypatch.setattr(Context, "llm", no_engine)
+    monkeypatch.setenv("COMPILED_ENGINE_CACHE", str(tmp_path / "cache"))
+    earlier = smoke[2]["throughput"]
+    out = tmp_path / "hf-alone"
+    rc = main(["throughput", "--device", "cpu", "--vs-hf", "--ours-from", str(smoke[1]), "--hf-limit", "2",
+               "--hf-batch-size", "2", "--max-num-seqs", "4", "--max-model-len", "64", "--bandwidth-mib", "8",
+               "-p", "throughput.num_requests=4", "-p", "min_len=4", "-p", "max_len=8", "--out", str(out)])
+    assert rc == 0
+    r = json.loads((out / "throughput.json").read_text())
+    assert r["ours"] == earlier["ours"] and r["ours_from"] == str(smoke[1] / "throughput.json")
+    assert r["hf"]["requests_run"] == 2 and positive(r["hf"]["useful_output_tok_s"])
+    first = earlier["ours_on_first_requests"]["output_tok_s"]
+    assert r["ratio_vs_hf"]["same_requests"] == pytest.approx(first / r["hf"]["useful_output_tok_s"])
+    with pytest.raises(SystemExit, match="without --vs-hf"):
+        main(["throughput", "--device", "cpu", "--ours-from", str(smoke[1]), "--out", str(tmp_path / "x")])
+
+
 def test_prefix(smoke):
     r = smoke[2]["prefix"]
     assert positive(r["off"]["output_tok_s"])
