@@ -94,7 +94,7 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
             lines.append(
                 f"{'':<11} HF on {hf['requests_run']} req: {_f(hf['useful_output_tok_s'], '.0f')} useful tok/s"
                 f"{' (TRUNCATED)' if hf['truncated'] else ''} | ours "
-                f"{_f(r['ours_on_hf_subset']['output_tok_s'], '.0f')} tok/s on the same requests | "
+                f"{_f((r['ours_on_hf_subset'] or {}).get('output_tok_s'), '.0f')} tok/s on the same requests | "
                 f"ours/HF: {_f(rat['same_requests'], '.1f')}x same requests, "
                 f"{_f(rat['full_workload_vs_hf_subset'], '.1f')}x full workload vs HF subset"
             )
