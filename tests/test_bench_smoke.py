@@ -362,6 +362,14 @@ def test_hf_alone_beside_an_earlier_run_of_ours(smoke, tmp_path, monkeypatch):
     assert r["hf"]["requests_run"] == 2 and positive(r["hf"]["useful_output_tok_s"])
     first = earlier["ours_on_first_requests"]["output_tok_s"]
     assert r["ratio_vs_hf"]["same_requests"] == pytest.approx(first / r["hf"]["useful_output_tok_s"])
+    # HF cut short (--hf-max-time): the subset it ran is not one ours timed, and no engine is built to time it
+    rc = main(["throughput", "--device", "cpu", "--vs-hf", "--ours-from", str(smoke[1]), "--hf-limit", "4",
+               "--hf-batch-size", "1", "--hf-max-time", "1e-9", "--max-num-seqs", "4", "--max-model-len", "64",
+               "--bandwidth-mib", "8", "-p", "throughput.num_requests=4", "-p", "min_len=4", "-p", "max_len=8",
+               "--out", str(tmp_path / "cut")])
+    cut = json.loads((tmp_path / "cut" / "throughput.json").read_text())
+    assert rc == 0 and cut["hf"]["requests_run"] < 4
+    assert cut["ours_on_hf_subset"] is None and cut["ratio_vs_hf"]["same_requests"] is None
     with pytest.raises(SystemExit, match="without --vs-hf"):
         main(["throughput", "--device", "cpu", "--ours-from", str(smoke[1]), "--out", str(tmp_path / "x")])
 
