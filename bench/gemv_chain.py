@@ -57,8 +57,11 @@ VOCAB = [(8, 256, 4, 4), (8, 512, 4, 3), (16, 256, 4, 3), (4, 1024, 4, 2), (32, 
 # 2..GEMV_MAX_ROWS-row descent candidates (BLOCK_N, BLOCK_K, num_warps, num_stages) for the few-rows GEMV, BLOCK_M
 # from the row count as the rule sets it. BLOCK_K is 256 x num_warps (see gemv_kernels); entries are skipped where
 # BLOCK_M x BLOCK_N > 32 (they spill: ~8 registers a thread per output).
-NARROW_ROWS = [(2, 2048, 8, 1), (4, 2048, 8, 1), (8, 2048, 8, 1)]
-WIDE_ROWS = [(4, 1024, 4, 1), (8, 1024, 4, 1), (2, 1024, 4, 1)]
+# The 1- and 2-warp entries: programs that loop over K = 1,024 in 2-4 chunks (each chunk's loads issued one
+# iteration ahead, as the one-row rule's 8 x 256 does) instead of one or two 1,024-wide chunks; at 4 warps the wide
+# roles' 4 x 1,024 tiles make N / 4 programs that each load once (1.5 waves of 64-register programs for in_proj).
+NARROW_ROWS = [(2, 2048, 8, 1), (4, 2048, 8, 1), (8, 2048, 8, 1), (2, 512, 2, 1), (4, 256, 1, 1)]
+WIDE_ROWS = [(4, 1024, 4, 1), (8, 1024, 4, 1), (2, 1024, 4, 1), (4, 512, 2, 1), (8, 512, 2, 1), (8, 256, 1, 1)]
 VOCAB_ROWS = [(4, 1024, 4, 1)]
 # roles: name -> (prologue, one-row candidates, 2..GEMV_MAX_ROWS-row candidates); gdn_out_proj and attn_o_proj share
 # a shape
