@@ -31,7 +31,7 @@ from ops.triton import moe_kernels
 EXPERTS, TOP_K, HIDDEN, INTER = 256, 8, 2048, 512
 CONFIGS = [dict(block_m=m, block_n=n, block_k=k, num_warps=w)
            for m in (16, 32, 64) for n in (32, 64, 128) for k in (64, 128) for w in (4, 8)]
-GEMV_CONFIGS = ([("gate_up", dict(block_n=n, block_k=k, num_warps=w)) for n in (4, 8) for k in (512, 1024)
+GEMV_CONFIGS = ([("gate_up", dict(block_n=n, block_k=k, num_warps=w)) for n in (2, 4, 8) for k in (512, 1024, 2048)
                  for w in (4, 8)]
                 + [("down", dict(block_n=n, block_k=k, num_warps=w)) for n in (1, 2, 4, 8) for k in (128, 256, 512)
                    for w in (4, 8)])

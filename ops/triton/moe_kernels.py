@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from ops.layouts import moe_align_block_size, moe_padded_rows
+from ops.triton.gemv_kernels import VEC  # a thread's contiguous run along K: one 16-byte load of bf16
 
 
 @triton.jit
@@ -114,24 +115,36 @@ def _moe_gemv_gate_up_kernel(
     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """The few-tokens path's ``act[r] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T)``: program (r, n) reads routed row
-    r's expert straight from ``ids`` (no sort) and streams BLOCK_N gate rows and the same up rows along H as a GEMV
-    (products summed into [BLOCK_N, BLOCK_K] fp32 accumulators, reduced once after the loop)."""
+    r's expert straight from ``ids`` (no sort) and streams BLOCK_N gate rows and the same up rows along H as a GEMV.
+    Each iteration issues the next chunk's loads before it multiplies the current one (a chunk past the end is fully
+    masked: no traffic), so a program's chunks are in flight together rather than one memory round trip each; the
+    products are summed over each thread's VEC contiguous K values as they come (accumulators BLOCK_N x BLOCK_K /
+    VEC), and across threads once after the loop."""
     row = tl.program_id(0)
     token = (row // TOP_K).to(tl.int64)
     expert = tl.load(ids + row).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < inter
     ks = tl.arange(0, BLOCK_K)
+    x_row = x + token * stride_x
     gate_rows = w + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn
     up_rows = gate_rows + inter * stride_wn
-    acc_gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
-        k_ok = ks < hidden - k0
-        xv = tl.load(x + token * stride_x + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        mask = col_ok[:, None] & k_ok[None, :]
-        acc_gate += tl.load(gate_rows + k0 + ks[None, :], mask=mask, other=0.0).to(tl.float32) * xv
-        acc_up += tl.load(up_rows + k0 + ks[None, :], mask=mask, other=0.0).to(tl.float32) * xv
+    k_ok = ks < hidden
+    xv = tl.load(x_row + ks, mask=k_ok, other=0.0)
+    gate_w = tl.load(gate_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    up_w = tl.load(up_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    acc_gate = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    for k0 in range(BLOCK_K, hidden + BLOCK_K, BLOCK_K):
+        next_ks = k0 + ks
+        next_ok = next_ks < hidden
+        next_x = tl.load(x_row + next_ks, mask=next_ok, other=0.0)
+        next_gate = tl.load(gate_rows + next_ks[None, :], mask=col_ok[:, None] & next_ok[None, :], other=0.0)
+        next_up = tl.load(up_rows + next_ks[None, :], mask=col_ok[:, None] & next_ok[None, :], other=0.0)
+        xf = tl.reshape(xv.to(tl.float32), [1, BLOCK_K // VEC, VEC])
+        acc_gate += tl.sum(tl.reshape(gate_w.to(tl.float32), [BLOCK_N, BLOCK_K // VEC, VEC]) * xf, axis=2)
+        acc_up += tl.sum(tl.reshape(up_w.to(tl.float32), [BLOCK_N, BLOCK_K // VEC, VEC]) * xf, axis=2)
+        xv, gate_w, up_w = next_x, next_gate, next_up
     dtype = act.dtype.element_ty
     gate = tl.sum(acc_gate, axis=1).to(dtype).to(tl.float32)
     up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
@@ -146,8 +159,9 @@ def _moe_gemv_down_kernel(
 ):
     """The few-tokens path's ``out[t] = sum_j weight[t, j] * (act[t * k + j] @ down[e_j].T)``: program (t, n) loads
     token t's k expert ids at once and streams the k experts' BLOCK_N down rows together (a [BLOCK_J, BLOCK_N,
-    BLOCK_K] tile: no chain of k dependent loads), sums the k weighted outputs in fp32 and rounds once: the down GEMV
-    and the per-token sum in one launch."""
+    BLOCK_K] tile: no chain of k dependent loads; the next chunk's loads issued before the current one is multiplied,
+    as in the gate_up kernel), sums the k weighted outputs in fp32 and rounds once: the down GEMV and the per-token
+    sum in one launch."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
@@ -158,13 +172,19 @@ def _moe_gemv_down_kernel(
     ks = tl.arange(0, BLOCK_K)
     w_rows = w + experts[:, None, None] * stride_we + cols.to(tl.int64)[None, :, None] * stride_wn
     a_rows = act + rows[:, None] * stride_act
-    acc = tl.zeros((BLOCK_J, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, inter, BLOCK_K):
-        k_ok = ks < inter - k0
-        a = tl.load(a_rows + k0 + ks[None, :], mask=j_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        mask = j_ok[:, None, None] & col_ok[None, :, None] & k_ok[None, None, :]
-        b = tl.load(w_rows + k0 + ks[None, None, :], mask=mask, other=0.0).to(tl.float32)
-        acc += b * a[:, None, :]
+    live = j_ok[:, None, None] & col_ok[None, :, None]
+    k_ok = ks < inter
+    a = tl.load(a_rows + ks[None, :], mask=j_ok[:, None] & k_ok[None, :], other=0.0)
+    b = tl.load(w_rows + ks[None, None, :], mask=live & k_ok[None, None, :], other=0.0)
+    acc = tl.zeros((BLOCK_J, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    for k0 in range(BLOCK_K, inter + BLOCK_K, BLOCK_K):
+        next_ks = k0 + ks
+        next_ok = next_ks < inter
+        next_a = tl.load(a_rows + next_ks[None, :], mask=j_ok[:, None] & next_ok[None, :], other=0.0)
+        next_b = tl.load(w_rows + next_ks[None, None, :], mask=live & next_ok[None, None, :], other=0.0)
+        af = tl.reshape(a.to(tl.float32), [BLOCK_J, 1, BLOCK_K // VEC, VEC])
+        acc += tl.sum(tl.reshape(b.to(tl.float32), [BLOCK_J, BLOCK_N, BLOCK_K // VEC, VEC]) * af, axis=3)
+        a, b = next_a, next_b
     scale = tl.load(weights + rows, mask=j_ok, other=0.0)
     total = tl.sum(tl.sum(acc, axis=2) * scale[:, None], axis=0)
     tl.store(out + token * stride_out + cols, total.to(out.dtype.element_ty), mask=col_ok)
@@ -310,8 +330,11 @@ def moe_gemv_config(hidden: int, inter: int) -> dict:
     """The few-tokens path's tiles: BLOCK_N output columns a program (gate_up: of the gate and of the up half; down:
     of each of the token's k experts), along K in BLOCK_K chunks; at batch 1 on the 35B-A3B shape 8 x 128 gate_up and
     1 x 1024 down programs."""
-    return dict(gate_up=dict(block_n=4, block_k=min(1024, triton.next_power_of_2(hidden)), num_warps=4),
-                down=dict(block_n=2, block_k=min(256, triton.next_power_of_2(inter)), num_warps=4))
+    def chunk(k: int, most: int) -> int:  # a power of two, at least one thread's VEC run
+        return max(VEC.value, min(most, triton.next_power_of_2(k)))
+
+    return dict(gate_up=dict(block_n=4, block_k=chunk(hidden, 1024), num_warps=4),
+                down=dict(block_n=2, block_k=chunk(inter, 256), num_warps=4))
 
 
 def experts_gemv(x, gate_up, down, topk_weights, topk_ids, config=None):
@@ -321,6 +344,8 @@ def experts_gemv(x, gate_up, down, topk_weights, topk_ids, config=None):
     top_k = topk_ids.shape[1]
     inter = gate_up.shape[1] // 2
     config = config or moe_gemv_config(hidden, inter)
+    if any(tiles["block_k"] % VEC.value for tiles in config.values()):
+        raise ValueError(f"experts_gemv takes BLOCK_K in multiples of {VEC.value}, got {config}")
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()
     act = torch.empty((tokens * top_k, inter), dtype=x.dtype, device=x.device)
