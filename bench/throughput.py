@@ -9,8 +9,8 @@ schedule at ``max_num_seqs`` concurrency; prefill is free there, so the fraction
 With ``--vs-hf``: the first ``--hf-limit`` requests through HF ``generate`` in pad-left batches (``--hf-batch-size``,
 grouped by output length, each batch running its longest output), counting only each request's own output length
 as useful tokens. The same subset also runs through our engine (before HF, while ours is built; again after HF only
-where ``--hf-max-time`` cut HF short), so two ratios are reported: ours on the full workload / HF on its subset, and
-ours / HF on the identical subset.
+where ``--hf-max-time`` cut HF short, and never with ``--ours-from``), so two ratios are reported: ours on the full
+workload / HF on its subset, and ours / HF on the identical subset.
 """
 
 from __future__ import annotations

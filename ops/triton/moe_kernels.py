@@ -116,8 +116,9 @@ def _moe_gemv_gate_up_kernel(
 ):
     """The few-tokens path's ``act[r] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T)``: program (r, n) reads routed row
     r's expert straight from ``ids`` (no sort) and streams BLOCK_N gate rows and the same up rows along H as a GEMV.
-    Each iteration issues the next chunk's loads before it multiplies the current one (a chunk past the end is fully
-    masked: no traffic), so a program's chunks are in flight together rather than one memory round trip each; the
+    Each iteration issues the next chunk's loads before it multiplies the current one in program order (a chunk past
+    the end is fully masked: no traffic), so that a program's chunks can be in flight together rather than one memory
+    round trip each (ptxas may still sink the loads below the math at some tiles: bench/moe_microbench.py picks); the
     products are summed over each thread's VEC contiguous K values as they come (accumulators BLOCK_N x BLOCK_K /
     VEC), and across threads once after the loop."""
     row = tl.program_id(0)
@@ -375,17 +376,20 @@ def fused_moe(
     block_k: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """``ce::fused_moe``'s kernel. The tile sizes default to ``moe_config``'s rule (the tests pass their own)."""
+    """``ce::fused_moe``'s kernels: up to ``MOE_GEMV_MAX_TOKENS`` tokens the GEMVs (``experts_gemv``, tiles by
+    ``moe_gemv_config``), above them the align and the grouped GEMMs, tiles by ``moe_config``'s rule. Tiles given here
+    (the tests' and the microbench's) run the grouped GEMMs at any token count."""
     tokens = x.shape[0]
     if tokens == 0:
         return torch.empty_like(x)
     if x.stride(1) != 1:
         x = x.contiguous()
-    if tokens <= MOE_GEMV_MAX_TOKENS and block_m is None:
+    tiles = (block_m, block_n, block_k, num_warps)
+    if tokens <= MOE_GEMV_MAX_TOKENS and all(t is None for t in tiles):
         return experts_gemv(x, gate_up.contiguous(), down.contiguous(), topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
     config = moe_config(tokens * top_k, gate_up.shape[0])
-    for key, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k), ("num_warps", num_warps)):
+    for key, value in zip(("block_m", "block_n", "block_k", "num_warps"), tiles):
         if value is not None:
             config[key] = value
     sorted_rows, block_experts, num_padded = moe_align(topk_ids, gate_up.shape[0], config["block_m"])
