@@ -165,7 +165,7 @@ def _child_checks() -> dict:
     @settings(max_examples=12, derandomize=True, deadline=None, database=None,
               phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
     @given(routings(max_tokens=6, max_experts=8), st.sampled_from([2, 4, 8]), st.sampled_from([8, 16, 64]),
-           st.sampled_from([(16, 24), (40, 20)]), st.booleans())
+           st.sampled_from([(16, 24), (40, 20), (21, 13)]), st.booleans())
     def gemv(routing, block_n, block_k, dims, strided):
         """The few-tokens path (``experts_gemv``): chunks along K that do not divide H or I, column blocks past the
         end, experts chosen by several tokens."""
