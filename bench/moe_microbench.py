@@ -7,9 +7,9 @@ the copy bandwidth measured in the same run, and the TFLOP/s of the expert GEMMs
 With ``--sweep`` every tile config of ``CONFIGS`` is timed too, to tune ``moe_kernels.moe_config`` on the GPU.
 
 ``ce::routed_moe`` (what a sparse layer runs: the route, then the experts) is timed at ``--routed-tokens`` down both
-of its decode paths, the GEMVs (``experts_gemv``) and the one-program route and align before the grouped GEMMs, with
-the same bytes counted; with ``--sweep`` at 1 token every ``GEMV_CONFIGS`` tile of the GEMVs too (one kernel's tiles
-varied, the other's at the rule's).
+of its paths, the GEMVs (``experts_gemv``) and the align and grouped GEMMs, with the same bytes counted; with
+``--sweep`` at 1 token every ``GEMV_CONFIGS`` tile of the GEMVs too (one kernel's tiles varied, the other's at the
+rule's).
 
     python bench/moe_microbench.py --out DIR [--sweep] [--tokens 1,8,64,256,2048,16384] [--routed-tokens 1,2,4,8]
 """
@@ -99,32 +99,26 @@ def routed_rows(tokens, gate_up, down, bandwidth, g, sweep) -> list[dict]:
     variants = [("gemv", None), ("grouped", None)]
     if sweep and tokens == 1:
         variants += [("gemv", dict(default, **{kernel: tiles})) for kernel, tiles in GEMV_CONFIGS]
-    rows, limit = [], moe_kernels.MOE_GEMV_MAX_TOKENS
+    grouped = moe_kernels.moe_config(tokens * TOP_K, EXPERTS)
+    rows = []
 
-    def call(path, config):
-        if path == "grouped":
-            moe_kernels.MOE_GEMV_MAX_TOKENS = 0
-            return moe_kernels.routed_moe(x, logits, gate_up, down, TOP_K, True)
-        moe_kernels.MOE_GEMV_MAX_TOKENS = max(limit, tokens)
-        if config is None:
-            return moe_kernels.routed_moe(x, logits, gate_up, down, TOP_K, True)
+    def call(path, config):  # what routed_moe runs: the route, then the path's experts
         weights, chosen = moe_kernels.moe_route(logits, TOP_K, True)
-        return moe_kernels.experts_gemv(x, gate_up, down, weights, chosen, config)
+        if path == "grouped":  # tiles given: fused_moe runs the grouped GEMMs at any token count
+            return moe_kernels.fused_moe(x, gate_up, down, weights, chosen, **grouped)
+        return moe_kernels.experts_gemv(x, gate_up, down, weights, chosen, config or default)
 
-    try:
-        for path, config in variants:
-            try:
-                us = time_graph(lambda: call(path, config))
-            except Exception as error:  # noqa: BLE001  (a tile that does not fit: reported, not fatal)
-                rows.append(dict(op="routed_moe", tokens=tokens, path=path, config=config, error=repr(error)[:300]))
-                continue
-            row = dict(op="routed_moe", tokens=tokens, path=path, config=config or (default if path == "gemv" else
-                       moe_kernels.moe_config(tokens * TOP_K, EXPERTS)), rule=config is None, us=us,
-                       experts_touched=touched, bytes=nbytes, bandwidth_fraction=nbytes / (us * 1e-6) / bandwidth)
-            rows.append(row)
-            print(json.dumps(row))
-    finally:
-        moe_kernels.MOE_GEMV_MAX_TOKENS = limit
+    for path, config in variants:
+        try:
+            us = time_graph(lambda: call(path, config))
+        except Exception as error:  # noqa: BLE001  (a tile that does not fit: reported, not fatal)
+            rows.append(dict(op="routed_moe", tokens=tokens, path=path, config=config, error=repr(error)[:300]))
+            continue
+        row = dict(op="routed_moe", tokens=tokens, path=path,
+                   config=config or (default if path == "gemv" else grouped), rule=config is None, us=us,
+                   experts_touched=touched, bytes=nbytes, bandwidth_fraction=nbytes / (us * 1e-6) / bandwidth)
+        rows.append(row)
+        print(json.dumps(row))
     return rows
 
 

@@ -4,7 +4,7 @@ For the normed hidden state x of a token (HF transformers' modeling files are th
   * router: ``softmax(gate(x))`` in fp32 over the E experts, the top k, renormalised to sum 1 when
     ``norm_topk_prob`` (always for Qwen3.5-MoE);
   * routed experts: ``sum_j w_j * down_e(silu(gate_e(x)) * up_e(x))`` over the k chosen experts; with the router,
-    one op: ``ce::routed_moe`` (``ce::moe_route``, then ``ce::fused_moe``'s grouped GEMMs);
+    one op: ``ce::routed_moe`` (``ce::moe_route``, then ``ce::fused_moe``: GEMVs for a few tokens, grouped GEMMs above);
   * shared expert: a SwiGLU MLP every token takes, scaled by ``sigmoid(shared_expert_gate(x))``;
   * output: routed + scaled shared.
 
