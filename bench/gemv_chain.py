@@ -62,7 +62,7 @@ VOCAB = [(8, 256, 4, 4), (8, 512, 4, 3), (16, 256, 4, 3), (4, 1024, 4, 2), (32, 
 # roles' 4 x 1,024 tiles make N / 4 programs that each load once (1.5 waves of 64-register programs for in_proj).
 NARROW_ROWS = [(2, 2048, 8, 1), (4, 2048, 8, 1), (8, 2048, 8, 1), (2, 512, 2, 1), (4, 256, 1, 1)]
 WIDE_ROWS = [(4, 1024, 4, 1), (8, 1024, 4, 1), (2, 1024, 4, 1), (4, 512, 2, 1), (8, 512, 2, 1), (8, 256, 1, 1)]
-VOCAB_ROWS = [(4, 1024, 4, 1)]
+VOCAB_ROWS = [(8, 512, 2, 1), (4, 1024, 4, 1)]
 # roles: name -> (prologue, one-row candidates, 2..GEMV_MAX_ROWS-row candidates); gdn_out_proj and attn_o_proj share
 # a shape
 ROLE_KINDS = {"gdn_in_proj": ("norm", WIDE, WIDE_ROWS), "out_proj": ("plain", NARROW, NARROW_ROWS),

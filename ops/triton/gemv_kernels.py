@@ -259,19 +259,21 @@ GEMV_CONFIGS = [GEMV_NARROW, GEMV_NARROW_LONG_K, GEMV_WIDE, _config(4, 1024, 8, 
                 _config(32, 256, 8, 3)]
 
 
-# 2..GEMV_MAX_ROWS rows (ops/linear.py sends it 2): the few-rows GEMV, shaped as at one row for the narrow outputs
-# (N <= GEMV_NARROW_N: out_proj, o_proj, down; whole 2,048-wide rows in one or two loads, 256-512 programs, all
-# resident at once), 4 x 1024 tiles for the wide ones: each weight element is read once for all the rows, as at one
-# row. Why 2 rows and not more: bench/NOTES.md, "Skinny GEMM".
+# 2..GEMV_MAX_ROWS rows (ops/linear.py sends it 2): the few-rows GEMV. Narrow outputs (N <= GEMV_NARROW_N: out_proj,
+# o_proj, down) load whole 2,048-wide rows in one or two chunks, 4 columns a program (8 past K = 2,048: 128 programs
+# of two chunks); wide ones loop over K in 512-wide chunks of 8 columns with 2 warps, each chunk's loads issued one
+# iteration ahead (2-4x the programs of a whole-K tile, each with less in registers). Each weight element is read
+# once for all the rows, as at one row. The tiles come from bench/gemv_chain.py's descent at 2 rows; why 2 rows and
+# not more: bench/NOTES.md, "Skinny GEMM".
 def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
     """The few-rows GEMV's config at 2..GEMV_MAX_ROWS rows (BLOCK_M: rows rounded up to a power of two). BLOCK_K is
     VEC x 32 x num_warps, so that the threads spread along K only and x and the weight chunk share one layout (see
     the kernel)."""
     block_m = max(2, triton.next_power_of_2(rows))
-    if n <= GEMV_NARROW_N:  # as at one row: 512 programs of 2-row blocks where a whole row is one load, else 256
-        block_n = 2 if block_m == 2 and k <= 2048 else 4
-        return _config(block_n, 2048, 8, 1, block_m=block_m)
-    return _config(4, 1024, 4, 1, block_m=block_m)
+    most_n = 32 // block_m  # BLOCK_M x BLOCK_N fp32 accumulators a thread: past 32 they spill
+    if n <= GEMV_NARROW_N:
+        return _config(min(4 if k <= 2048 else 8, most_n), 2048, 8, 1, block_m=block_m)
+    return _config(min(8, most_n), 512, 2, 1, block_m=block_m)
 
 
 def skinny_config(rows: int, n: int, k: int) -> triton.Config:
