@@ -11,7 +11,7 @@
 * ``ce::fused_moe(x [T, H], gate_up [E, 2I, H], down [E, H, I], weights [T, k], ids [T, k]) -> [T, H]``:
   ``sum_j weights[t, j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t]))`` with ``e = ids[t, j]``, where
   ``gate_up[e] = [gate (I rows) | up (I rows)]`` (HF's fused expert layout). The CUDA kernel is a Triton grouped
-  GEMM over the expert-sorted rows, or for up to 4 tokens two GEMVs that read each row's expert from the ids
+  GEMM over the expert-sorted rows, or for up to 8 tokens two GEMVs that read each row's expert from the ids
   (ops/triton/moe_kernels.py); the reference a loop over the experts that got rows. Both sum a token's k expert
   outputs in fp32 and round once.
 * ``ce::routed_moe(x, router_logits, gate_up, down, top_k, renormalize) -> [T, H]``: ``ce::moe_route`` then

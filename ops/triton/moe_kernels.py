@@ -323,8 +323,9 @@ def moe_config(num_rows: int, num_experts: int) -> dict:
     return dict(block_m=64, block_n=64, block_k=64, num_warps=4)
 
 
-# Up to this many tokens the experts run as GEMVs (``_moe_gemv_*``: no align, no sum kernel), above as grouped GEMMs.
-MOE_GEMV_MAX_TOKENS = 4
+# Up to this many tokens the experts run as GEMVs (``_moe_gemv_*``: no align, no sum kernel), above as grouped GEMMs
+# (the crossover lies between 8 and 16 tokens on the 35B-A3B shape: bench/NOTES.md, "Runs 63-66").
+MOE_GEMV_MAX_TOKENS = 8
 
 
 def moe_gemv_config(hidden: int, inter: int) -> dict:
