@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ops.layouts import moe_align_block_size, moe_padded_rows
-from ops.triton.gemv_kernels import VEC  # a thread's contiguous run along K: one 16-byte load of bf16
+from ops.triton.gemv_kernels import VEC, fma_runs  # VEC: a thread's contiguous run along K (one 16-byte load)
 
 
 @triton.jit
@@ -119,8 +119,8 @@ def _moe_gemv_gate_up_kernel(
     Each iteration issues the next chunk's loads before it multiplies the current one in program order (a chunk past
     the end is fully masked: no traffic), so that a program's chunks can be in flight together rather than one memory
     round trip each (ptxas may still sink the loads below the math at some tiles: bench/moe_microbench.py picks); the
-    products are summed over each thread's VEC contiguous K values as they come (accumulators BLOCK_N x BLOCK_K /
-    VEC), and across threads once after the loop."""
+    products are summed over each thread's VEC contiguous K values as they come, one FMA each (``fma_runs``:
+    accumulators BLOCK_N x BLOCK_K / VEC), and across threads once after the loop."""
     row = tl.program_id(0)
     token = (row // TOP_K).to(tl.int64)
     expert = tl.load(ids + row).to(tl.int64)
@@ -134,21 +134,20 @@ def _moe_gemv_gate_up_kernel(
     xv = tl.load(x_row + ks, mask=k_ok, other=0.0)
     gate_w = tl.load(gate_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
     up_w = tl.load(up_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-    acc_gate = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    acc_gate = tl.zeros((1, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    acc_up = tl.zeros((1, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     for k0 in range(BLOCK_K, hidden + BLOCK_K, BLOCK_K):
         next_ks = k0 + ks
         next_ok = next_ks < hidden
         next_x = tl.load(x_row + next_ks, mask=next_ok, other=0.0)
         next_gate = tl.load(gate_rows + next_ks[None, :], mask=col_ok[:, None] & next_ok[None, :], other=0.0)
         next_up = tl.load(up_rows + next_ks[None, :], mask=col_ok[:, None] & next_ok[None, :], other=0.0)
-        xf = tl.reshape(xv.to(tl.float32), [1, BLOCK_K // VEC, VEC])
-        acc_gate += tl.sum(tl.reshape(gate_w.to(tl.float32), [BLOCK_N, BLOCK_K // VEC, VEC]) * xf, axis=2)
-        acc_up += tl.sum(tl.reshape(up_w.to(tl.float32), [BLOCK_N, BLOCK_K // VEC, VEC]) * xf, axis=2)
+        acc_gate = fma_runs(acc_gate, gate_w, xv, 1, BLOCK_N, 1, 1, BLOCK_K // VEC)
+        acc_up = fma_runs(acc_up, up_w, xv, 1, BLOCK_N, 1, 1, BLOCK_K // VEC)
         xv, gate_w, up_w = next_x, next_gate, next_up
     dtype = act.dtype.element_ty
-    gate = tl.sum(acc_gate, axis=1).to(dtype).to(tl.float32)
-    up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+    gate = tl.reshape(tl.sum(acc_gate, axis=2), [BLOCK_N]).to(dtype).to(tl.float32)
+    up = tl.reshape(tl.sum(acc_up, axis=2), [BLOCK_N]).to(dtype).to(tl.float32)
     activated = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
     tl.store(act + row.to(tl.int64) * stride_act + cols, (activated * up).to(dtype), mask=col_ok)
 
@@ -183,8 +182,7 @@ def _moe_gemv_down_kernel(
         next_ok = next_ks < inter
         next_a = tl.load(a_rows + next_ks[None, :], mask=j_ok[:, None] & next_ok[None, :], other=0.0)
         next_b = tl.load(w_rows + next_ks[None, None, :], mask=live & next_ok[None, None, :], other=0.0)
-        af = tl.reshape(a.to(tl.float32), [BLOCK_J, 1, BLOCK_K // VEC, VEC])
-        acc += tl.sum(tl.reshape(b.to(tl.float32), [BLOCK_J, BLOCK_N, BLOCK_K // VEC, VEC]) * af, axis=3)
+        acc = fma_runs(acc, b, a, BLOCK_J, BLOCK_N, BLOCK_J, 1, BLOCK_K // VEC)
         a, b = next_a, next_b
     scale = tl.load(weights + rows, mask=j_ok, other=0.0)
     total = tl.sum(tl.sum(acc, axis=2) * scale[:, None], axis=0)
