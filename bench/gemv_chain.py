@@ -21,6 +21,7 @@ With ``--passes`` > 0, then a coordinate descent per row count: each role's GEMV
 roles fixed, the best kept, ``passes`` times over.
 
     python bench/gemv_chain.py --out DIR --rows 1,2,4,8 --passes 0   # rule against cuBLAS, under a minute
+    python bench/gemv_chain.py --out DIR --rows 2,4 --passes 0 --profile   # and each one's time per kernel
     python bench/gemv_chain.py --out DIR [--rows 1]                  # the one-row descent (gemv_config's data)
 
 DIR/gemv_chain.json has every timing; written after each row count, so a run cut short keeps what it measured.
@@ -163,7 +164,26 @@ class Chain:
         return us
 
 
-def compare(chain: Chain, rows: int, bound_us: float, log) -> dict:
+def profile(chain: Chain, configs: dict | None, mode: str, log, top: int = 8) -> dict:
+    """Where one replay of the chain's graph spends its time, per kernel and grid (bench/latency.py's
+    ``critical_path``: each kernel charged from the previous kernel's end to its own; the skinny GEMM's roles differ
+    by grid), the ``top`` charges logged."""
+    from bench.latency import _profiled_critical_path
+
+    chain.run(configs, mode)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain.run(configs, mode)
+    path = _profiled_critical_path(graph.replay, 6)
+    del graph
+    for key, row in list(path.get("by_kernel", {}).items())[:top]:
+        log(f"      {row['charged_us_per_step']:8.1f} µs x{row['per_step']:<4g} (own {row['duration_us_per_step']:7.1f})  "
+            f"{key}")
+    return path
+
+
+def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = False) -> dict:
     """The rule and cuBLAS at ``rows`` rows (see the module docstring): label -> {"us", "frac_bound", configs} or an
     error."""
     chain.set_rows(rows)
@@ -189,6 +209,8 @@ def compare(chain: Chain, rows: int, bound_us: float, log) -> dict:
         mark = "  <- ce::linear" if label == ours else ""
         log(f"M={rows:<2} {label:<28} {us:8.1f} µs  {bound_us / us:6.1%} of the bound  {delta}  "
             f"({time.time() - start:.1f} s){mark}")
+        if with_profile:
+            entry["critical_path"] = profile(chain, configs, mode, log)
     return results
 
 
@@ -228,6 +250,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[1],
                         help=f"row counts (decode batch sizes), 1..{gemv_kernels.GEMV_MAX_ROWS}, comma-separated")
     parser.add_argument("--passes", type=int, default=2, help="coordinate-descent passes per row count (0: none)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also the rule's and cuBLAS's chain per kernel (the profiler's critical path)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_chain needs a CUDA device")
@@ -244,7 +268,7 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     log = lambda line: print(line, flush=True)  # noqa: E731
     for rows in args.rows:
-        entry = {"compare": compare(chain, rows, bound_us, log)}
+        entry = {"compare": compare(chain, rows, bound_us, log, args.profile)}
         if args.passes > 0:
             start = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k, *_) in chain.roles.items()}
             configs, best_us, timings = descend(chain, rows, start, args.passes, log)
