@@ -3,8 +3,8 @@
 Per token: ``[q_h | gate_h]`` per head from the doubled q projection; q_norm/k_norm (zero-centred RMSNorm over
 head_dim) before partial RoPE; the new K/V are stored into the cache, then paged attention reads every cached
 token of the sequence; ``out = o_proj(attn * sigmoid(gate))``. With the "triton" backend, decode does everything
-between qkv_proj and o_proj in one op, ``ce::attention_decode``; prefill, and the flash-attn backend, run the
-unfused ops.
+between qkv_proj and o_proj in one op, ``ce::attention_decode``; prefill, speculative decoding's verify step
+(``ce::paged_attention_verify``) and the flash-attn backend run the unfused ops.
 
 Mutates: ``k_cache`` and ``v_cache`` (this layer's buffers) at ``step.slot_mapping``.
 """
@@ -40,6 +40,9 @@ class FullAttention(nn.Module):
         # Decode: "triton" runs ce::attention_decode; "flash_attn" the unfused ops around flash-attn's decode kernel.
         self.fused_decode = not flash
         self.prefill_op = torch.ops.ce.flash_paged_attention_prefill if flash else torch.ops.ce.paged_attention_prefill
+        # A verify step (speculative decoding: the same rows for every sequence): its own op, whose kernel suits a
+        # few sequences' short queries ("triton"); flash-attn runs its prefill.
+        self.verify_op = None if flash else torch.ops.ce.paged_attention_verify
         self.num_heads = config.num_attention_heads // tp.world_size
         self.num_kv_heads = config.num_key_value_heads // tp.world_size
         self.head_dim = config.head_dim
@@ -79,7 +82,7 @@ class FullAttention(nn.Module):
         )
 
     def _unfused(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        """Prefill (varlen), and decode with the flash-attn backend: the ops one by one -> [T, Hq*D]."""
+        """Prefill (varlen), verify, and decode with the flash-attn backend: the ops one by one -> [T, Hq*D]."""
         tokens = projected.shape[0]
         q_gate, k, v = projected.split(self.split_sizes, dim=-1)
         q, gate = q_gate.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
@@ -88,7 +91,10 @@ class FullAttention(nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(step.positions, q, k)
         torch.ops.ce.store_kv(k, v, self.k_cache, self.v_cache, step.slot_mapping)
-        if step.is_prefill:
+        if step.speculative and self.verify_op is not None:
+            attn = self.verify_op(q, self.k_cache, self.v_cache, step.context_lens, step.block_tables,
+                                  tokens // step.num_sequences, self.scale)
+        elif step.is_prefill:
             attn = self.prefill_op(
                 q, self.k_cache, self.v_cache, step.cu_seqlens, step.context_lens, step.block_tables, self.scale
             )

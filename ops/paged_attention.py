@@ -6,6 +6,10 @@
   stored, at positions ``context_len_n - q_len_n ... context_len_n - 1``; each attends causally to every cached
   token of its sequence (a reused prefix plus the new tokens). This one op serves plain prefill, chunked prefill
   and prefix-cache hits.
+* ``paged_attention_verify``: a verify step of speculative decoding, prefill with the same number of new tokens
+  (``rows_per_seq``: the last token and its drafts) for every sequence; by definition the prefill op on those
+  lengths. Its own op so that the CUDA side may pick a kernel by the step's static shape (a few sequences: each row
+  as a decode query over its own prefix, the context split over many programs).
 
 The references compute in fp32 and return the query dtype.
 """
@@ -105,4 +109,31 @@ paged_attention_prefill = define_op(
     reference=paged_attention_prefill_reference,
     cuda=paged_attention_kernels.paged_attention_prefill if HAVE_TRITON else None,
     fake=_paged_attention_prefill_fake,
+)
+
+
+def paged_attention_verify_reference(
+    q: torch.Tensor,  # [N * rows_per_seq, Hq, D], sequence by sequence
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    context_lens: torch.Tensor,  # [N] int32, cached tokens after this step
+    block_tables: torch.Tensor,  # [N, max_blocks] int32
+    rows_per_seq: int,
+    scale: float,
+) -> torch.Tensor:
+    num_seqs = context_lens.shape[0]
+    cu_seqlens = torch.arange(0, (num_seqs + 1) * rows_per_seq, rows_per_seq, dtype=torch.int32, device=q.device)
+    return paged_attention_prefill_reference(q, k_cache, v_cache, cu_seqlens, context_lens, block_tables, scale)
+
+
+def _paged_attention_verify_fake(q, k_cache, v_cache, context_lens, block_tables, rows_per_seq, scale):
+    return q.new_empty(q.shape)
+
+
+paged_attention_verify = define_op(
+    "paged_attention_verify(Tensor q, Tensor k_cache, Tensor v_cache, Tensor context_lens, Tensor block_tables, "
+    "int rows_per_seq, float scale) -> Tensor",
+    reference=paged_attention_verify_reference,
+    cuda=paged_attention_kernels.paged_attention_verify if HAVE_TRITON else None,
+    fake=_paged_attention_verify_fake,
 )

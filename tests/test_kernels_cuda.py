@@ -210,6 +210,33 @@ def test_paged_attention_prefill_matches_reference(layout, block_size, dtype, nu
     torch.testing.assert_close(got, want, **TOL[dtype])
 
 
+@pytest.mark.parametrize("by_rows", [True, False, None])
+@given(
+    num_seqs=st.integers(1, 8),
+    rows=st.integers(1, 5),
+    max_prefix=st.sampled_from([0, 64, 1000]),
+    seed=st.integers(0, 2**31 - 1),
+)
+@settings(max_examples=3, deadline=None, phases=PHASES)
+def test_paged_attention_verify_matches_reference(by_rows, num_seqs, rows, max_prefix, seed):
+    """A verify step (``rows`` rows a sequence after its prefix) down either kernel (None: verify_by_rows' pick) at
+    the model's attention shape, against the reference (the prefill op's, on those lengths)."""
+    from ops.triton import paged_attention_kernels
+
+    gen = _seeded(seed)
+    hq, hkv, d = ATTN_LAYOUTS[0]
+    context_lens = (torch.randint(0, max_prefix + 1, (num_seqs,), generator=gen, device=DEV) + rows).tolist()
+    num_blocks, tables = _paged_layout(gen, context_lens, 16, 2)
+    k_cache = _randn(gen, num_blocks, 16, hkv, d, dtype=torch.bfloat16)
+    v_cache = _randn(gen, num_blocks, 16, hkv, d, dtype=torch.bfloat16)
+    q = _randn(gen, num_seqs * rows, hq, d, dtype=torch.bfloat16)
+    lens = torch.tensor(context_lens, dtype=torch.int32, device=DEV)
+    want = paged_attention.paged_attention_verify_reference(q, k_cache, v_cache, lens, tables, rows, d**-0.5)
+    got = paged_attention_kernels.paged_attention_verify(q, k_cache, v_cache, lens, tables, rows, d**-0.5,
+                                                         by_rows=by_rows)
+    torch.testing.assert_close(got, want, **TOL[torch.bfloat16])
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Fused attention decode (q/k norm + RoPE + KV store + paged attention + output gate)
 # ----------------------------------------------------------------------------------------------------------------
@@ -1368,6 +1395,10 @@ def _opcheck_cases():
                                     (_randn(gen, 12, hq, d, dtype=bf16), k_cache, v_cache,
                                      torch.tensor([0, 10, 12], dtype=torch.int32, device=DEV),
                                      torch.tensor([40, 20], dtype=torch.int32, device=DEV), tables[:2], d**-0.5)),
+        # 2 sequences x 3 rows: few enough that the kernel runs each row as a decode query (verify_by_rows)
+        "paged_attention_verify": (torch.ops.ce.paged_attention_verify.default,
+                                   (_randn(gen, 6, hq, d, dtype=bf16), k_cache, v_cache,
+                                    torch.tensor([40, 20], dtype=torch.int32, device=DEV), tables[:2], 3, d**-0.5)),
         "causal_conv1d_prefill": (torch.ops.ce.causal_conv1d_prefill.default,
                                   (_randn(gen, 40, channels, dtype=bf16), _randn(gen, channels, 4, dtype=bf16),
                                    _randn(gen, 4, channels, 3, dtype=bf16), cu, slots3)),
@@ -1410,6 +1441,7 @@ def _opcheck_cases():
 
 
 OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "attention_decode", "paged_attention_prefill",
+                 "paged_attention_verify",
                  "causal_conv1d_prefill",
                  "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "gated_deltanet_decode",
                  "linear", "rms_norm",
@@ -1428,6 +1460,7 @@ KERNEL_NAMES = {
     "paged_attention_decode": "_paged_decode_kernel",
     "attention_decode": "_attention_decode_kernel",
     "paged_attention_prefill": "_paged_prefill_kernel",
+    "paged_attention_verify": "_paged_decode_kernel",
     "causal_conv1d_prefill": "_conv_prefill_out_kernel",
     "causal_conv1d_decode": "_conv_decode_kernel",
     "gated_delta_rule_prefill": "chunk_gated_delta_rule_fwd",  # FLA's kernels (prefix of their names)

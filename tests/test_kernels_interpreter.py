@@ -142,6 +142,22 @@ def _child_checks() -> dict:
         got = paged_attention_kernels.paged_attention_prefill(q, k_cache, v_cache, cu, lens, tables, scale)
         compare("prefill out", got, want)
 
+    def check_verify(q_heads, kv_heads, dim, block_size, rows, by_rows, prefixes=(5, 0, 30)):
+        """A verify step (``rows`` rows a sequence after its prefix) down either path: each row a decode query over
+        its own prefix, or the prefill kernel."""
+        context_lens = [p + rows for p in prefixes]
+        num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 1
+        k_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
+        v_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
+        tables = paged_layout(len(prefixes), context_lens, block_size, num_blocks)
+        q = torch.randn(rows * len(prefixes), q_heads, dim)
+        lens = torch.tensor(context_lens, dtype=torch.int32)
+        scale = dim**-0.5
+        want = paged_attention.paged_attention_verify_reference(q, k_cache, v_cache, lens, tables, rows, scale)
+        got = paged_attention_kernels.paged_attention_verify(q, k_cache, v_cache, lens, tables, rows, scale,
+                                                             by_rows=by_rows)
+        compare("verify out", got, want)
+
     def check_conv_prefill(seq_lens):
         channels, width = 20, 4
         num_slots = len(seq_lens) + 2
@@ -397,6 +413,9 @@ def _child_checks() -> dict:
         "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
         "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
         "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
+        "verify_by_rows_gqa2_bs4": lambda: check_verify(4, 2, 16, 4, 3, by_rows=True),
+        "verify_by_rows_one_row": lambda: check_verify(3, 1, 32, 16, 1, by_rows=True),
+        "verify_prefill_kernel_gqa2_bs4": lambda: check_verify(4, 2, 16, 4, 3, by_rows=False),
         "conv_prefill": lambda: check_conv_prefill([1, 0, 7, 2]),  # shorter and longer than W - 1, and empty
         "conv_prefill_empty_runs": lambda: check_conv_prefill([0, 0, 5, 1, 0, 3, 0, 0, 2]),
         "conv_decode": check_conv_decode,
@@ -480,6 +499,9 @@ CHECK_NAMES = [
     "prefill_gqa2_d16_bs4",
     "prefill_gqa3_d32_bs16",
     "prefill_empty_runs",
+    "verify_by_rows_gqa2_bs4",
+    "verify_by_rows_one_row",
+    "verify_prefill_kernel_gqa2_bs4",
     "conv_prefill",
     "conv_prefill_empty_runs",
     "conv_decode",

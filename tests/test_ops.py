@@ -593,6 +593,30 @@ def test_paged_attention_prefill_matches_sdpa(seqs, padding, shapes, stale_tail,
 
 
 @given(
+    cached=st.lists(st.integers(0, 40), min_size=1, max_size=3),
+    rows=st.integers(1, 5),
+    shapes=ATTN_SHAPES,
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_paged_attention_verify_matches_sdpa(cached, rows, shapes, dtype, seed):
+    """A verify step: every sequence scores ``rows`` tokens (its last one and its drafts) after its cached prefix,
+    each attending causally to the prefix and the rows before it; GQA."""
+    Hkv, group, D, block_size = shapes
+    g = _gen(seed)
+    contexts = [c + rows for c in cached]
+    k_cache, v_cache, tables, dense = _kv_setup(g, contexts, block_size, Hkv, D, dtype)
+    q = _randn(g, rows * len(cached), Hkv * group, D, dtype=dtype)
+    scale = 0.7 * D**-0.5
+    out = ce.paged_attention_verify(q, k_cache, v_cache, torch.tensor(contexts, dtype=torch.int32), tables, rows,
+                                    scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    for i, (prefix, (k, v)) in enumerate(zip(cached, dense)):
+        ref = _sdpa_oracle(q[i * rows : (i + 1) * rows], k, v, prefix, scale)
+        torch.testing.assert_close(out[i * rows : (i + 1) * rows].double(), ref, **_tol(dtype))
+
+
+@given(
     n_tokens=st.integers(1, 20),
     padding=st.integers(0, 3),
     shapes=st.tuples(st.sampled_from([1, 2]), st.sampled_from([8, 32]), st.sampled_from([4, 16])),
@@ -915,6 +939,9 @@ def _opcheck_cases():
         "paged_attention_prefill": (
             ce.paged_attention_prefill.default,
             (_randn(g, 5, 4, 8), k_cache, v_cache, _cu_seqlens([2, 3, 0]), lens, tables, 8**-0.5),
+        ),
+        "paged_attention_verify": (  # 2 rows a sequence, the padding lane's context 0
+            ce.paged_attention_verify.default, (_randn(g, 6, 4, 8), k_cache, v_cache, lens, tables, 2, 8**-0.5)
         ),
         # the optional flash-attn backend: same contract, same CPU reference (its CUDA kernel: flash-attn)
         "flash_paged_attention_decode": (

@@ -1,6 +1,7 @@
-"""Triton kernels for ``ce::paged_attention_decode`` and ``ce::paged_attention_prefill``.
+"""Triton kernels for ``ce::paged_attention_decode`` and ``ce::paged_attention_prefill``, and the choice between
+them for ``ce::paged_attention_verify``.
 
-Both walk a sequence's cached tokens in tiles of ``BLOCK_N`` tokens, translating token -> (block table entry,
+Both kernels walk a sequence's cached tokens in tiles of ``BLOCK_N`` tokens, translating token -> (block table entry,
 offset) per token, so any power-of-two ``block_size`` works (also one smaller than the tile), and run an online
 softmax in fp32 (exp2 with ``scale * log2(e)`` folded into the scores). GQA: one program serves all
 ``G = Hq / Hkv`` query heads of a KV head, so each K/V tile is read once per group, not once per query head.
@@ -14,6 +15,11 @@ split the kernel writes the normalised output itself; otherwise a reduce kernel 
 (max, sum, accumulator) triples (:func:`_merge_splits`). ``context_len == 0`` (padding lane) gives zeros.
 ``ce::attention_decode`` (ops/triton/attention_decode_kernels.py) reuses the tile helpers, the partials' layout and
 the reduce kernel.
+
+A verify step of speculative decoding (``ce::paged_attention_verify``: each sequence's last token and its drafts,
+the same number of rows for every sequence) runs either kernel: with few sequences each row as a decode query over
+its own causal prefix (the context split over many programs), else the prefill kernel (each K/V tile read once for
+all of a sequence's rows); ``verify_by_rows`` decides.
 
 Prefill is a varlen flash-attention forward over the paged cache: a program owns ``BLOCK_M`` new tokens of one
 sequence times the ``G`` query heads of one KV head, and attends causally by absolute position to the cached
@@ -556,3 +562,33 @@ def paged_attention_prefill(
         num_warps=num_warps,
     )
     return out
+
+
+def verify_by_rows(num_seqs: int, num_kv_heads: int, device: torch.device) -> bool:
+    """Whether a verify step's attention runs each row as a decode query (True) or runs the prefill kernel. The
+    prefill kernel gives each (sequence, KV head) one program that walks the whole context; while those programs
+    would fill at most a quarter of the SMs, the rows' split decode (every row reading its prefix again, k + 1 times
+    the K/V bytes) finishes sooner, the more so the longer the context."""
+    return 4 * num_seqs * num_kv_heads <= _sm_count(device)
+
+
+def paged_attention_verify(
+    q: torch.Tensor,  # [N * R, Hq, D]: R rows a sequence
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    context_lens: torch.Tensor,  # [N] int32, cached tokens after this step
+    block_tables: torch.Tensor,  # [N, max_blocks] int32
+    rows_per_seq: int,
+    scale: float,
+    by_rows: bool | None = None,  # None: verify_by_rows
+) -> torch.Tensor:
+    num_seqs = context_lens.shape[0]
+    if by_rows is None:
+        by_rows = verify_by_rows(num_seqs, k_cache.shape[2], q.device)
+    if by_rows:  # row j of a sequence holds position context_len - R + j: its causal prefix is that long + 1
+        offsets = torch.arange(1 - rows_per_seq, 1, dtype=torch.int32, device=q.device)
+        lens = (context_lens[:, None] + offsets[None, :]).clamp_min(0).reshape(-1)
+        return paged_attention_decode(q, k_cache, v_cache, block_tables.repeat_interleave(rows_per_seq, dim=0), lens,
+                                      scale)
+    cu_seqlens = torch.arange(0, (num_seqs + 1) * rows_per_seq, rows_per_seq, dtype=torch.int32, device=q.device)
+    return paged_attention_prefill(q, k_cache, v_cache, cu_seqlens, context_lens, block_tables, scale)
