@@ -136,9 +136,9 @@ def fma_runs(acc, w, x, W_A: tl.constexpr, W_B: tl.constexpr, X_A: tl.constexpr,
              C: tl.constexpr):
     """``acc`` [A, B, C] plus the sums over each run of VEC (8) contiguous K elements of ``w`` (viewed [W_A, W_B, C *
     VEC]) times ``x`` (viewed [X_A, X_B, C * VEC]), broadcast to [A, B]: one FMA a product. A ``tl.sum`` of the
-    [.., VEC] products compiles to a multiply each and a tree of adds (~1.5 instructions a product, what a loop's
-    issue cost grows with at several rows) and keeps the products live (offline SASS, sm_90: at 4 rows x 8 columns
-    228 registers a thread against 126 here)."""
+    [.., VEC] products may compile to a multiply each and a tree of adds, with the products live in registers: more
+    instructions and registers a chunk, what a loop's cost grows with at several rows (bench/NOTES.md, "Runs
+    63-66")."""
     tl.static_assert(VEC == 8)
     w0, w1, w2, w3, w4, w5, w6, w7 = _eighths(w.to(tl.float32), W_A, W_B, C)
     x0, x1, x2, x3, x4, x5, x6, x7 = _eighths(x.to(tl.float32), X_A, X_B, C)
