@@ -168,14 +168,14 @@ def profile(chain: Chain, configs: dict | None, mode: str, log, top: int = 8) ->
     """Where one replay of the chain's graph spends its time, per kernel and grid (bench/latency.py's
     ``critical_path``: each kernel charged from the previous kernel's end to its own; the skinny GEMM's roles differ
     by grid), the ``top`` charges logged."""
-    from bench.latency import _profiled_critical_path
+    from bench.latency import profiled_critical_path
 
     chain.run(configs, mode)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         chain.run(configs, mode)
-    path = _profiled_critical_path(graph.replay, 6)
+    path = profiled_critical_path(graph.replay, 6)
     del graph
     for key, row in list(path.get("by_kernel", {}).items())[:top]:
         log(f"      {row['charged_us_per_step']:8.1f} µs x{row['per_step']:<4g} (own {row['duration_us_per_step']:7.1f})  "

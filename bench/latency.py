@@ -245,7 +245,7 @@ def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int) ->
         end.record()
         end.synchronize()
         gpu_ms = start.elapsed_time(end) / replays
-        path = _profiled_critical_path(lambda: runner.replay_last(1), CRITICAL_PATH_REPLAYS)
+        path = profiled_critical_path(lambda: runner.replay_last(1), CRITICAL_PATH_REPLAYS)
     finally:
         runtime.release(seq)
     return {
@@ -261,7 +261,7 @@ def _graph_replay_run(ctx: Context, runtime, prompt: list[int], replays: int) ->
 CRITICAL_PATH_REPLAYS = 12
 
 
-def _profiled_critical_path(replay, replays: int) -> dict:
+def profiled_critical_path(replay, replays: int) -> dict:
     """``replays`` back-to-back replays under the torch profiler (CUPTI records each kernel of a graph replay), then
     :func:`critical_path` of their kernels."""
     import json

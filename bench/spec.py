@@ -17,7 +17,9 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   decode step"),
   ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
   on CUDA unless ``--enforce-eager``; the read-back included; on CUDA ``round_profile``: its kernels by category
-  under torch.profiler, bench/step_profile.py), ``eager_decode_ms`` (an eager decode step of the
+  under torch.profiler, bench/step_profile.py; ``verify_graph_critical_path`` and ``round_critical_path``: the
+  verify graph's and the captured round graph's kernels per name and grid, bench/latency.py's critical path),
+  ``eager_decode_ms`` (an eager decode step of the
   speculative runtime), their ratios to the baseline decode step; and ``round_vs_baseline_tpot``, the round against
   the baseline's TPOT p50 (the baseline engine overlaps a step's host work with the next step's GPU work, which
   ``decode_ms`` does not: at k tokens a round the speed-up is about ``tokens_per_round / round_vs_baseline_tpot``).
@@ -51,6 +53,7 @@ import torch
 
 from bench.bounds import workload_decode_bound
 from bench.common import Context, greedy, random_prompt, request_timings
+from bench.latency import CRITICAL_PATH_REPLAYS, profiled_critical_path
 from bench.step_profile import profile_steps
 
 OWN_ENGINES = True  # builds an engine per k: the driver runs it after the shared-engine scenarios
@@ -266,11 +269,12 @@ def _replay_ms(replay, iters: int) -> float:
 
 
 @torch.inference_mode()
-def _verify_graph_ms(runtime, seqs, drafts, iters: int) -> float:
+def _verify_graph(runtime, seqs, drafts, iters: int) -> tuple[float, dict]:
     """GPU time of a verify step alone (the target's forward of k+1 tokens a sequence and its logits' argmax, the
     work a round's verify does) captured into a CUDA graph of its own and replayed, in ms: the number to hold
-    against a decode graph's replay (``decode_graph_ms``). It writes KV at the verified positions and the linear
-    layers' verify history; the pools stay as they are."""
+    against a decode graph's replay (``decode_graph_ms``); and where that time goes, per kernel and grid
+    (bench/latency.py's critical path). It writes KV at the verified positions and the linear layers' verify
+    history; the pools stay as they are."""
     from compiled_engine.speculative import pack_verify_step
 
     step = pack_verify_step(seqs, drafts, runtime.config.block_size, runtime.device)
@@ -288,7 +292,7 @@ def _verify_graph_ms(runtime, seqs, drafts, iters: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         forward()
-    return _replay_ms(graph.replay, iters)
+    return _replay_ms(graph.replay, iters), profiled_critical_path(graph.replay, CRITICAL_PATH_REPLAYS)
 
 
 def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
@@ -320,15 +324,30 @@ def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
                 verify_s += verified - start
                 round_s += done - verified
         single_gpu = ctx.device.type == "cuda" and runtime.model.tp.world_size == 1  # (as _decode_graph_ms)
-        verify_graph = _verify_graph_ms(runtime, seqs, drafts, iters) if single_gpu else None
+        verify_graph, verify_path = _verify_graph(runtime, seqs, drafts, iters) if single_gpu else (None, None)
         # Where a round's time goes: its kernels by category (CUDA; a few rounds more, each 1 to k+1 tokens).
         profile = profile_steps(ctx, one_round, iters, top=12) if ctx.device.type == "cuda" else None
         eager = _decode_loop(ctx, runtime, seqs, iters)
+        # Last (its replays commit the same round again and again: the sequences are released after it): the
+        # captured round's graph per kernel and grid.
+        round_path = _round_critical_path(runtime, seqs, k, one_round) if single_gpu else None
     finally:
         for seq in seqs:
             runtime.release(seq)
     return {"verify_ms": verify_s / iters * 1e3, "verify_graph_ms": verify_graph, "round_ms": round_s / iters * 1e3,
-            "eager_decode_ms": eager, "round_profile": profile}
+            "eager_decode_ms": eager, "round_profile": profile, "verify_graph_critical_path": verify_path,
+            "round_critical_path": round_path}
+
+
+def _round_critical_path(runtime, seqs, k: int, one_round) -> dict | None:
+    """bench/latency.py's critical path of the captured round graph of ``seqs`` (None where rounds are not captured),
+    its buffers loaded by one more round."""
+    compiled = runtime.executor.speculative_round
+    if compiled is None or not compiled.captured or not compiled.covers(len(seqs), k):
+        return None
+    one_round()
+    bucket = compiled.policy.bucket_for(len(seqs))
+    return profiled_critical_path(lambda: compiled.run(bucket, False), CRITICAL_PATH_REPLAYS)
 
 
 def _decode_loop(ctx: Context, runtime, seqs, iters: int) -> float:
@@ -367,4 +386,15 @@ def summary_lines(head: str, r: dict) -> list[str]:
                 top = ", ".join(f"{name} {ms:.3f}" for name, ms in list(profile["gpu_ms_by_category"].items())[:4])
                 lines.append(f"{'':<11}   a round's GPU {profile['gpu_ms']:.3f} ms of {profile['wall_ms']:.3f} wall, "
                              f"{profile['kernels_per_step']:.0f} kernels: {top}")
+            for label, key in (("verify graph", "verify_graph_critical_path"), ("round graph", "round_critical_path")):
+                lines += _path_lines(label, cell["steps"].get(key))
     return lines
+
+
+def _path_lines(label: str, path: dict | None, top: int = 10) -> list[str]:
+    """The ``top`` charges of a critical path (bench/latency.py), one line each."""
+    if not path or "by_kernel" not in path:
+        return []
+    lines = [f"{'':<13} {label}: {path['span_us']:.1f} µs, {path['kernels_per_step']} kernels; charged per kernel:"]
+    return lines + [f"{'':<15}{row['charged_us_per_step']:8.1f} µs x{row['per_step']:<4g} {key}"
+                    for key, row in list(path["by_kernel"].items())[:top]]
