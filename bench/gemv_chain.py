@@ -178,8 +178,8 @@ def profile(chain: Chain, configs: dict | None, mode: str, log, top: int = 8) ->
     path = profiled_critical_path(graph.replay, 6)
     del graph
     for key, row in list(path.get("by_kernel", {}).items())[:top]:
-        log(f"      {row['charged_us_per_step']:8.1f} µs x{row['per_step']:<4g} (own {row['duration_us_per_step']:7.1f})  "
-            f"{key}")
+        log(f"      {row['charged_us_per_step']:8.1f} µs x{row['per_step']:<4g} "
+            f"(own {row['duration_us_per_step']:7.1f})  {key}")
     return path
 
 
