@@ -53,6 +53,7 @@ from graphs.buckets import BucketPolicy
 from graphs.decode_graph import private_copy, raise_recompile_limit, register_inductor_fallbacks
 from graphs.static_inputs import StaticSamplingInputs
 from ops.argmax import argmax_op
+from ops.layouts import verify_cu_seqlens
 from ops.library import NULL_BLOCK, NULL_SLOT, OPS
 from ops.sample import sample_op
 from ops.step import SamplingInputs, StepInputs
@@ -251,7 +252,7 @@ def fused_round_packed(
         packed[at_state + batch : end].view(batch, table_width).to(torch.int32),
         packed[at_context : at_context + batch].to(torch.int32),
         packed[at_state : at_state + batch].to(torch.int32),
-        torch.arange(0, rows + 1, num_drafts + 1, dtype=torch.int32, device=packed.device),
+        verify_cu_seqlens(batch, num_drafts + 1, packed.device),
         num_drafts,
         block_size,
         draft_vocab,

@@ -9,6 +9,7 @@ here, in plain Python (no triton: the references run where triton is absent). It
 * FLA's chunk length, which the chunked delta-rule reference, the host chunk table and FLA's kernels all use;
 * ``ce::sample``'s number formats: the integer key of a logit, the fixed-point token mass, the cut-offs;
 * ``ce::fused_moe``'s block-aligned order of (token, expert) rows (``moe_align_block_size``).
+* a verify step's ``cu_seqlens`` (``verify_cu_seqlens``: ``ce::paged_attention_verify`` and the compiled rounds).
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ EXP_CUTOFF = -80.0  # exp_ce(y) = 0 below it
 
 
 # ce::fused_moe (ops/moe.py)
+def verify_cu_seqlens(num_seqs: int, rows_per_seq: int, device: torch.device) -> torch.Tensor:
+    """A verify step's ``cu_seqlens`` ``[N + 1]`` int32: ``rows_per_seq`` rows for every sequence."""
+    return torch.arange(0, (num_seqs + 1) * rows_per_seq, rows_per_seq, dtype=torch.int32, device=device)
+
+
 def moe_padded_rows(num_rows, num_experts: int, block_m: int):
     """The static length of ``moe_align_block_size``'s ``sorted_rows``: ``num_rows`` routed rows (T x k), each
     expert that gets any padded up to a multiple of ``block_m``, rounded up to whole blocks. At most

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ops.layouts import verify_cu_seqlens
 from ops.library import define_op
 from ops.triton import HAVE_TRITON
 
@@ -121,8 +122,7 @@ def paged_attention_verify_reference(
     rows_per_seq: int,
     scale: float,
 ) -> torch.Tensor:
-    num_seqs = context_lens.shape[0]
-    cu_seqlens = torch.arange(0, (num_seqs + 1) * rows_per_seq, rows_per_seq, dtype=torch.int32, device=q.device)
+    cu_seqlens = verify_cu_seqlens(context_lens.shape[0], rows_per_seq, q.device)
     return paged_attention_prefill_reference(q, k_cache, v_cache, cu_seqlens, context_lens, block_tables, scale)
 
 

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.layouts import verify_cu_seqlens
 from ops.triton.pdl import pdl_flags
 
 
@@ -590,5 +591,5 @@ def paged_attention_verify(
         lens = (context_lens[:, None] + offsets[None, :]).clamp_min(0).reshape(-1)
         return paged_attention_decode(q, k_cache, v_cache, block_tables.repeat_interleave(rows_per_seq, dim=0), lens,
                                       scale)
-    cu_seqlens = torch.arange(0, (num_seqs + 1) * rows_per_seq, rows_per_seq, dtype=torch.int32, device=q.device)
-    return paged_attention_prefill(q, k_cache, v_cache, cu_seqlens, context_lens, block_tables, scale)
+    return paged_attention_prefill(q, k_cache, v_cache, verify_cu_seqlens(num_seqs, rows_per_seq, q.device),
+                                   context_lens, block_tables, scale)
