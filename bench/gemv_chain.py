@@ -150,18 +150,21 @@ class Chain:
                 h = torch.ops.ce.silu_mul_linear(g, layer["w_down"])
             return torch.ops.ce.linear(h, self.w_lm)
 
-    def step_us(self, configs: dict | None, mode: str = "skinny") -> float:
-        """Median µs of one CUDA-graph replay of the chain (compiled first, outside it)."""
-        import triton.testing
-
+    def graph(self, configs: dict | None, mode: str = "skinny") -> torch.cuda.CUDAGraph:
+        """The chain captured in a CUDA graph (compiled first, outside it)."""
         self.run(configs, mode)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self.run(configs, mode)
-        us = triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median") * 1e3
-        del graph
-        return us
+        return graph
+
+    def step_us(self, configs: dict | None, mode: str = "skinny") -> float:
+        """Median µs of one CUDA-graph replay of the chain."""
+        import triton.testing
+
+        return triton.testing.do_bench(self.graph(configs, mode).replay, warmup=10, rep=60,
+                                       return_mode="median") * 1e3
 
 
 def profile(chain: Chain, configs: dict | None, mode: str, log, top: int = 8) -> dict:
@@ -169,17 +172,11 @@ def profile(chain: Chain, configs: dict | None, mode: str, log, top: int = 8) ->
     ``critical_path``: each kernel charged from the previous kernel's end to its own; the skinny GEMM's roles differ
     by grid), the ``top`` charges logged."""
     from bench.latency import profiled_critical_path
+    from bench.report import critical_path_lines
 
-    chain.run(configs, mode)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        chain.run(configs, mode)
-    path = profiled_critical_path(graph.replay, 6)
-    del graph
-    for key, row in list(path.get("by_kernel", {}).items())[:top]:
-        log(f"      {row['charged_us_per_step']:8.1f} µs x{row['per_step']:<4g} "
-            f"(own {row['duration_us_per_step']:7.1f})  {key}")
+    path = profiled_critical_path(chain.graph(configs, mode).replay, 6)
+    for line in critical_path_lines(path, "critical path", top, indent=4):
+        log(line)
     return path
 
 

@@ -18,6 +18,18 @@ def _f(value, spec: str = ".1f", suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
+def critical_path_lines(path: dict | None, title: str, top: int, indent: int = 11) -> list[str]:
+    """A critical path (bench/latency.py ``critical_path``) as summary lines: ``title`` with the step's span, then its
+    ``top`` kernels by the µs charged to them; none where there is no path."""
+    if not path or "by_kernel" not in path:
+        return []
+    lines = [f"{'':<{indent}} {title}: {path['span_us']:.1f} µs, {path['kernels_per_step']} kernels; µs charged (end "
+             f"after the previous end) per step:"]
+    return lines + [f"{'':<{indent + 2}} {row['charged_us_per_step']:8.1f} µs  x{row['per_step']:<3.0f} "
+                    f"(own {row['duration_us_per_step']:.1f})  {name}"
+                    for name, row in list(path["by_kernel"].items())[:top]]
+
+
 def summary_lines(results: dict[str, dict]) -> list[str]:
     """A few lines per scenario: the headline number, its bound, the fraction, and the HF ratio."""
     lines = []
@@ -55,13 +67,8 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
             ops = ", ".join(f"{name} {v['per_step']:.1f}x {v['us_median']:.1f} µs" for name, v in gap["ops_in_gap"].items())
             lines.append(f"{'':<11} engine, between two decode graphs: {_f(gap['gap_us']['p50'], '.1f')} µs (p50) "
                          f"over {gap['steps']} steps; in it: {ops or 'nothing'}")
-        path = (r.get("graph_replay") or {}).get("critical_path") or {}
-        if "by_kernel" in path:
-            lines.append(f"{'':<11} critical path of the batch-1 graph: {_f(path['span_us'], '.1f')} µs, "
-                         f"{path['kernels_per_step']} kernels; µs charged (end after the previous end) per step:")
-            for name, row in list(path["by_kernel"].items())[:CRITICAL_PATH_ROWS]:
-                lines.append(f"{'':<13} {_f(row['charged_us_per_step'], '8.1f')} µs  x{_f(row['per_step'], '.0f'):<3} "
-                             f"(own {_f(row['duration_us_per_step'], '.1f')})  {name}")
+        lines += critical_path_lines((r.get("graph_replay") or {}).get("critical_path"),
+                                     "critical path of the batch-1 graph", CRITICAL_PATH_ROWS)
     elif scenario == "sweep":
         # One block per context; a result from before the sweep had several contexts has one, in bound.context.
         contexts = sorted({row.get("context", r["bound"].get("context")) for row in r["rows"]})

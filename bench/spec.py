@@ -54,6 +54,7 @@ import torch
 from bench.bounds import workload_decode_bound
 from bench.common import Context, greedy, random_prompt, request_timings
 from bench.latency import CRITICAL_PATH_REPLAYS, profiled_critical_path
+from bench.report import critical_path_lines
 from bench.step_profile import profile_steps
 
 OWN_ENGINES = True  # builds an engine per k: the driver runs it after the shared-engine scenarios
@@ -387,14 +388,5 @@ def summary_lines(head: str, r: dict) -> list[str]:
                 lines.append(f"{'':<11}   a round's GPU {profile['gpu_ms']:.3f} ms of {profile['wall_ms']:.3f} wall, "
                              f"{profile['kernels_per_step']:.0f} kernels: {top}")
             for label, key in (("verify graph", "verify_graph_critical_path"), ("round graph", "round_critical_path")):
-                lines += _path_lines(label, cell["steps"].get(key))
+                lines += critical_path_lines(cell["steps"].get(key), label, top=10, indent=13)
     return lines
-
-
-def _path_lines(label: str, path: dict | None, top: int = 10) -> list[str]:
-    """The ``top`` charges of a critical path (bench/latency.py), one line each."""
-    if not path or "by_kernel" not in path:
-        return []
-    lines = [f"{'':<13} {label}: {path['span_us']:.1f} µs, {path['kernels_per_step']} kernels; charged per kernel:"]
-    return lines + [f"{'':<15}{row['charged_us_per_step']:8.1f} µs x{row['per_step']:<4g} {key}"
-                    for key, row in list(path["by_kernel"].items())[:top]]
