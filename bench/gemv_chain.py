@@ -171,8 +171,7 @@ def profile(chain: Chain, configs: dict | None, mode: str, log, top: int = 8) ->
     """Where one replay of the chain's graph spends its time, per kernel and grid (bench/latency.py's
     ``critical_path``: each kernel charged from the previous kernel's end to its own; the skinny GEMM's roles differ
     by grid), the ``top`` charges logged."""
-    from bench.latency import profiled_critical_path
-    from bench.report import critical_path_lines
+    from bench.latency import critical_path_lines, profiled_critical_path
 
     path = profiled_critical_path(chain.graph(configs, mode).replay, 6)
     for line in critical_path_lines(path, "critical path", top, indent=4):

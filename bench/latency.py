@@ -311,6 +311,18 @@ def critical_path(kernels: list[tuple[str, str, float, float]], replays: int) ->
     return {"kernels_per_step": per_step, "span_us": sum(spans) / steps, "by_kernel": table}
 
 
+def critical_path_lines(path: dict | None, title: str, top: int, indent: int = 11) -> list[str]:
+    """A critical path (bench/latency.py ``critical_path``) as summary lines: ``title`` with the step's span, then its
+    ``top`` kernels by the µs charged to them; none where there is no path."""
+    if not path or "by_kernel" not in path:
+        return []
+    lines = [f"{'':<{indent}} {title}: {path['span_us']:.1f} µs, {path['kernels_per_step']} kernels; µs charged (end "
+             f"after the previous end) per step:"]
+    return lines + [f"{'':<{indent + 2}} {row['charged_us_per_step']:8.1f} µs  x{row['per_step']:<3.0f} "
+                    f"(own {row['duration_us_per_step']:.1f})  {name}"
+                    for name, row in list(path["by_kernel"].items())[:top]]
+
+
 def _draw(plt, step_ms: list[float], bound_ms: float) -> None:
     plt.plot(range(1, len(step_ms) + 1), step_ms, lw=0.8, label="ours: decode step")
     plt.axhline(bound_ms, color="k", ls="--", lw=1, label=f"bound: weights / copy bandwidth ({bound_ms:.3f} ms)")

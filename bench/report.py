@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from bench.common import write_json
+from bench.latency import critical_path_lines
 
 
 def _f(value, spec: str = ".1f", suffix: str = "") -> str:
@@ -16,18 +17,6 @@ def _f(value, spec: str = ".1f", suffix: str = "") -> str:
     if isinstance(value, str):
         return value
     return f"{value:{spec}}{suffix}"
-
-
-def critical_path_lines(path: dict | None, title: str, top: int, indent: int = 11) -> list[str]:
-    """A critical path (bench/latency.py ``critical_path``) as summary lines: ``title`` with the step's span, then its
-    ``top`` kernels by the µs charged to them; none where there is no path."""
-    if not path or "by_kernel" not in path:
-        return []
-    lines = [f"{'':<{indent}} {title}: {path['span_us']:.1f} µs, {path['kernels_per_step']} kernels; µs charged (end "
-             f"after the previous end) per step:"]
-    return lines + [f"{'':<{indent + 2}} {row['charged_us_per_step']:8.1f} µs  x{row['per_step']:<3.0f} "
-                    f"(own {row['duration_us_per_step']:.1f})  {name}"
-                    for name, row in list(path["by_kernel"].items())[:top]]
 
 
 def summary_lines(results: dict[str, dict]) -> list[str]:

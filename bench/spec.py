@@ -53,8 +53,7 @@ import torch
 
 from bench.bounds import workload_decode_bound
 from bench.common import Context, greedy, random_prompt, request_timings
-from bench.latency import CRITICAL_PATH_REPLAYS, profiled_critical_path
-from bench.report import critical_path_lines
+from bench.latency import CRITICAL_PATH_REPLAYS, critical_path_lines, profiled_critical_path
 from bench.step_profile import profile_steps
 
 OWN_ENGINES = True  # builds an engine per k: the driver runs it after the shared-engine scenarios
