@@ -3,7 +3,8 @@
 Why an op of our own rather than ``F.linear``: at decode batch sizes the weight matmuls are bound by reading the
 weights, and cuBLAS picks poor kernels for a handful of rows on these small matrices (bench/NOTES.md, "Skinny
 GEMM"). The CUDA kernel runs our Triton skinny GEMM (ops/triton/gemv_kernels.py: a one-row and a few-rows GEMV) up
-to ``SKINNY_MAX_ROWS`` = 2 rows (decode batches 1 and 2) and cuBLAS from 3 rows on. It decides at run time, inside the
+to ``SKINNY_MAX_ROWS`` = 4 rows (decode batches 1-4, and speculative verify steps of up to 4 rows) and cuBLAS from 5
+rows on. It decides at run time, inside the
 opaque op, where M is a plain int: a compiled graph with a symbolic batch size never guards on it.
 
 * ``ce::linear(x [M, K], weight [N, K]) -> [M, N]`` in x's dtype;
@@ -31,12 +32,12 @@ from ops.triton import HAVE_TRITON
 if HAVE_TRITON:  # else cuBLAS serves every matmul (ops/triton/__init__.py)
     from ops.triton import gemv_kernels
 
-# Rows up to which the Triton skinny GEMM runs instead of cuBLAS: the decode buckets 1 and 2, where its GEMV paths read
-# the weights faster than cuBLAS's kernels do (a step's 97 matmuls: 0.57 against 0.94 ms at one row, 0.80 against 0.97
-# at two). From 3 rows on cuBLAS (with the norm and the activation as kernels of their own) was faster than every
-# path of ours that was measured (bench/NOTES.md, "Skinny GEMM" and "Removed alternatives"). At most
-# gemv_kernels.GEMV_MAX_ROWS, the most rows the kernel takes.
-SKINNY_MAX_ROWS = 2
+# Rows up to which the Triton skinny GEMM runs instead of cuBLAS: the decode buckets 1-4, where its GEMV paths read the
+# weights faster than cuBLAS's kernels do (a step's 97 matmuls: 0.56 against 0.94 ms at one row, 0.62 against 0.97 at
+# two, 0.89 / 0.90 against 0.96 / 1.02 at three / four). Past 4 rows cuBLAS (with the norm and the activation as
+# kernels of their own) was faster than every path of ours that was measured (bench/NOTES.md, "Skinny GEMM" and
+# "Removed alternatives"). At most gemv_kernels.GEMV_MAX_ROWS, the most rows the kernel takes.
+SKINNY_MAX_ROWS = 4
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
 
 

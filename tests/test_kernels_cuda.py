@@ -1466,7 +1466,7 @@ KERNEL_NAMES = {
     "gated_delta_rule_prefill": "chunk_gated_delta_rule_fwd",  # FLA's kernels (prefix of their names)
     "gated_delta_rule_decode": "_gdr_decode_kernel",
     "gated_deltanet_decode": "_gated_deltanet_decode_kernel",
-    "linear": "_skinny_gemm_kernel",  # 2 rows of bf16 (SKINNY_MAX_ROWS)
+    "linear": "_skinny_gemm_kernel",  # 2 rows of bf16 (at most SKINNY_MAX_ROWS)
     "rms_norm": "_rms_norm_kernel",
     "silu_mul": "_silu_mul_kernel",
     "silu_mul_linear": "_skinny_gemm_kernel",

@@ -292,11 +292,11 @@ GEMV_CONFIGS = [GEMV_NARROW, GEMV_NARROW_LONG_K, GEMV_WIDE, _config(4, 1024, 8, 
                 _config(32, 256, 8, 3)]
 
 
-# 2..GEMV_MAX_ROWS rows (ops/linear.py sends it 2): the few-rows GEMV. Narrow outputs (N <= GEMV_NARROW_N: out_proj,
+# 2..GEMV_MAX_ROWS rows (ops/linear.py sends it up to 4): the few-rows GEMV. Narrow outputs (N <= GEMV_NARROW_N: out_proj,
 # o_proj, down) load whole 2,048-wide rows in one or two chunks, 4 columns a program (8 past K = 2,048: 128 programs
 # of two chunks); wide ones loop over K in 512-wide chunks of 8 columns with 2 warps, each chunk's loads issued one
 # iteration ahead (2-4x the programs of a whole-K tile, each with less in registers). Each weight element is read
-# once for all the rows, as at one row. The tiles come from bench/gemv_chain.py's descent at 2 rows; why 2 rows and
+# once for all the rows, as at one row. The tiles come from bench/gemv_chain.py's descent at 2 rows; why 4 rows and
 # not more: bench/NOTES.md, "Skinny GEMM".
 def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
     """The few-rows GEMV's config at 2..GEMV_MAX_ROWS rows (BLOCK_M: rows rounded up to a power of two). BLOCK_K is

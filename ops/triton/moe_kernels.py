@@ -322,8 +322,8 @@ def moe_config(num_rows: int, num_experts: int) -> dict:
 
 
 # Up to this many tokens the experts run as GEMVs (``_moe_gemv_*``: no align, no sum kernel), above as grouped GEMMs
-# (the crossover lies between 8 and 16 tokens on the 35B-A3B shape: bench/NOTES.md, "Runs 63-66").
-MOE_GEMV_MAX_TOKENS = 8
+# (on the 35B-A3B shape the GEMVs are faster at 1-16 tokens: bench/NOTES.md, "Runs 67-").
+MOE_GEMV_MAX_TOKENS = 16
 
 
 def moe_gemv_config(hidden: int, inter: int) -> dict:
