@@ -263,12 +263,14 @@ def _skinny_gemm_kernel(
              mask=n_mask[:, None] & m_mask[None, :])
 
 
-def _config(block_n: int, block_k: int, num_warps: int, num_stages: int, block_m: int | None = None) -> triton.Config:
-    """A config; ``block_m`` goes with it where given, else the launch takes BLOCK_M from the row count."""
+def _config(block_n: int, block_k: int, num_warps: int, num_stages: int, block_m: int | None = None,
+            maxnreg: int | None = None) -> triton.Config:
+    """A config; ``block_m`` goes with it where given, else the launch takes BLOCK_M from the row count. ``maxnreg``:
+    a cap on the registers a thread may use (ptxas's ``.maxnreg``), so that more programs fit on an SM."""
     kwargs = {"BLOCK_N": block_n, "BLOCK_K": block_k}
     if block_m is not None:
         kwargs["BLOCK_M"] = block_m
-    return triton.Config(kwargs, num_warps=num_warps, num_stages=num_stages)
+    return triton.Config(kwargs, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
 
 
 # M == 1 (the one-row GEMV): configs by rule. The rule comes from bench/gemv_chain.py: the model's 97 matmuls in
@@ -306,7 +308,10 @@ def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
     most_n = 32 // block_m  # BLOCK_M x BLOCK_N fp32 accumulators a thread: past 32 they spill
     if n <= GEMV_NARROW_N:
         return _config(min(4 if k <= 2048 else 8, most_n), 2048, 8, 1, block_m=block_m)
-    return _config(min(8, most_n), 512, 2, 1, block_m=block_m)
+    # At 4 rows the norm prologue's variant takes 144 registers (ptxas, Triton 3.6, sm_90): 7 programs an SM, 924
+    # resident on an H200, fewer than in_proj's 1,028 programs. Capped at 128 (no spills: the same instructions but
+    # for a few moves), 8 programs an SM hold 1,056: one wave for in_proj, gate_up and qkv.
+    return _config(min(8, most_n), 512, 2, 1, block_m=block_m, maxnreg=128 if block_m == 4 else None)
 
 
 def skinny_config(rows: int, n: int, k: int) -> triton.Config:
