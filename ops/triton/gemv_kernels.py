@@ -1,13 +1,13 @@
-"""Triton kernel for ``ce::linear`` at one or two rows (decode): ``out[M, N] = x[M, K] @ weight[N, K]^T``.
+"""Triton kernel for ``ce::linear`` at one to four rows (decode): ``out[M, N] = x[M, K] @ weight[N, K]^T``.
 
 (and for its fused forms, ops/linear.py: ``ce::silu_mul_linear``, the same with ``silu(gate) * up`` computed from
 x = ``[gate | up]`` as it loads; ``ce::add_rms_norm_linear``, with a layer's residual add and RMSNorm.)
 
-Why: a decode step at batch 1 or 2 reads every weight once and does one or two multiply-adds per weight element, so
+Why: a decode step at batch 1-4 reads every weight once and does one to four multiply-adds per weight element, so
 its weight matmuls should run at memory bandwidth; cuBLAS picks kernels made for large M on these small matrices and
-is slower there. From 3 rows on ops/linear.py sends the matmuls to cuBLAS: at 4, 8 and 16 rows it beat the few-rows
-GEMV and the tensor-core and autotuned paths this module had for 2..16 rows (bench/NOTES.md, "Skinny GEMM" and
-"Removed alternatives", has the measurements behind these choices).
+is slower there. Past 4 rows ops/linear.py sends the matmuls to cuBLAS: at 5, 6, 8 and 16 rows it beat the
+few-rows GEMV and the tensor-core and autotuned paths this module had for 2..16 rows (bench/NOTES.md, "Skinny GEMM"
+and "Removed alternatives", has the measurements behind these choices).
 
 Design, for bandwidth:
   * each program owns BLOCK_N weight rows (output columns) for BLOCK_M rows of x (x's M rows, padded to BLOCK_M by
@@ -21,7 +21,7 @@ Design, for bandwidth:
         reduced once after the loop (no cross-thread reduction inside it);
       - a few rows (BLOCK_M = 2..GEMV_MAX_ROWS): the same GEMV with the BLOCK_M rows of x beside the weights in every
         thread; BLOCK_M multiply-adds per weight element, and registers that grow with BLOCK_M x BLOCK_N, hence
-        the row ceiling. ops/linear.py runs it at 2 rows only; the bench and the tests also run it up to the ceiling.
+        the row ceiling. ops/linear.py runs it at 2-4 rows; the bench and the tests also run it up to the ceiling.
   * latency, not only bandwidth: most of these matrices are 4-17 MB, 1-4 µs of DRAM time, and a launch, its
     ramp-up and its tail cost as much again. Three things hide some of it. Programmatic dependent launch
     (ops/triton/pdl.py): the kernel lets the next one start at once; the first programs prefetch the whole weight
