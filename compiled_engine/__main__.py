@@ -19,7 +19,7 @@ from compiled_engine.sampling_params import SamplingParams
 
 
 SPECULATIVE_HELP = ('MTP speculative decoding, vLLM\'s JSON: \'{"method": "mtp", "num_speculative_tokens": 2}\' '
-                    "(optional disable_by_batch_size, draft_vocab_size)")
+                    "(optional disable_by_batch_size, draft_vocab_size, auto_disable)")
 
 
 def speculative_config(text: str) -> dict:

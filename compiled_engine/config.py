@@ -274,12 +274,16 @@ class SpeculativeConfig:
     ``draft_vocab_size`` N: drafts are the argmax over the first N token ids only (a byte-level BPE vocabulary numbers
     its tokens in merge order, frequent ones first), so a draft reads N rows of the lm_head instead of all of them
     (SGLang's hot-token map, FR-Spec, as an id prefix). Lossless: the target still verifies over the whole vocabulary;
-    only drafts of rarer tokens are lost. None: the whole vocabulary."""
+    only drafts of rarer tokens are lost. None: the whole vocabulary.
+    ``auto_disable``: drafting turns itself off while it does not pay, judged from the engine's own measurements
+    (the wall time of its verify rounds and plain steps, and the drafts accepted), and probes again now and then
+    (compiled_engine/drafting_rule.py). Outputs do not change with it; which steps draft then follows timing."""
 
     method: str = "mtp"
     num_speculative_tokens: int = 1
     disable_by_batch_size: int | None = None
     draft_vocab_size: int | None = None
+    auto_disable: bool = False
 
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
@@ -288,12 +292,13 @@ class SpeculativeConfig:
         if value is None or isinstance(value, cls):
             config = value
         elif isinstance(value, dict):
-            known = ("method", "num_speculative_tokens", "disable_by_batch_size", "draft_vocab_size")
+            known = ("method", "num_speculative_tokens", "disable_by_batch_size", "draft_vocab_size", "auto_disable")
             unknown = sorted(set(value) - set(known))
             if unknown:
                 raise ValueError(f"speculative_config has unknown key(s) {unknown}; known: {', '.join(known)}")
             config = cls(value.get("method", "mtp"), value.get("num_speculative_tokens", 1),
-                         value.get("disable_by_batch_size"), value.get("draft_vocab_size"))
+                         value.get("disable_by_batch_size"), value.get("draft_vocab_size"),
+                         value.get("auto_disable", False))
         else:
             raise ValueError(f"speculative_config must be a dict or None, got {value!r}")
         if config is None:
@@ -310,7 +315,10 @@ class SpeculativeConfig:
         vocab = config.draft_vocab_size
         if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, numbers.Integral) or vocab < 1):
             raise ValueError(f"speculative_config draft_vocab_size must be an int >= 1 or None, got {vocab!r}")
-        return cls(config.method, int(k), None if limit is None else int(limit), None if vocab is None else int(vocab))
+        if not isinstance(config.auto_disable, bool):
+            raise ValueError(f"speculative_config auto_disable must be a bool, got {config.auto_disable!r}")
+        return cls(config.method, int(k), None if limit is None else int(limit), None if vocab is None else int(vocab),
+                   config.auto_disable)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from ops.logprobs import logprobs_op
 from ops.step import HostTokens, SamplingInputs
 from compiled_engine.config import SpeculativeConfig
 from compiled_engine.detokenizer import IncrementalDetokenizer
+from compiled_engine.drafting_rule import DraftingRule
 from compiled_engine.rejection_sampler import rejection_sample
 from compiled_engine.runtime import Runtime, validate_prompt
 from compiled_engine.sampler import SamplingBatch, sample
@@ -203,6 +204,7 @@ class LLMEngine:
         kv_growth_reserve: float = 1.0,
         speculative_config: SpeculativeConfig | dict | None = None,
         draft_override=None,
+        drafting_rule: DraftingRule | None = None,
     ):
         """``overlap_decode``: read each step's tokens back during the next step (``_step_overlapped``). Off here, so
         that each ``step()`` returns its own tokens to a caller that streams them; ``LLM``, which only returns
@@ -211,16 +213,15 @@ class LLMEngine:
         dict) needs a runtime built with one, at most its ``num_speculative_tokens`` and its ``draft_vocab_size``.
         Speculative decoding turns ``overlap_decode`` off. ``draft_override(request_id, token_ids, drafts) ->
         drafts``: replaces the MTP layer's k drafts after each round (the MTP layer still runs): the bench's
-        forced-acceptance drafter."""
+        forced-acceptance drafter. ``drafting_rule``: decides, step by step, whether drafting pays
+        (compiled_engine/drafting_rule.py); by default one when the speculative config has ``auto_disable``."""
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.num_speculative_tokens = runtime.num_speculative_tokens
-        self.disable_by_batch_size = (runtime.speculative_config.disable_by_batch_size
-                                      if runtime.speculative_config is not None else None)
+        config = runtime.speculative_config
         if speculative_config is not None:
             parsed = SpeculativeConfig.parse(speculative_config)
             k = parsed.num_speculative_tokens
-            self.disable_by_batch_size = parsed.disable_by_batch_size
             if not self.num_speculative_tokens:
                 raise ValueError("speculative_config needs a runtime built with one (its MTP layer and verify "
                                  "buffers): Runtime.from_pretrained(path, speculative_config=...)")
@@ -230,6 +231,13 @@ class LLMEngine:
                 raise ValueError(f"draft_vocab_size={parsed.draft_vocab_size} differs from the runtime's "
                                  f"{runtime.speculative_config.draft_vocab_size}")
             self.num_speculative_tokens = k
+            config = parsed
+        self.disable_by_batch_size = config.disable_by_batch_size if config is not None else None
+        if drafting_rule is None and config is not None and config.auto_disable:
+            drafting_rule = DraftingRule()
+        if drafting_rule is not None and not self.num_speculative_tokens:
+            raise ValueError("drafting_rule needs speculative decoding (a speculative_config)")
+        self.drafting_rule = drafting_rule
         if self.num_speculative_tokens:
             overlap_decode = False
         self.draft_override = draft_override
@@ -369,14 +377,19 @@ class LLMEngine:
         if batch is None:
             return []
         d = batch.num_decode
-        if self.disable_by_batch_size is not None and d > self.disable_by_batch_size:
-            # Too many rows for verifying to pay: a plain decode step; their drafts are gone (a row drafts again
-            # from a 1-token prefill chunk once the batch is small enough).
+        rule = self.drafting_rule
+        if d and ((self.disable_by_batch_size is not None and d > self.disable_by_batch_size)
+                  or (rule is not None and not rule.should_draft(d))):
+            # Too many rows for verifying to pay, or drafting does not pay (the drafting rule): a plain decode
+            # step; their drafts are gone (a row drafts again from a 1-token prefill chunk once drafting resumes).
+            start = rule.clock() if rule is not None else 0.0
             decode = batch.seqs[:d]
             requests, _, host, logprobs = self._launch(ScheduledBatch(False, decode, [1] * d, d))
             for request in requests:
                 request.drafts = None
             outputs = self._accept_placed(requests, host, self._place(requests), logprobs)
+            if rule is not None:
+                rule.record_plain(d, rule.clock() - start)
             if batch.is_prefill and len(batch.seqs) > d:
                 outputs += self._prefill_round(batch.seqs[d:], batch.num_tokens[d:])
             return outputs
@@ -388,7 +401,12 @@ class LLMEngine:
         chunks += batch.seqs[d:]
         # The verify round's draft positions may take only blocks the prefill chunks after it do not need.
         keep_free = sum(self.runtime.caches.blocks_needed(s, n) for s, n in zip(chunks, counts))
-        outputs = self._verify_round(verify, keep_free) if verify else []
+        outputs = []
+        if verify:
+            start, accepted = rule.clock() if rule is not None else 0.0, self.num_accepted_tokens
+            outputs = self._verify_round(verify, keep_free)
+            if rule is not None:
+                rule.record_round(len(verify), self.num_accepted_tokens - accepted, rule.clock() - start)
         if chunks:
             outputs += self._prefill_round(chunks, counts)
         return outputs

@@ -132,11 +132,12 @@ class Runtime:
 
     def compile_steps(self) -> None:
         """Compile (and capture) what decodes, on every rank: the decode step, or with speculative decoding the
-        rounds (decode rows become verify rounds), and the decode step too when ``disable_by_batch_size`` sends
-        large batches to it."""
-        if self.speculative_config is not None:
+        rounds (decode rows become verify rounds), and the decode step too where plain decode steps still run:
+        ``disable_by_batch_size`` sends large batches to it, ``auto_disable`` the steps where drafting does not pay."""
+        config = self.speculative_config
+        if config is not None:
             self.executor.compile_rounds()
-        if self.speculative_config is None or self.speculative_config.disable_by_batch_size:
+        if config is None or config.disable_by_batch_size or config.auto_disable:
             self.compile_decode()
 
     @property

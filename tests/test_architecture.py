@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "memory_plan", "executor", "cache_manager", "tp_workers", "runtime",
     ))),
     ("engine", tuple(f"compiled_engine.{m}" for m in ("scheduler", "sampler", "rejection_sampler", "detokenizer",
-                                                      "engine"))),
+                                                      "drafting_rule", "engine"))),
     ("entry points", tuple(f"compiled_engine.{m}" for m in ("llm", "async_llm", "server", "__main__"))
      + ("compiled_engine",)),
     ("bench", ("bench",)),

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from compiled_engine import LLM, SamplingParams
 from compiled_engine.config import SpeculativeConfig
+from compiled_engine.drafting_rule import DraftingRule
 from compiled_engine.engine import LLMEngine
 from compiled_engine.loader import CheckpointError
 from compiled_engine.rejection_sampler import rejection_sample
@@ -199,7 +200,8 @@ def test_moe_checkpoints_mtp_layer_is_sparse_and_lossless(build_hf_model, tmp_pa
                                  {"method": "mtp", "num_speculative_tokens": 1, "disable_by_batch_size": 0},
                                  {"method": "mtp", "num_speculative_tokens": 1, "draft_vocab_size": 0},
                                  {"method": "mtp", "num_speculative_tokens": 1, "draft_vocab_size": 64.5},
-                                 {"method": "mtp", "num_speculative_tokens": 1, "draft_vocab_size": 258}])  # vocab 257
+                                 {"method": "mtp", "num_speculative_tokens": 1, "draft_vocab_size": 258},  # vocab 257
+                                 {"method": "mtp", "num_speculative_tokens": 1, "auto_disable": "yes"}])
 def test_bad_speculative_config_raises(tiny_path, bad):
     with pytest.raises(ValueError, match="speculative_config"):
         Runtime.from_pretrained(tiny_path, device="cpu", speculative_config=bad)
@@ -510,6 +512,89 @@ def test_seeded_sampled_output_equals_non_speculative(tiny_path, sampled_referen
 
 
 # ---------------------------------------------------------------------------------------------- the engine
+def ticks():
+    """A clock that advances one second a reading: every step the engine times takes exactly 1 s."""
+    now = iter(range(1 << 30))
+    return lambda: float(next(now))
+
+
+def test_drafting_rule_drafts_while_rounds_deliver_more_tokens_a_second(tiny_path):
+    """The rule's decisions against the break-even computed here: drafting at d rows pays iff a round's tokens a
+    second, (1 + accepted) / round(d), beat a plain step's, 1 / plain(d)."""
+    rule = DraftingRule(probe_interval=4, smoothing=1.0)
+    assert rule.should_draft(2)  # nothing measured: draft first
+    rule.record_round(2, 2, 9.0)  # dropped (a first measurement may carry a graph capture)
+    assert rule.should_draft(2)
+    rule.record_round(2, 1, 3.0)  # 0.5 drafts accepted a row, a round 3 s
+    assert not rule.should_draft(2)  # plain steps not measured yet
+    rule.record_plain(2, 50.0)  # dropped (but a plain step since the round all the same)
+    rule.record_plain(2, 1.0)
+    assert (1 + 0.5) * 1.0 < 3.0 and not rule.should_draft(2)
+    rule.record_plain(2, 1.0)
+    assert not rule.should_draft(2)  # 3 plain steps since the round
+    rule.record_plain(2, 1.0)
+    assert rule.should_draft(2) and rule.should_draft(2)  # the 4th: a probe, held until a round is recorded
+    rule.record_round(2, 6, 3.0)  # 3 drafts a row: 4 tokens a round of 3 s against 1 token a second
+    assert (1 + 3) / 3.0 > 1 / 1.0 and rule.should_draft(2)
+    assert rule.should_draft(5)  # other row counts are measured on their own
+    rule.record_plain(2, 5.0)  # plain steps got slower: 4 tokens in 3 s still beat 1 in 5
+    assert rule.should_draft(2)
+    with pytest.raises(ValueError, match="probe_interval"):
+        DraftingRule(probe_interval=0)
+    with pytest.raises(ValueError, match="drafting_rule needs speculative decoding"):
+        LLMEngine(Runtime.from_pretrained(tiny_path, device="cpu", max_model_len=64, max_num_seqs=1),
+                  drafting_rule=DraftingRule())
+
+
+@pytest.mark.parametrize("rate", [0.0, 1.0])
+def test_drafting_rule_stops_drafting_that_does_not_pay(tiny_path, greedy_reference, rate):
+    """On a clock where every step costs the same, a round pays iff it accepts drafts. Against the same engine
+    without the rule: at acceptance 0 it verifies a small part of the rows (the measuring rounds and a probe every 8
+    plain steps), at acceptance 1 it takes at most 3 steps more for each row count it meets (2 plain steps measure
+    plain decoding, then a 1-token prefill chunk drafts again); the output is the non-speculative greedy output."""
+    k, new = 2, 40
+    ids = [f"r{i}" for i in range(len(PROMPTS))]
+    runtime_ = runtime(tiny_path, k=k)
+    reference = [o.token_ids for o in LLM(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN,
+                                          max_num_seqs=6).generate(
+        PROMPTS, SamplingParams(temperature=0, max_tokens=new), use_tqdm=False)]
+    assert [r[:20] for r in reference] == greedy_reference
+
+    def run(rule):
+        drafter = oracle(dict(zip(ids, reference)), {i: len(p) for i, p in zip(ids, PROMPTS)}, rate, 257)
+        engine = LLMEngine(runtime_, draft_override=drafter, drafting_rule=rule)
+        for request_id, prompt in zip(ids, PROMPTS):
+            engine.add_request(request_id, prompt, SamplingParams(temperature=0, max_tokens=new))
+        finished, steps = finish_all(engine)
+        assert [finished[i].token_ids for i in ids] == reference
+        return engine, steps
+
+    rule = DraftingRule(probe_interval=8, clock=ticks())
+    plain_engine, plain_steps = run(None)
+    engine, steps = run(rule)
+    row_counts = len({len(r) for r in reference})  # requests that end earlier leave fewer rows
+    last_rows = sum(len(r) == new for r in reference)
+    if rate == 0.0:
+        assert rule.accepted == 0.0 and not rule.should_draft(last_rows)
+        assert 0 < engine.num_verified_rows <= plain_engine.num_verified_rows / 4
+    else:
+        assert rule.accepted == k and rule.should_draft(last_rows)
+        assert steps <= plain_steps + 3 * row_counts
+
+
+def test_auto_disable_key_builds_the_rule_and_keeps_outputs(tiny_path, greedy_reference):
+    """``"auto_disable": True`` on LLM: the engine gets a DraftingRule (timed with the wall clock), and the output is
+    the non-speculative greedy output whatever it decides."""
+    llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=6,
+              speculative_config={**spec(2), "auto_disable": True})
+    assert isinstance(llm.engine.drafting_rule, DraftingRule)
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
+    assert [o.token_ids for o in outputs] == greedy_reference
+    assert llm.engine.drafting_rule.accepted is not None  # it measured rounds
+    assert LLM(tiny_path, device="cpu", max_model_len=64, max_num_seqs=1,
+               speculative_config=spec(1)).engine.drafting_rule is None  # off by default
+
+
 @pytest.fixture(scope="module")
 def runtimes(tiny_path) -> dict:
     """Reused across examples: non-speculative, and k = 1..3 (one with prefix caching, one that decodes plainly
@@ -535,8 +620,10 @@ request_strategy = st.fixed_dictionaries({
 })
 
 
-def _run(runtime_: Runtime, requests: list[dict], draft_override=None, reasons: dict | None = None) -> dict:
-    engine = LLMEngine(runtime_, max_num_batched_tokens=48, kv_growth_reserve=0.0, draft_override=draft_override)
+def _run(runtime_: Runtime, requests: list[dict], draft_override=None, reasons: dict | None = None,
+         drafting_rule: DraftingRule | None = None) -> dict:
+    engine = LLMEngine(runtime_, max_num_batched_tokens=48, kv_growth_reserve=0.0, draft_override=draft_override,
+                       drafting_rule=drafting_rule)
     tokens: dict[str, list[int]] = {}
     step = 0
     pending = list(enumerate(requests))
@@ -563,16 +650,19 @@ def _run(runtime_: Runtime, requests: list[dict], draft_override=None, reasons: 
        rate=st.sampled_from([0.0, 0.5, 0.9]))
 def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate):
     """Arrivals, aborts, preemption (a small KV cache), stop tokens, min_tokens and max_tokens falling inside
-    accepted runs, prefix caching (k = 2), drafting turned off and on again by the batch size (k = 3), with oracle
-    drafts at a few acceptance rates: every request's tokens are the non-speculative run's (a prefix of them for
-    aborted requests), the sampled ones' too (seeded: each verified row draws what a decode step draws there)."""
+    accepted runs, prefix caching (k = 2), drafting turned off and on again by the batch size (k = 3) and by the
+    drafting rule (k = 1: a clock on which every step costs the same, so drafting stops at acceptance 0 and probes
+    again every 3 plain steps), with oracle drafts at a few acceptance rates: every request's tokens are the
+    non-speculative run's (a prefix of them for aborted requests), the sampled ones' too (seeded: each verified row
+    draws what a decode step draws there)."""
     full = [dict(r, abort_at=None) for r in requests]
     reference_reasons: dict[str, str] = {}
     reference = _run(runtimes[0], full, reasons=reference_reasons)
     ids = {f"r{i}": r for i, r in enumerate(requests)}
     override = oracle(reference, {i: len(r["prompt"]) for i, r in ids.items()}, rate, 257)
     reasons: dict[str, str] = {}
-    got = _run(runtimes[k], requests, override, reasons)
+    rule = DraftingRule(probe_interval=3, clock=ticks()) if k == 1 else None
+    got = _run(runtimes[k], requests, override, reasons, rule)
     for request_id, r in ids.items():
         ref = reference[request_id]
         out = got.get(request_id, [])
