@@ -27,6 +27,9 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   ``fraction_of_bound`` of every run (speculation exists to pass 1);
 * ``rule``: per batch, the best k at each forced acceptance rate and whether drafting pays there at all, and the
   ``disable_by_batch_size`` (speculative_config) that follows at each rate: the largest measured batch that pays.
+* ``auto_<rate>``: the forced runs again with the engine's drafting rule on (``auto_disable``,
+  compiled_engine/drafting_rule.py: drafting stops where the engine's own timings say it does not pay); the other
+  runs have it off (the engines are built with ``auto_disable`` so that their plain decode step is compiled too).
 
 ``-p spec.draft_vocab_size=N``: the speculative engines draft over the first N token ids only (speculative_config's
 ``draft_vocab_size``), so each draft reads N rows of the lm_head instead of all 248,320.
@@ -55,6 +58,7 @@ from bench.bounds import workload_decode_bound
 from bench.common import Context, greedy, random_prompt, request_timings
 from bench.latency import CRITICAL_PATH_REPLAYS, critical_path_lines, profiled_critical_path
 from bench.step_profile import profile_steps
+from compiled_engine.drafting_rule import DraftingRule
 
 OWN_ENGINES = True  # builds an engine per k: the driver runs it after the shared-engine scenarios
 
@@ -115,9 +119,10 @@ def run(
     per_k: dict[int, dict] = {}
     for k in ks:
         llm = ctx.llm(speculative_config={"method": "mtp", "num_speculative_tokens": k,
-                                          "draft_vocab_size": draft_vocab_size})
+                                          "draft_vocab_size": draft_vocab_size, "auto_disable": True})
         per_k[k] = {}
         for b in batches:
+            llm.engine.drafting_rule = None
             llm.engine.draft_override = None
             llm.generate(warmup[:b], greedy(8), use_tqdm=False)
             cell = {"mtp": _spec_run(ctx, llm, prompts[:b], new_tokens, references[b])}
@@ -127,6 +132,11 @@ def run(
             for rate in rates:
                 llm.engine.draft_override = oracle(own, prompt_len, rate, vocab, seed)
                 cell[f"forced_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], own)
+            for rate in rates:
+                llm.engine.draft_override = oracle(own, prompt_len, rate, vocab, seed)
+                llm.engine.drafting_rule = DraftingRule()
+                cell[f"auto_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], own)
+            llm.engine.drafting_rule = None
             llm.engine.draft_override = None
             for entry in cell.values():
                 entry["speedup"] = entry["output_tok_s"] / baseline[b]["output_tok_s"]
@@ -372,6 +382,8 @@ def summary_lines(head: str, r: dict) -> list[str]:
         for b, cell in cells.items():
             forced = ", ".join(f"{name.removeprefix('forced_')}: {e['speedup']:.2f}x" for name, e in cell.items()
                                if name.startswith("forced_"))
+            auto = ", ".join(f"{name.removeprefix('auto_')}: {e['speedup']:.2f}x" for name, e in cell.items()
+                             if name.startswith("auto_"))
             mtp = cell["mtp"]
             acceptance = "-" if mtp["acceptance"] is None else f"{mtp['acceptance']:.2f}"
             graphed = cell["steps"].get("verify_graph_vs_decode_graph")
@@ -381,6 +393,8 @@ def summary_lines(head: str, r: dict) -> list[str]:
                          f"{cell['steps']['round_vs_decode']:.2f} decode steps"
                          + (f" ({cell['steps']['round_vs_baseline_tpot']:.2f} baseline TPOTs)"
                             if cell["steps"].get("round_vs_baseline_tpot") else ""))
+            if auto:
+                lines.append(f"{'':<11}   with the drafting rule (auto_disable), forced acceptance {auto}")
             profile = cell["steps"].get("round_profile")
             if profile:
                 top = ", ".join(f"{name} {ms:.3f}" for name, ms in list(profile["gpu_ms_by_category"].items())[:4])

@@ -665,7 +665,8 @@ def test_the_large_random_shapes():
 
 
 def test_spec(smoke):
-    """Every speculative run's greedy output is the baseline's; at forced acceptance 1 every draft is accepted."""
+    """Every speculative run's greedy output is the baseline's, the drafting rule's runs too; at forced acceptance 1
+    every draft is accepted (None: the rule drafted no round)."""
     r = smoke[2]["spec"]
     assert r["baseline"] and r["speculative"] and r["rule"]
     for k, cells in r["speculative"].items():
@@ -681,6 +682,7 @@ def test_spec(smoke):
                 assert positive(entry["output_tok_s"])
             assert cell["forced_1"]["acceptance"] == 1.0
             assert cell["forced_0"]["acceptance"] == 0.0
+            assert cell["auto_0"]["acceptance"] in (0.0, None) and cell["auto_1"]["acceptance"] in (1.0, None)
 
 
 def test_tensor_parallel_bench_on_cpu(tmp_path, monkeypatch):
