@@ -50,17 +50,20 @@ class DraftingRule:
         if (1.0 + self.accepted) * plain_s > round_s:
             return True
         if self._plain_since_round >= self.probe_interval:
-            self._probing = True  # until the next verify round is recorded (rows without drafts draft first)
+            self._probing = True  # until a round with drafts is recorded (the first verifies placeholders)
             return True
         return False
 
-    def record_round(self, rows: int, accepted_drafts: int, seconds: float) -> None:
-        """A verify round of ``rows`` rows that accepted ``accepted_drafts`` drafts in all, in ``seconds``."""
-        self._probing = False
-        self._plain_since_round = 0
-        per_row = accepted_drafts / rows
-        self.accepted = per_row if self.accepted is None else self._smooth(self.accepted, per_row)
+    def record_round(self, rows: int, seconds: float, drafted_rows: int, accepted_drafts: int) -> None:
+        """A verify round of ``rows`` rows in ``seconds``, of which ``drafted_rows`` verified drafts (the others, rows
+        back from plain steps, placeholders) and accepted ``accepted_drafts`` of them in all. Only a round with drafts
+        measures acceptance, and ends a probe."""
         self._record(self.round_s, "round", rows, seconds)
+        if drafted_rows:
+            self._probing = False
+            self._plain_since_round = 0
+            per_row = accepted_drafts / drafted_rows
+            self.accepted = per_row if self.accepted is None else self._smooth(self.accepted, per_row)
 
     def record_plain(self, rows: int, seconds: float) -> None:
         """A plain decode step of ``rows`` rows, in ``seconds``."""

@@ -381,7 +381,7 @@ class LLMEngine:
         if d and ((self.disable_by_batch_size is not None and d > self.disable_by_batch_size)
                   or (rule is not None and not rule.should_draft(d))):
             # Too many rows for verifying to pay, or drafting does not pay (the drafting rule): a plain decode
-            # step; their drafts are gone (a row drafts again from a 1-token prefill chunk once drafting resumes).
+            # step; their drafts are gone (placeholders stand in for them when drafting resumes, below).
             start = rule.clock() if rule is not None else 0.0
             decode = batch.seqs[:d]
             requests, _, host, logprobs = self._launch(ScheduledBatch(False, decode, [1] * d, d))
@@ -393,20 +393,11 @@ class LLMEngine:
             if batch.is_prefill and len(batch.seqs) > d:
                 outputs += self._prefill_round(batch.seqs[d:], batch.num_tokens[d:])
             return outputs
-        # A decode-ready row without drafts (a prompt's last token left by a chunk, or a row that decoded without
-        # drafting): a 1-token prefill chunk, whose MTP pass drafts for it.
-        verify = [s for s in batch.seqs[:d] if self._request_of_seq[s.seq_id].drafts is not None]
-        chunks = [s for s in batch.seqs[:d] if self._request_of_seq[s.seq_id].drafts is None]
-        counts = [1] * len(chunks) + batch.num_tokens[d:]
-        chunks += batch.seqs[d:]
+        # Every decode-ready row verifies (rows that decoded plainly with placeholder drafts: _verify_round).
+        verify, chunks, counts = batch.seqs[:d], batch.seqs[d:], batch.num_tokens[d:]
         # The verify round's draft positions may take only blocks the prefill chunks after it do not need.
         keep_free = sum(self.runtime.caches.blocks_needed(s, n) for s, n in zip(chunks, counts))
-        outputs = []
-        if verify:
-            start, accepted = rule.clock() if rule is not None else 0.0, self.num_accepted_tokens
-            outputs = self._verify_round(verify, keep_free)
-            if rule is not None:
-                rule.record_round(len(verify), self.num_accepted_tokens - accepted, rule.clock() - start)
+        outputs = self._verify_round(verify, keep_free) if verify else []
         if chunks:
             outputs += self._prefill_round(chunks, counts)
         return outputs
@@ -440,9 +431,16 @@ class LLMEngine:
         request.drafts = drafts
 
     def _verify_round(self, seqs: list[Sequence], keep_free: int) -> list[RequestOutput]:
+        rule = self.drafting_rule
+        start = rule.clock() if rule is not None else 0.0
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
         k = self.num_speculative_tokens
-        proposals = [r.drafts[:k] for r in requests]
+        # A row without drafts (it decoded plainly) verifies placeholders, its last token k times: like any drafts
+        # they cannot change the output, and the round's MTP pass drafts for the row's next round. (A 1-token prefill
+        # chunk drafts too, but as an eager prefill step: tens of ms on an H200, where a round takes ~1.5 ms:
+        # bench/NOTES.md "Runs 67-70".) Placeholders are not counted as drafts.
+        drafted = [r.drafts is not None for r in requests]
+        proposals = [r.drafts[:k] if r.drafts is not None else [r.seq.token_ids[-1]] * k for r in requests]
         n = len(seqs)
         num_logprobs = self._num_logprobs(seqs)
         logprobs = None
@@ -462,8 +460,9 @@ class LLMEngine:
         table = logprobs.read() if logprobs is not None else None
         self.runtime.advance(spec, [row[0] for row in host], [row[1 : k + 2] for row in host])
         self.num_verified_rows += n
-        self.num_draft_tokens += n * k
-        self.num_accepted_tokens += sum(row[0] for row in host)
+        self.num_draft_tokens += sum(drafted) * k
+        accepted_drafts = sum(row[0] for row, real in zip(host, drafted) if real)
+        self.num_accepted_tokens += accepted_drafts
         now = time.perf_counter()
         outputs = []
         for i, (request, row) in enumerate(zip(requests, host)):
@@ -487,6 +486,8 @@ class LLMEngine:
                 if request.params.output_kind is RequestOutputKind.FINAL_ONLY:
                     continue
             outputs.append(self._output(request, emitted))
+        if rule is not None:
+            rule.record_round(n, rule.clock() - start, drafted_rows=sum(drafted), accepted_drafts=accepted_drafts)
         return outputs
 
     def _launch(
