@@ -7,10 +7,14 @@ sequence, so using it would mean a gather into a padded copy, a final-state tens
 autotuner on the first call; the direct kernels below read and write the pool by slot with no copies.
 
 Prefill is two launches so that no program reads a state another program writes:
-  1. outputs: grid (token tiles over the packed T, channel tiles); a token at position p of its sequence reads
-     tap ``p - d`` from x when ``p - d >= 0`` and from the sequence's initial state otherwise;
-  2. final states: grid (sequences, channel tiles); each program reads the last W - 1 inputs of its sequence
+  1. outputs from x alone: grid (token tiles over the packed T, channel tiles); a token at position p of its
+     sequence reads tap ``p - d`` from x when ``p - d >= 0``, and takes nothing for the taps before its sequence;
+  2. per sequence: grid (sequences, channel tiles); each program recomputes its sequence's first W - 1 outputs with
+     the taps from the initial state (overwriting launch 1's), then reads the last W - 1 inputs of its sequence
      (from x, or from the old state when the sequence is shorter than W - 1) and writes them to its slot.
+The state taps live in launch 2 because only W - 1 tokens a sequence need them: in launch 1 their loads (one slot
+row a token, strided along the channels) and pointers took the kernel to 255 registers (ptxas, Triton 3.6, sm_90),
+2 programs an SM, for every token.
 Decode is one launch, grid (batch, channel tiles), shifting the state in place.
 
 In-place shifts read and write the same slot row in one program; a ``tl.debug_barrier()`` between the loads and
@@ -36,9 +40,7 @@ MIN_SEARCH_BITS = 9
 def _conv_prefill_out_kernel(
     x,
     weight,
-    conv_state,
     cu_seqlens,
-    state_slots,
     out,
     num_tokens,
     num_seqs,
@@ -47,9 +49,6 @@ def _conv_prefill_out_kernel(
     stride_x_c,
     stride_w_c,
     stride_w_k,
-    stride_s_slot,
-    stride_s_c,
-    stride_s_k,
     stride_o_t,
     stride_o_c,
     WIDTH: tl.constexpr,
@@ -70,22 +69,15 @@ def _conv_prefill_out_kernel(
         start = tl.load(cu_seqlens + candidate, mask=ok, other=0)
         seq = tl.where(ok & (start <= offs_t), candidate, seq)
     position = offs_t - tl.load(cu_seqlens + seq, mask=t_mask, other=0)  # position within the sequence
-    slot = tl.load(state_slots + seq, mask=t_mask, other=0).to(tl.int64)
-    state_rows = conv_state + slot[:, None] * stride_s_slot + offs_c[None, :] * stride_s_c
     tc_mask = t_mask[:, None] & c_mask[None, :]
 
     acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     for j in tl.static_range(WIDTH):
         back = WIDTH - 1 - j  # tap j multiplies the input `back` steps before the current token
-        src = position - back
-        in_x = (src >= 0)[:, None]
         from_x = tl.load(x + (offs_t - back).to(tl.int64)[:, None] * stride_x_t + offs_c[None, :] * stride_x_c,
-                         mask=tc_mask & in_x, other=0.0)
-        # src in [-(W-1), -1] is history column (W - 1) + src of the initial state.
-        from_state = tl.load(state_rows + (WIDTH - 1 + src)[:, None] * stride_s_k, mask=tc_mask & (~in_x),
-                             other=0.0)
+                         mask=tc_mask & (position >= back)[:, None], other=0.0)
         w = tl.load(weight + offs_c * stride_w_c + j * stride_w_k, mask=c_mask, other=0.0).to(tl.float32)
-        acc += (from_x.to(tl.float32) + from_state.to(tl.float32)) * w[None, :]
+        acc += from_x.to(tl.float32) * w[None, :]
     y = acc * tl.sigmoid(acc)
     tl.store(out + offs_t.to(tl.int64)[:, None] * stride_o_t + offs_c[None, :] * stride_o_c,
              y.to(out.dtype.element_ty), mask=tc_mask)
@@ -94,15 +86,21 @@ def _conv_prefill_out_kernel(
 @triton.jit
 def _conv_prefill_state_kernel(
     x,
+    weight,
     conv_state,
     cu_seqlens,
     state_slots,
+    out,
     num_channels,
     stride_x_t,
     stride_x_c,
+    stride_w_c,
+    stride_w_k,
     stride_s_slot,
     stride_s_c,
     stride_s_k,
+    stride_o_t,
+    stride_o_c,
     WIDTH: tl.constexpr,
     HIST_P: tl.constexpr,  # next power of two >= WIDTH - 1
     BLOCK_C: tl.constexpr,
@@ -113,6 +111,28 @@ def _conv_prefill_state_kernel(
     bos = tl.load(cu_seqlens + seq).to(tl.int64)
     length = tl.load(cu_seqlens + seq + 1).to(tl.int64) - bos
     slot = tl.load(state_slots + seq).to(tl.int64)
+    state_rows = conv_state + slot * stride_s_slot + offs_c[:, None] * stride_s_c
+
+    # The first W - 1 outputs, whose early taps read the initial state: tap j of position p reads input p - back,
+    # from x when that is >= 0, else history column W - 1 + p - back (all indices static). Summed in the order of the
+    # output kernel, over the same values, so these are the outputs it would give with the state's taps.
+    lengths = tl.zeros_like(offs_c).to(tl.int64) + length  # over the channels (a scalar mask fails the interpreter)
+    for p in tl.static_range(WIDTH - 1):
+        live = c_mask & (lengths > p)  # position p exists
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for j in tl.static_range(WIDTH):
+            back = WIDTH - 1 - j
+            if p - back >= 0:
+                value = tl.load(x + (bos + p - back) * stride_x_t + offs_c * stride_x_c, mask=live,
+                                other=0.0)
+            else:
+                value = tl.load(conv_state + slot * stride_s_slot + offs_c * stride_s_c
+                                + (WIDTH - 1 + p - back) * stride_s_k, mask=live, other=0.0)
+            w = tl.load(weight + offs_c * stride_w_c + j * stride_w_k, mask=c_mask, other=0.0).to(tl.float32)
+            acc += value.to(tl.float32) * w
+        y = acc * tl.sigmoid(acc)
+        tl.store(out + (bos + p) * stride_o_t + offs_c * stride_o_c, y.to(out.dtype.element_ty),
+                 mask=live)
 
     offs_k = tl.arange(0, HIST_P)
     k_mask = offs_k < WIDTH - 1
@@ -122,7 +142,6 @@ def _conv_prefill_state_kernel(
     from_x = tl.load(x + (bos + src)[None, :] * stride_x_t + offs_c[:, None] * stride_x_c,
                      mask=mask & in_x[None, :], other=0.0)
     # A sequence shorter than W - 1 keeps the newest part of its old history: column k <- old column k + length.
-    state_rows = conv_state + slot * stride_s_slot + offs_c[:, None] * stride_s_c
     from_state = tl.load(state_rows + (offs_k + length)[None, :] * stride_s_k, mask=mask & (~in_x)[None, :],
                          other=0.0)
     new = tl.where(in_x[None, :], from_x.to(conv_state.dtype.element_ty), from_state)
@@ -149,16 +168,13 @@ def causal_conv1d_prefill(
         _conv_prefill_out_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(num_channels, block_c))](
             x,
             weight,
-            conv_state,
             cu_seqlens,
-            state_slots,
             out,
             num_tokens,
             num_seqs,
             num_channels,
             *x.stride(),
             *weight.stride(),
-            *conv_state.stride(),
             *out.stride(),
             WIDTH=width,
             SEARCH_BITS=max(MIN_SEARCH_BITS, num_seqs.bit_length()),
@@ -166,15 +182,20 @@ def causal_conv1d_prefill(
             BLOCK_C=block_c,
             num_warps=4,
         )
-    # Launched after the output kernel on the same stream, so the outputs above saw the initial states.
+    # Launched after the output kernel on the same stream: its first W - 1 outputs a sequence replace the output
+    # kernel's, and it writes the states after reading the initial ones.
     _conv_prefill_state_kernel[(num_seqs, triton.cdiv(num_channels, block_c))](
         x,
+        weight,
         conv_state,
         cu_seqlens,
         state_slots,
+        out,
         num_channels,
         *x.stride(),
+        *weight.stride(),
         *conv_state.stride(),
+        *out.stride(),
         WIDTH=width,
         HIST_P=triton.next_power_of_2(width - 1),
         BLOCK_C=block_c,
