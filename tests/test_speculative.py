@@ -551,8 +551,8 @@ def test_drafting_rule_drafts_while_rounds_deliver_more_tokens_a_second(tiny_pat
 @pytest.mark.parametrize("rate", [0.0, 1.0])
 def test_drafting_rule_stops_drafting_that_does_not_pay(tiny_path, greedy_reference, rate):
     """On a clock where every step costs the same, a round pays iff it accepts drafts. Against the same engine
-    without the rule: at acceptance 0 it verifies a small part of the rows (the measuring rounds and a probe every 8
-    plain steps), at acceptance 1 it takes at most 2 steps more for each row count it meets (the 2 plain steps that
+    without the rule: at acceptance 0 it verifies a third of the rows or fewer (the measuring rounds and a probe every
+    8 plain steps; 39 of 167 here), at acceptance 1 it takes at most 2 steps more for each row count it meets (the 2 plain steps that
     measure plain decoding; the round after them verifies placeholder drafts); the output is the non-speculative
     greedy output."""
     k, new = 2, 40
@@ -579,7 +579,7 @@ def test_drafting_rule_stops_drafting_that_does_not_pay(tiny_path, greedy_refere
     last_rows = sum(len(r) == new for r in reference)
     if rate == 0.0:
         assert rule.accepted == 0.0
-        assert 0 < engine.num_verified_rows <= plain_engine.num_verified_rows / 4
+        assert 0 < engine.num_verified_rows <= plain_engine.num_verified_rows / 3
     else:
         assert rule.accepted == k and rule.should_draft(last_rows)
         assert steps <= plain_steps + 2 * row_counts
