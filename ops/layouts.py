@@ -90,6 +90,12 @@ def check_gated_deltanet_verify_args(projected, conv_weight, state_slots, histor
     return positions
 
 
+# ce::paged_attention_verify (ops/paged_attention.py) and the compiled rounds (compiled_engine/speculative.py)
+def verify_cu_seqlens(num_seqs: int, rows_per_seq: int, device: torch.device) -> torch.Tensor:
+    """A verify step's ``cu_seqlens`` ``[N + 1]`` int32: ``rows_per_seq`` rows for every sequence."""
+    return torch.arange(0, (num_seqs + 1) * rows_per_seq, rows_per_seq, dtype=torch.int32, device=device)
+
+
 # ce::sample (ops/sample.py)
 KEY_SHIFT = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}  # low key bits that are constant per dtype
 MIN_TEMPERATURE = 2.0**-100  # temperatures below it count as it: 1 / T stays finite
@@ -98,11 +104,6 @@ EXP_CUTOFF = -80.0  # exp_ce(y) = 0 below it
 
 
 # ce::fused_moe (ops/moe.py)
-def verify_cu_seqlens(num_seqs: int, rows_per_seq: int, device: torch.device) -> torch.Tensor:
-    """A verify step's ``cu_seqlens`` ``[N + 1]`` int32: ``rows_per_seq`` rows for every sequence."""
-    return torch.arange(0, (num_seqs + 1) * rows_per_seq, rows_per_seq, dtype=torch.int32, device=device)
-
-
 def moe_padded_rows(num_rows, num_experts: int, block_m: int):
     """The static length of ``moe_align_block_size``'s ``sorted_rows``: ``num_rows`` routed rows (T x k), each
     expert that gets any padded up to a multiple of ``block_m``, rounded up to whole blocks. At most
