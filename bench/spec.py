@@ -49,6 +49,7 @@ curve needs logits with a wide top-1 margin, ``--model qwen3.5-0.8b-confident`` 
 
 from __future__ import annotations
 
+import sys
 import random
 import time
 
@@ -134,12 +135,14 @@ def run(
                 cell[f"forced_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], own)
             for rate in rates:
                 llm.engine.draft_override = oracle(own, prompt_len, rate, vocab, seed)
-                llm.engine.drafting_rule = DraftingRule()
+                llm.engine.drafting_rule = _LoggedRule()
                 cell[f"auto_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], own)
             llm.engine.drafting_rule = None
             llm.engine.draft_override = None
             for entry in cell.values():
                 entry["speedup"] = entry["output_tok_s"] / baseline[b]["output_tok_s"]
+            print(f"[bench] spec k={k} batch {b}: " + ", ".join(f"{name} {entry['speedup']:.2f}x"
+                                                           for name, entry in cell.items()), file=sys.stderr, flush=True)
             costs = _spec_step_ms(ctx, llm.runtime, prompts[:b], k, step_iters)
             decode = baseline[b]["decode_ms"]
             costs.update({"verify_vs_decode": costs["verify_ms"] / decode, "round_vs_decode": costs["round_ms"] / decode,
@@ -202,6 +205,22 @@ def _timed(ctx: Context, llm, prompts: list[list[int]], new_tokens: int) -> tupl
             **request_timings(outputs)}, outputs
 
 
+class _LoggedRule(DraftingRule):
+    """The engine's drafting rule, logging each measurement it is handed: (kind, rows, ms, accepted drafts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.log: list[tuple] = []
+
+    def record_round(self, rows, seconds, drafted_rows, accepted_drafts):
+        self.log.append(("round", rows, round(seconds * 1e3, 4), drafted_rows, accepted_drafts))
+        super().record_round(rows, seconds, drafted_rows, accepted_drafts)
+
+    def record_plain(self, rows, seconds):
+        self.log.append(("plain", rows, round(seconds * 1e3, 4)))
+        super().record_plain(rows, seconds)
+
+
 def _spec_run(ctx: Context, llm, prompts, new_tokens, references, continuation=None) -> dict:
     engine = llm.engine
     before = (engine.num_draft_tokens, engine.num_accepted_tokens, engine.num_verified_rows)
@@ -213,6 +232,12 @@ def _spec_run(ctx: Context, llm, prompts, new_tokens, references, continuation=N
     entry = {**timed, "acceptance": accepted / drafted if drafted else None,
              "tokens_per_round": (accepted + rounds) / rounds if rounds else None,
              "outputs_differing_from_baseline": mismatches}
+    rule = engine.drafting_rule
+    if isinstance(rule, _LoggedRule):  # what the rule saw and decided, step by step
+        entry["rule"] = {"rounds": sum(kind == "round" for kind, *_ in rule.log),
+                         "plain_steps": sum(kind == "plain" for kind, *_ in rule.log),
+                         "accepted": rule.accepted, "round_ms": {d: s * 1e3 for d, s in rule.round_s.items()},
+                         "plain_ms": {d: s * 1e3 for d, s in rule.plain_s.items()}, "log": rule.log}
     if continuation is not None:
         entry["outputs_differing_from_continuation"] = sum(
             o.token_ids != continuation[tuple(p)] for p, o in zip(prompts, outputs))

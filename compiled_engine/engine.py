@@ -13,7 +13,8 @@ copy of the step) -> finish requests that hit a stop condition.
 With ``overlap_decode=True`` a step's tokens are read back only after the next step is launched
 (``_step_overlapped``), so the host's work for step N+1 runs while the GPU computes step N.
 With speculative decoding (the runtime's ``speculative_config``) decode rows become verify rounds
-(``_step_speculative``): each step reads its tokens back before the next (no overlap).
+(``_step_speculative``): each round reads its tokens back before the next (no overlap). Where drafting is off (the
+drafting rule, ``disable_by_batch_size``) its plain decode steps overlap as above, with ``overlap_decode``.
 """
 
 from __future__ import annotations
@@ -211,7 +212,8 @@ class LLMEngine:
         finished outputs, turns it on. ``mixed_steps``, ``kv_growth_reserve``: the scheduler's policy
         (compiled_engine/scheduler.py). ``speculative_config``: the runtime's by default; a config here (vLLM's
         dict) needs a runtime built with one, at most its ``num_speculative_tokens`` and its ``draft_vocab_size``.
-        Speculative decoding turns ``overlap_decode`` off. ``draft_override(request_id, token_ids, drafts) ->
+        With speculative decoding ``overlap_decode`` applies to the plain decode steps of rows that do not draft;
+        verify rounds always read their tokens back. ``draft_override(request_id, token_ids, drafts) ->
         drafts``: replaces the MTP layer's k drafts after each round (the MTP layer still runs): the bench's
         forced-acceptance drafter. ``drafting_rule``: decides, step by step, whether drafting pays
         (compiled_engine/drafting_rule.py); by default one when the speculative config has ``auto_disable``."""
@@ -238,8 +240,6 @@ class LLMEngine:
         if drafting_rule is not None and not self.num_speculative_tokens:
             raise ValueError("drafting_rule needs speculative decoding (a speculative_config)")
         self.drafting_rule = drafting_rule
-        if self.num_speculative_tokens:
-            overlap_decode = False
         self.draft_override = draft_override
         # Speculative decoding counters (cumulative): verify rows, drafts they scored, drafts accepted.
         self.num_verified_rows = 0
@@ -372,16 +372,33 @@ class LLMEngine:
     def _step_speculative(self) -> list[RequestOutput]:
         """One step with speculative decoding (compiled_engine/speculative.py): the decode-ready rows as a verify
         round, then the prompt chunks as a prefill step that drafts for the prompts it completes. Each part reads
-        its tokens back once, at its end."""
+        its tokens back once, at its end.
+
+        Where the rows do not draft (``_drafts``) they take a plain decode step, with ``overlap_decode`` left in
+        flight as in ``_step_overlapped`` (a plain step whose host work waits for its tokens costs ~1.5 steps of
+        the overlapped engine on an H200: bench/NOTES.md "Runs 71-73"). The next step launches before reading it
+        back only while it will be a plain decode step too; else that step only reads it back."""
+        rule = self.drafting_rule
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            if not self._stays_plain():
+                return self._complete(in_flight)  # the host needs the tokens: a round, a prompt, a preemption
+            start = rule.clock() if rule is not None else 0.0
+            batch = self.scheduler.schedule()  # every running row, decode-ready: a plain decode step
+            n = batch.num_decode
+            outputs = self._run_plain_overlapped(batch, in_flight)
+            if rule is not None:
+                rule.record_plain(n, rule.clock() - start)  # launch to the last step's read-back: a step's cost
+            return outputs
         batch = self.scheduler.schedule()
         if batch is None:
             return []
         d = batch.num_decode
-        rule = self.drafting_rule
-        if d and ((self.disable_by_batch_size is not None and d > self.disable_by_batch_size)
-                  or (rule is not None and not rule.should_draft(d))):
-            # Too many rows for verifying to pay, or drafting does not pay (the drafting rule): a plain decode
-            # step; their drafts are gone (placeholders stand in for them when drafting resumes, below).
+        if d and not self._drafts(d):
+            # A plain decode step: their drafts are gone (placeholders stand in for them when drafting resumes,
+            # below).
+            if self.overlap_decode and not batch.is_prefill:
+                return self._run_plain_overlapped(batch, None)
             start = rule.clock() if rule is not None else 0.0
             decode = batch.seqs[:d]
             requests, _, host, logprobs = self._launch(ScheduledBatch(False, decode, [1] * d, d))
@@ -401,6 +418,29 @@ class LLMEngine:
         if chunks:
             outputs += self._prefill_round(chunks, counts)
         return outputs
+
+    def _drafts(self, rows: int) -> bool:
+        """Whether ``rows`` decode-ready rows verify drafts this step: not past ``disable_by_batch_size``, nor where
+        the drafting rule says drafting does not pay."""
+        if self.disable_by_batch_size is not None and rows > self.disable_by_batch_size:
+            return False
+        return self.drafting_rule is None or self.drafting_rule.should_draft(rows)
+
+    def _stays_plain(self) -> bool:
+        """Whether the step after an in-flight plain step is a plain decode step of every running row, so that it may
+        launch before the in-flight tokens are read back: no prompt work (waiting or mid-prompt), every row's next
+        blocks free (no preemption of a row holding a placeholder), and the rows still not drafting."""
+        scheduler = self.scheduler
+        running = scheduler.running
+        return (bool(running) and not scheduler.waiting and all(s.num_uncomputed_tokens == 1 for s in running)
+                and scheduler.decode_fits() and not self._drafts(len(running)))
+
+    def _run_plain_overlapped(self, batch: ScheduledBatch, in_flight: "_InFlight | None") -> list[RequestOutput]:
+        """A plain decode step of a speculative engine, left in flight (``_run_overlapped``): its rows draft no more
+        (placeholders stand in when drafting resumes)."""
+        for seq in batch.seqs:
+            self._request_of_seq[seq.seq_id].drafts = None
+        return self._run_overlapped(batch, in_flight)
 
     def _prefill_round(self, seqs: list[Sequence], counts: list[int]) -> list[RequestOutput]:
         spec = self.runtime.prefill_for_drafts(seqs, counts)
@@ -611,7 +651,11 @@ class LLMEngine:
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None and not self._may_run_ahead():
             return self._complete(in_flight)
-        batch = self.scheduler.schedule()
+        return self._run_overlapped(self.scheduler.schedule(), in_flight)
+
+    def _run_overlapped(self, batch: ScheduledBatch | None, in_flight: "_InFlight | None") -> list[RequestOutput]:
+        """Launch ``batch``, scheduled while ``in_flight`` (if any) was running, and leave it in flight; then read
+        ``in_flight`` back (``_step_overlapped``)."""
         if batch is not None and in_flight is not None:
             batch = self._without_length_stops(batch)
         if batch is None:

@@ -126,6 +126,10 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
 
+    def decode_fits(self) -> bool:
+        """Whether every running sequence's next decode step finds its KV blocks free (no preemption)."""
+        return sum(self._decode_blocks(s) for s in self.running) <= self.caches.num_free_blocks
+
     # -------------------------------------------------------------------------------------------------- policy
     def _schedule_mixed(self) -> ScheduledBatch | None:
         """Decode first: the decode-ready sequences (preempting for their blocks), then prefill chunks in the same

@@ -218,9 +218,31 @@ def test_checkpoint_without_mtp_names_what_is_missing(qwen3_5_text_untied_path, 
                                 max_model_len=64)
 
 
-def test_speculative_turns_overlap_off(tiny_path):
-    llm = LLM(tiny_path, device="cpu", max_model_len=64, max_num_seqs=2, speculative_config=spec(1))
-    assert llm.engine.num_speculative_tokens == 1 and not llm.engine.overlap_decode
+@pytest.mark.parametrize("overlap", [False, True])
+def test_plain_steps_of_a_speculative_engine_overlap(tiny_path, overlap):
+    """Rows that do not draft (here a drafting rule that never drafts) take plain decode steps, which with
+    overlap_decode are read back one step later, as in a plain engine: the first plain step returns no token.
+    The tokens are the non-speculative engine's either way."""
+    prompt, params = PROMPTS[0], SamplingParams(temperature=0, max_tokens=8)
+
+    class Never(DraftingRule):
+        def should_draft(self, rows: int) -> bool:
+            return False
+
+    def stream(runtime_: Runtime) -> list[list[int]]:
+        engine = LLMEngine(runtime_, overlap_decode=overlap,
+                           drafting_rule=Never() if runtime_.num_speculative_tokens else None)
+        engine.add_request("r", prompt, params)
+        per_step = []
+        while engine.has_unfinished_requests():
+            per_step.append([t for out in engine.step() for t in out.new_token_ids])
+        return per_step
+
+    reference = stream(runtime(tiny_path))
+    got = stream(runtime(tiny_path, k=1))
+    assert sum(got, []) == sum(reference, []) and len(sum(got, [])) == 8
+    # step 1 is the prompt's (its first token); step 2 is the first plain decode step, in flight with overlap
+    assert got[1] == ([] if overlap else [sum(reference, [])[1]])
 
 
 @pytest.mark.parametrize("draft_vocab,compile", [(None, False), (64, False), (None, True)])
@@ -624,9 +646,9 @@ request_strategy = st.fixed_dictionaries({
 
 
 def _run(runtime_: Runtime, requests: list[dict], draft_override=None, reasons: dict | None = None,
-         drafting_rule: DraftingRule | None = None) -> dict:
+         drafting_rule: DraftingRule | None = None, overlap_decode: bool = False) -> dict:
     engine = LLMEngine(runtime_, max_num_batched_tokens=48, kv_growth_reserve=0.0, draft_override=draft_override,
-                       drafting_rule=drafting_rule)
+                       drafting_rule=drafting_rule, overlap_decode=overlap_decode)
     tokens: dict[str, list[int]] = {}
     step = 0
     pending = list(enumerate(requests))
@@ -650,12 +672,13 @@ def _run(runtime_: Runtime, requests: list[dict], draft_override=None, reasons: 
 
 @settings(max_examples=12)
 @given(requests=st.lists(request_strategy, min_size=1, max_size=5), k=st.sampled_from([1, 2, 3]),
-       rate=st.sampled_from([0.0, 0.5, 0.9]))
-def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate):
+       rate=st.sampled_from([0.0, 0.5, 0.9]), overlap=st.booleans())
+def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate, overlap):
     """Arrivals, aborts, preemption (a small KV cache), stop tokens, min_tokens and max_tokens falling inside
     accepted runs, prefix caching (k = 2), drafting turned off and on again by the batch size (k = 3) and by the
     drafting rule (k = 1: a clock on which every step costs the same, so drafting stops at acceptance 0 and probes
-    again every 3 plain steps), with oracle drafts at a few acceptance rates: every request's tokens are the
+    again every 3 plain steps), those plain steps overlapped or not (overlap_decode), with oracle drafts at a few
+    acceptance rates: every request's tokens are the
     non-speculative run's (a prefix of them for aborted requests), the sampled ones' too (seeded: each verified row
     draws what a decode step draws there)."""
     full = [dict(r, abort_at=None) for r in requests]
@@ -665,7 +688,7 @@ def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate):
     override = oracle(reference, {i: len(r["prompt"]) for i, r in ids.items()}, rate, 257)
     reasons: dict[str, str] = {}
     rule = DraftingRule(probe_interval=3, clock=ticks()) if k == 1 else None
-    got = _run(runtimes[k], requests, override, reasons, rule)
+    got = _run(runtimes[k], requests, override, reasons, rule, overlap)
     for request_id, r in ids.items():
         ref = reference[request_id]
         out = got.get(request_id, [])
