@@ -11,7 +11,9 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   checkpoint's MTP head (and its acceptance: accepted / drafted), then with
   a forced-acceptance drafter at each ``rates`` (``LLMEngine.draft_override``: the known greedy continuation of each
   request, each draft right with that probability, else a wrong token); the speed-up over
-  the baseline; and the step costs at that batch: ``verify_ms`` (the target's verify step: k+1 tokens a sequence,
+  the baseline (``speedup``: output tok/s, the prompt's step included; ``decode_speedup``: the baseline's TPOT p50
+  over the run's, decoding alone: the prompt's step of a speculative engine also drafts, and at 128 new tokens an
+  eager prompt step of tens of ms weighs on ``speedup``); and the step costs at that batch: ``verify_ms`` (the target's verify step: k+1 tokens a sequence,
   eager), ``verify_graph_ms`` (the same captured in a CUDA graph: GPU time, against the baseline's
   ``decode_graph_ms``, a decode graph's replay: ``verify_graph_vs_decode_graph``, the issue's "verify step against a
   decode step"),
@@ -139,8 +141,11 @@ def run(
                 cell[f"auto_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], own)
             llm.engine.drafting_rule = None
             llm.engine.draft_override = None
+            base_tpot = baseline[b]["tpot_ms"]["p50"]
             for entry in cell.values():
                 entry["speedup"] = entry["output_tok_s"] / baseline[b]["output_tok_s"]
+                tpot = entry["tpot_ms"]["p50"]
+                entry["decode_speedup"] = base_tpot / tpot if tpot and base_tpot else None
             print(f"[bench] spec k={k} batch {b}: " + ", ".join(f"{name} {entry['speedup']:.2f}x"
                                                            for name, entry in cell.items()), file=sys.stderr, flush=True)
             costs = _spec_step_ms(ctx, llm.runtime, prompts[:b], k, step_iters)
@@ -396,24 +401,31 @@ def _decode_loop(ctx: Context, runtime, seqs, iters: int) -> float:
     return (time.perf_counter() - start) / iters * 1e3
 
 
+def _speedups(entry: dict) -> str:
+    """``1.21x`` (output tok/s over the baseline's, the prompt's step included) and, after a slash, the decode-only
+    speed-up (the baseline's TPOT p50 over the run's) where known."""
+    decode = entry.get("decode_speedup")
+    return f"{entry['speedup']:.2f}x" + ("" if decode is None else f"/{decode:.2f}x")
+
+
 def summary_lines(head: str, r: dict) -> list[str]:
-    """One line per (k, batch): the speed-up over plain decoding with the MTP head and at each forced acceptance rate,
-    and the verify step's cost in decode steps; then the baseline per batch."""
+    """One line per (k, batch): the speed-up over plain decoding with the MTP head and at each forced acceptance rate
+    (output tok/s / TPOT: ``_speedups``), and the verify step's cost in decode steps; then the baseline per batch."""
     lines = []
     for b, base in r["baseline"].items():
         lines.append(f"{head} batch {b}: baseline {base['output_tok_s']:.1f} tok/s, decode step {base['decode_ms']:.3f} ms")
     lines.append(f"{'':<11} drafting pays up to batch (by forced acceptance): {r['rule']['disable_by_batch_size']}")
     for k, cells in r["speculative"].items():
         for b, cell in cells.items():
-            forced = ", ".join(f"{name.removeprefix('forced_')}: {e['speedup']:.2f}x" for name, e in cell.items()
+            forced = ", ".join(f"{name.removeprefix('forced_')}: {_speedups(e)}" for name, e in cell.items()
                                if name.startswith("forced_"))
-            auto = ", ".join(f"{name.removeprefix('auto_')}: {e['speedup']:.2f}x" for name, e in cell.items()
+            auto = ", ".join(f"{name.removeprefix('auto_')}: {_speedups(e)}" for name, e in cell.items()
                              if name.startswith("auto_"))
             mtp = cell["mtp"]
             acceptance = "-" if mtp["acceptance"] is None else f"{mtp['acceptance']:.2f}"
             graphed = cell["steps"].get("verify_graph_vs_decode_graph")
             graphed = "" if graphed is None else f" (as graphs: {graphed:.2f})"
-            lines.append(f"{'':<11} k={k} batch {b}: MTP head {mtp['speedup']:.2f}x (acceptance {acceptance}) | forced "
+            lines.append(f"{'':<11} k={k} batch {b}: MTP head {_speedups(mtp)} (acceptance {acceptance}) | forced "
                          f"acceptance {forced} | verify {cell['steps']['verify_vs_decode']:.2f}{graphed}, round "
                          f"{cell['steps']['round_vs_decode']:.2f} decode steps"
                          + (f" ({cell['steps']['round_vs_baseline_tpot']:.2f} baseline TPOTs)"
