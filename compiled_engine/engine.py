@@ -385,10 +385,11 @@ class LLMEngine:
                 return self._complete(in_flight)  # the host needs the tokens: a round, a prompt, a preemption
             start = rule.clock() if rule is not None else 0.0
             batch = self.scheduler.schedule()  # every running row, decode-ready: a plain decode step
-            n = batch.num_decode
+            if batch is None:
+                return self._complete(in_flight)
             outputs = self._run_plain_overlapped(batch, in_flight)
-            if rule is not None:
-                rule.record_plain(n, rule.clock() - start)  # launch to the last step's read-back: a step's cost
+            if rule is not None:  # launch to the last step's read-back: in steady state, a plain step's cost
+                rule.record_plain(batch.num_decode, rule.clock() - start)
             return outputs
         batch = self.scheduler.schedule()
         if batch is None:
