@@ -17,7 +17,7 @@ Engine decode: the same batch sizes through ``LLMEngine.step`` (scheduler, sampl
 ``overlap_decode`` as the engine is configured), timed and profiled the same way; with overlap the GPU should be
 busy for the whole step (wall ~ GPU ms) unless the host's work per step is longer than the GPU's. Each has the
 same bound as the runtime rows (the batch-256 target of issue 9 is judged on this engine row). The host's largest
-Python functions over those steps (cProfile, which slows them) say where its time goes.
+Python functions over those steps (cProfile, which slows them) say where its time goes; the same for the prefill step.
 On a CPU there are no device kernels: only wall ms is reported (the harness's smoke test runs it there).
 """
 
@@ -93,6 +93,10 @@ def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, pr
     prefill = profile_steps(ctx, lambda: _prefill_once(runtime, prompts), repeats=3, top=top)
     prefill.update(sequences=prefill_seqs, tokens=prefill_seqs * prefill_len,
                    tok_s=prefill_seqs * prefill_len / (prefill["wall_ms"] / 1e3))
+    # Where a prefill step's host time goes (the step launches ~60 kernels a layer eagerly; on an H200 the GPU sat
+    # idle about half of it: bench/NOTES.md "Runs 71-73").
+    _, prefill["host_functions_per_step"] = profiled_call(
+        lambda: [_prefill_once(runtime, prompts) for _ in range(3)], top, 3)
     result = ctx.metadata("step_profile")
     result.update({
         "workload": {"batches": batches, "context": context, "steps": steps, "greedy": True, "seed": seed,
@@ -211,6 +215,10 @@ def summary_lines(head: str, result: dict) -> list[str]:
                             f" | bound {r['bound_ms']:.3f} ms ({100 * r['fraction_of_bound']:.1f}%)")
     p = result["prefill"]
     lines += _row_lines(f"prefill {p['sequences']} x {p['tokens'] // p['sequences']} tokens", p, f" | {p['tok_s']:.0f} tok/s")
+    host = p.get("host_functions_per_step")
+    if host:
+        lines.append(f"{'':<15}host, by self time (cProfile, ms a step): " + ", ".join(
+            f"{f['function']} {1e3 * f['self_s']:.2f}" for f in host["by_self_time"][:8]))
     return lines
 
 
