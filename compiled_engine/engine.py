@@ -375,9 +375,9 @@ class LLMEngine:
         its tokens back once, at its end.
 
         Where the rows do not draft (``_drafts``) they take a plain decode step, with ``overlap_decode`` left in
-        flight as in ``_step_overlapped`` (a plain step whose host work waits for its tokens costs ~1.5 steps of
-        the overlapped engine on an H200: bench/NOTES.md "Runs 71-73"). The next step launches before reading it
-        back only while it will be a plain decode step too; else that step only reads it back."""
+        flight as in ``_step_overlapped`` (a step that waits for its tokens leaves the GPU idle during the host's
+        work: bench/NOTES.md "Runs 71-73"). The next step launches before reading it back only while it will be a
+        plain decode step too; else that step only reads it back."""
         rule = self.drafting_rule
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None:
