@@ -13,8 +13,8 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   request, each draft right with that probability, else a wrong token); the speed-up over
   the baseline (``speedup``: output tok/s, the prompt's step included; ``decode_speedup``: the baseline's TPOT p50
   over the run's, decoding alone: the prompt's step of a speculative engine also drafts, and at 128 new tokens an
-  eager prompt step of tens of ms weighs on ``speedup``); and the step costs at that batch: ``verify_ms`` (the target's verify step: k+1 tokens a sequence,
-  eager), ``verify_graph_ms`` (the same captured in a CUDA graph: GPU time, against the baseline's
+  eager prompt step of tens of ms weighs on ``speedup``); and the step costs at that batch: ``verify_ms`` (the
+  target's verify step: k+1 tokens a sequence, eager), ``verify_graph_ms`` (the same captured in a CUDA graph: GPU time, against the baseline's
   ``decode_graph_ms``, a decode graph's replay: ``verify_graph_vs_decode_graph``, the issue's "verify step against a
   decode step"),
   ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
@@ -51,8 +51,8 @@ curve needs logits with a wide top-1 margin, ``--model qwen3.5-0.8b-confident`` 
 
 from __future__ import annotations
 
-import sys
 import random
+import sys
 import time
 
 import torch

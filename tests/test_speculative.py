@@ -678,8 +678,7 @@ def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate, overl
     accepted runs, prefix caching (k = 2), drafting turned off and on again by the batch size (k = 3) and by the
     drafting rule (k = 1: a clock on which every step costs the same, so drafting stops at acceptance 0 and probes
     again every 3 plain steps), those plain steps overlapped or not (overlap_decode), with oracle drafts at a few
-    acceptance rates: every request's tokens are the
-    non-speculative run's (a prefix of them for aborted requests), the sampled ones' too (seeded: each verified row
+    acceptance rates: every request's tokens are the non-speculative run's (a prefix of them for aborted requests), the sampled ones' too (seeded: each verified row
     draws what a decode step draws there)."""
     full = [dict(r, abort_at=None) for r in requests]
     reference_reasons: dict[str, str] = {}
