@@ -14,8 +14,8 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   the baseline (``speedup``: output tok/s, the prompt's step included; ``decode_speedup``: the baseline's TPOT p50
   over the run's, decoding alone: the prompt's step of a speculative engine also drafts, and at 128 new tokens an
   eager prompt step of tens of ms weighs on ``speedup``); and the step costs at that batch: ``verify_ms`` (the
-  target's verify step: k+1 tokens a sequence, eager), ``verify_graph_ms`` (the same captured in a CUDA graph: GPU time, against the baseline's
-  ``decode_graph_ms``, a decode graph's replay: ``verify_graph_vs_decode_graph``, the issue's "verify step against a
+  target's verify step: k+1 tokens a sequence, eager), ``verify_graph_ms`` (the same captured in a CUDA graph: GPU
+  time, against the baseline's ``decode_graph_ms``, a decode graph's replay: ``verify_graph_vs_decode_graph``, the issue's "verify step against a
   decode step"),
   ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
   on CUDA unless ``--enforce-eager``; the read-back included; on CUDA ``round_profile``: its kernels by category
@@ -146,8 +146,8 @@ def run(
                 entry["speedup"] = entry["output_tok_s"] / baseline[b]["output_tok_s"]
                 tpot = entry["tpot_ms"]["p50"]
                 entry["decode_speedup"] = base_tpot / tpot if tpot and base_tpot else None
-            print(f"[bench] spec k={k} batch {b}: " + ", ".join(f"{name} {entry['speedup']:.2f}x"
-                                                           for name, entry in cell.items()), file=sys.stderr, flush=True)
+            done = ", ".join(f"{name} {entry['speedup']:.2f}x" for name, entry in cell.items())
+            print(f"[bench] spec k={k} batch {b}: {done}", file=sys.stderr, flush=True)
             costs = _spec_step_ms(ctx, llm.runtime, prompts[:b], k, step_iters)
             decode = baseline[b]["decode_ms"]
             costs.update({"verify_vs_decode": costs["verify_ms"] / decode, "round_vs_decode": costs["round_ms"] / decode,
