@@ -179,7 +179,7 @@ def profile_steps(ctx: Context, step, repeats: int, top: int) -> dict:
     if ctx.device.type != "cuda":
         return row
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         profiled_wall_ms = timed(repeats)
     per_kernel_us: dict[str, float] = defaultdict(float)
     launches = device_to_host = 0
@@ -202,6 +202,13 @@ def profile_steps(ctx: Context, step, repeats: int, top: int) -> dict:
         gpu_ms_by_category={k: v / repeats / 1e3 for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])},
         top_kernels=[{"name": name[:120], "ms_per_step": us / repeats / 1e3, "category": category(name)}
                      for name, us in ranked],
+        # The host-side ops whose own kernels take the most GPU time, by input shapes: which call a kernel name
+        # (a copy, a fill) belongs to.
+        top_ops=[{"op": e.key, "shapes": str(e.input_shapes)[:200], "calls_per_step": e.count / repeats,
+                  "ms_per_step": e.self_device_time_total / repeats / 1e3}
+                 for e in sorted(prof.key_averages(group_by_input_shape=True),
+                                 key=lambda e: -e.self_device_time_total)[:3 * top]
+                 if e.self_device_time_total > 0],
     )
     return row
 

@@ -443,8 +443,12 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,
     SEQS_P: tl.constexpr,  # next power of two >= N
     DOT_FP32: tl.constexpr,
+    CAUSAL_SPLIT: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr,
 ):
     tile = tl.program_id(0)
+    if LONGEST_FIRST:
+        tile = tl.num_programs(0) - 1 - tile
     kv_head = tl.program_id(1)
     # Tile -> (sequence, query block), computed here rather than by torch ops on the host side (each costs a
     # launch in eager prefill): sequence n owns ceil(q_len_n / BLOCK_M) consecutive tiles.
@@ -492,7 +496,16 @@ def _paged_prefill_kernel(
     m_i = tl.full([ROWS], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM_P], dtype=tl.float32)
-    m_i, l_i, acc = _attend_range(q, k_cache, v_cache, block_tables + seq * stride_bt_b, stride_bt_n, 0, kv_end,
+    bt_row = block_tables + seq * stride_bt_b
+    causal_start = 0
+    if CAUSAL_SPLIT:
+        # Keys before the tile's first new token are visible to every row: whole tiles of them need no causal mask.
+        causal_start = tl.minimum(((prefix + q_block * BLOCK_M) // BLOCK_N) * BLOCK_N, kv_end)
+        m_i, l_i, acc = _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, 0, causal_start,
+                                      kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
+                                      stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
+                                      m_i, l_i, acc, scale_log2, position, BLOCK_SIZE, BLOCK_N, DOT_FP32, False)
+    m_i, l_i, acc = _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, causal_start, kv_end,
                                   kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
                                   stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
                                   m_i, l_i, acc, scale_log2, position, BLOCK_SIZE, BLOCK_N, DOT_FP32, True)
@@ -515,6 +528,10 @@ def paged_attention_prefill(
     scale: float,
     block_n: int | None = None,
     num_warps: int | None = None,
+    rows: int = 64,  # query rows (token x head) per program: the tl.dot M dimension
+    num_stages: int | None = None,
+    causal_split: bool = False,
+    longest_first: bool = False,
 ) -> torch.Tensor:
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -525,7 +542,6 @@ def paged_attention_prefill(
     group = num_q_heads // num_kv_heads
     group_p = triton.next_power_of_2(group)
     head_dim_p = triton.next_power_of_2(head_dim)
-    rows = 64  # query rows (token x head) per program: the tl.dot M dimension
     block_m = max(1, rows // group_p)
     if block_n is None:
         block_n = _tile_n(head_dim, 4 if _dot_fp32(q, k_cache) else k_cache.element_size())
@@ -560,7 +576,10 @@ def paged_attention_prefill(
         BLOCK_N=block_n,
         SEQS_P=max(MIN_SEQS_P, triton.next_power_of_2(num_seqs)),
         DOT_FP32=_dot_fp32(q, k_cache),
+        CAUSAL_SPLIT=causal_split,
+        LONGEST_FIRST=longest_first,
         num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
     )
     return out
 
