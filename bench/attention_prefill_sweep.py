@@ -2,9 +2,8 @@
 
 A fresh prompt of 8,192 tokens (c1's time to first token) and 16 prompts of 512 tokens (a c16 prefill step), the
 Qwen3.5-0.8B attention shape (8 query heads, 2 KV heads, head_dim 256, block_size 16, bf16). Each candidate
-(rows a program, BLOCK_N, warps, stages, the causal mask only on the diagonal tiles, the longest tiles first) is
-checked against the default config's output, then timed (CUDA events, median of the repeats). Beside them, torch's
-``scaled_dot_product_attention`` on the same unpaged tensors (causal, GQA): the figure a well-tuned dense kernel
+(rows a program, BLOCK_N, warps, stages) is checked against the chosen tile's output (``prefill_tile``), then timed
+(CUDA events, median of the repeats). Beside them, torch's ``scaled_dot_product_attention`` on the same unpaged tensors (causal, GQA): the figure a well-tuned dense kernel
 reaches on this GPU, not a drop-in (it knows no block tables).
 
     python bench/attention_prefill_sweep.py --out DIR      # JSON in DIR/attention_prefill_sweep.json
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
-from ops.triton.paged_attention_kernels import paged_attention_prefill  # noqa: E402
+from ops.triton.paged_attention_kernels import PrefillTile, paged_attention_prefill, prefill_tile  # noqa: E402
 
 HQ, HKV, D, BLOCK = 8, 2, 256, 16
 
@@ -81,16 +80,14 @@ def main() -> None:
               flush=True)
         results.append({"case": case, "config": "torch sdpa", "ms": sdpa_ms, "tflops": flops / sdpa_ms / 1e9,
                         "max_abs_diff": sdpa_err})
-        default = (64, None, None, None, False, False)  # the op's config as it runs today
-        grid = [default] + [c + (True,) for c in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3), (True,))]
-        for rows, block_n, warps, stages, split, longest in grid:
-            if rows == 128 and block_n == 128:
-                continue  # 128 x 256 fp32 accumulator plus 128-key tiles: spills
-            config = {"rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages,
-                      "causal_split": split, "longest_first": longest}
+        chosen = prefill_tile(D, dot_fp32=False)
+        grid = [chosen] + [PrefillTile(*c) for c in itertools.product((64, 128), (32, 64), (4, 8), (2, 3, 4))
+                           if PrefillTile(*c) != chosen]
+        for tile in grid:
+            config = {"rows": tile.rows, "block_n": tile.block_n, "num_warps": tile.num_warps,
+                      "num_stages": tile.num_stages, "chosen": tile == chosen}
             try:
-                call = lambda: paged_attention_prefill(q, k_cache, v_cache, cu, lens, tables, scale,  # noqa: E731
-                                                       **config)
+                call = lambda: paged_attention_prefill(q, k_cache, v_cache, cu, lens, tables, scale, tile)  # noqa
                 err = (call().float() - ref.float()).abs().max().item()
                 ms = _time_ms(call, repeats=10)
             except Exception as exc:  # out of shared memory, register spills past a limit: not a candidate

@@ -127,8 +127,8 @@ def _child_checks() -> dict:
         compare("attention decode k_cache", k_cache[1:], want_k[1:])
         compare("attention decode v_cache", v_cache[1:], want_v[1:])
 
-    def check_prefill(q_heads, kv_heads, dim, block_size, q_lens=(3, 0, 40, 1), prefixes=(5, 2, 9, 0)):
-        # q_len 0: a sequence with no new tokens; 40 > one query tile
+    def check_prefill(q_heads, kv_heads, dim, block_size, q_lens=(3, 0, 40, 1), prefixes=(5, 2, 9, 0), tile=None):
+        # q_len 0: a sequence with no new tokens; 40 > one query tile. ``tile``: the op's own (fp32's) by default
         context_lens = [p + n for p, n in zip(prefixes, q_lens)]
         num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 1
         k_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
@@ -139,7 +139,7 @@ def _child_checks() -> dict:
         lens = torch.tensor(context_lens, dtype=torch.int32)
         scale = dim**-0.5
         want = paged_attention.paged_attention_prefill_reference(q, k_cache, v_cache, cu, lens, tables, scale)
-        got = paged_attention_kernels.paged_attention_prefill(q, k_cache, v_cache, cu, lens, tables, scale)
+        got = paged_attention_kernels.paged_attention_prefill(q, k_cache, v_cache, cu, lens, tables, scale, tile)
         compare("prefill out", got, want)
 
     def check_verify(q_heads, kv_heads, dim, block_size, rows, by_rows, prefixes=(5, 0, 30)):
@@ -413,6 +413,11 @@ def _child_checks() -> dict:
         "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
         "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
         "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
+        # The 16-bit inputs' tile shape (128 rows): 64 tokens a tile at GQA 2, so the 70-token prompt has a second
+        # tile whose first 64 keys need no causal mask, and 16-key steps leave whole unmasked steps before the
+        # diagonal for the prefixed sequences too
+        "prefill_128_rows": lambda: check_prefill(4, 2, 16, 4, (70, 0, 3, 33), (0, 2, 37, 5),
+                                                  paged_attention_kernels.PrefillTile(128, 16, 8, 3)),
         "verify_by_rows_gqa2_bs4": lambda: check_verify(4, 2, 16, 4, 3, by_rows=True),
         "verify_by_rows_one_row": lambda: check_verify(3, 1, 32, 16, 1, by_rows=True),
         "verify_prefill_kernel_gqa2_bs4": lambda: check_verify(4, 2, 16, 4, 3, by_rows=False),
@@ -499,6 +504,7 @@ CHECK_NAMES = [
     "prefill_gqa2_d16_bs4",
     "prefill_gqa3_d32_bs16",
     "prefill_empty_runs",
+    "prefill_128_rows",
     "verify_by_rows_gqa2_bs4",
     "verify_by_rows_one_row",
     "verify_prefill_kernel_gqa2_bs4",

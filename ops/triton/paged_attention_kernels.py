@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -443,12 +444,10 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,
     SEQS_P: tl.constexpr,  # next power of two >= N
     DOT_FP32: tl.constexpr,
-    CAUSAL_SPLIT: tl.constexpr,
-    LONGEST_FIRST: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    if LONGEST_FIRST:
-        tile = tl.num_programs(0) - 1 - tile
+    # Tiles in reverse: a sequence's last tiles, which see the most keys, start first and the short ones fill the
+    # tail of the grid.
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     # Tile -> (sequence, query block), computed here rather than by torch ops on the host side (each costs a
     # launch in eager prefill): sequence n owns ceil(q_len_n / BLOCK_M) consecutive tiles.
@@ -497,11 +496,9 @@ def _paged_prefill_kernel(
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM_P], dtype=tl.float32)
     bt_row = block_tables + seq * stride_bt_b
-    causal_start = 0
-    if CAUSAL_SPLIT:
-        # Keys before the tile's first new token are visible to every row: whole tiles of them need no causal mask.
-        causal_start = tl.minimum(((prefix + q_block * BLOCK_M) // BLOCK_N) * BLOCK_N, kv_end)
-        m_i, l_i, acc = _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, 0, causal_start,
+    # Keys before the tile's first new token are visible to every row: whole tiles of them need no causal mask.
+    causal_start = tl.minimum(((prefix + q_block * BLOCK_M) // BLOCK_N) * BLOCK_N, kv_end)
+    m_i, l_i, acc = _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, 0, causal_start,
                                       kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
                                       stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
                                       m_i, l_i, acc, scale_log2, position, BLOCK_SIZE, BLOCK_N, DOT_FP32, False)
@@ -518,6 +515,35 @@ def _paged_prefill_kernel(
     )
 
 
+@dataclass(frozen=True)
+class PrefillTile:
+    """A prefill program's shape: ``rows`` query rows (token x head: the ``tl.dot`` M dimension), ``block_n`` keys
+    a step, and its launch's warps and software-pipelining stages (None: Triton's default)."""
+
+    rows: int
+    block_n: int
+    num_warps: int
+    num_stages: int | None = None
+
+
+def prefill_tile(head_dim: int, dot_fp32: bool) -> PrefillTile:
+    """The prefill kernel's tile. 16-bit inputs: 128 rows, 64 keys, 8 warps, 3 stages, the fastest of a sweep over
+    rows, keys, warps and stages on an H200 (bench/attention_prefill_sweep.py; bench/NOTES.md "Prefill attention
+    tile"), 2.2x the 64-row tile on one 8,192-token prompt. fp32 (tests, the CPU-exact path): 64 rows, whose
+    tiles fit the shared memory at twice the bytes."""
+    if not dot_fp32:
+        return PrefillTile(rows=128, block_n=_tile_n(head_dim, 2), num_warps=8, num_stages=3)
+    return PrefillTile(rows=64, block_n=_tile_n(head_dim, 4),
+                       num_warps=8 if triton.next_power_of_2(head_dim) >= 256 else 4)
+
+
+def _verify_tile(head_dim: int, dot_fp32: bool) -> PrefillTile:
+    """A verify step's tile: its 2-5 rows a sequence fill a 64-row tile no worse than a 128-row one, and the
+    smaller accumulator leaves more programs an SM for what is a memory-bound walk over the context."""
+    return PrefillTile(rows=64, block_n=_tile_n(head_dim, 4 if dot_fp32 else 2),
+                       num_warps=8 if triton.next_power_of_2(head_dim) >= 256 else 4)
+
+
 def paged_attention_prefill(
     q: torch.Tensor,  # [T, Hq, D]
     k_cache: torch.Tensor,
@@ -526,12 +552,7 @@ def paged_attention_prefill(
     context_lens: torch.Tensor,  # [N] int32
     block_tables: torch.Tensor,  # [N, max_blocks] int32
     scale: float,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-    rows: int = 64,  # query rows (token x head) per program: the tl.dot M dimension
-    num_stages: int | None = None,
-    causal_split: bool = False,
-    longest_first: bool = False,
+    tile: PrefillTile | None = None,  # None: prefill_tile
 ) -> torch.Tensor:
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -539,14 +560,11 @@ def paged_attention_prefill(
     out = q.new_empty(q.shape)  # contiguous, like the reference's output (the fake kernel matches it)
     if num_tokens == 0 or num_seqs == 0:
         return out
+    dot_fp32 = _dot_fp32(q, k_cache)
+    tile = tile or prefill_tile(head_dim, dot_fp32)
     group = num_q_heads // num_kv_heads
     group_p = triton.next_power_of_2(group)
-    head_dim_p = triton.next_power_of_2(head_dim)
-    block_m = max(1, rows // group_p)
-    if block_n is None:
-        block_n = _tile_n(head_dim, 4 if _dot_fp32(q, k_cache) else k_cache.element_size())
-    if num_warps is None:
-        num_warps = 8 if head_dim_p >= 256 else 4
+    block_m = max(1, tile.rows // group_p)
 
     # The grid has the static upper bound sum_n ceil(q_len_n / BLOCK_M) <= cdiv(T, BLOCK_M) + N tiles, so it needs
     # no host sync; spare programs find an empty key range.
@@ -570,16 +588,14 @@ def paged_attention_prefill(
         GROUP=group,
         GROUP_P=group_p,
         HEAD_DIM=head_dim,
-        HEAD_DIM_P=head_dim_p,
+        HEAD_DIM_P=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size,
         BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_N=tile.block_n,
         SEQS_P=max(MIN_SEQS_P, triton.next_power_of_2(num_seqs)),
-        DOT_FP32=_dot_fp32(q, k_cache),
-        CAUSAL_SPLIT=causal_split,
-        LONGEST_FIRST=longest_first,
-        num_warps=num_warps,
-        **({} if num_stages is None else {"num_stages": num_stages}),
+        DOT_FP32=dot_fp32,
+        num_warps=tile.num_warps,
+        **({} if tile.num_stages is None else {"num_stages": tile.num_stages}),
     )
     return out
 
@@ -611,4 +627,4 @@ def paged_attention_verify(
         return paged_attention_decode(q, k_cache, v_cache, block_tables.repeat_interleave(rows_per_seq, dim=0), lens,
                                       scale)
     return paged_attention_prefill(q, k_cache, v_cache, verify_cu_seqlens(num_seqs, rows_per_seq, q.device),
-                                   context_lens, block_tables, scale)
+                                   context_lens, block_tables, scale, _verify_tile(q.shape[-1], _dot_fp32(q, k_cache)))
