@@ -97,6 +97,7 @@ def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, pr
     # idle about half of it: bench/NOTES.md "Runs 71-73").
     _, prefill["host_functions_per_step"] = profiled_call(
         lambda: [_prefill_once(runtime, prompts) for _ in range(3)], top, 3)
+    engine_prefill = _profile_engine_prefill(ctx, prompts, top)
     result = ctx.metadata("step_profile")
     result.update({
         "workload": {"batches": batches, "context": context, "steps": steps, "greedy": True, "seed": seed,
@@ -104,6 +105,7 @@ def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, pr
         "rows": rows,
         "engine_rows": engine_rows,
         "prefill": prefill,
+        "engine_prefill": engine_prefill,
         "bound": {"formula": "decode step bytes (weights + state read/write + KV read) / copy bandwidth",
                   "ms_per_step": [r["bound_ms"] for r in rows]},
         "fraction_of_bound": [r["fraction_of_bound"] for r in rows],
@@ -151,6 +153,26 @@ def _profile_engine_decode(ctx: Context, batch: int, context: int, steps: int, t
                 engine.abort_request(request_id)
         while engine.step():  # an overlapped step still in flight
             pass
+
+
+def _profile_engine_prefill(ctx: Context, prompts: list[list[int]], top: int) -> dict:
+    """The same prompts as requests through ``LLMEngine.step`` to their first token (``max_tokens=1``): the time to
+    first token as the engine serves it (scheduling, the prompt step, sampling, the read-back, bookkeeping), beside
+    the runtime's bare prompt step above."""
+    from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
+
+    engine = ctx.llm().engine
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    def first_tokens() -> None:
+        for prompt in prompts:
+            engine.add_request(None, prompt, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    row = {**profile_steps(ctx, first_tokens, repeats=3, top=top), "sequences": len(prompts)}
+    _, row["host_functions_per_step"] = profiled_call(lambda: [first_tokens() for _ in range(3)], top, 3)
+    return row
 
 
 @torch.inference_mode()
@@ -221,8 +243,21 @@ def summary_lines(head: str, result: dict) -> list[str]:
         lines += _row_lines(f"engine batch {r['batch']}{' overlapped' if r['overlap_decode'] else ''}", r,
                             f" | bound {r['bound_ms']:.3f} ms ({100 * r['fraction_of_bound']:.1f}%)")
     p = result["prefill"]
-    lines += _row_lines(f"prefill {p['sequences']} x {p['tokens'] // p['sequences']} tokens", p, f" | {p['tok_s']:.0f} tok/s")
-    host = p.get("host_functions_per_step")
+    lines += _row_lines(f"prefill {p['sequences']} x {p['tokens'] // p['sequences']} tokens", p,
+                        f" | {p['tok_s']:.0f} tok/s") + _host_lines(p)
+    if "engine_prefill" in result:
+        e = result["engine_prefill"]
+        lines += _row_lines("the same prompts through LLMEngine.step to their first token", e, "") + _host_lines(e)
+    return lines
+
+
+def _host_lines(r: dict) -> list[str]:
+    """The ops whose kernels take the most GPU time, and the host's largest functions, of a profiled row."""
+    lines = []
+    if r.get("top_ops"):
+        lines.append(f"{'':<15}GPU ms by op: " + ", ".join(
+            f"{o['op']} {o['shapes'][:60]} x{o['calls_per_step']:g} {o['ms_per_step']:.3f}" for o in r["top_ops"][:8]))
+    host = r.get("host_functions_per_step")
     if host:
         lines.append(f"{'':<15}host, by self time (cProfile, ms a step): " + ", ".join(
             f"{f['function']} {1e3 * f['self_s']:.2f}" for f in host["by_self_time"][:8]))
