@@ -237,7 +237,8 @@ def run(args) -> dict:
         add("causal_conv1d_decode", batch, us, 2 * state_bytes + 2 * batch * s.conv_dim * bf16, "graph")
         xp = rand(batch * n_new, s.conv_dim)
         us = timed(f"causal_conv1d_prefill B={batch}",
-                     lambda: torch.ops.ce.causal_conv1d_prefill(xp, weight, conv_state, cu, slots), graph=False)
+                     lambda: torch.ops.ce.causal_conv1d_prefill(xp, weight, conv_state, cu, slots, [xp.shape[1], 0, 0]),
+                     graph=False)
         add("causal_conv1d_prefill", batch, us, 2 * state_bytes + 2 * xp.numel() * bf16, "eager",
             f"{n_new} tok/seq")
         del xp

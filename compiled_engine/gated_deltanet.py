@@ -100,17 +100,16 @@ class GatedDeltaNet(nn.Module):
         """Varlen tokens packed by ``step.cu_seqlens``: unfused conv, chunked delta rule, gated norm -> [T, Hv*V]."""
         tokens = projected.shape[0]
         mixed_qkv, z, b, a = projected.split(self.split_sizes, dim=-1)
-        mixed_qkv = torch.ops.ce.causal_conv1d_prefill(
-            mixed_qkv, self.conv_weight, self.conv_state, step.cu_seqlens, step.state_slots
+        q, k, v = torch.ops.ce.causal_conv1d_prefill(
+            mixed_qkv, self.conv_weight, self.conv_state, step.cu_seqlens, step.state_slots, self.qkv_split
         )
-        q, k, v = mixed_qkv.split(self.qkv_split, dim=-1)
         q = q.reshape(tokens, self.num_k_heads, self.head_k_dim)
         k = k.reshape(tokens, self.num_k_heads, self.head_k_dim)
         v = v.reshape(tokens, self.num_v_heads, self.head_v_dim)
         # The step's own cu_seqlens_long and chunk_indices objects, the same in every layer: FLA derives nothing from
         # them with a host sync, and memoises the rest on their identity (ops/delta_rule.py).
         o = torch.ops.ce.gated_delta_rule_prefill(
-            q, k, v, a.contiguous(), b.contiguous(), self.A_log, self.dt_bias, self.recurrent_state, step.cu_seqlens,
+            q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.cu_seqlens,
             step.state_slots, step.cu_seqlens_long, step.chunk_indices,
         )
         o = self.norm(o, z.reshape(tokens, self.num_v_heads, self.head_v_dim))

@@ -5,7 +5,11 @@ oldest first, in the model dtype. A fresh sequence's slot is zeroed when it is a
 left zero padding of a causal conv.
 
 * ``causal_conv1d_prefill``: varlen tokens ``x [T, C]`` packed by ``cu_seqlens``; sequence n starts from
-  ``conv_state[state_slots[n]]`` and its final state is written back there.
+  ``conv_state[state_slots[n]]`` and its final state is written back there. The output comes split along the
+  channels into three ``sections`` (a Gated DeltaNet layer's q | k | v; widths may be 0), each its own contiguous
+  ``[T, width]`` tensor:
+  the chunked delta rule (FLA) reads contiguous q, k and v, and a split of one ``[T, C]`` output would need a copy
+  of each.
 * ``causal_conv1d_decode``: one token per sequence; the state is shifted in place.
 """
 
@@ -35,7 +39,9 @@ def causal_conv1d_prefill_reference(
     conv_state: torch.Tensor,  # [S, C, W-1]  (written at state_slots)
     cu_seqlens: torch.Tensor,  # [N + 1] int32
     state_slots: torch.Tensor,  # [N] int32
-) -> torch.Tensor:
+    sections: list[int],  # the three output widths, summing to C
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_sections(sections, x.shape[1])
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     bounds = cu_seqlens.tolist()
     for i, slot in enumerate(state_slots.tolist()):
@@ -46,18 +52,29 @@ def causal_conv1d_prefill_reference(
         out[start:end] = _conv_with_history(history, x[start:end], weight)
         combined = torch.cat([history, x[start:end].to(conv_state.dtype)], dim=0)
         conv_state[slot] = combined[-(weight.shape[1] - 1) :].transpose(0, 1)
-    return out.to(x.dtype)
+    return tuple(part.contiguous() for part in out.to(x.dtype).split(list(sections), dim=-1))
 
 
-def _causal_conv1d_prefill_fake(x, weight, conv_state, cu_seqlens, state_slots):
-    return x.new_empty(x.shape)  # references return contiguous tensors
+def _check_sections(sections: list[int], channels: int) -> None:
+    if len(sections) != 3 or min(sections) < 0 or sum(sections) != channels:
+        raise ValueError(f"conv sections {list(sections)} must be 3 widths summing to the {channels} channels")
+
+
+def _causal_conv1d_prefill_fake(x, weight, conv_state, cu_seqlens, state_slots, sections):
+    _check_sections(sections, x.shape[1])
+    return tuple(x.new_empty(x.shape[0], width) for width in sections)  # references return contiguous tensors
+
+
+def _causal_conv1d_prefill_cuda(x, weight, conv_state, cu_seqlens, state_slots, sections):
+    _check_sections(sections, x.shape[1])
+    return conv1d_kernels.causal_conv1d_prefill(x, weight, conv_state, cu_seqlens, state_slots, sections)
 
 
 causal_conv1d_prefill = define_op(
     "causal_conv1d_prefill(Tensor x, Tensor weight, Tensor(a!) conv_state, Tensor cu_seqlens, "
-    "Tensor state_slots) -> Tensor",
+    "Tensor state_slots, int[] sections) -> (Tensor, Tensor, Tensor)",
     reference=causal_conv1d_prefill_reference,
-    cuda=conv1d_kernels.causal_conv1d_prefill if HAVE_TRITON else None,
+    cuda=_causal_conv1d_prefill_cuda if HAVE_TRITON else None,
     fake=_causal_conv1d_prefill_fake,
 )
 

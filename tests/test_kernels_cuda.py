@@ -400,14 +400,17 @@ def test_causal_conv1d_decode_matches_reference(batch, channels, dtype, padding,
     torch.testing.assert_close(state[1:], want_state[1:], atol=0, rtol=0)  # the state is a shifted copy: exact
 
 
-# Compiled variants, (channels, dtype): Qwen3.5-0.8B's q|k|v channels in bf16 (the quick case), then a channel count
-# that is no multiple of 16 (a partial last channel block) in fp32.
-@pytest.mark.parametrize("channels, dtype", cases([(6144, torch.bfloat16), (200, torch.float32)],
-                                                  quick=[(6144, torch.bfloat16)]))
+# Compiled variants, (sections, dtype): Qwen3.5-0.8B's q|k|v channels in bf16 (the quick case), then Qwen3-Next's
+# wider v, and sections no multiple of 16 (small channel blocks, a section boundary inside what would be one block) in
+# fp32.
+@pytest.mark.parametrize("sections, dtype", cases([([2048, 2048, 2048], torch.bfloat16),
+                                                   ([2048, 2048, 4096], torch.bfloat16), ([40, 40, 120], torch.float32)],
+                                                  quick=[([2048, 2048, 2048], torch.bfloat16)]))
 @given(num_seqs=st.integers(1, 16), max_len=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=3, deadline=None, phases=PHASES)
-def test_causal_conv1d_prefill_matches_reference(channels, dtype, num_seqs, max_len, seed):
+def test_causal_conv1d_prefill_matches_reference(sections, dtype, num_seqs, max_len, seed):
     gen = _seeded(seed)
+    channels = sum(sections)
     num_slots = num_seqs + 3
     slots = _live_slots(gen, num_seqs, num_slots)
     seq_lens = torch.randint(1, max_len + 1, (num_seqs,), generator=gen, device=DEV)  # >= 1: see the reference
@@ -417,8 +420,9 @@ def test_causal_conv1d_prefill_matches_reference(channels, dtype, num_seqs, max_
     weight = _randn(gen, channels, CONV_WIDTH, dtype=dtype, scale=0.5)
     state = _randn(gen, num_slots, channels, CONV_WIDTH - 1, dtype=dtype)
     want_state = state.clone()
-    want = conv1d.causal_conv1d_prefill_reference(x, weight, want_state, cu, slots)
-    got = torch.ops.ce.causal_conv1d_prefill(x, weight, state, cu, slots)
+    want = conv1d.causal_conv1d_prefill_reference(x, weight, want_state, cu, slots, sections)
+    got = torch.ops.ce.causal_conv1d_prefill(x, weight, state, cu, slots, sections)
+    assert all(part.is_contiguous() for part in got)
     torch.testing.assert_close(got, want, **TOL[dtype])
     torch.testing.assert_close(state, want_state, atol=0, rtol=0)
 
@@ -1401,7 +1405,8 @@ def _opcheck_cases():
                                     torch.tensor([40, 20], dtype=torch.int32, device=DEV), tables[:2], 3, d**-0.5)),
         "causal_conv1d_prefill": (torch.ops.ce.causal_conv1d_prefill.default,
                                   (_randn(gen, 40, channels, dtype=bf16), _randn(gen, channels, 4, dtype=bf16),
-                                   _randn(gen, 4, channels, 3, dtype=bf16), cu, slots3)),
+                                   _randn(gen, 4, channels, 3, dtype=bf16), cu, slots3,
+                                   [channels // 4, channels // 4, channels // 2])),
         "causal_conv1d_decode": (torch.ops.ce.causal_conv1d_decode.default,
                                  (_randn(gen, 3, channels, dtype=bf16), _randn(gen, channels, 4, dtype=bf16),
                                   _randn(gen, 4, channels, 3, dtype=bf16), slots3)),

@@ -158,8 +158,8 @@ def _child_checks() -> dict:
                                                              by_rows=by_rows)
         compare("verify out", got, want)
 
-    def check_conv_prefill(seq_lens):
-        channels, width = 20, 4
+    def check_conv_prefill(seq_lens, sections=(8, 4, 8)):
+        channels, width = sum(sections), 4
         num_slots = len(seq_lens) + 2
         slots = (torch.randperm(num_slots - 1)[: len(seq_lens)] + 1).to(torch.int32)
         cu = torch.tensor([0] + torch.tensor(seq_lens).cumsum(0).tolist(), dtype=torch.int32)
@@ -171,9 +171,10 @@ def _child_checks() -> dict:
         # non-empty ones; the empty sequence's slot must come out unchanged.
         keep = torch.tensor(seq_lens) > 0
         cu_nonempty = torch.tensor([0] + torch.tensor(seq_lens)[keep].cumsum(0).tolist(), dtype=torch.int32)
-        want = conv1d.causal_conv1d_prefill_reference(x, weight, want_state, cu_nonempty, slots[keep])
-        # block sizes smaller than the problem: several token and channel tiles, with ragged edges
-        got = conv1d_kernels.causal_conv1d_prefill(x, weight, state, cu, slots, block_t=4, block_c=8)
+        want = conv1d.causal_conv1d_prefill_reference(x, weight, want_state, cu_nonempty, slots[keep], sections)
+        # block sizes smaller than the problem: several token tiles with a ragged edge; channel blocks of 4 (the
+        # widths' largest common power of two), the sections 2, 1 and 2 of them
+        got = conv1d_kernels.causal_conv1d_prefill(x, weight, state, cu, slots, sections, block_t=4, block_c=8)
         compare("conv prefill out", got, want)
         compare("conv prefill state", state, want_state)
 
@@ -188,6 +189,20 @@ def _child_checks() -> dict:
         got = conv1d_kernels.causal_conv1d_decode(x, weight, state, slots, block_c=8)
         compare("conv decode out", got, want)
         compare("conv decode state", state, want_state)
+
+    def check_prefill_gates():
+        """The prefill's g and beta from a and b read as column slices of wider rows (as the layer's projection
+        hands them over), against the reference's formulas; a + dt_bias on both sides of softplus's threshold."""
+        heads, tokens = 6, 13
+        rows = torch.randn(tokens, 2 * heads + 5) * 12
+        a, b = rows[:, 1 : 1 + heads], rows[:, 3 + heads : 3 + 2 * heads]
+        A_log, dt_bias = torch.randn(heads), torch.randn(heads) * 5
+        g, beta = delta_rule_kernels.prefill_gates(a, b, A_log, dt_bias, block_t=4)
+        qk = torch.ones(tokens, heads, 2)
+        _, _, want_g, want_beta = delta_rule.prepare_inputs(qk, qk, a, b, A_log, dt_bias, heads)
+        assert g.is_contiguous() and beta.is_contiguous()
+        compare("prefill gates g", g, want_g)
+        compare("prefill gates beta", beta, want_beta)
 
     def check_gdr_decode(k_heads, v_heads, dk, dv, block_v):
         batch, num_slots = 4, 7
@@ -424,6 +439,7 @@ def _child_checks() -> dict:
         "conv_prefill": lambda: check_conv_prefill([1, 0, 7, 2]),  # shorter and longer than W - 1, and empty
         "conv_prefill_empty_runs": lambda: check_conv_prefill([0, 0, 5, 1, 0, 3, 0, 0, 2]),
         "conv_decode": check_conv_decode,
+        "prefill_gates": check_prefill_gates,
         "delta_decode_hv_eq_hk": lambda: check_gdr_decode(2, 2, 16, 32, 16),
         "delta_decode_hv_3x_hk": lambda: check_gdr_decode(2, 6, 32, 16, 8),
         "gated_deltanet_decode_hv_eq_hk": lambda: check_gated_deltanet_decode(2, 2, 16, 32),
@@ -511,6 +527,7 @@ CHECK_NAMES = [
     "conv_prefill",
     "conv_prefill_empty_runs",
     "conv_decode",
+    "prefill_gates",
     "delta_decode_hv_eq_hk",
     "delta_decode_hv_3x_hk",
     "gated_deltanet_decode_hv_eq_hk",

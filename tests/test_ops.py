@@ -321,26 +321,35 @@ def _conv_oracle(history: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -
 @given(
     lengths=st.lists(st.one_of(st.sampled_from([1, 2, 3, 4, 5, 64, 65]), st.integers(1, 40)), min_size=1, max_size=4),
     pad_lengths=st.lists(st.sampled_from([0, 1]), max_size=2),
-    channels=st.sampled_from([4, 24]),
+    sections=st.sampled_from([[4, 0, 0], [24, 0, 0], [8, 8, 8], [4, 4, 16], [0, 16, 8]]),
     width=st.sampled_from([2, 4]),
     fresh=st.booleans(),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=SEEDS,
 )
-def test_causal_conv1d_prefill(lengths, pad_lengths, channels, width, fresh, dtype, seed):
-    """Varlen prefill ≡ F.conv1d (float64) with left zero padding (fresh slot) or the slot's history, + SiLU; the
-    state written back is the last W-1 pre-conv inputs; rows outside the batch untouched; padding lanes (zero- or
-    one-token, on the null slot) write nothing but the null slot."""
-    _check_conv_prefill(lengths, pad_lengths, channels, width, fresh, dtype, seed)
+def test_causal_conv1d_prefill(lengths, pad_lengths, sections, width, fresh, dtype, seed):
+    """Varlen prefill ≡ F.conv1d (float64) with left zero padding (fresh slot) or the slot's history, + SiLU, split
+    along the channels into its sections; the state written back is the last W-1 pre-conv inputs; rows outside the
+    batch untouched; padding lanes (zero- or one-token, on the null slot) write nothing but the null slot."""
+    _check_conv_prefill(lengths, pad_lengths, sections, width, fresh, dtype, seed)
 
 
 def test_causal_conv1d_prefill_zero_length_lane():
     """Regression: a zero-length sequence in cu_seqlens used to crash the reference (unfold of W-1 rows, size W)."""
-    _check_conv_prefill([3, 5], [0, 0], channels=4, width=4, fresh=False, dtype=torch.float32, seed=0)
-    _check_conv_prefill([1], [0], channels=4, width=2, fresh=True, dtype=torch.float32, seed=1)
+    _check_conv_prefill([3, 5], [0, 0], sections=[4, 0, 0], width=4, fresh=False, dtype=torch.float32, seed=0)
+    _check_conv_prefill([1], [0], sections=[2, 2, 0], width=2, fresh=True, dtype=torch.float32, seed=1)
 
 
-def _check_conv_prefill(lengths, pad_lengths, channels, width, fresh, dtype, seed):
+def test_causal_conv1d_prefill_rejects_bad_sections():
+    x, weight, pool = torch.zeros(3, 8), torch.zeros(8, 4), torch.zeros(2, 8, 3)
+    cu, slots = _cu_seqlens([3]), torch.tensor([1], dtype=torch.int32)
+    for sections in ([4, 4, 4], [2, 2, 2, 2], [8], [10, -2, 0]):
+        with pytest.raises(ValueError, match="sections"):
+            ce.causal_conv1d_prefill(x, weight, pool, cu, slots, sections)
+
+
+def _check_conv_prefill(lengths, pad_lengths, sections, width, fresh, dtype, seed):
+    channels = sum(sections)
     padding = len(pad_lengths)
     g = _gen(seed)
     all_lengths = lengths + pad_lengths
@@ -353,8 +362,10 @@ def _check_conv_prefill(lengths, pad_lengths, channels, width, fresh, dtype, see
         pool[slots.long()] = 0  # a newly allocated slot is zeroed
     cu = _cu_seqlens(all_lengths)
     before = pool.clone()
-    out = ce.causal_conv1d_prefill(x, weight, pool, cu, slots)
-    assert out.shape == x.shape and out.dtype == dtype
+    parts = ce.causal_conv1d_prefill(x, weight, pool, cu, slots, sections)
+    assert [p.shape for p in parts] == [(x.shape[0], w) for w in sections]
+    assert all(p.is_contiguous() and p.dtype == dtype for p in parts)
+    out = torch.cat(parts, dim=-1)
     _assert_rows_unchanged(before, pool, slots.tolist())  # padding lanes may write the null slot only
     if not any(pad_lengths):
         assert torch.equal(before[NULL_SLOT], pool[NULL_SLOT]), "zero-length lanes must not write"
@@ -404,9 +415,11 @@ def test_causal_conv1d_prefill_then_decode_equals_one_prefill(prefix, steps, pad
     init = _randn(g, num_slots, channels, width - 1)
     slots = _live_slots(g, n_seq, num_slots)
     whole_pool = init.clone()
-    whole = ce.causal_conv1d_prefill(torch.cat(xs), weight, whole_pool, _cu_seqlens([n + steps for n in prefix]), slots)
+    whole, _, _ = ce.causal_conv1d_prefill(torch.cat(xs), weight, whole_pool, _cu_seqlens([n + steps for n in prefix]),
+                                        slots, [channels, 0, 0])
     pool = init.clone()
-    ce.causal_conv1d_prefill(torch.cat([x[:n] for x, n in zip(xs, prefix)]), weight, pool, _cu_seqlens(prefix), slots)
+    ce.causal_conv1d_prefill(torch.cat([x[:n] for x, n in zip(xs, prefix)]), weight, pool, _cu_seqlens(prefix), slots,
+                             [channels, 0, 0])
     lanes = torch.cat([slots, torch.full((padding,), NULL_SLOT, dtype=torch.int32)])
     rest = []
     for t in range(steps):
@@ -957,7 +970,8 @@ def _opcheck_cases():
              (lens - 1).clamp_min(0).long(), k_cache.clone(), v_cache.clone(), _decode_slots(tables, lens, 4), tables,
              lens, 4, 2, 8, 8**-0.5),
         ),
-        "causal_conv1d_prefill": (ce.causal_conv1d_prefill.default, (conv_x, conv_w, conv_state.clone(), cu, slots3)),
+        "causal_conv1d_prefill": (ce.causal_conv1d_prefill.default,
+                                  (conv_x, conv_w, conv_state.clone(), cu, slots3, [2, 2, 2])),
         "linear": (ce.linear.default, (_randn(g, 3, 8), _randn(g, 5, 8))),
         "causal_conv1d_decode": (
             ce.causal_conv1d_decode.default, (_randn(g, 3, C), conv_w, conv_state.clone(), slots3)

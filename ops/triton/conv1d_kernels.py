@@ -24,6 +24,8 @@ lanes (slot 0, the null slot) may race with each other there; nothing reads slot
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -34,6 +36,20 @@ import triton.language as tl
 MIN_SEARCH_BITS = 9
 
 
+@triton.jit
+def _section(out0, out1, out2, c_first, num_channels, sec1, sec2):
+    """The output tensor a channel block starting at ``c_first`` writes, its first channel and its width: channels
+    ``[0, sec1)`` go to ``out0``, ``[sec1, sec2)`` to ``out1``, ``[sec2, C)`` to ``out2``, each ``[T, width]``
+    contiguous (a block lies in one section: BLOCK_C divides every width)."""
+    if c_first >= sec2:
+        out, first, width = out2, sec2, num_channels - sec2
+    elif c_first >= sec1:
+        out, first, width = out1, sec1, sec2 - sec1
+    else:
+        out, first, width = out0, 0, sec1
+    return out, first, width
+
+
 # Counts are not specialised (Triton would compile a variant for "divisible by 16" and one for "== 1"): a prefill
 # step's token and sequence counts change every step, and a new variant compiled mid-serving stalls that step ~1 s.
 @triton.jit(do_not_specialize=["num_tokens", "num_seqs"])
@@ -41,16 +57,18 @@ def _conv_prefill_out_kernel(
     x,
     weight,
     cu_seqlens,
-    out,
+    out0,
+    out1,
+    out2,
     num_tokens,
     num_seqs,
     num_channels,
+    sec1,
+    sec2,
     stride_x_t,
     stride_x_c,
     stride_w_c,
     stride_w_k,
-    stride_o_t,
-    stride_o_c,
     WIDTH: tl.constexpr,
     SEARCH_BITS: tl.constexpr,  # 2**SEARCH_BITS > N
     BLOCK_T: tl.constexpr,
@@ -79,7 +97,8 @@ def _conv_prefill_out_kernel(
         w = tl.load(weight + offs_c * stride_w_c + j * stride_w_k, mask=c_mask, other=0.0).to(tl.float32)
         acc += from_x.to(tl.float32) * w[None, :]
     y = acc * tl.sigmoid(acc)
-    tl.store(out + offs_t.to(tl.int64)[:, None] * stride_o_t + offs_c[None, :] * stride_o_c,
+    out, first, width = _section(out0, out1, out2, tl.program_id(1) * BLOCK_C, num_channels, sec1, sec2)
+    tl.store(out + offs_t.to(tl.int64)[:, None] * width + (offs_c - first)[None, :],
              y.to(out.dtype.element_ty), mask=tc_mask)
 
 
@@ -90,8 +109,12 @@ def _conv_prefill_state_kernel(
     conv_state,
     cu_seqlens,
     state_slots,
-    out,
+    out0,
+    out1,
+    out2,
     num_channels,
+    sec1,
+    sec2,
     stride_x_t,
     stride_x_c,
     stride_w_c,
@@ -99,8 +122,6 @@ def _conv_prefill_state_kernel(
     stride_s_slot,
     stride_s_c,
     stride_s_k,
-    stride_o_t,
-    stride_o_c,
     WIDTH: tl.constexpr,
     HIST_P: tl.constexpr,  # next power of two >= WIDTH - 1
     BLOCK_C: tl.constexpr,
@@ -117,6 +138,7 @@ def _conv_prefill_state_kernel(
     # from x when that is >= 0, else history column W - 1 + p - back (all indices static). Summed in the order of the
     # output kernel, over the same values, so these are the outputs it would give with the state's taps.
     lengths = tl.zeros_like(offs_c).to(tl.int64) + length  # over the channels (a scalar mask fails the interpreter)
+    out, first, width = _section(out0, out1, out2, tl.program_id(1) * BLOCK_C, num_channels, sec1, sec2)
     for p in tl.static_range(WIDTH - 1):
         live = c_mask & (lengths > p)  # position p exists
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -131,8 +153,7 @@ def _conv_prefill_state_kernel(
             w = tl.load(weight + offs_c * stride_w_c + j * stride_w_k, mask=c_mask, other=0.0).to(tl.float32)
             acc += value.to(tl.float32) * w
         y = acc * tl.sigmoid(acc)
-        tl.store(out + (bos + p) * stride_o_t + offs_c * stride_o_c, y.to(out.dtype.element_ty),
-                 mask=live)
+        tl.store(out + (bos + p) * width + (offs_c - first), y.to(out.dtype.element_ty), mask=live)
 
     offs_k = tl.arange(0, HIST_P)
     k_mask = offs_k < WIDTH - 1
@@ -155,27 +176,30 @@ def causal_conv1d_prefill(
     conv_state: torch.Tensor,  # [S, C, W-1]  (written at state_slots)
     cu_seqlens: torch.Tensor,  # [N + 1] int32
     state_slots: torch.Tensor,  # [N] int32
+    sections: list[int],  # the three output widths, summing to C
     block_t: int = 32,
     block_c: int = 128,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     num_tokens, num_channels = x.shape
     width = weight.shape[1]
     num_seqs = state_slots.shape[0]
-    out = x.new_empty(x.shape)  # contiguous, like the reference's output
+    outs = tuple(x.new_empty(num_tokens, w) for w in sections)  # contiguous, like the reference's outputs
     if num_seqs == 0:
-        return out
+        return outs
+    block_c = math.gcd(block_c, *sections)  # a power of two dividing every width: a block lies in one section
+    bounds = (sections[0], sections[0] + sections[1])
     if num_tokens > 0:
         _conv_prefill_out_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(num_channels, block_c))](
             x,
             weight,
             cu_seqlens,
-            out,
+            *outs,
             num_tokens,
             num_seqs,
             num_channels,
+            *bounds,
             *x.stride(),
             *weight.stride(),
-            *out.stride(),
             WIDTH=width,
             SEARCH_BITS=max(MIN_SEARCH_BITS, num_seqs.bit_length()),
             BLOCK_T=block_t,
@@ -190,18 +214,18 @@ def causal_conv1d_prefill(
         conv_state,
         cu_seqlens,
         state_slots,
-        out,
+        *outs,
         num_channels,
+        *bounds,
         *x.stride(),
         *weight.stride(),
         *conv_state.stride(),
-        *out.stride(),
         WIDTH=width,
         HIST_P=triton.next_power_of_2(width - 1),
         BLOCK_C=block_c,
         num_warps=4,
     )
-    return out
+    return outs
 
 
 @triton.jit

@@ -18,7 +18,6 @@ the forward itself; outputs and final states are bit-identical (bench/NOTES.md, 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -29,14 +28,53 @@ SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch.nn.functional.softplus's defaul
 
 
 @triton.jit
-def decay_and_beta(a, b, A_log, dt_bias):
-    """The gates of one value head and token, fp32: ``exp(g)`` with ``g = -exp(A_log) * softplus(a + dt_bias)``
-    (softplus with torch's threshold), and ``beta = sigmoid(b)``. Shared with the fused decode kernel
-    (ops/triton/gated_deltanet_kernels.py)."""
+def gates(a, b, A_log, dt_bias):
+    """The gates of one value head and token, fp32: ``g = -exp(A_log) * softplus(a + dt_bias)`` (softplus with
+    torch's threshold) and ``beta = sigmoid(b)``."""
     gate_in = a.to(tl.float32) + dt_bias.to(tl.float32)
     softplus = tl.where(gate_in > SOFTPLUS_THRESHOLD, gate_in,
                         tl.log(1.0 + tl.exp(tl.minimum(gate_in, SOFTPLUS_THRESHOLD))))
-    return tl.exp(-tl.exp(A_log.to(tl.float32)) * softplus), tl.sigmoid(b.to(tl.float32))
+    return -tl.exp(A_log.to(tl.float32)) * softplus, tl.sigmoid(b.to(tl.float32))
+
+
+@triton.jit
+def decay_and_beta(a, b, A_log, dt_bias):
+    """``exp(g)`` and ``beta`` (:func:`gates`). Shared with the fused decode kernel
+    (ops/triton/gated_deltanet_kernels.py)."""
+    g, beta = gates(a, b, A_log, dt_bias)
+    return tl.exp(g), beta
+
+
+@triton.jit(do_not_specialize=["num_tokens"])  # a new count every prefill step
+def _prefill_gates_kernel(a, b, A_log, dt_bias, g, beta, num_tokens, stride_a_t, stride_a_h, stride_b_t, stride_b_h,
+                          HEADS: tl.constexpr, HEADS_P: tl.constexpr, BLOCK_T: tl.constexpr):
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_h = tl.arange(0, HEADS_P)
+    h_mask = offs_h < HEADS
+    mask = (offs_t < num_tokens)[:, None] & h_mask[None, :]
+    rows = offs_t.to(tl.int64)[:, None]
+    a_tile = tl.load(a + rows * stride_a_t + offs_h[None, :] * stride_a_h, mask=mask, other=0.0)
+    b_tile = tl.load(b + rows * stride_b_t + offs_h[None, :] * stride_b_h, mask=mask, other=0.0)
+    A = tl.load(A_log + offs_h, mask=h_mask, other=0.0)
+    dt = tl.load(dt_bias + offs_h, mask=h_mask, other=0.0)
+    g_tile, beta_tile = gates(a_tile, b_tile, A[None, :], dt[None, :])
+    tl.store(g + rows * HEADS + offs_h[None, :], g_tile, mask=mask)
+    tl.store(beta + rows * HEADS + offs_h[None, :], beta_tile, mask=mask)
+
+
+def prefill_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                  block_t: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """``g`` and ``beta`` ``[T, Hv]`` fp32 contiguous from ``a``, ``b`` ``[T, Hv]`` (any strides) in one launch,
+    where torch ops took ten (casts, the gate's five element-wise ops, two contiguous copies)."""
+    num_tokens, heads = a.shape
+    g = torch.empty(num_tokens, heads, dtype=torch.float32, device=a.device)
+    beta = torch.empty_like(g)
+    if num_tokens:
+        _prefill_gates_kernel[(triton.cdiv(num_tokens, block_t),)](
+            a, b, A_log, dt_bias, g, beta, num_tokens, *a.stride(), *b.stride(),
+            HEADS=heads, HEADS_P=triton.next_power_of_2(heads), BLOCK_T=block_t, num_warps=4,
+        )
+    return g, beta
 
 
 @triton.jit
@@ -181,9 +219,7 @@ def gated_delta_rule_prefill(
     if v.shape[0] == 0 or state_slots.shape[0] == 0:  # no tokens: every state stays as it is
         return v.new_empty(v.shape)
     slots = state_slots.long()
-    # Gates in fp32 exactly as the reference computes them ([T, Hv]: tiny next to q/k/v).
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    beta = b.float().sigmoid()
+    g, beta = prefill_gates(a, b, A_log, dt_bias)
     # FLA memoises what it derives from cu_seqlens (chunk offsets; chunk indices when not given) on the identity of
     # the tensor object (fla.utils.tensor_cache, `is`, last 4 calls). The dispatcher hands this function the
     # caller's own Python objects, so the step's cu_seqlens_long, passed by every layer, hits from layer 2 on. It
@@ -229,7 +265,7 @@ def _fla_chunk_forward(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indice
     if chunk_indices is None:
         chunk_indices = prepare_chunk_indices(cu_seqlens, CHUNK_SIZE)
     _, o, _, final, _, _ = chunk_gated_delta_rule_fwd(
-        q=q, k=k, v=v.contiguous(), g=g.contiguous(), beta=beta.contiguous(), scale=q.shape[-1] ** -0.5,
+        q=q, k=k, v=v.contiguous(), g=g, beta=beta, scale=q.shape[-1] ** -0.5,
         initial_state=initial_state.contiguous(), output_final_state=True, cu_seqlens=cu_seqlens,
         chunk_indices=chunk_indices, chunk_size=CHUNK_SIZE,
     )
