@@ -52,14 +52,15 @@ def pack_step(
     on the step's token or sequence count would compile new variants in the middle of serving.
     """
     starts = [seq.num_computed_tokens for seq in seqs]
-    if is_prefill:
-        input_ids, positions, slot_mapping, cu_seqlens = [], [], [], [0]
+    if is_prefill:  # numpy per sequence: a prompt step packs up to max_num_batched_tokens (8,192) tokens
+        ids, pos, slots, cu_seqlens = [], [], [], [0]
         for seq, start, n in zip(seqs, starts, counts):
-            table = seq.block_table
-            input_ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            slot_mapping.extend(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
+            p = np.arange(start, start + n, dtype=np.int64)
+            ids.append(np.asarray(seq.token_ids[start : start + n], dtype=np.int64))
+            pos.append(p)
+            slots.append(np.asarray(seq.block_table, dtype=np.int64)[p // block_size] * block_size + p % block_size)
             cu_seqlens.append(cu_seqlens[-1] + n)
+        input_ids, positions, slot_mapping = (np.concatenate(parts) for parts in (ids, pos, slots))
         chunks = host_chunk_indices(cu_seqlens)  # the delta rule's chunk table, on the host: no sync on the device
     else:  # one token each: the per-sequence loop above, unrolled (this runs every decode step, for up to 256 rows)
         input_ids = [seq.token_ids[start] for seq, start in zip(seqs, starts)]
