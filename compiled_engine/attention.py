@@ -82,15 +82,14 @@ class FullAttention(nn.Module):
         )
 
     def _unfused(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        """Prefill (varlen), verify, and decode with the flash-attn backend: the ops one by one -> [T, Hq*D]."""
+        """Prefill (varlen), verify, and decode with the flash-attn backend: norms, RoPE and the KV store in one op,
+        then attention, then the gate -> [T, Hq*D]."""
         tokens = projected.shape[0]
-        q_gate, k, v = projected.split(self.split_sizes, dim=-1)
-        q, gate = q_gate.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = self.q_norm(q)
-        k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(step.positions, q, k)
-        torch.ops.ce.store_kv(k, v, self.k_cache, self.v_cache, step.slot_mapping)
+        q = torch.ops.ce.attention_prologue(
+            projected, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.rotary.inv_freq, step.positions,
+            self.k_cache, self.v_cache, step.slot_mapping, self.num_heads, self.num_kv_heads, self.head_dim,
+        )
+        gate = projected[:, : self.split_sizes[0]].view(tokens, self.num_heads, 2 * self.head_dim)[..., self.head_dim :]
         if step.speculative and self.verify_op is not None:
             attn = self.verify_op(q, self.k_cache, self.v_cache, step.context_lens, step.block_tables,
                                   tokens // step.num_sequences, self.scale)

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from compiled_engine.distributed import TensorParallel
-from ops.attention_decode import rotary_reference
 from ops.linear import add_rms_norm_linear_op, silu_mul_linear
 from ops.norm import add_rms_norm_op, rms_norm
 
@@ -59,7 +58,8 @@ class GatedRMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """NeoX (rotate-half) RoPE on the first ``rotary_dim`` channels of each head (partial rotary).
+    """NeoX (rotate-half) RoPE on the first ``rotary_dim`` channels of each head (partial rotary): its inverse
+    frequencies, which the attention ops take (the math: ``rotary_reference`` in ops/attention_decode.py).
 
     Qwen3.5's interleaved M-RoPE reduces to this for text, where the three position streams are equal.
     """
@@ -70,11 +70,6 @@ class RotaryEmbedding(nn.Module):
         exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim
         inv_freq = 1.0 / (theta**exponents)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q [T, Hq, D], k [T, Hkv, D] rotated at ``positions`` [T] (the math: ops/attention_decode.py, which the
-        fused decode op's kernel follows)."""
-        return rotary_reference(positions, self.inv_freq, q, k)
 
 
 class MLP(nn.Module):

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 import ops
 from ops import (
-    activation, attention_decode, conv1d, delta_rule, gated_deltanet_decode, gated_deltanet_verify, kv_cache, layouts,
-    norm, paged_attention, sample,
+    activation, attention_decode, attention_prologue, conv1d, delta_rule, gated_deltanet_decode, gated_deltanet_verify,
+    kv_cache, layouts, norm, paged_attention, sample,
 )
 from ops.linear import SKINNY_MAX_ROWS
 from ops.triton import sample_kernels
@@ -246,7 +246,8 @@ ROTARY_DIM, ROPE_THETA = 64, 1e7  # Qwen3.5-0.8B: partial_rotary_factor 0.25 of 
 
 def _attention_decode_args(gen, layout, tables, lens, block_size, num_blocks, dtype, position_offset=0):
     """The op's arguments: projected rows (a slice of wider rows), norm weights, inv_freq, positions, caches, the slot
-    of each new token (position context_len - 1; the null row for padding lanes), tables, lens, heads, scale."""
+    of each new token (position context_len - 1; the null row for padding lanes; none without ``tables``), tables,
+    lens, heads, scale."""
     hq, hkv, d = layout
     width = sum(layouts.attention_decode_split_sizes(hq, hkv, d))
     projected = _randn(gen, lens.shape[0], width + 16, dtype=dtype, scale=2.0)[:, 8 : 8 + width]
@@ -255,7 +256,7 @@ def _attention_decode_args(gen, layout, tables, lens, block_size, num_blocks, dt
     k_cache = _randn(gen, num_blocks, block_size, hkv, d, dtype=dtype)
     v_cache = _randn(gen, num_blocks, block_size, hkv, d, dtype=dtype)
     pos = (lens - 1).clamp_min(0).long()
-    slots = _decode_slots(tables, lens, block_size)
+    slots = None if tables is None else _decode_slots(tables, lens, block_size)
     return [projected, q_weight, k_weight, 1e-6, inv_freq, pos + position_offset, k_cache, v_cache, slots, tables,
             lens, hq, hkv, d, d**-0.5]
 
@@ -303,6 +304,29 @@ def test_attention_decode_matches_reference(batch, max_context, dtype, padding_f
     got = torch.ops.ce.attention_decode(*args)
     assert got.shape == (batch, 8 * 256) and got.dtype == dtype and got.is_contiguous()
     _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, dtype)
+
+
+@given(tokens=st.integers(1, 600), dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+       seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=3, deadline=None, phases=PHASES)
+def test_attention_prologue_matches_reference(tokens, dtype, seed):
+    """Qwen3.5-0.8B's attention shapes: a prompt's tokens at positions up to 2**18 and random cache rows, against the
+    reference: q, and the caches (v a copy: exact; k normalised and rotated: a bf16 tie may round either way)."""
+    gen = _seeded(seed)
+    hq, hkv, d = ATTN_LAYOUTS[0]
+    block_size, num_blocks = 16, tokens // 16 + 3
+    lens = torch.full((tokens,), 1, dtype=torch.int32, device=DEV)
+    args = _attention_decode_args(gen, ATTN_LAYOUTS[0], None, lens, block_size, num_blocks, dtype)
+    positions = torch.randint(0, 2**18, (tokens,), generator=gen, device=DEV)
+    slots = torch.randperm((num_blocks - 1) * block_size, generator=gen, device=DEV)[:tokens] + block_size
+    call = (args[0], args[1], args[2], 1e-6, args[4], positions)
+    want_k, want_v = args[6].clone(), args[7].clone()
+    want = attention_prologue.attention_prologue_reference(*call, want_k, want_v, slots, hq, hkv, d)
+    got = torch.ops.ce.attention_prologue(*call, args[6], args[7], slots, hq, hkv, d)
+    assert got.shape == (tokens, hq, d) and got.is_contiguous()
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    torch.testing.assert_close(args[6], want_k, **TOL[dtype])
+    torch.testing.assert_close(args[7], want_v, atol=0, rtol=0)
 
 
 @QUICK
@@ -403,9 +427,9 @@ def test_causal_conv1d_decode_matches_reference(batch, channels, dtype, padding,
 # Compiled variants, (sections, dtype): Qwen3.5-0.8B's q|k|v channels in bf16 (the quick case), then Qwen3-Next's
 # wider v, and sections no multiple of 16 (small channel blocks, a section boundary inside what would be one block) in
 # fp32.
-@pytest.mark.parametrize("sections, dtype", cases([([2048, 2048, 2048], torch.bfloat16),
-                                                   ([2048, 2048, 4096], torch.bfloat16), ([40, 40, 120], torch.float32)],
-                                                  quick=[([2048, 2048, 2048], torch.bfloat16)]))
+@pytest.mark.parametrize("sections, dtype", cases([((2048, 2048, 2048), torch.bfloat16),
+                                                   ((2048, 2048, 4096), torch.bfloat16), ((40, 40, 120), torch.float32)],
+                                                  quick=[((2048, 2048, 2048), torch.bfloat16)]))
 @given(num_seqs=st.integers(1, 16), max_len=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=3, deadline=None, phases=PHASES)
 def test_causal_conv1d_prefill_matches_reference(sections, dtype, num_seqs, max_len, seed):
@@ -1395,6 +1419,9 @@ def _opcheck_cases():
         "attention_decode": (torch.ops.ce.attention_decode.default,
                              tuple(_attention_decode_args(gen, (hq, hkv, d), F.pad(tables, (0, 12)), decode_lens, bs, 9,
                                                           bf16))),
+        "attention_prologue": (torch.ops.ce.attention_prologue.default,
+                               tuple(_attention_decode_args(gen, (hq, hkv, d), tables, decode_lens, bs, 9, bf16)[:9])
+                               + (hq, hkv, d)),
         "paged_attention_prefill": (torch.ops.ce.paged_attention_prefill.default,
                                     (_randn(gen, 12, hq, d, dtype=bf16), k_cache, v_cache,
                                      torch.tensor([0, 10, 12], dtype=torch.int32, device=DEV),
@@ -1445,7 +1472,8 @@ def _opcheck_cases():
     }
 
 
-OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "attention_decode", "paged_attention_prefill",
+OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "attention_decode", "attention_prologue",
+                 "paged_attention_prefill",
                  "paged_attention_verify",
                  "causal_conv1d_prefill",
                  "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "gated_deltanet_decode",
@@ -1464,6 +1492,7 @@ KERNEL_NAMES = {
     "store_kv": "_store_kv_kernel",
     "paged_attention_decode": "_paged_decode_kernel",
     "attention_decode": "_attention_decode_kernel",
+    "attention_prologue": "_attention_prologue_kernel",
     "paged_attention_prefill": "_paged_prefill_kernel",
     "paged_attention_verify": "_paged_decode_kernel",
     "causal_conv1d_prefill": "_conv_prefill_out_kernel",

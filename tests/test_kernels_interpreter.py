@@ -32,13 +32,14 @@ def _child_checks() -> dict:
     import torch
 
     from ops import (
-        activation, attention_decode, conv1d, decode_inputs, delta_rule, gated_deltanet_decode, kv_cache, layouts,
+        activation, attention_decode, attention_prologue, conv1d, decode_inputs, delta_rule, gated_deltanet_decode, kv_cache, layouts,
         norm, paged_attention,
     )
     from ops.triton import (
         activation_kernels,
         argmax_kernels,
         attention_decode_kernels,
+        attention_prologue_kernels,
         decode_inputs_kernels,
         conv1d_kernels,
         delta_rule_kernels,
@@ -189,6 +190,25 @@ def _child_checks() -> dict:
         got = conv1d_kernels.causal_conv1d_decode(x, weight, state, slots, block_c=8)
         compare("conv decode out", got, want)
         compare("conv decode state", state, want_state)
+
+    def check_attention_prologue(q_heads, kv_heads, dim, rotary_dim, tokens=9, block_size=4):
+        """q out and the caches (all but the null block) against the reference, projected rows a slice of wider
+        rows, partial or full rotary, positions far apart."""
+        width = sum(layouts.attention_decode_split_sizes(q_heads, kv_heads, dim))
+        projected = torch.randn(tokens, width + 7)[:, 3 : 3 + width]
+        num_blocks = tokens // block_size + 3
+        k_cache, v_cache = torch.randn(num_blocks, block_size, kv_heads, dim), torch.randn(num_blocks, block_size,
+                                                                                         kv_heads, dim)
+        slots = torch.randperm((num_blocks - 1) * block_size)[:tokens] + block_size
+        positions = torch.randint(0, 1000, (tokens,))
+        inv_freq = 1.0 / 100.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+        args = (projected, torch.randn(dim) * 0.5, torch.randn(dim) * 0.5, 1e-6, inv_freq, positions)
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        want = attention_prologue.attention_prologue_reference(*args, want_k, want_v, slots, q_heads, kv_heads, dim)
+        got = attention_prologue_kernels.attention_prologue(*args, k_cache, v_cache, slots, q_heads, kv_heads, dim)
+        compare("attention prologue q", got, want)
+        compare("attention prologue k_cache", k_cache, want_k)
+        compare("attention prologue v_cache", v_cache, want_v)
 
     def check_prefill_gates():
         """The prefill's g and beta from a and b read as column slices of wider rows (as the layer's projection
@@ -440,6 +460,8 @@ def _child_checks() -> dict:
         "conv_prefill_empty_runs": lambda: check_conv_prefill([0, 0, 5, 1, 0, 3, 0, 0, 2]),
         "conv_decode": check_conv_decode,
         "prefill_gates": check_prefill_gates,
+        "attention_prologue_gqa4_partial_rotary": lambda: check_attention_prologue(8, 2, 16, 8),
+        "attention_prologue_gqa3_d24_full_rotary": lambda: check_attention_prologue(3, 1, 24, 24),
         "delta_decode_hv_eq_hk": lambda: check_gdr_decode(2, 2, 16, 32, 16),
         "delta_decode_hv_3x_hk": lambda: check_gdr_decode(2, 6, 32, 16, 8),
         "gated_deltanet_decode_hv_eq_hk": lambda: check_gated_deltanet_decode(2, 2, 16, 32),
@@ -528,6 +550,8 @@ CHECK_NAMES = [
     "conv_prefill_empty_runs",
     "conv_decode",
     "prefill_gates",
+    "attention_prologue_gqa4_partial_rotary",
+    "attention_prologue_gqa3_d24_full_rotary",
     "delta_decode_hv_eq_hk",
     "delta_decode_hv_3x_hk",
     "gated_deltanet_decode_hv_eq_hk",

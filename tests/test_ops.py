@@ -689,6 +689,55 @@ def _rope_oracle(x, position, rotary_dim, theta):
 
 
 @given(
+    tokens=st.integers(1, 7),
+    shapes=st.sampled_from([(1, 1, 8, 1), (2, 4, 8, 4), (2, 2, 32, 2)]),  # Hkv, group, head_dim, head_dim / rotary
+    strided=st.booleans(),
+    seed=SEEDS,
+)
+def test_attention_prologue_equals_oracle(tokens, shapes, strided, seed):
+    """ce::attention_prologue on float64 inputs ≡ a float64 oracle of docs/ARCHITECTURE.md's formulas: q and k
+    zero-centred-normalised over head_dim, then rotate-half RoPE at each token's position; k and v in the cache at
+    each token's slot, every other cache row unchanged."""
+    from compiled_engine.layers import RotaryEmbedding
+
+    Hkv, group, D, rotary_div = shapes
+    Hq, rotary_dim, theta, block_size = group * Hkv, D // rotary_div, 100.0, 4
+    g = _gen(seed)
+    dtype = torch.float64
+    num_blocks = 1 + (tokens + block_size - 1) // block_size + 2
+    k_cache = _randn(g, num_blocks, block_size, Hkv, D, dtype=dtype)
+    v_cache = _randn(g, num_blocks, block_size, Hkv, D, dtype=dtype)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    slots = (torch.randperm((num_blocks - 1) * block_size, generator=g)[:tokens] + block_size).long()  # not block 0
+    positions = torch.randint(0, 300, (tokens,), generator=g)
+    width = 2 * Hq * D + 2 * Hkv * D
+    wide = _randn(g, tokens, width + 6, scale=2.0, dtype=dtype)
+    projected = wide[:, 3 : 3 + width] if strided else wide[:, :width].contiguous()
+    q_weight, k_weight = _randn(g, D, scale=0.5, dtype=dtype), _randn(g, D, scale=0.5, dtype=dtype)
+    inv_freq = RotaryEmbedding(rotary_dim, theta).inv_freq
+    q = ce.attention_prologue(projected, q_weight, k_weight, 1e-6, inv_freq, positions, k_cache, v_cache, slots,
+                              Hq, Hkv, D)
+    assert q.shape == (tokens, Hq, D) and q.is_contiguous()
+    written = torch.zeros(num_blocks * block_size, dtype=torch.bool)
+    written[slots] = True
+    for t in range(tokens):
+        row = projected[t]
+        q_t = row[: 2 * Hq * D].view(Hq, 2, D)[:, 0]  # per head [q_h | gate_h]
+        k_t, v_t = row[2 * Hq * D :].view(2, Hkv, D).unbind(0)
+        position = int(positions[t])
+        want_q = _rope_oracle(_zero_centred_norm_oracle(q_t, q_weight, 1e-6), position, rotary_dim, theta)
+        want_k = _rope_oracle(_zero_centred_norm_oracle(k_t, k_weight, 1e-6), position, rotary_dim, theta)
+        # fp32 inside the op (norm statistics, angles): 1e-4
+        torch.testing.assert_close(q[t], want_q, atol=1e-4, rtol=1e-4)
+        block, offset = divmod(int(slots[t]), block_size)
+        torch.testing.assert_close(k_cache[block, offset], want_k, atol=1e-4, rtol=1e-4)
+        assert torch.equal(v_cache[block, offset], v_t)
+    flat = lambda c: c.view(-1, Hkv, D)  # noqa: E731
+    assert torch.equal(flat(k_cache)[~written], flat(before_k)[~written])
+    assert torch.equal(flat(v_cache)[~written], flat(before_v)[~written])
+
+
+@given(
     contexts=st.lists(st.one_of(st.integers(1, 70), st.sampled_from([1, 2, 16, 17, 65])), min_size=1, max_size=3),
     padding=st.integers(0, 2),
     shapes=st.tuples(
@@ -702,8 +751,8 @@ def _rope_oracle(x, position, rotary_dim, theta):
     seed=SEEDS,
 )
 def test_attention_decode_equals_unfused_ops_and_oracle(contexts, padding, shapes, strided, seed):
-    """ce::attention_decode on float64 inputs ≡ the model's unfused decode path (ops.norm.rms_norm as q_norm/k_norm,
-    the RotaryEmbedding module, ce::store_kv, ce::paged_attention_decode, attn * sigmoid(gate)): the same output and
+    """ce::attention_decode on float64 inputs ≡ the model's unfused decode path (ce::attention_prologue: norms, RoPE
+    and the KV store; ce::paged_attention_decode, attn * sigmoid(gate)): the same output and
     the same cache writes, bitwise; and ≡ a float64 oracle of docs/ARCHITECTURE.md's formulas (zero-centred norm, rotate-half
     RoPE, SDPA over the cached tokens plus the new one, the gate). Padding lanes (context 0, the null row): zeros."""
     from compiled_engine.layers import RotaryEmbedding
@@ -730,12 +779,9 @@ def test_attention_decode_equals_unfused_ops_and_oracle(contexts, padding, shape
 
     # The unfused path, as compiled_engine/attention.py computes decode with the flash-attn backend (and did before
     # this op with ours).
-    q_gate, k, v = projected.split([2 * Hq * D, Hkv * D, Hkv * D], dim=-1)
-    q, gate = q_gate.reshape(batch, Hq, 2 * D).chunk(2, dim=-1)
-    q = rms_norm(q, q_weight, eps, zero_centred=True)
-    k = rms_norm(k.reshape(batch, Hkv, D), k_weight, eps, zero_centred=True)
-    q, k = rotary(positions, q, k)
-    ce.store_kv(k, v.reshape(batch, Hkv, D), k_cache, v_cache, slots)
+    gate = projected[:, : 2 * Hq * D].reshape(batch, Hq, 2 * D)[..., D:]
+    q = ce.attention_prologue(projected, q_weight, k_weight, eps, rotary.inv_freq, positions, k_cache, v_cache, slots,
+                              Hq, Hkv, D)
     attn = ce.paged_attention_decode(q, k_cache, v_cache, tables, lens, scale)
     assert torch.equal(out, attn.reshape(batch, -1) * torch.sigmoid(gate.reshape(batch, -1)))
     assert torch.equal(k_fused, k_cache) and torch.equal(v_fused, v_cache)
@@ -963,6 +1009,11 @@ def _opcheck_cases():
         "flash_paged_attention_prefill": (
             ce.flash_paged_attention_prefill.default,
             (_randn(g, 5, 4, 8), k_cache, v_cache, _cu_seqlens([2, 3, 0]), lens, tables, 8**-0.5),
+        ),
+        "attention_prologue": (  # projected rows [q_gate | k | v] as a slice of wider rows; Hq 4, Hkv 2, D 8
+            ce.attention_prologue.default,
+            (_randn(g, 3, 2 * 4 * 8 + 2 * 2 * 8 + 4)[:, 2:-2], _randn(g, 8), _randn(g, 8), 1e-6, inv_freq,
+             torch.tensor([4, 8, 0]), k_cache.clone(), v_cache.clone(), torch.tensor([5, 13, 0]), 4, 2, 8),
         ),
         "attention_decode": (  # projected rows [q_gate | k | v] as a slice of wider rows; Hq 4, Hkv 2, D 8
             ce.attention_decode.default,

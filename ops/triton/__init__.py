@@ -6,6 +6,7 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
   paged_attention_kernels   paged_attention_decode (split-K flash-decoding), paged_attention_prefill (varlen)
   attention_decode_kernels  attention_decode (q/k norm + RoPE + KV store + split-K decode attention + output gate
                             of a decode step, one launch, plus the paged decode's reduce kernel for a split context)
+  attention_prologue_kernels  attention_prologue (q/k norm + RoPE + KV store of the unfused steps: prefill, verify)
   conv1d_kernels            causal_conv1d_prefill (varlen, state by slot), causal_conv1d_decode (in place)
   delta_rule_kernels        gated_delta_rule_decode (our kernel, state pool in place), gated_delta_rule_prefill (FLA)
   gated_deltanet_kernels    gated_deltanet_decode (conv + delta rule + gated norm of a decode step, one launch)
