@@ -77,6 +77,42 @@ def _norm_rope(row, offs, rows_mask, offs_d, d_mask, partner, rot_mask, w, w_par
 
 
 @triton.jit
+def _rope_lanes(HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, ROTARY_HALF: tl.constexpr):
+    """A head's channel lanes: their offsets, which are real channels (< D), which are rotated, and each rotated
+    lane's rotate-half partner (d +- rotary_dim / 2)."""
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    partner = tl.where(offs_d < ROTARY_HALF, offs_d + ROTARY_HALF, offs_d - ROTARY_HALF)
+    return offs_d, offs_d < HEAD_DIM, offs_d < 2 * ROTARY_HALF, partner
+
+
+@triton.jit
+def _norm_weights(weight, offs_d, d_mask, partner, rot_mask):
+    """A q/k norm's weight at each lane and at its partner lane, fp32 (``_norm_rope``'s ``w``, ``w_partner``)."""
+    return (tl.load(weight + offs_d, mask=d_mask, other=0.0).to(tl.float32),
+            tl.load(weight + partner, mask=rot_mask, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _cos_sin(position, freq, dtype: tl.constexpr):
+    """RoPE's cos and sin at ``position`` for the lanes' frequencies, rounded to ``dtype`` as the reference casts them."""
+    angle = position.to(tl.float32) * freq
+    return tl.cos(angle).to(dtype).to(tl.float32), tl.sin(angle).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _store_kv_row(k_cache, v_cache, slot, kv_head, k, v, offs_d, d_mask, stride_k_block, stride_k_offset,
+                  stride_k_head, stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
+                  BLOCK_SIZE: tl.constexpr):
+    """One token's k and v ``[1, HEAD_DIM_P]`` of KV head ``kv_head`` into the paged caches at flat row ``slot``."""
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    tl.store(k_cache + block * stride_k_block + offset * stride_k_offset + kv_head * stride_k_head
+             + offs_d[None, :] * stride_k_dim, k.to(k_cache.dtype.element_ty), mask=d_mask[None, :])
+    tl.store(v_cache + block * stride_v_block + offset * stride_v_offset + kv_head * stride_v_head
+             + offs_d[None, :] * stride_v_dim, v.to(v_cache.dtype.element_ty), mask=d_mask[None, :])
+
+
+@triton.jit
 def _attention_decode_kernel(
     projected,
     q_norm_weight,
@@ -124,15 +160,10 @@ def _attention_decode_kernel(
 
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    offs_d = tl.arange(0, HEAD_DIM_P)
-    d_mask = offs_d < HEAD_DIM
-    rot_mask = offs_d < 2 * ROTARY_HALF
-    partner = tl.where(offs_d < ROTARY_HALF, offs_d + ROTARY_HALF, offs_d - ROTARY_HALF)
+    offs_d, d_mask, rot_mask, partner = _rope_lanes(HEAD_DIM, HEAD_DIM_P, ROTARY_HALF)
     # Weights (constant during a step): read before the wait.
-    q_w = tl.load(q_norm_weight + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    q_w_partner = tl.load(q_norm_weight + partner, mask=rot_mask, other=0.0).to(tl.float32)
-    k_w = tl.load(k_norm_weight + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    k_w_partner = tl.load(k_norm_weight + partner, mask=rot_mask, other=0.0).to(tl.float32)
+    q_w, q_w_partner = _norm_weights(q_norm_weight, offs_d, d_mask, partner, rot_mask)
+    k_w, k_w_partner = _norm_weights(k_norm_weight, offs_d, d_mask, partner, rot_mask)
     freq = tl.load(inv_freq + offs_d % ROTARY_HALF, mask=rot_mask, other=0.0)  # emb = cat(freqs, freqs)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # qkv_proj's output, the step inputs and the caches are read after this
@@ -144,9 +175,7 @@ def _attention_decode_kernel(
     row = projected + seq * stride_p_b
     context_len = tl.load(context_lens + seq)  # issued first: the key range, hence every K/V load, depends on it
 
-    angle = tl.load(positions + seq).to(tl.float32) * freq
-    cos = tl.cos(angle).to(dtype).to(tl.float32)
-    sin = tl.sin(angle).to(dtype).to(tl.float32)
+    cos, sin = _cos_sin(tl.load(positions + seq), freq, dtype)
 
     offs_g = tl.arange(0, GROUP_P)
     g_mask = offs_g < GROUP
@@ -169,13 +198,9 @@ def _attention_decode_kernel(
         k_new = k_new.to(k_cache.dtype.element_ty)
         v_new = tl.load(row + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c, mask=d_mask[None, :],
                         other=0.0).to(v_cache.dtype.element_ty)
-        slot = tl.load(slot_mapping + seq).to(tl.int64)
-        block = slot // BLOCK_SIZE
-        offset = slot % BLOCK_SIZE
-        tl.store(k_cache + block * stride_k_block + offset * stride_k_offset + kv_head * stride_k_head
-                 + offs_d[None, :] * stride_k_dim, k_new, mask=d_mask[None, :])
-        tl.store(v_cache + block * stride_v_block + offset * stride_v_offset + kv_head * stride_v_head
-                 + offs_d[None, :] * stride_v_dim, v_new, mask=d_mask[None, :])
+        _store_kv_row(k_cache, v_cache, tl.load(slot_mapping + seq).to(tl.int64), kv_head, k_new, v_new, offs_d,
+                      d_mask, stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, stride_v_block,
+                      stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
         if context_len > 0:
             # The first key this program sees: the running max is its score, the sum exp2(0) = 1, acc its value.
             m_i = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), 1) * scale_log2

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton.attention_decode_kernels import _norm_rope
+from ops.triton.attention_decode_kernels import _cos_sin, _norm_rope, _norm_weights, _rope_lanes, _store_kv_row
 
 
 @triton.jit
@@ -50,40 +50,28 @@ def _attention_prologue_kernel(
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     dtype = q_out.dtype.element_ty
-    offs_d = tl.arange(0, HEAD_DIM_P)
-    d_mask = offs_d < HEAD_DIM
-    rot_mask = offs_d < 2 * ROTARY_HALF
-    partner = tl.where(offs_d < ROTARY_HALF, offs_d + ROTARY_HALF, offs_d - ROTARY_HALF)
+    offs_d, d_mask, rot_mask, partner = _rope_lanes(HEAD_DIM, HEAD_DIM_P, ROTARY_HALF)
     row = projected + token * stride_p_t
-
     freq = tl.load(inv_freq + offs_d % ROTARY_HALF, mask=rot_mask, other=0.0)  # emb = cat(freqs, freqs)
-    angle = tl.load(positions + token).to(tl.float32) * freq
-    cos = tl.cos(angle).to(dtype).to(tl.float32)
-    sin = tl.sin(angle).to(dtype).to(tl.float32)
+    cos, sin = _cos_sin(tl.load(positions + token), freq, dtype)
 
     offs_g = tl.arange(0, GROUP_P)
     g_mask = offs_g < GROUP
     heads = kv_head * GROUP + offs_g
-    q_w = tl.load(q_norm_weight + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    q_w_partner = tl.load(q_norm_weight + partner, mask=rot_mask, other=0.0).to(tl.float32)
+    q_w, q_w_partner = _norm_weights(q_norm_weight, offs_d, d_mask, partner, rot_mask)
     q = _norm_rope(row, heads * (2 * HEAD_DIM), g_mask, offs_d, d_mask, partner, rot_mask, q_w, q_w_partner, cos, sin,
                    eps, stride_p_c, HEAD_DIM, ROTARY_HALF, dtype)
     tl.store(q_out + (token * NUM_Q_HEADS + heads[:, None]) * HEAD_DIM + offs_d[None, :], q,
              mask=g_mask[:, None] & d_mask[None, :])
 
-    one_row = tl.arange(0, 1)
-    k_w = tl.load(k_norm_weight + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    k_w_partner = tl.load(k_norm_weight + partner, mask=rot_mask, other=0.0).to(tl.float32)
+    one_row = tl.arange(0, 1)  # k and v as [1, HEAD_DIM_P] rows
+    k_w, k_w_partner = _norm_weights(k_norm_weight, offs_d, d_mask, partner, rot_mask)
     k = _norm_rope(row, K_START + kv_head * HEAD_DIM + one_row, one_row < 1, offs_d, d_mask, partner, rot_mask, k_w,
                    k_w_partner, cos, sin, eps, stride_p_c, HEAD_DIM, ROTARY_HALF, dtype)
     v = tl.load(row + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c, mask=d_mask[None, :], other=0.0)
-    slot = tl.load(slot_mapping + token).to(tl.int64)
-    block = slot // BLOCK_SIZE
-    offset = slot % BLOCK_SIZE
-    tl.store(k_cache + block * stride_k_block + offset * stride_k_offset + kv_head * stride_k_head
-             + offs_d[None, :] * stride_k_dim, k.to(k_cache.dtype.element_ty), mask=d_mask[None, :])
-    tl.store(v_cache + block * stride_v_block + offset * stride_v_offset + kv_head * stride_v_head
-             + offs_d[None, :] * stride_v_dim, v.to(v_cache.dtype.element_ty), mask=d_mask[None, :])
+    _store_kv_row(k_cache, v_cache, tl.load(slot_mapping + token).to(tl.int64), kv_head, k, v, offs_d, d_mask,
+                  stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, stride_v_block, stride_v_offset,
+                  stride_v_head, stride_v_dim, BLOCK_SIZE)
 
 
 def attention_prologue(
