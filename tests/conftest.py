@@ -22,7 +22,7 @@ os.environ.setdefault("FLA_CACHE_MODE", "default")
 os.environ.setdefault("FLA_CONFIG_DIR", str(ROOT / "tests" / "fla_configs"))
 
 # Imported first, before any test module: hides FLA from transformers on CPU (see tests/hf_models.py).
-from tests import hf_models  # noqa: E402
+from tests import background, hf_models  # noqa: E402
 
 # The test tensors and models are tiny: intra-op threads only add overhead, and on a busy CPU (other processes
 # running) OpenMP's spinning threads make tests 5-10x slower (test_hf_oracle.py: 12 s at 1 thread, 145 s at 2 on a
@@ -69,9 +69,30 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "quick: with gpu, one small reference check of every CUDA kernel")
     config.addinivalue_line("markers", "slow: long-running test")
+    config.addinivalue_line("markers", "interpreter_child(argv): the test asks tests/background.py for child argv")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Starts the selected tests' interpreter children on a background thread (tests/background.py), in the order
+    the tests will ask for them. Not on pytest-xdist workers (each would run every child) nor for --collect-only."""
+    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    argvs = []
+    for item in session.items:
+        marker = item.get_closest_marker("interpreter_child")
+        if marker is not None and "gpu" not in item.keywords:
+            argvs.append(tuple(marker.args[0]))
+    background.start(argvs)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    background.stop()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests whose Triton-interpreter child runs in the background (tests/background.py) go last, so that the rest
+    # of the suite runs meanwhile; the order is otherwise kept.
+    items.sort(key=lambda item: item.get_closest_marker("interpreter_child") is not None)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")

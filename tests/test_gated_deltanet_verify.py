@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +24,8 @@ import pytest
 import torch
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
+
+from tests import background
 
 REPO = Path(__file__).resolve().parents[1]
 LAYOUTS = [(2, 2, 16, 8), (1, 3, 8, 12), (2, 4, 12, 8)]  # (Hk, Hv, K, V): ratios 1, 3 and 2; K, V not all powers of 2
@@ -184,19 +185,20 @@ def _child() -> dict:
     return {"error": None}
 
 
+CHILD_ARGV = [sys.executable, __file__, "--child"]
+
+
 @pytest.fixture(scope="module")
 def interpreter_result() -> dict:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=pythonpath)
-    proc = subprocess.run([sys.executable, __file__, "--child"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = background.run_child(CHILD_ARGV)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, f"interpreter child failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1])
 
 
+@pytest.mark.interpreter_child(CHILD_ARGV)  # started in the background: tests/background.py
 def test_kernels_equal_decode_steps_in_a_row_in_interpreter(interpreter_result):
     assert interpreter_result["error"] is None, interpreter_result["error"]
 

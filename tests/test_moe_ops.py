@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from ops.moe import (
     fused_moe_op, fused_moe_reference, moe_align_block_size_op, moe_route_op, moe_route_reference, routed_moe_op,
     routed_moe_reference,
 )
+from tests import background
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -253,19 +253,20 @@ def _child_checks() -> dict:
     return results
 
 
+CHILD_ARGV = [sys.executable, __file__, "--child"]
+
+
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=pythonpath)
-    proc = subprocess.run([sys.executable, __file__, "--child"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = background.run_child(CHILD_ARGV)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, f"interpreter child failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1])
 
 
+@pytest.mark.interpreter_child(CHILD_ARGV)  # started in the background: tests/background.py
 def test_fused_moe_kernel_matches_reference_in_interpreter(interpreter_results):
     assert set(interpreter_results) == {"fused_moe_hypothesis", "moe_align_kernel", "fused_moe_sorted_align",
                                         "routed_moe_kernels", "moe_route_kernel", "experts_gemv",

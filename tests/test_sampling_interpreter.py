@@ -20,11 +20,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import background
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,26 +88,37 @@ def _child_checks(group: str) -> dict:
                 full(min_p, torch.float32), torch.arange(n, dtype=torch.int64) * 7919 + seed0,
                 torch.arange(n, dtype=torch.int64), *flags)
 
-    def ties_and_boundaries():
+    def ties_data():
+        """The logits of the groups below, drawn in this order from one generator (as when they were one group)."""
         gen = torch.Generator().manual_seed(3)
-        # Ties at the k-th largest spread over chunks and blocks: 300 logits on a grid of ~9 values.
         grid = (torch.randn(4, 300, generator=gen) * 1.5).round().to(torch.bfloat16)
+        wide = (torch.randn(3, 2000, generator=gen) * 2.5).round(decimals=1)
+        flat = torch.randn(16, 100, generator=gen)
+        filler = -50.0 - 40.0 * torch.rand(5120 - 6, generator=gen)
+        return grid, wide, flat, filler
+
+    def ties_and_small_k():
+        grid, _, flat, _ = ties_data()
+        # Ties at the k-th largest spread over chunks and blocks: 300 logits on a grid of ~9 values.
         for k, top_p in ((1, 1.0), (17, 0.6), (299, 1.0)):
             check(rows(grid, [1.0, 0.7, 2.0, 0.0], k, top_p, 0.0), 64, 16)
-        # Block skipping (the bound is the k-th largest block maximum): 125 blocks a row, k from 1 to past the block
-        # count, ties on a grid, in bf16 (16 key bits) and fp32 (32), with top-p and min-p after top-k.
-        wide = (torch.randn(3, 2000, generator=gen) * 2.5).round(decimals=1)
-        wide[2, 1500:] = wide[2, 3]  # one tied value spread over many blocks
-        for dtype, k in ((torch.bfloat16, 1), (torch.bfloat16, 7), (torch.bfloat16, 125), (torch.bfloat16, 126),
-                         (torch.float32, 7)):
-            check(rows(wide.to(dtype), [1.0, 0.6, 1.5], k, [1.0, 0.8, 0.95], [0.0, 0.05, 0.0]), 256, 16)
         # Small k at a high temperature: every drawn token is among the row's k largest (torch.topk; no ties in
         # fp32 normals), and the tokens are not all the argmax.
-        flat = torch.randn(16, 100, generator=gen)
         for k in (1, 2, 3):
             got = check(rows(flat, 5.0, k, 1.0, 0.0), 64, 16)
             assert (flat.topk(k, dim=-1).indices == got[:, None]).any(-1).all(), (k, got)
             assert k == 1 or not torch.equal(got, flat.argmax(dim=-1)), (k, got)
+
+    def block_skipping(dtype_and_k):
+        _, wide, _, _ = ties_data()
+        # Block skipping (the bound is the k-th largest block maximum): 125 blocks a row, k from 1 to past the block
+        # count, ties on a grid, in bf16 (16 key bits) and fp32 (32), with top-p and min-p after top-k.
+        wide[2, 1500:] = wide[2, 3]  # one tied value spread over many blocks
+        for dtype, k in dtype_and_k:
+            check(rows(wide.to(dtype), [1.0, 0.6, 1.5], k, [1.0, 0.8, 0.95], [0.0, 0.05, 0.0]), 256, 16)
+
+    def boundaries():
+        *_, filler = ties_data()
         # The exact top-p boundary (masses 1 and 4 x 1/4, top_p 0.5: the four are dropped) and min-p's.
         q = exact_quarter_logit()
         # With top-k on too (5 keeps the five largest), which the row path decides.
@@ -118,7 +130,6 @@ def _child_checks(group: str) -> dict:
         # The same boundary through the row path's implicit k (top-p alone; 320 blocks of 16, so the 256th largest
         # block maximum leaves ~500 candidates): the filler's masses are 0, so S = 2**33 exactly. Every row is taken
         # by the row path (radix=False: no radix pass runs) and draws the reference's token.
-        filler = -50.0 - 40.0 * torch.rand(5120 - 6, generator=gen)
         row = torch.cat([torch.tensor([0.0, q, -30.0, q, q, q]), filler])[None].expand(8, -1).clone()
         for top_p, allowed in ((0.5, {0}), (0.51, {0, 1, 3, 4, 5})):
             args = rows(row, 1.0, 0, top_p, 0.0)[:7]
@@ -217,9 +228,17 @@ def _child_checks(group: str) -> dict:
     groups = {
         "hypothesis_small_vocab": {"hypothesis_small_vocab": lambda: hypothesis_check(st.integers(1, 64), 30)},
         "hypothesis_large_vocab": {"hypothesis_large_vocab": lambda: hypothesis_check(st.integers(65, 3000), 8)},
-        "ties_and_boundaries": {"ties_and_boundaries": ties_and_boundaries},
-        "special_rows_and_batch_invariance": {"special_rows": special_rows, "batch_invariance": batch_invariance,
-                                              "row_path": row_path},
+        # The hand-picked cases, in smaller groups than before (the longest, row_path, ~6 minutes of interpreter on
+        # one core; ties_and_boundaries was ~7-9), so that each child stays below its 600 s timeout when it shares the
+        # cores with the rest of the suite (tests/background.py).
+        "ties_and_small_k": {"ties_and_small_k": ties_and_small_k},
+        "block_skipping_small_k": {"block_skipping_small_k": lambda: block_skipping(
+            ((torch.bfloat16, 1), (torch.bfloat16, 7), (torch.float32, 7)))},
+        "block_skipping_k_at_block_count": {"block_skipping_k_at_block_count": lambda: block_skipping(
+            ((torch.bfloat16, 125), (torch.bfloat16, 126)))},
+        "boundaries": {"boundaries": boundaries},
+        "special_rows_and_batch_invariance": {"special_rows": special_rows, "batch_invariance": batch_invariance},
+        "row_path": {"row_path": row_path},
     }
     results = {}
     for name, fn in groups[group].items():
@@ -236,18 +255,20 @@ def _child_checks(group: str) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-GROUPS = ["hypothesis_small_vocab", "hypothesis_large_vocab", "ties_and_boundaries",
-          "special_rows_and_batch_invariance"]
+# Longest first: the background thread (tests/background.py) runs them in this order.
+GROUPS = ["block_skipping_k_at_block_count", "row_path", "special_rows_and_batch_invariance", "boundaries",
+          "block_skipping_small_k", "ties_and_small_k", "hypothesis_large_vocab", "hypothesis_small_vocab"]
 
 
-@pytest.mark.parametrize("group", GROUPS)
+def _argv(group: str) -> list[str]:
+    return [sys.executable, __file__, "--child", group]
+
+
+@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.interpreter_child(_argv(g))) for g in GROUPS])
 def test_sample_kernel_matches_reference_in_interpreter(group):
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=pythonpath)
-    proc = subprocess.run([sys.executable, __file__, "--child", group], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = background.run_child(_argv(group))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, f"interpreter child failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
     failures = {name: error for name, error in json.loads(lines[-1]).items() if error is not None}

@@ -53,6 +53,9 @@ def params_of(sampling: str, seed: int, max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **fields)
 
 
+_SOLO: dict = {}  # model path -> (solo LLM, {(length, variant, sampling, seed): its MAX_TOKENS tokens})
+
+
 class Harness:
     """The shared engine (with probes on the scheduler), the solo engine and its cache, and statistics."""
 
@@ -60,8 +63,10 @@ class Harness:
         self.path = path
         self.policy = policy
         self.preempts = POLICIES[policy][0].get("kv_growth_reserve", 1.0) == 0  # else the reserve rules it out
-        self.solo_llm = make_llm(path, max_num_seqs=1, max_model_len=96, max_num_batched_tokens=256)
-        self.solo_cache: dict[tuple, list[int]] = {}
+        # The solo runs do not depend on the policy: one solo engine and cache serve every policy's harness.
+        if path not in _SOLO:
+            _SOLO[path] = (make_llm(path, max_num_seqs=1, max_model_len=96, max_num_batched_tokens=256), {})
+        self.solo_llm, self.solo_cache = _SOLO[path]
         self.examples = 0
         self.examples_with_preemption = 0
         self.largest_stream = 0
