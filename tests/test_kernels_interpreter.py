@@ -2,8 +2,8 @@
 
 This catches indexing, masking and in-place-ordering bugs in CI, where there is no GPU. ``TRITON_INTERPRET=1``
 must be set before triton decorates the kernels, so the checks run in one child process (the parent never
-imports triton); each pytest test then asserts on its own check's result. The interpreter has no bfloat16, so
-everything is fp32. FLA's chunked prefill (``gated_delta_rule_prefill``) cannot run in the interpreter; the GPU
+imports triton), started in the background on the second core (tests/background.py); each pytest test then asserts
+on its own check's result. The interpreter has no bfloat16, so everything is fp32. FLA's chunked prefill (``gated_delta_rule_prefill``) cannot run in the interpreter; the GPU
 tests cover it. The skinny GEMM of ``ce::linear`` is checked against a float64 matmul, at fixed configs (every one
 its rule may choose among them).
 """
@@ -13,11 +13,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import background
 
 REPO = Path(__file__).resolve().parents[1]
 ATOL = RTOL = 1e-4
@@ -572,24 +573,25 @@ CHECK_NAMES = [
 ]
 
 
+CHILD_ARGV = [sys.executable, __file__, "--child"]
+
+
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=pythonpath)
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = background.run_child(CHILD_ARGV)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, f"interpreter child failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1])
 
 
+@pytest.mark.interpreter_child(CHILD_ARGV)  # started in the background: tests/background.py
 def test_every_check_is_listed(interpreter_results):
     assert sorted(interpreter_results) == sorted(CHECK_NAMES)
 
 
+@pytest.mark.interpreter_child(CHILD_ARGV)
 @pytest.mark.parametrize("name", CHECK_NAMES)
 def test_kernel_matches_reference_in_interpreter(interpreter_results, name):
     assert name in interpreter_results, f"check {name} did not run"
