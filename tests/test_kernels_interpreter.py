@@ -3,8 +3,8 @@
 This catches indexing, masking and in-place-ordering bugs in CI, where there is no GPU. ``TRITON_INTERPRET=1``
 must be set before triton decorates the kernels, so the checks run in one child process (the parent never
 imports triton), started in the background on the second core (tests/background.py); each pytest test then asserts
-on its own check's result. The interpreter has no bfloat16, so everything is fp32. FLA's chunked prefill (``gated_delta_rule_prefill``) cannot run in the interpreter; the GPU
-tests cover it. The skinny GEMM of ``ce::linear`` is checked against a float64 matmul, at fixed configs (every one
+on its own check's result. The interpreter has no bfloat16, so everything is fp32. FLA's chunked prefill
+(``gated_delta_rule_prefill``) cannot run in the interpreter; the GPU tests cover it. The skinny GEMM of ``ce::linear`` is checked against a float64 matmul, at fixed configs (every one
 its rule may choose among them).
 """
 
