@@ -499,9 +499,9 @@ def _paged_prefill_kernel(
     # Keys before the tile's first new token are visible to every row: whole tiles of them need no causal mask.
     causal_start = tl.minimum(((prefix + q_block * BLOCK_M) // BLOCK_N) * BLOCK_N, kv_end)
     m_i, l_i, acc = _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, 0, causal_start,
-                                      kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
-                                      stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
-                                      m_i, l_i, acc, scale_log2, position, BLOCK_SIZE, BLOCK_N, DOT_FP32, False)
+                                  kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
+                                  stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
+                                  m_i, l_i, acc, scale_log2, position, BLOCK_SIZE, BLOCK_N, DOT_FP32, False)
     m_i, l_i, acc = _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, causal_start, kv_end,
                                   kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
                                   stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
@@ -528,8 +528,8 @@ class PrefillTile:
 
 def prefill_tile(head_dim: int, dot_fp32: bool) -> PrefillTile:
     """The prefill kernel's tile. 16-bit inputs: 128 rows, 64 keys, 8 warps, 3 stages, the fastest of a sweep over
-    rows, keys, warps and stages on an H200 (bench/attention_prefill_sweep.py; bench/NOTES.md "Prefill attention
-    tile"), 2.2x the 64-row tile on one 8,192-token prompt. fp32 (tests, the CPU-exact path): 64 rows, whose
+    rows, keys, warps and stages on an H200 (bench/attention_prefill_sweep.py; bench/NOTES.md "Runs 74-78"), 2.2x
+    the 64-row tile on one 8,192-token prompt. fp32 (tests, the CPU-exact path): 64 rows, whose
     tiles fit the shared memory at twice the bytes."""
     if not dot_fp32:
         return PrefillTile(rows=128, block_n=_tile_n(head_dim, 2), num_warps=8, num_stages=3)
@@ -538,8 +538,9 @@ def prefill_tile(head_dim: int, dot_fp32: bool) -> PrefillTile:
 
 
 def _verify_tile(head_dim: int, dot_fp32: bool) -> PrefillTile:
-    """A verify step's tile: its 2-5 rows a sequence fill a 64-row tile no worse than a 128-row one, and the
-    smaller accumulator leaves more programs an SM for what is a memory-bound walk over the context."""
+    """A verify step's tile: the 64-row tile it ran before the prefill's changed (not re-measured). Its 2-5 rows a
+    sequence fill a 128-row tile no better, and the smaller accumulator leaves more programs an SM for what is a
+    memory-bound walk over the context."""
     return PrefillTile(rows=64, block_n=_tile_n(head_dim, 4 if dot_fp32 else 2),
                        num_warps=8 if triton.next_power_of_2(head_dim) >= 256 else 4)
 
