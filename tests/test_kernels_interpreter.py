@@ -459,6 +459,7 @@ def _child_checks() -> dict:
         "verify_prefill_kernel_gqa2_bs4": lambda: check_verify(4, 2, 16, 4, 3, by_rows=False),
         "conv_prefill": lambda: check_conv_prefill([1, 0, 7, 2]),  # shorter and longer than W - 1, and empty
         "conv_prefill_empty_runs": lambda: check_conv_prefill([0, 0, 5, 1, 0, 3, 0, 0, 2]),
+        "conv_prefill_empty_section": lambda: check_conv_prefill([3, 6], sections=(12, 0, 8)),
         "conv_decode": check_conv_decode,
         "prefill_gates": check_prefill_gates,
         "attention_prologue_gqa4_partial_rotary": lambda: check_attention_prologue(8, 2, 16, 8),
@@ -549,6 +550,7 @@ CHECK_NAMES = [
     "verify_prefill_kernel_gqa2_bs4",
     "conv_prefill",
     "conv_prefill_empty_runs",
+    "conv_prefill_empty_section",
     "conv_decode",
     "prefill_gates",
     "attention_prologue_gqa4_partial_rotary",

@@ -188,12 +188,15 @@ def causal_conv1d_prefill(
         return outs
     block_c = math.gcd(block_c, *sections)  # a power of two dividing every width: a block lies in one section
     bounds = (sections[0], sections[0] + sections[1])
+    # An empty section's tensor may have no storage (a null pointer Triton refuses); no channel block writes it, so x
+    # stands in for it.
+    pointers = tuple(out if out.numel() else x for out in outs)
     if num_tokens > 0:
         _conv_prefill_out_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(num_channels, block_c))](
             x,
             weight,
             cu_seqlens,
-            *outs,
+            *pointers,
             num_tokens,
             num_seqs,
             num_channels,
@@ -214,7 +217,7 @@ def causal_conv1d_prefill(
         conv_state,
         cu_seqlens,
         state_slots,
-        *outs,
+        *pointers,
         num_channels,
         *bounds,
         *x.stride(),
