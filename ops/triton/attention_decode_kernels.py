@@ -249,9 +249,11 @@ def attention_decode(
     num_splits: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
-    """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n`` and
-    ``num_warps`` override the defaults (the paged decode kernel's split count and key tile, 4 warps)."""
+    """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n``,
+    ``num_warps`` and ``num_stages`` override the defaults (the paged decode kernel's split count and key tile, 4
+    warps, Triton's default stages)."""
     check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     batch = projected.shape[0]
     out = torch.empty((batch, num_heads * head_dim), dtype=projected.dtype, device=projected.device)
@@ -302,6 +304,7 @@ def attention_decode(
         NUM_SPLITS=num_splits,
         DOT_FP32=dot_fp32,
         num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
         **pdl_flags(projected),
     )
     if num_splits > 1:

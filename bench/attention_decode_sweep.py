@@ -1,0 +1,114 @@
+"""Decode attention configs timed at mid-batch, long-context shapes: data for ``ce::attention_decode``'s split count,
+key tile, warps and pipeline stages.
+
+``ce::attention_decode`` (q/k norm, RoPE, the KV store and the paged attention of one decode token, the decode
+graph's attention op) on the Qwen3.5-0.8B attention shape (8 query heads, 2 KV heads, head_dim 256, partial RoPE
+64, block_size 16, bf16), each sequence's blocks scattered over the pool as a running engine leaves them. Per case
+(batch x context) every candidate (splits, BLOCK_N, warps, stages) is checked against the default config's output,
+then timed as 20 calls in one CUDA graph (median of the replays; the reduce kernel included). The bound is the K/V
+bytes the call reads at the copy bandwidth measured in the same process.
+
+    python bench/attention_decode_sweep.py --out DIR [--cases 1x8192,16x8192,64x8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
+
+from bench.ops_microbench import copy_bandwidth_gbps  # noqa: E402
+from ops.triton.attention_decode_kernels import attention_decode  # noqa: E402
+from ops.triton.paged_attention_kernels import _tile_n, decode_num_splits  # noqa: E402
+
+HQ, HKV, D, BLOCK, ROTARY_HALF = 8, 2, 256, 16, 32
+CALLS = 20  # calls a graph replay
+
+
+def _case(batch: int, context: int):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    blocks = -(-context // BLOCK)
+    num_blocks = batch * blocks + 1
+    k_cache = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v_cache = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    tables = (torch.randperm(num_blocks - 1, device="cuda", generator=gen) + 1).to(torch.int32).view(batch, blocks)
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    positions = (lens - 1).long()
+    slots = tables[:, (context - 1) // BLOCK].long() * BLOCK + (context - 1) % BLOCK
+    projected = torch.randn(batch, HQ * 2 * D + 2 * HKV * D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    weights = torch.randn(2, D, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.1
+    inv_freq = 1.0 / (1e7 ** (torch.arange(0, 2 * ROTARY_HALF, 2, device="cuda", dtype=torch.float32)
+                              / (2 * ROTARY_HALF)))
+    return (projected, weights[0], weights[1], 1e-6, inv_freq, positions, k_cache, v_cache, slots, tables, lens,
+            HQ, HKV, D, D ** -0.5)
+
+
+def _graph_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(15):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cases", default="16x8192,64x8192,8x8192,1x8192")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    gbps = copy_bandwidth_gbps()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {gbps:.0f} GB/s", flush=True)
+    results = []
+    for case in args.cases.split(","):
+        batch, context = (int(x) for x in case.split("x"))
+        inputs = _case(batch, context)
+        bound_us = batch * context * HKV * D * 2 * 2 / (gbps * 1e3)
+        splits = decode_num_splits(batch, HKV, inputs[9].shape[1], BLOCK, torch.device("cuda"))
+        chosen = (splits, _tile_n(D, 2), 4, None)
+        ref = attention_decode(*inputs).float()
+        split_counts = sorted({max(1, splits // 2), splits, min(64, 2 * splits), min(64, 4 * splits)})
+        grid = [chosen] + [c for c in itertools.product(split_counts, (32, 64), (4, 8), (1, 2, 3)) if c != chosen]
+        for num_splits, block_n, warps, stages in grid:
+            config = {"splits": num_splits, "block_n": block_n, "num_warps": warps, "num_stages": stages,
+                      "chosen": (num_splits, block_n, warps, stages) == chosen}
+            try:
+                call = lambda: attention_decode(*inputs, num_splits=num_splits, block_n=block_n,  # noqa: E731
+                                                num_warps=warps, num_stages=stages)
+                err = (call().float() - ref).abs().max().item()
+                us = _graph_us(call)
+            except Exception as exc:  # out of shared memory and the like: not a candidate
+                print(f"{case} {config}: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+                continue
+            results.append({"case": case, "config": config, "us": us, "frac_bound": bound_us / us,
+                            "max_abs_diff": err})
+            print(f"{case} {config}: {us:.1f} µs ({bound_us / us:.1%} of {bound_us:.1f}), |diff| {err:.1e}",
+                  flush=True)
+        mine = sorted((r for r in results if r["case"] == case), key=lambda r: r["us"])
+        default = next(r for r in mine if r["config"]["chosen"])
+        print(f"{case} default {default['us']:.1f} µs ({default['frac_bound']:.1%}); best:",
+              *(f"  {r['us']:.1f} µs ({r['frac_bound']:.1%}) {r['config']}" for r in mine[:6]), sep="\n", flush=True)
+        (args.out / "attention_decode_sweep.json").write_text(json.dumps(
+            {"copy_bandwidth_gbps": gbps, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
