@@ -15,12 +15,8 @@ For each row count in ``--rows`` (1..GEMV_MAX_ROWS), the chain runs (µs a step 
   * ``rule``: the skinny GEMM's configs by rule (``gemv_kernels.skinny_config``: the one-row GEMV at one row, the
     few-rows GEMV above), what ce::linear runs up to ``SKINNY_MAX_ROWS`` rows (ops/linear.py). Past it ce::linear
     runs cuBLAS; the rule's timing there says whether raising ``SKINNY_MAX_ROWS`` would pay;
-  * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear;
-  * ``cuBLASLt``: the same with ``torch.backends.cuda.preferred_blas_library("cublaslt")`` (cuBLASLt's heuristics
-    may pick other, e.g. split-K, kernels for a few rows), and ``Lt bias``: the same matmuls as ``addmm`` with a
-    zero bias, which torch sends to cuBLASLt's bias epilogue whatever the preference (a per-call way to reach it).
-The log marks the one ce::linear runs at that row count. Past GEMV_MAX_ROWS rows (up to 16) only the cuBLAS
-variants run.
+  * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear.
+The log marks the one ce::linear runs at that row count.
 With ``--passes`` > 0, then a coordinate descent per row count: each role's GEMV candidates timed with the other
 roles fixed, the best kept, ``passes`` times over.
 
@@ -41,7 +37,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
@@ -114,7 +109,6 @@ class Chain:
         self.w_lm = self._weight("lm_head")
         self.weight_bytes = 2 * sum(w.numel() for layer in self.layers for k, w in layer.items() if k.startswith("w_"))
         self.weight_bytes += 2 * self.w_lm.numel()
-        self.zero_biases: dict[int, torch.Tensor] = {}
         self.rows = 0
         self.set_rows(1)
 
@@ -129,19 +123,9 @@ class Chain:
             self.residual = rand(rows, self.s.hidden)
 
     def run(self, configs: dict | None, mode: str = "skinny") -> torch.Tensor:
-        """``mode``: "skinny" (``configs``: role -> config; the rule's where a role has none), "cublas", "cublaslt"
-        or "lt_bias" (see the module docstring)."""
+        """``mode``: "skinny" (``configs``: role -> config; the rule's where a role has none) or "cublas"."""
         if mode == "cublas":
             return self._run_cublas()
-        if mode == "cublaslt":
-            before = torch.backends.cuda.preferred_blas_library()
-            torch.backends.cuda.preferred_blas_library("cublaslt")
-            try:
-                return self._run_cublas()
-            finally:
-                torch.backends.cuda.preferred_blas_library(before)
-        if mode == "lt_bias":
-            return self._run_lt_bias()
         configs = configs or {}
         gemm, norm_gemm = gemv_kernels.skinny_gemm, gemv_kernels.add_rms_norm_skinny_gemm
         h, r = self.hidden, self.residual
@@ -165,25 +149,6 @@ class Chain:
                 g, r = torch.ops.ce.add_rms_norm_linear(h, r, layer["norm_2"], EPS, layer["w_gate_up"])
                 h = torch.ops.ce.silu_mul_linear(g, layer["w_down"])
             return torch.ops.ce.linear(h, self.w_lm)
-
-    def _run_lt_bias(self) -> torch.Tensor:
-        h, r = self.hidden, self.residual
-        out_k = self.roles["out_proj"][1]
-        zeros = self.zero_biases  # made before any capture: no memset inside the graph
-
-        def mm(x, w):  # addmm with a zero bias: torch's cuBLASLt epilogue path
-            if w.shape[0] not in zeros:
-                zeros[w.shape[0]] = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
-            return F.linear(x, w, zeros[w.shape[0]])
-
-        for layer in self.layers:
-            s, y = torch.ops.ce.add_rms_norm(h, r, layer["norm_1"], EPS)
-            r, y = s, mm(y, layer["w_mix"])
-            h = mm(y[:, :out_k], layer["w_out"])
-            s, g = torch.ops.ce.add_rms_norm(h, r, layer["norm_2"], EPS)
-            r = s
-            h = mm(torch.ops.ce.silu_mul(mm(g, layer["w_gate_up"])), layer["w_down"])
-        return mm(h, self.w_lm)
 
     def graph(self, configs: dict | None, mode: str = "skinny") -> torch.cuda.CUDAGraph:
         """The chain captured in a CUDA graph (compiled first, outside it)."""
@@ -219,10 +184,7 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     error."""
     chain.set_rows(rows)
     rule = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k, *_) in chain.roles.items()}
-    variants = {"rule": ("skinny", rule), "cuBLAS": ("cublas", None), "cuBLASLt": ("cublaslt", None),
-                "Lt bias": ("lt_bias", None)}
-    if rows > gemv_kernels.GEMV_MAX_ROWS:
-        del variants["rule"]
+    variants = {"rule": ("skinny", rule), "cuBLAS": ("cublas", None)}
     ours = "rule" if rows <= SKINNY_MAX_ROWS else "cuBLAS"  # what ce::linear runs at this row count
     results = {}
     rule_us = None
@@ -238,8 +200,8 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
         if configs is not None:
             entry["configs"] = {role: config_tuple(c) for role, c in configs.items()}
         results[label] = entry
-        rule_us = us if label in ("rule", "cuBLAS") and rule_us is None else rule_us
-        delta = f"{us - rule_us:+8.1f} vs first" if rule_us is not None and us != rule_us else ""
+        rule_us = us if label == "rule" else rule_us
+        delta = f"{us - rule_us:+8.1f} vs rule" if rule_us is not None and label != "rule" else ""
         mark = "  <- ce::linear" if label == ours else ""
         log(f"M={rows:<2} {label:<28} {us:8.1f} µs  {bound_us / us:6.1%} of the bound  {delta}  "
             f"({time.time() - start:.1f} s){mark}")
@@ -282,18 +244,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[1],
-                        help=f"row counts (decode batch sizes), 1..16, comma-separated (past "
-                             f"{gemv_kernels.GEMV_MAX_ROWS}: cuBLAS only)")
+                        help=f"row counts (decode batch sizes), 1..{gemv_kernels.GEMV_MAX_ROWS}, comma-separated")
     parser.add_argument("--passes", type=int, default=2, help="coordinate-descent passes per row count (0: none)")
     parser.add_argument("--profile", action="store_true",
                         help="also the rule's and cuBLAS's chain per kernel (the profiler's critical path)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_chain needs a CUDA device")
-    if not all(1 <= r <= 16 for r in args.rows):
-        raise SystemExit("--rows takes row counts 1..16")
-    if args.passes > 0 and max(args.rows) > gemv_kernels.GEMV_MAX_ROWS:
-        raise SystemExit(f"the descent (--passes) takes row counts 1..{gemv_kernels.GEMV_MAX_ROWS}")
+    if not all(1 <= r <= gemv_kernels.GEMV_MAX_ROWS for r in args.rows):
+        raise SystemExit(f"--rows takes row counts 1..{gemv_kernels.GEMV_MAX_ROWS}")
     start_time = time.time()
     copy_gbps = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
@@ -316,7 +275,7 @@ def main(argv=None) -> None:
         result["rows"][rows] = entry
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
-    labels = ["rule", "cuBLAS", "cuBLASLt", "Lt bias"]
+    labels = ["rule", "cuBLAS"]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
     print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
     for rows, entry in result["rows"].items():
