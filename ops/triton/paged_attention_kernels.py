@@ -358,7 +358,6 @@ def paged_attention_decode(
     num_splits: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
-    num_stages: int | None = None,  # None: Triton's default
 ) -> torch.Tensor:
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -403,7 +402,6 @@ def paged_attention_decode(
         NUM_SPLITS=num_splits,
         DOT_FP32=_dot_fp32(q, k_cache),
         num_warps=num_warps,
-        **({} if num_stages is None else {"num_stages": num_stages}),
     )
     if num_splits > 1:
         reduce_splits(part_acc, part_max, part_sum, out)
