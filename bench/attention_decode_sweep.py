@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
+from bench.attention_prefill_sweep import time_ms  # noqa: E402
 from bench.ops_microbench import copy_bandwidth_gbps  # noqa: E402
 from ops.triton.attention_decode_kernels import attention_decode  # noqa: E402
 from ops.triton.paged_attention_kernels import _tile_n, decode_num_splits  # noqa: E402
@@ -56,17 +57,7 @@ def _graph_us(fn) -> float:
     with torch.cuda.graph(graph):
         for _ in range(CALLS):
             fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return sorted(times)[len(times) // 2]
+    return time_ms(graph.replay, repeats=15) * 1e3 / CALLS  # the median replay, µs a call
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ def _case(seqs: int, length: int, device: str):
     return q, k, v, k_cache, v_cache, cu, lens, tables
 
 
-def _time_ms(fn, repeats: int = 20) -> float:
+def time_ms(fn, repeats: int = 20) -> float:
     fn()
     torch.cuda.synchronize()
     times = []
@@ -72,7 +72,7 @@ def main() -> None:
         qd = q.view(seqs, length, HQ, D).transpose(1, 2)
         kd = k.view(seqs, length, HKV, D).transpose(1, 2)
         vd = v.view(seqs, length, HKV, D).transpose(1, 2)
-        sdpa_ms = _time_ms(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scale,
+        sdpa_ms = time_ms(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scale,
                                                                   enable_gqa=True))
         sdpa_err = (F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scale, enable_gqa=True)
                     .transpose(1, 2).reshape_as(ref).float() - ref.float()).abs().max().item()
@@ -89,7 +89,7 @@ def main() -> None:
             try:
                 call = lambda: paged_attention_prefill(q, k_cache, v_cache, cu, lens, tables, scale, tile)  # noqa
                 err = (call().float() - ref.float()).abs().max().item()
-                ms = _time_ms(call, repeats=10)
+                ms = time_ms(call, repeats=10)
             except Exception as exc:  # out of shared memory, register spills past a limit: not a candidate
                 print(f"{case} {config}: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
                 continue
