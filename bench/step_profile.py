@@ -110,8 +110,9 @@ def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, pr
                   "ms_per_step": [r["bound_ms"] for r in rows]},
         "fraction_of_bound": [r["fraction_of_bound"] for r in rows],
         "engine_fraction_of_bound": [r["fraction_of_bound"] for r in engine_rows],
-        "method": "wall: perf_counter around steps synchronised by their .tolist(); GPU: summed durations of the "
-                  "device events torch.profiler records during the same number of steps; host = wall - GPU",
+        "method": "wall: perf_counter around `steps` steps, the device synchronised before and after them (an "
+                  "overlapped engine step leaves its GPU work in flight); GPU: summed durations of the device events "
+                  "torch.profiler records during the same number of steps; host = wall - GPU",
     })
     ctx.write("step_profile", result)
     return result
@@ -186,14 +187,19 @@ def _prefill_once(runtime, prompts: list[list[int]]) -> None:
 
 
 def profile_steps(ctx: Context, step, repeats: int, top: int) -> dict:
-    """Wall ms per ``step()`` (each ends in a device -> host read), then the same under torch.profiler (CUDA): GPU ms
-    a step, by kernel category and the ``top`` kernels (bench/spec.py profiles a speculative round with it)."""
+    """Wall ms per ``step()`` over ``repeats`` steps, the device synchronised before and after, then the same under
+    torch.profiler (CUDA): GPU ms a step, by kernel category and the ``top`` kernels (bench/spec.py profiles a
+    speculative round with it). The sync after charges an overlapped step's in-flight work to the steps timed, plus
+    the first step's host time, which nothing overlaps: a few repeats overestimate an overlapped step a little."""
 
     def timed(n: int) -> float:
+        # Synchronised at both ends: an overlapped engine step returns with the step it launched still running, so
+        # without the final sync n steps would time n launches but only n - 1 steps of GPU work.
         ctx.sync()
         start = time.perf_counter()
         for _ in range(n):
             step()
+        ctx.sync()
         return (time.perf_counter() - start) / n * 1e3
 
     timed(2)  # warm: first replays, allocator, autotuning

@@ -59,7 +59,7 @@ class GatedRMSNorm(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """NeoX (rotate-half) RoPE on the first ``rotary_dim`` channels of each head (partial rotary): its inverse
-    frequencies, which the attention ops take (the math: ``rotary_reference`` in ops/attention_decode.py).
+    frequencies, which the attention ops take (the math: ``rotary_reference`` in ops/attention_prologue.py).
 
     Qwen3.5's interleaved M-RoPE reduces to this for text, where the three position streams are equal.
     """

@@ -19,47 +19,22 @@ positions [B], k_cache, v_cache, slot_mapping [B], block_tables, context_lens [B
   in ``block_tables[b]`` (as the engine builds them): the CUDA kernel attends to the new token from registers instead
   of reading back the row it writes.
 * The result, contiguous in projected's dtype, is by definition the composition the model's unfused path computes,
-  with its roundings: the zero-centred ``rms_norm_reference`` of q and k over D, :func:`rotary_reference`,
-  ``store_kv_reference``, ``paged_attention_decode_reference``, then ``attn * sigmoid(gate)``.
+  with its roundings: ``attention_prologue_reference`` (the zero-centred RMSNorm of q and k over D, RoPE, the K/V
+  store: ops/attention_prologue.py), ``paged_attention_decode_reference``, then ``attn * sigmoid(gate)``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ops.kv_cache import store_kv_reference
-from ops.layouts import attention_decode_split_sizes, check_attention_decode_args
+from ops.attention_prologue import attention_prologue_reference
+from ops.layouts import check_attention_decode_args
 from ops.library import define_op
-from ops.norm import rms_norm_reference
 from ops.paged_attention import paged_attention_decode_reference
 from ops.triton import HAVE_TRITON
 
 if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
     from ops.triton import attention_decode_kernels
-
-
-def rotary_reference(
-    positions: torch.Tensor, inv_freq: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """NeoX (rotate-half) RoPE of q ``[T, Hq, D]`` and k ``[T, Hkv, D]`` at ``positions`` ``[T]`` on the first
-    ``rotary_dim = 2 * len(inv_freq)`` channels of each head; the other channels are kept (partial rotary).
-
-    The angles are fp32 (``inv_freq`` is fp32); cos and sin are cast to q's dtype, and the rotation is computed in
-    that dtype, as HF's ``apply_rotary_pos_emb`` does.
-    """
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    cos = emb.cos().to(q.dtype)[:, None, :]
-    sin = emb.sin().to(q.dtype)[:, None, :]
-    return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
-
-
-def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    rotary_dim = cos.shape[-1]
-    rot, keep = x[..., :rotary_dim], x[..., rotary_dim:]
-    half = rotary_dim // 2
-    rotated_half = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-    return torch.cat([rot * cos + rotated_half * sin, keep], dim=-1)
 
 
 def attention_decode_reference(
@@ -81,12 +56,9 @@ def attention_decode_reference(
 ) -> torch.Tensor:
     check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     batch = projected.shape[0]
-    q_gate, k, v = projected.split(attention_decode_split_sizes(num_heads, num_kv_heads, head_dim), dim=-1)
-    q, gate = q_gate.reshape(batch, num_heads, 2 * head_dim).chunk(2, dim=-1)
-    q = rms_norm_reference(q, q_norm_weight, None, eps, zero_centred=True)
-    k = rms_norm_reference(k.reshape(batch, num_kv_heads, head_dim), k_norm_weight, None, eps, zero_centred=True)
-    q, k = rotary_reference(positions, inv_freq, q, k)
-    store_kv_reference(k, v.reshape(batch, num_kv_heads, head_dim), k_cache, v_cache, slot_mapping)
+    q = attention_prologue_reference(projected, q_norm_weight, k_norm_weight, eps, inv_freq, positions, k_cache,
+                                     v_cache, slot_mapping, num_heads, num_kv_heads, head_dim)
+    gate = projected[:, : 2 * num_heads * head_dim].reshape(batch, num_heads, 2 * head_dim)[..., head_dim:]
     attn = paged_attention_decode_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
     return attn.reshape(batch, -1) * torch.sigmoid(gate.reshape(batch, -1))
 

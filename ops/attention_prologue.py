@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from ops.attention_decode import rotary_reference
 from ops.kv_cache import store_kv_reference
 from ops.library import define_op
 from ops.norm import rms_norm_reference
@@ -21,6 +20,30 @@ from ops.triton import HAVE_TRITON
 
 if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
     from ops.triton import attention_prologue_kernels
+
+
+def rotary_reference(
+    positions: torch.Tensor, inv_freq: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX (rotate-half) RoPE of q ``[T, Hq, D]`` and k ``[T, Hkv, D]`` at ``positions`` ``[T]`` on the first
+    ``rotary_dim = 2 * len(inv_freq)`` channels of each head; the other channels are kept (partial rotary).
+
+    The angles are fp32 (``inv_freq`` is fp32); cos and sin are cast to q's dtype, and the rotation is computed in
+    that dtype, as HF's ``apply_rotary_pos_emb`` does.
+    """
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos = emb.cos().to(q.dtype)[:, None, :]
+    sin = emb.sin().to(q.dtype)[:, None, :]
+    return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+
+
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rotary_dim = cos.shape[-1]
+    rot, keep = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated_half = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    return torch.cat([rot * cos + rotated_half * sin, keep], dim=-1)
 
 
 def attention_prologue_reference(
