@@ -59,8 +59,16 @@ def category(kernel_name: str) -> str:
 def requirements(batches=(1, 256), context: int = 1024, steps: int = 20, prefill_seqs: int = 16,
                  prefill_len: int = 512, **_) -> tuple[int, int]:
     batches = [batches] if isinstance(batches, int) else list(batches)
-    # the engine rows generate up to 4 * steps + 16 tokens after their context (_profile_engine_decode)
-    return max(batches + [prefill_seqs]), max(context + 4 * steps + 17, prefill_len + 1)
+    # the engine rows generate up to engine_max_tokens after their context (_profile_engine_decode)
+    return (max(batches + [prefill_seqs]),
+            max(context + engine_max_tokens(max(batches), steps) + 1, prefill_len + 1))
+
+
+def engine_max_tokens(batch: int, steps: int) -> int:
+    """The engine rows' max_tokens: room for the 2 warm-up and 2 x ``steps`` timed steps (plain and profiled) once
+    every request has its first token, and for the tokens the first requests decode while the later prompts are
+    still being computed (mixed steps: at least one prompt of at most the token budget completes a step)."""
+    return 4 * steps + 16 + batch
 
 
 def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, prefill_seqs: int = 16,
@@ -138,13 +146,16 @@ def _profile_engine_decode(ctx: Context, batch: int, context: int, steps: int, t
     from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 
     engine = ctx.llm().engine
-    params = SamplingParams(temperature=0.0, max_tokens=4 * steps + 16, ignore_eos=True,
+    params = SamplingParams(temperature=0.0, max_tokens=engine_max_tokens(batch, steps), ignore_eos=True,
                             output_kind=RequestOutputKind.FINAL_ONLY)
     ids = [engine.add_request(None, random_prompt(rng, context, ctx.model_config.vocab_size), params)
            for _ in range(batch)]
     try:
-        while any(engine.requests[i].first_token_time is None for i in ids):
+        while any(engine.requests[i].first_token_time is None for i in ids if i in engine.requests):
             engine.step()
+        if any(i not in engine.requests for i in ids):
+            raise RuntimeError(f"batch {batch}: a request finished before the last prompt was computed; "
+                               f"engine_max_tokens assumes a prompt of {context} tokens fits one step's budget")
         row = {"batch": batch, "overlap_decode": engine.overlap_decode, **profile_steps(ctx, engine.step, steps, top)}
         _, row["host_functions_per_step"] = profiled_call(lambda: [engine.step() for _ in range(steps)], top, steps)
         return row
