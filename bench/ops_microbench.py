@@ -270,15 +270,22 @@ def run(args) -> dict:
         projected = rand(batch, s.conv_dim + value_width + 2 * hv)
         norm_weight = rand(dv)
         fused_bytes = rec_bytes + 2 * state_bytes + (projected.numel() + batch * value_width) * bf16
-        for fused, warps in [(True, 8), (False, 8)] + ([(True, 4), (True, 16)] if args.sweep else []):
-            us = timed(f"gated_deltanet_decode fused={fused} warps={warps} B={batch}",
+        # the fused kernel with whole heads (8 warps), the unfused kernels, the fused kernel in V tiles of 64 and 32
+        variants = [(True, 8, None), (False, 8, None), (True, 4, 64), (True, 4, 32)]
+        for fused, warps, block_v in variants + ([(True, 4, None), (True, 16, None)] if args.sweep else []):
+            us = timed(f"gated_deltanet_decode fused={fused} warps={warps} block_v={block_v} B={batch}",
                        lambda: gated_deltanet_kernels.gated_deltanet_decode(
                            projected, weight, conv_state, A_log, dt_bias, norm_weight, state, slots, hk, dk, hv, dv,
-                           1e-6, num_warps=warps, fused=fused),
+                           1e-6, num_warps=warps, fused=fused, block_v=block_v),
                        graph=True)
-            op = "gated_deltanet_decode" if fused else "  unfused conv+delta+norm"
-            add(op if warps == 8 else "  sweep gated_deltanet_decode", batch, us, fused_bytes, "graph",
-                f"one kernel, {warps} warps" if fused else "3 kernels", num_warps=warps)
+            if not fused:
+                op, note = "  unfused conv+delta+norm", "3 kernels"
+            elif block_v is not None:
+                op, note = f"  gated_deltanet_decode v{block_v}", f"one kernel, V tiles of {block_v}, {warps} warps"
+            else:
+                op = "gated_deltanet_decode" if warps == 8 else "  sweep gated_deltanet_decode"
+                note = f"one kernel, {warps} warps"
+            add(op, batch, us, fused_bytes, "graph", note, num_warps=warps, block_v=block_v)
         # --- speculative decoding's verify step (P = k + 1 positions a sequence) and its commit (all accepted)
         history_width = layouts.gated_deltanet_history_offsets(hk, dk, hv, dv)[3]
         for positions in (2, 3, 4):

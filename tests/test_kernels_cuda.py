@@ -585,6 +585,30 @@ def test_gated_deltanet_decode_matches_reference(batch, layout, dtype, state_dty
     _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
 
 
+@pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
+@pytest.mark.parametrize("batch,block_v,warps", [(3, 32, 4), (40, 64, 4), (256, 64, 4)])
+def test_gated_deltanet_decode_in_v_tiles_matches_reference(layout, batch, block_v, warps):
+    """The fused kernel walking each value head's state in ``block_v``-wide tiles (the gated norm over the outputs
+    parked in ``out``), at batch sizes the launcher otherwise sends to the unfused kernels: against the reference."""
+    from ops.triton import gated_deltanet_kernels
+
+    gen = _seeded(batch * 7 + block_v)
+    hk, hv, dk, dv = layout
+    num_slots = batch + 2
+    slots = torch.cat([_live_slots(gen, batch, num_slots), torch.zeros(2, dtype=torch.int32, device=DEV)])
+    projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state = _gated_deltanet_inputs(
+        gen, batch + 2, layout, torch.bfloat16, torch.float32, num_slots, True)
+    want_conv, want_rec = conv_state.clone(), rec_state.clone()
+    heads = (hk, dk, hv, dv, 1e-6)
+    want = gated_deltanet_decode.gated_deltanet_decode_reference(
+        projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *heads)
+    got = gated_deltanet_kernels.gated_deltanet_decode(
+        projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *heads, num_warps=warps,
+        fused=True, block_v=block_v)
+    torch.testing.assert_close(got[:batch], want[:batch], **TOL[torch.bfloat16])
+    _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
+
+
 @QUICK
 def test_gated_deltanet_decode_replays_in_cuda_graph_with_new_inputs():
     """Captured once, replayed with new projected rows and new slots (padding lanes on the second replay): each

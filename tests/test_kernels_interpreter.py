@@ -241,10 +241,11 @@ def _child_checks() -> dict:
         compare("delta decode out", got, want)
         compare("delta decode state", state, want_state)
 
-    def check_gated_deltanet_decode(k_heads, v_heads, dk, dv, fused=True):
+    def check_gated_deltanet_decode(k_heads, v_heads, dk, dv, fused=True, block_v=None):
         """The fused decode op: output and both pools (but the null slot) against the reference. Two padding lanes
         on the null slot; projected rows are a slice of wider rows (row stride > width). ``fused=False``: the
-        launcher's large-batch path through the unfused kernels, on the same strided views."""
+        launcher's large-batch path through the unfused kernels, on the same strided views. ``block_v``: the fused
+        kernel walking each value head's state in tiles of that width (the norm over the parked outputs)."""
         batch, num_slots, width = 5, 8, 4
         slots = torch.tensor([5, 0, 2, 0, 7], dtype=torch.int32)
         sizes = layouts.gated_deltanet_split_sizes(k_heads, dk, v_heads, dv)
@@ -262,7 +263,8 @@ def _child_checks() -> dict:
         want = gated_deltanet_decode.gated_deltanet_decode_reference(
             projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *args)
         got = gated_deltanet_kernels.gated_deltanet_decode(
-            projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *args, fused=fused)
+            projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *args, fused=fused,
+            block_v=block_v)
         assert got.shape == (batch, v_heads * dv) and got.is_contiguous()
         live = slots != 0
         compare("gated deltanet decode out", got[live], want[live])
@@ -470,6 +472,9 @@ def _child_checks() -> dict:
         # Hv = 3 Hk, and K, V not powers of two (masked tiles; the norm's mean over V, not BLOCK_V)
         "gated_deltanet_decode_hv_3x_hk_ragged": lambda: check_gated_deltanet_decode(2, 6, 12, 20),
         "gated_deltanet_decode_unfused_path": lambda: check_gated_deltanet_decode(2, 6, 12, 20, fused=False),
+        # the state walked in V tiles: 4 whole tiles; 3 tiles of 8 over V = 20 (the last one masked), 3 value heads
+        "gated_deltanet_decode_v_tiles": lambda: check_gated_deltanet_decode(2, 2, 16, 32, block_v=8),
+        "gated_deltanet_decode_v_tiles_ragged": lambda: check_gated_deltanet_decode(2, 6, 12, 20, block_v=8),
         # one row: the one-row GEMV (BLOCK_M 1), plain, strided, with either prologue; and on the few-rows loop
         # (BLOCK_M 2, the second row masked)
         "gemm_m1_gemv": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(4, 32)]),
@@ -560,6 +565,8 @@ CHECK_NAMES = [
     "gated_deltanet_decode_hv_eq_hk",
     "gated_deltanet_decode_hv_3x_hk_ragged",
     "gated_deltanet_decode_unfused_path",
+    "gated_deltanet_decode_v_tiles",
+    "gated_deltanet_decode_v_tiles_ragged",
     "gemm_m1_gemv",
     "gemm_m1_strided",
     "gemm_m1_on_rows_path",

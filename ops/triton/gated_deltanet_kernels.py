@@ -52,9 +52,18 @@ from ops.triton.pdl import pdl_flags
 
 # Sequences up to which the fused kernel runs; above, the unfused kernels (conv, delta rule, norm: 3 launches). At
 # small batch the launches are the cost, at large batch the state traffic, where the unfused delta-rule kernel's
-# [K, 64] tiles keep up to 3 programs an SM streaming: the fused kernel is the faster at 8 sequences and the slower
-# at 64 (bench/NOTES.md, "Fused GDN decode").
+# [K, 64] tiles keep up to 3 programs an SM streaming: the fused kernel is the faster at 8 and 16 sequences and the
+# slower at 64 (bench/NOTES.md, "Fused GDN decode").
 FUSED_MAX_BATCH = 16
+
+
+def decode_config(batch: int) -> tuple[bool, int | None, int]:
+    """(fused, block_v, num_warps) of the decode launch for ``batch`` sequences: the fused kernel with whole value
+    heads in registers (8 warps) up to ``FUSED_MAX_BATCH``, the unfused kernels above (where a fused launch, if
+    asked for, walks the heads in V tiles of 64 with 4 warps)."""
+    if batch <= FUSED_MAX_BATCH:
+        return True, None, 8
+    return False, 64, 4
 
 
 @triton.jit
@@ -89,7 +98,8 @@ def _gated_deltanet_decode_kernel(
     WIDTH: tl.constexpr,
     HIST_P: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # a power of two; V_BLOCKS of them cover DV
+    V_BLOCKS: tl.constexpr,
     ROUND_WEIGHT_PRODUCT: tl.constexpr,  # norm_weight * normed rounds to projected's dtype (torch's promotion)
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py: out_proj's weight loads may start while this kernel runs
 ):
@@ -104,22 +114,18 @@ def _gated_deltanet_decode_kernel(
     seq = tl.program_id(0).to(tl.int64)
     k_head = tl.program_id(1)
     offs_k = tl.arange(0, BLOCK_K)
-    offs_v = tl.arange(0, BLOCK_V)
     k_mask = offs_k < DK
-    v_mask = offs_v < DV
-    tile_mask = k_mask[:, None] & v_mask[None, :]
     dtype = out.dtype.element_ty
+    out_row = out + seq * VALUE_DIM
 
     # Before the wait (with PDL, while in_proj still runs): everything that does not depend on in_proj's output.
     # Besides the weights (ops/triton/pdl.py), that is this sequence's slot (a step input, copied in before the
     # step's first kernel) and its conv history and recurrent state in this layer, which no kernel of the step but
-    # this one writes. The first value head's state tile (the long pole) and windows are loaded here; the rest of a
-    # group's heads (GROUP > 1) after the wait. Then only the projected row is left to fetch: one round trip.
-    norm_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+    # this one writes. The first value head's first state tile (the long pole) and window are loaded here; the rest
+    # after the wait. Then only the projected row is left to fetch: one round trip.
     slot = tl.load(state_slots + seq).to(tl.int64)
     conv_rows = conv_state + slot * stride_cs_slot
-    state_heads = (recurrent_state + slot * stride_rs_slot + offs_k[:, None] * stride_rs_k
-                   + offs_v[None, :] * stride_rs_v)
+    state_heads = recurrent_state + slot * stride_rs_slot + offs_k[:, None] * stride_rs_k
     q_channels = k_head * DK + offs_k
     k_channels = KEY_DIM + k_head * DK + offs_k
     q_rows = conv_rows + q_channels * stride_cs_c
@@ -129,7 +135,11 @@ def _gated_deltanet_decode_kernel(
     k_hist, k_shifted, k_w_hist, k_w_new = conv_load(conv_weight, k_rows, k_channels, k_mask, stride_w_c, stride_w_k,
                                                      stride_cs_k, WIDTH, HIST_P)
     first_v_head = k_head * GROUP
-    s_first = tl.load(state_heads + first_v_head * stride_rs_h, mask=tile_mask, other=0.0).to(tl.float32)
+    offs_v = tl.arange(0, BLOCK_V)
+    v_mask = offs_v < DV
+    norm_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)  # V_BLOCKS == 1: the whole head
+    s_first = tl.load(state_heads + first_v_head * stride_rs_h + offs_v[None, :] * stride_rs_v,
+                      mask=k_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
     v_channels = 2 * KEY_DIM + first_v_head * DV + offs_v
     v_hist, v_shifted, v_w_hist, v_w_new = conv_load(conv_weight, conv_rows + v_channels * stride_cs_c, v_channels,
                                                      v_mask, stride_w_c, stride_w_k, stride_cs_k, WIDTH, HIST_P)
@@ -139,50 +149,77 @@ def _gated_deltanet_decode_kernel(
 
     for j in tl.static_range(GROUP):
         v_head = first_v_head + j
-        tile = state_heads + v_head * stride_rs_h
-        v_channels = 2 * KEY_DIM + v_head * DV + offs_v
-        v_rows = conv_rows + v_channels * stride_cs_c
-        if j == 0:
-            s = s_first
-        else:  # loads first: nothing before the barrier below waits on a load
-            s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
-            v_hist, v_shifted, v_w_hist, v_w_new = conv_load(conv_weight, v_rows, v_channels, v_mask, stride_w_c,
-                                                             stride_w_k, stride_cs_k, WIDTH, HIST_P)
         a_val = tl.load(row + (A_START + v_head) * stride_p_c)
         b_val = tl.load(row + (B_START + v_head) * stride_p_c)
         A_log_val = tl.load(A_log + v_head)
         dt_bias_val = tl.load(dt_bias + v_head)
-        z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0).to(tl.float32)
-        if j == 0:  # q and k of this key head, shared by its value heads: conv + SiLU (l2norm below)
-            q, q_history = conv_apply(row, q_channels, k_mask, stride_p_c, q_hist, q_shifted, q_w_hist, q_w_new,
-                                      WIDTH, HIST_P)
-            k, k_history = conv_apply(row, k_channels, k_mask, stride_p_c, k_hist, k_shifted, k_w_hist, k_w_new,
-                                      WIDTH, HIST_P)
-        v, v_history = conv_apply(row, v_channels, v_mask, stride_p_c, v_hist, v_shifted, v_w_hist, v_w_new, WIDTH,
-                                  HIST_P)
-        tl.debug_barrier()  # every conv-history read of this program happens before any history write below
-        if j == 0:
-            store_history(q_rows, k_mask, q_history, stride_cs_k, WIDTH, HIST_P)
-            store_history(k_rows, k_mask, k_history, stride_cs_k, WIDTH, HIST_P)
-            q = q * tl.rsqrt(tl.sum(q * q, 0) + L2NORM_EPS) * scale  # l2norm in fp32, q scaled by K**-0.5
-            k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
-        store_history(v_rows, v_mask, v_history, stride_cs_k, WIDTH, HIST_P)
-
         decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
-        s = s * decay  # S *= exp(g)
-        u = (v - tl.sum(s * k[:, None], 0)) * beta  # u = (v - S^T k) beta
-        s = s + k[:, None] * u[None, :]  # S += k (x) u
-        o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
-        tl.store(tile, s.to(recurrent_state.dtype.element_ty), mask=tile_mask)
+        sum_sq = 0.0  # of the head's rounded outputs, over its V blocks (V_BLOCKS > 1)
+        for vb in tl.static_range(V_BLOCKS):
+            offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
+            v_mask = offs_v < DV
+            tile_mask = k_mask[:, None] & v_mask[None, :]
+            tile = state_heads + v_head * stride_rs_h + offs_v[None, :] * stride_rs_v
+            v_channels = 2 * KEY_DIM + v_head * DV + offs_v
+            v_rows = conv_rows + v_channels * stride_cs_c
+            if j * V_BLOCKS + vb == 0:
+                s = s_first
+            else:  # loads first: nothing before the barrier below waits on a load
+                s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
+                v_hist, v_shifted, v_w_hist, v_w_new = conv_load(conv_weight, v_rows, v_channels, v_mask, stride_w_c,
+                                                                 stride_w_k, stride_cs_k, WIDTH, HIST_P)
+            if j * V_BLOCKS + vb == 0:  # q and k of this key head, shared by its value heads: conv + SiLU (l2norm below)
+                q, q_history = conv_apply(row, q_channels, k_mask, stride_p_c, q_hist, q_shifted, q_w_hist, q_w_new,
+                                          WIDTH, HIST_P)
+                k, k_history = conv_apply(row, k_channels, k_mask, stride_p_c, k_hist, k_shifted, k_w_hist, k_w_new,
+                                          WIDTH, HIST_P)
+            v, v_history = conv_apply(row, v_channels, v_mask, stride_p_c, v_hist, v_shifted, v_w_hist, v_w_new,
+                                      WIDTH, HIST_P)
+            tl.debug_barrier()  # every conv-history read of these channels happens before any history write below
+            if j * V_BLOCKS + vb == 0:
+                store_history(q_rows, k_mask, q_history, stride_cs_k, WIDTH, HIST_P)
+                store_history(k_rows, k_mask, k_history, stride_cs_k, WIDTH, HIST_P)
+                q = q * tl.rsqrt(tl.sum(q * q, 0) + L2NORM_EPS) * scale  # l2norm in fp32, q scaled by K**-0.5
+                k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
+            store_history(v_rows, v_mask, v_history, stride_cs_k, WIDTH, HIST_P)
 
-        # Gated RMSNorm over V, rounded where the unfused path rounds (ops/norm.py rms_norm_reference).
-        o = o.to(dtype).to(tl.float32)  # the delta-rule op's output, in v's dtype
-        rstd = tl.rsqrt(tl.sum(o * o, 0) / DV + eps)
-        scaled = norm_w * (o * rstd).to(dtype).to(tl.float32)
-        if ROUND_WEIGHT_PRODUCT:
-            scaled = scaled.to(dtype).to(tl.float32)
-        y = scaled * (z * tl.sigmoid(z))
-        tl.store(out + seq * VALUE_DIM + v_head * DV + offs_v, y.to(dtype), mask=v_mask)
+            s = s * decay  # S *= exp(g)
+            u = (v - tl.sum(s * k[:, None], 0)) * beta  # u = (v - S^T k) beta
+            s = s + k[:, None] * u[None, :]  # S += k (x) u
+            o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
+            tl.store(tile, s.to(recurrent_state.dtype.element_ty), mask=tile_mask)
+            o = o.to(dtype).to(tl.float32)  # the delta-rule op's output, in v's dtype
+            if V_BLOCKS == 1:  # the whole head in registers: the gated norm right here
+                z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
+                y = _gated_norm(o, tl.rsqrt(tl.sum(o * o, 0) / DV + eps), z, norm_w, dtype, ROUND_WEIGHT_PRODUCT)
+                tl.store(out_row + v_head * DV + offs_v, y, mask=v_mask)
+            else:  # park the rounded output where the normed one goes; the norm needs the whole head
+                tl.store(out_row + v_head * DV + offs_v, o.to(dtype), mask=v_mask)
+                sum_sq += tl.sum(o * o, 0)
+        if V_BLOCKS > 1:
+            tl.debug_barrier()  # the parked outputs, stored by any thread of the program, are visible to all of it
+            rstd = tl.rsqrt(sum_sq / DV + eps)
+            for vb in tl.static_range(V_BLOCKS):
+                offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
+                v_mask = offs_v < DV
+                o = tl.load(out_row + v_head * DV + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+                z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
+                block_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+                y = _gated_norm(o, rstd, z, block_w, dtype, ROUND_WEIGHT_PRODUCT)
+                tl.debug_barrier()  # every thread has read the parked block before any thread overwrites it
+                tl.store(out_row + v_head * DV + offs_v, y, mask=v_mask)
+
+
+@triton.jit
+def _gated_norm(o, rstd, z, norm_w, dtype: tl.constexpr, ROUND_WEIGHT_PRODUCT: tl.constexpr):
+    """The gated RMSNorm of a value head's rounded output block ``o`` (fp32) given the head's ``rstd`` and the norm
+    weight's block ``norm_w`` (fp32), rounded where the unfused path rounds (ops/norm.py rms_norm_reference):
+    ``norm_w * (o * rstd)`` then ``* silu(z)``."""
+    scaled = norm_w * (o * rstd).to(dtype).to(tl.float32)
+    if ROUND_WEIGHT_PRODUCT:
+        scaled = scaled.to(dtype).to(tl.float32)
+    z = z.to(tl.float32)
+    return (scaled * (z * tl.sigmoid(z))).to(dtype)
 
 
 def gated_deltanet_decode(
@@ -199,16 +236,22 @@ def gated_deltanet_decode(
     num_v_heads: int,
     head_v_dim: int,
     eps: float,
-    num_warps: int = 8,
+    num_warps: int | None = None,
     fused: bool | None = None,
+    block_v: int | None = None,
 ) -> torch.Tensor:
-    """The fused kernel up to ``FUSED_MAX_BATCH`` sequences (or as ``fused`` says), the unfused kernels above."""
+    """The fused kernel or the unfused ones, with the launch :func:`decode_config` picks for the batch unless
+    ``fused`` / ``block_v`` / ``num_warps`` say otherwise. ``block_v``: the fused kernel's state tile width (a
+    power of two); below V a program walks each value head's tiles in turn (None: the whole head)."""
     check_gated_deltanet_decode_args(projected, conv_weight, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     batch = projected.shape[0]
     width = conv_weight.shape[1]
-    if not (batch <= FUSED_MAX_BATCH if fused is None else fused):
+    default_fused, default_block_v, default_warps = decode_config(batch)
+    if not (default_fused if fused is None else fused):
         return _unfused(projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, recurrent_state, state_slots,
                         num_k_heads, head_k_dim, num_v_heads, head_v_dim, eps)
+    block_v = triton.next_power_of_2(min(block_v or default_block_v or head_v_dim, head_v_dim))
+    num_warps = num_warps or default_warps
     out = torch.empty((batch, num_v_heads * head_v_dim), dtype=projected.dtype, device=projected.device)
     if batch == 0:
         return out
@@ -237,7 +280,8 @@ def gated_deltanet_decode(
         WIDTH=width,
         HIST_P=triton.next_power_of_2(width - 1),
         BLOCK_K=triton.next_power_of_2(head_k_dim),
-        BLOCK_V=triton.next_power_of_2(head_v_dim),
+        BLOCK_V=block_v,
+        V_BLOCKS=triton.cdiv(head_v_dim, block_v),
         ROUND_WEIGHT_PRODUCT=torch.promote_types(norm_weight.dtype, projected.dtype) == projected.dtype,
         num_warps=num_warps,
         **pdl_flags(projected),
