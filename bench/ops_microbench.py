@@ -270,8 +270,9 @@ def run(args) -> dict:
         projected = rand(batch, s.conv_dim + value_width + 2 * hv)
         norm_weight = rand(dv)
         fused_bytes = rec_bytes + 2 * state_bytes + (projected.numel() + batch * value_width) * bf16
-        # the fused kernel with whole heads (8 warps), the unfused kernels, the fused kernel in V tiles of 64 and 32
-        variants = [(True, 8, None), (False, 8, None), (True, 4, 64), (True, 4, 32)]
+        # the fused kernel with whole heads (8 warps), the unfused kernels, the fused kernel in V tiles of 64 (8 warps)
+        # and 32 (4 warps: at 4 warps, tiles of 64 spill)
+        variants = [(True, 8, None), (False, 8, None), (True, 8, 64), (True, 4, 32)]
         for fused, warps, block_v in variants + ([(True, 4, None), (True, 16, None)] if args.sweep else []):
             us = timed(f"gated_deltanet_decode fused={fused} warps={warps} block_v={block_v} B={batch}",
                        lambda: gated_deltanet_kernels.gated_deltanet_decode(
