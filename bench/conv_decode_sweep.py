@@ -14,6 +14,7 @@ input read, output written) at the copy bandwidth measured in the same process.
 from __future__ import annotations
 
 import argparse
+import inspect
 import itertools
 import json
 import sys
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside benc
 
 from bench.attention_decode_sweep import _graph_us  # noqa: E402
 from bench.ops_microbench import copy_bandwidth_gbps  # noqa: E402
-from ops.triton.conv1d_kernels import causal_conv1d_decode, decode_config  # noqa: E402
+from ops.triton.conv1d_kernels import causal_conv1d_decode  # noqa: E402
 
 CHANNELS, WIDTH, ROW = 6144, 4, 8224  # conv channels, kernel width, the in_proj row it is a view of
 
@@ -51,7 +52,8 @@ def main() -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         x, weight, state, slots = _case(batch)
         bound_us = batch * CHANNELS * (2 * (WIDTH - 1) + 2) * 2 / (gbps * 1e3)
-        chosen = decode_config(batch, CHANNELS)
+        defaults = inspect.signature(causal_conv1d_decode).parameters
+        chosen = (defaults["block_c"].default, defaults["num_warps"].default)
         want_state = state.clone()
         want = causal_conv1d_decode(x, weight, want_state, slots)
         grid = [chosen] + [c for c in itertools.product((128, 256, 512, 1024, 2048), (1, 2, 4, 8)) if c != chosen]

@@ -241,13 +241,16 @@ def _child_checks() -> dict:
         compare("delta decode out", got, want)
         compare("delta decode state", state, want_state)
 
-    def check_gated_deltanet_decode(k_heads, v_heads, dk, dv, fused=True, block_v=None):
+    def check_gated_deltanet_decode(k_heads, v_heads, dk, dv, fused=True, block_v=None, batch=5):
         """The fused decode op: output and both pools (but the null slot) against the reference. Two padding lanes
         on the null slot; projected rows are a slice of wider rows (row stride > width). ``fused=False``: the
         launcher's large-batch path through the unfused kernels, on the same strided views. ``block_v``: the fused
-        kernel walking each value head's state in tiles of that width (the norm over the parked outputs)."""
-        batch, num_slots, width = 5, 8, 4
-        slots = torch.tensor([5, 0, 2, 0, 7], dtype=torch.int32)
+        kernel walking each value head's state in tiles of that width (the norm over the parked outputs).
+        ``fused=None``: the launch the launcher picks for ``batch`` (decode_config)."""
+        width = 4
+        num_slots = batch + 3
+        slots = (torch.randperm(num_slots - 1)[:batch] + 1).to(torch.int32)
+        slots[1] = slots[3] = 0
         sizes = layouts.gated_deltanet_split_sizes(k_heads, dk, v_heads, dv)
         channels = sum(sizes[:3])
         projected = torch.randn(batch, sum(sizes) + 9)[:, 4:-5]
@@ -475,6 +478,9 @@ def _child_checks() -> dict:
         # the state walked in V tiles: 4 whole tiles; 3 tiles of 8 over V = 20 (the last one masked), 3 value heads
         "gated_deltanet_decode_v_tiles": lambda: check_gated_deltanet_decode(2, 2, 16, 32, block_v=8),
         "gated_deltanet_decode_v_tiles_ragged": lambda: check_gated_deltanet_decode(2, 6, 12, 20, block_v=8),
+        # the launcher's own pick at 20 sequences: tiles of 32 over V = 64 (decode_config)
+        "gated_deltanet_decode_default_launch_batch_20": lambda: check_gated_deltanet_decode(1, 1, 16, 64, fused=None,
+                                                                                               batch=20),
         # one row: the one-row GEMV (BLOCK_M 1), plain, strided, with either prologue; and on the few-rows loop
         # (BLOCK_M 2, the second row masked)
         "gemm_m1_gemv": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(4, 32)]),
@@ -567,6 +573,7 @@ CHECK_NAMES = [
     "gated_deltanet_decode_unfused_path",
     "gated_deltanet_decode_v_tiles",
     "gated_deltanet_decode_v_tiles_ragged",
+    "gated_deltanet_decode_default_launch_batch_20",
     "gemm_m1_gemv",
     "gemm_m1_strided",
     "gemm_m1_on_rows_path",

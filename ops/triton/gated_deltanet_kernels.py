@@ -16,24 +16,29 @@ value head j reads key head j // G, repeat_interleave), and those value heads' `
   * padding lanes all point at the null slot 0 and race with each other there by design: nobody reads slot 0.
 Each program computes q and k once (conv + SiLU + l2norm) and reuses them for its G value heads, which it walks in
 turn (``tl.static_range``): per head, S *= exp(g); u = (v - S^T k) * beta; S += k (x) u; o = S^T q; store S; then
-the gated RMSNorm of o over V with ``silu(z)`` and the shared weight, stored at ``out[b, j*V:(j+1)*V]``.
+the gated RMSNorm of o over V with ``silu(z)`` and the shared weight, stored at ``out[b, j*V:(j+1)*V]``. Every
+column of S is independent of the others but for the norm, so a program may also walk a head in ``[K, BLOCK_V]``
+tiles (``V_BLOCKS`` > 1): each tile's rounded o is parked in ``out``, and once the head's last tile is done
+(``tl.debug_barrier()``: the program's global stores are visible to all its threads) the norm reads the parked
+outputs back and overwrites them with the normed ones.
 Loads come before any math. With PDL, what does not depend on in_proj's output (the slot, the conv history and
-the first value head's state tile: written in a step by this kernel only) is loaded before ``gdc_wait``, while
-in_proj still runs; after it a program waits for one round trip to memory (the projected row), not one per step of
-the math.
+the first value head's first state tile: written in a step by this kernel only) is loaded before ``gdc_wait``,
+while in_proj still runs; after it a program waits for one round trip to memory (the projected row), not one per
+step of the math.
 
 Rounding follows the unfused references exactly: conv outputs cast to projected's dtype (the conv op's output),
 the delta-rule output cast to it (the delta op's output), the normalised output cast to it and, as torch would,
 the weight product rounded to ``promote_types(norm_weight, projected)``; state math is fp32.
 
-Registers: the whole ``[BLOCK_K, BLOCK_V]`` fp32 tile (128 x 128 = 16K values at the model shapes) lives in
-registers, hence ``num_warps=8`` by default (64 tile values a thread). At 8 warps the kernel sits at the
-255-register limit with few or no spills: issuing every load up front keeps more values live than math order would,
-the price of one round trip to memory at batch 1 instead of four; 16 warps hit the 128-register cap and spill; 4
-warps cannot hold the tile (bench/NOTES.md, "Decode kernels' registers"). Above 128 registers a thread, one 8-warp
-program is resident per SM either way. At batch 1 the grid is only Hk programs (16 for Qwen3.5-0.8B): the launches
-saved, not bandwidth, are the point there; at large batch the unfused delta-rule kernel (a ``[128, 64]`` tile, 4
-warps, up to 3 programs an SM) streams the state faster, hence ``FUSED_MAX_BATCH``.
+Registers: a whole head's ``[BLOCK_K, BLOCK_V]`` fp32 tile (128 x 128 = 16K values at the model shapes) lives in
+registers with ``num_warps=8`` (64 tile values a thread). At 8 warps the kernel sits at the 255-register limit with
+few or no spills: issuing every load up front keeps more values live than math order would, the price of one round
+trip to memory at batch 1 instead of four; 16 warps hit the 128-register cap and spill; 4 warps cannot hold the tile
+(bench/NOTES.md, "Decode kernels' registers"). Above 128 registers a thread, one 8-warp program is resident per SM
+either way. Tiles of 64 take 254 registers at 8 warps; tiles of 32 at 4 warps 246 (two programs an SM); tiles of 64
+at 4 warps spill kilobytes (Triton 3.9's ptxas, sm_90). At batch 1 the grid is only Hk programs (16 for
+Qwen3.5-0.8B): the launches saved, not bandwidth, are the point there; at large batch the unfused delta-rule kernel
+(a ``[128, 64]`` tile, 4 warps) streams the state faster, hence ``DECODE_LAUNCHES``.
 """
 
 from __future__ import annotations
@@ -50,20 +55,25 @@ from ops.triton.conv1d_kernels import conv_apply, conv_load, store_history
 from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta
 from ops.triton.pdl import pdl_flags
 
-# Sequences up to which the fused kernel runs; above, the unfused kernels (conv, delta rule, norm: 3 launches). At
-# small batch the launches are the cost, at large batch the state traffic, where the unfused delta-rule kernel's
-# [K, 64] tiles keep up to 3 programs an SM streaming: the fused kernel is the faster at 8 and 16 sequences and the
-# slower at 64 (bench/NOTES.md, "Fused GDN decode").
-FUSED_MAX_BATCH = 16
+# The decode launch by batch size, first match wins: (most sequences, the fused kernel's V tile or None for whole
+# heads in registers, warps); above the last entry, the unfused kernels (conv, delta rule, norm: 3 launches). Timed
+# on Qwen3.5-0.8B's shape (16 value heads of 128 x 128), one call per CUDA graph (bench/NOTES.md, "Fused GDN
+# decode"): whole heads at 8 warps (one program an SM) lead while the batch x key heads programs fit one wave; at 16
+# sequences V tiles of 64 (8 warps) beat them by 10%; at 32-64 tiles of 32 (4 warps, no spills, two programs an SM)
+# beat whole heads by 7-9% and the unfused kernels by 10-22%; at 128 the tiles and the unfused kernels are level, and
+# from 256 the unfused delta-rule kernel streams the state 5-7% faster.
+DECODE_LAUNCHES = ((8, None, 8), (16, 64, 8), (64, 32, 4))
+FUSED_MAX_BATCH = DECODE_LAUNCHES[-1][0]
 
 
 def decode_config(batch: int) -> tuple[bool, int | None, int]:
-    """(fused, block_v, num_warps) of the decode launch for ``batch`` sequences: the fused kernel with whole value
-    heads in registers (8 warps) up to ``FUSED_MAX_BATCH``, the unfused kernels above (where a fused launch, if
-    asked for, walks the heads in V tiles of 64 with 4 warps)."""
-    if batch <= FUSED_MAX_BATCH:
-        return True, None, 8
-    return False, 64, 4
+    """(fused, block_v, num_warps) of the decode launch for ``batch`` sequences (``DECODE_LAUNCHES``); above
+    ``FUSED_MAX_BATCH`` the unfused kernels (where a fused launch, if asked for, uses the last entry's tiles)."""
+    for most, block_v, warps in DECODE_LAUNCHES:
+        if batch <= most:
+            return True, block_v, warps
+    _, block_v, warps = DECODE_LAUNCHES[-1]
+    return False, block_v, warps
 
 
 @triton.jit
