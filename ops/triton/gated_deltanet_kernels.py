@@ -178,6 +178,8 @@ def _gated_deltanet_decode_kernel(
                 s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
                 v_hist, v_shifted, v_w_hist, v_w_new = conv_load(conv_weight, v_rows, v_channels, v_mask, stride_w_c,
                                                                  stride_w_k, stride_cs_k, WIDTH, HIST_P)
+            if V_BLOCKS == 1:  # z for the norm below, loaded with the rest (no load waits behind the barrier)
+                z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
             if j * V_BLOCKS + vb == 0:  # q and k of this key head, shared by its value heads: conv + SiLU (l2norm below)
                 q, q_history = conv_apply(row, q_channels, k_mask, stride_p_c, q_hist, q_shifted, q_w_hist, q_w_new,
                                           WIDTH, HIST_P)
@@ -200,7 +202,6 @@ def _gated_deltanet_decode_kernel(
             tl.store(tile, s.to(recurrent_state.dtype.element_ty), mask=tile_mask)
             o = o.to(dtype).to(tl.float32)  # the delta-rule op's output, in v's dtype
             if V_BLOCKS == 1:  # the whole head in registers: the gated norm right here
-                z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
                 y = _gated_norm(o, tl.rsqrt(tl.sum(o * o, 0) / DV + eps), z, norm_w, dtype, ROUND_WEIGHT_PRODUCT)
                 tl.store(out_row + v_head * DV + offs_v, y, mask=v_mask)
             else:  # park the rounded output where the normed one goes; the norm needs the whole head
@@ -494,12 +495,8 @@ def _gated_deltanet_verify_kernel(
 
             # Gated RMSNorm over V, rounded where the unfused path rounds (as in the decode kernel).
             o = o.to(dtype).to(tl.float32)
-            rstd = tl.rsqrt(tl.sum(o * o, 0) / DV + eps)
-            scaled = norm_w * (o * rstd).to(dtype).to(tl.float32)
-            if ROUND_WEIGHT_PRODUCT:
-                scaled = scaled.to(dtype).to(tl.float32)
-            y = scaled * (z * tl.sigmoid(z))
-            tl.store(out + (seq * POSITIONS + i) * VALUE_DIM + v_head * DV + offs_v, y.to(dtype), mask=v_mask)
+            y = _gated_norm(o, tl.rsqrt(tl.sum(o * o, 0) / DV + eps), z, norm_w, dtype, ROUND_WEIGHT_PRODUCT)
+            tl.store(out + (seq * POSITIONS + i) * VALUE_DIM + v_head * DV + offs_v, y, mask=v_mask)
 
 
 def gated_deltanet_verify(
