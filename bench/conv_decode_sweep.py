@@ -1,9 +1,10 @@
 """Causal conv decode configs timed at the batch sizes of the throughput and long-context workloads: data for
 ``ce::causal_conv1d_decode``'s channel block and warps.
 
-``ce::causal_conv1d_decode`` is a Gated DeltaNet layer's conv step above ``FUSED_MAX_BATCH`` sequences (below, the
-fused kernel does it). Qwen3.5-0.8B's shape: 6,144 channels (q | k | v), width 4, a bf16 conv pool, the input a
-strided view of the in_proj rows as the model passes it, each sequence on its own slot. Per batch every candidate
+``ce::causal_conv1d_decode`` is a Gated DeltaNet layer's conv step past the fused kernel's batch sizes
+(ops/triton/gated_deltanet_kernels.py ``DECODE_LAUNCHES``). Qwen3.5-0.8B's shape: 6,144 channels (q | k | v), width
+4, a bf16 conv pool, the input a strided view of the in_proj rows as the model passes it, each sequence on its own
+slot. Per batch every candidate
 (BLOCK_C, warps) is checked against the default config's output and history (exact: the same math), then timed as
 20 calls in one CUDA graph (median of the replays). The bound is the bytes a call moves (history read and written,
 input read, output written) at the copy bandwidth measured in the same process.
@@ -66,8 +67,8 @@ def main() -> None:
             us = _graph_us(lambda: causal_conv1d_decode(x, weight, work, slots, block_c=block_c,  # noqa: B023
                                                         num_warps=warps))
             results.append({"batch": batch, "config": config, "us": us, "frac_bound": bound_us / us, "exact": exact})
-            print(f"B={batch} {config}: {us:.2f} µs ({bound_us / us:.1%} of {bound_us:.2f}){'' if exact else ' NOT EXACT'}",
-                  flush=True)
+            flag = "" if exact else " NOT EXACT"
+            print(f"B={batch} {config}: {us:.2f} µs ({bound_us / us:.1%} of {bound_us:.2f}){flag}", flush=True)
         mine = sorted((r for r in results if r["batch"] == batch and r["exact"]), key=lambda r: r["us"])
         default = next(r for r in results if r["batch"] == batch and r["config"]["chosen"])
         print(f"B={batch} default {default['us']:.2f} µs ({default['frac_bound']:.1%}); best:",

@@ -63,12 +63,11 @@ from ops.triton.pdl import pdl_flags
 # beat whole heads by 7-9% and the unfused kernels by 10-22%; at 128 the tiles and the unfused kernels are level, and
 # from 256 the unfused delta-rule kernel streams the state 5-7% faster.
 DECODE_LAUNCHES = ((8, None, 8), (16, 64, 8), (64, 32, 4))
-FUSED_MAX_BATCH = DECODE_LAUNCHES[-1][0]
 
 
 def decode_config(batch: int) -> tuple[bool, int | None, int]:
-    """(fused, block_v, num_warps) of the decode launch for ``batch`` sequences (``DECODE_LAUNCHES``); above
-    ``FUSED_MAX_BATCH`` the unfused kernels (where a fused launch, if asked for, uses the last entry's tiles)."""
+    """(fused, block_v, num_warps) of the decode launch for ``batch`` sequences (``DECODE_LAUNCHES``); past its last
+    entry the unfused kernels (where a fused launch, if asked for, uses the last entry's tiles)."""
     for most, block_v, warps in DECODE_LAUNCHES:
         if batch <= most:
             return True, block_v, warps
@@ -180,7 +179,7 @@ def _gated_deltanet_decode_kernel(
                                                                  stride_w_k, stride_cs_k, WIDTH, HIST_P)
             if V_BLOCKS == 1:  # z for the norm below, loaded with the rest (no load waits behind the barrier)
                 z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
-            if j * V_BLOCKS + vb == 0:  # q and k of this key head, shared by its value heads: conv + SiLU (l2norm below)
+            if j * V_BLOCKS + vb == 0:  # q and k of this key head, shared by its value heads: conv + SiLU, l2norm below
                 q, q_history = conv_apply(row, q_channels, k_mask, stride_p_c, q_hist, q_shifted, q_w_hist, q_w_new,
                                           WIDTH, HIST_P)
                 k, k_history = conv_apply(row, k_channels, k_mask, stride_p_c, k_hist, k_shifted, k_w_hist, k_w_new,
