@@ -65,9 +65,10 @@ def requirements(batches=(1, 256), context: int = 1024, steps: int = 20, prefill
 
 
 def engine_max_tokens(batch: int, steps: int) -> int:
-    """The engine rows' max_tokens: room for the 2 warm-up and 2 x ``steps`` timed steps (plain and profiled) once
-    every request has its first token, and for the tokens the first requests decode while the later prompts are
-    still being computed (mixed steps: at least one prompt of at most the token budget completes a step)."""
+    """The engine rows' max_tokens: room for the 2 warm-up steps and 3 x ``steps`` measured ones (timed, under
+    torch.profiler, under cProfile) once every request has its first token, and for the tokens the first requests
+    decode while the later prompts are still being computed (mixed steps: at least one prompt of at most the token
+    budget completes a step)."""
     return 4 * steps + 16 + batch
 
 
