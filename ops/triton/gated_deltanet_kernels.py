@@ -162,7 +162,6 @@ def _gated_deltanet_decode_kernel(
         b_val = tl.load(row + (B_START + v_head) * stride_p_c)
         A_log_val = tl.load(A_log + v_head)
         dt_bias_val = tl.load(dt_bias + v_head)
-        decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
         sum_sq = 0.0  # of the head's rounded outputs, over its V blocks (V_BLOCKS > 1)
         for vb in tl.static_range(V_BLOCKS):
             offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -194,6 +193,7 @@ def _gated_deltanet_decode_kernel(
                 k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
             store_history(v_rows, v_mask, v_history, stride_cs_k, WIDTH, HIST_P)
 
+            decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
             s = s * decay  # S *= exp(g)
             u = (v - tl.sum(s * k[:, None], 0)) * beta  # u = (v - S^T k) beta
             s = s + k[:, None] * u[None, :]  # S += k (x) u
