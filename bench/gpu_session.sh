@@ -35,7 +35,9 @@
 #      engine loop in a thread of the server.
 #  10. (last too) gdn_launches and gdn_launches_before: bench sweep (batch 8-128, context 512) + throughput with the
 #      GDN decode launch rule as it is (ops/triton/gated_deltanet_kernels.py DECODE_LAUNCHES) and with the rule before
-#      V tiles (whole heads up to 16 sequences, the unfused kernels above): the engine-level A/B of run 85's choice.
+#      V tiles (whole heads up to 16 sequences, the unfused kernels above): the engine-level A/B of run 85's choice;
+#      latency_gdn_tiles: bench latency with V tiles of 64 from batch 1 (whole heads spill under Triton 3.6), beside
+#      the main stage's latency.
 # HF's numbers come from bench/run_h200.sh (they do not change with our code); tensor parallelism from
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
@@ -126,6 +128,10 @@ stage gdn_launches_before 90 python3 -c "import runpy, sys, ops.triton.gated_del
 g.DECODE_LAUNCHES = ((16, None, 8),)
 sys.argv = ['bench', *sys.argv[1:]]
 runpy.run_module('bench', run_name='__main__')" "${GDN_AB[@]}" --out "$WORK/gdn_launches_before"
+stage latency_gdn_tiles 90 python3 -c "import runpy, sys, ops.triton.gated_deltanet_kernels as g
+g.DECODE_LAUNCHES = ((16, 64, 8), (64, 32, 4))
+sys.argv = ['bench', *sys.argv[1:]]
+runpy.run_module('bench', run_name='__main__')" latency -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/latency_gdn_tiles"
 # Speculative decoding (8.): the sampling workload with MTP drafts, the GPU tests of speculative decoding, and the
 # spec scenario at batch 1, k = 2, with the whole vocabulary drafting and with its first 32,768 ids.
 MTP='{"method": "mtp", "num_speculative_tokens": 2}'
@@ -139,7 +145,7 @@ SERVE=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 -p concurrency=64 -p 
        -p num_requests=256)
 stage serve 240 python3 -m bench serve "${SERVE[@]}" --out "$WORK/serve"
 stage serve_thread 240 python3 -m bench serve "${SERVE[@]}" -p engine_process=false --out "$WORK/serve_thread"
-dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix cookbook sweep_contexts sampling sampling_mtp spec spec_vocab serve serve_thread gdn_launches gdn_launches_before; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
+dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix cookbook sweep_contexts sampling sampling_mtp spec spec_vocab serve serve_thread gdn_launches gdn_launches_before latency_gdn_tiles; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done
