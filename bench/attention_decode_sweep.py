@@ -50,7 +50,7 @@ def _case(batch: int, context: int):
             HQ, HKV, D, D ** -0.5)
 
 
-def _graph_us(fn) -> float:
+def graph_us(fn) -> float:
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -85,7 +85,7 @@ def main() -> None:
                 call = lambda: attention_decode(*inputs, num_splits=num_splits, block_n=block_n,  # noqa: E731
                                                 num_warps=warps, num_stages=stages)
                 err = (call().float() - ref).abs().max().item()
-                us = _graph_us(call)
+                us = graph_us(call)
             except Exception as exc:  # out of shared memory and the like: not a candidate
                 print(f"{case} {config}: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
                 continue

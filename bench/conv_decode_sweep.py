@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
-from bench.attention_decode_sweep import _graph_us  # noqa: E402
+from bench.attention_decode_sweep import graph_us  # noqa: E402
 from bench.ops_microbench import copy_bandwidth_gbps  # noqa: E402
 from ops.triton.conv1d_kernels import causal_conv1d_decode  # noqa: E402
 
@@ -64,7 +64,7 @@ def main() -> None:
             got = causal_conv1d_decode(x, weight, got_state, slots, block_c=block_c, num_warps=warps)
             exact = torch.equal(got, want) and torch.equal(got_state, want_state)
             work = state.clone()
-            us = _graph_us(lambda: causal_conv1d_decode(x, weight, work, slots, block_c=block_c,  # noqa: B023
+            us = graph_us(lambda: causal_conv1d_decode(x, weight, work, slots, block_c=block_c,  # noqa: B023
                                                         num_warps=warps))
             results.append({"batch": batch, "config": config, "us": us, "frac_bound": bound_us / us, "exact": exact})
             flag = "" if exact else " NOT EXACT"

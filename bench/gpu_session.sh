@@ -122,16 +122,16 @@ stage cookbook 540 python3 -m bench cookbook "${COOKBOOK[@]}" ${COOKBOOK_ARGS:-}
     -p cookbook.concurrency="$COOKBOOK_CONCURRENCY" --out "$WORK/cookbook"
 stage sweep_contexts 150 python3 -m bench sweep "${COOKBOOK[@]}" -p sweep.prompt_len=512,8192 --out "$WORK/sweep_contexts"
 stage sampling 90 python3 -m bench sampling "${BENCH[@]}" --out "$WORK/sampling"
+# "${WITH_LAUNCHES[@]}" LAUNCHES ARGS...: `python3 -m bench ARGS` with the GDN decode kernel's DECODE_LAUNCHES replaced
+WITH_LAUNCHES=(python3 -c "import ast, runpy, sys, ops.triton.gated_deltanet_kernels as g
+g.DECODE_LAUNCHES = ast.literal_eval(sys.argv[1])
+sys.argv = ['bench', *sys.argv[2:]]
+runpy.run_module('bench', run_name='__main__')")
 GDN_AB=(sweep,throughput "${BENCH[@]}" -p sweep.batches=8,16,32,64,128 -p sweep.prompt_len=512)
 stage gdn_launches 200 python3 -m bench "${GDN_AB[@]}" --out "$WORK/gdn_launches"
-stage gdn_launches_before 90 python3 -c "import runpy, sys, ops.triton.gated_deltanet_kernels as g
-g.DECODE_LAUNCHES = ((16, None, 8),)
-sys.argv = ['bench', *sys.argv[1:]]
-runpy.run_module('bench', run_name='__main__')" "${GDN_AB[@]}" --out "$WORK/gdn_launches_before"
-stage latency_gdn_tiles 90 python3 -c "import runpy, sys, ops.triton.gated_deltanet_kernels as g
-g.DECODE_LAUNCHES = ((16, 64, 8), (64, 32, 4))
-sys.argv = ['bench', *sys.argv[1:]]
-runpy.run_module('bench', run_name='__main__')" latency -p latency.repeats=2 "${BENCH[@]}" --out "$WORK/latency_gdn_tiles"
+stage gdn_launches_before 90 "${WITH_LAUNCHES[@]}" "((16, None, 8),)" "${GDN_AB[@]}" --out "$WORK/gdn_launches_before"
+stage latency_gdn_tiles 90 "${WITH_LAUNCHES[@]}" "((16, 64, 8), (64, 32, 4))" latency -p latency.repeats=2 "${BENCH[@]}" \
+    --out "$WORK/latency_gdn_tiles"
 # Speculative decoding (8.): the sampling workload with MTP drafts, the GPU tests of speculative decoding, and the
 # spec scenario at batch 1, k = 2, with the whole vocabulary drafting and with its first 32,768 ids.
 MTP='{"method": "mtp", "num_speculative_tokens": 2}'
