@@ -112,3 +112,22 @@ def test_gated_deltanet_decode_launches_compile_for_sm90(group):
         block_v = block_v or 128
         _compile(gk._gated_deltanet_decode_kernel, sig, dict(shape, BLOCK_V=block_v, V_BLOCKS=128 // block_v),
                  num_warps=warps)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("block_v, warps", [(128, 8), (64, 4), (32, 4), (16, 2)])
+def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps):
+    """The verify kernel at k = 2 with whole heads (the norm in the kernel) and with each head's columns split over
+    programs (``VERIFY_LAUNCHES`` picks among these), at GROUP 1 and 2, bf16 rows and an fp32 state pool."""
+    from ops.triton import gated_deltanet_kernels as gk
+
+    sig = dict(projected=_ptr("bf16"), conv_weight=_ptr("bf16"), conv_state=_ptr("bf16"), A_log=_ptr("fp32"),
+               dt_bias=_ptr("fp32"), norm_weight=_ptr("bf16"), recurrent_state=_ptr("fp32"), state_slots=_ptr("i32"),
+               history=_ptr("fp32"), out=_ptr("bf16"), scale="fp32", eps="fp32",
+               **{name: "i64" for name in ("stride_p_b", "stride_p_c", "stride_w_c", "stride_w_k", "stride_cs_slot",
+                                           "stride_cs_c", "stride_cs_k", "stride_rs_slot", "stride_rs_h",
+                                           "stride_rs_k", "stride_rs_v", "stride_h_seq", "stride_h_pos")})
+    _compile(gk._gated_deltanet_verify_kernel, sig,
+             dict(POSITIONS=3, NUM_K_HEADS=16, NUM_V_HEADS=16 * group, GROUP=group, DK=128, DV=128, WIDTH=4, WIDTH_P=4,
+                  BLOCK_K=128, BLOCK_V=block_v, V_BLOCKS=128 // block_v, ROUND_WEIGHT_PRODUCT=True),
+             num_warps=warps)

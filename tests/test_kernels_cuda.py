@@ -691,6 +691,39 @@ def test_gated_deltanet_verify_matches_reference(live, layout, k, dtype, state_d
     _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec)
 
 
+@pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
+@pytest.mark.parametrize("live,k,block_v,warps", [(1, 2, 32, 4), (40, 3, 64, 4), (5, 1, 16, 2)])
+def test_gated_deltanet_verify_in_v_blocks_matches_reference(layout, live, k, block_v, warps):
+    """The verify kernel with each value head's columns split over programs (the gated norm a second launch):
+    outputs, the pools left as they were, and the commit from its history (keys, decays and q / k conv inputs are
+    written by block 0 only) against the references."""
+    from ops.triton import gated_deltanet_kernels
+
+    gen = _seeded(live * 11 + block_v)
+    hk, hv, dk, dv = layout
+    n, positions, num_slots = live + 2, k + 1, live + 2
+    slots = torch.cat([_live_slots(gen, live, num_slots), torch.zeros(2, dtype=torch.int32, device=DEV)])
+    projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state = _gated_deltanet_inputs(
+        gen, n * positions, layout, torch.bfloat16, torch.float32, num_slots, True)
+    width = layouts.gated_deltanet_history_offsets(hk, dk, hv, dv)[3]
+    history = torch.full((n, positions, width), float("nan"), device=DEV)
+    want_history = history.clone()
+    accepted = torch.randint(0, k + 1, (n,), generator=gen, device=DEV)
+    heads = (hk, dk, hv, dv)
+    want_conv, want_rec = conv_state.clone(), rec_state.clone()
+    want = gated_deltanet_verify.gated_deltanet_verify_reference(
+        projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, want_history, *heads, 1e-6)
+    got = gated_deltanet_kernels.gated_deltanet_verify(
+        projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, history, *heads, 1e-6,
+        num_warps=warps, block_v=block_v)
+    torch.testing.assert_close(got[: live * positions], want[: live * positions], **TOL[torch.bfloat16])
+    assert torch.equal(conv_state, want_conv) and torch.equal(rec_state, want_rec), "the verify wrote a pool"
+    gated_deltanet_verify.gated_deltanet_commit_reference([want_conv], [want_rec], slots, [want_history], accepted,
+                                                          *heads)
+    torch.ops.ce.gated_deltanet_commit([conv_state], [rec_state], slots, [history], accepted, *heads)
+    _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec)
+
+
 def _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec):
     """As ``_assert_gated_deltanet_states_close``, for up to 5 positions in a row: a bf16 conv output that rounds a
     tie apart at one position moves every later state a little, so the recurrent state gets 2-3x the one-step

@@ -43,6 +43,8 @@ Qwen3.5-0.8B): the launches saved, not bandwidth, are the point there; at large 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -377,6 +379,16 @@ def _store_conv_input(entry, first_row, channels, c_mask, position, stride_p_b, 
     tl.store(entry + channels, x.to(STATE_DTYPE).to(tl.float32), mask=c_mask)
 
 
+# The verify launch by batch size (sequences), first match wins: (most sequences, V block or None for whole heads with
+# the norm in the kernel, warps).
+VERIFY_LAUNCHES = ((math.inf, None, 8),)
+
+
+def verify_config(batch: int) -> tuple[int | None, int]:
+    """(block_v, num_warps) of the verify launch for ``batch`` sequences (``VERIFY_LAUNCHES``)."""
+    return next((block_v, warps) for most, block_v, warps in VERIFY_LAUNCHES if batch <= most)
+
+
 @triton.jit
 def _gated_deltanet_verify_kernel(
     projected,
@@ -413,14 +425,19 @@ def _gated_deltanet_verify_kernel(
     WIDTH: tl.constexpr,
     WIDTH_P: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # a power of two; V_BLOCKS of them cover DV
+    V_BLOCKS: tl.constexpr,
     ROUND_WEIGHT_PRODUCT: tl.constexpr,
 ):
-    """Grid ``(N, Hk)``: program (n, h) walks the value heads of key head h (as the decode kernel does) and, for
-    each, the P positions in turn with the ``[K, V]`` state tile in registers, loaded once from the pool and never
-    stored. q and k are recomputed for each value head of the group (cheap: their rows sit in L1/L2); the first
-    value head's walk writes their history. Nothing here writes what another program reads, and nothing in a pool:
-    no barriers."""
+    """Grid ``(N, Hk, V_BLOCKS)``: program (n, h, c) walks the value heads of key head h (as the decode kernel does)
+    and, for each, the P positions in turn with columns ``c*BLOCK_V .. +BLOCK_V`` of the ``[K, V]`` state tile in
+    registers, loaded once from the pool and never stored. Every column of the delta rule is independent of the
+    others (``u`` and ``o`` are column-wise), so a head's columns can be split over programs; only the gated norm
+    needs the whole head: with one block (``V_BLOCKS == 1``) it runs here, else the program stores the rounded
+    delta-rule output and the caller norms it (the unfused path's norm kernel). q and k are recomputed for each
+    value head and block (cheap: their rows sit in L1/L2); block 0 of the first value head writes their history,
+    block 0 of each head its decay. Nothing here writes what another program reads, and nothing in a pool: no
+    barriers."""
     KEY_DIM = NUM_K_HEADS * DK
     VALUE_DIM = NUM_V_HEADS * DV
     Z_START = 2 * KEY_DIM + VALUE_DIM
@@ -432,15 +449,17 @@ def _gated_deltanet_verify_kernel(
 
     seq = tl.program_id(0).to(tl.int64)
     k_head = tl.program_id(1)
+    v_block = tl.program_id(2)
     offs_k = tl.arange(0, BLOCK_K)
-    offs_v = tl.arange(0, BLOCK_V)
+    offs_v = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
     k_mask = offs_k < DK
     v_mask = offs_v < DV
     tile_mask = k_mask[:, None] & v_mask[None, :]
     dtype = out.dtype.element_ty
     conv_dtype = conv_state.dtype.element_ty
 
-    norm_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+    if V_BLOCKS == 1:
+        norm_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)
     slot = tl.load(state_slots + seq).to(tl.int64)
     conv_rows = conv_state + slot * stride_cs_slot
     q_channels = k_head * DK + offs_k
@@ -475,7 +494,8 @@ def _gated_deltanet_verify_kernel(
             k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
             a_val = tl.load(row + (A_START + v_head) * stride_p_c)
             b_val = tl.load(row + (B_START + v_head) * stride_p_c)
-            z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0).to(tl.float32)
+            if V_BLOCKS == 1:
+                z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
 
             decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
             s = s * decay  # S *= exp(g)
@@ -486,16 +506,17 @@ def _gated_deltanet_verify_kernel(
 
             _store_conv_input(entry, first_row, v_channels, v_mask, i, stride_p_b, stride_p_c, conv_dtype)
             tl.store(entry + UPDATES_AT + v_head * DV + offs_v, u, mask=v_mask)
-            tl.store(entry + DECAYS_AT + v_head, decay)
-            if j == 0:
-                _store_conv_input(entry, first_row, q_channels, k_mask, i, stride_p_b, stride_p_c, conv_dtype)
-                _store_conv_input(entry, first_row, k_channels, k_mask, i, stride_p_b, stride_p_c, conv_dtype)
-                tl.store(entry + KEYS_AT + k_head * DK + offs_k, k, mask=k_mask)
+            if v_block == 0:
+                tl.store(entry + DECAYS_AT + v_head, decay)
+                if j == 0:
+                    _store_conv_input(entry, first_row, q_channels, k_mask, i, stride_p_b, stride_p_c, conv_dtype)
+                    _store_conv_input(entry, first_row, k_channels, k_mask, i, stride_p_b, stride_p_c, conv_dtype)
+                    tl.store(entry + KEYS_AT + k_head * DK + offs_k, k, mask=k_mask)
 
-            # Gated RMSNorm over V, rounded where the unfused path rounds (as in the decode kernel).
-            o = o.to(dtype).to(tl.float32)
-            y = _gated_norm(o, tl.rsqrt(tl.sum(o * o, 0) / DV + eps), z, norm_w, dtype, ROUND_WEIGHT_PRODUCT)
-            tl.store(out + (seq * POSITIONS + i) * VALUE_DIM + v_head * DV + offs_v, y, mask=v_mask)
+            o = o.to(dtype).to(tl.float32)  # the delta-rule op's output, in v's dtype
+            if V_BLOCKS == 1:  # the gated RMSNorm over V, rounded where the unfused path rounds (as in decode)
+                o = _gated_norm(o, tl.rsqrt(tl.sum(o * o, 0) / DV + eps), z, norm_w, dtype, ROUND_WEIGHT_PRODUCT)
+            tl.store(out + (seq * POSITIONS + i) * VALUE_DIM + v_head * DV + offs_v, o.to(dtype), mask=v_mask)
 
 
 def gated_deltanet_verify(
@@ -513,17 +534,24 @@ def gated_deltanet_verify(
     num_v_heads: int,
     head_v_dim: int,
     eps: float,
-    num_warps: int = 8,
+    num_warps: int | None = None,
+    block_v: int | None = None,
 ) -> torch.Tensor:
-    """One launch, grid (sequences, key heads): 8 warps hold the fp32 state tile as in the decode kernel."""
+    """One launch, grid (sequences, key heads, V blocks), with the launch :func:`verify_config` picks for the batch
+    unless ``block_v`` / ``num_warps`` say otherwise; below V (``block_v`` a power of two) the gated norm is a second
+    launch (the unfused path's norm kernel)."""
     positions = check_gated_deltanet_verify_args(projected, conv_weight, state_slots, history, num_k_heads,
                                                  head_k_dim, num_v_heads, head_v_dim)
     if history.stride(2) != 1:
         raise ValueError("gated_deltanet_verify: the history's last dimension must be contiguous")
     width = conv_weight.shape[1]
-    out = torch.empty((projected.shape[0], num_v_heads * head_v_dim), dtype=projected.dtype, device=projected.device)
+    rows, value_dim = projected.shape[0], num_v_heads * head_v_dim
+    default_block_v, default_warps = verify_config(state_slots.shape[0])
+    block_v = triton.next_power_of_2(min(block_v or default_block_v or head_v_dim, head_v_dim))
+    v_blocks = triton.cdiv(head_v_dim, block_v)
+    out = torch.empty((rows, value_dim), dtype=projected.dtype, device=projected.device)
     norm_weight = norm_weight.contiguous()
-    _gated_deltanet_verify_kernel[(state_slots.shape[0], num_k_heads)](
+    _gated_deltanet_verify_kernel[(state_slots.shape[0], num_k_heads, v_blocks)](
         projected,
         conv_weight,
         conv_state,
@@ -551,11 +579,16 @@ def gated_deltanet_verify(
         WIDTH=width,
         WIDTH_P=triton.next_power_of_2(width),
         BLOCK_K=triton.next_power_of_2(head_k_dim),
-        BLOCK_V=triton.next_power_of_2(head_v_dim),
+        BLOCK_V=block_v,
+        V_BLOCKS=v_blocks,
         ROUND_WEIGHT_PRODUCT=torch.promote_types(norm_weight.dtype, projected.dtype) == projected.dtype,
-        num_warps=num_warps,
+        num_warps=num_warps or default_warps,
     )
-    return out
+    if v_blocks == 1:
+        return out
+    z_start = 2 * num_k_heads * head_k_dim + value_dim  # [q | k | v | z | b | a]
+    z = projected[:, z_start:z_start + value_dim].view(rows, num_v_heads, head_v_dim)
+    return norm_kernels.rms_norm(out.view(rows, num_v_heads, head_v_dim), norm_weight, z, eps, False).view(rows, -1)
 
 
 @triton.jit
