@@ -380,8 +380,10 @@ def _store_conv_input(entry, first_row, channels, c_mask, position, stride_p_b, 
 
 
 # The verify launch by batch size (sequences), first match wins: (most sequences, V block or None for whole heads with
-# the norm in the kernel, warps).
-VERIFY_LAUNCHES = ((math.inf, None, 8),)
+# the norm in the kernel, warps). Timed at k = 2 on Qwen3.5-0.8B's shape (bench/NOTES.md, "GDN verify in V blocks"):
+# while the batch x key heads programs fit one wave of one 8-warp program an SM, whole heads lead (the split's norm is
+# a second launch); past it, blocks of 64 at 4 warps (two programs an SM) take a batch-64 verify 12% under whole heads.
+VERIFY_LAUNCHES = ((8, None, 8), (math.inf, 64, 4))
 
 
 def verify_config(batch: int) -> tuple[int | None, int]:
