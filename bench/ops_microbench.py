@@ -303,15 +303,16 @@ def run(args) -> dict:
                        graph=True)
             add(f"gated_deltanet_verify P={positions}", batch, us, verify_bytes + history_bytes, "graph",
                 "pools read only")
-            if positions == 3:  # each head's columns over programs (the norm a second launch), against whole heads
-                for block_v, warps in ((64, 4), (32, 4), (16, 2)):
+            if positions == 3:  # whole heads, and each head's columns over programs (the norm a second launch)
+                for block_v, warps in ((dv, 8), (64, 4), (32, 4), (16, 2)):
                     us = timed(f"gated_deltanet_verify P=3 v{block_v} B={batch}",
                                lambda: gated_deltanet_kernels.gated_deltanet_verify(
                                    rows_p, weight, conv_state, A_log, dt_bias, norm_weight, state, slots, history, hk,
                                    dk, hv, dv, 1e-6, num_warps=warps, block_v=block_v),
                                graph=True)
                     add(f"  gated_deltanet_verify P=3 v{block_v}", batch, us, verify_bytes + history_bytes, "graph",
-                        f"V blocks of {block_v} over programs, {warps} warps, + the norm kernel",
+                        f"V blocks of {block_v} over programs, {warps} warps, + the norm kernel" if block_v < dv
+                        else f"whole heads, {warps} warps, the norm in the kernel",
                         num_warps=warps, block_v=block_v)
             us = timed(f"gated_deltanet_commit P={positions} B={batch}",
                        lambda: gated_deltanet_kernels.gated_deltanet_commit(

@@ -331,12 +331,11 @@ def _unfused(projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, re
 
 
 @triton.jit
-def _conv_window(
+def _window_loads(
     first_row,  # projected + seq * P * stride_p_b: the sequence's first position's row
     state_rows,  # conv_state + slot * stride_cs_slot + channels * stride_cs_c
     channels,
     c_mask,
-    weights,  # [WIDTH_P, BLOCK] fp32, zeros past WIDTH
     position,
     stride_p_b,
     stride_p_c,
@@ -344,24 +343,57 @@ def _conv_window(
     WIDTH: tl.constexpr,
     WIDTH_P: tl.constexpr,
 ):
-    """silu(causal conv) of ``channels`` at ``position`` of the verify rows: tap j reads the input at
-    ``position - (WIDTH - 1) + j``, from the rows when it is >= 0, else from the (unchanged) conv history. Inputs
-    enter the window in the history's dtype, as in the decode op; the output is rounded to projected's dtype."""
+    """The inputs of the causal conv window of ``channels`` at ``position`` of the verify rows, ``[WIDTH_P,
+    channels]`` twice: tap j reads the input at ``position - (WIDTH - 1) + j`` from the rows when it is >= 0 (the
+    first tensor), else from the (unchanged) conv history (the second); zeros elsewhere. The channels run along the
+    threads as the state tile's columns do, so the compiler keeps the tile in its load layout (a [channels, WIDTH_P]
+    window made it move the whole tile through shared memory to match the window's)."""
     offs_w = tl.arange(0, WIDTH_P)
     src = position - (WIDTH - 1) + offs_w
     in_rows = (offs_w < WIDTH) & (src >= 0)
     in_state = (offs_w < WIDTH) & (src < 0)
-    # [WIDTH_P, channels], reduced over axis 0: the channels run along the threads as the state tile's columns do,
-    # so the compiler keeps the tile in its load layout (a [channels, WIDTH_P] window made it move the whole tile
-    # through shared memory to match the window's).
     from_rows = tl.load(first_row + src.to(tl.int64)[:, None] * stride_p_b + channels[None, :] * stride_p_c,
                         mask=in_rows[:, None] & c_mask[None, :], other=0.0)
     from_state = tl.load(state_rows[None, :] + (WIDTH - 1 + src)[:, None] * stride_cs_k,
                          mask=in_state[:, None] & c_mask[None, :], other=0.0)
-    window = from_rows.to(state_rows.dtype.element_ty).to(tl.float32) + from_state.to(tl.float32)
+    return from_rows, from_state
+
+
+@triton.jit
+def _conv_window(from_rows, from_state, weights, STATE_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """silu(causal conv) of a window from :func:`_window_loads` (``weights`` ``[WIDTH_P, channels]`` fp32, zeros
+    past WIDTH). Inputs enter the window in the history's dtype, as in the decode op; the output is rounded to
+    projected's dtype."""
+    window = from_rows.to(STATE_DTYPE).to(tl.float32) + from_state.to(tl.float32)
     acc = tl.sum(window * weights, 0)
     y = acc * tl.sigmoid(acc)
-    return y.to(first_row.dtype.element_ty).to(tl.float32)
+    return y.to(OUT_DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _position_loads(first_row, q_state, k_state, v_state, q_channels, k_channels, v_channels, k_mask, v_mask, v_head,
+                    offs_v, position, stride_p_b, stride_p_c, stride_cs_k, A_START: tl.constexpr,
+                    B_START: tl.constexpr, Z_START: tl.constexpr, DV: tl.constexpr, WIDTH: tl.constexpr,
+                    WIDTH_P: tl.constexpr, LOAD_Z: tl.constexpr):
+    """Every load of one position of the verify walk (one value head, one V block): the q / k / v conv windows'
+    inputs, the position's own q / k / v inputs (the history's copy), its a and b, and its z when ``LOAD_Z``."""
+    row = first_row + position * stride_p_b
+    q_rows, q_hist = _window_loads(first_row, q_state, q_channels, k_mask, position, stride_p_b, stride_p_c,
+                                   stride_cs_k, WIDTH, WIDTH_P)
+    k_rows, k_hist = _window_loads(first_row, k_state, k_channels, k_mask, position, stride_p_b, stride_p_c,
+                                   stride_cs_k, WIDTH, WIDTH_P)
+    v_rows, v_hist = _window_loads(first_row, v_state, v_channels, v_mask, position, stride_p_b, stride_p_c,
+                                   stride_cs_k, WIDTH, WIDTH_P)
+    x_q = tl.load(row + q_channels * stride_p_c, mask=k_mask, other=0.0)
+    x_k = tl.load(row + k_channels * stride_p_c, mask=k_mask, other=0.0)
+    x_v = tl.load(row + v_channels * stride_p_c, mask=v_mask, other=0.0)
+    a_val = tl.load(row + (A_START + v_head) * stride_p_c)
+    b_val = tl.load(row + (B_START + v_head) * stride_p_c)
+    if LOAD_Z:
+        z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
+    else:
+        z = a_val  # not used: the norm runs in a second launch
+    return q_rows, q_hist, k_rows, k_hist, v_rows, v_hist, x_q, x_k, x_v, a_val, b_val, z
 
 
 @triton.jit
@@ -370,13 +402,6 @@ def _conv_weights(conv_weight, channels, c_mask, stride_w_c, stride_w_k, WIDTH: 
     offs_w = tl.arange(0, WIDTH_P)
     return tl.load(conv_weight + channels[None, :] * stride_w_c + offs_w[:, None] * stride_w_k,
                    mask=(offs_w < WIDTH)[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _store_conv_input(entry, first_row, channels, c_mask, position, stride_p_b, stride_p_c, STATE_DTYPE: tl.constexpr):
-    """The history's copy of an input of the conv window (in the conv state's dtype, held in fp32)."""
-    x = tl.load(first_row + position * stride_p_b + channels * stride_p_c, mask=c_mask, other=0.0)
-    tl.store(entry + channels, x.to(STATE_DTYPE).to(tl.float32), mask=c_mask)
 
 
 # The verify launch by batch size (sequences), first match wins: (most sequences, V block or None for whole heads with
@@ -483,21 +508,24 @@ def _gated_deltanet_verify_kernel(
         v_w = _conv_weights(conv_weight, v_channels, v_mask, stride_w_c, stride_w_k, WIDTH, WIDTH_P)
         A_log_val = tl.load(A_log + v_head)
         dt_bias_val = tl.load(dt_bias + v_head)
-        for i in tl.static_range(POSITIONS):  # unrolled: the loads of later positions can be issued early
-            row = first_row + i * stride_p_b
+        # Unrolled, each position's loads issued before the previous position's math and stores: a load after a
+        # store stays after it (the compiler does not know they cannot alias), so in program order the walk would
+        # wait a round trip to memory a position.
+        loads = _position_loads(first_row, q_state, k_state, v_state, q_channels, k_channels, v_channels, k_mask,
+                                v_mask, v_head, offs_v, 0, stride_p_b, stride_p_c, stride_cs_k, A_START, B_START,
+                                Z_START, DV, WIDTH, WIDTH_P, V_BLOCKS == 1)
+        for i in tl.static_range(POSITIONS):
+            q_rows, q_hist, k_rows, k_hist, v_rows, v_hist, x_q, x_k, x_v, a_val, b_val, z = loads
+            if i + 1 < POSITIONS:
+                loads = _position_loads(first_row, q_state, k_state, v_state, q_channels, k_channels, v_channels,
+                                        k_mask, v_mask, v_head, offs_v, i + 1, stride_p_b, stride_p_c, stride_cs_k,
+                                        A_START, B_START, Z_START, DV, WIDTH, WIDTH_P, V_BLOCKS == 1)
             entry = entries + i * stride_h_pos
-            q = _conv_window(first_row, q_state, q_channels, k_mask, q_w, i, stride_p_b, stride_p_c, stride_cs_k,
-                             WIDTH, WIDTH_P)
-            k = _conv_window(first_row, k_state, k_channels, k_mask, k_w, i, stride_p_b, stride_p_c, stride_cs_k,
-                             WIDTH, WIDTH_P)
-            v = _conv_window(first_row, v_state, v_channels, v_mask, v_w, i, stride_p_b, stride_p_c, stride_cs_k,
-                             WIDTH, WIDTH_P)
+            q = _conv_window(q_rows, q_hist, q_w, conv_dtype, dtype)
+            k = _conv_window(k_rows, k_hist, k_w, conv_dtype, dtype)
+            v = _conv_window(v_rows, v_hist, v_w, conv_dtype, dtype)
             q = q * tl.rsqrt(tl.sum(q * q, 0) + L2NORM_EPS) * scale  # l2norm in fp32, q scaled by K**-0.5
             k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
-            a_val = tl.load(row + (A_START + v_head) * stride_p_c)
-            b_val = tl.load(row + (B_START + v_head) * stride_p_c)
-            if V_BLOCKS == 1:
-                z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
 
             decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
             s = s * decay  # S *= exp(g)
@@ -506,13 +534,14 @@ def _gated_deltanet_verify_kernel(
             o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
             s = s.to(recurrent_state.dtype.element_ty).to(tl.float32)  # what the pool would hold after a decode step
 
-            _store_conv_input(entry, first_row, v_channels, v_mask, i, stride_p_b, stride_p_c, conv_dtype)
+            # the history: the conv inputs (in the conv state's dtype, held in fp32), keys, update and decay
+            tl.store(entry + v_channels, x_v.to(conv_dtype).to(tl.float32), mask=v_mask)
             tl.store(entry + UPDATES_AT + v_head * DV + offs_v, u, mask=v_mask)
             if v_block == 0:
                 tl.store(entry + DECAYS_AT + v_head, decay)
                 if j == 0:
-                    _store_conv_input(entry, first_row, q_channels, k_mask, i, stride_p_b, stride_p_c, conv_dtype)
-                    _store_conv_input(entry, first_row, k_channels, k_mask, i, stride_p_b, stride_p_c, conv_dtype)
+                    tl.store(entry + q_channels, x_q.to(conv_dtype).to(tl.float32), mask=k_mask)
+                    tl.store(entry + k_channels, x_k.to(conv_dtype).to(tl.float32), mask=k_mask)
                     tl.store(entry + KEYS_AT + k_head * DK + offs_k, k, mask=k_mask)
 
             o = o.to(dtype).to(tl.float32)  # the delta-rule op's output, in v's dtype
