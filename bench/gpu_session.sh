@@ -33,11 +33,6 @@
 #   9. (last too) serve: the OpenAI server at c = 64 (1,024 in / 512 out, 256 streaming requests) against the offline
 #      engine on the same requests (~90 s warm, ~240 s cold: two engines compile); serve_thread: the same with the
 #      engine loop in a thread of the server.
-#  10. (last too) gdn_launches and gdn_launches_before: bench sweep (batch 8-128, context 512) + throughput with the
-#      GDN decode launch rule as it is (ops/triton/gated_deltanet_kernels.py DECODE_LAUNCHES) and with the rule before
-#      V tiles (whole heads up to 16 sequences, the unfused kernels above): the engine-level A/B of run 85's choice;
-#      latency_gdn_tiles: bench latency with V tiles of 64 from batch 1 (whole heads spill under Triton 3.6), beside
-#      the main stage's latency.
 # HF's numbers come from bench/run_h200.sh (they do not change with our code); tensor parallelism from
 # bench/run_tp2.sh on nvidia-h200-x2. Stages run one at a time on purpose: concurrent cold Inductor compiles each
 # took twice as long and starved three stages of run 2 (bench/results/h200-2026-11-29/run2). Each stage has its own
@@ -122,16 +117,6 @@ stage cookbook 540 python3 -m bench cookbook "${COOKBOOK[@]}" ${COOKBOOK_ARGS:-}
     -p cookbook.concurrency="$COOKBOOK_CONCURRENCY" --out "$WORK/cookbook"
 stage sweep_contexts 150 python3 -m bench sweep "${COOKBOOK[@]}" -p sweep.prompt_len=512,8192 --out "$WORK/sweep_contexts"
 stage sampling 90 python3 -m bench sampling "${BENCH[@]}" --out "$WORK/sampling"
-# "${WITH_LAUNCHES[@]}" LAUNCHES ARGS...: `python3 -m bench ARGS` with the GDN decode kernel's DECODE_LAUNCHES replaced
-WITH_LAUNCHES=(python3 -c "import ast, runpy, sys, ops.triton.gated_deltanet_kernels as g
-g.DECODE_LAUNCHES = ast.literal_eval(sys.argv[1])
-sys.argv = ['bench', *sys.argv[2:]]
-runpy.run_module('bench', run_name='__main__')")
-GDN_AB=(sweep,throughput "${BENCH[@]}" -p sweep.batches=8,16,32,64,128 -p sweep.prompt_len=512)
-stage gdn_launches 200 python3 -m bench "${GDN_AB[@]}" --out "$WORK/gdn_launches"
-stage gdn_launches_before 90 "${WITH_LAUNCHES[@]}" "((16, None, 8),)" "${GDN_AB[@]}" --out "$WORK/gdn_launches_before"
-stage latency_gdn_tiles 90 "${WITH_LAUNCHES[@]}" "((16, 64, 8), (64, 32, 4))" latency -p latency.repeats=2 "${BENCH[@]}" \
-    --out "$WORK/latency_gdn_tiles"
 # Speculative decoding (8.): the sampling workload with MTP drafts, the GPU tests of speculative decoding, and the
 # spec scenario at batch 1, k = 2, with the whole vocabulary drafting and with its first 32,768 ids.
 MTP='{"method": "mtp", "num_speculative_tokens": 2}'
@@ -145,7 +130,7 @@ SERVE=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 -p concurrency=64 -p 
        -p num_requests=256)
 stage serve 240 python3 -m bench serve "${SERVE[@]}" --out "$WORK/serve"
 stage serve_thread 240 python3 -m bench serve "${SERVE[@]}" -p engine_process=false --out "$WORK/serve_thread"
-dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix cookbook sweep_contexts sampling sampling_mtp spec spec_vocab serve serve_thread gdn_launches gdn_launches_before latency_gdn_tiles; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
+dirs=(); for d in profile profile_pdl_off main latency_again latency_prefetch_off latency_trees latency_pdl_off throughput_16k throughput_on main_sync snapshot prefix cookbook sweep_contexts sampling sampling_mtp spec spec_vocab serve serve_thread; do [ -d "$WORK/$d" ] && dirs+=("$WORK/$d"); done
 python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done

@@ -406,9 +406,9 @@ def _conv_weights(conv_weight, channels, c_mask, stride_w_c, stride_w_k, WIDTH: 
 
 # The verify launch by batch size (sequences), first match wins: (most sequences, V block or None for whole heads with
 # the norm in the kernel, warps). Timed at k = 2 on Qwen3.5-0.8B's shape (bench/NOTES.md, "GDN verify in V blocks"):
-# while the batch x key heads programs fit one wave of one 8-warp program an SM, whole heads lead (the split's norm is
-# a second launch); past it, blocks of 64 at 4 warps (two programs an SM) take a batch-64 verify 12% under whole heads.
-VERIFY_LAUNCHES = ((8, None, 8), (math.inf, 64, 4))
+# up to 16 sequences whole heads lead (the split's norm is a second launch); above, blocks of 64 at 4 warps (two
+# programs an SM) take a verify 14-17% under whole heads at 64-128 sequences.
+VERIFY_LAUNCHES = ((16, None, 8), (math.inf, 64, 4))
 
 
 def verify_config(batch: int) -> tuple[int | None, int]:
