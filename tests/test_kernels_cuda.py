@@ -22,6 +22,7 @@ examples. ``pytest -m "gpu and quick"`` runs one reference check of every op's C
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -659,10 +660,28 @@ def test_gated_deltanet_decode_replays_in_cuda_graph_with_new_inputs():
 )
 @settings(max_examples=6, deadline=None, phases=PHASES)  # each (k, layout, dtypes) compiles a variant of the kernel
 def test_gated_deltanet_verify_matches_reference(live, layout, k, dtype, state_dtype, padding, strided, seed):
-    """Speculative decoding's verify (k + 1 positions a sequence, the pools only read) and commit (random accepted
-    counts) against their references on clones: outputs, the pools left unchanged by the verify, the pools after the
-    commit (but the null slot)."""
-    gen = _seeded(seed)
+    """Speculative decoding's verify (k + 1 positions a sequence, the pools only read; the op's own launch) and
+    commit (random accepted counts) against their references."""
+    _check_verify_then_commit(_seeded(seed), layout, live, padding, k, dtype, state_dtype, strided,
+                              torch.ops.ce.gated_deltanet_verify)
+
+
+@pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
+@pytest.mark.parametrize("live,k,block_v,warps", [(1, 2, 32, 4), (40, 3, 64, 4), (5, 1, 16, 2)])
+def test_gated_deltanet_verify_in_v_blocks_matches_reference(layout, live, k, block_v, warps):
+    """The verify kernel with each value head's columns split over programs (the gated norm a second launch), then
+    the commit from its history (keys, decays and q / k conv inputs are written by block 0 only)."""
+    from ops.triton import gated_deltanet_kernels
+
+    verify = functools.partial(gated_deltanet_kernels.gated_deltanet_verify, num_warps=warps, block_v=block_v)
+    _check_verify_then_commit(_seeded(live * 11 + block_v), layout, live, 2, k, torch.bfloat16, torch.float32, True,
+                              verify)
+
+
+def _check_verify_then_commit(gen, layout, live, padding, k, dtype, state_dtype, strided, verify):
+    """``verify`` on ``live`` sequences then ``padding`` rows on the null slot, k + 1 positions each, then
+    ce::gated_deltanet_commit of random accepted counts, against the references on clones: outputs, the pools left
+    unchanged by the verify, the pools after the commit (but the null slot)."""
     hk, hv, dk, dv = layout
     n, positions, num_slots = live + padding, k + 1, live + 2
     slots = torch.cat([_live_slots(gen, live, num_slots), torch.zeros(padding, dtype=torch.int32, device=DEV)])
@@ -676,47 +695,14 @@ def test_gated_deltanet_verify_matches_reference(live, layout, k, dtype, state_d
     want_conv, want_rec = conv_state.clone(), rec_state.clone()
     want = gated_deltanet_verify.gated_deltanet_verify_reference(
         projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, want_history, *heads, 1e-6)
-    got = torch.ops.ce.gated_deltanet_verify(
-        projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, history, *heads, 1e-6)
+    got = verify(projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, history, *heads,
+                 1e-6)
     assert got.shape == (n * positions, hv * dv) and got.dtype == dtype and got.is_contiguous()
     # A bf16 pool rounds the state after every position (kernel and reference alike), so a state the two compute one
     # fp32 ulp apart (another sum order) can round a tie apart at position i and move the outputs of later positions
     # by a bf16 ulp of the state: ~1e-3 on these inputs, over the fp32 tolerance. bf16's tolerance then.
     tol = TOL[torch.bfloat16] if torch.bfloat16 in (dtype, state_dtype) else TOL[torch.float32]
     torch.testing.assert_close(got[: live * positions], want[: live * positions], **tol)
-    assert torch.equal(conv_state, want_conv) and torch.equal(rec_state, want_rec), "the verify wrote a pool"
-    gated_deltanet_verify.gated_deltanet_commit_reference([want_conv], [want_rec], slots, [want_history], accepted,
-                                                          *heads)
-    torch.ops.ce.gated_deltanet_commit([conv_state], [rec_state], slots, [history], accepted, *heads)
-    _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec)
-
-
-@pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
-@pytest.mark.parametrize("live,k,block_v,warps", [(1, 2, 32, 4), (40, 3, 64, 4), (5, 1, 16, 2)])
-def test_gated_deltanet_verify_in_v_blocks_matches_reference(layout, live, k, block_v, warps):
-    """The verify kernel with each value head's columns split over programs (the gated norm a second launch):
-    outputs, the pools left as they were, and the commit from its history (keys, decays and q / k conv inputs are
-    written by block 0 only) against the references."""
-    from ops.triton import gated_deltanet_kernels
-
-    gen = _seeded(live * 11 + block_v)
-    hk, hv, dk, dv = layout
-    n, positions, num_slots = live + 2, k + 1, live + 2
-    slots = torch.cat([_live_slots(gen, live, num_slots), torch.zeros(2, dtype=torch.int32, device=DEV)])
-    projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state = _gated_deltanet_inputs(
-        gen, n * positions, layout, torch.bfloat16, torch.float32, num_slots, True)
-    width = layouts.gated_deltanet_history_offsets(hk, dk, hv, dv)[3]
-    history = torch.full((n, positions, width), float("nan"), device=DEV)
-    want_history = history.clone()
-    accepted = torch.randint(0, k + 1, (n,), generator=gen, device=DEV)
-    heads = (hk, dk, hv, dv)
-    want_conv, want_rec = conv_state.clone(), rec_state.clone()
-    want = gated_deltanet_verify.gated_deltanet_verify_reference(
-        projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, want_history, *heads, 1e-6)
-    got = gated_deltanet_kernels.gated_deltanet_verify(
-        projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, history, *heads, 1e-6,
-        num_warps=warps, block_v=block_v)
-    torch.testing.assert_close(got[: live * positions], want[: live * positions], **TOL[torch.bfloat16])
     assert torch.equal(conv_state, want_conv) and torch.equal(rec_state, want_rec), "the verify wrote a pool"
     gated_deltanet_verify.gated_deltanet_commit_reference([want_conv], [want_rec], slots, [want_history], accepted,
                                                           *heads)
