@@ -10,7 +10,9 @@ Bytes counted: every tensor the op must read or write once (states read + writte
 length, activations in and out); the minimum traffic, so the fraction is a roofline fraction.
 
 ``gated_deltanet_verify``/``gated_deltanet_commit``: speculative decoding's verify kernel at P = 2, 3, 4 positions a
-sequence (the pools read only) and its commit (all P updates replayed), beside ``gated_deltanet_decode``.
+sequence (the pools read only; the launch ``VERIFY_LAUNCHES`` picks) and its commit (all P updates replayed), beside
+``gated_deltanet_decode``; at P = 3 also each launch the rule chooses among (``vBLOCK`` rows: whole heads at v128,
+else each head's columns in blocks over programs, the norm a second launch).
 
 ``linear``: ce::linear (our skinny GEMM up to ``SKINNY_MAX_ROWS`` rows, cuBLAS above) against ``F.linear`` (cuBLAS)
 on each weight shape of the model at ``--linear-rows`` rows (default 1, 2, 8 and 64: the skinny GEMM's two, then
