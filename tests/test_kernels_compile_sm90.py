@@ -110,8 +110,8 @@ def test_gated_deltanet_decode_launches_compile_for_sm90(group):
                  ROUND_WEIGHT_PRODUCT=True, USE_PDL=True)
     for _, block_v, warps in gk.DECODE_LAUNCHES:
         block_v = block_v or 128
-        _compile(gk._gated_deltanet_decode_kernel, sig, dict(shape, BLOCK_V=block_v, V_BLOCKS=128 // block_v),
-                 num_warps=warps)
+        _compile(gk._gated_deltanet_decode_kernel, sig,
+                 dict(shape, BLOCK_V=block_v, V_BLOCKS=128 // block_v, BLOCK_HEAD=128), num_warps=warps)
 
 
 @pytest.mark.parametrize("group", [1, 2])

@@ -111,6 +111,7 @@ def _gated_deltanet_decode_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,  # a power of two; V_BLOCKS of them cover DV
     V_BLOCKS: tl.constexpr,
+    BLOCK_HEAD: tl.constexpr,  # next_power_of_2(DV): the norm's vector when the head is walked in tiles
     ROUND_WEIGHT_PRODUCT: tl.constexpr,  # norm_weight * normed rounds to projected's dtype (torch's promotion)
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py: out_proj's weight loads may start while this kernel runs
 ):
@@ -208,18 +209,16 @@ def _gated_deltanet_decode_kernel(
             else:  # park the rounded output where the normed one goes; the norm needs the whole head
                 tl.store(out_row + v_head * DV + offs_v, o.to(dtype), mask=v_mask)
                 sum_sq += tl.sum(o * o, 0)
-        if V_BLOCKS > 1:
+        if V_BLOCKS > 1:  # the norm over the whole head at once: one round trip to memory, not one a tile
             tl.debug_barrier()  # the parked outputs, stored by any thread of the program, are visible to all of it
-            rstd = tl.rsqrt(sum_sq / DV + eps)
-            for vb in tl.static_range(V_BLOCKS):
-                offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
-                v_mask = offs_v < DV
-                o = tl.load(out_row + v_head * DV + offs_v, mask=v_mask, other=0.0).to(tl.float32)
-                z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
-                block_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)
-                y = _gated_norm(o, rstd, z, block_w, dtype, ROUND_WEIGHT_PRODUCT)
-                tl.debug_barrier()  # every thread has read the parked block before any thread overwrites it
-                tl.store(out_row + v_head * DV + offs_v, y, mask=v_mask)
+            offs_h = tl.arange(0, BLOCK_HEAD)
+            h_mask = offs_h < DV
+            o = tl.load(out_row + v_head * DV + offs_h, mask=h_mask, other=0.0).to(tl.float32)
+            z = tl.load(row + (Z_START + v_head * DV + offs_h) * stride_p_c, mask=h_mask, other=0.0)
+            head_w = tl.load(norm_weight + offs_h, mask=h_mask, other=0.0).to(tl.float32)
+            y = _gated_norm(o, tl.rsqrt(sum_sq / DV + eps), z, head_w, dtype, ROUND_WEIGHT_PRODUCT)
+            tl.debug_barrier()  # every thread has read the parked outputs before any thread overwrites them
+            tl.store(out_row + v_head * DV + offs_h, y, mask=h_mask)
 
 
 @triton.jit
@@ -294,6 +293,7 @@ def gated_deltanet_decode(
         BLOCK_K=triton.next_power_of_2(head_k_dim),
         BLOCK_V=block_v,
         V_BLOCKS=triton.cdiv(head_v_dim, block_v),
+        BLOCK_HEAD=triton.next_power_of_2(head_v_dim),
         ROUND_WEIGHT_PRODUCT=torch.promote_types(norm_weight.dtype, projected.dtype) == projected.dtype,
         num_warps=num_warps,
         **pdl_flags(projected),
