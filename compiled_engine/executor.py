@@ -175,13 +175,13 @@ class ModelExecutor:
         self.speculative_round.warmup()
         return self.speculative_round
 
-    def run_round(self, step: StepInputs, bucket: int, sampling: SamplingInputs | None, num_seqs: int
+    def run_round(self, length: int, bucket: int, sampling: SamplingInputs | None, num_seqs: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A compiled round of ``num_seqs`` sequences: ``step`` (``SpeculativeRound.pack``'s) and ``sampling`` into
-        this rank's buffers, those buffers broadcast to the workers' own, then the bucket's graph on every rank.
-        Outputs of every row of the bucket (the graphs' buffers: valid until the next round)."""
+        """A compiled round of ``num_seqs`` sequences: the staged step (``SpeculativeRound.pack``'s ``length``) and
+        ``sampling`` into this rank's buffers, those buffers broadcast to the workers' own, then the bucket's graph on
+        every rank. Outputs of every row of the bucket (the graphs' buffers: valid until the next round)."""
         round_, sample = self.speculative_round, sampling is not None
-        round_.load(step, bucket, sampling, num_seqs)
+        round_.load(length, bucket, sampling, num_seqs)
         return self._on_every_rank(lambda workers: workers.send_round_buffers(bucket, sample,
                                                                               round_.buffers(bucket, sample)),
                                    lambda: round_.run(bucket, sample))

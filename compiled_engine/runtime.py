@@ -527,8 +527,8 @@ class Runtime:
         starts = [s.num_computed_tokens for s in seqs]
         n, compiled = len(seqs), self.executor.speculative_round
         if compiled is not None and compiled.covers(n, k):
-            step, bucket = compiled.pack(seqs, drafts)
-            accepted, tokens, new = (t[:n] for t in self.executor.run_round(step, bucket, sampling, n))
+            length, bucket = compiled.pack(seqs, drafts)
+            accepted, tokens, new = (t[:n] for t in self.executor.run_round(length, bucket, sampling, n))
         else:  # eagerly: no compiled rounds, past their buckets, or fewer drafts than they were compiled for
             step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
             fields = None if sampling is None else sampling.on(self.device)

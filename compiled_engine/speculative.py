@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -260,6 +261,38 @@ def fused_round_packed(
     )
 
 
+def pack_verify_into(
+    out: np.ndarray, seqs: Seq[Sequence], drafts: Seq[Seq[int]], block_size: int, bucket: int, num_drafts: int,
+    table_width: int,
+) -> int:
+    """``pack_verify_step(seqs, drafts, ..., pad_to=bucket, table_width=table_width)``'s fields written straight into
+    ``out`` (int64) in a compiled round's layout (``_packed_layout``), padding rows included; returns the layout's
+    length. The round's host work at batch 1 is on the critical path (a round reads its tokens back before the next
+    is packed), so this skips pack_step's intermediate buffer and the field-by-field staging after it."""
+    k, n = num_drafts, len(seqs)
+    rows = bucket * (k + 1)
+    at_positions, at_slots, at_context, at_state, end = _packed_layout(bucket, k, table_width)
+    starts = np.zeros(bucket, dtype=np.int64)
+    starts[:n] = [seq.num_computed_tokens for seq in seqs]
+    offsets = np.arange(k + 1, dtype=np.int64)
+    positions = (starts[:, None] + offsets).reshape(-1)  # padding rows: positions 0..k
+    tables = out[at_state + bucket : end].reshape(bucket, table_width)
+    tables[:] = NULL_BLOCK  # past each sequence's blocks, and every padding row's
+    ids = out[:rows].reshape(bucket, k + 1)
+    ids[n:] = 0
+    for i, (seq, draft) in enumerate(zip(seqs, drafts)):
+        tables[i, : len(seq.block_table)] = seq.block_table
+        ids[i, 0] = seq.token_ids[seq.num_computed_tokens]
+        ids[i, 1:] = draft
+    out[at_positions : at_positions + rows] = positions
+    blocks = np.take_along_axis(tables, (positions // block_size).reshape(bucket, k + 1), axis=1)
+    out[at_slots : at_slots + rows] = (blocks * block_size).reshape(-1) + positions % block_size
+    out[at_context : at_context + bucket] = starts + k + 1
+    out[at_state : at_state + bucket] = NULL_SLOT
+    out[at_state : at_state + n] = [seq.state_slot for seq in seqs]
+    return end
+
+
 class SpeculativeRound:
     """Compiled rounds: ``fused_round_packed`` under ``torch.compile(fullgraph=True)`` (Inductor's code, no cudagraph
     trees), one graph per bucket of sequences and variant (rows draw their argmax; rows draw with ``ce::sample``).
@@ -318,8 +351,7 @@ class SpeculativeRound:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle() if self.captured else None
         for bucket in reversed(self.policy.sizes):
-            self._upload(pack_verify_step([], [], self.block_size, torch.device("cpu"), bucket, self.num_drafts,
-                                          self.table_width), bucket)
+            self._upload(self._pack([], [], bucket), bucket)
             for sample in self.VARIANTS:  # the sampling buffers hold greedy padding rows: they sample nothing
                 for _ in range(2):  # compile, Triton's JIT and autotuning: none of it may happen inside a capture
                     self._call(bucket, sample)
@@ -339,31 +371,30 @@ class SpeculativeRound:
         return self.fn(self.model, self.packed, bucket, self.num_drafts, self.block_size, self.table_width,
                        self.draft_vocab, self.sampling.tensors(), sample)
 
-    def _upload(self, step: StepInputs, bucket: int) -> None:
-        """A host-built verify step of ``bucket`` sequences into the packed buffer, in one copy."""
-        at_positions, at_slots, at_context, at_state, end = _packed_layout(bucket, self.num_drafts, self.table_width)
+    def _pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], bucket: int) -> int:
+        """The verify step of ``seqs`` padded to ``bucket``, written into the host staging buffer once the last copy
+        from it is done (``pack_verify_into``); returns its length."""
         if self._staged is not None:
             self._staged.synchronize()  # the last copy has read the staging buffer
-        stage = self._stage
-        for at, field in ((0, step.input_ids), (at_positions, step.positions), (at_slots, step.slot_mapping),
-                          (at_context, step.context_lens), (at_state, step.state_slots)):
-            stage[at : at + field.shape[0]] = field
-        stage[at_state + bucket : end] = step.block_tables.reshape(-1)
-        self.packed[:end].copy_(stage[:end], non_blocking=True)
+        return pack_verify_into(self._stage.numpy(), seqs, drafts, self.block_size, bucket, self.num_drafts,
+                                self.table_width)
+
+    def _upload(self, length: int, bucket: int) -> None:
+        """The staged step (``_pack``'s ``length`` elements) into the packed buffer, in one copy."""
+        self.packed[:length].copy_(self._stage[:length], non_blocking=True)
         if self.captured:
             self._staged = torch.cuda.Event()
             self._staged.record()
 
-    def pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> tuple[StepInputs, int]:
-        """The verify step of ``seqs`` on the host, padded to its bucket, and the bucket (``covers`` them)."""
+    def pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> tuple[int, int]:
+        """The verify step of ``seqs`` (``covers`` them), staged on the host for ``load``: its length and bucket."""
         bucket = self.policy.bucket_for(len(seqs))
-        return pack_verify_step(seqs, drafts, self.block_size, torch.device("cpu"), bucket,
-                                table_width=self.table_width), bucket
+        return self._pack(seqs, drafts, bucket), bucket
 
-    def load(self, step: StepInputs, bucket: int, sampling: SamplingInputs | None, num_seqs: int) -> None:
-        """``pack``'s step into this rank's buffers, and ``sampling`` (the ``ce::sample`` parameters of the
+    def load(self, length: int, bucket: int, sampling: SamplingInputs | None, num_seqs: int) -> None:
+        """``pack``'s staged step into this rank's buffers, and ``sampling`` (the ``ce::sample`` parameters of the
         ``num_seqs * (k+1)`` verified rows, on the host) into the sampling buffers, the other rows greedy padding."""
-        self._upload(step, bucket)
+        self._upload(length, bucket)
         if sampling is not None:
             self.sampling.fill(sampling, num_seqs * (self.num_drafts + 1))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -737,6 +738,42 @@ def test_compiled_rounds_equal_non_speculative(tiny_path, draft_vocab):
               speculative_config={**spec(2), "draft_vocab_size": draft_vocab})
     assert llm.runtime.speculative_round is not None  # compiled rounds
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == reference
+
+
+@given(data=st.data(), k=st.integers(1, 4), block_size=st.sampled_from([1, 4, 16]), max_model_len=st.integers(8, 80),
+       bucket_extra=st.integers(0, 3))
+@settings(max_examples=60, deadline=None)
+def test_compiled_rounds_pack_what_pack_verify_step_packs(data, k, block_size, max_model_len, bucket_extra):
+    """A compiled round's host packing (``pack_verify_into``, straight into its staged layout) equals the eager
+    path's ``pack_verify_step`` padded to the bucket with the rounds' table width, field by field: input ids,
+    positions, KV slots (the null block past a sequence's blocks), context lengths, state slots, block tables."""
+    from compiled_engine.sequence import Sequence
+    from compiled_engine.speculative import _packed_layout, pack_verify_into, pack_verify_step
+
+    table_width = -(-(max_model_len + k) // block_size)
+    seqs, drafts = [], []
+    for i in range(data.draw(st.integers(0, 4))):
+        computed = data.draw(st.integers(0, max_model_len - 1))
+        tokens = data.draw(st.lists(st.integers(0, 999), min_size=computed + 1, max_size=computed + 1))
+        # blocks for the computed tokens and the last one, maybe some of the draft positions too (as reserved)
+        blocks = -(-(computed + 1 + data.draw(st.integers(0, k))) // block_size)
+        table = data.draw(st.lists(st.integers(1, 500), min_size=blocks, max_size=min(blocks, table_width)))
+        seqs.append(Sequence(i, tokens, 1, computed, table, state_slot=i + 1))
+        drafts.append(data.draw(st.lists(st.integers(0, 999), min_size=k, max_size=k)))
+    bucket = len(seqs) + bucket_extra
+    if bucket == 0:
+        return
+    want = pack_verify_step(seqs, drafts, block_size, torch.device("cpu"), bucket, k, table_width)
+    out = np.full(_packed_layout(bucket, k, table_width)[-1], -7, dtype=np.int64)
+    end = pack_verify_into(out, seqs, drafts, block_size, bucket, k, table_width)
+    rows = bucket * (k + 1)
+    at_positions, at_slots, at_context, at_state, length = _packed_layout(bucket, k, table_width)
+    assert end == length
+    for at, field in ((0, want.input_ids), (at_positions, want.positions), (at_slots, want.slot_mapping),
+                      (at_context, want.context_lens), (at_state, want.state_slots)):
+        assert out[at : at + field.shape[0]].tolist() == field.tolist()
+    assert want.input_ids.shape[0] == rows and want.block_tables.shape == (bucket, table_width)
+    assert out[at_state + bucket : end].tolist() == want.block_tables.reshape(-1).tolist()
 
 
 @pytest.mark.gpu
