@@ -1,0 +1,71 @@
+"""Host time of a speculative round, the device's work stubbed out (runs on the CPU, tiny default model).
+
+A round reads its tokens back before the next round is packed (compiled_engine/engine.py ``_verify_round``), so the
+host's work between two rounds adds to every round's wall on a GPU. This times ``LLMEngine.step()`` of greedy rounds
+with ``Runtime.fused_round`` replaced by the compiled path's host work alone: the blocks reserved, the verify step
+packed and staged (``SpeculativeRound.pack`` / ``load``), and fixed outputs returned in place of the graph's (every
+draft accepted). What remains is the engine's: scheduling, the read-back's bookkeeping, stop checks, outputs.
+
+    python bench/round_host.py --batches 1,8,64 --max-model-len 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from compiled_engine import LLM, SamplingParams
+from compiled_engine.speculative import SpeculativeRound, SpeculativeStep
+
+
+def host_round_us(batch: int, max_model_len: int, k: int, rounds: int) -> tuple[float, float]:
+    """(p50, min) µs of ``LLMEngine.step()`` over ``rounds`` stubbed rounds of ``batch`` sequences."""
+    llm = LLM(speculative_config={"method": "mtp", "num_speculative_tokens": k}, max_model_len=max_model_len,
+              max_num_seqs=max(batch, 8))
+    engine, runtime = llm.engine, llm.runtime
+    staged = SpeculativeRound(runtime.executor.model, k, runtime.config.block_size, max(batch, 8),
+                              runtime.max_model_len, torch.device("cpu"), capture=False)
+
+    def stub(seqs, drafts, keep_free=0, sampling=None):
+        runtime._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
+        starts = [s.num_computed_tokens for s in seqs]
+        length, bucket = staged.pack(seqs, drafts)
+        staged.load(length, bucket, None, len(seqs))
+        n = len(seqs)
+        accepted = torch.full((n,), k, dtype=torch.long)
+        tokens, new = torch.arange(1, k + 2).repeat(n, 1), torch.arange(k + 2, 2 * k + 2).repeat(n, 1)
+        return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * n, None), accepted, tokens, new
+
+    params = SamplingParams(temperature=0.0, max_tokens=(rounds + 200) * (k + 1), ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"r{i}", list(range(1, 65)), params)
+    while engine.num_verified_rows < batch:  # the prompts, then the first real round
+        engine.step()
+    runtime.fused_round = stub
+    times = []
+    for _ in range(rounds + 100):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    times = times[100:]
+    return statistics.median(times) * 1e6, min(times) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--k", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=500)
+    args = parser.parse_args()
+    for batch in (int(b) for b in args.batches.split(",")):
+        p50, low = host_round_us(batch, args.max_model_len, args.k, args.rounds)
+        print(f"batch {batch:>3}, k = {args.k}, max_model_len {args.max_model_len}: host time a round p50 "
+              f"{p50:.0f} µs, min {low:.0f} µs", flush=True)
+
+
+if __name__ == "__main__":
+    main()
