@@ -39,18 +39,25 @@ def host_round_us(batch: int, max_model_len: int, k: int, rounds: int) -> tuple[
         tokens, new = torch.arange(1, k + 2).repeat(n, 1), torch.arange(k + 2, 2 * k + 2).repeat(n, 1)
         return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * n, None), accepted, tokens, new
 
-    params = SamplingParams(temperature=0.0, max_tokens=(rounds + 200) * (k + 1), ignore_eos=True)
+    prompt, warmup = list(range(1, 17)), 100
+    # every timed step must be a round of all rows: room for them, each round emitting k + 1 tokens a row
+    if len(prompt) + (rounds + warmup + 1) * (k + 1) > max_model_len:
+        raise ValueError(f"{rounds} rounds of k = {k} need max_model_len >= "
+                         f"{len(prompt) + (rounds + warmup + 1) * (k + 1)}")
+    params = SamplingParams(temperature=0.0, max_tokens=max_model_len - len(prompt), ignore_eos=True)
     for i in range(batch):
-        engine.add_request(f"r{i}", list(range(1, 65)), params)
+        engine.add_request(f"r{i}", prompt, params)
     while engine.num_verified_rows < batch:  # the prompts, then the first real round
         engine.step()
     runtime.fused_round = stub
-    times = []
-    for _ in range(rounds + 100):
+    verified, times = engine.num_verified_rows, []
+    for _ in range(rounds + warmup):
         start = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - start)
-    times = times[100:]
+    if engine.num_verified_rows - verified != batch * (rounds + warmup):
+        raise RuntimeError("a timed step was not a round of every row")
+    times = times[warmup:]
     return statistics.median(times) * 1e6, min(times) * 1e6
 
 

@@ -719,3 +719,14 @@ def test_tensor_parallel_bench_on_cpu(tmp_path, monkeypatch):
         assert row["all_reduces_per_step"] == 2 * config.num_hidden_layers + 1  # and the embedding's
         assert row["all_reduce_bytes"] == row["batch"] * config.hidden_size * 4
         assert positive(row["all_reduce_us"]) and positive(row["all_gather_us"]) and not row["captured"]
+
+
+def test_round_host_runs_stubbed_rounds():
+    """bench/round_host.py drives the engine's real round path with the device's work stubbed: it must keep running
+    against the engine's internals it replaces (Runtime.fused_round, SpeculativeRound.pack / load)."""
+    from bench.round_host import host_round_us
+
+    p50, low = host_round_us(batch=2, max_model_len=512, k=2, rounds=20)
+    assert 0 < low <= p50
+    with pytest.raises(ValueError, match="need max_model_len"):
+        host_round_us(batch=1, max_model_len=256, k=2, rounds=200)
