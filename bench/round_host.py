@@ -4,7 +4,8 @@ A round reads its tokens back before the next round is packed (compiled_engine/e
 host's work between two rounds adds to every round's wall on a GPU. This times ``LLMEngine.step()`` of greedy rounds
 with ``Runtime.fused_round`` replaced by the compiled path's host work alone: the blocks reserved, the verify step
 packed and staged (``SpeculativeRound.pack`` / ``load``), and fixed outputs returned in place of the graph's (every
-draft accepted). What remains is the engine's: scheduling, the read-back's bookkeeping, stop checks, outputs.
+draft accepted). What remains is the engine's: scheduling, the read-back's bookkeeping, stop checks. Requests are
+as ``bench spec``'s (``LLM.generate`` on a random checkpoint): FINAL_ONLY outputs, no tokenizer.
 
     python bench/round_host.py --batches 1,8,64 --max-model-len 4096
 """
@@ -18,6 +19,7 @@ import time
 import torch
 
 from compiled_engine import LLM, SamplingParams
+from compiled_engine.sampling_params import RequestOutputKind
 from compiled_engine.speculative import SpeculativeRound, SpeculativeStep
 
 
@@ -29,22 +31,27 @@ def host_round_us(batch: int, max_model_len: int, k: int, rounds: int) -> tuple[
     staged = SpeculativeRound(runtime.executor.model, k, runtime.config.block_size, max(batch, 8),
                               runtime.max_model_len, torch.device("cpu"), capture=False)
 
+    # the graph's outputs, made once: every draft accepted, the same tokens and drafts each round
+    accepted = torch.full((batch,), k, dtype=torch.long)
+    tokens, new = torch.arange(1, k + 2).repeat(batch, 1), torch.arange(k + 2, 2 * k + 2).repeat(batch, 1)
+
     def stub(seqs, drafts, keep_free=0, sampling=None):
         runtime._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         starts = [s.num_computed_tokens for s in seqs]
         length, bucket = staged.pack(seqs, drafts)
         staged.load(length, bucket, None, len(seqs))
         n = len(seqs)
-        accepted = torch.full((n,), k, dtype=torch.long)
-        tokens, new = torch.arange(1, k + 2).repeat(n, 1), torch.arange(k + 2, 2 * k + 2).repeat(n, 1)
-        return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * n, None), accepted, tokens, new
+        return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * n, None), accepted[:n], tokens[:n], new[:n]
 
     prompt, warmup = list(range(1, 17)), 100
     # every timed step must be a round of all rows: room for them, each round emitting k + 1 tokens a row
     if len(prompt) + (rounds + warmup + 1) * (k + 1) > max_model_len:
         raise ValueError(f"{rounds} rounds of k = {k} need max_model_len >= "
                          f"{len(prompt) + (rounds + warmup + 1) * (k + 1)}")
-    params = SamplingParams(temperature=0.0, max_tokens=max_model_len - len(prompt), ignore_eos=True)
+    # As LLM.generate on the bench's random checkpoints: outputs when finished (FINAL_ONLY), no detokenizing.
+    engine.tokenizer = None
+    params = SamplingParams(temperature=0.0, max_tokens=max_model_len - len(prompt), ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
     for i in range(batch):
         engine.add_request(f"r{i}", prompt, params)
     while engine.num_verified_rows < batch:  # the prompts, then the first real round
