@@ -78,9 +78,12 @@ def oracle(references: dict[tuple, list[int]], prompt_len: int, rate: float, voc
     """``draft_override``: each request's known greedy continuation (found by its prompt), each draft right with
     probability ``rate``, else a token the continuation does not have there."""
     rng = random.Random(seed)
+    by_request: dict[str, list[int]] = {}  # each request's continuation, found once (not by its prompt every round)
 
     def override(request_id: str, token_ids: list[int], drafts: list[int]) -> list[int]:
-        ref = references[tuple(token_ids[:prompt_len])]
+        ref = by_request.get(request_id)
+        if ref is None:
+            ref = by_request[request_id] = references[tuple(token_ids[:prompt_len])]
         at = len(token_ids) - prompt_len
         out = []
         for j in range(len(drafts)):
