@@ -38,8 +38,8 @@ def host_round_us(batch: int, max_model_len: int, k: int, rounds: int) -> tuple[
     def stub(seqs, drafts, keep_free=0, sampling=None):
         runtime._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         starts = [s.num_computed_tokens for s in seqs]
-        length, bucket = staged.pack(seqs, drafts)
-        staged.load(length, bucket, None, len(seqs))
+        length, _ = staged.pack(seqs, drafts)
+        staged.load(length, None, len(seqs))
         n = len(seqs)
         return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * n, None), accepted[:n], tokens[:n], new[:n]
 

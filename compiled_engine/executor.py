@@ -181,7 +181,7 @@ class ModelExecutor:
         ``sampling`` into this rank's buffers, those buffers broadcast to the workers' own, then the bucket's graph on
         every rank. Outputs of every row of the bucket (the graphs' buffers: valid until the next round)."""
         round_, sample = self.speculative_round, sampling is not None
-        round_.load(length, bucket, sampling, num_seqs)
+        round_.load(length, sampling, num_seqs)
         return self._on_every_rank(lambda workers: workers.send_round_buffers(bucket, sample,
                                                                               round_.buffers(bucket, sample)),
                                    lambda: round_.run(bucket, sample))

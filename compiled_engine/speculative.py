@@ -351,7 +351,7 @@ class SpeculativeRound:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle() if self.captured else None
         for bucket in reversed(self.policy.sizes):
-            self._upload(self._pack([], [], bucket), bucket)
+            self._upload(self._pack([], [], bucket))
             for sample in self.VARIANTS:  # the sampling buffers hold greedy padding rows: they sample nothing
                 for _ in range(2):  # compile, Triton's JIT and autotuning: none of it may happen inside a capture
                     self._call(bucket, sample)
@@ -379,7 +379,7 @@ class SpeculativeRound:
         return pack_verify_into(self._stage.numpy(), seqs, drafts, self.block_size, bucket, self.num_drafts,
                                 self.table_width)
 
-    def _upload(self, length: int, bucket: int) -> None:
+    def _upload(self, length: int) -> None:
         """The staged step (``_pack``'s ``length`` elements) into the packed buffer, in one copy."""
         self.packed[:length].copy_(self._stage[:length], non_blocking=True)
         if self.captured:
@@ -391,10 +391,10 @@ class SpeculativeRound:
         bucket = self.policy.bucket_for(len(seqs))
         return self._pack(seqs, drafts, bucket), bucket
 
-    def load(self, length: int, bucket: int, sampling: SamplingInputs | None, num_seqs: int) -> None:
+    def load(self, length: int, sampling: SamplingInputs | None, num_seqs: int) -> None:
         """``pack``'s staged step into this rank's buffers, and ``sampling`` (the ``ce::sample`` parameters of the
         ``num_seqs * (k+1)`` verified rows, on the host) into the sampling buffers, the other rows greedy padding."""
-        self._upload(length, bucket)
+        self._upload(length)
         if sampling is not None:
             self.sampling.fill(sampling, num_seqs * (self.num_drafts + 1))
 
