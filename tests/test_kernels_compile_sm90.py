@@ -94,23 +94,26 @@ def test_moe_expert_gemv_kernels_compile_for_sm90():
                  num_warps=tiles["num_warps"])
 
 
+# The Gated DeltaNet kernels' arguments but their constexprs: bf16 rows and weights, an fp32 state pool.
+GDN_SIG = dict(projected=_ptr("bf16"), conv_weight=_ptr("bf16"), conv_state=_ptr("bf16"), A_log=_ptr("fp32"),
+               dt_bias=_ptr("fp32"), norm_weight=_ptr("bf16"), recurrent_state=_ptr("fp32"), state_slots=_ptr("i32"),
+               out=_ptr("bf16"), scale="fp32", eps="fp32",
+               **{name: "i64" for name in ("stride_p_b", "stride_p_c", "stride_w_c", "stride_w_k", "stride_cs_slot",
+                                           "stride_cs_c", "stride_cs_k", "stride_rs_slot", "stride_rs_h",
+                                           "stride_rs_k", "stride_rs_v")})
+
+
 @pytest.mark.parametrize("group", [1, 2])
 def test_gated_deltanet_decode_launches_compile_for_sm90(group):
     """Every launch of ``DECODE_LAUNCHES`` (whole heads, and the V tiles whose norm reads the parked outputs back), at
     Qwen3.5-0.8B's linear-attention shape (GROUP 1) and Qwen3-Next's (GROUP 2), bf16 rows and an fp32 state pool."""
     from ops.triton import gated_deltanet_kernels as gk
 
-    sig = dict(projected=_ptr("bf16"), conv_weight=_ptr("bf16"), conv_state=_ptr("bf16"), A_log=_ptr("fp32"),
-               dt_bias=_ptr("fp32"), norm_weight=_ptr("bf16"), recurrent_state=_ptr("fp32"), state_slots=_ptr("i32"),
-               out=_ptr("bf16"), scale="fp32", eps="fp32",
-               **{name: "i64" for name in ("stride_p_b", "stride_p_c", "stride_w_c", "stride_w_k", "stride_cs_slot",
-                                           "stride_cs_c", "stride_cs_k", "stride_rs_slot", "stride_rs_h",
-                                           "stride_rs_k", "stride_rs_v")})
     shape = dict(NUM_K_HEADS=16, NUM_V_HEADS=16 * group, GROUP=group, DK=128, DV=128, WIDTH=4, HIST_P=4, BLOCK_K=128,
                  ROUND_WEIGHT_PRODUCT=True, USE_PDL=True)
     for _, block_v, warps in gk.DECODE_LAUNCHES:
         block_v = block_v or 128
-        _compile(gk._gated_deltanet_decode_kernel, sig,
+        _compile(gk._gated_deltanet_decode_kernel, GDN_SIG,
                  dict(shape, BLOCK_V=block_v, V_BLOCKS=128 // block_v, BLOCK_HEAD=128), num_warps=warps)
 
 
@@ -121,12 +124,7 @@ def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps):
     programs (``VERIFY_LAUNCHES`` picks among these), at GROUP 1 and 2, bf16 rows and an fp32 state pool."""
     from ops.triton import gated_deltanet_kernels as gk
 
-    sig = dict(projected=_ptr("bf16"), conv_weight=_ptr("bf16"), conv_state=_ptr("bf16"), A_log=_ptr("fp32"),
-               dt_bias=_ptr("fp32"), norm_weight=_ptr("bf16"), recurrent_state=_ptr("fp32"), state_slots=_ptr("i32"),
-               history=_ptr("fp32"), out=_ptr("bf16"), scale="fp32", eps="fp32",
-               **{name: "i64" for name in ("stride_p_b", "stride_p_c", "stride_w_c", "stride_w_k", "stride_cs_slot",
-                                           "stride_cs_c", "stride_cs_k", "stride_rs_slot", "stride_rs_h",
-                                           "stride_rs_k", "stride_rs_v", "stride_h_seq", "stride_h_pos")})
+    sig = dict(GDN_SIG, history=_ptr("fp32"), stride_h_seq="i64", stride_h_pos="i64")
     _compile(gk._gated_deltanet_verify_kernel, sig,
              dict(POSITIONS=3, NUM_K_HEADS=16, NUM_V_HEADS=16 * group, GROUP=group, DK=128, DV=128, WIDTH=4, WIDTH_P=4,
                   BLOCK_K=128, BLOCK_V=block_v, V_BLOCKS=128 // block_v, ROUND_WEIGHT_PRODUCT=True),
