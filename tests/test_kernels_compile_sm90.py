@@ -8,6 +8,7 @@ each filter switch, the row path on and off) the way the GPU would.
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
@@ -103,18 +104,47 @@ GDN_SIG = dict(projected=_ptr("bf16"), conv_weight=_ptr("bf16"), conv_state=_ptr
                                            "stride_rs_k", "stride_rs_v")})
 
 
+def _state_order(ptx: str, param: str) -> str:
+    """The global loads (R) and stores (W) of one pointer parameter's tensor, in PTX order: those whose address
+    derives from ``param`` (followed through every instruction that reads a register derived from it)."""
+    derived, order = set(), []
+    for line in ptx.splitlines():
+        line = re.sub(r"^@!?%\w+\s+", "", line.strip())  # a predicate
+        registers = re.findall(r"%\w+", line)
+        if line.startswith("ld.param") and line.rstrip(";").endswith(f"[{param}]"):
+            derived.add(registers[0])
+        elif line.startswith(("ld.global", "st.global")):
+            if re.search(r"\[\s*(%\w+)", line).group(1) in derived:
+                order.append("R" if line.startswith("ld") else "W")
+        elif len(registers) >= 2 and any(r in derived for r in registers[1:]):
+            derived.add(registers[0])
+    return "".join(order)
+
+
 @pytest.mark.parametrize("group", [1, 2])
 def test_gated_deltanet_decode_launches_compile_for_sm90(group):
     """Every launch of ``DECODE_LAUNCHES`` (whole heads, and the V tiles whose norm reads the parked outputs back), at
-    Qwen3.5-0.8B's linear-attention shape (GROUP 1) and Qwen3-Next's (GROUP 2), bf16 rows and an fp32 state pool."""
+    Qwen3.5-0.8B's linear-attention shape (GROUP 1) and Qwen3-Next's (GROUP 2), bf16 rows and an fp32 state pool,
+    with the walk's prefetch on and off. The state pool's loads and stores in the PTX: with the prefetch, each tile's
+    loads come before the previous tile's stores (R R W R W .. W W, a letter a tile); without, in walk order."""
     from ops.triton import gated_deltanet_kernels as gk
 
     shape = dict(NUM_K_HEADS=16, NUM_V_HEADS=16 * group, GROUP=group, DK=128, DV=128, WIDTH=4, HIST_P=4, BLOCK_K=128,
                  ROUND_WEIGHT_PRODUCT=True, USE_PDL=True)
-    for _, block_v, warps in gk.DECODE_LAUNCHES:
+    state_param = f"{gk._gated_deltanet_decode_kernel.__name__}_param_" + str(
+        gk._gated_deltanet_decode_kernel.arg_names.index("recurrent_state"))
+    for _, block_v, warps, _ in gk.DECODE_LAUNCHES:
         block_v = block_v or 128
-        _compile(gk._gated_deltanet_decode_kernel, GDN_SIG,
-                 dict(shape, BLOCK_V=block_v, V_BLOCKS=128 // block_v, BLOCK_HEAD=128), num_warps=warps)
+        tiles = group * 128 // block_v
+        for prefetch in (True, False):
+            kernel = _compile(gk._gated_deltanet_decode_kernel, GDN_SIG,
+                              dict(shape, BLOCK_V=block_v, V_BLOCKS=128 // block_v, BLOCK_HEAD=128,
+                                   PREFETCH=prefetch), num_warps=warps)
+            order = _state_order(kernel.asm["ptx"], state_param)
+            per_tile = len(order) // (2 * tiles)
+            r, w = "R" * per_tile, "W" * per_tile
+            want = r + (r + w) * (tiles - 1) + w if prefetch else (r + w) * tiles
+            assert per_tile > 0 and order == want, (block_v, warps, prefetch, order)
 
 
 @pytest.mark.parametrize("group", [1, 2])

@@ -241,12 +241,13 @@ def _child_checks() -> dict:
         compare("delta decode out", got, want)
         compare("delta decode state", state, want_state)
 
-    def check_gated_deltanet_decode(k_heads, v_heads, dk, dv, fused=True, block_v=None, batch=5):
+    def check_gated_deltanet_decode(k_heads, v_heads, dk, dv, fused=True, block_v=None, batch=5, prefetch=None):
         """The fused decode op: output and both pools (but the null slot) against the reference. Two padding lanes
         on the null slot; projected rows are a slice of wider rows (row stride > width). ``fused=False``: the
         launcher's large-batch path through the unfused kernels, on the same strided views. ``block_v``: the fused
         kernel walking each value head's state in tiles of that width (the norm over the parked outputs).
-        ``fused=None``: the launch the launcher picks for ``batch`` (decode_config)."""
+        ``fused=None``: the launch the launcher picks for ``batch`` (decode_config). ``prefetch``: each tile's loads
+        before the previous tile's math and stores, or in walk order (None: the launch's)."""
         width = 4
         num_slots = batch + 3
         slots = (torch.randperm(num_slots - 1)[:batch] + 1).to(torch.int32)
@@ -267,7 +268,7 @@ def _child_checks() -> dict:
             projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *args)
         got = gated_deltanet_kernels.gated_deltanet_decode(
             projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *args, fused=fused,
-            block_v=block_v)
+            block_v=block_v, prefetch=prefetch)
         assert got.shape == (batch, v_heads * dv) and got.is_contiguous()
         live = slots != 0
         compare("gated deltanet decode out", got[live], want[live])
@@ -478,6 +479,11 @@ def _child_checks() -> dict:
         # the state walked in V tiles: 4 whole tiles; 3 tiles of 8 over V = 20 (the last one masked), 3 value heads
         "gated_deltanet_decode_v_tiles": lambda: check_gated_deltanet_decode(2, 2, 16, 32, block_v=8),
         "gated_deltanet_decode_v_tiles_ragged": lambda: check_gated_deltanet_decode(2, 6, 12, 20, block_v=8),
+        # G = 2 in tiles: a program walks 2 heads x 4 tiles, each tile's loads issued before the previous tile's
+        # stores; and the same walk with the loads in walk order
+        "gated_deltanet_decode_v_tiles_group_2": lambda: check_gated_deltanet_decode(2, 4, 16, 32, block_v=8),
+        "gated_deltanet_decode_v_tiles_group_2_in_order": lambda: check_gated_deltanet_decode(
+            2, 4, 16, 32, block_v=8, prefetch=False),
         # the launcher's own pick at 20 sequences: tiles of 32 over V = 64 (decode_config)
         "gated_deltanet_decode_default_launch_batch_20": lambda: check_gated_deltanet_decode(1, 1, 16, 64, fused=None,
                                                                                                batch=20),
@@ -573,6 +579,8 @@ CHECK_NAMES = [
     "gated_deltanet_decode_unfused_path",
     "gated_deltanet_decode_v_tiles",
     "gated_deltanet_decode_v_tiles_ragged",
+    "gated_deltanet_decode_v_tiles_group_2",
+    "gated_deltanet_decode_v_tiles_group_2_in_order",
     "gated_deltanet_decode_default_launch_batch_20",
     "gemm_m1_gemv",
     "gemm_m1_strided",

@@ -260,18 +260,26 @@ def conv_load(
 def conv_apply(x_row, offs_c, c_mask, stride_x_c, history, shifted, w_hist, w_new, WIDTH: tl.constexpr,
                HIST_P: tl.constexpr):
     """silu(causal conv) of channels ``offs_c`` for one new token (read from ``x_row``), from :func:`conv_load`'s
-    values, and their next history, without writing it.
+    values, and their next history, without writing it: :func:`conv_step` on the loaded input.
 
     Returns the output rounded to x's dtype (the conv op's output) in fp32, and the shifted history
     ``[len(offs_c), HIST_P]`` for :func:`store_history`, which the caller runs after a barrier (the decode kernel
     here, and ops/triton/gated_deltanet_kernels.py's fused kernel)."""
+    x = tl.load(x_row + offs_c * stride_x_c, mask=c_mask, other=0.0)
+    return conv_step(x, history, shifted, w_hist, w_new, WIDTH, HIST_P)
+
+
+@triton.jit
+def conv_step(x, history, shifted, w_hist, w_new, WIDTH: tl.constexpr, HIST_P: tl.constexpr):
+    """:func:`conv_apply`'s math on the new input ``x`` already loaded (in its own dtype), so a kernel may issue that
+    load early (the fused GDN decode kernel loads a V tile's inputs before the previous tile's stores)."""
     offs_k = tl.arange(0, HIST_P)
     # As in the reference, the new input enters the window (and the state) in the state's dtype.
-    x_new = tl.load(x_row + offs_c * stride_x_c, mask=c_mask, other=0.0).to(history.dtype)
+    x_new = x.to(history.dtype)
     acc = tl.sum(history.to(tl.float32) * w_hist.to(tl.float32), 1) + x_new.to(tl.float32) * w_new.to(tl.float32)
     y = acc * tl.sigmoid(acc)
     new_history = tl.where((offs_k == WIDTH - 2)[None, :], x_new[:, None], shifted)
-    return y.to(x_row.dtype.element_ty).to(tl.float32), new_history
+    return y.to(x.dtype).to(tl.float32), new_history
 
 
 @triton.jit

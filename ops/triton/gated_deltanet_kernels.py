@@ -24,7 +24,11 @@ outputs back and overwrites them with the normed ones.
 Loads come before any math. With PDL, what does not depend on in_proj's output (the slot, the conv history and
 the first value head's first state tile: written in a step by this kernel only) is loaded before ``gdc_wait``,
 while in_proj still runs; after it a program waits for one round trip to memory (the projected row), not one per
-step of the math.
+step of the math. Over a walk of several tiles (V tiles, or G > 1 value heads), each tile's loads (state tile, its
+v-channels' conv history, weights and inputs, the head's a, b, A_log, dt_bias, z) are issued before the previous
+tile's math and stores (``PREFETCH``, per launch in ``DECODE_LAUNCHES``), as the verify kernel does for its
+positions: a load after a store stays after it (the compiler does not know they cannot alias), so in walk order each
+tile would wait a round trip before its loads even issue. The price is a second tile live in registers.
 
 Rounding follows the unfused references exactly: conv outputs cast to projected's dtype (the conv op's output),
 the delta-rule output cast to it (the delta op's output), the normalised output cast to it and, as torch would,
@@ -38,7 +42,12 @@ trip to memory at batch 1 instead of four; 16 warps hit the 128-register cap and
 either way. Tiles of 64 take 254 registers at 8 warps; tiles of 32 at 4 warps 246 (two programs an SM); tiles of 64
 at 4 warps spill kilobytes (Triton 3.9's ptxas, sm_90). At batch 1 the grid is only Hk programs (16 for
 Qwen3.5-0.8B): the launches saved, not bandwidth, are the point there; at large batch the unfused delta-rule kernel
-(a ``[128, 64]`` tile, 4 warps) streams the state faster, hence ``DECODE_LAUNCHES``.
+(a ``[128, 64]`` tile, 4 warps) streams the state faster, hence ``DECODE_LAUNCHES``. The figures above are for
+every stride a runtime i64 (tests/test_kernels_compile_sm90.py's ``GDN_SIG``); launched, Triton specializes the unit
+strides to constants (vector loads) and the others to i32, and the kernel takes fewer (Triton 3.6, sm_90, the
+model's strides, without / with ``PREFETCH``; G = 1 and G = 2): whole heads at 8 warps 170 / 170 and 222 / 255,
+tiles of 64 at 8 warps 111 / 146 and 128 / 192, tiles of 32 at 4 warps 122 / 163 and 128 / 196, no spills. The
+prefetch thus costs the tiles programs an SM (8 warps: 2 -> 1; 4 warps: 4 -> 3 at G = 1, 4 -> 2 at G = 2).
 """
 
 from __future__ import annotations
@@ -53,7 +62,7 @@ from ops.layouts import (
     check_gated_deltanet_decode_args, check_gated_deltanet_verify_args, gated_deltanet_split_sizes,
 )
 from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels
-from ops.triton.conv1d_kernels import conv_apply, conv_load, store_history
+from ops.triton.conv1d_kernels import conv_apply, conv_load, conv_step, store_history
 from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta
 from ops.triton.pdl import pdl_flags
 
@@ -63,18 +72,20 @@ from ops.triton.pdl import pdl_flags
 # decode"): whole heads at 8 warps (one program an SM) lead while the batch x key heads programs fit one wave; at 16
 # sequences V tiles of 64 (8 warps) beat them by 10%; at 32-64 tiles of 32 (4 warps, no spills, two programs an SM)
 # beat whole heads by 7-9% and the unfused kernels by 10-22%; at 128 the tiles and the unfused kernels are level, and
-# from 256 the unfused delta-rule kernel streams the state 5-7% faster.
-DECODE_LAUNCHES = ((8, None, 8), (16, 64, 8), (64, 32, 4))
+# from 256 the unfused delta-rule kernel streams the state 5-7% faster. The last field: each tile's loads issued
+# before the previous tile's math and stores (the kernel's ``PREFETCH``; it acts only where a program walks several
+# tiles: V tiles, or G > 1 value heads); not yet timed on the GPU.
+DECODE_LAUNCHES = ((8, None, 8, True), (16, 64, 8, True), (64, 32, 4, True))
 
 
-def decode_config(batch: int) -> tuple[bool, int | None, int]:
-    """(fused, block_v, num_warps) of the decode launch for ``batch`` sequences (``DECODE_LAUNCHES``); past its last
-    entry the unfused kernels (where a fused launch, if asked for, uses the last entry's tiles)."""
-    for most, block_v, warps in DECODE_LAUNCHES:
+def decode_config(batch: int) -> tuple[bool, int | None, int, bool]:
+    """(fused, block_v, num_warps, prefetch) of the decode launch for ``batch`` sequences (``DECODE_LAUNCHES``); past
+    its last entry the unfused kernels (where a fused launch, if asked for, uses the last entry's tiles)."""
+    for most, block_v, warps, prefetch in DECODE_LAUNCHES:
         if batch <= most:
-            return True, block_v, warps
-    _, block_v, warps = DECODE_LAUNCHES[-1]
-    return False, block_v, warps
+            return True, block_v, warps, prefetch
+    _, block_v, warps, prefetch = DECODE_LAUNCHES[-1]
+    return False, block_v, warps, prefetch
 
 
 @triton.jit
@@ -114,6 +125,7 @@ def _gated_deltanet_decode_kernel(
     BLOCK_HEAD: tl.constexpr,  # next_power_of_2(DV): the norm's vector when the head is walked in tiles
     ROUND_WEIGHT_PRODUCT: tl.constexpr,  # norm_weight * normed rounds to projected's dtype (torch's promotion)
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py: out_proj's weight loads may start while this kernel runs
+    PREFETCH: tl.constexpr,  # each tile's loads issued before the previous tile's math and stores (see above)
 ):
     KEY_DIM = NUM_K_HEADS * DK
     VALUE_DIM = NUM_V_HEADS * DV
@@ -148,60 +160,57 @@ def _gated_deltanet_decode_kernel(
                                                      stride_cs_k, WIDTH, HIST_P)
     first_v_head = k_head * GROUP
     offs_v = tl.arange(0, BLOCK_V)
-    v_mask = offs_v < DV
-    norm_w = tl.load(norm_weight + offs_v, mask=v_mask, other=0.0).to(tl.float32)  # V_BLOCKS == 1: the whole head
-    s_first = tl.load(state_heads + first_v_head * stride_rs_h + offs_v[None, :] * stride_rs_v,
-                      mask=k_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
-    v_channels = 2 * KEY_DIM + first_v_head * DV + offs_v
-    v_hist, v_shifted, v_w_hist, v_w_new = conv_load(conv_weight, conv_rows + v_channels * stride_cs_c, v_channels,
-                                                     v_mask, stride_w_c, stride_w_k, stride_cs_k, WIDTH, HIST_P)
+    norm_w = tl.load(norm_weight + offs_v, mask=offs_v < DV, other=0.0).to(tl.float32)  # V_BLOCKS == 1: the whole head
+    pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, first_v_head, 0, stride_w_c,
+                            stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h, stride_rs_v, 2 * KEY_DIM, DV, BLOCK_V,
+                            WIDTH, HIST_P)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # in_proj's output (projected) is read after this
     row = projected + seq * stride_p_b
+    inputs = _tile_row_loads(row, first_v_head, 0, stride_p_c, 2 * KEY_DIM, Z_START, B_START, A_START, DV, BLOCK_V,
+                             V_BLOCKS == 1)
 
     for j in tl.static_range(GROUP):
         v_head = first_v_head + j
-        a_val = tl.load(row + (A_START + v_head) * stride_p_c)
-        b_val = tl.load(row + (B_START + v_head) * stride_p_c)
-        A_log_val = tl.load(A_log + v_head)
-        dt_bias_val = tl.load(dt_bias + v_head)
         sum_sq = 0.0  # of the head's rounded outputs, over its V blocks (V_BLOCKS > 1)
         for vb in tl.static_range(V_BLOCKS):
-            offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
-            v_mask = offs_v < DV
-            tile_mask = k_mask[:, None] & v_mask[None, :]
-            tile = state_heads + v_head * stride_rs_h + offs_v[None, :] * stride_rs_v
-            v_channels = 2 * KEY_DIM + v_head * DV + offs_v
-            v_rows = conv_rows + v_channels * stride_cs_c
-            if j * V_BLOCKS + vb == 0:
-                s = s_first
-            else:  # loads first: nothing before the barrier below waits on a load
-                s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
-                v_hist, v_shifted, v_w_hist, v_w_new = conv_load(conv_weight, v_rows, v_channels, v_mask, stride_w_c,
-                                                                 stride_w_k, stride_cs_k, WIDTH, HIST_P)
-            if V_BLOCKS == 1:  # z for the norm below, loaded with the rest (no load waits behind the barrier)
-                z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
-            if j * V_BLOCKS + vb == 0:  # q and k of this key head, shared by its value heads: conv + SiLU, l2norm below
+            if j + vb > 0 and not PREFETCH:  # this tile's loads, after the previous tile's stores
+                pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, v_head, vb,
+                                        stride_w_c, stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h, stride_rs_v,
+                                        2 * KEY_DIM, DV, BLOCK_V, WIDTH, HIST_P)
+                inputs = _tile_row_loads(row, v_head, vb, stride_p_c, 2 * KEY_DIM, Z_START, B_START, A_START, DV,
+                                         BLOCK_V, V_BLOCKS == 1)
+            s, v_hist, v_shifted, v_w_hist, v_w_new, A_log_val, dt_bias_val = pool
+            x_v, a_val, b_val, z = inputs
+            if PREFETCH and (vb + 1 < V_BLOCKS or j + 1 < GROUP):  # the next tile's loads now: see the docstring
+                next_head = v_head + (vb + 1) // V_BLOCKS
+                pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, next_head,
+                                        (vb + 1) % V_BLOCKS, stride_w_c, stride_w_k, stride_cs_c, stride_cs_k,
+                                        stride_rs_h, stride_rs_v, 2 * KEY_DIM, DV, BLOCK_V, WIDTH, HIST_P)
+                inputs = _tile_row_loads(row, next_head, (vb + 1) % V_BLOCKS, stride_p_c, 2 * KEY_DIM, Z_START,
+                                         B_START, A_START, DV, BLOCK_V, V_BLOCKS == 1)
+            offs_v, v_mask, v_channels = _tile_columns(v_head, vb, 2 * KEY_DIM, DV, BLOCK_V)
+            if j + vb == 0:  # q and k of this key head, shared by its value heads: conv + SiLU, l2norm below
                 q, q_history = conv_apply(row, q_channels, k_mask, stride_p_c, q_hist, q_shifted, q_w_hist, q_w_new,
                                           WIDTH, HIST_P)
                 k, k_history = conv_apply(row, k_channels, k_mask, stride_p_c, k_hist, k_shifted, k_w_hist, k_w_new,
                                           WIDTH, HIST_P)
-            v, v_history = conv_apply(row, v_channels, v_mask, stride_p_c, v_hist, v_shifted, v_w_hist, v_w_new,
-                                      WIDTH, HIST_P)
+            v, v_history = conv_step(x_v, v_hist, v_shifted, v_w_hist, v_w_new, WIDTH, HIST_P)
             tl.debug_barrier()  # every conv-history read of these channels happens before any history write below
-            if j * V_BLOCKS + vb == 0:
+            if j + vb == 0:
                 store_history(q_rows, k_mask, q_history, stride_cs_k, WIDTH, HIST_P)
                 store_history(k_rows, k_mask, k_history, stride_cs_k, WIDTH, HIST_P)
                 q = q * tl.rsqrt(tl.sum(q * q, 0) + L2NORM_EPS) * scale  # l2norm in fp32, q scaled by K**-0.5
                 k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
-            store_history(v_rows, v_mask, v_history, stride_cs_k, WIDTH, HIST_P)
+            store_history(conv_rows + v_channels * stride_cs_c, v_mask, v_history, stride_cs_k, WIDTH, HIST_P)
 
             decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
             s = s * decay  # S *= exp(g)
             u = (v - tl.sum(s * k[:, None], 0)) * beta  # u = (v - S^T k) beta
             s = s + k[:, None] * u[None, :]  # S += k (x) u
             o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
-            tl.store(tile, s.to(recurrent_state.dtype.element_ty), mask=tile_mask)
+            tl.store(state_heads + v_head * stride_rs_h + offs_v[None, :] * stride_rs_v,
+                     s.to(recurrent_state.dtype.element_ty), mask=k_mask[:, None] & v_mask[None, :])
             o = o.to(dtype).to(tl.float32)  # the delta-rule op's output, in v's dtype
             if V_BLOCKS == 1:  # the whole head in registers: the gated norm right here
                 y = _gated_norm(o, tl.rsqrt(tl.sum(o * o, 0) / DV + eps), z, norm_w, dtype, ROUND_WEIGHT_PRODUCT)
@@ -219,6 +228,55 @@ def _gated_deltanet_decode_kernel(
             y = _gated_norm(o, tl.rsqrt(sum_sq / DV + eps), z, head_w, dtype, ROUND_WEIGHT_PRODUCT)
             tl.debug_barrier()  # every thread has read the parked outputs before any thread overwrites them
             tl.store(out_row + v_head * DV + offs_h, y, mask=h_mask)
+
+
+@triton.jit
+def _tile_columns(v_head, v_block, V_START: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Columns ``v_block * BLOCK_V ..`` of value head ``v_head``: their offsets in the head, mask, and channels (the
+    same index in the conv channels ``[q | k | v]`` and in the projected row, v starting at ``V_START``)."""
+    offs_v = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
+    return offs_v, offs_v < DV, V_START + v_head * DV + offs_v
+
+
+@triton.jit
+def _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, v_head, v_block, stride_w_c,
+                     stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h, stride_rs_v, V_START: tl.constexpr,
+                     DV: tl.constexpr, BLOCK_V: tl.constexpr, WIDTH: tl.constexpr, HIST_P: tl.constexpr):
+    """The loads of one tile of the decode walk that need nothing of in_proj's (ops/triton/pdl.py): the state tile
+    (fp32), the conv history and weights of its v-channels (:func:`conv_load`), and the value head's A_log and
+    dt_bias."""
+    offs_v, v_mask, v_channels = _tile_columns(v_head, v_block, V_START, DV, BLOCK_V)
+    s = tl.load(state_heads + v_head * stride_rs_h + offs_v[None, :] * stride_rs_v,
+                mask=k_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
+    v_hist, v_shifted, v_w_hist, v_w_new = conv_load(conv_weight, conv_rows + v_channels * stride_cs_c, v_channels,
+                                                     v_mask, stride_w_c, stride_w_k, stride_cs_k, WIDTH, HIST_P)
+    return s, v_hist, v_shifted, v_w_hist, v_w_new, tl.load(A_log + v_head), tl.load(dt_bias + v_head)
+
+
+@triton.jit
+def _tile_row_loads(row, v_head, v_block, stride_p_c, V_START: tl.constexpr, Z_START: tl.constexpr,
+                    B_START: tl.constexpr, A_START: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
+                    LOAD_Z: tl.constexpr):
+    """The loads of one tile of the decode walk from the projected row (:func:`_value_row_loads`); z only with
+    ``LOAD_Z`` (the whole head in the tile), else the norm reads the whole head's z after the walk."""
+    offs_v, v_mask, v_channels = _tile_columns(v_head, v_block, V_START, DV, BLOCK_V)
+    return _value_row_loads(row, v_channels, v_mask, v_head, offs_v, stride_p_c, A_START, B_START, Z_START, DV,
+                            LOAD_Z)
+
+
+@triton.jit
+def _value_row_loads(row, v_channels, v_mask, v_head, offs_v, stride_p_c, A_START: tl.constexpr,
+                     B_START: tl.constexpr, Z_START: tl.constexpr, DV: tl.constexpr, LOAD_Z: tl.constexpr):
+    """What a value head's columns ``offs_v`` (its channels ``v_channels``) read of a projected row: their v inputs,
+    the head's a and b, and their z when ``LOAD_Z`` (else a stand-in, not to be used). The decode and verify walks."""
+    x_v = tl.load(row + v_channels * stride_p_c, mask=v_mask, other=0.0)
+    a_val = tl.load(row + (A_START + v_head) * stride_p_c)
+    b_val = tl.load(row + (B_START + v_head) * stride_p_c)
+    if LOAD_Z:
+        z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
+    else:
+        z = a_val
+    return x_v, a_val, b_val, z
 
 
 @triton.jit
@@ -250,14 +308,16 @@ def gated_deltanet_decode(
     num_warps: int | None = None,
     fused: bool | None = None,
     block_v: int | None = None,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """The fused kernel or the unfused ones, with the launch :func:`decode_config` picks for the batch unless
-    ``fused`` / ``block_v`` / ``num_warps`` say otherwise. ``block_v``: the fused kernel's state tile width (a
-    power of two); below V a program walks each value head's tiles in turn (None: the whole head)."""
+    ``fused`` / ``block_v`` / ``num_warps`` / ``prefetch`` say otherwise. ``block_v``: the fused kernel's state tile
+    width (a power of two); below V a program walks each value head's tiles in turn (None: the whole head).
+    ``prefetch``: each tile of the walk loaded before the previous tile's math and stores."""
     check_gated_deltanet_decode_args(projected, conv_weight, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     batch = projected.shape[0]
     width = conv_weight.shape[1]
-    default_fused, default_block_v, default_warps = decode_config(batch)
+    default_fused, default_block_v, default_warps, default_prefetch = decode_config(batch)
     if not (default_fused if fused is None else fused):
         return _unfused(projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, recurrent_state, state_slots,
                         num_k_heads, head_k_dim, num_v_heads, head_v_dim, eps)
@@ -295,6 +355,7 @@ def gated_deltanet_decode(
         V_BLOCKS=triton.cdiv(head_v_dim, block_v),
         BLOCK_HEAD=triton.next_power_of_2(head_v_dim),
         ROUND_WEIGHT_PRODUCT=torch.promote_types(norm_weight.dtype, projected.dtype) == projected.dtype,
+        PREFETCH=default_prefetch if prefetch is None else prefetch,
         num_warps=num_warps,
         **pdl_flags(projected),
     )
@@ -386,13 +447,9 @@ def _position_loads(first_row, q_state, k_state, v_state, q_channels, k_channels
                                    stride_cs_k, WIDTH, WIDTH_P)
     x_q = tl.load(row + q_channels * stride_p_c, mask=k_mask, other=0.0)
     x_k = tl.load(row + k_channels * stride_p_c, mask=k_mask, other=0.0)
-    x_v = tl.load(row + v_channels * stride_p_c, mask=v_mask, other=0.0)
-    a_val = tl.load(row + (A_START + v_head) * stride_p_c)
-    b_val = tl.load(row + (B_START + v_head) * stride_p_c)
-    if LOAD_Z:
-        z = tl.load(row + (Z_START + v_head * DV + offs_v) * stride_p_c, mask=v_mask, other=0.0)
-    else:
-        z = a_val  # not used: the norm runs in a second launch
+    # z not with V blocks (LOAD_Z false): the norm runs in a second launch
+    x_v, a_val, b_val, z = _value_row_loads(row, v_channels, v_mask, v_head, offs_v, stride_p_c, A_START, B_START,
+                                            Z_START, DV, LOAD_Z)
     return q_rows, q_hist, k_rows, k_hist, v_rows, v_hist, x_q, x_k, x_v, a_val, b_val, z
 
 
