@@ -74,8 +74,11 @@ from ops.triton.pdl import pdl_flags
 # beat whole heads by 7-9% and the unfused kernels by 10-22%; at 128 the tiles and the unfused kernels are level, and
 # from 256 the unfused delta-rule kernel streams the state 5-7% faster. The last field: each tile's loads issued
 # before the previous tile's math and stores (the kernel's ``PREFETCH``; it acts only where a program walks several
-# tiles: V tiles, or G > 1 value heads); not yet timed on the GPU.
-DECODE_LAUNCHES = ((8, None, 8, True), (16, 64, 8, True), (64, 32, 4, True))
+# tiles: V tiles, or G > 1 value heads). Off for the tiles: the second tile in registers costs them programs an SM,
+# and one call per graph they lost with it at 32-64 sequences by 7-14% (at 16: tiles of 64 6% slower, of 32 4%
+# faster; it won only at 1-8, where whole heads run). On for whole heads, where it costs no occupancy (one program an
+# SM either way) and acts only at G > 1 (not timed on a G > 1 shape yet).
+DECODE_LAUNCHES = ((8, None, 8, True), (16, 64, 8, False), (64, 32, 4, False))
 
 
 def decode_config(batch: int) -> tuple[bool, int | None, int, bool]:
