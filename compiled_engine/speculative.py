@@ -329,10 +329,12 @@ class SpeculativeRound:
             torch._dynamo.mark_static_address(self.packed)
         # The sampling parameters of every verified row (k + 1 a sequence), in static buffers.
         self.sampling = StaticSamplingInputs(self.policy.max_size * (num_drafts + 1), device)
-        # Host staging (pinned when capturing: an asynchronous copy), and the event of its last copy: the host waits
-        # for it before writing the staging buffer again.
+        # Host staging (pinned when capturing: an asynchronous copy), written through a numpy view made once, and one
+        # event recorded after each copy from it: the host waits for it before writing the staging buffer again. Both
+        # made once: every torch call here is host time on the round's critical path.
         self._stage = torch.zeros(size, dtype=torch.long, pin_memory=capture)
-        self._staged: torch.cuda.Event | None = None
+        self._stage_np = self._stage.numpy()
+        self._staged = torch.cuda.Event() if capture else None
 
     @property
     def captured_buckets(self) -> tuple[int, ...]:
@@ -376,14 +378,13 @@ class SpeculativeRound:
         from it is done (``pack_verify_into``); returns its length."""
         if self._staged is not None:
             self._staged.synchronize()  # the last copy has read the staging buffer
-        return pack_verify_into(self._stage.numpy(), seqs, drafts, self.block_size, bucket, self.num_drafts,
+        return pack_verify_into(self._stage_np, seqs, drafts, self.block_size, bucket, self.num_drafts,
                                 self.table_width)
 
     def _upload(self, length: int) -> None:
         """The staged step (``_pack``'s ``length`` elements) into the packed buffer, in one copy."""
         self.packed[:length].copy_(self._stage[:length], non_blocking=True)
-        if self.captured:
-            self._staged = torch.cuda.Event()
+        if self._staged is not None:
             self._staged.record()
 
     def pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> tuple[int, int]:
