@@ -3,9 +3,10 @@
 A round reads its tokens back before the next round is packed (compiled_engine/engine.py ``_verify_round``), so the
 host's work between two rounds adds to every round's wall on a GPU. This times ``LLMEngine.step()`` of greedy rounds
 with ``Runtime.fused_round`` replaced by the compiled path's host work alone: the blocks reserved, the verify step
-packed and staged (``SpeculativeRound.pack`` / ``load``), and fixed outputs returned in place of the graph's (every
-draft accepted). What remains is the engine's: scheduling, the read-back's bookkeeping, stop checks. Requests are
-as ``bench spec``'s (``LLM.generate`` on a random checkpoint): FINAL_ONLY outputs, no tokenizer.
+packed and staged (``SpeculativeRound.pack`` / ``load``), and fixed results in place of the graph's (every draft
+accepted), read back as a compiled round's are (``SpeculativeRound.round_results``: the host rows the graph writes).
+What remains is the engine's: scheduling, the read-back and its bookkeeping, stop checks. Requests are as ``bench
+spec``'s (``LLM.generate`` on a random checkpoint): FINAL_ONLY outputs, no tokenizer.
 
     python bench/round_host.py --batches 1,8,64 --max-model-len 4096
 """
@@ -31,17 +32,19 @@ def host_round_us(batch: int, max_model_len: int, k: int, rounds: int) -> tuple[
     staged = SpeculativeRound(runtime.executor.model, k, runtime.config.block_size, max(batch, 8),
                               runtime.max_model_len, torch.device("cpu"), capture=False)
 
-    # the graph's outputs, made once: every draft accepted, the same tokens and drafts each round
+    # the graph's outputs, made once: every draft accepted, the same tokens and drafts each round; and their rows in
+    # the results buffer, as the graph would write them
     accepted = torch.full((batch,), k, dtype=torch.long)
     tokens, new = torch.arange(1, k + 2).repeat(batch, 1), torch.arange(k + 2, 2 * k + 2).repeat(batch, 1)
+    staged.results[:batch] = torch.cat([accepted[:, None], tokens, new], dim=1)
 
     def stub(seqs, drafts, keep_free=0, sampling=None):
         runtime._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         starts = [s.num_computed_tokens for s in seqs]
         length, _ = staged.pack(seqs, drafts)
         staged.load(length, None, len(seqs))
-        n = len(seqs)
-        return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * n, None), accepted[:n], tokens[:n], new[:n]
+        return (SpeculativeStep(list(seqs), None, None, starts, [k + 1] * len(seqs), None),
+                staged.round_results((accepted, tokens, new), len(seqs)))
 
     prompt, warmup = list(range(1, 17)), 100
     # every timed step must be a round of all rows: room for them, each round emitting k + 1 tokens a row

@@ -348,8 +348,8 @@ def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
 
     def one_round() -> None:  # as the engine runs a greedy round: the round, its read-back, advance
         nonlocal drafts
-        spec, accepted, tokens, new = runtime.fused_round(seqs, drafts)
-        host = torch.cat([accepted[:, None], tokens, new], dim=1).tolist()
+        spec, results = runtime.fused_round(seqs, drafts)
+        host = results.rows()
         runtime.advance(spec, [r[0] for r in host], [r[1 : k + 2] for r in host])
         drafts = [r[k + 2 :] for r in host]
 

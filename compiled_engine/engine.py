@@ -37,6 +37,7 @@ from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence, SequenceStatus
+from compiled_engine.speculative import RoundResults
 from compiled_engine.step import upload
 
 
@@ -487,7 +488,7 @@ class LLMEngine:
         logprobs = None
         if num_logprobs is None and not any(self._suppressing(r) for r in requests):
             sampling = None if all(r.params.greedy for r in requests) else self._sampling_inputs(requests, k + 1)
-            spec, accepted, tokens, new_drafts = self.runtime.fused_round(seqs, proposals, keep_free, sampling)
+            spec, results = self.runtime.fused_round(seqs, proposals, keep_free, sampling)
         else:  # the unfused round, whose logits serve min_tokens suppression and logprobs
             spec = self.runtime.verify(seqs, proposals, keep_free)
             drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
@@ -496,8 +497,8 @@ class LLMEngine:
             # Row i * (k+1) + p: the target's distribution at the sequence's p-th verified position, where the
             # emitted token p (an accepted draft, or the correction / bonus) was drawn from.
             logprobs = self._logprobs(spec.logits, tokens.reshape(-1), num_logprobs)
-            new_drafts = self.runtime.accept(spec, accepted, tokens)
-        host = torch.cat([accepted[:, None], tokens, new_drafts], dim=1).tolist()  # the step's one read-back
+            results = RoundResults(accepted, tokens, self.runtime.accept(spec, accepted, tokens))
+        host = results.rows()  # the step's one read-back: [a, tokens (k+1), new drafts (k)] a sequence
         table = logprobs.read() if logprobs is not None else None
         self.runtime.advance(spec, [row[0] for row in host], [row[1 : k + 2] for row in host])
         self.num_verified_rows += n

@@ -16,7 +16,7 @@ import torch
 from compiled_engine.cache import reset_state_slots
 from compiled_engine.config import SpeculativeConfig
 from compiled_engine.model import HybridModel
-from compiled_engine.speculative import SpeculativeRound, commit_and_draft, draft, fused_round
+from compiled_engine.speculative import RoundResults, SpeculativeRound, commit_and_draft, draft, fused_round
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from graphs import DecodeGraphRunner, eager_decode
 
@@ -175,16 +175,17 @@ class ModelExecutor:
         self.speculative_round.warmup()
         return self.speculative_round
 
-    def run_round(self, length: int, bucket: int, sampling: SamplingInputs | None, num_seqs: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def run_round(self, length: int, bucket: int, sampling: SamplingInputs | None, num_seqs: int) -> RoundResults:
         """A compiled round of ``num_seqs`` sequences: the staged step (``SpeculativeRound.pack``'s ``length``) and
         ``sampling`` into this rank's buffers, those buffers broadcast to the workers' own, then the bucket's graph on
-        every rank. Outputs of every row of the bucket (the graphs' buffers: valid until the next round)."""
+        every rank. Its results (``SpeculativeRound.round_results``: the graphs' buffers and this rank's host rows,
+        valid until the next round)."""
         round_, sample = self.speculative_round, sampling is not None
         round_.load(length, sampling, num_seqs)
-        return self._on_every_rank(lambda workers: workers.send_round_buffers(bucket, sample,
-                                                                              round_.buffers(bucket, sample)),
-                                   lambda: round_.run(bucket, sample))
+        outputs = self._on_every_rank(lambda workers: workers.send_round_buffers(bucket, sample,
+                                                                                 round_.buffers(bucket, sample)),
+                                      lambda: round_.run(bucket, sample))
+        return round_.round_results(outputs, num_seqs)
 
     def fused_round(self, step: StepInputs, num_drafts: int, sampling: tuple[torch.Tensor, ...] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -29,8 +29,12 @@ the same device work: ModelExecutor's speculative methods):
     accepted, tokens = <rejection sampling of spec.logits>  # [1] and [1, k+1] (rejection_sampler.py)
     drafts = rt.accept(spec, accepted, tokens)     # commits the accepted states, drafts again; no host sync
     rt.advance(spec, accepted.tolist(), tokens.tolist())   # appends tokens[:a+1]; lengths move on
-    spec, accepted, tokens, drafts = rt.fused_round([seq], drafts.tolist())   # verify..accept in one call
-                                                   # (sampling=: sampled rows): compiled (CUDA graphs) with compile
+    spec, results = rt.fused_round([seq], drafts.tolist())   # verify..accept in one call (sampling=: sampled rows):
+                                                   # compiled (CUDA graphs) with compile; valid until the next round
+    rows = results.rows()                          # [[a, t_0..t_k, d_1..d_k]], the round's read-back (compiled: no
+                                                   # copy, its graph wrote them to host memory); on the device:
+                                                   # results.num_accepted, .tokens, .drafts
+    rt.advance(spec, [r[0] for r in rows], [r[1 : k + 2] for r in rows])   # the next drafts: r[k + 2 :]
 
 Prefill steps, and rounds that suppress stop tokens (min_tokens), run eagerly.
 """
@@ -52,7 +56,7 @@ from compiled_engine.memory_plan import allocate_caches
 from compiled_engine.model import HybridModel
 from compiled_engine.sampling_params import as_token_id
 from compiled_engine.sequence import Sequence
-from compiled_engine.speculative import SpeculativeRound, SpeculativeStep, pack_verify_step
+from compiled_engine.speculative import RoundResults, SpeculativeRound, SpeculativeStep, pack_verify_step
 from compiled_engine.step import pack_step, upload
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from compiled_engine.tp_workers import TensorParallelWorkers
@@ -512,13 +516,14 @@ class Runtime:
     @torch.inference_mode()
     def fused_round(
         self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0, sampling: SamplingInputs | None = None
-    ) -> tuple[SpeculativeStep, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[SpeculativeStep, RoundResults]:
         """``verify``, acceptance and ``accept`` in one call (SpeculativeRound: compiled when the runtime is):
-        ``(spec, num_accepted [N], tokens [N, k+1], drafts [N, k])``, on the device (compiled: valid until the next
-        round); ``advance(spec, ...)`` follows. Every verified row draws the target's argmax, or with ``sampling``
-        (``[N * (k+1)]`` per-row ``ce::sample`` parameters on the host, sequence by sequence; counters: each row's
-        output index) the token ``ce::sample`` draws (compiled_engine/rejection_sampler.py). No min_tokens
-        suppression here: such rounds take ``verify`` and the rejection sampler."""
+        ``(spec, results)``: ``num_accepted [N]``, ``tokens [N, k+1]``, ``drafts [N, k]`` on the device and
+        ``results.rows()`` on the host (a compiled round's: written to host memory by its graph, read with no copy;
+        valid until the next round); ``advance(spec, ...)`` follows. Every verified row draws the target's argmax,
+        or with ``sampling`` (``[N * (k+1)]`` per-row ``ce::sample`` parameters on the host, sequence by sequence;
+        counters: each row's output index) the token ``ce::sample`` draws (compiled_engine/rejection_sampler.py). No
+        min_tokens suppression here: such rounds take ``verify`` and the rejection sampler."""
         k = self._check_verify(seqs, drafts)
         if sampling is not None and sampling.temperature.shape != (len(seqs) * (k + 1),):
             raise ValueError(f"sampling needs {len(seqs) * (k + 1)} rows (k + 1 a sequence), got "
@@ -528,12 +533,12 @@ class Runtime:
         n, compiled = len(seqs), self.executor.speculative_round
         if compiled is not None and compiled.covers(n, k):
             length, bucket = compiled.pack(seqs, drafts)
-            accepted, tokens, new = (t[:n] for t in self.executor.run_round(length, bucket, sampling, n))
+            results = self.executor.run_round(length, bucket, sampling, n)
         else:  # eagerly: no compiled rounds, past their buckets, or fewer drafts than they were compiled for
             step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
             fields = None if sampling is None else sampling.on(self.device)
-            accepted, tokens, new = self.executor.fused_round(step, k, fields)
-        return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * len(seqs), None), accepted, tokens, new
+            results = RoundResults(*self.executor.fused_round(step, k, fields))
+        return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * len(seqs), None), results
 
     def advance(self, spec: SpeculativeStep, num_accepted: Seq[int], tokens: Seq[Seq[int]]) -> None:
         """The host's side of ``accept``, with its values read back: each sequence gets ``tokens[i][:a + 1]``

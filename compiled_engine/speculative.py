@@ -24,9 +24,10 @@ says why that is the acceptance rule), acceptance, commit and drafts, with nothi
 It runs eagerly (ModelExecutor.fused_round), or compiled by ``SpeculativeRound`` (``torch.compile(fullgraph=True)``
 of ``fused_round_packed``: the step's fields in one buffer, the sampling parameters in static buffers; one variant
 that draws the argmax, one that samples; on a single CUDA rank each (bucket, variant) call captured into a CUDA graph
-of the round's own), the batch padded to its bucket with null rows (the null slot, the null block). Rounds that
-suppress stop tokens (min_tokens) or return logprobs run the unfused path (``Runtime.verify``, the rejection
-sampler, ``Runtime.accept``).
+of the round's own), the batch padded to its bucket with null rows (the null slot, the null block). A compiled round
+also writes its results into host memory from inside the graph, so that the host reads them with no copy
+(``RoundResults``). Rounds that suppress stop tokens (min_tokens) or return logprobs run the unfused path
+(``Runtime.verify``, the rejection sampler, ``Runtime.accept``).
 
 The MTP layer's KV shares the target's blocks. A round writes at most positions L-1..L+2k-2; blocks for the
 verified positions are guaranteed by the scheduler, those for the draft positions beyond them are taken when free
@@ -52,7 +53,7 @@ from compiled_engine.sequence import Sequence
 from compiled_engine.step import pack_step
 from graphs.buckets import BucketPolicy
 from graphs.decode_graph import private_copy, raise_recompile_limit, register_inductor_fallbacks
-from graphs.static_inputs import StaticSamplingInputs
+from graphs.static_inputs import StaticSamplingInputs, host_visible
 from ops.argmax import argmax_op
 from ops.layouts import verify_cu_seqlens
 from ops.library import NULL_BLOCK, NULL_SLOT, OPS
@@ -77,6 +78,28 @@ class SpeculativeStep:
     counts: list[int]
     logits: torch.Tensor | None
     completed: list[bool] | None = None
+
+
+@dataclass
+class RoundResults:
+    """A round's results for its N sequences: ``num_accepted [N]``, ``tokens [N, k+1]`` and ``drafts [N, k]`` on the
+    device, and ``rows()``, the same on the host. A compiled round's (``SpeculativeRound.round_results``) are the
+    graph's buffers and the host rows it wrote itself: valid until the next round, which overwrites them."""
+
+    num_accepted: torch.Tensor
+    tokens: torch.Tensor
+    drafts: torch.Tensor
+    host: np.ndarray | None = None  # [N, 2k+2]: the rows a compiled round wrote to host memory (None: eager)
+    ready: torch.cuda.Event | None = None  # recorded after that round (CUDA): ``host`` holds its rows once passed
+
+    def rows(self) -> list[list[int]]:
+        """One row a sequence, ``[a, t_0..t_k, d_1..d_k]`` (num_accepted | tokens | drafts), the round's one
+        read-back: a compiled round's host rows once the round is done (no copy), else the device tensors copied."""
+        if self.host is None:
+            return torch.cat([self.num_accepted[:, None], self.tokens, self.drafts], dim=1).tolist()
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.tolist()
 
 
 class _Tokens:
@@ -234,18 +257,20 @@ def _packed_layout(batch: int, num_drafts: int, table_width: int) -> tuple[int, 
 
 
 def fused_round_packed(
-    model: HybridModel, packed: torch.Tensor, batch: int, num_drafts: int, block_size: int, table_width: int,
-    draft_vocab: int | None, sampling: tuple[torch.Tensor, ...], sample: bool,
+    model: HybridModel, packed: torch.Tensor, results: torch.Tensor, batch: int, num_drafts: int, block_size: int,
+    table_width: int, draft_vocab: int | None, sampling: tuple[torch.Tensor, ...], sample: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fused_round`` on the fields of a verify step of ``batch`` sequences packed into one int64 buffer
     (``_packed_layout``) and, when ``sample`` (a Python bool: each value is a graph of its own), the first
     ``batch * (k+1)`` rows of the static sampling buffers ``sampling``: the function a compiled round traces. One
     buffer at a fixed address is the whole step input of the captured graph, written by one copy a round; the fields
     are sliced (and the int32 ones cast) inside the graph, and the verify step's ``cu_seqlens`` (k+1 rows a
-    sequence) computed there."""
+    sequence) computed there. Returns ``fused_round``'s outputs, and writes them into the first ``batch`` rows of
+    ``results`` (int64 ``[>= batch, 2k+2]``: num_accepted | tokens | drafts; host memory on a GPU, so that a replay
+    leaves them where the host reads them)."""
     rows = batch * (num_drafts + 1)
     at_positions, at_slots, at_context, at_state, end = _packed_layout(batch, num_drafts, table_width)
-    return fused_round(
+    accepted, tokens, drafts = fused_round(
         model,
         packed[:rows],
         packed[at_positions : at_positions + rows],
@@ -259,6 +284,10 @@ def fused_round_packed(
         draft_vocab,
         tuple(t[:rows] for t in sampling) if sample else None,
     )
+    # A plain in-place write of a graph input: Inductor stores these rows straight into ``results`` (no copy of it),
+    # so the captured graph itself writes the host memory.
+    results[:batch].copy_(torch.cat([accepted[:, None], tokens, drafts], dim=1))
+    return accepted, tokens, drafts
 
 
 def pack_verify_into(
@@ -302,7 +331,10 @@ class SpeculativeRound:
     decode runner does (graphs/decode_graph.py): a round is then one host -> device copy of its packed step (a pinned
     staging buffer), one of its sampling parameters when it samples, and one ``graph.replay()``, ~0.3 ms of host time
     less than a cudagraph-trees replay. A round is ``load`` (this rank's buffers) then ``run``; between the two a
-    tensor-parallel rank 0 broadcasts ``buffers`` (compiled_engine/executor.py)."""
+    tensor-parallel rank 0 broadcasts ``buffers`` (compiled_engine/executor.py). ``round_results`` then gives the
+    round's results, which the graph also wrote to host memory (``results``): reading them back needs no copy.
+    Tensor-parallel workers run the same graphs, each writing its own process's results buffer, which nothing reads.
+    """
 
     VARIANTS = (False, True)  # the ``sample`` values that get graphs
 
@@ -325,8 +357,13 @@ class SpeculativeRound:
         self.fn = torch.compile(private_copy(fused_round_packed, f"round{next(_round_ids)}"), fullgraph=True)
         size = _packed_layout(self.policy.max_size, num_drafts, self.table_width)[-1]
         self.packed = torch.zeros(size, dtype=torch.long, device=device)  # the graphs' step input
+        # What the graphs write of a round: a row a sequence of the bucket, num_accepted | tokens (k+1) | drafts (k),
+        # in host memory that the graph writes directly on a GPU (``host_visible``), read there by ``round_results``.
+        host_results, self.results = host_visible((self.policy.max_size, 2 * num_drafts + 2), device)
+        self._host_results = host_results.numpy()
         if capture:
-            torch._dynamo.mark_static_address(self.packed)
+            for buffer in (self.packed, self.results):  # fixed addresses the graphs read or write in place
+                torch._dynamo.mark_static_address(buffer)
         # The sampling parameters of every verified row (k + 1 a sequence), in static buffers.
         self.sampling = StaticSamplingInputs(self.policy.max_size * (num_drafts + 1), device)
         # Host staging (pinned when capturing: an asynchronous copy), written through a numpy view made once, and one
@@ -370,8 +407,8 @@ class SpeculativeRound:
                     list(self.policy.sizes), time.perf_counter() - start)
 
     def _call(self, bucket: int, sample: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.fn(self.model, self.packed, bucket, self.num_drafts, self.block_size, self.table_width,
-                       self.draft_vocab, self.sampling.tensors(), sample)
+        return self.fn(self.model, self.packed, self.results, bucket, self.num_drafts, self.block_size,
+                       self.table_width, self.draft_vocab, self.sampling.tensors(), sample)
 
     def _pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], bucket: int) -> int:
         """The verify step of ``seqs`` padded to ``bucket``, written into the host staging buffer once the last copy
@@ -408,7 +445,7 @@ class SpeculativeRound:
     @torch.inference_mode()
     def run(self, bucket: int, sample: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The loaded round: ``(num_accepted, tokens, drafts)`` of every row of the bucket, on the device (the
-        graphs' outputs: valid until the next round)."""
+        graphs' outputs: valid until the next round); the same rows in ``results`` once the round is done."""
         captured = self._graphs.get((bucket, sample))
         if captured is not None:
             graph, outputs = captured
@@ -416,3 +453,14 @@ class SpeculativeRound:
             return outputs
         with torch.compiler.set_stance("fail_on_recompile"):
             return self._call(bucket, sample)
+
+    def round_results(self, outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], num_seqs: int) -> RoundResults:
+        """The results of the round ``run`` just queued (``outputs``: what it returned) for its first ``num_seqs``
+        sequences, the bucket's padding rows left out: the device outputs, and the host rows the round writes,
+        there once an event recorded now (after the round's work, on the current stream) has passed."""
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        accepted, tokens, drafts = (t[:num_seqs] for t in outputs)
+        return RoundResults(accepted, tokens, drafts, self._host_results[:num_seqs], ready)

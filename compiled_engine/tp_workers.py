@@ -511,7 +511,7 @@ def serve(executor: ModelExecutor, prefix_cache: PrefixCache | None, rank: int, 
             round_ = executor.speculative_round
             for tensor in round_.buffers(bucket, sample):
                 dist.broadcast(tensor, 0)
-            round_.run(bucket, sample)
+            round_.run(bucket, sample)  # its results (this process's host rows too) go unread: rank 0 reads its own
         elif command == CMD_RESET_SLOT:
             executor.reset_state_slots([values[1]])
         elif command == CMD_SNAPSHOT_SAVE:

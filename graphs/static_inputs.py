@@ -93,7 +93,7 @@ class StaticDecodeInputs:
         self.ring_slot = _own_storage(self._int64[3, :1])
         self.context_lens, self.state_slots = (_own_storage(self._int32_rows[i, :max_batch]) for i in range(2))
         self.block_tables = _own_storage(self._tables[:max_batch])
-        self.token_ring_host, self.token_ring = _host_visible((TOKEN_RING_SLOTS, rows), self.device)
+        self.token_ring_host, self.token_ring = host_visible((TOKEN_RING_SLOTS, rows), self.device)
         for t in self.tensors():  # what the graph reads
             torch._dynamo.mark_static_address(t)
         # The padding lane's values, one column per packed group: a reset of k rows is one broadcasting copy.
@@ -353,10 +353,12 @@ def _own_storage(view: torch.Tensor) -> torch.Tensor:
     return own
 
 
-def _host_visible(shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def host_visible(shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(host tensor, the same memory as a tensor on ``device``) of int64 zeros: on CUDA, pinned memory, which a kernel
     reads and writes through the same address (unified virtual addressing), wrapped as a CUDA tensor through the CUDA
-    array interface; on the CPU, one tensor twice."""
+    array interface; on the CPU, one tensor twice. What a graph writes there is read on the host with no copy once
+    the graph is done (the decode graph's token ring; a compiled speculative round's results:
+    compiled_engine/speculative.py)."""
     host = torch.zeros(shape, dtype=torch.long, pin_memory=device.type == "cuda")
     if device.type != "cuda":
         return host, host

@@ -740,6 +740,47 @@ def test_compiled_rounds_equal_non_speculative(tiny_path, draft_vocab):
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == reference
 
 
+def test_compiled_round_results_are_the_host_rows_its_graph_wrote(tiny_path):
+    """A compiled round's graph writes its results (num_accepted | tokens | drafts, a row a sequence of its bucket)
+    into the round's host buffer, and ``RoundResults.rows()`` reads them there: for 3 sequences in bucket 4 (a
+    padding row, left out) in the argmax and the sampling variant, then 2 in bucket 2, the rows are the eager
+    round's of the same step (the cat of its device outputs) and the cat of the compiled round's own device
+    outputs. The buffer is filled with -1 before each round: the graph wrote the bucket's rows, and no row past it."""
+    from compiled_engine.speculative import RoundResults
+    from ops.step import SamplingInputs
+
+    k = 2
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1]]
+    eager, compiled = (runtime(tiny_path, k=k, max_num_seqs=4, compile=c) for c in (False, True))
+    rounds = compiled.speculative_round
+    seqs = {}
+    for rt in (eager, compiled):
+        seqs[rt] = [rt.add_sequence(p) for p in prompts]
+        for seq, token in zip(seqs[rt], rt.prefill(seqs[rt]).argmax(dim=-1).tolist()):
+            seq.token_ids.append(token)
+    drafts = [[0] * k for _ in prompts]
+
+    def sampled(n: int) -> SamplingInputs:  # seeded sampled rows, k + 1 a sequence
+        rows = n * (k + 1)
+        return SamplingInputs(torch.full((rows,), 0.9), torch.full((rows,), 30), torch.ones(rows), torch.zeros(rows),
+                              torch.arange(rows) + 11, torch.arange(rows))
+
+    for n, sampling in ((3, None), (3, sampled(3)), (2, None)):
+        bucket = rounds.policy.bucket_for(n)
+        rounds.results.fill_(-1)
+        results = {rt: rt.fused_round(seqs[rt][:n], drafts[:n], sampling=sampling) for rt in (eager, compiled)}
+        (_, want), (_, got) = results[eager], results[compiled]
+        assert isinstance(got, RoundResults) and got.host is not None and want.host is None  # host rows / the cat
+        rows = got.rows()
+        assert len(rows) == n and rows == want.rows()
+        assert rows == torch.cat([got.num_accepted[:, None], got.tokens, got.drafts], dim=1).tolist()
+        assert rounds.results[:bucket].ne(-1).all() and rounds.results[bucket:].eq(-1).all()
+        for rt, (spec, _) in results.items():
+            rt.advance(spec, [r[0] for r in rows], [r[1 : k + 2] for r in rows])
+        drafts = [r[k + 2 :] for r in rows]
+    assert [s.token_ids for s in seqs[compiled]] == [s.token_ids for s in seqs[eager]]
+
+
 @given(data=st.data(), k=st.integers(1, 4), block_size=st.sampled_from([1, 4, 16]), max_model_len=st.integers(8, 80),
        bucket_extra=st.integers(0, 3))
 @settings(max_examples=60, deadline=None)
