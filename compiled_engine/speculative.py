@@ -372,6 +372,8 @@ class SpeculativeRound:
         self._stage = torch.zeros(size, dtype=torch.long, pin_memory=capture)
         self._stage_np = self._stage.numpy()
         self._staged = torch.cuda.Event() if capture else None
+        # Recorded after each round (CUDA): its results are in host memory once it has passed.
+        self._done = torch.cuda.Event() if device.type == "cuda" else None
 
     @property
     def captured_buckets(self) -> tuple[int, ...]:
@@ -458,9 +460,7 @@ class SpeculativeRound:
         """The results of the round ``run`` just queued (``outputs``: what it returned) for its first ``num_seqs``
         sequences, the bucket's padding rows left out: the device outputs, and the host rows the round writes,
         there once an event recorded now (after the round's work, on the current stream) has passed."""
-        ready = None
-        if self.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
+        if self._done is not None:
+            self._done.record()
         accepted, tokens, drafts = (t[:num_seqs] for t in outputs)
-        return RoundResults(accepted, tokens, drafts, self._host_results[:num_seqs], ready)
+        return RoundResults(accepted, tokens, drafts, self._host_results[:num_seqs], self._done)
