@@ -49,7 +49,8 @@ from ops.triton import delta_rule_kernels, gated_deltanet_kernels, gemv_kernels,
 
 @dataclass
 class Shape:
-    """Qwen3.5-0.8B."""
+    """Qwen3.5-0.8B (``linear_v_heads`` 32: two value heads a key head, as in Qwen3-Next's and Qwen3.5-35B's linear
+    layers)."""
 
     hidden: int = 1024
     layers: int = 24
@@ -57,7 +58,6 @@ class Shape:
     linear_v_heads: int = 16
     key_dim: int = 128
     value_dim: int = 128
-    conv_dim: int = 6144  # q, k, v channels: 2 * 16 * 128 + 16 * 128
     conv_width: int = 4
     q_heads: int = 8
     kv_heads: int = 2
@@ -66,6 +66,11 @@ class Shape:
     intermediate: int = 3584
     vocab: int = 248320
     full_attention_interval: int = 4  # every 4th layer is full attention, the others Gated DeltaNet
+
+    @property
+    def conv_dim(self) -> int:
+        """The q, k, v channels (6,144 on Qwen3.5-0.8B)."""
+        return 2 * self.linear_k_heads * self.key_dim + self.linear_v_heads * self.value_dim
 
     def weight_matmuls(self) -> dict[str, tuple[int, int, int]]:
         """name -> (N, K, count per decode step) of every weight matmul (bf16 [N, K], no bias)."""
@@ -156,7 +161,7 @@ def decode_attention_inputs(s: Shape, batch: int, context: int):
 
 
 def run(args) -> dict:
-    s = Shape()
+    s = Shape(linear_v_heads=args.linear_v_heads)
     torch.manual_seed(0)
     copy_gbps = copy_bandwidth_gbps()
     rows: list[Row] = []
@@ -274,9 +279,10 @@ def run(args) -> dict:
         norm_weight = rand(dv)
         fused_bytes = rec_bytes + 2 * state_bytes + (projected.numel() + batch * value_width) * bf16
         # the fused kernel with whole heads (8 warps), the unfused kernels, the fused kernel in V tiles of 64 (8 warps)
-        # and 32 (4 warps: at 4 warps, tiles of 64 spill), the tiles also with their loads in walk order (no prefetch)
+        # and 32 (4 warps: at 4 warps, tiles of 64 spill), the tiles also with their loads in walk order (no prefetch),
+        # and so whole heads where a program walks more than one (G > 1)
         variants = [(True, 8, None, True), (False, 8, None, True), (True, 8, 64, True), (True, 8, 64, False),
-                    (True, 4, 32, True), (True, 4, 32, False)]
+                    (True, 4, 32, True), (True, 4, 32, False)] + ([(True, 8, None, False)] if hv > hk else [])
         sweep = [(True, 4, None, True), (True, 16, None, True)] if args.sweep else []
         for fused, warps, block_v, prefetch in variants + sweep:
             us = timed(f"gated_deltanet_decode fused={fused} warps={warps} block_v={block_v} prefetch={prefetch} "
@@ -290,6 +296,8 @@ def run(args) -> dict:
             elif block_v is not None:
                 op = f"  gated_deltanet_decode v{block_v}" + ("" if prefetch else " in order")
                 note = f"one kernel, V tiles of {block_v}, {warps} warps" + ("" if prefetch else ", no prefetch")
+            elif not prefetch:
+                op, note = "  gated_deltanet_decode in order", f"one kernel, {warps} warps, no prefetch"
             else:
                 op = "gated_deltanet_decode" if warps == 8 else "  sweep gated_deltanet_decode"
                 note = f"one kernel, {warps} warps"
@@ -471,6 +479,9 @@ def main(argv=None) -> None:
     parser.add_argument("--prefill-len", type=int, default=128, help="new tokens per sequence in prefill rows")
     parser.add_argument("--linear-rows", type=lambda s: [int(b) for b in s.split(",")], default=[1, 2, 8, 64],
                         help="rows of x (batch) for the linear rows")
+    parser.add_argument("--linear-v-heads", type=int, default=16,
+                        help="value heads of the linear layers (16 key heads): 32 times the G = 2 kernels of "
+                             "Qwen3-Next / Qwen3.5-35B (the rest of the shape stays 0.8B's)")
     parser.add_argument("--sweep", action="store_true", help="also sweep decode tile sizes and skinny GEMM configs")
     parser.add_argument("--skip", type=lambda s: set(s.split(",")), default=set(),
                         help="comma-separated ops to leave out (e.g. gated_delta_rule_prefill: FLA autotunes; "
