@@ -328,9 +328,10 @@ class SpeculativeRound:
     Every bucket is compiled at ``warmup`` in both variants on padding rows only (the null slot and block: live
     sequences keep their state), largest first; later rounds run under ``fail_on_recompile``. With ``capture`` (CUDA)
     each compiled call is also captured into a ``torch.cuda.CUDAGraph`` of its own (one memory pool for all), as the
-    decode runner does (graphs/decode_graph.py): a round is then one host -> device copy of its packed step (a pinned
-    staging buffer), one of its sampling parameters when it samples, and one ``graph.replay()``, ~0.3 ms of host time
-    less than a cudagraph-trees replay. A round is ``load`` (this rank's buffers) then ``run``; between the two a
+    decode runner does (graphs/decode_graph.py): a round is then the host writing its packed step into a pinned
+    staging buffer, one copy of its sampling parameters when it samples, and one ``graph.replay()`` (~0.3 ms of host
+    time less than a cudagraph-trees replay), the graph's first node the copy of the staging buffer into the packed
+    step it reads. A round is ``load`` (this rank's buffers) then ``run``; between the two a
     tensor-parallel rank 0 broadcasts ``buffers`` (compiled_engine/executor.py). ``round_results`` then gives the
     round's results, which the graph also wrote to host memory (``results``): reading them back needs no copy.
     Tensor-parallel workers run the same graphs, each writing its own process's results buffer, which nothing reads.
@@ -366,13 +367,13 @@ class SpeculativeRound:
                 torch._dynamo.mark_static_address(buffer)
         # The sampling parameters of every verified row (k + 1 a sequence), in static buffers.
         self.sampling = StaticSamplingInputs(self.policy.max_size * (num_drafts + 1), device)
-        # Host staging (pinned when capturing: an asynchronous copy), written through a numpy view made once, and one
-        # event recorded after each copy from it: the host waits for it before writing the staging buffer again. Both
-        # made once: every torch call here is host time on the round's critical path.
+        # Host staging, written through a numpy view made once (every torch call here is host time on the round's
+        # critical path). Pinned when capturing: each captured graph copies it into ``packed`` as its first node, so
+        # the host's whole work to launch a round is writing it and the replay.
         self._stage = torch.zeros(size, dtype=torch.long, pin_memory=capture)
         self._stage_np = self._stage.numpy()
-        self._staged = torch.cuda.Event() if capture else None
-        # Recorded after each round (CUDA): its results are in host memory once it has passed.
+        # Recorded after each round (CUDA): its results are in host memory, and the staging buffer is free to
+        # write again, once it has passed.
         self._done = torch.cuda.Event() if device.type == "cuda" else None
 
     @property
@@ -400,9 +401,11 @@ class SpeculativeRound:
                     torch.cuda.synchronize(self.device)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool), torch.compiler.set_stance("fail_on_recompile"):
+                        self._upload(_packed_layout(bucket, self.num_drafts, self.table_width)[-1])
                         outputs = self._call(bucket, sample)
                     self._graphs[bucket, sample] = (graph, outputs)
                     graph.replay()
+                    self._done.record()  # the next bucket's _pack waits for the replay's copy of the staging buffer
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("compiled speculative rounds%s: buckets %s in %.1f s", " and captured" if self.captured else "",
@@ -413,18 +416,17 @@ class SpeculativeRound:
                        self.table_width, self.draft_vocab, self.sampling.tensors(), sample)
 
     def _pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], bucket: int) -> int:
-        """The verify step of ``seqs`` padded to ``bucket``, written into the host staging buffer once the last copy
-        from it is done (``pack_verify_into``); returns its length."""
-        if self._staged is not None:
-            self._staged.synchronize()  # the last copy has read the staging buffer
+        """The verify step of ``seqs`` padded to ``bucket``, written into the host staging buffer once the last round
+        is done with it (``pack_verify_into``); returns its length."""
+        if self.captured:
+            self._done.synchronize()  # the last round has copied the staging buffer (its graph's first node)
         return pack_verify_into(self._stage_np, seqs, drafts, self.block_size, bucket, self.num_drafts,
                                 self.table_width)
 
     def _upload(self, length: int) -> None:
-        """The staged step (``_pack``'s ``length`` elements) into the packed buffer, in one copy."""
+        """The staged step (``_pack``'s ``length`` elements) into the packed buffer, in one copy (asynchronous when
+        the staging buffer is pinned: ``run`` records the event ``_pack`` waits for after it)."""
         self.packed[:length].copy_(self._stage[:length], non_blocking=True)
-        if self._staged is not None:
-            self._staged.record()
 
     def pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> tuple[int, int]:
         """The verify step of ``seqs`` (``covers`` them), staged on the host for ``load``: its length and bucket."""
@@ -433,8 +435,10 @@ class SpeculativeRound:
 
     def load(self, length: int, sampling: SamplingInputs | None, num_seqs: int) -> None:
         """``pack``'s staged step into this rank's buffers, and ``sampling`` (the ``ce::sample`` parameters of the
-        ``num_seqs * (k+1)`` verified rows, on the host) into the sampling buffers, the other rows greedy padding."""
-        self._upload(length)
+        ``num_seqs * (k+1)`` verified rows, on the host) into the sampling buffers, the other rows greedy padding.
+        The staged step stays where it is when the rounds are captured: each graph copies it itself."""
+        if not self.captured:
+            self._upload(length)
         if sampling is not None:
             self.sampling.fill(sampling, num_seqs * (self.num_drafts + 1))
 
@@ -452,15 +456,18 @@ class SpeculativeRound:
         if captured is not None:
             graph, outputs = captured
             graph.replay()
-            return outputs
-        with torch.compiler.set_stance("fail_on_recompile"):
-            return self._call(bucket, sample)
+        else:
+            if self.captured:  # before warmup: the staged step is not in the packed buffer yet
+                self._upload(_packed_layout(bucket, self.num_drafts, self.table_width)[-1])
+            with torch.compiler.set_stance("fail_on_recompile"):
+                outputs = self._call(bucket, sample)
+        if self._done is not None:
+            self._done.record()
+        return outputs
 
     def round_results(self, outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], num_seqs: int) -> RoundResults:
         """The results of the round ``run`` just queued (``outputs``: what it returned) for its first ``num_seqs``
         sequences, the bucket's padding rows left out: the device outputs, and the host rows the round writes,
-        there once an event recorded now (after the round's work, on the current stream) has passed."""
-        if self._done is not None:
-            self._done.record()
+        there once the event ``run`` recorded after the round's work has passed."""
         accepted, tokens, drafts = (t[:num_seqs] for t in outputs)
         return RoundResults(accepted, tokens, drafts, self._host_results[:num_seqs], self._done)
