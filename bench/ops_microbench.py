@@ -12,8 +12,7 @@ length, activations in and out); the minimum traffic, so the fraction is a roofl
 ``gated_deltanet_verify``/``gated_deltanet_commit``: speculative decoding's verify kernel at P = 2, 3, 4 positions a
 sequence (the pools read only; the launch ``VERIFY_LAUNCHES`` picks) and its commit (all P updates replayed), beside
 ``gated_deltanet_decode``; at P = 3 also each launch the rule chooses among (``vBLOCK`` rows: whole heads at v128,
-else each head's columns in blocks over programs, the norm a second launch), and the delta rule from the start state
-(``chunked`` rows) at whole heads and blocks of 64.
+else each head's columns in blocks over programs, the norm a second launch).
 
 ``linear``: ce::linear (our skinny GEMM up to ``SKINNY_MAX_ROWS`` rows, cuBLAS above) against ``F.linear`` (cuBLAS)
 on each weight shape of the model at ``--linear-rows`` rows (default 1, 2, 8 and 64: the skinny GEMM's two, then
@@ -319,19 +318,16 @@ def run(args) -> dict:
             add(f"gated_deltanet_verify P={positions}", batch, us, verify_bytes + history_bytes, "graph",
                 "pools read only")
             if positions == 3:  # whole heads, and each head's columns over programs (the norm a second launch)
-                launches = [(block_v, warps, False) for block_v, warps in ((dv, 8), (64, 4), (32, 4), (16, 2))]
-                for block_v, warps, chunked in launches + [(dv, 8, True), (64, 4, True)]:
-                    name = f"gated_deltanet_verify P=3 v{block_v}{' chunked' if chunked else ''}"
-                    us = timed(f"{name} B={batch}",
+                for block_v, warps in ((dv, 8), (64, 4), (32, 4), (16, 2)):
+                    us = timed(f"gated_deltanet_verify P=3 v{block_v} B={batch}",
                                lambda: gated_deltanet_kernels.gated_deltanet_verify(
                                    rows_p, weight, conv_state, A_log, dt_bias, norm_weight, state, slots, history, hk,
-                                   dk, hv, dv, 1e-6, num_warps=warps, block_v=block_v, chunked=chunked),
+                                   dk, hv, dv, 1e-6, num_warps=warps, block_v=block_v),
                                graph=True)
-                    note = (f"V blocks of {block_v} over programs, {warps} warps, + the norm kernel" if block_v < dv
-                            else f"whole heads, {warps} warps, the norm in the kernel")
-                    add(f"  {name}", batch, us, verify_bytes + history_bytes, "graph",
-                        note + (", from the start state" if chunked else ""), num_warps=warps, block_v=block_v,
-                        chunked=chunked)
+                    add(f"  gated_deltanet_verify P=3 v{block_v}", batch, us, verify_bytes + history_bytes, "graph",
+                        f"V blocks of {block_v} over programs, {warps} warps, + the norm kernel" if block_v < dv
+                        else f"whole heads, {warps} warps, the norm in the kernel",
+                        num_warps=warps, block_v=block_v)
             us = timed(f"gated_deltanet_commit P={positions} B={batch}",
                        lambda: gated_deltanet_kernels.gated_deltanet_commit(
                            [conv_state], [state], slots, [history], accepted, hk, dk, hv, dv),

@@ -188,15 +188,6 @@ def _child() -> dict:
             check_case(make_case(12, layout, 3, 2, 1, accepted, torch.float32, torch.float32),
                        functools.partial(kernels.gated_deltanet_verify, block_v=block_v, num_warps=2),
                        kernels.gated_deltanet_commit, dict(atol=1e-4, rtol=1e-4))
-        # the delta rule from the start state (CHUNKED, an fp32 pool): whole heads over every accepted count of a
-        # k = 4 step, and blocks over two layouts
-        chunked = functools.partial(kernels.gated_deltanet_verify, chunked=True)
-        check_case(make_case(11, LAYOUTS[1], 4, 5, 2, [0, 1, 2, 3, 4], torch.float32, torch.float32, 2, 1, 4),
-                   chunked, kernels.gated_deltanet_commit, dict(atol=1e-4, rtol=1e-4))
-        for layout, block_v, accepted in ((LAYOUTS[1], 8, [2, 0]), (LAYOUTS[2], 4, [1, 3])):
-            check_case(make_case(12, layout, 3, 2, 1, accepted, torch.float32, torch.float32),
-                       functools.partial(chunked, block_v=block_v, num_warps=2), kernels.gated_deltanet_commit,
-                       dict(atol=1e-4, rtol=1e-4))
     except Exception as exc:
         return {"error": failures[-1] if failures else f"{type(exc).__name__}: {exc}"}
     return {"error": None}

@@ -148,17 +148,14 @@ def test_gated_deltanet_decode_launches_compile_for_sm90(group):
 
 
 @pytest.mark.parametrize("group", [1, 2])
-@pytest.mark.parametrize("block_v, warps, chunked", [(128, 8, False), (64, 4, False), (32, 4, False), (16, 2, False),
-                                                     (128, 8, True), (64, 4, True)])
-def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps, chunked):
+@pytest.mark.parametrize("block_v, warps", [(128, 8), (64, 4), (32, 4), (16, 2)])
+def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps):
     """The verify kernel at k = 2 with whole heads (the norm in the kernel) and with each head's columns split over
-    programs (``VERIFY_LAUNCHES`` picks among these), walking the positions or from the start state (``CHUNKED``),
-    at GROUP 1 and 2, bf16 rows and an fp32 state pool."""
+    programs (``VERIFY_LAUNCHES`` picks among these), at GROUP 1 and 2, bf16 rows and an fp32 state pool."""
     from ops.triton import gated_deltanet_kernels as gk
 
     sig = dict(GDN_SIG, history=_ptr("fp32"), stride_h_seq="i64", stride_h_pos="i64")
     _compile(gk._gated_deltanet_verify_kernel, sig,
              dict(POSITIONS=3, NUM_K_HEADS=16, NUM_V_HEADS=16 * group, GROUP=group, DK=128, DV=128, WIDTH=4, WIDTH_P=4,
-                  BLOCK_K=128, BLOCK_V=block_v, V_BLOCKS=128 // block_v, ROUND_WEIGHT_PRODUCT=True, CHUNKED=chunked,
-                  P_PAD=4),
+                  BLOCK_K=128, BLOCK_V=block_v, V_BLOCKS=128 // block_v, ROUND_WEIGHT_PRODUCT=True),
              num_warps=warps)

@@ -667,17 +667,13 @@ def test_gated_deltanet_verify_matches_reference(live, layout, k, dtype, state_d
 
 
 @pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
-@pytest.mark.parametrize("live,k,block_v,warps,chunked", [(1, 2, 32, 4, False), (40, 3, 64, 4, False),
-                                                          (5, 1, 16, 2, False), (1, 2, 128, 8, True),
-                                                          (40, 3, 64, 4, True), (5, 4, 128, 8, True)])
-def test_gated_deltanet_verify_in_v_blocks_matches_reference(layout, live, k, block_v, warps, chunked):
+@pytest.mark.parametrize("live,k,block_v,warps", [(1, 2, 32, 4), (40, 3, 64, 4), (5, 1, 16, 2)])
+def test_gated_deltanet_verify_in_v_blocks_matches_reference(layout, live, k, block_v, warps):
     """The verify kernel with each value head's columns split over programs (the gated norm a second launch), then
-    the commit from its history (keys, decays and q / k conv inputs are written by block 0 only); and with whole
-    heads or blocks, the delta rule from the start state (``chunked``)."""
+    the commit from its history (keys, decays and q / k conv inputs are written by block 0 only)."""
     from ops.triton import gated_deltanet_kernels
 
-    verify = functools.partial(gated_deltanet_kernels.gated_deltanet_verify, num_warps=warps, block_v=block_v,
-                               chunked=chunked)
+    verify = functools.partial(gated_deltanet_kernels.gated_deltanet_verify, num_warps=warps, block_v=block_v)
     _check_verify_then_commit(_seeded(live * 11 + block_v), layout, live, 2, k, torch.bfloat16, torch.float32, True,
                               verify)
 

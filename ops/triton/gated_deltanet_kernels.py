@@ -464,39 +464,16 @@ def _conv_weights(conv_weight, channels, c_mask, stride_w_c, stride_w_k, WIDTH: 
                    mask=(offs_w < WIDTH)[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
 
 
-@triton.jit
-def _chunked_position(s0, k, q, v, decay, beta, keys, updates, carry, total, i, rows):
-    """Position ``i`` of the delta rule from the start state ``s0`` (``[K, V]``, never updated) and the positions
-    before it, instead of from the state after them: with ``G_i`` the decays' product to i, the state after i is
-    ``G_i S0 + sum_{j <= i} (G_i / G_j) k_j u_j^T``, so ``u_i = beta_i (v_i - G_i S0^T k_i - sum_{j < i} (G_i / G_j)
-    (k_j . k_i) u_j)`` and ``o_i = G_i S0^T q_i + sum_{j <= i} (G_i / G_j) (k_j . q_i) u_j``. Two passes over the tile a
-    position (S0^T k_i, S0^T q_i), independent of the other positions', where the walk takes four, each after the
-    last; exact in real arithmetic, so only where the pool is fp32 (a bf16 pool rounds the state after each
-    position, which this cannot follow). ``keys`` / ``updates`` ``[P_PAD, K]`` / ``[P_PAD, V]``: the positions'
-    keys and updates so far (zero rows after); ``carry`` ``[P_PAD]``: ``G_(i-1) / G_j`` (zeros after); ``total``:
-    ``G_(i-1)``. Returns ``u_i``, ``o_i`` and those four through i."""
-    total = total * decay
-    carry = carry * decay  # G_i / G_j for j < i
-    w = total * tl.sum(s0 * k[:, None], 0) + tl.sum((carry * tl.sum(keys * k[None, :], 1))[:, None] * updates, 0)
-    u = (v - w) * beta
-    keys = tl.where(rows[:, None] == i, k[None, :], keys)
-    updates = tl.where(rows[:, None] == i, u[None, :], updates)
-    carry = tl.where(rows == i, 1.0, carry)
-    o = total * tl.sum(s0 * q[:, None], 0) + tl.sum((carry * tl.sum(keys * q[None, :], 1))[:, None] * updates, 0)
-    return u, o, keys, updates, carry, total
-
-
 # The verify launch by batch size (sequences), first match wins: (most sequences, V block or None for whole heads with
 # the norm in the kernel, warps). Timed at k = 2 on Qwen3.5-0.8B's shape (bench/NOTES.md, "GDN verify in V blocks"):
 # up to 16 sequences whole heads lead (the split's norm is a second launch); above, blocks of 64 at 4 warps (two
-# programs an SM) take a verify 14-17% under whole heads at 64-128 sequences. The last field: the delta rule from the
-# start state (``_chunked_position``; with an fp32 pool only), built but not yet timed on the GPU, so off.
-VERIFY_LAUNCHES = ((16, None, 8, False), (math.inf, 64, 4, False))
+# programs an SM) take a verify 14-17% under whole heads at 64-128 sequences.
+VERIFY_LAUNCHES = ((16, None, 8), (math.inf, 64, 4))
 
 
-def verify_config(batch: int) -> tuple[int | None, int, bool]:
-    """(block_v, num_warps, chunked) of the verify launch for ``batch`` sequences (``VERIFY_LAUNCHES``)."""
-    return next((block_v, warps, chunked) for most, block_v, warps, chunked in VERIFY_LAUNCHES if batch <= most)
+def verify_config(batch: int) -> tuple[int | None, int]:
+    """(block_v, num_warps) of the verify launch for ``batch`` sequences (``VERIFY_LAUNCHES``)."""
+    return next((block_v, warps) for most, block_v, warps in VERIFY_LAUNCHES if batch <= most)
 
 
 @triton.jit
@@ -538,8 +515,6 @@ def _gated_deltanet_verify_kernel(
     BLOCK_V: tl.constexpr,  # a power of two; V_BLOCKS of them cover DV
     V_BLOCKS: tl.constexpr,
     ROUND_WEIGHT_PRODUCT: tl.constexpr,
-    CHUNKED: tl.constexpr,  # the delta rule from the start state (_chunked_position); an fp32 pool only
-    P_PAD: tl.constexpr,  # next_power_of_2(POSITIONS)
 ):
     """Grid ``(N, Hk, V_BLOCKS)``: program (n, h, c) walks the value heads of key head h (as the decode kernel does)
     and, for each, the P positions in turn with columns ``c*BLOCK_V .. +BLOCK_V`` of the ``[K, V]`` state tile in
@@ -564,7 +539,6 @@ def _gated_deltanet_verify_kernel(
     v_block = tl.program_id(2)
     offs_k = tl.arange(0, BLOCK_K)
     offs_v = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
-    rows = tl.arange(0, P_PAD)
     k_mask = offs_k < DK
     v_mask = offs_v < DV
     tile_mask = k_mask[:, None] & v_mask[None, :]
@@ -594,11 +568,6 @@ def _gated_deltanet_verify_kernel(
         v_w = _conv_weights(conv_weight, v_channels, v_mask, stride_w_c, stride_w_k, WIDTH, WIDTH_P)
         A_log_val = tl.load(A_log + v_head)
         dt_bias_val = tl.load(dt_bias + v_head)
-        if CHUNKED:  # the positions so far (_chunked_position): their keys and updates, decays since each, decay to now
-            keys = tl.zeros([P_PAD, BLOCK_K], dtype=tl.float32)
-            updates = tl.zeros([P_PAD, BLOCK_V], dtype=tl.float32)
-            carry = tl.zeros([P_PAD], dtype=tl.float32)
-            total = 1.0
         # Unrolled, each position's loads issued before the previous position's math and stores: a load after a
         # store stays after it (the compiler does not know they cannot alias), so in program order the walk would
         # wait a round trip to memory a position.
@@ -619,15 +588,11 @@ def _gated_deltanet_verify_kernel(
             k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
 
             decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
-            if CHUNKED:
-                u, o, keys, updates, carry, total = _chunked_position(s, k, q, v, decay, beta, keys, updates, carry,
-                                                                      total, i, rows)
-            else:
-                s = s * decay  # S *= exp(g)
-                u = (v - tl.sum(s * k[:, None], 0)) * beta  # u = (v - S^T k) beta
-                s = s + k[:, None] * u[None, :]  # S += k (x) u
-                o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
-                s = s.to(recurrent_state.dtype.element_ty).to(tl.float32)  # what the pool holds after a decode step
+            s = s * decay  # S *= exp(g)
+            u = (v - tl.sum(s * k[:, None], 0)) * beta  # u = (v - S^T k) beta
+            s = s + k[:, None] * u[None, :]  # S += k (x) u
+            o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
+            s = s.to(recurrent_state.dtype.element_ty).to(tl.float32)  # what the pool would hold after a decode step
 
             # the history: the conv inputs (in the conv state's dtype, held in fp32), keys, update and decay
             tl.store(entry + v_channels, x_v.to(conv_dtype).to(tl.float32), mask=v_mask)
@@ -662,20 +627,17 @@ def gated_deltanet_verify(
     eps: float,
     num_warps: int | None = None,
     block_v: int | None = None,
-    chunked: bool | None = None,
 ) -> torch.Tensor:
     """One launch, grid (sequences, key heads, V blocks), with the launch :func:`verify_config` picks for the batch
-    unless ``block_v`` / ``num_warps`` / ``chunked`` say otherwise; below V (``block_v`` a power of two) the gated
-    norm is a second launch (the unfused path's norm kernel). ``chunked`` applies to an fp32 pool only (a bf16 pool
-    takes the walk)."""
+    unless ``block_v`` / ``num_warps`` say otherwise; below V (``block_v`` a power of two) the gated norm is a second
+    launch (the unfused path's norm kernel)."""
     positions = check_gated_deltanet_verify_args(projected, conv_weight, state_slots, history, num_k_heads,
                                                  head_k_dim, num_v_heads, head_v_dim)
     if history.stride(2) != 1:
         raise ValueError("gated_deltanet_verify: the history's last dimension must be contiguous")
     width = conv_weight.shape[1]
     rows, value_dim = projected.shape[0], num_v_heads * head_v_dim
-    default_block_v, default_warps, default_chunked = verify_config(state_slots.shape[0])
-    chunked = (default_chunked if chunked is None else chunked) and recurrent_state.dtype == torch.float32
+    default_block_v, default_warps = verify_config(state_slots.shape[0])
     block_v = triton.next_power_of_2(min(block_v or default_block_v or head_v_dim, head_v_dim))
     v_blocks = triton.cdiv(head_v_dim, block_v)
     out = torch.empty((rows, value_dim), dtype=projected.dtype, device=projected.device)
@@ -711,8 +673,6 @@ def gated_deltanet_verify(
         BLOCK_V=block_v,
         V_BLOCKS=v_blocks,
         ROUND_WEIGHT_PRODUCT=torch.promote_types(norm_weight.dtype, projected.dtype) == projected.dtype,
-        CHUNKED=chunked,
-        P_PAD=triton.next_power_of_2(positions),
         num_warps=num_warps or default_warps,
     )
     if v_blocks == 1:
