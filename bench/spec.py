@@ -36,6 +36,10 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
 ``-p spec.draft_vocab_size=N``: the speculative engines draft over the first N token ids only (speculative_config's
 ``draft_vocab_size``), so each draft reads N rows of the lm_head instead of all 248,320.
 
+``-p spec.repeats=N`` (3): every configuration's ``LLM.generate`` is timed N times and reported by its run of median
+wall time (``walls_s`` has them all): a run's tok/s carries its prompt step, eager and host-bound, whose time moves
+from one run to the next.
+
 With random weights the MTP head's acceptance says nothing about a real checkpoint: the forced-acceptance curve is
 the result. The outputs of every speculative run are checked against the baseline's (greedy: token for token).
 
@@ -104,8 +108,12 @@ def run(
     step_iters: int = 20,
     seed: int = 0,
     draft_vocab_size: int | None = None,
+    repeats: int = 3,
 ) -> dict:
-    """``draft_vocab_size``: the MTP drafts over the first that many token ids (speculative_config's knob)."""
+    """``draft_vocab_size``: the MTP drafts over the first that many token ids (speculative_config's knob).
+    ``repeats``: timed ``LLM.generate`` runs of every configuration; its figures are the run of median wall time's."""
+    if repeats < 1:
+        raise ValueError(f"spec.repeats must be >= 1, got {repeats}")
     batches, ks, rates = _as_list(batches), _as_list(ks), _as_list(rates)
     ctx.require(*requirements(batches, prompt_len, new_tokens, ks))
     vocab = ctx.model_config.vocab_size
@@ -117,8 +125,8 @@ def run(
     baseline, references = {}, {}
     for b in batches:
         base.generate(warmup[:b], greedy(8), use_tqdm=False)
-        timed, outputs = _timed(ctx, base, prompts[:b], new_tokens)
-        references[b] = {tuple(p): o.token_ids for p, o in zip(prompts[:b], outputs)}
+        timed, runs = _timed(ctx, base, prompts[:b], new_tokens, repeats)
+        references[b] = {tuple(p): o.token_ids for p, o in zip(prompts[:b], runs[0])}
         baseline[b] = {**timed, "decode_ms": _decode_ms(ctx, base.runtime, prompts[:b], step_iters),
                        "decode_graph_ms": _decode_graph_ms(ctx, base.runtime, prompts[:b], step_iters)}
 
@@ -131,17 +139,17 @@ def run(
             llm.engine.drafting_rule = None
             llm.engine.draft_override = None
             llm.generate(warmup[:b], greedy(8), use_tqdm=False)
-            cell = {"mtp": _spec_run(ctx, llm, prompts[:b], new_tokens, references[b])}
+            cell = {"mtp": _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], repeats)}
             llm.engine.draft_override = oracle(references[b], prompt_len, 0.0, vocab, seed)  # every draft wrong
             own = {tuple(p): o.token_ids for p, o in zip(
                 prompts[:b], llm.generate(prompts[:b], greedy(new_tokens), use_tqdm=False))}
             for rate in rates:
                 llm.engine.draft_override = oracle(own, prompt_len, rate, vocab, seed)
-                cell[f"forced_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], own)
+                cell[f"forced_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], repeats, own)
             for rate in rates:
                 llm.engine.draft_override = oracle(own, prompt_len, rate, vocab, seed)
-                llm.engine.drafting_rule = _LoggedRule()
-                cell[f"auto_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], own)
+                cell[f"auto_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], repeats, own,
+                                                   rule=True)
             llm.engine.drafting_rule = None
             llm.engine.draft_override = None
             base_tpot = baseline[b]["tpot_ms"]["p50"]
@@ -202,15 +210,25 @@ def run(
     return result
 
 
-def _timed(ctx: Context, llm, prompts: list[list[int]], new_tokens: int) -> tuple[dict, list]:
-    ctx.sync()
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, greedy(new_tokens), use_tqdm=False)
-    ctx.sync()
-    wall = time.perf_counter() - start
+def _timed(ctx: Context, llm, prompts: list[list[int]], new_tokens: int, repeats: int,
+           before_each=None) -> tuple[dict, list[list]]:
+    """``repeats`` runs of one ``LLM.generate`` each (``before_each()`` before every run): the figures of the run of
+    median wall time (of an even count, the slower middle one), every run's wall in ``walls_s``; and every run's
+    outputs. One run is one sample of the eager prompt step, whose host-bound time moves between processes and
+    machines (47.6 and 86.0 ms for the same batch-1 step in runs 90 and 94: bench/NOTES.md)."""
+    runs = []
+    for _ in range(repeats):
+        if before_each is not None:
+            before_each()
+        ctx.sync()
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, greedy(new_tokens), use_tqdm=False)
+        ctx.sync()
+        runs.append((time.perf_counter() - start, outputs))
+    wall, outputs = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
     generated = sum(len(o.token_ids) for o in outputs)
-    return {"wall_s": wall, "output_tokens": generated, "output_tok_s": generated / wall,
-            **request_timings(outputs)}, outputs
+    return {"wall_s": wall, "walls_s": [w for w, _ in runs], "output_tokens": generated,
+            "output_tok_s": generated / wall, **request_timings(outputs)}, [o for _, o in runs]
 
 
 class _LoggedRule(DraftingRule):
@@ -229,14 +247,19 @@ class _LoggedRule(DraftingRule):
         super().record_plain(rows, seconds)
 
 
-def _spec_run(ctx: Context, llm, prompts, new_tokens, references, continuation=None) -> dict:
+def _spec_run(ctx: Context, llm, prompts, new_tokens, references, repeats: int, continuation=None,
+              rule: bool = False) -> dict:
+    """``_timed`` of the speculative engine; acceptance over all its runs, and the outputs of every run checked (a
+    count of the (run, request) pairs that differ). ``rule``: each run with a fresh drafting rule, the last one's
+    log reported."""
     engine = llm.engine
     before = (engine.num_draft_tokens, engine.num_accepted_tokens, engine.num_verified_rows)
-    timed, outputs = _timed(ctx, llm, prompts, new_tokens)
+    fresh_rule = (lambda: setattr(engine, "drafting_rule", _LoggedRule())) if rule else None
+    timed, runs = _timed(ctx, llm, prompts, new_tokens, repeats, fresh_rule)
     drafted = engine.num_draft_tokens - before[0]
     accepted = engine.num_accepted_tokens - before[1]
     rounds = engine.num_verified_rows - before[2]
-    mismatches = sum(o.token_ids != references[tuple(p)] for p, o in zip(prompts, outputs))
+    mismatches = sum(o.token_ids != references[tuple(p)] for outputs in runs for p, o in zip(prompts, outputs))
     entry = {**timed, "acceptance": accepted / drafted if drafted else None,
              "tokens_per_round": (accepted + rounds) / rounds if rounds else None,
              "outputs_differing_from_baseline": mismatches}
@@ -248,7 +271,7 @@ def _spec_run(ctx: Context, llm, prompts, new_tokens, references, continuation=N
                          "plain_ms": {d: s * 1e3 for d, s in rule.plain_s.items()}, "log": rule.log}
     if continuation is not None:
         entry["outputs_differing_from_continuation"] = sum(
-            o.token_ids != continuation[tuple(p)] for p, o in zip(prompts, outputs))
+            o.token_ids != continuation[tuple(p)] for outputs in runs for p, o in zip(prompts, outputs))
     return entry
 
 
