@@ -104,14 +104,17 @@ GDN_SIG = dict(projected=_ptr("bf16"), conv_weight=_ptr("bf16"), conv_state=_ptr
                                            "stride_rs_k", "stride_rs_v")})
 
 
-def _state_order(ptx: str, param: str) -> str:
+def _state_order(ptx: str, param: str, mark_wait: bool = False) -> str:
     """The global loads (R) and stores (W) of one pointer parameter's tensor, in PTX order: those whose address
-    derives from ``param`` (followed through every instruction that reads a register derived from it)."""
+    derives from ``param`` (followed through every instruction that reads a register derived from it); with
+    ``mark_wait``, a ``|`` where the PDL wait (``griddepcontrol.wait``) stands."""
     derived, order = set(), []
     for line in ptx.splitlines():
         line = re.sub(r"^@!?%\w+\s+", "", line.strip())  # a predicate
         registers = re.findall(r"%\w+", line)
-        if line.startswith("ld.param") and line.rstrip(";").endswith(f"[{param}]"):
+        if mark_wait and line.startswith("griddepcontrol.wait"):
+            order.append("|")
+        elif line.startswith("ld.param") and line.rstrip(";").endswith(f"[{param}]"):
             derived.add(registers[0])
         elif line.startswith(("ld.global", "st.global")):
             if re.search(r"\[\s*(%\w+)", line).group(1) in derived:
@@ -155,7 +158,27 @@ def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps):
     from ops.triton import gated_deltanet_kernels as gk
 
     sig = dict(GDN_SIG, history=_ptr("fp32"), stride_h_seq="i64", stride_h_pos="i64")
-    _compile(gk._gated_deltanet_verify_kernel, sig,
-             dict(POSITIONS=3, NUM_K_HEADS=16, NUM_V_HEADS=16 * group, GROUP=group, DK=128, DV=128, WIDTH=4, WIDTH_P=4,
-                  BLOCK_K=128, BLOCK_V=block_v, V_BLOCKS=128 // block_v, ROUND_WEIGHT_PRODUCT=True),
-             num_warps=warps)
+    for pdl in (True, False):
+        kernel = _compile(gk._gated_deltanet_verify_kernel, sig,
+                          dict(POSITIONS=3, NUM_K_HEADS=16, NUM_V_HEADS=16 * group, GROUP=group, DK=128, DV=128,
+                               WIDTH=4, WIDTH_P=4, BLOCK_K=128, BLOCK_V=block_v, V_BLOCKS=128 // block_v,
+                               ROUND_WEIGHT_PRODUCT=True, USE_PDL=pdl),
+                          num_warps=warps)
+        ptx = kernel.asm["ptx"]
+        if not pdl:
+            assert "griddepcontrol" not in ptx
+            continue
+        # ops/triton/pdl.py's protocol: dependents launched first; before the wait only the first value head's state
+        # tile (and the weights, the slot); the projected rows read, and every store, after it
+        name = gk._gated_deltanet_verify_kernel.__name__
+        param = {arg: f"{name}_param_{i}" for i, arg in enumerate(gk._gated_deltanet_verify_kernel.arg_names)}
+        lines = [line.strip() for line in ptx.splitlines()]
+        launch = next(i for i, line in enumerate(lines) if line.startswith("griddepcontrol.launch_dependents"))
+        wait = next(i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait"))
+        assert launch < wait
+        state = _state_order(ptx, param["recurrent_state"], mark_wait=True)
+        rows = _state_order(ptx, param["projected"], mark_wait=True)
+        assert state.count("|") == 1 and "R" in state.split("|")[0], state  # the first state tile, under in_proj
+        assert rows.startswith("|R"), rows  # the projected rows only after the wait
+        assert "W" not in state and "W" not in rows  # the pools and rows are read only
+        assert not any(re.match(r"(@!?%\w+\s+)?st\.global", line) for line in lines[:wait])  # no store before it

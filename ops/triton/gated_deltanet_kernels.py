@@ -457,6 +457,21 @@ def _position_loads(first_row, q_state, k_state, v_state, q_channels, k_channels
 
 
 @triton.jit
+def _verify_head_loads(state, tile_mask, conv_rows, conv_weight, A_log, dt_bias, v_head, offs_k, offs_v, v_mask,
+                       stride_rs_h, stride_rs_k, stride_rs_v, stride_cs_c, stride_w_c, stride_w_k,
+                       KEY_DIM: tl.constexpr, DV: tl.constexpr, WIDTH: tl.constexpr, WIDTH_P: tl.constexpr):
+    """What the verify walk of one value head (its V block) reads from the pools and weights: the state tile (fp32;
+    ``state``: the sequence's slot in the pool), the head's v channels, their conv history rows and weights, and its
+    A_log and dt_bias. (The tile's addresses are made here: kept across the walk they cost registers.)"""
+    tile = state + v_head * stride_rs_h + offs_k[:, None] * stride_rs_k + offs_v[None, :] * stride_rs_v
+    s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
+    v_channels = 2 * KEY_DIM + v_head * DV + offs_v
+    v_state = conv_rows + v_channels * stride_cs_c
+    v_w = _conv_weights(conv_weight, v_channels, v_mask, stride_w_c, stride_w_k, WIDTH, WIDTH_P)
+    return s, v_channels, v_state, v_w, tl.load(A_log + v_head), tl.load(dt_bias + v_head)
+
+
+@triton.jit
 def _conv_weights(conv_weight, channels, c_mask, stride_w_c, stride_w_k, WIDTH: tl.constexpr,
                   WIDTH_P: tl.constexpr):
     offs_w = tl.arange(0, WIDTH_P)
@@ -515,6 +530,7 @@ def _gated_deltanet_verify_kernel(
     BLOCK_V: tl.constexpr,  # a power of two; V_BLOCKS of them cover DV
     V_BLOCKS: tl.constexpr,
     ROUND_WEIGHT_PRODUCT: tl.constexpr,
+    USE_PDL: tl.constexpr,  # ops/triton/pdl.py: the first value head's state tile loads while in_proj still runs
 ):
     """Grid ``(N, Hk, V_BLOCKS)``: program (n, h, c) walks the value heads of key head h (as the decode kernel does)
     and, for each, the P positions in turn with columns ``c*BLOCK_V .. +BLOCK_V`` of the ``[K, V]`` state tile in
@@ -524,7 +540,9 @@ def _gated_deltanet_verify_kernel(
     delta-rule output and the caller norms it (the unfused path's norm kernel). q and k are recomputed for each
     value head and block (cheap: their rows sit in L1/L2); block 0 of the first value head writes their history,
     block 0 of each head its decay. Nothing here writes what another program reads, and nothing in a pool: no
-    barriers."""
+    barriers. With PDL, what no earlier kernel of the step writes (the slot, the weights, and this layer's state tile
+    and gates of the first value head: the pools are written by the commit, after every verify) is loaded before
+    ``gdc_wait``, the projected rows and the conv windows after it, as in the decode kernel."""
     KEY_DIM = NUM_K_HEADS * DK
     VALUE_DIM = NUM_V_HEADS * DV
     Z_START = 2 * KEY_DIM + VALUE_DIM
@@ -534,6 +552,8 @@ def _gated_deltanet_verify_kernel(
     UPDATES_AT = KEYS_AT + KEY_DIM
     DECAYS_AT = UPDATES_AT + VALUE_DIM
 
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0).to(tl.int64)
     k_head = tl.program_id(1)
     v_block = tl.program_id(2)
@@ -557,17 +577,21 @@ def _gated_deltanet_verify_kernel(
     k_w = _conv_weights(conv_weight, k_channels, k_mask, stride_w_c, stride_w_k, WIDTH, WIDTH_P)
     first_row = projected + seq * POSITIONS * stride_p_b
     entries = history + seq * stride_h_seq
+    state = recurrent_state + slot * stride_rs_slot
+    first = _verify_head_loads(state, tile_mask, conv_rows, conv_weight, A_log, dt_bias, k_head * GROUP, offs_k, offs_v,
+                               v_mask, stride_rs_h, stride_rs_k, stride_rs_v, stride_cs_c, stride_w_c, stride_w_k,
+                               KEY_DIM, DV, WIDTH, WIDTH_P)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # in_proj's output (projected) is read, and the history and out written, after this
 
     for j in tl.static_range(GROUP):
         v_head = k_head * GROUP + j
-        tile = (recurrent_state + slot * stride_rs_slot + v_head * stride_rs_h + offs_k[:, None] * stride_rs_k
-                + offs_v[None, :] * stride_rs_v)
-        s = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
-        v_channels = 2 * KEY_DIM + v_head * DV + offs_v
-        v_state = conv_rows + v_channels * stride_cs_c
-        v_w = _conv_weights(conv_weight, v_channels, v_mask, stride_w_c, stride_w_k, WIDTH, WIDTH_P)
-        A_log_val = tl.load(A_log + v_head)
-        dt_bias_val = tl.load(dt_bias + v_head)
+        if j == 0:
+            s, v_channels, v_state, v_w, A_log_val, dt_bias_val = first
+        else:
+            s, v_channels, v_state, v_w, A_log_val, dt_bias_val = _verify_head_loads(
+                state, tile_mask, conv_rows, conv_weight, A_log, dt_bias, v_head, offs_k, offs_v, v_mask, stride_rs_h,
+                stride_rs_k, stride_rs_v, stride_cs_c, stride_w_c, stride_w_k, KEY_DIM, DV, WIDTH, WIDTH_P)
         # Unrolled, each position's loads issued before the previous position's math and stores: a load after a
         # store stays after it (the compiler does not know they cannot alias), so in program order the walk would
         # wait a round trip to memory a position.
@@ -674,6 +698,7 @@ def gated_deltanet_verify(
         V_BLOCKS=v_blocks,
         ROUND_WEIGHT_PRODUCT=torch.promote_types(norm_weight.dtype, projected.dtype) == projected.dtype,
         num_warps=num_warps or default_warps,
+        **pdl_flags(projected),
     )
     if v_blocks == 1:
         return out
