@@ -42,7 +42,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Sequence as Seq
+from typing import NamedTuple, Sequence as Seq
 
 import numpy as np
 import torch
@@ -244,16 +244,40 @@ def commit_and_draft(model: HybridModel, step: StepInputs, hidden: torch.Tensor,
                  draft_vocab)
 
 
-def _packed_layout(batch: int, num_drafts: int, table_width: int) -> tuple[int, int, int, int, int]:
-    """Offsets in the int64 buffer of a compiled round (``SpeculativeRound``): ``input_ids | positions |
-    slot_mapping`` (``batch * (k+1)`` rows each, from even offsets: 16-byte aligned views) ``| context_lens |
-    state_slots | block_tables [batch, table_width]``; returns each field's start after input_ids' and the total."""
+class _PackedLayout(NamedTuple):
+    """Where the fields of a compiled round's step sit in its int64 buffer (``SpeculativeRound``): ``input_ids``
+    at 0, ``positions`` and ``slot_mapping`` (``batch * (k+1)`` rows each, from even offsets: 16-byte aligned), then
+    the int32 fields, read through an int32 view of the rest of the buffer (so that the graph converts nothing):
+    ``context_lens`` at 0 of that view, ``state_slots`` and ``block_tables [batch, table_width]`` at multiples of 4."""
+
+    positions: int  # int64 elements
+    slot_mapping: int
+    narrow: int  # where the int32 view starts (int64 elements)
+    state_slots: int  # int32 elements into the view
+    block_tables: int
+    end: int  # the layout's length, int64 elements
+
+
+def _packed_layout(batch: int, num_drafts: int, table_width: int) -> _PackedLayout:
     rows = batch * (num_drafts + 1)
     stride = rows + rows % 2
-    context_lens = 3 * stride
-    state_slots = context_lens + batch
-    tables = state_slots + batch
-    return stride, 2 * stride, context_lens, state_slots, tables + batch * table_width
+    per_field = batch + (-batch) % 4
+    narrow = 2 * per_field + batch * table_width
+    return _PackedLayout(stride, 2 * stride, 3 * stride, per_field, 2 * per_field, 3 * stride + -(-narrow // 2))
+
+
+def unpack_verify_fields(
+    packed: torch.Tensor, batch: int, num_drafts: int, table_width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fields of a verify step packed by ``pack_verify_into`` (``_packed_layout``), as views of ``packed``:
+    ``(input_ids, positions, slot_mapping, block_tables, context_lens, state_slots)``, the last three int32."""
+    rows = batch * (num_drafts + 1)
+    layout = _packed_layout(batch, num_drafts, table_width)
+    narrow = packed[layout.narrow : layout.end].view(torch.int32)
+    tables = narrow[layout.block_tables : layout.block_tables + batch * table_width].view(batch, table_width)
+    return (packed[:rows], packed[layout.positions : layout.positions + rows],
+            packed[layout.slot_mapping : layout.slot_mapping + rows], tables, narrow[:batch],
+            narrow[layout.state_slots : layout.state_slots + batch])
 
 
 def fused_round_packed(
@@ -264,20 +288,14 @@ def fused_round_packed(
     (``_packed_layout``) and, when ``sample`` (a Python bool: each value is a graph of its own), the first
     ``batch * (k+1)`` rows of the static sampling buffers ``sampling``: the function a compiled round traces. One
     buffer at a fixed address is the whole step input of the captured graph, written by one copy a round; the fields
-    are sliced (and the int32 ones cast) inside the graph, and the verify step's ``cu_seqlens`` (k+1 rows a
-    sequence) computed there. Returns ``fused_round``'s outputs, and writes them into the first ``batch`` rows of
+    are views of it (``unpack_verify_fields``: no kernel), and the verify step's ``cu_seqlens`` (k+1 rows a
+    sequence) computed in the graph. Returns ``fused_round``'s outputs, and writes them into the first ``batch`` rows of
     ``results`` (int64 ``[>= batch, 2k+2]``: num_accepted | tokens | drafts; host memory on a GPU, so that a replay
     leaves them where the host reads them)."""
     rows = batch * (num_drafts + 1)
-    at_positions, at_slots, at_context, at_state, end = _packed_layout(batch, num_drafts, table_width)
     accepted, tokens, drafts = fused_round(
         model,
-        packed[:rows],
-        packed[at_positions : at_positions + rows],
-        packed[at_slots : at_slots + rows],
-        packed[at_state + batch : end].view(batch, table_width).to(torch.int32),
-        packed[at_context : at_context + batch].to(torch.int32),
-        packed[at_state : at_state + batch].to(torch.int32),
+        *unpack_verify_fields(packed, batch, num_drafts, table_width),
         verify_cu_seqlens(batch, num_drafts + 1, packed.device),
         num_drafts,
         block_size,
@@ -300,12 +318,13 @@ def pack_verify_into(
     is packed), so this skips pack_step's intermediate buffer and the field-by-field staging after it."""
     k, n = num_drafts, len(seqs)
     rows = bucket * (k + 1)
-    at_positions, at_slots, at_context, at_state, end = _packed_layout(bucket, k, table_width)
+    layout = _packed_layout(bucket, k, table_width)
+    narrow = out[layout.narrow : layout.end].view(np.int32)  # the int32 fields (unpack_verify_fields)
     starts = np.zeros(bucket, dtype=np.int64)
     starts[:n] = [seq.num_computed_tokens for seq in seqs]
     offsets = np.arange(k + 1, dtype=np.int64)
     positions = (starts[:, None] + offsets).reshape(-1)  # padding rows: positions 0..k
-    tables = out[at_state + bucket : end].reshape(bucket, table_width)
+    tables = narrow[layout.block_tables : layout.block_tables + bucket * table_width].reshape(bucket, table_width)
     tables[:] = NULL_BLOCK  # past each sequence's blocks, and every padding row's
     ids = out[:rows].reshape(bucket, k + 1)
     ids[n:] = 0
@@ -313,13 +332,14 @@ def pack_verify_into(
         tables[i, : len(seq.block_table)] = seq.block_table
         ids[i, 0] = seq.token_ids[seq.num_computed_tokens]
         ids[i, 1:] = draft
-    out[at_positions : at_positions + rows] = positions
-    blocks = np.take_along_axis(tables, (positions // block_size).reshape(bucket, k + 1), axis=1)
-    out[at_slots : at_slots + rows] = (blocks * block_size).reshape(-1) + positions % block_size
-    out[at_context : at_context + bucket] = starts + k + 1
-    out[at_state : at_state + bucket] = NULL_SLOT
-    out[at_state : at_state + n] = [seq.state_slot for seq in seqs]
-    return end
+    out[layout.positions : layout.positions + rows] = positions
+    blocks = np.take_along_axis(tables, (positions // block_size).reshape(bucket, k + 1), axis=1).astype(np.int64)
+    out[layout.slot_mapping : layout.slot_mapping + rows] = (blocks * block_size).reshape(-1) + positions % block_size
+    narrow[:bucket] = starts + k + 1
+    state_slots = narrow[layout.state_slots : layout.state_slots + bucket]
+    state_slots[:] = NULL_SLOT
+    state_slots[:n] = [seq.state_slot for seq in seqs]
+    return layout.end
 
 
 class SpeculativeRound:

@@ -789,7 +789,7 @@ def test_compiled_rounds_pack_what_pack_verify_step_packs(data, k, block_size, m
     path's ``pack_verify_step`` padded to the bucket with the rounds' table width, field by field: input ids,
     positions, KV slots (the null block past a sequence's blocks), context lengths, state slots, block tables."""
     from compiled_engine.sequence import Sequence
-    from compiled_engine.speculative import _packed_layout, pack_verify_into, pack_verify_step
+    from compiled_engine.speculative import _packed_layout, pack_verify_into, pack_verify_step, unpack_verify_fields
 
     table_width = -(-(max_model_len + k) // block_size)
     seqs, drafts = [], []
@@ -807,14 +807,13 @@ def test_compiled_rounds_pack_what_pack_verify_step_packs(data, k, block_size, m
     want = pack_verify_step(seqs, drafts, block_size, torch.device("cpu"), bucket, k, table_width)
     out = np.full(_packed_layout(bucket, k, table_width)[-1], -7, dtype=np.int64)
     end = pack_verify_into(out, seqs, drafts, block_size, bucket, k, table_width)
-    rows = bucket * (k + 1)
-    at_positions, at_slots, at_context, at_state, length = _packed_layout(bucket, k, table_width)
-    assert end == length
-    for at, field in ((0, want.input_ids), (at_positions, want.positions), (at_slots, want.slot_mapping),
-                      (at_context, want.context_lens), (at_state, want.state_slots)):
-        assert out[at : at + field.shape[0]].tolist() == field.tolist()
-    assert want.input_ids.shape[0] == rows and want.block_tables.shape == (bucket, table_width)
-    assert out[at_state + bucket : end].tolist() == want.block_tables.reshape(-1).tolist()
+    assert end == len(out)
+    got = unpack_verify_fields(torch.from_numpy(out), bucket, k, table_width)  # what the compiled round reads
+    fields = (want.input_ids, want.positions, want.slot_mapping, want.block_tables, want.context_lens,
+              want.state_slots)
+    for field, value in zip(fields, got):
+        assert value.dtype == field.dtype and value.tolist() == field.tolist()
+    assert want.input_ids.shape[0] == bucket * (k + 1) and want.block_tables.shape == (bucket, table_width)
 
 
 @pytest.mark.gpu
