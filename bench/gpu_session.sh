@@ -117,15 +117,17 @@ stage cookbook 540 python3 -m bench cookbook "${COOKBOOK[@]}" ${COOKBOOK_ARGS:-}
     -p cookbook.concurrency="$COOKBOOK_CONCURRENCY" --out "$WORK/cookbook"
 stage sweep_contexts 150 python3 -m bench sweep "${COOKBOOK[@]}" -p sweep.prompt_len=512,8192 --out "$WORK/sweep_contexts"
 stage sampling 90 python3 -m bench sampling "${BENCH[@]}" --out "$WORK/sampling"
-# Speculative decoding (8.): the sampling workload with MTP drafts, the GPU tests of speculative decoding, and the
-# spec scenario at batch 1, k = 2, with the whole vocabulary drafting and with its first 32,768 ids.
+# Speculative decoding (8.): the sampling workload with MTP drafts, the GPU tests of speculative decoding (cold: their
+# compiles take ~150-180 s), and the spec scenario at batch 1 and 8, k = 2, forced acceptance 0 and 0.8 (on the
+# confident checkpoint the forced drafter needs: bench/spec.py), with the whole vocabulary drafting and with its
+# first 32,768 ids (~250 s cold at 8 slots: run 94).
 MTP='{"method": "mtp", "num_speculative_tokens": 2}'
-SPEC=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1
-      -p spec.ks=2)
+SPEC=(--model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 8 --max-model-len 512
+      -p spec.batches=1,8 -p spec.ks=2 -p spec.rates=0,0.8 -p spec.step_iters=10)
 stage sampling_mtp 150 python3 -m bench sampling "${BENCH[@]}" --speculative-config "$MTP" --out "$WORK/sampling_mtp"
-stage test_speculative 150 python3 -m pytest -q -m gpu tests/test_speculative.py -p no:cacheprovider --durations=5
-stage spec 200 python3 -m bench spec "${SPEC[@]}" --out "$WORK/spec"
-stage spec_draft_vocab 150 python3 -m bench spec "${SPEC[@]}" -p spec.draft_vocab_size=32768 --out "$WORK/spec_vocab"
+stage test_speculative 240 python3 -m pytest -q -m gpu tests/test_speculative.py -p no:cacheprovider --durations=5
+stage spec 330 python3 -m bench spec "${SPEC[@]}" --out "$WORK/spec"
+stage spec_draft_vocab 300 python3 -m bench spec "${SPEC[@]}" -p spec.draft_vocab_size=32768 --out "$WORK/spec_vocab"
 SERVE=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 -p concurrency=64 -p input_len=1024 -p output_len=512
        -p num_requests=256)
 stage serve 240 python3 -m bench serve "${SERVE[@]}" --out "$WORK/serve"
