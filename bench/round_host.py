@@ -42,7 +42,7 @@ def host_round_us(batch: int, max_model_len: int, k: int, rounds: int) -> tuple[
         runtime._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         starts = [s.num_computed_tokens for s in seqs]
         length, _ = staged.pack(seqs, drafts)
-        staged.load(length, None, len(seqs))
+        staged.load(length)
         return (SpeculativeStep(list(seqs), None, None, starts, [k + 1] * len(seqs), None),
                 staged.round_results((accepted, tokens, new), len(seqs)))
 

@@ -175,13 +175,13 @@ class ModelExecutor:
         self.speculative_round.warmup()
         return self.speculative_round
 
-    def run_round(self, length: int, bucket: int, sampling: SamplingInputs | None, num_seqs: int) -> RoundResults:
-        """A compiled round of ``num_seqs`` sequences: the staged step (``SpeculativeRound.pack``'s ``length``) and
-        ``sampling`` into this rank's buffers, those buffers broadcast to the workers' own, then the bucket's graph on
-        every rank. Its results (``SpeculativeRound.round_results``: the graphs' buffers and this rank's host rows,
-        valid until the next round)."""
-        round_, sample = self.speculative_round, sampling is not None
-        round_.load(length, sampling, num_seqs)
+    def run_round(self, length: int, bucket: int, sample: bool, num_seqs: int) -> RoundResults:
+        """A compiled round of ``num_seqs`` sequences: the staged round (``SpeculativeRound.pack``'s ``length``: its
+        step, and its rows' sampling parameters when it samples) into this rank's buffer, that buffer broadcast to the
+        workers' own, then the bucket's graph on every rank. Its results (``SpeculativeRound.round_results``: the
+        graphs' buffers and this rank's host rows, valid until the next round)."""
+        round_ = self.speculative_round
+        round_.load(length)
         outputs = self._on_every_rank(lambda workers: workers.send_round_buffers(bucket, sample,
                                                                                  round_.buffers(bucket, sample)),
                                       lambda: round_.run(bucket, sample))

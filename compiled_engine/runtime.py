@@ -532,8 +532,8 @@ class Runtime:
         starts = [s.num_computed_tokens for s in seqs]
         n, compiled = len(seqs), self.executor.speculative_round
         if compiled is not None and compiled.covers(n, k):
-            length, bucket = compiled.pack(seqs, drafts)
-            results = self.executor.run_round(length, bucket, sampling, n)
+            length, bucket = compiled.pack(seqs, drafts, sampling)
+            results = self.executor.run_round(length, bucket, sampling is not None, n)
         else:  # eagerly: no compiled rounds, past their buckets, or fewer drafts than they were compiled for
             step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
             fields = None if sampling is None else sampling.on(self.device)

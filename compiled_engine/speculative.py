@@ -22,7 +22,7 @@ A round (the engine's common case: no min_tokens suppression, no logprobs) is on
 verify, each row's draw (the argmax, or ``ce::sample``'s for sampled rows: compiled_engine/rejection_sampler.py
 says why that is the acceptance rule), acceptance, commit and drafts, with nothing read on the host.
 It runs eagerly (ModelExecutor.fused_round), or compiled by ``SpeculativeRound`` (``torch.compile(fullgraph=True)``
-of ``fused_round_packed``: the step's fields in one buffer, the sampling parameters in static buffers; one variant
+of ``fused_round_packed``: the step's fields and the rows' sampling parameters in one buffer; one variant
 that draws the argmax, one that samples; on a single CUDA rank each (bucket, variant) call captured into a CUDA graph
 of the round's own), the batch padded to its bucket with null rows (the null slot, the null block). A compiled round
 also writes its results into host memory from inside the graph, so that the host reads them with no copy
@@ -53,7 +53,7 @@ from compiled_engine.sequence import Sequence
 from compiled_engine.step import pack_step
 from graphs.buckets import BucketPolicy
 from graphs.decode_graph import private_copy, raise_recompile_limit, register_inductor_fallbacks
-from graphs.static_inputs import StaticSamplingInputs, host_visible
+from graphs.static_inputs import host_visible
 from ops.argmax import argmax_op
 from ops.layouts import verify_cu_seqlens
 from ops.library import NULL_BLOCK, NULL_SLOT, OPS
@@ -247,15 +247,19 @@ def commit_and_draft(model: HybridModel, step: StepInputs, hidden: torch.Tensor,
 class _PackedLayout(NamedTuple):
     """Where the fields of a compiled round's step sit in its int64 buffer (``SpeculativeRound``): ``input_ids``
     at 0, ``positions`` and ``slot_mapping`` (``batch * (k+1)`` rows each, from even offsets: 16-byte aligned), then
-    the int32 fields, read through an int32 view of the rest of the buffer (so that the graph converts nothing):
-    ``context_lens`` at 0 of that view, ``state_slots`` and ``block_tables [batch, table_width]`` at multiples of 4."""
+    the int32 fields, read through an int32 view of the buffer (so that the graph converts nothing): ``context_lens``
+    at 0 of that view, ``state_slots`` and ``block_tables [batch, table_width]`` at multiples of 4. A sampled round's
+    ``ce::sample`` parameters follow (``unpack_sampling_fields``): ``top_k | seeds | counters`` (int64), then
+    ``temperature | top_p | min_p`` through a float32 view, a row each of the ``batch * (k+1)`` verified rows."""
 
     positions: int  # int64 elements
     slot_mapping: int
     narrow: int  # where the int32 view starts (int64 elements)
     state_slots: int  # int32 elements into the view
     block_tables: int
-    end: int  # the layout's length, int64 elements
+    end: int  # the step's length, int64 elements
+    sampling: int  # where the sampling parameters start (int64 elements)
+    sampled_end: int  # the length with them
 
 
 def _packed_layout(batch: int, num_drafts: int, table_width: int) -> _PackedLayout:
@@ -263,7 +267,11 @@ def _packed_layout(batch: int, num_drafts: int, table_width: int) -> _PackedLayo
     stride = rows + rows % 2
     per_field = batch + (-batch) % 4
     narrow = 2 * per_field + batch * table_width
-    return _PackedLayout(stride, 2 * stride, 3 * stride, per_field, 2 * per_field, 3 * stride + -(-narrow // 2))
+    end = 3 * stride + -(-narrow // 2)
+    sampling = end + end % 2
+    per_float = rows + (-rows) % 4
+    return _PackedLayout(stride, 2 * stride, 3 * stride, per_field, 2 * per_field, end, sampling,
+                         sampling + 3 * stride + 3 * per_float // 2)
 
 
 def unpack_verify_fields(
@@ -280,16 +288,52 @@ def unpack_verify_fields(
             narrow[layout.state_slots : layout.state_slots + batch])
 
 
+def unpack_sampling_fields(packed: torch.Tensor, batch: int, num_drafts: int, table_width: int) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sampled round's ``ce::sample`` parameters packed by ``pack_sampling_into``, as views of ``packed``, in the
+    op's order: ``(temperature, top_k, top_p, min_p, seeds, counters)``, a row each of the ``batch * (k+1)`` rows."""
+    rows = batch * (num_drafts + 1)
+    layout = _packed_layout(batch, num_drafts, table_width)
+    stride, per_float = rows + rows % 2, rows + (-rows) % 4
+    at = layout.sampling
+    top_k, seeds, counters = (packed[at + i * stride : at + i * stride + rows] for i in range(3))
+    floats = packed[at + 3 * stride : layout.sampled_end].view(torch.float32)
+    temperature, top_p, min_p = (floats[i * per_float : i * per_float + rows] for i in range(3))
+    return temperature, top_k, top_p, min_p, seeds, counters
+
+
+def pack_sampling_into(out: np.ndarray, sampling: SamplingInputs | None, num_rows: int, bucket: int, num_drafts: int,
+                       table_width: int) -> int:
+    """``sampling``'s ``[num_rows]`` fields (host tensors) written into ``out`` where ``unpack_sampling_fields``
+    reads them, every other row of the bucket a greedy padding row (temperature 0, every filter off; None: every
+    row); returns the layout's length with them."""
+    rows = bucket * (num_drafts + 1)
+    layout = _packed_layout(bucket, num_drafts, table_width)
+    stride, per_float = rows + rows % 2, rows + (-rows) % 4
+    at = layout.sampling
+    floats = out[at + 3 * stride : layout.sampled_end].view(np.float32)
+    targets = [out[at + i * stride : at + i * stride + rows] for i in range(3)]
+    targets += [floats[i * per_float : i * per_float + rows] for i in range(3)]
+    n = 0 if sampling is None else num_rows
+    values = () if sampling is None else (sampling.top_k, sampling.seeds, sampling.counters, sampling.temperature,
+                                          sampling.top_p, sampling.min_p)
+    for target, value in zip(targets, values):
+        target[:n] = value.numpy()
+    for target, pad in zip(targets, (0, 0, 0, 0.0, 1.0, 0.0)):  # top_k off, seed and counter 0; greedy, filters off
+        target[n:] = pad
+    return layout.sampled_end
+
+
 def fused_round_packed(
     model: HybridModel, packed: torch.Tensor, results: torch.Tensor, batch: int, num_drafts: int, block_size: int,
-    table_width: int, draft_vocab: int | None, sampling: tuple[torch.Tensor, ...], sample: bool,
+    table_width: int, draft_vocab: int | None, sample: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fused_round`` on the fields of a verify step of ``batch`` sequences packed into one int64 buffer
-    (``_packed_layout``) and, when ``sample`` (a Python bool: each value is a graph of its own), the first
-    ``batch * (k+1)`` rows of the static sampling buffers ``sampling``: the function a compiled round traces. One
-    buffer at a fixed address is the whole step input of the captured graph, written by one copy a round; the fields
-    are views of it (``unpack_verify_fields``: no kernel), and the verify step's ``cu_seqlens`` (k+1 rows a
-    sequence) computed in the graph. Returns ``fused_round``'s outputs, and writes them into the first ``batch`` rows of
+    (``_packed_layout``) and, when ``sample`` (a Python bool: each value is a graph of its own), the ``ce::sample``
+    parameters of its ``batch * (k+1)`` rows packed after them: the function a compiled round traces. One buffer at
+    a fixed address is the whole input of the captured graph, written by one copy a round; the fields are views of
+    it (``unpack_verify_fields``, ``unpack_sampling_fields``: no kernel), and the verify step's ``cu_seqlens`` (k+1
+    rows a sequence) computed in the graph. Returns ``fused_round``'s outputs, and writes them into the first ``batch`` rows of
     ``results`` (int64 ``[>= batch, 2k+2]``: num_accepted | tokens | drafts; host memory on a GPU, so that a replay
     leaves them where the host reads them)."""
     rows = batch * (num_drafts + 1)
@@ -300,7 +344,7 @@ def fused_round_packed(
         num_drafts,
         block_size,
         draft_vocab,
-        tuple(t[:rows] for t in sampling) if sample else None,
+        unpack_sampling_fields(packed, batch, num_drafts, table_width) if sample else None,
     )
     # A plain in-place write of a graph input: Inductor stores these rows straight into ``results`` (no copy of it),
     # so the captured graph itself writes the host memory.
@@ -348,10 +392,10 @@ class SpeculativeRound:
     Every bucket is compiled at ``warmup`` in both variants on padding rows only (the null slot and block: live
     sequences keep their state), largest first; later rounds run under ``fail_on_recompile``. With ``capture`` (CUDA)
     each compiled call is also captured into a ``torch.cuda.CUDAGraph`` of its own (one memory pool for all), as the
-    decode runner does (graphs/decode_graph.py): a round is then the host writing its packed step into a pinned
-    staging buffer, one copy of its sampling parameters when it samples, and one ``graph.replay()`` (~0.3 ms of host
-    time less than a cudagraph-trees replay), the graph's first node the copy of the staging buffer into the packed
-    step it reads. A round is ``load`` (this rank's buffers) then ``run``; between the two a
+    decode runner does (graphs/decode_graph.py): a round is then the host writing its packed step (and its rows'
+    sampling parameters when it samples) into a pinned staging buffer and one ``graph.replay()`` (~0.3 ms of host
+    time less than a cudagraph-trees replay), the graph's first node the copy of the staging buffer into the buffer
+    it reads. A round is ``load`` (this rank's buffers) then ``run``; between the two a
     tensor-parallel rank 0 broadcasts ``buffers`` (compiled_engine/executor.py). ``round_results`` then gives the
     round's results, which the graph also wrote to host memory (``results``): reading them back needs no copy.
     Tensor-parallel workers run the same graphs, each writing its own process's results buffer, which nothing reads.
@@ -376,8 +420,8 @@ class SpeculativeRound:
         raise_recompile_limit(2 * len(self.VARIANTS) * len(self.policy))
         # Its own code object: Dynamo counts recompiles per code object, so each instance's buckets count alone.
         self.fn = torch.compile(private_copy(fused_round_packed, f"round{next(_round_ids)}"), fullgraph=True)
-        size = _packed_layout(self.policy.max_size, num_drafts, self.table_width)[-1]
-        self.packed = torch.zeros(size, dtype=torch.long, device=device)  # the graphs' step input
+        size = _packed_layout(self.policy.max_size, num_drafts, self.table_width).sampled_end
+        self.packed = torch.zeros(size, dtype=torch.long, device=device)  # the graphs' input: step and sampling
         # What the graphs write of a round: a row a sequence of the bucket, num_accepted | tokens (k+1) | drafts (k),
         # in host memory that the graph writes directly on a GPU (``host_visible``), read there by ``round_results``.
         host_results, self.results = host_visible((self.policy.max_size, 2 * num_drafts + 2), device)
@@ -385,8 +429,6 @@ class SpeculativeRound:
         if capture:
             for buffer in (self.packed, self.results):  # fixed addresses the graphs read or write in place
                 torch._dynamo.mark_static_address(buffer)
-        # The sampling parameters of every verified row (k + 1 a sequence), in static buffers.
-        self.sampling = StaticSamplingInputs(self.policy.max_size * (num_drafts + 1), device)
         # Host staging, written through a numpy view made once (every torch call here is host time on the round's
         # critical path). Pinned when capturing: each captured graph copies it into ``packed`` as its first node, so
         # the host's whole work to launch a round is writing it and the replay.
@@ -413,15 +455,17 @@ class SpeculativeRound:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle() if self.captured else None
         for bucket in reversed(self.policy.sizes):
-            self._upload(self._pack([], [], bucket))
-            for sample in self.VARIANTS:  # the sampling buffers hold greedy padding rows: they sample nothing
+            self._pack([], [], None, bucket)  # every row padding: the null slot and block, greedy rows
+            pack_sampling_into(self._stage_np, None, 0, bucket, self.num_drafts, self.table_width)
+            self._upload(self._length(bucket, True))
+            for sample in self.VARIANTS:
                 for _ in range(2):  # compile, Triton's JIT and autotuning: none of it may happen inside a capture
                     self._call(bucket, sample)
                 if self.captured:
                     torch.cuda.synchronize(self.device)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool), torch.compiler.set_stance("fail_on_recompile"):
-                        self._upload(_packed_layout(bucket, self.num_drafts, self.table_width)[-1])
+                        self._upload(self._length(bucket, sample))
                         outputs = self._call(bucket, sample)
                     self._graphs[bucket, sample] = (graph, outputs)
                     graph.replay()
@@ -433,40 +477,49 @@ class SpeculativeRound:
 
     def _call(self, bucket: int, sample: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.fn(self.model, self.packed, self.results, bucket, self.num_drafts, self.block_size,
-                       self.table_width, self.draft_vocab, self.sampling.tensors(), sample)
+                       self.table_width, self.draft_vocab, sample)
 
-    def _pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], bucket: int) -> int:
-        """The verify step of ``seqs`` padded to ``bucket``, written into the host staging buffer once the last round
-        is done with it (``pack_verify_into``); returns its length."""
+    def _length(self, bucket: int, sample: bool) -> int:
+        """How much of the packed buffer a round of ``bucket`` reads: the step, and the sampling rows when it
+        samples."""
+        layout = _packed_layout(bucket, self.num_drafts, self.table_width)
+        return layout.sampled_end if sample else layout.end
+
+    def _pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], sampling: SamplingInputs | None, bucket: int) -> int:
+        """The verify step of ``seqs`` padded to ``bucket``, and ``sampling`` (when given) with greedy padding rows,
+        written into the host staging buffer once the last round is done with it (``pack_verify_into``,
+        ``pack_sampling_into``); returns their length."""
         if self.captured:
             self._done.synchronize()  # the last round has copied the staging buffer (its graph's first node)
-        return pack_verify_into(self._stage_np, seqs, drafts, self.block_size, bucket, self.num_drafts,
-                                self.table_width)
+        length = pack_verify_into(self._stage_np, seqs, drafts, self.block_size, bucket, self.num_drafts,
+                                  self.table_width)
+        if sampling is None:
+            return length
+        return pack_sampling_into(self._stage_np, sampling, len(seqs) * (self.num_drafts + 1), bucket,
+                                  self.num_drafts, self.table_width)
 
     def _upload(self, length: int) -> None:
         """The staged step (``_pack``'s ``length`` elements) into the packed buffer, in one copy (asynchronous when
         the staging buffer is pinned: ``run`` records the event ``_pack`` waits for after it)."""
         self.packed[:length].copy_(self._stage[:length], non_blocking=True)
 
-    def pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> tuple[int, int]:
-        """The verify step of ``seqs`` (``covers`` them), staged on the host for ``load``: its length and bucket."""
+    def pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], sampling: SamplingInputs | None = None
+             ) -> tuple[int, int]:
+        """The verify step of ``seqs`` (``covers`` them) and ``sampling`` (the ``ce::sample`` parameters of their
+        ``len(seqs) * (k+1)`` verified rows, host tensors; None: argmax rows), staged on the host for ``load``: its
+        length and bucket."""
         bucket = self.policy.bucket_for(len(seqs))
-        return self._pack(seqs, drafts, bucket), bucket
+        return self._pack(seqs, drafts, sampling, bucket), bucket
 
-    def load(self, length: int, sampling: SamplingInputs | None, num_seqs: int) -> None:
-        """``pack``'s staged step into this rank's buffers, and ``sampling`` (the ``ce::sample`` parameters of the
-        ``num_seqs * (k+1)`` verified rows, on the host) into the sampling buffers, the other rows greedy padding.
-        The staged step stays where it is when the rounds are captured: each graph copies it itself."""
+    def load(self, length: int) -> None:
+        """``pack``'s staged round (``length`` elements) into this rank's buffer; nothing when the rounds are
+        captured: each graph copies the staging buffer itself."""
         if not self.captured:
             self._upload(length)
-        if sampling is not None:
-            self.sampling.fill(sampling, num_seqs * (self.num_drafts + 1))
 
     def buffers(self, bucket: int, sample: bool) -> list[torch.Tensor]:
-        """What a round of ``bucket`` reads: the packed step, and the sampling rows when it samples."""
-        rows = bucket * (self.num_drafts + 1)
-        packed = [self.packed[: _packed_layout(bucket, self.num_drafts, self.table_width)[-1]]]
-        return packed + ([t[:rows] for t in self.sampling.tensors()] if sample else [])
+        """What a round of ``bucket`` reads: the packed step, with the sampling rows when it samples."""
+        return [self.packed[: self._length(bucket, sample)]]
 
     @torch.inference_mode()
     def run(self, bucket: int, sample: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -477,8 +530,8 @@ class SpeculativeRound:
             graph, outputs = captured
             graph.replay()
         else:
-            if self.captured:  # before warmup: the staged step is not in the packed buffer yet
-                self._upload(_packed_layout(bucket, self.num_drafts, self.table_width)[-1])
+            if self.captured:  # before warmup: the staged round is not in the packed buffer yet
+                self._upload(self._length(bucket, sample))
             with torch.compiler.set_stance("fail_on_recompile"):
                 outputs = self._call(bucket, sample)
         if self._done is not None:

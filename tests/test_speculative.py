@@ -789,7 +789,9 @@ def test_compiled_rounds_pack_what_pack_verify_step_packs(data, k, block_size, m
     path's ``pack_verify_step`` padded to the bucket with the rounds' table width, field by field: input ids,
     positions, KV slots (the null block past a sequence's blocks), context lengths, state slots, block tables."""
     from compiled_engine.sequence import Sequence
-    from compiled_engine.speculative import _packed_layout, pack_verify_into, pack_verify_step, unpack_verify_fields
+    from compiled_engine.speculative import (_packed_layout, pack_sampling_into, pack_verify_into, pack_verify_step,
+                                             unpack_sampling_fields, unpack_verify_fields)
+    from ops.step import SamplingInputs
 
     table_width = -(-(max_model_len + k) // block_size)
     seqs, drafts = [], []
@@ -805,15 +807,28 @@ def test_compiled_rounds_pack_what_pack_verify_step_packs(data, k, block_size, m
     if bucket == 0:
         return
     want = pack_verify_step(seqs, drafts, block_size, torch.device("cpu"), bucket, k, table_width)
-    out = np.full(_packed_layout(bucket, k, table_width)[-1], -7, dtype=np.int64)
-    end = pack_verify_into(out, seqs, drafts, block_size, bucket, k, table_width)
-    assert end == len(out)
-    got = unpack_verify_fields(torch.from_numpy(out), bucket, k, table_width)  # what the compiled round reads
+    layout = _packed_layout(bucket, k, table_width)
+    out = np.full(layout.sampled_end, -7, dtype=np.int64)
+    assert pack_verify_into(out, seqs, drafts, block_size, bucket, k, table_width) == layout.end
+    # A sampled round's parameters after the step (random values: each field must land where it is read)
+    rows, n = bucket * (k + 1), len(seqs) * (k + 1)
+    floats = [torch.tensor(data.draw(st.lists(st.floats(0, 2, width=32), min_size=n, max_size=n)), dtype=torch.float32)
+              for _ in range(3)]
+    ints = [torch.tensor(data.draw(st.lists(st.integers(0, 2**40), min_size=n, max_size=n)), dtype=torch.int64)
+            for _ in range(3)]
+    sampling = SamplingInputs(floats[0], ints[0], floats[1], floats[2], ints[1], ints[2])
+    assert pack_sampling_into(out, sampling, n, bucket, k, table_width) == layout.sampled_end == len(out)
+    packed = torch.from_numpy(out)
+    got = unpack_verify_fields(packed, bucket, k, table_width)  # what the compiled round reads
     fields = (want.input_ids, want.positions, want.slot_mapping, want.block_tables, want.context_lens,
               want.state_slots)
     for field, value in zip(fields, got):
         assert value.dtype == field.dtype and value.tolist() == field.tolist()
-    assert want.input_ids.shape[0] == bucket * (k + 1) and want.block_tables.shape == (bucket, table_width)
+    assert want.input_ids.shape[0] == rows and want.block_tables.shape == (bucket, table_width)
+    # in ce::sample's order; padding rows greedy (temperature 0, top_k 0, top_p 1, min_p 0, seed and counter 0)
+    wanted = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.seeds, sampling.counters)
+    for value, field, pad in zip(unpack_sampling_fields(packed, bucket, k, table_width), wanted, (0, 0, 1, 0, 0, 0)):
+        assert value.dtype == field.dtype and value.tolist() == field.tolist() + [pad] * (rows - n)
 
 
 @pytest.mark.gpu
