@@ -249,16 +249,17 @@ class _PackedLayout(NamedTuple):
     at 0, ``positions`` and ``slot_mapping`` (``batch * (k+1)`` rows each, from even offsets: 16-byte aligned), then
     the int32 fields, read through an int32 view of the buffer (so that the graph converts nothing): ``context_lens``
     at 0 of that view, ``state_slots`` and ``block_tables [batch, table_width]`` at multiples of 4. A sampled round's
-    ``ce::sample`` parameters follow (``unpack_sampling_fields``): ``top_k | seeds | counters`` (int64), then
-    ``temperature | top_p | min_p`` through a float32 view, a row each of the ``batch * (k+1)`` verified rows."""
+    ``ce::sample`` parameters follow: ``top_k | seeds | counters`` (int64), then ``temperature | top_p | min_p``
+    through a float32 view, a row each of the ``batch * (k+1)`` verified rows."""
 
-    positions: int  # int64 elements
-    slot_mapping: int
+    rows: int  # batch * (k+1)
+    row_stride: int  # int64 elements from one per-row field to the next (rows, rounded up to even)
     narrow: int  # where the int32 view starts (int64 elements)
     state_slots: int  # int32 elements into the view
     block_tables: int
     end: int  # the step's length, int64 elements
     sampling: int  # where the sampling parameters start (int64 elements)
+    float_stride: int  # float32 elements from one float field to the next (rows, rounded up to a multiple of 4)
     sampled_end: int  # the length with them
 
 
@@ -270,8 +271,28 @@ def _packed_layout(batch: int, num_drafts: int, table_width: int) -> _PackedLayo
     end = 3 * stride + -(-narrow // 2)
     sampling = end + end % 2
     per_float = rows + (-rows) % 4
-    return _PackedLayout(stride, 2 * stride, 3 * stride, per_field, 2 * per_field, end, sampling,
+    return _PackedLayout(rows, stride, 3 * stride, per_field, 2 * per_field, end, sampling, per_float,
                          sampling + 3 * stride + 3 * per_float // 2)
+
+
+def _step_views(buffer, layout: _PackedLayout, batch: int, table_width: int, int32) -> tuple:
+    """The step's fields as views of ``buffer`` (a torch tensor or a numpy array; ``int32``: that library's dtype):
+    ``(input_ids, positions, slot_mapping, block_tables, context_lens, state_slots)``, the last three int32."""
+    rows, stride = layout.rows, layout.row_stride
+    narrow = buffer[layout.narrow : layout.end].view(int32)
+    tables = narrow[layout.block_tables : layout.block_tables + batch * table_width].reshape(batch, table_width)
+    return (buffer[:rows], buffer[stride : stride + rows], buffer[2 * stride : 2 * stride + rows], tables,
+            narrow[:batch], narrow[layout.state_slots : layout.state_slots + batch])
+
+
+def _sampling_views(buffer, layout: _PackedLayout, float32) -> tuple:
+    """A sampled round's parameters as views of ``buffer`` (a torch tensor or a numpy array; ``float32``: that
+    library's dtype), in ``ce::sample``'s order: ``(temperature, top_k, top_p, min_p, seeds, counters)``."""
+    rows, stride, at = layout.rows, layout.row_stride, layout.sampling
+    top_k, seeds, counters = (buffer[at + i * stride : at + i * stride + rows] for i in range(3))
+    floats = buffer[at + 3 * stride : layout.sampled_end].view(float32)
+    temperature, top_p, min_p = (floats[i * layout.float_stride : i * layout.float_stride + rows] for i in range(3))
+    return temperature, top_k, top_p, min_p, seeds, counters
 
 
 def unpack_verify_fields(
@@ -279,27 +300,14 @@ def unpack_verify_fields(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fields of a verify step packed by ``pack_verify_into`` (``_packed_layout``), as views of ``packed``:
     ``(input_ids, positions, slot_mapping, block_tables, context_lens, state_slots)``, the last three int32."""
-    rows = batch * (num_drafts + 1)
-    layout = _packed_layout(batch, num_drafts, table_width)
-    narrow = packed[layout.narrow : layout.end].view(torch.int32)
-    tables = narrow[layout.block_tables : layout.block_tables + batch * table_width].view(batch, table_width)
-    return (packed[:rows], packed[layout.positions : layout.positions + rows],
-            packed[layout.slot_mapping : layout.slot_mapping + rows], tables, narrow[:batch],
-            narrow[layout.state_slots : layout.state_slots + batch])
+    return _step_views(packed, _packed_layout(batch, num_drafts, table_width), batch, table_width, torch.int32)
 
 
 def unpack_sampling_fields(packed: torch.Tensor, batch: int, num_drafts: int, table_width: int) -> tuple[
         torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A sampled round's ``ce::sample`` parameters packed by ``pack_sampling_into``, as views of ``packed``, in the
     op's order: ``(temperature, top_k, top_p, min_p, seeds, counters)``, a row each of the ``batch * (k+1)`` rows."""
-    rows = batch * (num_drafts + 1)
-    layout = _packed_layout(batch, num_drafts, table_width)
-    stride, per_float = rows + rows % 2, rows + (-rows) % 4
-    at = layout.sampling
-    top_k, seeds, counters = (packed[at + i * stride : at + i * stride + rows] for i in range(3))
-    floats = packed[at + 3 * stride : layout.sampled_end].view(torch.float32)
-    temperature, top_p, min_p = (floats[i * per_float : i * per_float + rows] for i in range(3))
-    return temperature, top_k, top_p, min_p, seeds, counters
+    return _sampling_views(packed, _packed_layout(batch, num_drafts, table_width), torch.float32)
 
 
 def pack_sampling_into(out: np.ndarray, sampling: SamplingInputs | None, num_rows: int, bucket: int, num_drafts: int,
@@ -307,19 +315,15 @@ def pack_sampling_into(out: np.ndarray, sampling: SamplingInputs | None, num_row
     """``sampling``'s ``[num_rows]`` fields (host tensors) written into ``out`` where ``unpack_sampling_fields``
     reads them, every other row of the bucket a greedy padding row (temperature 0, every filter off; None: every
     row); returns the layout's length with them."""
-    rows = bucket * (num_drafts + 1)
     layout = _packed_layout(bucket, num_drafts, table_width)
-    stride, per_float = rows + rows % 2, rows + (-rows) % 4
-    at = layout.sampling
-    floats = out[at + 3 * stride : layout.sampled_end].view(np.float32)
-    targets = [out[at + i * stride : at + i * stride + rows] for i in range(3)]
-    targets += [floats[i * per_float : i * per_float + rows] for i in range(3)]
     n = 0 if sampling is None else num_rows
-    values = () if sampling is None else (sampling.top_k, sampling.seeds, sampling.counters, sampling.temperature,
-                                          sampling.top_p, sampling.min_p)
-    for target, value in zip(targets, values):
-        target[:n] = value.numpy()
-    for target, pad in zip(targets, (0, 0, 0, 0.0, 1.0, 0.0)):  # top_k off, seed and counter 0; greedy, filters off
+    targets = _sampling_views(out, layout, np.float32)
+    if sampling is not None:
+        values = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.seeds,
+                  sampling.counters)
+        for target, value in zip(targets, values):
+            target[:n] = value.numpy()
+    for target, pad in zip(targets, (0.0, 0, 1.0, 0.0, 0, 0)):  # greedy, every filter off, seed and counter 0
         target[n:] = pad
     return layout.sampled_end
 
@@ -361,26 +365,21 @@ def pack_verify_into(
     length. The round's host work at batch 1 is on the critical path (a round reads its tokens back before the next
     is packed), so this skips pack_step's intermediate buffer and the field-by-field staging after it."""
     k, n = num_drafts, len(seqs)
-    rows = bucket * (k + 1)
     layout = _packed_layout(bucket, k, table_width)
-    narrow = out[layout.narrow : layout.end].view(np.int32)  # the int32 fields (unpack_verify_fields)
+    ids, positions, slots, tables, context_lens, state_slots = _step_views(out, layout, bucket, table_width, np.int32)
     starts = np.zeros(bucket, dtype=np.int64)
     starts[:n] = [seq.num_computed_tokens for seq in seqs]
-    offsets = np.arange(k + 1, dtype=np.int64)
-    positions = (starts[:, None] + offsets).reshape(-1)  # padding rows: positions 0..k
-    tables = narrow[layout.block_tables : layout.block_tables + bucket * table_width].reshape(bucket, table_width)
+    positions[:] = (starts[:, None] + np.arange(k + 1, dtype=np.int64)).reshape(-1)  # padding rows: 0..k
     tables[:] = NULL_BLOCK  # past each sequence's blocks, and every padding row's
-    ids = out[:rows].reshape(bucket, k + 1)
+    ids = ids.reshape(bucket, k + 1)
     ids[n:] = 0
     for i, (seq, draft) in enumerate(zip(seqs, drafts)):
         tables[i, : len(seq.block_table)] = seq.block_table
         ids[i, 0] = seq.token_ids[seq.num_computed_tokens]
         ids[i, 1:] = draft
-    out[layout.positions : layout.positions + rows] = positions
     blocks = np.take_along_axis(tables, (positions // block_size).reshape(bucket, k + 1), axis=1).astype(np.int64)
-    out[layout.slot_mapping : layout.slot_mapping + rows] = (blocks * block_size).reshape(-1) + positions % block_size
-    narrow[:bucket] = starts + k + 1
-    state_slots = narrow[layout.state_slots : layout.state_slots + bucket]
+    slots[:] = (blocks * block_size).reshape(-1) + positions % block_size
+    context_lens[:] = starts + k + 1
     state_slots[:] = NULL_SLOT
     state_slots[:n] = [seq.state_slot for seq in seqs]
     return layout.end
