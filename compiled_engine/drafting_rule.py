@@ -11,9 +11,25 @@ while ``(1 + a) * plain(d) > round(d)``. With drafting off it still drafts one r
 plain steps, so that acceptance that rises again (new requests, other text) turns drafting back on.
 
 The first measurement of each kind at each row count is dropped (it may carry one-time work such as a graph
-capture); later ones are smoothed (an exponential moving average). Where a cost is not known yet the rule measures
-it: drafting first, then a plain step. Decisions follow wall-clock time, so which steps draft can differ between
-runs; the tokens cannot: a verified row emits what plain decoding emits (greedy, or a seeded request's draw).
+capture); later ones are smoothed (an exponential moving average, ``smoothing``). Where a cost is not known yet the
+rule measures it: drafting first, then a plain step.
+
+The acceptance a is an estimate from a noisy sample: one row accepts anywhere from 0 to k drafts, so with one row a
+round a mean over a few rounds often falls on the wrong side of a break-even near the true mean. Errors cost unevenly:
+a round that does not pay loses a fraction of a step, a stop that should not have happened loses up to
+``probe_interval`` steps' gain. Hence:
+
+- a is a mean over rows, not rounds: the drafts accepted over the rows that verified drafts, each row weighted by
+  ``(1 - 1 / memory_rows) ** n``, n the rows decoded since (a ratio of two decayed sums). It remembers about
+  ``memory_rows`` rows, as many at one row a round as at eight.
+- Every decoded row ages those sums, plain ones too: they carry no acceptance, but the text moves on, and after a
+  stretch of plain steps a probe's rows must weigh against what is left of the old evidence, not be drowned by it.
+- Drafting, once on (from the start, or when a probe's rows say it pays), runs at least ``memory_rows / 4`` drafted
+  rows before a may stop it: a stop on fewer is mostly noise. A probe whose rows say drafting does not pay ends at
+  once, so where it clearly does not pay the probes stay one round with drafts each.
+
+Decisions follow wall-clock time, so which steps draft can differ between runs; the tokens cannot: a verified row
+emits what plain decoding emits (greedy, or a seeded request's draw).
 """
 
 from __future__ import annotations
@@ -24,19 +40,26 @@ from typing import Callable
 
 class DraftingRule:
     """Whether the engine's next step drafts for its d decode-ready rows (``should_draft``), from the engine's
-    measurements (``record_round``, ``record_plain``). ``clock``: the time source the engine reads (seconds)."""
+    measurements (``record_round``, ``record_plain``). ``clock``: the time source the engine reads (seconds).
+    ``memory_rows``: how many recent rows the acceptance estimate remembers (1: the last round's alone)."""
 
     def __init__(self, probe_interval: int = 64, smoothing: float = 0.25,
-                 clock: Callable[[], float] = time.perf_counter):
-        if probe_interval < 1 or not 0.0 < smoothing <= 1.0:
-            raise ValueError(f"DraftingRule needs probe_interval >= 1 and 0 < smoothing <= 1, got {probe_interval}, "
-                             f"{smoothing}")
+                 clock: Callable[[], float] = time.perf_counter, memory_rows: int = 64):
+        if probe_interval < 1 or not 0.0 < smoothing <= 1.0 or memory_rows < 1:
+            raise ValueError(f"DraftingRule needs probe_interval >= 1, 0 < smoothing <= 1 and memory_rows >= 1, got "
+                             f"{probe_interval}, {smoothing}, {memory_rows}")
         self.probe_interval = probe_interval
         self.smoothing = smoothing
         self.clock = clock
         self.round_s: dict[int, float] = {}  # rows -> smoothed wall seconds of a verify round
         self.plain_s: dict[int, float] = {}  # rows -> smoothed wall seconds of a plain decode step
-        self.accepted: float | None = None  # smoothed drafts accepted per verified row
+        self.accepted: float | None = None  # drafts accepted per verified row: _accepted_sum / _drafted_sum
+        self._keep = 1.0 - 1.0 / memory_rows  # the weight a row's measurement keeps per row decoded after it
+        self._accepted_sum = 0.0  # decayed drafts accepted
+        self._drafted_sum = 0.0  # decayed rows that verified drafts
+        self._min_run = memory_rows // 4  # drafted rows a run of drafting lasts at the least
+        self._on = True  # drafting is on: it starts on
+        self._run = 0  # rows that verified drafts since drafting last stopped
         self._seen: set[tuple[str, int]] = set()  # (kind, rows) measured once: the dropped first measurement
         self._plain_since_round = 0
         self._probing = False
@@ -50,7 +73,11 @@ class DraftingRule:
         if plain_s is None:
             return False
         if (1.0 + self.accepted) * plain_s > round_s:
+            self._on = True
             return True
+        if self._on and self._run < self._min_run:
+            return True  # too few rows to stop on
+        self._on, self._run = False, 0
         if self._plain_since_round >= self.probe_interval:
             self._probing = True  # until a round with drafts is recorded (the first verifies placeholders)
             return True
@@ -61,16 +88,26 @@ class DraftingRule:
         back from plain steps, placeholders) and accepted ``accepted_drafts`` of them in all. Only a round with drafts
         measures acceptance, and ends a probe."""
         self._record(self.round_s, "round", rows, seconds)
+        self._age(rows)
         if drafted_rows:
             self._probing = False
             self._plain_since_round = 0
-            per_row = accepted_drafts / drafted_rows
-            self.accepted = per_row if self.accepted is None else self._smooth(self.accepted, per_row)
+            self._run += drafted_rows
+            self._accepted_sum += accepted_drafts
+            self._drafted_sum += drafted_rows
+            self.accepted = self._accepted_sum / self._drafted_sum
 
     def record_plain(self, rows: int, seconds: float) -> None:
         """A plain decode step of ``rows`` rows, in ``seconds``."""
         self._plain_since_round += 1
         self._record(self.plain_s, "plain", rows, seconds)
+        self._age(rows)
+
+    def _age(self, rows: int) -> None:
+        """``rows`` rows decoded: the acceptance sums decay alike, so their ratio, ``accepted``, stays."""
+        decay = self._keep ** rows
+        self._accepted_sum *= decay
+        self._drafted_sum *= decay
 
     def _record(self, table: dict[int, float], kind: str, rows: int, seconds: float) -> None:
         if (kind, rows) not in self._seen:
