@@ -13,8 +13,10 @@ copy of the step) -> finish requests that hit a stop condition.
 With ``overlap_decode=True`` a step's tokens are read back only after the next step is launched
 (``_step_overlapped``), so the host's work for step N+1 runs while the GPU computes step N.
 With speculative decoding (the runtime's ``speculative_config``) decode rows become verify rounds
-(``_step_speculative``): each round reads its tokens back before the next (no overlap). Where drafting is off (the
-drafting rule, ``disable_by_batch_size``) its plain decode steps overlap as above, with ``overlap_decode``.
+(``_step_speculative``); with ``overlap_decode`` argmax rounds chain (``_read_round``: the next round launches from
+the device's results before the host reads a round back), others read their tokens back before the next. Where
+drafting is off (the drafting rule, ``disable_by_batch_size``) its plain decode steps overlap as above, with
+``overlap_decode``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from compiled_engine.sampler import SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence, SequenceStatus
-from compiled_engine.speculative import RoundResults
+from compiled_engine.speculative import RoundResults, SpeculativeStep
 from compiled_engine.step import upload
 
 
@@ -194,6 +196,25 @@ class _InFlight:
         return self.host.tolist()
 
 
+@dataclass
+class _RoundInFlight:
+    """A verify round launched but not read back (``overlap_decode``, ``LLMEngine._read_round``): its requests in row
+    order, which of them verify real drafts (the others placeholders), the round's spec and results, and when it
+    started (the drafting rule's clock)."""
+
+    requests: list[Request]
+    drafted: list[bool]
+    spec: SpeculativeStep
+    results: RoundResults
+    start: float
+
+
+# Blocks reserved for this many more rounds past a round that may chain (Runtime.fused_round's chain_rounds): a chain
+# runs until the positions reach them, then one round reads back and packs again with new blocks. At k = 2 a round
+# advances at most 3 positions: 24 more, a block and a half of 16 a sequence.
+CHAIN_ROUNDS = 8
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -213,8 +234,8 @@ class LLMEngine:
         finished outputs, turns it on. ``mixed_steps``, ``kv_growth_reserve``: the scheduler's policy
         (compiled_engine/scheduler.py). ``speculative_config``: the runtime's by default; a config here (vLLM's
         dict) needs a runtime built with one, at most its ``num_speculative_tokens`` and its ``draft_vocab_size``.
-        With speculative decoding ``overlap_decode`` applies to the plain decode steps of rows that do not draft;
-        verify rounds always read their tokens back. ``draft_override(request_id, token_ids, drafts) ->
+        With speculative decoding ``overlap_decode`` applies to the plain decode steps of rows that do not draft,
+        and chains argmax verify rounds (``_read_round``). ``draft_override(request_id, token_ids, drafts) ->
         drafts``: replaces the MTP layer's k drafts after each round (the MTP layer still runs): the bench's
         forced-acceptance drafter. ``drafting_rule``: decides, step by step, whether drafting pays
         (compiled_engine/drafting_rule.py); by default one when the speculative config has ``auto_disable``."""
@@ -258,6 +279,8 @@ class LLMEngine:
         self._next_id = 0
         self.overlap_decode = overlap_decode
         self._in_flight: _InFlight | None = None
+        self._round: _RoundInFlight | None = None  # a verify round not read back yet (``_read_round``)
+        self.num_chained_rounds = 0  # rounds launched before the round before them was read back (cumulative)
         self.max_fused_decode_rows = fused_decode_row_limit(runtime.model)
 
     # --------------------------------------------------------------------------------------------- requests
@@ -354,6 +377,7 @@ class LLMEngine:
     def _abort_touched(self) -> None:
         """After a failed step: abort every request but those waiting with nothing held (see ``step``)."""
         self._in_flight = None  # its requests are all admitted ones: aborted below, their placeholders dropped
+        self._round = None
         waiting = {id(s) for s in self.scheduler.waiting}
         for request in list(self.requests.values()):
             seq = request.seq
@@ -380,6 +404,9 @@ class LLMEngine:
         work: bench/NOTES.md "Runs 71-73"). The next step launches before reading it back only while it will be a
         plain decode step too; else that step only reads it back."""
         rule = self.drafting_rule
+        round_, self._round = self._round, None
+        if round_ is not None:  # read it back, with the next round chained on the device first where it can be
+            return self._read_round(round_, chain=self._chains(round_))
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None:
             if not self._stays_plain():
@@ -416,7 +443,7 @@ class LLMEngine:
         verify, chunks, counts = batch.seqs[:d], batch.seqs[d:], batch.num_tokens[d:]
         # The verify round's draft positions may take only blocks the prefill chunks after it do not need.
         keep_free = sum(self.runtime.caches.blocks_needed(s, n) for s, n in zip(chunks, counts))
-        outputs = self._verify_round(verify, keep_free) if verify else []
+        outputs = self._verify_round(verify, keep_free, alone=not chunks) if verify else []
         if chunks:
             outputs += self._prefill_round(chunks, counts)
         return outputs
@@ -472,7 +499,11 @@ class LLMEngine:
             drafts = list(self.draft_override(request.request_id, list(request.seq.token_ids), drafts))
         request.drafts = drafts
 
-    def _verify_round(self, seqs: list[Sequence], keep_free: int) -> list[RequestOutput]:
+    def _verify_round(self, seqs: list[Sequence], keep_free: int, alone: bool) -> list[RequestOutput]:
+        """A verify round of the decode-ready ``seqs``. ``alone``: no prompt chunk follows it in the step. A fused
+        argmax round with ``overlap_decode`` stays in flight instead of being read back here: the next step reads it,
+        chaining the round after it first where it can (``_chains``), so that the host's reading, the outputs and
+        the next step's scheduling run while the device computes a round."""
         rule = self.drafting_rule
         start = rule.clock() if rule is not None else 0.0
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
@@ -485,29 +516,69 @@ class LLMEngine:
         proposals = [r.drafts[:k] if r.drafts is not None else [r.seq.token_ids[-1]] * k for r in requests]
         n = len(seqs)
         num_logprobs = self._num_logprobs(seqs)
-        logprobs = None
         if num_logprobs is None and not any(self._suppressing(r) for r in requests):
-            sampling = None if all(r.params.greedy for r in requests) else self._sampling_inputs(requests, k + 1)
-            spec, results = self.runtime.fused_round(seqs, proposals, keep_free, sampling)
-        else:  # the unfused round, whose logits serve min_tokens suppression and logprobs
-            spec = self.runtime.verify(seqs, proposals, keep_free)
-            drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
-            batch = self._sampling_batch(requests, spec.logits.device, positions=k + 1)
-            accepted, tokens = rejection_sample(spec.logits, drafts, batch)
-            # Row i * (k+1) + p: the target's distribution at the sequence's p-th verified position, where the
-            # emitted token p (an accepted draft, or the correction / bonus) was drawn from.
-            logprobs = self._logprobs(spec.logits, tokens.reshape(-1), num_logprobs)
-            results = RoundResults(accepted, tokens, self.runtime.accept(spec, accepted, tokens))
+            greedy = all(r.params.greedy for r in requests)
+            sampling = None if greedy else self._sampling_inputs(requests, k + 1)
+            # Chained rounds draw the argmax and take their drafts from the device: no override, no sampling.
+            chainable = alone and greedy and self.overlap_decode and self.draft_override is None
+            spec, results = self.runtime.fused_round(seqs, proposals, keep_free, sampling,
+                                                     chain_rounds=CHAIN_ROUNDS if chainable else 0)
+            round_ = _RoundInFlight(requests, drafted, spec, results, start)
+            if chainable:
+                self._round = round_
+                return []
+            return self._read_round(round_)
+        # The unfused round, whose logits serve min_tokens suppression and logprobs
+        spec = self.runtime.verify(seqs, proposals, keep_free)
+        drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
+        batch = self._sampling_batch(requests, spec.logits.device, positions=k + 1)
+        accepted, tokens = rejection_sample(spec.logits, drafts, batch)
+        # Row i * (k+1) + p: the target's distribution at the sequence's p-th verified position, where the emitted
+        # token p (an accepted draft, or the correction / bonus) was drawn from.
+        logprobs = self._logprobs(spec.logits, tokens.reshape(-1), num_logprobs)
+        results = RoundResults(accepted, tokens, self.runtime.accept(spec, accepted, tokens))
+        return self._read_round(_RoundInFlight(requests, drafted, spec, results, start), logprobs=logprobs)
+
+    def _chains(self, round_: _RoundInFlight) -> bool:
+        """Whether the round after ``round_`` (in flight) may launch before ``round_`` is read back: the same rows
+        decode again (every running sequence, none waiting or finished, drafting still on for them), and each has
+        room for it below its length limit and inside the blocks ``round_`` was packed with (``Runtime.can_chain``)."""
+        scheduler, seqs = self.scheduler, round_.spec.seqs
+        reach = 2 * (self.num_speculative_tokens + 1)
+        return (not scheduler.waiting and len(scheduler.running) == len(seqs)
+                and {id(s) for s in scheduler.running} == {id(s) for s in seqs}
+                and all(r.finish_reason is None and r.seq.num_computed_tokens + reach <= r.seq.length_limit
+                        for r in round_.requests)
+                and self._drafts(len(seqs)) and self.runtime.can_chain(round_.spec))
+
+    def _read_round(self, round_: _RoundInFlight, chain: bool = False,
+                    logprobs: "_StepLogprobs | None" = None) -> list[RequestOutput]:
+        """Read a verify round back and emit its tokens: each sequence's accepted drafts and the target's next token,
+        up to a stop or the length limit; its new drafts kept for the next round. ``chain``: first launch the round
+        after it on the device (``Runtime.chain_round``), left in flight. Rows of requests that finished meanwhile (a
+        stop in the round before, an abort) are skipped. ``logprobs``: the unfused round's."""
+        rule = self.drafting_rule
+        requests, results, k = round_.requests, round_.results, self.num_speculative_tokens
+        if chain:
+            start = rule.clock() if rule is not None else 0.0
+            results, spec, chained = self.runtime.chain_round(round_.spec, results)
+            self._round = _RoundInFlight(requests, [True] * len(requests), spec, chained, start)
+            self.num_chained_rounds += 1
         host = results.rows()  # the step's one read-back: [a, tokens (k+1), new drafts (k)] a sequence
         table = logprobs.read() if logprobs is not None else None
-        self.runtime.advance(spec, [row[0] for row in host], [row[1 : k + 2] for row in host])
-        self.num_verified_rows += n
-        self.num_draft_tokens += sum(drafted) * k
-        accepted_drafts = sum(row[0] for row, real in zip(host, drafted) if real)
+        live = [r.finish_reason is None for r in requests]
+        self.runtime.advance(round_.spec, [row[0] if ok else None for row, ok in zip(host, live)],
+                             [row[1 : k + 2] for row in host])
+        rows = [(request, row, real) for request, row, real, ok in zip(requests, host, round_.drafted, live) if ok]
+        self.num_verified_rows += len(rows)
+        self.num_draft_tokens += sum(real for _, _, real in rows) * k
+        accepted_drafts = sum(row[0] for _, row, real in rows if real)
         self.num_accepted_tokens += accepted_drafts
         now = time.perf_counter()
         outputs = []
         for i, (request, row) in enumerate(zip(requests, host)):
+            if not live[i]:
+                continue
             seq, a = request.seq, row[0]
             first = len(seq.token_ids) - (a + 1)  # where this step's tokens start
             emitted = []
@@ -528,8 +599,9 @@ class LLMEngine:
                 if request.params.output_kind is RequestOutputKind.FINAL_ONLY:
                     continue
             outputs.append(self._output(request, emitted))
-        if rule is not None:
-            rule.record_round(n, rule.clock() - start, drafted_rows=sum(drafted), accepted_drafts=accepted_drafts)
+        if rule is not None and rows:
+            rule.record_round(len(requests), rule.clock() - round_.start, drafted_rows=sum(r for _, _, r in rows),
+                              accepted_drafts=accepted_drafts)
         return outputs
 
     def _launch(

@@ -36,6 +36,13 @@ the same device work: ModelExecutor's speculative methods):
                                                    # results.num_accepted, .tokens, .drafts
     rt.advance(spec, [r[0] for r in rows], [r[1 : k + 2] for r in rows])   # the next drafts: r[k + 2 :]
 
+Chained argmax rounds overlap the host's read-back of one round with the next on the device:
+
+    spec, results = rt.fused_round([seq], drafts, chain_rounds=8)   # blocks for 8 more rounds, where free
+    if rt.can_chain(spec):
+        results, spec_next, next_results = rt.chain_round(spec, results)   # queued before reading `results`
+    rt.advance(spec, ...results.rows()...); rt.advance(spec_next, ...next_results.rows()...)   # in order
+
 Prefill steps, and rounds that suppress stop tokens (min_tokens), run eagerly.
 """
 
@@ -56,7 +63,8 @@ from compiled_engine.memory_plan import allocate_caches
 from compiled_engine.model import HybridModel
 from compiled_engine.sampling_params import as_token_id
 from compiled_engine.sequence import Sequence
-from compiled_engine.speculative import RoundResults, SpeculativeRound, SpeculativeStep, pack_verify_step
+from compiled_engine.speculative import (RoundResults, SpeculativeRound, SpeculativeStep, pack_verify_step,
+                                         successor_fields)
 from compiled_engine.step import pack_step, upload
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from compiled_engine.tp_workers import TensorParallelWorkers
@@ -515,7 +523,8 @@ class Runtime:
 
     @torch.inference_mode()
     def fused_round(
-        self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0, sampling: SamplingInputs | None = None
+        self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], keep_free: int = 0, sampling: SamplingInputs | None = None,
+        chain_rounds: int = 0,
     ) -> tuple[SpeculativeStep, RoundResults]:
         """``verify``, acceptance and ``accept`` in one call (SpeculativeRound: compiled when the runtime is):
         ``(spec, results)``: ``num_accepted [N]``, ``tokens [N, k+1]``, ``drafts [N, k]`` on the device and
@@ -523,14 +532,19 @@ class Runtime:
         valid until the next round); ``advance(spec, ...)`` follows. Every verified row draws the target's argmax,
         or with ``sampling`` (``[N * (k+1)]`` per-row ``ce::sample`` parameters on the host, sequence by sequence;
         counters: each row's output index) the token ``ce::sample`` draws (compiled_engine/rejection_sampler.py). No
-        min_tokens suppression here: such rounds take ``verify`` and the rejection sampler."""
+        min_tokens suppression here: such rounds take ``verify`` and the rejection sampler. ``chain_rounds``: blocks
+        for that many more rounds' positions are reserved too where free, so that rounds may chain after this one
+        (``chain_round``)."""
         k = self._check_verify(seqs, drafts)
         if sampling is not None and sampling.temperature.shape != (len(seqs) * (k + 1),):
             raise ValueError(f"sampling needs {len(seqs) * (k + 1)} rows (k + 1 a sequence), got "
                              f"{tuple(sampling.temperature.shape)}")
-        self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
+        self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1 + chain_rounds * (k + 1)] * len(seqs),
+                                   keep_free)
         starts = [s.num_computed_tokens for s in seqs]
+        table_tokens = [len(s.block_table) * self.config.block_size for s in seqs]
         n, compiled = len(seqs), self.executor.speculative_round
+        step, bucket = None, None
         if compiled is not None and compiled.covers(n, k):
             length, bucket = compiled.pack(seqs, drafts, sampling)
             results = self.executor.run_round(length, bucket, sampling is not None, n)
@@ -538,15 +552,53 @@ class Runtime:
             step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
             fields = None if sampling is None else sampling.on(self.device)
             results = RoundResults(*self.executor.fused_round(step, k, fields))
-        return SpeculativeStep(list(seqs), None, None, starts, [k + 1] * len(seqs), None), results
+        spec = SpeculativeStep(list(seqs), step, None, starts, [k + 1] * n, None, bucket=bucket,
+                               table_tokens=table_tokens)
+        return spec, results
 
-    def advance(self, spec: SpeculativeStep, num_accepted: Seq[int], tokens: Seq[Seq[int]]) -> None:
+    def can_chain(self, spec: SpeculativeStep) -> bool:
+        """Whether an argmax round may follow the fused round ``spec`` (or one chained after it) on the same
+        sequences before the host reads that round back (``chain_round``): one rank, no prefix caching, and room for
+        the new round's verified positions, at most 2 (k + 1) past each sequence's computed tokens (the host has not
+        advanced the round in flight), inside both the block table ``spec`` was packed with and max_model_len."""
+        if spec.table_tokens is None or self.executor.workers is not None or self.caches.prefix_cache is not None:
+            return False  # (a boundary snapshot taken at read-back would copy the state the next round has moved)
+        reach = 2 * (spec.counts[0] if spec.counts else 0)
+        return all(s.num_computed_tokens + reach <= min(room, self.max_model_len)
+                   for s, room in zip(spec.seqs, spec.table_tokens))
+
+    @torch.inference_mode()
+    def chain_round(self, spec: SpeculativeStep, results: RoundResults
+                    ) -> tuple[RoundResults, SpeculativeStep, RoundResults]:
+        """The argmax round after the fused round ``spec`` (``results``: its results, not read back yet), on the same
+        sequences, queued before that round is read back: its step comes from that round's results on the device
+        (``speculative.successor_fields``; a compiled round's graph wrote it already), so the host's reading and
+        advancing of one round overlaps the next round on the device. ``can_chain(spec)`` must hold. Returns
+        ``(results`` to read the last round from, the new round's spec and results); ``advance`` each in order."""
+        if spec.bucket is not None:
+            kept, new = self.executor.chain_round(spec.bucket, len(spec.seqs), results)
+            return kept, dataclasses.replace(spec, starts=None), new
+        step = spec.step
+        ids, positions, slots, context_lens = successor_fields(
+            step.input_ids, step.positions, step.block_tables, step.state_slots, results.num_accepted, results.tokens,
+            results.drafts, self.config.block_size)
+        step = dataclasses.replace(step, input_ids=ids, positions=positions, slot_mapping=slots,
+                                   context_lens=context_lens)
+        new = RoundResults(*self.executor.fused_round(step, spec.counts[0] - 1))
+        return results, dataclasses.replace(spec, step=step, starts=None), new
+
+    def advance(self, spec: SpeculativeStep, num_accepted: Seq[int | None], tokens: Seq[Seq[int]]) -> None:
         """The host's side of ``accept``, with its values read back: each sequence gets ``tokens[i][:a + 1]``
-        appended and its computed length moves to cover its last token before them; the prefix cache records."""
-        for seq, start, a, new in zip(spec.seqs, spec.starts, num_accepted, tokens):
-            seq.token_ids.extend(new[: a + 1])
-            seq.num_computed_tokens = start + a + 1
-        self.caches.record_prefixes(spec.seqs)
+        appended and its computed length moves to cover its last token before them (it ran the round from its
+        computed length); the prefix cache records. A sequence whose ``num_accepted`` is None is left as it is (one
+        that finished before a round chained after it was read)."""
+        seqs = []
+        for seq, a, new in zip(spec.seqs, num_accepted, tokens):
+            if a is not None:
+                seq.token_ids.extend(new[: a + 1])
+                seq.num_computed_tokens += a + 1
+                seqs.append(seq)
+        self.caches.record_prefixes(seqs)
 
 def validate_prompt(token_ids: Seq[int], max_model_len: int, vocab_size: int) -> list[int]:
     """The prompt as a list of Python ints; raises ValueError when it is empty, longer than max_model_len, or holds

@@ -72,12 +72,16 @@ class SpeculativeStep:
     every row), and (a prefill step) which sequences it computed completely."""
 
     seqs: list[Sequence]
-    step: StepInputs | None  # None: a fused round (its step stayed inside SpeculativeRound)
+    step: StepInputs | None  # None: a compiled round (its step stayed inside SpeculativeRound)
     hidden: torch.Tensor | None
-    starts: list[int]
+    starts: list[int] | None  # None: a chained round (each starts where the round before it ended)
     counts: list[int]
     logits: torch.Tensor | None
     completed: list[bool] | None = None
+    bucket: int | None = None  # a compiled round's bucket
+    # A fused round's: the tokens each sequence's block table covered when its step was packed; a chained round
+    # (``Runtime.chain_round``) reuses that table, so its positions must stay below it.
+    table_tokens: list[int] | None = None
 
 
 @dataclass
@@ -200,6 +204,32 @@ def accept_drafts(drafts: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Te
     k = drafts.shape[1]
     num_accepted = (drafts == targets[:, :k]).long().cumprod(dim=1).sum(dim=1)
     return num_accepted, targets
+
+
+def successor_fields(
+    input_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor, state_slots: torch.Tensor,
+    num_accepted: torch.Tensor, tokens: torch.Tensor, drafts: torch.Tensor, block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verify step of the round after a round, computed on the device from that round's step (``input_ids``,
+    ``positions``: ``[N * (k+1)]``; ``block_tables [N, W]``, ``state_slots [N]``) and results (``num_accepted [N]``,
+    ``tokens [N, k+1]``, ``drafts [N, k]``): ``(input_ids, positions, slot_mapping, context_lens)``, the fields that
+    change (the tables and state slots stay). Sequence n starts where its accepted run ended, ``positions[n, 0] +
+    num_accepted[n] + 1``, with its next token ``tokens[n, num_accepted[n]]`` and its new drafts: what
+    ``pack_verify_step`` packs for the same sequences once the host has read the round back and advanced them.
+    Padding rows (the null slot) stay as they were. Positions past the table map to the null block: the caller keeps
+    every verified position inside it (``SpeculativeStep.table_tokens``), so only draft positions can land there."""
+    n, width = tokens.shape[0], block_tables.shape[1]
+    live = (state_slots != NULL_SLOT)[:, None]
+    old_ids, old_positions = input_ids.view(n, -1), positions.view(n, -1)
+    offsets = torch.arange(tokens.shape[1], device=tokens.device)
+    new_positions = torch.where(live, old_positions[:, :1] + num_accepted[:, None] + 1 + offsets, old_positions)
+    new_ids = torch.where(live, torch.cat([tokens.gather(1, num_accepted[:, None]), drafts], dim=1), old_ids)
+    column = new_positions // block_size
+    blocks = block_tables.gather(1, column.clamp(max=width - 1)).long()
+    blocks = torch.where(column < width, blocks, NULL_BLOCK)
+    slots = blocks * block_size + new_positions % block_size
+    context_lens = (new_positions[:, -1] + 1).to(torch.int32)
+    return new_ids.reshape(-1), new_positions.reshape(-1), slots.reshape(-1), context_lens
 
 
 def fused_round(
@@ -339,20 +369,26 @@ def fused_round_packed(
     it (``unpack_verify_fields``, ``unpack_sampling_fields``: no kernel), and the verify step's ``cu_seqlens`` (k+1
     rows a sequence) computed in the graph. Returns ``fused_round``'s outputs, and writes them into the first ``batch`` rows of
     ``results`` (int64 ``[>= batch, 2k+2]``: num_accepted | tokens | drafts; host memory on a GPU, so that a replay
-    leaves them where the host reads them)."""
-    rows = batch * (num_drafts + 1)
+    leaves them where the host reads them). Then writes the step of the round after it into ``packed``
+    (``successor_fields``: what a chained round reads)."""
+    fields = unpack_verify_fields(packed, batch, num_drafts, table_width)
     accepted, tokens, drafts = fused_round(
         model,
-        *unpack_verify_fields(packed, batch, num_drafts, table_width),
+        *fields,
         verify_cu_seqlens(batch, num_drafts + 1, packed.device),
         num_drafts,
         block_size,
         draft_vocab,
         unpack_sampling_fields(packed, batch, num_drafts, table_width) if sample else None,
     )
-    # A plain in-place write of a graph input: Inductor stores these rows straight into ``results`` (no copy of it),
-    # so the captured graph itself writes the host memory.
+    # Plain in-place writes of a graph input: Inductor stores these rows straight into ``results`` (no copy of it),
+    # so the captured graph itself writes the host memory; and the next round's step into ``packed``, where a
+    # chained round (``SpeculativeRound.run_chained``) reads it with nothing from the host.
     results[:batch].copy_(torch.cat([accepted[:, None], tokens, drafts], dim=1))
+    input_ids, positions, slot_mapping, block_tables, context_lens, state_slots = fields
+    successor = successor_fields(input_ids, positions, block_tables, state_slots, accepted, tokens, drafts, block_size)
+    for field, value in zip((input_ids, positions, slot_mapping, context_lens), successor):
+        field.copy_(value)
     return accepted, tokens, drafts
 
 
@@ -436,6 +472,13 @@ class SpeculativeRound:
         # Recorded after each round (CUDA): its results are in host memory, and the staging buffer is free to
         # write again, once it has passed.
         self._done = torch.cuda.Event() if device.type == "cuda" else None
+        # Chained rounds (``run_chained``): bucket -> the argmax variant's graph without the staging copy, and two
+        # host buffers, used in turn, where a round's rows are kept before the chained round after it overwrites
+        # ``results`` (``keep``), each with the event recorded after its copy.
+        self._chained: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self._kept = [torch.zeros(self.results.shape, dtype=torch.long, pin_memory=capture) for _ in range(2)]
+        self._kept_ready = [torch.cuda.Event() if device.type == "cuda" else None for _ in range(2)]
+        self._next_kept = 0
 
     @property
     def captured_buckets(self) -> tuple[int, ...]:
@@ -469,6 +512,11 @@ class SpeculativeRound:
                     self._graphs[bucket, sample] = (graph, outputs)
                     graph.replay()
                     self._done.record()  # the next bucket's _pack waits for the replay's copy of the staging buffer
+                    if not sample:  # the chained round: the same call, its step already in the packed buffer
+                        chained = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(chained, pool=pool), torch.compiler.set_stance("fail_on_recompile"):
+                            outputs = self._call(bucket, sample)
+                        self._chained[bucket] = (chained, outputs)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("compiled speculative rounds%s: buckets %s in %.1f s", " and captured" if self.captured else "",
@@ -533,6 +581,37 @@ class SpeculativeRound:
                 self._upload(self._length(bucket, sample))
             with torch.compiler.set_stance("fail_on_recompile"):
                 outputs = self._call(bucket, sample)
+        if self._done is not None:
+            self._done.record()
+        return outputs
+
+    def keep(self, results: RoundResults) -> RoundResults:
+        """``results`` (the last round's ``round_results``) read from a copy of their host rows, made after that round
+        and before anything queued after this call: a chained round overwrites ``results`` when it ends, possibly
+        while the host still reads the round before it."""
+        if results.host is None:  # an eager round's: device tensors of its own
+            return results
+        slot, self._next_kept = self._next_kept, 1 - self._next_kept
+        n = len(results.host)
+        kept, ready = self._kept[slot], self._kept_ready[slot]
+        if ready is None:  # on the CPU the round is done: copy now
+            kept[:n] = torch.from_numpy(results.host)
+        else:
+            kept[:n].copy_(self.results[:n], non_blocking=True)
+            ready.record()
+        return dataclasses.replace(results, host=kept[:n].numpy(), ready=ready)
+
+    @torch.inference_mode()
+    def run_chained(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The argmax round after the last round of ``bucket``, on the same sequences: its step is the one that round
+        wrote into the packed buffer (``successor_fields``), so nothing comes from the host; as ``run`` otherwise."""
+        captured = self._chained.get(bucket)
+        if captured is not None:
+            graph, outputs = captured
+            graph.replay()
+        else:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                outputs = self._call(bucket, False)
         if self._done is not None:
             self._done.record()
         return outputs

@@ -925,16 +925,20 @@ def test_compiled_rounds_pack_what_pack_verify_step_packs(data, k, block_size, m
 @pytest.mark.gpu
 def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
     """On a GPU, in fp32: rounds compiled and captured (the round's own CUDA graphs per bucket and variant) give the
-    non-speculative eager output, greedy with the MTP head's drafts and with oracle drafts (long accepted runs), and
-    seeded sampled; every bucket has its graphs. One compile serves every run."""
+    non-speculative eager output, greedy with the MTP head's drafts and with oracle drafts (long accepted runs),
+    seeded sampled, and greedy with rounds chained (``overlap_decode``: each launched from the device's results of
+    the round before, ahead of its read-back); every bucket has its graphs. One compile serves every run."""
     prompts = PROMPTS
     ids = [f"r{i}" for i in range(len(prompts))]
 
-    def run(rt, override=None, params=SamplingParams(temperature=0, max_tokens=24)) -> list[list[int]]:
-        engine = LLMEngine(rt, draft_override=override)
+    def run(rt, override=None, params=SamplingParams(temperature=0, max_tokens=24), overlap=False
+            ) -> list[list[int]]:
+        engine = LLMEngine(rt, draft_override=override, overlap_decode=overlap)
         for request_id, prompt in zip(ids, prompts):
             engine.add_request(request_id, prompt, params)
         done, _ = finish_all(engine)
+        if overlap:
+            assert engine.num_chained_rounds > 0
         return [done[i].token_ids for i in ids]
 
     def build(**knobs):  # 2 buckets: compile time
@@ -950,5 +954,6 @@ def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
     drafts = oracle(dict(zip(ids, reference)), {i: len(p) for i, p in zip(ids, prompts)}, 0.7, 257)
     assert run(compiled, drafts) == reference
     assert run(compiled, params=sampled) == sampled_reference  # the sampling variant's graphs
+    assert run(compiled, overlap=True) == reference  # chained rounds: the graphs that take their step on the device
     rounds = compiled.speculative_round
     assert rounds.captured_buckets == rounds.policy.sizes  # every bucket's round is a CUDA graph
