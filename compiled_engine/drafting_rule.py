@@ -26,7 +26,10 @@ a round that does not pay loses a fraction of a step, a stop that should not hav
   stretch of plain steps a probe's rows must weigh against what is left of the old evidence, not be drowned by it.
 - Drafting, once on (from the start, or when a probe's rows say it pays), runs at least ``memory_rows / 4`` drafted
   rows before a may stop it: a stop on fewer is mostly noise. A probe whose rows say drafting does not pay ends at
-  once, so where it clearly does not pay the probes stay one round with drafts each.
+  once, so where it clearly does not pay the probes stay one round with drafts each. With ``num_drafts`` (k) known,
+  that floor also yields to an optimistic estimate: the rows seen plus ``OPTIMISM_ROWS`` more that accepted all k
+  drafts. Where even that does not pay (acceptance near 0: after 3 rows at k = 2 on an H200's batch-1 costs) drafting
+  stops at once, instead of paying ``memory_rows / 4`` rounds that cannot pay at every start.
 
 Decisions follow wall-clock time, so which steps draft can differ between runs; the tokens cannot: a verified row
 emits what plain decoding emits (greedy, or a seeded request's draw).
@@ -41,14 +44,19 @@ from typing import Callable
 class DraftingRule:
     """Whether the engine's next step drafts for its d decode-ready rows (``should_draft``), from the engine's
     measurements (``record_round``, ``record_plain``). ``clock``: the time source the engine reads (seconds).
-    ``memory_rows``: how many recent rows the acceptance estimate remembers (1: the last round's alone)."""
+    ``memory_rows``: how many recent rows the acceptance estimate remembers (1: the last round's alone).
+    ``num_drafts``: the drafts a row verifies (k; None: unknown, no optimistic stop)."""
+
+    OPTIMISM_ROWS = 4  # rows of k accepted drafts added to the evidence for the optimistic estimate
 
     def __init__(self, probe_interval: int = 64, smoothing: float = 0.25,
-                 clock: Callable[[], float] = time.perf_counter, memory_rows: int = 64):
+                 clock: Callable[[], float] = time.perf_counter, memory_rows: int = 64,
+                 num_drafts: int | None = None):
         if probe_interval < 1 or not 0.0 < smoothing <= 1.0 or memory_rows < 1:
             raise ValueError(f"DraftingRule needs probe_interval >= 1, 0 < smoothing <= 1 and memory_rows >= 1, got "
                              f"{probe_interval}, {smoothing}, {memory_rows}")
         self.probe_interval = probe_interval
+        self.num_drafts = num_drafts
         self.smoothing = smoothing
         self.clock = clock
         self.round_s: dict[int, float] = {}  # rows -> smoothed wall seconds of a verify round
@@ -75,13 +83,21 @@ class DraftingRule:
         if (1.0 + self.accepted) * plain_s > round_s:
             self._on = True
             return True
-        if self._on and self._run < self._min_run:
+        if self._on and self._run < self._min_run and not self._hopeless(plain_s, round_s):
             return True  # too few rows to stop on
         self._on, self._run = False, 0
         if self._plain_since_round >= self.probe_interval:
             self._probing = True  # until a round with drafts is recorded (the first verifies placeholders)
             return True
         return False
+
+    def _hopeless(self, plain_s: float, round_s: float) -> bool:
+        """Whether drafting would not pay even if ``OPTIMISM_ROWS`` more rows accepted every draft."""
+        if self.num_drafts is None:
+            return False
+        prior = self.OPTIMISM_ROWS
+        optimistic = (self._accepted_sum + prior * self.num_drafts) / (self._drafted_sum + prior)
+        return (1.0 + optimistic) * plain_s <= round_s
 
     def record_round(self, rows: int, seconds: float, drafted_rows: int, accepted_drafts: int) -> None:
         """A verify round of ``rows`` rows in ``seconds``, of which ``drafted_rows`` verified drafts (the others, rows

@@ -258,7 +258,7 @@ class LLMEngine:
             config = parsed
         self.disable_by_batch_size = config.disable_by_batch_size if config is not None else None
         if drafting_rule is None and config is not None and config.auto_disable:
-            drafting_rule = DraftingRule()
+            drafting_rule = DraftingRule(num_drafts=self.num_speculative_tokens)
         if drafting_rule is not None and not self.num_speculative_tokens:
             raise ValueError("drafting_rule needs speculative decoding (a speculative_config)")
         self.drafting_rule = drafting_rule

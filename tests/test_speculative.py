@@ -653,9 +653,22 @@ def test_drafting_rule_follows_the_break_even_through_acceptance_noise(acceptanc
     pays = (1 + sum(acceptance ** j for j in range(1, k + 1))) * plain_s > round_s
     assert pays == (acceptance == 0.8)
     for seed in range(5):
-        [steps] = rule_on_a_synthetic_stream(DraftingRule(), [(acceptance, 2000)], rows, k, round_s, plain_s, seed)
-        share = sum(steps) / len(steps)
-        assert share >= 0.9 if pays else share <= 0.1, (seed, share)
+        for rule in (DraftingRule(), DraftingRule(num_drafts=k)):
+            [steps] = rule_on_a_synthetic_stream(rule, [(acceptance, 2000)], rows, k, round_s, plain_s, seed)
+            share = sum(steps) / len(steps)
+            assert share >= 0.9 if pays else share <= 0.1, (seed, rule.num_drafts, share)
+
+
+def test_drafting_rule_knowing_k_stops_at_once_where_drafting_cannot_pay():
+    """At acceptance 0, one row a round (the costs above, k = 2: drafting pays only above 1.5 / 0.72 - 1 = 1.08 drafts
+    a row), a rule that knows k stops once even 4 more rows accepting both drafts would not lift the estimate past
+    that (8 / (r + 4) < 1.08: r >= 4 rows, a little more as rows age) instead of drafting the floor's memory_rows / 4 =
+    16 rows first: of the first 64 steps (before the first probe) at most 5 draft, 2 of them the rounds that measure
+    a round's cost (the first measurement is dropped); without k, 17."""
+    [steps] = rule_on_a_synthetic_stream(DraftingRule(num_drafts=2), [(0.0, 64)], 1, 2, 1.5, 0.72)
+    assert 4 <= sum(steps) <= 5 and not any(steps[8:])
+    [steps] = rule_on_a_synthetic_stream(DraftingRule(), [(0.0, 64)], 1, 2, 1.5, 0.72)
+    assert sum(steps) == 17
 
 
 def test_drafting_rule_follows_acceptance_that_changes():
