@@ -935,6 +935,75 @@ def test_compiled_rounds_pack_what_pack_verify_step_packs(data, k, block_size, m
         assert value.dtype == field.dtype and value.tolist() == field.tolist() + [pad] * (rows - n)
 
 
+@given(data=st.data(), k=st.integers(1, 4), block_size=st.sampled_from([1, 4, 16]), bucket_extra=st.integers(0, 3))
+@settings(max_examples=60, deadline=None)
+def test_successor_fields_are_the_step_the_host_packs_after_advancing(data, k, block_size, bucket_extra):
+    """A chained round's step, computed on the device from the round before (``successor_fields``), equals what the
+    host packs (``pack_verify_step``, padded to the bucket) once it has read that round back and advanced its
+    sequences: each appends its accepted drafts and the target's next token, its computed length moves on, its next
+    drafts are the round's; padding rows stay padding. Input ids, positions, KV slots and context lengths, with block
+    tables that hold the next round's verified positions (as ``Runtime.can_chain`` requires)."""
+    from compiled_engine.sequence import Sequence
+    from compiled_engine.speculative import pack_verify_step, successor_fields
+
+    seqs, drafts = [], []
+    for i in range(data.draw(st.integers(1, 4))):
+        computed = data.draw(st.integers(0, 40))
+        tokens = data.draw(st.lists(st.integers(0, 999), min_size=computed + 1, max_size=computed + 1))
+        blocks = -(-(computed + 2 * (k + 1) + data.draw(st.integers(0, 2 * k))) // block_size)
+        seqs.append(Sequence(i, tokens, 1, computed, list(range(7 * i + 1, 7 * i + 1 + blocks)), state_slot=i + 1))
+        drafts.append(data.draw(st.lists(st.integers(0, 999), min_size=k, max_size=k)))
+    bucket = len(seqs) + bucket_extra
+    width = max(len(s.block_table) for s in seqs)
+    step = pack_verify_step(seqs, drafts, block_size, torch.device("cpu"), bucket, k, width)
+    accepted = torch.tensor([data.draw(st.integers(0, k)) for _ in range(bucket)])
+    tokens = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, 999), min_size=k + 1, max_size=k + 1),
+                                             min_size=bucket, max_size=bucket)))
+    new_drafts = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, 999), min_size=k, max_size=k),
+                                                 min_size=bucket, max_size=bucket)))
+    got = successor_fields(step.input_ids, step.positions, step.block_tables, step.state_slots, accepted, tokens,
+                           new_drafts, block_size)
+    for i, seq in enumerate(seqs):  # the host's side of the round (Runtime.advance)
+        a = int(accepted[i])
+        seq.token_ids.extend(tokens[i, : a + 1].tolist())
+        seq.num_computed_tokens += a + 1
+    want = pack_verify_step(seqs, new_drafts[: len(seqs)].tolist(), block_size, torch.device("cpu"), bucket, k, width)
+    for value, field in zip(got, (want.input_ids, want.positions, want.slot_mapping, want.context_lens)):
+        assert value.dtype == field.dtype and value.tolist() == field.tolist()
+
+
+def test_chained_rounds_equal_non_speculative_through_stops_and_aborts(tiny_path):
+    """Greedy requests with ``overlap_decode``: rounds chain (launched from the device's results of the round before,
+    ahead of its read-back) while the same rows decode, through a stop token inside a round, max_tokens ending others
+    at different steps, an abort mid-chain and a request arriving mid-chain; each request's tokens are the
+    non-speculative run's (a prefix for the aborted one), and rounds did chain."""
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[4], PROMPTS[1]]
+    reference = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=4).generate(
+        prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False)
+    stop = reference[1].token_ids[17]  # request 1 stops there (or at its first occurrence)
+    params = [SamplingParams(temperature=0, max_tokens=m, stop_token_ids=s, ignore_eos=True)
+              for m, s in ((40, []), (40, [stop]), (23, []), (31, []))]
+    want = [r.token_ids[: p.max_tokens] for r, p in zip(reference, params)]
+    want[1] = want[1][: want[1].index(stop) + 1]
+    engine = LLMEngine(runtime(tiny_path, k=2, max_num_seqs=4), overlap_decode=True)
+    got, step = {}, 0
+    for i in range(3):
+        engine.add_request(f"r{i}", prompts[i], params[i])
+    while engine.has_unfinished_requests() or step < 12:
+        if step == 12:
+            engine.add_request("r3", prompts[3], params[3])
+        if step == 30:
+            engine.abort_request("r0")
+        for out in engine.step():
+            got[out.request_id] = out.token_ids
+        step += 1
+    assert engine.num_chained_rounds > 0
+    for i in (1, 2, 3):
+        assert got[f"r{i}"] == want[i], i
+    assert got["r0"] == want[0][: len(got["r0"])]
+    assert engine.runtime.caches.num_free_slots == 4  # nothing leaked
+
+
 @pytest.mark.gpu
 def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
     """On a GPU, in fp32: rounds compiled and captured (the round's own CUDA graphs per bucket and variant) give the
