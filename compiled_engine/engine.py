@@ -13,7 +13,7 @@ copy of the step) -> finish requests that hit a stop condition.
 With ``overlap_decode=True`` a step's tokens are read back only after the next step is launched
 (``_step_overlapped``), so the host's work for step N+1 runs while the GPU computes step N.
 With speculative decoding (the runtime's ``speculative_config``) decode rows become verify rounds
-(``_step_speculative``); with ``overlap_decode`` argmax rounds chain (``_read_round``: the next round launches from
+(``_step_speculative``); with ``overlap_decode`` fused rounds chain (``_read_round``: the next round launches from
 the device's results before the host reads a round back), others read their tokens back before the next. Where
 drafting is off (the drafting rule, ``disable_by_batch_size``) its plain decode steps overlap as above, with
 ``overlap_decode``.
@@ -501,9 +501,10 @@ class LLMEngine:
 
     def _verify_round(self, seqs: list[Sequence], keep_free: int, alone: bool) -> list[RequestOutput]:
         """A verify round of the decode-ready ``seqs``. ``alone``: no prompt chunk follows it in the step. A fused
-        argmax round with ``overlap_decode`` stays in flight instead of being read back here: the next step reads it,
-        chaining the round after it first where it can (``_chains``), so that the host's reading, the outputs and
-        the next step's scheduling run while the device computes a round."""
+        round (no logprobs, no min_tokens suppression, no draft override) with ``overlap_decode`` stays in flight
+        instead of being read back here: the next step reads it, chaining the round after it first where it can
+        (``_chains``), so that the host's reading, the outputs and the next step's scheduling run while the device
+        computes a round."""
         rule = self.drafting_rule
         start = rule.clock() if rule is not None else 0.0
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
@@ -517,10 +518,9 @@ class LLMEngine:
         n = len(seqs)
         num_logprobs = self._num_logprobs(seqs)
         if num_logprobs is None and not any(self._suppressing(r) for r in requests):
-            greedy = all(r.params.greedy for r in requests)
-            sampling = None if greedy else self._sampling_inputs(requests, k + 1)
-            # Chained rounds draw the argmax and take their drafts from the device: no override, no sampling.
-            chainable = alone and greedy and self.overlap_decode and self.draft_override is None
+            sampling = None if all(r.params.greedy for r in requests) else self._sampling_inputs(requests, k + 1)
+            # Chained rounds take their drafts from the device: no override.
+            chainable = alone and self.overlap_decode and self.draft_override is None
             spec, results = self.runtime.fused_round(seqs, proposals, keep_free, sampling,
                                                      chain_rounds=CHAIN_ROUNDS if chainable else 0)
             round_ = _RoundInFlight(requests, drafted, spec, results, start)

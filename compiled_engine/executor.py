@@ -187,14 +187,15 @@ class ModelExecutor:
                                       lambda: round_.run(bucket, sample))
         return round_.round_results(outputs, num_seqs)
 
-    def chain_round(self, bucket: int, num_seqs: int, previous: RoundResults) -> tuple[RoundResults, RoundResults]:
-        """The compiled argmax round after the last one, on its ``num_seqs`` sequences (``SpeculativeRound.run_chained``:
+    def chain_round(self, bucket: int, sample: bool, num_seqs: int, previous: RoundResults
+                    ) -> tuple[RoundResults, RoundResults]:
+        """The compiled round after the last one, on its ``num_seqs`` sequences (``SpeculativeRound.run_chained``:
         its step is already on the device), queued before the last one is read back: ``(previous`` kept where the
         new round does not overwrite it, the new round's results). A single rank's: tensor-parallel engines do not
         chain rounds."""
         round_ = self.speculative_round
         kept = round_.keep(previous)
-        return kept, round_.round_results(round_.run_chained(bucket), num_seqs)
+        return kept, round_.round_results(round_.run_chained(bucket, sample), num_seqs)
 
     def fused_round(self, step: StepInputs, num_drafts: int, sampling: tuple[torch.Tensor, ...] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

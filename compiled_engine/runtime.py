@@ -36,7 +36,7 @@ the same device work: ModelExecutor's speculative methods):
                                                    # results.num_accepted, .tokens, .drafts
     rt.advance(spec, [r[0] for r in rows], [r[1 : k + 2] for r in rows])   # the next drafts: r[k + 2 :]
 
-Chained argmax rounds overlap the host's read-back of one round with the next on the device:
+Chained rounds overlap the host's read-back of one round with the next on the device:
 
     spec, results = rt.fused_round([seq], drafts, chain_rounds=8)   # blocks for 8 more rounds, where free
     if rt.can_chain(spec):
@@ -64,7 +64,7 @@ from compiled_engine.model import HybridModel
 from compiled_engine.sampling_params import as_token_id
 from compiled_engine.sequence import Sequence
 from compiled_engine.speculative import (RoundResults, SpeculativeRound, SpeculativeStep, pack_verify_step,
-                                         successor_fields)
+                                         successor_counters, successor_fields)
 from compiled_engine.step import pack_step, upload
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from compiled_engine.tp_workers import TensorParallelWorkers
@@ -544,7 +544,7 @@ class Runtime:
         starts = [s.num_computed_tokens for s in seqs]
         table_tokens = [len(s.block_table) * self.config.block_size for s in seqs]
         n, compiled = len(seqs), self.executor.speculative_round
-        step, bucket = None, None
+        step, bucket, fields = None, None, None
         if compiled is not None and compiled.covers(n, k):
             length, bucket = compiled.pack(seqs, drafts, sampling)
             results = self.executor.run_round(length, bucket, sampling is not None, n)
@@ -553,11 +553,11 @@ class Runtime:
             fields = None if sampling is None else sampling.on(self.device)
             results = RoundResults(*self.executor.fused_round(step, k, fields))
         spec = SpeculativeStep(list(seqs), step, None, starts, [k + 1] * n, None, bucket=bucket,
-                               table_tokens=table_tokens)
+                               table_tokens=table_tokens, sampled=sampling is not None, sampling=fields)
         return spec, results
 
     def can_chain(self, spec: SpeculativeStep) -> bool:
-        """Whether an argmax round may follow the fused round ``spec`` (or one chained after it) on the same
+        """Whether a round may follow the fused round ``spec`` (or one chained after it) on the same
         sequences before the host reads that round back (``chain_round``): one rank, no prefix caching, and room for
         the new round's verified positions, at most 2 (k + 1) past each sequence's computed tokens (the host has not
         advanced the round in flight), inside both the block table ``spec`` was packed with and max_model_len."""
@@ -570,22 +570,25 @@ class Runtime:
     @torch.inference_mode()
     def chain_round(self, spec: SpeculativeStep, results: RoundResults
                     ) -> tuple[RoundResults, SpeculativeStep, RoundResults]:
-        """The argmax round after the fused round ``spec`` (``results``: its results, not read back yet), on the same
-        sequences, queued before that round is read back: its step comes from that round's results on the device
-        (``speculative.successor_fields``; a compiled round's graph wrote it already), so the host's reading and
+        """The round after the fused round ``spec`` (``results``: its results, not read back yet), on the same sequences
+        and in its variant (argmax or sampled rows, the same parameters, counters moved on), queued before that round
+        is read back: its step comes from that round's results on the device (``speculative.successor_fields``,
+        ``successor_counters``; a compiled round's graph wrote them already), so the host's reading and
         advancing of one round overlaps the next round on the device. ``can_chain(spec)`` must hold. Returns
         ``(results`` to read the last round from, the new round's spec and results); ``advance`` each in order."""
         if spec.bucket is not None:
-            kept, new = self.executor.chain_round(spec.bucket, len(spec.seqs), results)
+            kept, new = self.executor.chain_round(spec.bucket, spec.sampled, len(spec.seqs), results)
             return kept, dataclasses.replace(spec, starts=None), new
-        step = spec.step
+        step, sampling = spec.step, spec.sampling
         ids, positions, slots, context_lens = successor_fields(
             step.input_ids, step.positions, step.block_tables, step.state_slots, results.num_accepted, results.tokens,
             results.drafts, self.config.block_size)
         step = dataclasses.replace(step, input_ids=ids, positions=positions, slot_mapping=slots,
                                    context_lens=context_lens)
-        new = RoundResults(*self.executor.fused_round(step, spec.counts[0] - 1))
-        return results, dataclasses.replace(spec, step=step, starts=None), new
+        if sampling is not None:
+            sampling = (*sampling[:5], successor_counters(sampling[5], step.state_slots, results.num_accepted))
+        new = RoundResults(*self.executor.fused_round(step, spec.counts[0] - 1, sampling))
+        return results, dataclasses.replace(spec, step=step, sampling=sampling, starts=None), new
 
     def advance(self, spec: SpeculativeStep, num_accepted: Seq[int | None], tokens: Seq[Seq[int]]) -> None:
         """The host's side of ``accept``, with its values read back: each sequence gets ``tokens[i][:a + 1]``

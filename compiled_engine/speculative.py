@@ -79,6 +79,8 @@ class SpeculativeStep:
     logits: torch.Tensor | None
     completed: list[bool] | None = None
     bucket: int | None = None  # a compiled round's bucket
+    sampled: bool = False  # a fused round whose rows draw with ce::sample
+    sampling: tuple[torch.Tensor, ...] | None = None  # an eager sampled round's ce::sample parameters, on the device
     # A fused round's: the tokens each sequence's block table covered when its step was packed; a chained round
     # (``Runtime.chain_round``) reuses that table, so its positions must stay below it.
     table_tokens: list[int] | None = None
@@ -232,6 +234,14 @@ def successor_fields(
     return new_ids.reshape(-1), new_positions.reshape(-1), slots.reshape(-1), context_lens
 
 
+def successor_counters(counters: torch.Tensor, state_slots: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
+    """A sampled round's ``ce::sample`` counters (``[N * (k+1)]``: each verified row's output index) for the round
+    after it: every row of sequence n moves on by the tokens the sequence emitted, ``num_accepted[n] + 1``; padding
+    rows (the null slot) keep theirs."""
+    emitted = torch.where(state_slots != NULL_SLOT, num_accepted + 1, 0)
+    return (counters.view(num_accepted.shape[0], -1) + emitted[:, None]).reshape(-1)
+
+
 def fused_round(
     model: HybridModel,
     input_ids: torch.Tensor,
@@ -370,8 +380,9 @@ def fused_round_packed(
     rows a sequence) computed in the graph. Returns ``fused_round``'s outputs, and writes them into the first ``batch`` rows of
     ``results`` (int64 ``[>= batch, 2k+2]``: num_accepted | tokens | drafts; host memory on a GPU, so that a replay
     leaves them where the host reads them). Then writes the step of the round after it into ``packed``
-    (``successor_fields``: what a chained round reads)."""
+    (``successor_fields``; a sampled round's counters too, ``successor_counters``: what a chained round reads)."""
     fields = unpack_verify_fields(packed, batch, num_drafts, table_width)
+    sampling = unpack_sampling_fields(packed, batch, num_drafts, table_width) if sample else None
     accepted, tokens, drafts = fused_round(
         model,
         *fields,
@@ -379,7 +390,7 @@ def fused_round_packed(
         num_drafts,
         block_size,
         draft_vocab,
-        unpack_sampling_fields(packed, batch, num_drafts, table_width) if sample else None,
+        sampling,
     )
     # Plain in-place writes of a graph input: Inductor stores these rows straight into ``results`` (no copy of it),
     # so the captured graph itself writes the host memory; and the next round's step into ``packed``, where a
@@ -389,6 +400,9 @@ def fused_round_packed(
     successor = successor_fields(input_ids, positions, block_tables, state_slots, accepted, tokens, drafts, block_size)
     for field, value in zip((input_ids, positions, slot_mapping, context_lens), successor):
         field.copy_(value)
+    if sampling is not None:
+        counters = sampling[5]
+        counters.copy_(successor_counters(counters, state_slots, accepted))
     return accepted, tokens, drafts
 
 
@@ -472,10 +486,10 @@ class SpeculativeRound:
         # Recorded after each round (CUDA): its results are in host memory, and the staging buffer is free to
         # write again, once it has passed.
         self._done = torch.cuda.Event() if device.type == "cuda" else None
-        # Chained rounds (``run_chained``): bucket -> the argmax variant's graph without the staging copy, and two
+        # Chained rounds (``run_chained``): (bucket, sample) -> the graph without the staging copy, and two
         # host buffers, used in turn, where a round's rows are kept before the chained round after it overwrites
         # ``results`` (``keep``), each with the event recorded after its copy.
-        self._chained: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self._chained: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._kept = [torch.zeros(self.results.shape, dtype=torch.long, pin_memory=capture) for _ in range(2)]
         self._kept_ready = [torch.cuda.Event() if device.type == "cuda" else None for _ in range(2)]
         self._next_kept = 0
@@ -512,11 +526,11 @@ class SpeculativeRound:
                     self._graphs[bucket, sample] = (graph, outputs)
                     graph.replay()
                     self._done.record()  # the next bucket's _pack waits for the replay's copy of the staging buffer
-                    if not sample:  # the chained round: the same call, its step already in the packed buffer
-                        chained = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(chained, pool=pool), torch.compiler.set_stance("fail_on_recompile"):
-                            outputs = self._call(bucket, sample)
-                        self._chained[bucket] = (chained, outputs)
+                    # The chained round: the same call, its step already in the packed buffer.
+                    chained = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(chained, pool=pool), torch.compiler.set_stance("fail_on_recompile"):
+                        outputs = self._call(bucket, sample)
+                    self._chained[bucket, sample] = (chained, outputs)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("compiled speculative rounds%s: buckets %s in %.1f s", " and captured" if self.captured else "",
@@ -602,16 +616,17 @@ class SpeculativeRound:
         return dataclasses.replace(results, host=kept[:n].numpy(), ready=ready)
 
     @torch.inference_mode()
-    def run_chained(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The argmax round after the last round of ``bucket``, on the same sequences: its step is the one that round
-        wrote into the packed buffer (``successor_fields``), so nothing comes from the host; as ``run`` otherwise."""
-        captured = self._chained.get(bucket)
+    def run_chained(self, bucket: int, sample: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The round after the last round of ``bucket`` and variant ``sample``, on the same sequences: its step (and
+        sampling counters) are what that round wrote into the packed buffer (``successor_fields``,
+        ``successor_counters``), so nothing comes from the host; as ``run`` otherwise."""
+        captured = self._chained.get((bucket, sample))
         if captured is not None:
             graph, outputs = captured
             graph.replay()
         else:
             with torch.compiler.set_stance("fail_on_recompile"):
-                outputs = self._call(bucket, False)
+                outputs = self._call(bucket, sample)
         if self._done is not None:
             self._done.record()
         return outputs

@@ -973,16 +973,18 @@ def test_successor_fields_are_the_step_the_host_packs_after_advancing(data, k, b
 
 
 def test_chained_rounds_equal_non_speculative_through_stops_and_aborts(tiny_path):
-    """Greedy requests with ``overlap_decode``: rounds chain (launched from the device's results of the round before,
-    ahead of its read-back) while the same rows decode, through a stop token inside a round, max_tokens ending others
-    at different steps, an abort mid-chain and a request arriving mid-chain; each request's tokens are the
-    non-speculative run's (a prefix for the aborted one), and rounds did chain."""
+    """Greedy and seeded sampled requests with ``overlap_decode``: rounds chain (launched from the device's results of
+    the round before, ahead of its read-back) while the same rows decode, through a stop token inside a round,
+    max_tokens ending others at different steps, an abort mid-chain and a request arriving mid-chain; each request's
+    tokens are the non-speculative run's (a prefix for the aborted one), and rounds did chain."""
     prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[4], PROMPTS[1]]
+    temperatures = (0.0, 0.0, 0.9, 0.0)  # request 2 samples (seeded: what a decode step draws there)
     reference = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=4).generate(
-        prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False)
+        prompts, [SamplingParams(temperature=t, seed=5, top_k=40, max_tokens=40, ignore_eos=True)
+                  for t in temperatures], use_tqdm=False)
     stop = reference[1].token_ids[17]  # request 1 stops there (or at its first occurrence)
-    params = [SamplingParams(temperature=0, max_tokens=m, stop_token_ids=s, ignore_eos=True)
-              for m, s in ((40, []), (40, [stop]), (23, []), (31, []))]
+    params = [SamplingParams(temperature=t, seed=5, top_k=40, max_tokens=m, stop_token_ids=s, ignore_eos=True)
+              for t, (m, s) in zip(temperatures, ((40, []), (40, [stop]), (23, []), (31, [])))]
     want = [r.token_ids[: p.max_tokens] for r, p in zip(reference, params)]
     want[1] = want[1][: want[1].index(stop) + 1]
     engine = LLMEngine(runtime(tiny_path, k=2, max_num_seqs=4), overlap_decode=True)
@@ -1037,5 +1039,6 @@ def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
     assert run(compiled, drafts) == reference
     assert run(compiled, params=sampled) == sampled_reference  # the sampling variant's graphs
     assert run(compiled, overlap=True) == reference  # chained rounds: the graphs that take their step on the device
+    assert run(compiled, params=sampled, overlap=True) == sampled_reference
     rounds = compiled.speculative_round
     assert rounds.captured_buckets == rounds.policy.sizes  # every bucket's round is a CUDA graph
