@@ -10,7 +10,11 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   compiled like the decode graph unless ``--enforce-eager``; prefill eager as always): output tok/s with the
   checkpoint's MTP head (and its acceptance: accepted / drafted), then with
   a forced-acceptance drafter at each ``rates`` (``LLMEngine.draft_override``: the known greedy continuation of each
-  request, each draft right with that probability, else a wrong token); the speed-up over
+  request, each draft right with that probability, else a wrong token). ``LLM`` overlaps its steps
+  (``overlap_decode``), so the MTP head's rounds chain (the next round launched from the device's results before
+  the host reads a round back: compiled_engine/engine.py ``_read_round``); a host override needs each round read
+  back first, so the forced runs do not chain: at acceptance 0 the ``mtp`` and ``forced_0`` rows are the same rounds
+  with and without chaining. The speed-up over
   the baseline (``speedup``: output tok/s, the prompt's step included; ``decode_speedup``: the baseline's TPOT p50
   over the run's, decoding alone: the prompt's step of a speculative engine also drafts, and at 128 new tokens an
   eager prompt step of tens of ms weighs on ``speedup``); and the step costs at that batch: ``verify_ms`` (the
