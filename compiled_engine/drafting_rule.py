@@ -4,10 +4,9 @@ A verify round costs more than a plain decode step (k + 1 rows a sequence, the M
 drafting pays only where what a round delivers outweighs that: 1 + a tokens a round against one a step, a being the
 mean number of drafts a verified row accepts. The rule measures both sides as the engine runs: the wall time of its
 verify rounds and of its plain decode steps, by the number of rows in the step (a round from its launch to its
-read-back: in steady state what a round costs, chained or not; a plain step overlapped with the next, ``overlap_decode``, is timed from its launch to the
-previous step's read-back, in steady state what a plain engine's step costs), and the drafts each verified row
-accepts. At d rows it drafts
-while ``(1 + a) * plain(d) > round(d)``. With drafting off it still drafts one round after every ``probe_interval``
+read-back: in steady state what a round costs, chained or not; a plain step overlapped with the next,
+``overlap_decode``, from its launch to the previous step's read-back, in steady state what a plain engine's step
+costs), and the drafts each verified row accepts. At d rows it drafts while ``(1 + a) * plain(d) > round(d)``. With drafting off it still drafts one round after every ``probe_interval``
 plain steps, so that acceptance that rises again (new requests, other text) turns drafting back on.
 
 The first measurement of each kind at each row count is dropped (it may carry one-time work such as a graph

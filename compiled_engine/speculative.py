@@ -377,10 +377,11 @@ def fused_round_packed(
     parameters of its ``batch * (k+1)`` rows packed after them: the function a compiled round traces. One buffer at
     a fixed address is the whole input of the captured graph, written by one copy a round; the fields are views of
     it (``unpack_verify_fields``, ``unpack_sampling_fields``: no kernel), and the verify step's ``cu_seqlens`` (k+1
-    rows a sequence) computed in the graph. Returns ``fused_round``'s outputs, and writes them into the first ``batch`` rows of
-    ``results`` (int64 ``[>= batch, 2k+2]``: num_accepted | tokens | drafts; host memory on a GPU, so that a replay
-    leaves them where the host reads them). Then writes the step of the round after it into ``packed``
-    (``successor_fields``; a sampled round's counters too, ``successor_counters``: what a chained round reads)."""
+    rows a sequence) computed in the graph. Returns ``fused_round``'s outputs, and writes them into the first
+    ``batch`` rows of ``results`` (int64 ``[>= batch, 2k+2]``: num_accepted | tokens | drafts; host memory on a GPU,
+    so that a replay leaves them where the host reads them). Then writes the step of the round after it into
+    ``packed`` (``successor_fields``; a sampled round's counters too, ``successor_counters``: what a chained round
+    reads)."""
     fields = unpack_verify_fields(packed, batch, num_drafts, table_width)
     sampling = unpack_sampling_fields(packed, batch, num_drafts, table_width) if sample else None
     accepted, tokens, drafts = fused_round(
