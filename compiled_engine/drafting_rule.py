@@ -6,8 +6,9 @@ mean number of drafts a verified row accepts. The rule measures both sides as th
 verify rounds and of its plain decode steps, by the number of rows in the step (a round from its launch to its
 read-back: in steady state what a round costs, chained or not; a plain step overlapped with the next,
 ``overlap_decode``, from its launch to the previous step's read-back, in steady state what a plain engine's step
-costs), and the drafts each verified row accepts. At d rows it drafts while ``(1 + a) * plain(d) > round(d)``. With drafting off it still drafts one round after every ``probe_interval``
-plain steps, so that acceptance that rises again (new requests, other text) turns drafting back on.
+costs), and the drafts each verified row accepts. At d rows it drafts while ``(1 + a) * plain(d) > round(d)``.
+With drafting off it still drafts one round after every ``probe_interval`` plain steps, so that acceptance that
+rises again (new requests, other text) turns drafting back on.
 
 The first measurement of each kind at each row count is dropped (it may carry one-time work such as a graph
 capture); later ones are smoothed (an exponential moving average, ``smoothing``). Where a cost is not known yet the
