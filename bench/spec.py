@@ -22,7 +22,9 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   time, against the baseline's ``decode_graph_ms``, a decode graph's replay: ``verify_graph_vs_decode_graph``, the issue's "verify step against a
   decode step"),
   ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
-  on CUDA unless ``--enforce-eager``; the read-back included; on CUDA ``round_profile``: its kernels by category
+  on CUDA unless ``--enforce-eager``; the read-back included; ``chained_round_ms``: the period of rounds chained back
+  to back, each launched before the one before it is read back, as the engine runs the MTP head's rounds and
+  ``tokens_per_round`` over its ratio to the baseline's TPOT the forced curve's speed-up were its rounds chained; on CUDA ``round_profile``: its kernels by category
   under torch.profiler, bench/step_profile.py; ``verify_graph_critical_path`` and ``round_critical_path``: the
   verify graph's and the captured round graph's kernels per name and grid, bench/latency.py's critical path),
   ``eager_decode_ms`` (an eager decode step of the
@@ -171,6 +173,8 @@ def run(
             # work with the GPU's, where decode_ms waits for each step's tokens): the ratio the speed-up divides by.
             tpot = baseline[b]["tpot_ms"]["p50"]
             costs["round_vs_baseline_tpot"] = costs["round_ms"] / tpot if tpot else None
+            if costs["chained_round_ms"] is not None and tpot:
+                costs["chained_round_vs_baseline_tpot"] = costs["chained_round_ms"] / tpot
             decode_graph = baseline[b]["decode_graph_ms"]
             if costs["verify_graph_ms"] is not None and decode_graph is not None:
                 costs["verify_graph_vs_decode_graph"] = costs["verify_graph_ms"] / decode_graph
@@ -397,6 +401,7 @@ def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
         verify_graph, verify_path = _verify_graph(runtime, seqs, drafts, iters) if single_gpu else (None, None)
         # Where a round's time goes: its kernels by category (CUDA; a few rounds more, each 1 to k+1 tokens).
         profile = profile_steps(ctx, one_round, iters, top=12) if ctx.device.type == "cuda" else None
+        chained = _chained_round_ms(ctx, runtime, seqs, drafts, k, iters)
         eager = _decode_loop(ctx, runtime, seqs, iters)
         # Last (its replays commit the same round again and again: the sequences are released after it): the
         # captured round's graph per kernel and grid.
@@ -405,8 +410,29 @@ def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
         for seq in seqs:
             runtime.release(seq)
     return {"verify_ms": verify_s / iters * 1e3, "verify_graph_ms": verify_graph, "round_ms": round_s / iters * 1e3,
-            "eager_decode_ms": eager, "round_profile": profile, "verify_graph_critical_path": verify_path,
+            "chained_round_ms": chained, "eager_decode_ms": eager, "round_profile": profile, "verify_graph_critical_path": verify_path,
             "round_critical_path": round_path}
+
+
+def _chained_round_ms(ctx: Context, runtime, seqs, drafts, k: int, iters: int) -> float | None:
+    """A chained round's period in ms (``Runtime.chain_round``, as ``LLMEngine`` chains its rounds under
+    ``overlap_decode``): one packed round, then up to ``iters`` rounds each launched before the round before it is
+    read back and advanced; wall time over the rounds, the packed one's launch included. None where rounds cannot
+    chain (tensor parallelism, prefix caching)."""
+    ctx.sync()
+    start = time.perf_counter()
+    spec, results = runtime.fused_round(seqs, drafts, chain_rounds=iters + 1)
+    rounds = 1
+    while rounds <= iters and runtime.can_chain(spec):
+        kept, following, following_results = runtime.chain_round(spec, results)
+        host = kept.rows()
+        runtime.advance(spec, [r[0] for r in host], [r[1 : k + 2] for r in host])
+        spec, results = following, following_results
+        rounds += 1
+    host = results.rows()
+    runtime.advance(spec, [r[0] for r in host], [r[1 : k + 2] for r in host])
+    ctx.sync()
+    return (time.perf_counter() - start) / rounds * 1e3 if rounds > 1 else None
 
 
 def _round_critical_path(runtime, seqs, k: int, one_round) -> dict | None:
@@ -459,7 +485,9 @@ def summary_lines(head: str, r: dict) -> list[str]:
                          f"acceptance {forced} | verify {cell['steps']['verify_vs_decode']:.2f}{graphed}, round "
                          f"{cell['steps']['round_vs_decode']:.2f} decode steps"
                          + (f" ({cell['steps']['round_vs_baseline_tpot']:.2f} baseline TPOTs)"
-                            if cell["steps"].get("round_vs_baseline_tpot") else ""))
+                            if cell["steps"].get("round_vs_baseline_tpot") else "")
+                         + (f", chained {cell['steps']['chained_round_vs_baseline_tpot']:.2f} baseline TPOTs"
+                            if cell["steps"].get("chained_round_vs_baseline_tpot") else ""))
             if auto:
                 lines.append(f"{'':<11}   with the drafting rule (auto_disable), forced acceptance {auto}")
             profile = cell["steps"].get("round_profile")

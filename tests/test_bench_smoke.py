@@ -677,6 +677,7 @@ def test_spec(smoke):
                     assert positive(entry["verify_ms"]) and positive(entry["round_ms"])
                     tpot = r["baseline"][b]["tpot_ms"]["p50"]
                     assert entry["round_vs_baseline_tpot"] == pytest.approx(entry["round_ms"] / tpot)
+                    assert positive(entry["chained_round_ms"])  # rounds chained (one rank, no prefix caching)
                     continue
                 assert entry["outputs_differing_from_baseline"] == 0  # over both timed runs
                 assert entry.get("outputs_differing_from_continuation", 0) == 0
