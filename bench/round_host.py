@@ -1,7 +1,8 @@
 """Host time of a speculative round, the device's work stubbed out (runs on the CPU, tiny default model).
 
-A round reads its tokens back before the next round is packed (compiled_engine/engine.py ``_verify_round``), so the
-host's work between two rounds adds to every round's wall on a GPU. This times ``LLMEngine.step()`` of greedy rounds
+A round that is not chained reads its tokens back before the next round is packed (compiled_engine/engine.py
+``_read_round``), so the host's work between two rounds adds to that round's wall on a GPU (a chained round hides it
+behind the next round's GPU work). This times ``LLMEngine.step()`` of unchained greedy rounds (``overlap_decode`` off)
 with ``Runtime.fused_round`` replaced by the compiled path's host work alone: the blocks reserved, the verify step
 packed and staged (``SpeculativeRound.pack`` / ``load``), and fixed results in place of the graph's (every draft
 accepted), read back as a compiled round's are (``SpeculativeRound.round_results``: the host rows the graph writes).
@@ -38,7 +39,7 @@ def host_round_us(batch: int, max_model_len: int, k: int, rounds: int) -> tuple[
     tokens, new = torch.arange(1, k + 2).repeat(batch, 1), torch.arange(k + 2, 2 * k + 2).repeat(batch, 1)
     staged.results[:batch] = torch.cat([accepted[:, None], tokens, new], dim=1)
 
-    def stub(seqs, drafts, keep_free=0, sampling=None):
+    def stub(seqs, drafts, keep_free=0, sampling=None, chain_rounds=0):
         runtime._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         starts = [s.num_computed_tokens for s in seqs]
         length, _ = staged.pack(seqs, drafts)
@@ -51,8 +52,10 @@ def host_round_us(batch: int, max_model_len: int, k: int, rounds: int) -> tuple[
     if len(prompt) + (rounds + warmup + 1) * (k + 1) > max_model_len:
         raise ValueError(f"{rounds} rounds of k = {k} need max_model_len >= "
                          f"{len(prompt) + (rounds + warmup + 1) * (k + 1)}")
-    # As LLM.generate on the bench's random checkpoints: outputs when finished (FINAL_ONLY), no detokenizing.
+    # As LLM.generate on the bench's random checkpoints: outputs when finished (FINAL_ONLY), no detokenizing; rounds
+    # read back one by one (unchained).
     engine.tokenizer = None
+    engine.overlap_decode = False
     params = SamplingParams(temperature=0.0, max_tokens=max_model_len - len(prompt), ignore_eos=True,
                             output_kind=RequestOutputKind.FINAL_ONLY)
     for i in range(batch):
