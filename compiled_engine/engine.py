@@ -235,7 +235,7 @@ class LLMEngine:
         (compiled_engine/scheduler.py). ``speculative_config``: the runtime's by default; a config here (vLLM's
         dict) needs a runtime built with one, at most its ``num_speculative_tokens`` and its ``draft_vocab_size``.
         With speculative decoding ``overlap_decode`` applies to the plain decode steps of rows that do not draft,
-        and chains argmax verify rounds (``_read_round``). ``draft_override(request_id, token_ids, drafts) ->
+        and chains fused verify rounds (``_read_round``). ``draft_override(request_id, token_ids, drafts) ->
         drafts``: replaces the MTP layer's k drafts after each round (the MTP layer still runs): the bench's
         forced-acceptance drafter. ``drafting_rule``: decides, step by step, whether drafting pays
         (compiled_engine/drafting_rule.py); by default one when the speculative config has ``auto_disable``."""
@@ -560,9 +560,10 @@ class LLMEngine:
         rule = self.drafting_rule
         requests, results, k = round_.requests, round_.results, self.num_speculative_tokens
         if chain:
-            start = rule.clock() if rule is not None else 0.0
             results, spec, chained = self.runtime.chain_round(round_.spec, results)
-            self._round = _RoundInFlight(requests, [True] * len(requests), spec, chained, start)
+            # Its clock starts when this round is read (below): in steady state a chained round's launch-to-read
+            # would span two rounds, its read-to-read is one.
+            self._round = _RoundInFlight(requests, [True] * len(requests), spec, chained, 0.0)
             self.num_chained_rounds += 1
         host = results.rows()  # the step's one read-back: [a, tokens (k+1), new drafts (k)] a sequence
         table = logprobs.read() if logprobs is not None else None
@@ -599,9 +600,13 @@ class LLMEngine:
                 if request.params.output_kind is RequestOutputKind.FINAL_ONLY:
                     continue
             outputs.append(self._output(request, emitted))
-        if rule is not None and rows:
-            rule.record_round(len(requests), rule.clock() - round_.start, drafted_rows=sum(r for _, _, r in rows),
-                              accepted_drafts=accepted_drafts)
+        if rule is not None:
+            read = rule.clock()
+            if rows:
+                rule.record_round(len(requests), read - round_.start, drafted_rows=sum(r for _, _, r in rows),
+                                  accepted_drafts=accepted_drafts)
+            if chain:
+                self._round.start = read
         return outputs
 
     def _launch(

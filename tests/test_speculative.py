@@ -1006,6 +1006,39 @@ def test_chained_rounds_equal_non_speculative_through_stops_and_aborts(tiny_path
     assert engine.runtime.caches.num_free_slots == 4  # nothing leaked
 
 
+def test_drafting_rule_times_a_chained_round_from_one_read_to_the_next(tiny_path, monkeypatch):
+    """With rounds chained, a round launches while the round before it still runs and is read one step later: the
+    rule charges it from the read before to its own read (one round's time in steady state), not from its launch (two).
+    The clock here moves only while the host waits for a round's results, one unit a round: every round it records
+    after the first costs 1."""
+    from compiled_engine.speculative import RoundResults
+
+    clock = [0.0]
+    rows = RoundResults.rows
+
+    def waiting_rows(self):  # the host waits one unit for each round's results
+        clock[0] += 1.0
+        return rows(self)
+
+    class Drafting(DraftingRule):  # drafts whatever it measures, so that every step is a round; keeps every charge
+        charges: list[float] = []
+
+        def should_draft(self, rows_: int) -> bool:
+            return True
+
+        def record_round(self, rows_: int, seconds: float, drafted_rows: int, accepted_drafts: int) -> None:
+            self.charges.append(seconds)
+            super().record_round(rows_, seconds, drafted_rows, accepted_drafts)
+
+    monkeypatch.setattr(RoundResults, "rows", waiting_rows)
+    rule = Drafting(clock=lambda: clock[0])
+    engine = LLMEngine(runtime(tiny_path, k=2), overlap_decode=True, drafting_rule=rule)
+    engine.add_request("r0", PROMPTS[0], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    finish_all(engine)
+    assert engine.num_chained_rounds >= 10
+    assert len(rule.charges) >= engine.num_chained_rounds and set(rule.charges) == {1.0}
+
+
 @pytest.mark.gpu
 def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
     """On a GPU, in fp32: rounds compiled and captured (the round's own CUDA graphs per bucket and variant) give the
