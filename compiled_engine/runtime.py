@@ -420,16 +420,19 @@ class Runtime:
 
     def _reserve_draft_blocks(
         self, seqs: Seq[Sequence], counts: Seq[int], extra: Seq[int], keep_free: int = 0
-    ) -> None:
+    ) -> bool:
         """Reserve the blocks of ``counts[i]`` tokens from each sequence's computed ones, with ``extra[i]`` more for
         its draft positions when that leaves ``keep_free`` blocks free (else without: see
-        compiled_engine/speculative.py). Counts stop at max_model_len."""
+        compiled_engine/speculative.py); returns whether the extra ones were reserved. Counts stop at
+        max_model_len."""
         limit, size = self.max_model_len, self.config.block_size
         wanted = [min(n + e, limit - s.num_computed_tokens) for s, n, e in zip(seqs, counts, extra)]
         more = sum(blocks_needed(s.num_computed_tokens + w, len(s.block_table), size) for s, w in zip(seqs, wanted))
-        if more + keep_free > self.caches.num_free_blocks:
+        fits = more + keep_free <= self.caches.num_free_blocks
+        if not fits:
             wanted = [min(n, limit - s.num_computed_tokens) for s, n in zip(seqs, counts)]
         self.caches.reserve_blocks(seqs, wanted)
+        return fits
 
     @torch.inference_mode()
     def prefill_for_drafts(self, seqs: Seq[Sequence], num_tokens: Seq[int] | None = None) -> SpeculativeStep:
@@ -539,8 +542,10 @@ class Runtime:
         if sampling is not None and sampling.temperature.shape != (len(seqs) * (k + 1),):
             raise ValueError(f"sampling needs {len(seqs) * (k + 1)} rows (k + 1 a sequence), got "
                              f"{tuple(sampling.temperature.shape)}")
-        self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1 + chain_rounds * (k + 1)] * len(seqs),
-                                   keep_free)
+        counts = [k + 1] * len(seqs)
+        if not self._reserve_draft_blocks(seqs, counts, [k - 1 + chain_rounds * (k + 1)] * len(seqs), keep_free):
+            if chain_rounds:  # the rounds after it do not fit: this round's own draft positions may still
+                self._reserve_draft_blocks(seqs, counts, [k - 1] * len(seqs), keep_free)
         starts = [s.num_computed_tokens for s in seqs]
         table_tokens = [len(s.block_table) * self.config.block_size for s in seqs]
         n, compiled = len(seqs), self.executor.speculative_round

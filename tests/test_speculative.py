@@ -777,19 +777,20 @@ def _run(runtime_: Runtime, requests: list[dict], draft_override=None, reasons: 
 
 @settings(max_examples=12)
 @given(requests=st.lists(request_strategy, min_size=1, max_size=5), k=st.sampled_from([1, 2, 3]),
-       rate=st.sampled_from([0.0, 0.5, 0.9]), overlap=st.booleans())
+       rate=st.sampled_from([0.0, 0.5, 0.9, None]), overlap=st.booleans())
 def test_engine_stream_equals_non_speculative(runtimes, requests, k, rate, overlap):
     """Arrivals, aborts, preemption (a small KV cache), stop tokens, min_tokens and max_tokens falling inside
     accepted runs, prefix caching (k = 2), drafting turned off and on again by the batch size (k = 3) and by the
     drafting rule (k = 1: a clock on which every step costs the same, so drafting stops at acceptance 0 and probes
     again every 3 plain steps), those plain steps overlapped or not (overlap_decode), with oracle drafts at a few
-    acceptance rates: every request's tokens are the non-speculative run's (a prefix of them for aborted requests), the sampled ones' too (seeded: each verified row
+    acceptance rates or the MTP head's own (rate None: with overlap_decode its rounds chain, k = 2's excepted: prefix
+    caching): every request's tokens are the non-speculative run's (a prefix of them for aborted requests), the sampled ones' too (seeded: each verified row
     draws what a decode step draws there)."""
     full = [dict(r, abort_at=None) for r in requests]
     reference_reasons: dict[str, str] = {}
     reference = _run(runtimes[0], full, reasons=reference_reasons)
     ids = {f"r{i}": r for i, r in enumerate(requests)}
-    override = oracle(reference, {i: len(r["prompt"]) for i, r in ids.items()}, rate, 257)
+    override = None if rate is None else oracle(reference, {i: len(r["prompt"]) for i, r in ids.items()}, rate, 257)
     reasons: dict[str, str] = {}
     rule = DraftingRule(probe_interval=3, clock=ticks()) if k == 1 else None
     got = _run(runtimes[k], requests, override, reasons, rule, overlap)
