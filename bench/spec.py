@@ -23,9 +23,9 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   decode step"),
   ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
   on CUDA unless ``--enforce-eager``; the read-back included; ``chained_round_ms``: the period of rounds chained back
-  to back, each launched before the one before it is read back, as the engine runs the MTP head's rounds and
-  ``tokens_per_round`` over its ratio to the baseline's TPOT the forced curve's speed-up were its rounds chained; on CUDA ``round_profile``: its kernels by category
-  under torch.profiler, bench/step_profile.py; ``verify_graph_critical_path`` and ``round_critical_path``: the
+  to back, each launched before the one before it is read back, as the engine runs the MTP head's rounds, and
+  ``tokens_per_round`` over its ratio to the baseline's TPOT the forced curve's speed-up were its rounds chained; on
+  CUDA ``round_profile``: its kernels by category under torch.profiler, bench/step_profile.py; ``verify_graph_critical_path`` and ``round_critical_path``: the
   verify graph's and the captured round graph's kernels per name and grid, bench/latency.py's critical path),
   ``eager_decode_ms`` (an eager decode step of the
   speculative runtime), their ratios to the baseline decode step; and ``round_vs_baseline_tpot``, the round against
@@ -36,8 +36,9 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
 * ``rule``: per batch, the best k at each forced acceptance rate and whether drafting pays there at all, and the
   ``disable_by_batch_size`` (speculative_config) that follows at each rate: the largest measured batch that pays.
 * ``auto_<rate>``: the forced runs again with the engine's drafting rule on (``auto_disable``,
-  compiled_engine/drafting_rule.py: drafting stops where the engine's own timings say it does not pay); the other
-  runs have it off (the engines are built with ``auto_disable`` so that their plain decode step is compiled too).
+  compiled_engine/drafting_rule.py: drafting stops where the engine's own timings say it does not pay), and
+  ``auto_mtp`` the MTP head's run with it (its rounds chain, the forced ones' do not); the other runs have it off
+  (the engines are built with ``auto_disable`` so that their plain decode step is compiled too).
 
 ``-p spec.draft_vocab_size=N``: the speculative engines draft over the first N token ids only (speculative_config's
 ``draft_vocab_size``), so each draft reads N rows of the lm_head instead of all 248,320.
@@ -156,6 +157,8 @@ def run(
                 llm.engine.draft_override = oracle(own, prompt_len, rate, vocab, seed)
                 cell[f"auto_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], repeats, own,
                                                    rule=True)
+            llm.engine.draft_override = None  # the MTP head's own drafts: its rounds chain
+            cell["auto_mtp"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], repeats, rule=True)
             llm.engine.drafting_rule = None
             llm.engine.draft_override = None
             base_tpot = baseline[b]["tpot_ms"]["p50"]
@@ -242,8 +245,8 @@ def _timed(ctx: Context, llm, prompts: list[list[int]], new_tokens: int, repeats
 class _LoggedRule(DraftingRule):
     """The engine's drafting rule, logging each measurement it is handed: (kind, rows, ms, accepted drafts)."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, num_drafts: int):
+        super().__init__(num_drafts=num_drafts)  # as the engine builds its own (auto_disable)
         self.log: list[tuple] = []
 
     def record_round(self, rows, seconds, drafted_rows, accepted_drafts):
@@ -262,7 +265,8 @@ def _spec_run(ctx: Context, llm, prompts, new_tokens, references, repeats: int, 
     log reported."""
     engine = llm.engine
     before = (engine.num_draft_tokens, engine.num_accepted_tokens, engine.num_verified_rows)
-    fresh_rule = (lambda: setattr(engine, "drafting_rule", _LoggedRule())) if rule else None
+    k = engine.num_speculative_tokens
+    fresh_rule = (lambda: setattr(engine, "drafting_rule", _LoggedRule(k))) if rule else None
     timed, runs = _timed(ctx, llm, prompts, new_tokens, repeats, fresh_rule)
     drafted = engine.num_draft_tokens - before[0]
     accepted = engine.num_accepted_tokens - before[1]
@@ -475,8 +479,8 @@ def summary_lines(head: str, r: dict) -> list[str]:
         for b, cell in cells.items():
             forced = ", ".join(f"{name.removeprefix('forced_')}: {_speedups(e)}" for name, e in cell.items()
                                if name.startswith("forced_"))
-            auto = ", ".join(f"{name.removeprefix('auto_')}: {_speedups(e)}" for name, e in cell.items()
-                             if name.startswith("auto_"))
+            auto = ", ".join(f"{name.removeprefix('auto_').replace('mtp', 'MTP head')}: {_speedups(e)}"
+                             for name, e in cell.items() if name.startswith("auto_"))
             mtp = cell["mtp"]
             acceptance = "-" if mtp["acceptance"] is None else f"{mtp['acceptance']:.2f}"
             graphed = cell["steps"].get("verify_graph_vs_decode_graph")
@@ -489,7 +493,7 @@ def summary_lines(head: str, r: dict) -> list[str]:
                          + (f", chained {cell['steps']['chained_round_vs_baseline_tpot']:.2f} baseline TPOTs"
                             if cell["steps"].get("chained_round_vs_baseline_tpot") else ""))
             if auto:
-                lines.append(f"{'':<11}   with the drafting rule (auto_disable), forced acceptance {auto}")
+                lines.append(f"{'':<11}   with the drafting rule (auto_disable), by forced acceptance: {auto}")
             profile = cell["steps"].get("round_profile")
             if profile:
                 top = ", ".join(f"{name} {ms:.3f}" for name, ms in list(profile["gpu_ms_by_category"].items())[:4])

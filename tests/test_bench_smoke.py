@@ -686,6 +686,7 @@ def test_spec(smoke):
             assert cell["forced_1"]["acceptance"] == 1.0
             assert cell["forced_0"]["acceptance"] == 0.0
             assert cell["auto_0"]["acceptance"] in (0.0, None) and cell["auto_1"]["acceptance"] in (1.0, None)
+            assert "rule" in cell["auto_mtp"]  # the MTP head's chained rounds with the rule (its log reported)
 
 
 def test_tensor_parallel_bench_on_cpu(tmp_path, monkeypatch):
