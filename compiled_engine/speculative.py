@@ -448,6 +448,8 @@ class SpeculativeRound:
     it reads. A round is ``load`` (this rank's buffers) then ``run``; between the two a
     tensor-parallel rank 0 broadcasts ``buffers`` (compiled_engine/executor.py). ``round_results`` then gives the
     round's results, which the graph also wrote to host memory (``results``): reading them back needs no copy.
+    ``run_chained`` runs the round after the last one from the step that round's graph wrote (one more graph per
+    bucket and variant, without the staging copy), ``keep`` first saving the last round's host rows from it.
     Tensor-parallel workers run the same graphs, each writing its own process's results buffer, which nothing reads.
     """
 
