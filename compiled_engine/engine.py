@@ -544,11 +544,9 @@ class LLMEngine:
         decode again (every running sequence, none waiting or finished, drafting still on for them), and each has
         room for it below its length limit and inside the blocks ``round_`` was packed with (``Runtime.can_chain``)."""
         scheduler, seqs = self.scheduler, round_.spec.seqs
-        reach = 2 * (self.num_speculative_tokens + 1)
         return (not scheduler.waiting and len(scheduler.running) == len(seqs)
                 and {id(s) for s in scheduler.running} == {id(s) for s in seqs}
-                and all(r.finish_reason is None and r.seq.num_computed_tokens + reach <= r.seq.length_limit
-                        for r in round_.requests)
+                and all(r.finish_reason is None for r in round_.requests)
                 and self._drafts(len(seqs)) and self.runtime.can_chain(round_.spec))
 
     def _read_round(self, round_: _RoundInFlight, chain: bool = False,

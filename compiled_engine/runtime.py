@@ -547,7 +547,8 @@ class Runtime:
             if chain_rounds:  # the rounds after it do not fit: this round's own draft positions may still
                 self._reserve_draft_blocks(seqs, counts, [k - 1] * len(seqs), keep_free)
         starts = [s.num_computed_tokens for s in seqs]
-        table_tokens = [len(s.block_table) * self.config.block_size for s in seqs]
+        # What a chained round may reach (can_chain); not worked out for rounds that do not chain.
+        table_tokens = [len(s.block_table) * self.config.block_size for s in seqs] if chain_rounds else None
         n, compiled = len(seqs), self.executor.speculative_round
         step, bucket, fields = None, None, None
         if compiled is not None and compiled.covers(n, k):
@@ -563,13 +564,14 @@ class Runtime:
 
     def can_chain(self, spec: SpeculativeStep) -> bool:
         """Whether a round may follow the fused round ``spec`` (or one chained after it) on the same
-        sequences before the host reads that round back (``chain_round``): one rank, no prefix caching, and room for
-        the new round's verified positions, at most 2 (k + 1) past each sequence's computed tokens (the host has not
-        advanced the round in flight), inside both the block table ``spec`` was packed with and max_model_len."""
+        sequences before the host reads that round back (``chain_round``): packed with ``chain_rounds``, one rank, no
+        prefix caching, and room for the new round's verified positions, at most 2 (k + 1) past each sequence's
+        computed tokens (the host has not advanced the round in flight), inside the block table ``spec`` was packed
+        with, max_model_len and the sequence's own length limit."""
         if spec.table_tokens is None or self.executor.workers is not None or self.caches.prefix_cache is not None:
             return False  # (a boundary snapshot taken at read-back would copy the state the next round has moved)
         reach = 2 * (spec.counts[0] if spec.counts else 0)
-        return all(s.num_computed_tokens + reach <= min(room, self.max_model_len)
+        return all(s.num_computed_tokens + reach <= min(room, self.max_model_len, s.length_limit or self.max_model_len)
                    for s, room in zip(spec.seqs, spec.table_tokens))
 
     @torch.inference_mode()

@@ -81,8 +81,8 @@ class SpeculativeStep:
     bucket: int | None = None  # a compiled round's bucket
     sampled: bool = False  # a fused round whose rows draw with ce::sample
     sampling: tuple[torch.Tensor, ...] | None = None  # an eager sampled round's ce::sample parameters, on the device
-    # A fused round's: the tokens each sequence's block table covered when its step was packed; a chained round
-    # (``Runtime.chain_round``) reuses that table, so its positions must stay below it.
+    # A fused round packed with chain_rounds: the tokens each sequence's block table covered when its step was
+    # packed; a chained round (``Runtime.chain_round``) reuses that table, so its positions must stay below it.
     table_tokens: list[int] | None = None
 
 
