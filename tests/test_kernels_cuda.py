@@ -22,6 +22,7 @@ examples. ``pytest -m "gpu and quick"`` runs one reference check of every op's C
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -760,13 +761,28 @@ def test_gated_deltanet_verify_replays_in_cuda_graph():
         _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec)
 
 
+@contextlib.contextmanager
+def _patched(module, name: str, value):
+    """``module.name = value`` for the block (hypothesis tests cannot take pytest's function-scoped monkeypatch)."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
 @QUICK
+@pytest.mark.parametrize("form", ["chunked", "recurrent"])
 @given(num_seqs=st.integers(1, 8), max_len=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=6, deadline=None, phases=PHASES)
-def test_gated_delta_rule_prefill_matches_reference(num_seqs, max_len, seed):
-    """bf16 on the Qwen3.5-0.8B layout. One layout: FLA autotunes its chunked kernels per (layout, dtype), a cold sweep
+def test_gated_delta_rule_prefill_matches_reference(form, num_seqs, max_len, seed):
+    """bf16 on the Qwen3.5-0.8B layout, both of the op's forms (FLA's chunked and recurrent kernels, chosen by the
+    step's token count: forced here). One layout: FLA autotunes its chunked kernels per (layout, dtype), a cold sweep
     of most of a minute each (longer in fp32); Hv = 2 Hk and K != V are checked on the tiny layout in fp32 (the next
     test), where the compile tests' model has tuned FLA already."""
+    from ops.triton import delta_rule_kernels
+
     gen = _seeded(seed)
     layout = LINEAR_LAYOUTS[0]
     hk, hv, dk, dv = layout
@@ -781,7 +797,9 @@ def test_gated_delta_rule_prefill_matches_reference(num_seqs, max_len, seed):
     state = _randn(gen, num_slots, hv, dk, dv, scale=0.3)
     want_state = state.clone()
     want = delta_rule.gated_delta_rule_prefill_reference(q, k, v, a, b, A_log, dt_bias, want_state, cu, slots)
-    got = torch.ops.ce.gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, cu, slots)
+    limit = 0 if form == "chunked" else 1 << 30
+    with _patched(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", limit):
+        got = torch.ops.ce.gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, cu, slots)
     # FLA's chunked kernel keeps q/k/w/u in bf16 between its stages; the reference is fp32 throughout.
     _assert_close_relative(got, want, max_abs=6e-2, max_rel_norm=1.5e-2, what="prefill output")
     _assert_close_relative(state, want_state, max_abs=6e-2, max_rel_norm=1.5e-2, what="prefill final state")
@@ -1541,7 +1559,7 @@ KERNEL_NAMES = {
     "paged_attention_verify": "_paged_decode_kernel",
     "causal_conv1d_prefill": "_conv_prefill_out_kernel",
     "causal_conv1d_decode": "_conv_decode_kernel",
-    "gated_delta_rule_prefill": "chunk_gated_delta_rule_fwd",  # FLA's kernels (prefix of their names)
+    "gated_delta_rule_prefill": "gated_delta_rule_fwd",  # FLA's kernels (chunk_..., or fused_recurrent_... when short)
     "gated_delta_rule_decode": "_gdr_decode_kernel",
     "gated_deltanet_decode": "_gated_deltanet_decode_kernel",
     "linear": "_skinny_gemm_kernel",  # 2 rows of bf16 (at most SKINNY_MAX_ROWS)

@@ -4,7 +4,8 @@ This catches indexing, masking and in-place-ordering bugs in CI, where there is 
 must be set before triton decorates the kernels, so the checks run in one child process (the parent never
 imports triton), started in the background on the second core (tests/background.py); each pytest test then asserts
 on its own check's result. The interpreter has no bfloat16, so everything is fp32. FLA's chunked prefill
-(``gated_delta_rule_prefill``) cannot run in the interpreter; the GPU tests cover it. The skinny GEMM of ``ce::linear`` is checked against a float64 matmul, at fixed configs (every one
+(``gated_delta_rule_prefill`` past ``RECURRENT_PREFILL_MAX_TOKENS``) cannot run in the interpreter; the GPU tests
+cover it. Its recurrent form (FLA's one-kernel walk, for short steps) runs here. The skinny GEMM of ``ce::linear`` is checked against a float64 matmul, at fixed configs (every one
 its rule may choose among them).
 """
 
@@ -224,6 +225,27 @@ def _child_checks() -> dict:
         assert g.is_contiguous() and beta.is_contiguous()
         compare("prefill gates g", g, want_g)
         compare("prefill gates beta", beta, want_beta)
+
+    def check_gdr_prefill_recurrent(k_heads, v_heads, dk, dv, seq_lens):
+        """The prefill op's short-step form (FLA's recurrent kernel, ``RECURRENT_PREFILL_MAX_TOKENS``) against the
+        float reference: sequences with and without tokens (a zero-length one keeps its state), grouped value heads,
+        q and k read as strided slices of wider rows (as the layer's projection hands them over)."""
+        assert sum(seq_lens) <= delta_rule_kernels.RECURRENT_PREFILL_MAX_TOKENS  # the recurrent form runs
+        tokens, num_slots = sum(seq_lens), len(seq_lens) + 2
+        slots = torch.randperm(num_slots - 1)[: len(seq_lens)].to(torch.int32) + 1  # slot 0 is the null slot
+        cu = torch.tensor([0, *torch.tensor(seq_lens).cumsum(0).tolist()], dtype=torch.int32)
+        rows = torch.randn(tokens, 2 * k_heads * dk + 3)
+        q = rows[:, : k_heads * dk].view(tokens, k_heads, dk)
+        k = rows[:, 3 + k_heads * dk :].view(tokens, k_heads, dk)
+        v = torch.randn(tokens, v_heads, dv)
+        a, b = torch.randn(tokens, v_heads) * 3, torch.randn(tokens, v_heads) * 2
+        A_log, dt_bias = torch.randn(v_heads) * 0.5, torch.randn(v_heads)
+        state = torch.randn(num_slots, v_heads, dk, dv) * 0.3
+        want_state = state.clone()
+        want = delta_rule.gated_delta_rule_prefill_reference(q, k, v, a, b, A_log, dt_bias, want_state, cu, slots)
+        got = delta_rule_kernels.gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, cu, slots)
+        compare("recurrent prefill out", got, want)
+        compare("recurrent prefill state", state, want_state)
 
     def check_gdr_decode(k_heads, v_heads, dk, dv, block_v):
         batch, num_slots = 4, 7
@@ -468,6 +490,8 @@ def _child_checks() -> dict:
         "conv_prefill_empty_section": lambda: check_conv_prefill([3, 6], sections=(12, 0, 8)),
         "conv_decode": check_conv_decode,
         "prefill_gates": check_prefill_gates,
+        "delta_prefill_recurrent_hv_eq_hk": lambda: check_gdr_prefill_recurrent(2, 2, 16, 32, [5, 0, 23, 1]),
+        "delta_prefill_recurrent_hv_2x_hk": lambda: check_gdr_prefill_recurrent(2, 4, 32, 16, [9, 40, 0]),
         "attention_prologue_gqa4_partial_rotary": lambda: check_attention_prologue(8, 2, 16, 8),
         "attention_prologue_gqa3_d24_full_rotary": lambda: check_attention_prologue(3, 1, 24, 24),
         "delta_decode_hv_eq_hk": lambda: check_gdr_decode(2, 2, 16, 32, 16),
@@ -570,6 +594,8 @@ CHECK_NAMES = [
     "conv_prefill_empty_section",
     "conv_decode",
     "prefill_gates",
+    "delta_prefill_recurrent_hv_eq_hk",
+    "delta_prefill_recurrent_hv_2x_hk",
     "attention_prologue_gqa4_partial_rotary",
     "attention_prologue_gqa3_d24_full_rotary",
     "delta_decode_hv_eq_hk",

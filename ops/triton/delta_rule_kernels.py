@@ -8,11 +8,17 @@ beta from b, and the GQA-style head mapping (value head j reads key head j // (H
 ``(batch, value head, V tiles)``; each program owns a ``[K, BLOCK_V]`` state tile, so no two programs touch the
 same state element (except padding lanes, which all point at the null slot 0 that nobody reads).
 
-Prefill is FLA's chunked gated delta rule (varlen, ``cu_seqlens``, grouped value heads natively), called only
-here, inside the opaque op, because FLA's entry points are ``torch.compiler.disable``d. It calls the forward that
-FLA's public ``chunk_gated_delta_rule`` runs (``_fla_chunk_forward``), not the public function: the public one adds
-its backend dispatch, argument checks, autograd Function and input guard, which cost more host time per call than
-the forward itself; outputs and final states are bit-identical (bench/NOTES.md, "FLA's forward called directly").
+Prefill is FLA's gated delta rule (varlen, ``cu_seqlens``, grouped value heads natively), called only here, inside
+the opaque op, because FLA's entry points are ``torch.compiler.disable``d. Two of its forms, by the step's token
+count (``RECURRENT_PREFILL_MAX_TOKENS``):
+  * the chunked form (``_fla_chunk_forward``): seven kernels a layer, parallel over chunks of 64 tokens, the one
+    that scales to long prompts;
+  * the recurrent form (``_fla_recurrent_forward``): one kernel, each program walking its sequence token by token
+    with a K x 8 slice of the state in registers. A short prompt step is host-bound (every kernel of an eager
+    step is launched from Python), and the chunked form's seven launches cost far more host time than its GPU work.
+Both call the forwards FLA's public functions run, not the public functions: those add a backend dispatch, argument
+checks, an autograd Function and an input guard, which cost more host time per call than the forward itself;
+outputs and final states are bit-identical (bench/NOTES.md, "FLA's forward called directly").
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ import triton.language as tl
 
 from ops.layouts import CHUNK_SIZE  # FLA's chunk length, the one host_chunk_indices (ops/delta_rule.py) tables
 
+# A prompt step of at most this many tokens (all its sequences together) runs FLA's recurrent form, longer ones its
+# chunked form (see the module docstring; the crossover: bench/NOTES.md, "Recurrent prefill").
+RECURRENT_PREFILL_MAX_TOKENS = 512
 L2NORM_EPS = tl.constexpr(1e-6)  # ops.delta_rule.L2NORM_EPS
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch.nn.functional.softplus's default: softplus(x) = x above it
 
@@ -226,18 +235,36 @@ def gated_delta_rule_prefill(
     # is new every step and never refilled (StepInputs), so a hit is never stale. Without it: a fresh int64 copy
     # per call, which can never be stale, nor hit.
     cu = cu_seqlens_long if cu_seqlens_long is not None else cu_seqlens.to(torch.long, copy=True)
-    o, final = _fla_chunk_forward(
-        q.to(v.dtype).unsqueeze(0),
-        k.to(v.dtype).unsqueeze(0),
-        v.unsqueeze(0),
-        g.unsqueeze(0),
-        beta.unsqueeze(0),
-        initial_state=state[slots],  # gathered copy: prefill is compute-bound, the copy is cheap here
-        cu_seqlens=cu,
-        chunk_indices=chunk_indices,  # None: FLA derives them on the device (~12 launches and a host sync)
-    )
+    inputs = (q.to(v.dtype).unsqueeze(0), k.to(v.dtype).unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0),
+              beta.unsqueeze(0))
+    initial = state[slots]  # gathered copy: prefill is compute-bound, the copy is cheap here
+    if v.shape[0] <= RECURRENT_PREFILL_MAX_TOKENS:  # a shape, not a value: no sync, and the same choice every rank
+        o, final = _fla_recurrent_forward(*inputs, initial_state=initial, cu_seqlens=cu)
+    else:
+        # chunk_indices None: FLA derives them on the device (~12 launches and a host sync)
+        o, final = _fla_chunk_forward(*inputs, initial_state=initial, cu_seqlens=cu, chunk_indices=chunk_indices)
     state.index_copy_(0, slots, final.to(state.dtype))
     return o[0].to(v.dtype)
+
+
+def _fla_recurrent_forward(q, k, v, g, beta, initial_state, cu_seqlens):
+    """``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule(..., scale=K**-0.5, use_qk_l2norm_in_kernel=True,
+    output_final_state=True)`` without the public wrapper: one kernel. q and k are l2-normalised inside it (the same
+    ``x / sqrt(sum(x^2) + 1e-6)``); g and beta come in as the chunked form takes them (``prefill_gates``)."""
+    try:
+        from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd
+    except ImportError:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+        return fused_recurrent_gated_delta_rule(
+            q, k, v, g=g, beta=beta, scale=q.shape[-1] ** -0.5, initial_state=initial_state,
+            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,
+        )
+    return fused_recurrent_gated_delta_rule_fwd(
+        q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g, beta=beta, scale=q.shape[-1] ** -0.5,
+        initial_state=initial_state.contiguous(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu_seqlens,
+    )
 
 
 def _fla_chunk_forward(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices):
