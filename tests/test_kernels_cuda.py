@@ -845,9 +845,40 @@ def _kernels_launched(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def test_gated_delta_rule_prefill_recurrent_form_syncs_nothing():
+    """The short steps' form (FLA's recurrent kernel) never waits for the GPU either (its sequence count is a shape)."""
+    gen = _seeded(12)
+    layout = LINEAR_LAYOUTS[0]
+    cu = torch.tensor([0, 70, 70, 71, 200], dtype=torch.int32, device=DEV)
+    slots = torch.tensor([3, 1, 4, 2], dtype=torch.int32, device=DEV)
+    q, k, v, a, b, A_log, dt_bias = _gdr_inputs(gen, 200, layout, torch.bfloat16)
+    state = _randn(gen, 5, layout[1], layout[2], layout[3], scale=0.3)
+    fields = _fla_fields(cu)
+    op = torch.ops.ce.gated_delta_rule_prefill
+    from ops.triton import delta_rule_kernels
+
+    assert 200 <= delta_rule_kernels.RECURRENT_PREFILL_MAX_TOKENS
+    op(q, k, v, a, b, A_log, dt_bias, state.clone(), cu, slots, *fields)  # compiles outside the checked region
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        op(q, k, v, a, b, A_log, dt_bias, state.clone(), cu, slots, *fields)
+        op(q, k, v, a, b, A_log, dt_bias, state.clone(), cu, slots)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 def test_gated_delta_rule_prefill_fla_fields_change_nothing_and_sync_nothing():
     """With pack_step's cu_seqlens_long / chunk_indices: the same result as without, no host sync, and FLA's
-    identity memo hits when the same objects come again (the next layer of the same step)."""
+    identity memo hits when the same objects come again (the next layer of the same step). The chunked form (456
+    tokens: forced past RECURRENT_PREFILL_MAX_TOKENS), whose kernels take those fields."""
+    from ops.triton import delta_rule_kernels
+
+    with _patched(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", 0):
+        _check_fla_fields()
+
+
+def _check_fla_fields():
     gen = _seeded(11)
     layout = LINEAR_LAYOUTS[0]
     cu = torch.tensor([0, 70, 70, 71, 200, 456], dtype=torch.int32, device=DEV)  # a zero-length sequence too
