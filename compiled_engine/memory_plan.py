@@ -37,10 +37,10 @@ logger = logging.getLogger(__name__)
 CPU_KV_CACHE_BYTES = 1 << 30  # default KV budget on CPU, where no device memory can be measured
 
 # Prefill steps run at start-up after the largest one, for their shapes, not their memory: Triton compiles a kernel
-# variant per class of each integer argument (1, a multiple of 16, anything else), and FLA's chunked delta-rule
-# kernels take the step's token and sequence counts, so a class first met while serving would compile in the middle
-# of it. These lengths give one sequence and several, token totals that are multiples of 16 and totals that are
-# not.
+# variant per class of each integer argument (1, a multiple of 16, anything else), and FLA's delta-rule kernels take
+# the step's token and sequence counts, so a class first met while serving would compile in the middle of it. These
+# lengths give one sequence and several, token totals that are multiples of 16 and totals that are not; they are
+# short steps, which take the delta rule's recurrent form, so ``chunked_warmup_lengths`` adds the chunked form's.
 WARMUP_PREFILL_LENGTHS = ([17], [17, 20], [16, 16])
 # FLA's l2norm kernel (q and k of every linear-attention layer) autotunes per bucket NB = cdiv(rows, 65536) of its
 # rows, rows = tokens x key heads (fla/modules/norm/l2norm.py, fla-core 0.6). A bucket first met while serving
@@ -67,6 +67,19 @@ def largest_prefill_lengths(max_num_batched_tokens: int, max_model_len: int, max
     total = min(max_num_batched_tokens, max_model_len * max_num_seqs)
     full, rest = divmod(total, max_model_len)
     return [max_model_len] * full + ([rest] if rest else [])
+
+
+def chunked_warmup_lengths(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int,
+                           recurrent_max_tokens: int) -> list[list[int]]:
+    """Start-up steps for the chunked delta rule's variants that the largest steps (totals that are multiples of 16)
+    leave out: a total just past ``recurrent_max_tokens`` (the op's short-step limit: ops/triton/
+    delta_rule_kernels.py), not a multiple of 16, as one sequence or as few as ``max_model_len`` allows. None where
+    no served step can be that large."""
+    total = max(recurrent_max_tokens + 1, 2)  # past the limit, neither 1 nor a multiple of 16
+    total += total % 16 == 0
+    if total > min(max_num_batched_tokens, max_model_len * max_num_seqs):
+        return []
+    return [largest_prefill_lengths(total, max_model_len, max_num_seqs)]
 
 
 def l2norm_bucket_totals(largest_total: int, key_heads: int) -> list[int]:
@@ -177,6 +190,10 @@ def measure_activation_peak(
     key_heads = next((m.num_k_heads for m in model.modules() if isinstance(m, GatedDeltaNet)), None)
     totals = l2norm_bucket_totals(sum(largest), key_heads) if key_heads else []
     buckets = [largest_prefill_lengths(total, max_model_len, config.max_num_seqs) for total in totals]
+    from ops.triton.delta_rule_kernels import RECURRENT_PREFILL_MAX_TOKENS  # CUDA only, as this function
+
+    chunked = chunked_warmup_lengths(config.max_num_batched_tokens, max_model_len, config.max_num_seqs,
+                                     RECURRENT_PREFILL_MAX_TOKENS)
 
     def step(lengths: list[int], is_prefill: bool) -> StepInputs:
         seqs = [_NullSequence(n, block_size) for n in lengths]
@@ -185,7 +202,7 @@ def measure_activation_peak(
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     baseline = torch.cuda.memory_allocated(device)
-    for lengths in (largest, halves, *buckets, *WARMUP_PREFILL_LENGTHS):
+    for lengths in (largest, halves, *buckets, *chunked, *WARMUP_PREFILL_LENGTHS):
         prefill = step(lengths, True)
         model.compute_logits(model(prefill)[prefill.last_token_indices()])
     decode = step([1] * config.max_num_seqs, False)

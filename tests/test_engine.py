@@ -422,6 +422,26 @@ def test_startup_prefills_cover_every_fla_l2norm_bucket_a_step_can_meet(budget, 
     assert bucket(served) in warmed
 
 
+@given(budget=st.integers(1, 40000), max_model_len=st.integers(1, 9000), max_num_seqs=st.integers(1, 300),
+       limit=st.integers(0, 2048))
+def test_startup_warms_the_chunked_delta_rule_in_both_integer_classes(budget, max_model_len, max_num_seqs, limit):
+    """Past the delta rule's short-step limit (``limit``) the chunked form runs; the largest start-up steps give it
+    totals that are multiples of 16 (whenever they are), and ``chunked_warmup_lengths`` the other class (Triton's
+    integer specialisation, written out here): a step the scheduler could build, past the limit, with every sequence
+    inside ``max_model_len``; nothing where no served step gets past the limit."""
+    from compiled_engine.memory_plan import chunked_warmup_lengths
+
+    most = min(budget, max_model_len * max_num_seqs)  # the largest step the scheduler builds
+    steps = chunked_warmup_lengths(budget, max_model_len, max_num_seqs, limit)
+    if not steps:  # of limit + 1 and limit + 2 one is in the other class: neither fits
+        assert most < limit + 3
+        return
+    (lengths,) = steps
+    total = sum(lengths)
+    assert limit < total <= most and total % 16 != 0 and total != 1
+    assert len(lengths) <= max_num_seqs and all(0 < n <= max_model_len for n in lengths)
+
+
 def test_startup_runs_a_prefill_in_every_l2norm_bucket(model_path, monkeypatch):
     """memory_plan.measure_activation_peak (the start-up steps, CUDA-only) run on the CPU with the memory calls stubbed
     and FLA's bucket shrunk to 16 rows, so that a 64-token budget spans several buckets: the prefill steps it runs must
