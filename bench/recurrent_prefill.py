@@ -10,7 +10,9 @@ prompt's time to first token. Both forms run in one process: ``RECURRENT_PREFILL
     calls captured in one CUDA graph and replayed (the GPU's time alone).
   * ``ttft``: ``LLM.generate`` of one prompt of T tokens with ``max_tokens=1`` (its wall time is the time to first
     token: admission, the eager prompt step, the first token's read-back), on the 0.8B shape with random weights,
-    eager decode (no decode graph is needed for one token); median of ``--repeats``.
+    eager decode (no decode graph is needed for one token); median of ``--repeats``. Then ``captured``: the same
+    with the prompt steps captured (``ModelExecutor.compile_prefill``, what a compiled runtime does at start-up:
+    graphs/prefill_graph.py), for the T its buckets hold.
 
     python bench/recurrent_prefill.py --out DIR [--tokens 16,64,128,256,512,1024,2048] [--repeats 5]
 
@@ -122,6 +124,7 @@ def _ttft(tokens: list[int], repeats: int) -> dict:
     from bench.models import device_llm, resolve_model
     from compiled_engine.llm import LLM
     from compiled_engine.sampling_params import SamplingParams
+    from graphs import prefill_buckets
 
     spec = resolve_model("qwen3.5-0.8b", "cuda")
     kwargs = dict(device="cuda", dtype="bfloat16", enforce_eager=True, max_num_seqs=1,
@@ -145,8 +148,25 @@ def _ttft(tokens: list[int], repeats: int) -> dict:
         rows.append(row)
         print(f"  ttft T={n}: chunked {row['chunked']['ttft_ms']:.1f} ms, recurrent {row['recurrent']['ttft_ms']:.1f} ms",
               flush=True)
+    runtime = llm.engine.runtime
+    buckets = prefill_buckets(runtime.config.max_num_batched_tokens, runtime.max_model_len)
+    start = time.perf_counter()
+    runtime.executor.compile_prefill(buckets)
+    capture_s = time.perf_counter() - start
+    for row in rows:
+        if row["tokens"] > buckets[-1]:
+            continue
+        times = []
+        for _ in range(repeats + 1):
+            prompt = random_prompt(rng, row["tokens"], runtime.model_config.vocab_size)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            llm.generate([prompt], params, use_tqdm=False)
+            times.append((time.perf_counter() - start) * 1e3)
+        row["captured"] = {"ttft_ms": statistics.median(times[1:]), "all_ms": times[1:]}
+        print(f"  ttft T={row['tokens']}: captured {row['captured']['ttft_ms']:.1f} ms", flush=True)
     llm.close()
-    return {"rows": rows}
+    return {"rows": rows, "buckets": buckets, "capture_s": capture_s}
 
 
 def main() -> None:

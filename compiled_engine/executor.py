@@ -17,8 +17,9 @@ from compiled_engine.cache import reset_state_slots
 from compiled_engine.config import SpeculativeConfig
 from compiled_engine.model import HybridModel
 from compiled_engine.speculative import RoundResults, SpeculativeRound, commit_and_draft, draft, fused_round
+from ops.library import NULL_SLOT
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
-from graphs import DecodeGraphRunner, eager_decode
+from graphs import DecodeGraphRunner, PrefillGraphs, eager_decode
 
 
 class ModelExecutor:
@@ -44,6 +45,7 @@ class ModelExecutor:
         self.speculative_config = speculative_config
         self.speculative_round: SpeculativeRound | None = None  # compile_rounds' (eager rounds until then)
         self._decode_fn: Callable[..., DecodeOutput] = self._decode_eager
+        self.prefill_graphs: PrefillGraphs | None = None  # compile_prefill's captured prompt steps
         # A worker's last step that kept its hidden states (forward_keeping_hidden): what its next draft or accept
         # command runs on. Rank 0 passes its own (the SpeculativeStep's).
         self.kept: tuple[StepInputs, torch.Tensor] | None = None
@@ -87,6 +89,21 @@ class ModelExecutor:
         self._decode_fn = runner
         return runner
 
+    def compile_prefill(self, buckets: Iterable[int]) -> PrefillGraphs | None:
+        """Capture the prompt step of 2 sequences (one and its padding) at each token count of ``buckets``; later
+        prompt steps of that shape replay it (``execute``). One rank only. None where ``buckets`` is empty."""
+        if self.workers is not None or self.model.tp.world_size > 1:
+            raise ValueError("captured prompt steps run on one rank only")
+        buckets = tuple(buckets)
+        if not buckets:
+            return None
+        graphs = PrefillGraphs(self.model, buckets, -(-self.max_model_len // self.block_size), self.block_size,
+                               self.device)
+        graphs.capture()
+        self.reset_state_slots([NULL_SLOT])  # the captures' warm-up steps ran on the null slot
+        self.prefill_graphs = graphs
+        return graphs
+
     def execute(
         self, step: StepInputs, all_logits: bool = False, sampling: SamplingInputs | None = None
     ) -> torch.Tensor | DecodeOutput:
@@ -120,6 +137,8 @@ class ModelExecutor:
     ) -> torch.Tensor | DecodeOutput:
         if not step.is_prefill:
             return self._decode_fn(step, sampling)
+        if not all_logits and self.prefill_graphs is not None and self.prefill_graphs.covers(step):
+            return self.prefill_graphs(step)
         hidden = self.model(step)
         if not all_logits:
             hidden = hidden[step.last_token_indices()]

@@ -28,9 +28,9 @@ from compiled_engine.gated_deltanet import GatedDeltaNet
 from compiled_engine.model import HybridModel
 from compiled_engine.prefix_cache import PrefixCache
 from compiled_engine.speculative import pack_verify_step
-from compiled_engine.step import pack_step
+from compiled_engine.step import PaddingSequence, pack_step
 from ops.step import StepInputs
-from ops.library import NULL_BLOCK, NULL_SLOT
+from ops.library import NULL_SLOT
 
 logger = logging.getLogger(__name__)
 
@@ -88,16 +88,6 @@ def l2norm_bucket_totals(largest_total: int, key_heads: int) -> list[int]:
     per_bucket = max(1, FLA_L2NORM_BUCKET_ROWS // key_heads)
     largest_bucket = math.ceil(largest_total * key_heads / FLA_L2NORM_BUCKET_ROWS)
     return [b * per_bucket for b in range(1, largest_bucket)]
-
-
-class _NullSequence:
-    """What ``pack_step`` reads of a sequence, for a start-up step: ``n`` zero tokens on the null block and slot."""
-
-    def __init__(self, n: int, block_size: int):
-        self.token_ids = [0] * n
-        self.num_computed_tokens = 0
-        self.block_table = [NULL_BLOCK] * math.ceil(n / block_size)
-        self.state_slot = NULL_SLOT
 
 
 def allocate_caches(
@@ -196,7 +186,7 @@ def measure_activation_peak(
                                      RECURRENT_PREFILL_MAX_TOKENS)
 
     def step(lengths: list[int], is_prefill: bool) -> StepInputs:
-        seqs = [_NullSequence(n, block_size) for n in lengths]
+        seqs = [PaddingSequence(n, block_size) for n in lengths]
         return pack_step(seqs, lengths if is_prefill else [1] * len(seqs), is_prefill, block_size, device)
 
     torch.cuda.synchronize(device)

@@ -65,10 +65,10 @@ from compiled_engine.sampling_params import as_token_id
 from compiled_engine.sequence import Sequence
 from compiled_engine.speculative import (RoundResults, SpeculativeRound, SpeculativeStep, pack_verify_step,
                                          successor_counters, successor_fields)
-from compiled_engine.step import pack_step, upload
+from compiled_engine.step import PaddingSequence, pack_step, upload
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from compiled_engine.tp_workers import TensorParallelWorkers
-from graphs import DecodeGraphRunner
+from graphs import DecodeGraphRunner, prefill_buckets
 from ops.flash_attention import check_flash_attn_usable
 
 __all__ = ["OutOfBlocksError", "Runtime", "RuntimeConfig", "resolve_device", "resolve_dtype"]
@@ -151,6 +151,9 @@ class Runtime:
             self.executor.compile_rounds()
         if config is None or config.disable_by_batch_size or config.auto_disable:
             self.compile_decode()
+        if config is None and self.executor.workers is None and self.device.type == "cuda":
+            # A speculative engine's prompt steps also draft (Runtime.prefill_for_drafts): not captured.
+            self.executor.compile_prefill(prefill_buckets(self.config.max_num_batched_tokens, self.max_model_len))
 
     @property
     def speculative_round(self) -> SpeculativeRound | None:
@@ -309,12 +312,17 @@ class Runtime:
                                  f"{tuple(indices.shape)} {indices.dtype} on {indices.device} and "
                                  f"{tuple(tokens.shape)} {tokens.dtype} on {tokens.device}")
         counts = [s.num_uncomputed_tokens for s in seqs] if num_tokens is None else list(num_tokens)
-        step = self.build_step(seqs, counts, is_prefill=True)
+        # One sequence's short step replays a captured prompt step (ModelExecutor.compile_prefill): padded to its
+        # bucket's tokens by a padding sequence, whose logits row is dropped.
+        graphs = self.executor.prefill_graphs
+        bucket = (graphs.bucket(counts[0]) if graphs is not None and len(seqs) == 1 and not all_logits
+                  and device_input_ids is None else None)
+        step = self.build_step(seqs, counts, is_prefill=True, pad_to=bucket)
         if device_input_ids is not None:
             step.input_ids[indices] = tokens  # the step's own fresh copy of its ids; queued before the step runs
         logits = self.executor.execute(step, all_logits)
         self.caches.record_prefixes(seqs)
-        return logits
+        return logits if bucket is None else logits[: len(seqs)]
 
     @torch.inference_mode()
     def decode_step(self, seqs: Seq[Sequence], *, input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -355,10 +363,13 @@ class Runtime:
         return out
 
     def build_step(
-        self, seqs: Seq[Sequence], counts: Seq[int], is_prefill: bool, device: torch.device | None = None
+        self, seqs: Seq[Sequence], counts: Seq[int], is_prefill: bool, device: torch.device | None = None,
+        pad_to: int | None = None,
     ) -> StepInputs:
         """Check the step, reserve KV blocks for its new tokens, and pack its metadata into tensors on ``device``
-        (the runtime's by default); the sequences' computed-token counts move on by ``counts``.
+        (the runtime's by default); the sequences' computed-token counts move on by ``counts``. ``pad_to``: a prefill
+        step packed with one more sequence after them, a padding one (``PaddingSequence``: the null slot and block)
+        of the tokens that make ``pad_to`` in all (none, if they already do).
 
         A decode step computes exactly one token of each sequence; a prefill step 1..all of its uncomputed ones.
         Raises ValueError, before anything changes, for: counts not one per sequence, a sequence twice, a sequence of
@@ -400,8 +411,16 @@ class Runtime:
                 if min(new) < 0 or max(new) >= vocab:
                     bad = next(t for t in new if not 0 <= t < vocab)
                     raise ValueError(f"sequence {seq.seq_id}: token id {bad!r} is out of range [0, {vocab})")
+        if pad_to is not None and not (is_prefill and sum(counts) <= pad_to):
+            raise ValueError(f"pad_to={pad_to} needs a prefill step of at most that many tokens, got {sum(counts)}")
         self.caches.reserve_blocks(seqs, counts)
-        step = pack_step(seqs, counts, is_prefill, self.config.block_size, device or self.device)
+        block_size = self.config.block_size
+        packed, packed_counts = list(seqs), list(counts)
+        if pad_to is not None:
+            padding = pad_to - sum(counts)
+            packed.append(PaddingSequence(padding, block_size))
+            packed_counts.append(padding)
+        step = pack_step(packed, packed_counts, is_prefill, block_size, device or self.device)
         for seq, n in zip(seqs, counts):
             seq.num_computed_tokens += n
         return step

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ops.delta_rule import host_chunk_indices
-from ops.library import NULL_BLOCK
+from ops.library import NULL_BLOCK, NULL_SLOT
 from ops.step import StepInputs
 
 if TYPE_CHECKING:
@@ -37,6 +37,18 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)
     return host.to(device)
+
+
+class PaddingSequence:
+    """What ``pack_step`` reads of a sequence, for a step's padding: ``n`` token ids 0 on the null block and the null
+    slot, none computed. Its results land where no sequence reads (the memory plan's start-up steps, the padding of
+    a captured prompt step: graphs/prefill_graph.py)."""
+
+    def __init__(self, n: int, block_size: int):
+        self.token_ids = [0] * n
+        self.num_computed_tokens = 0
+        self.block_table = [NULL_BLOCK] * -(-n // block_size)
+        self.state_slot = NULL_SLOT
 
 
 def pack_step(

@@ -1,0 +1,134 @@
+"""Captured prompt steps: one CUDA graph per token bucket, for short prompt steps.
+
+    graphs = PrefillGraphs(model, buckets=(16, 32, ..., 512), max_blocks_per_seq=..., block_size=16, device="cuda")
+    graphs.capture()                  # every bucket, largest first
+    logits = graphs(step)             # a prefill StepInputs of 2 sequences and a bucket's tokens -> fp32 [2, vocab]
+
+Why: a short prompt step is host work. Eager, it launches ~590 kernels from Python one by one: on an H200 the first
+token of a prompt of up to 512 tokens comes ~17 ms after its arrival, where the step's GPU work takes a few ms
+(bench/NOTES.md, "Prefill graphs"). Captured, the step is a few copies and one replay.
+
+What a graph is: the model's eager prompt step (the same ops and kernels, no torch.compile) on fixed-address inputs
+of one shape, 2 sequences and ``bucket`` tokens, followed by the logits of both sequences' last tokens. The runtime
+makes a step of one sequence that shape by packing a padding sequence after it, on the null slot and the null
+block, with the bucket's remaining tokens (``Runtime.prefill``; the memory plan's start-up steps are made the same
+way): the padding's results go to rows nobody reads, and every op computes each sequence apart from the others.
+Any step of 2 sequences and a bucket's tokens may replay it: the graph is a function of the step's tensors only.
+
+What makes a prompt step capturable: every op sizes its grid from shapes and reads each sequence's lengths, slots
+and tables from tensors, and nothing reads a device value on the host (tests/test_kernels_cuda.py checks that an
+eager prompt step never synchronises). The one op that would derive host tables from ``cu_seqlens``, the chunked
+delta rule, runs only past ``RECURRENT_PREFILL_MAX_TOKENS`` tokens (ops/triton/delta_rule_kernels.py), so the
+buckets stop there (``Runtime.compile_steps`` chooses them). The graph is not handed the step's FLA fields
+(``cu_seqlens_long``, ``chunk_indices``): the recurrent form does not read them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ops.library import NULL_BLOCK, NULL_SLOT
+from ops.step import StepInputs
+
+NUM_SEQUENCES = 2  # a step's sequence and its padding
+SMALLEST_BUCKET = 16
+
+
+def prefill_buckets(max_num_batched_tokens: int, max_model_len: int) -> tuple[int, ...]:
+    """The token buckets of the captured prompt steps: powers of two from 16 up to the largest step a graph may
+    take, which the delta rule's short-step limit caps (``RECURRENT_PREFILL_MAX_TOKENS``: past it the chunked form
+    runs, which is not capturable), and the step budget and ``max_model_len`` too (the padding's positions stay
+    inside it)."""
+    from ops.triton.delta_rule_kernels import RECURRENT_PREFILL_MAX_TOKENS
+
+    largest = min(RECURRENT_PREFILL_MAX_TOKENS, max_num_batched_tokens, max_model_len)
+    buckets, b = [], SMALLEST_BUCKET
+    while b <= largest:
+        buckets.append(b)
+        b *= 2
+    return tuple(buckets)
+
+
+class PrefillGraphs:
+    """One captured prompt step per bucket, over one set of input buffers sized for the largest bucket (each graph
+    reads their first ``bucket`` rows) and one memory pool (captured largest first, the smaller graphs reuse it)."""
+
+    def __init__(self, model: nn.Module, buckets: Sequence[int], max_blocks_per_seq: int, block_size: int,
+                 device: torch.device):
+        if not buckets or min(buckets) < 1:
+            raise ValueError(f"need token buckets >= 1, got {list(buckets)}")
+        self.model = model
+        self.buckets = tuple(sorted(set(buckets)))
+        self.device = torch.device(device)
+        self._null_row = NULL_BLOCK * block_size  # the null block's first KV row
+        rows, n = self.buckets[-1], NUM_SEQUENCES
+        self.input_ids = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.slot_mapping = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.block_tables = torch.full((n, max_blocks_per_seq), NULL_BLOCK, dtype=torch.int32, device=self.device)
+        self.context_lens = torch.zeros(n, dtype=torch.int32, device=self.device)
+        self.state_slots = torch.full((n,), NULL_SLOT, dtype=torch.int32, device=self.device)
+        self.cu_seqlens = torch.zeros(n + 1, dtype=torch.int32, device=self.device)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}  # each graph's output buffer
+
+    def bucket(self, num_tokens: int) -> int | None:
+        """The smallest bucket that holds ``num_tokens`` tokens, or None."""
+        return next((b for b in self.buckets if b >= num_tokens), None)
+
+    def covers(self, step: StepInputs) -> bool:
+        """Whether ``step`` can replay a captured graph: a prefill step of 2 sequences and a bucket's tokens."""
+        return (step.is_prefill and not step.speculative and step.num_sequences == NUM_SEQUENCES
+                and step.input_ids.shape[0] in self._graphs
+                and step.block_tables.shape[1] <= self.block_tables.shape[1])
+
+    def _step(self, bucket: int) -> StepInputs:
+        return StepInputs(self.input_ids[:bucket], self.positions[:bucket], self.slot_mapping[:bucket],
+                          self.block_tables, self.context_lens, self.state_slots, self.cu_seqlens, is_prefill=True)
+
+    def _forward(self, step: StepInputs) -> torch.Tensor:
+        hidden = self.model(step)
+        return self.model.compute_logits(hidden[step.last_token_indices()])
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every bucket's step, largest first. Each runs once eagerly first (its kernels compile there, not
+        in the capture), on a step of padding only: both sequences on the null slot and the null block."""
+        pool = torch.cuda.graph_pool_handle()
+        for bucket in reversed(self.buckets):
+            self.cu_seqlens.copy_(torch.tensor([0, bucket // 2, bucket], dtype=torch.int32))
+            self.context_lens.copy_(torch.tensor([bucket // 2, bucket - bucket // 2], dtype=torch.int32))
+            self.state_slots.fill_(NULL_SLOT)
+            self.block_tables.fill_(NULL_BLOCK)
+            self.slot_mapping.fill_(self._null_row)
+            step = self._step(bucket)
+            self._forward(step)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._logits[bucket] = self._forward(step)
+            self._graphs[bucket] = graph
+        torch.cuda.synchronize(self.device)
+
+    def __call__(self, step: StepInputs) -> torch.Tensor:
+        """Replay the graph of ``step``'s bucket on ``step`` (``covers`` must hold): fp32 logits ``[2, vocab]`` of
+        each sequence's last token, a tensor of the caller's own (the graph's buffer is copied)."""
+        bucket = step.input_ids.shape[0]
+        width = step.block_tables.shape[1]
+        self.input_ids[:bucket].copy_(step.input_ids)
+        self.positions[:bucket].copy_(step.positions)
+        self.slot_mapping[:bucket].copy_(step.slot_mapping)
+        self.block_tables[:, :width].copy_(step.block_tables)
+        self.block_tables[:, width:].fill_(NULL_BLOCK)
+        self.context_lens.copy_(step.context_lens)
+        self.state_slots.copy_(step.state_slots)
+        self.cu_seqlens.copy_(step.cu_seqlens)
+        return self._replay(bucket).clone()
+
+    def _replay(self, bucket: int) -> torch.Tensor:
+        """Run the bucket's step on the buffers as they are; returns its logits buffer."""
+        self._graphs[bucket].replay()
+        return self._logits[bucket]

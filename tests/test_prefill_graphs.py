@@ -1,0 +1,124 @@
+"""Captured prompt steps (graphs/prefill_graph.py): a short prompt step of one sequence, padded to its bucket by a
+padding sequence on the null slot and block and replayed, computes what the unpadded eager step computes.
+
+The oracle is a second runtime on the same checkpoint that runs every step unpadded and eagerly (a solo run). On the
+CPU the padding is checked through ``Runtime.prefill`` with a stand-in for the graphs that runs the padded step
+eagerly on the graphs' own input buffers (everything but the capture: the padding, the buffer copies, the dropped
+row); on the GPU the real capture and replay, marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compiled_engine.runtime import Runtime
+from graphs import PrefillGraphs, prefill_buckets
+
+BUCKETS = (16, 32, 64)
+
+
+class EagerPrefillGraphs(PrefillGraphs):
+    """PrefillGraphs whose "replay" runs the bucket's step eagerly on the input buffers (no CUDA graph)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.replays: list[int] = []
+
+    def capture(self) -> None:
+        self._graphs = dict.fromkeys(self.buckets)
+
+    def _replay(self, bucket: int) -> torch.Tensor:
+        self.replays.append(bucket)
+        return self._forward(self._step(bucket))
+
+
+def _runtime(path, device: str) -> Runtime:
+    return Runtime.from_pretrained(str(path), device=device, dtype="float32", compile=False, max_model_len=128,
+                                   max_num_seqs=4, num_kv_blocks=64, block_size=8)
+
+
+def _states(rt: Runtime, slot: int) -> list[torch.Tensor]:
+    return [t[slot].clone() for layer in rt.model.layers if hasattr(layer.mixer, "recurrent_state")
+            for t in (layer.mixer.conv_state, layer.mixer.recurrent_state)]
+
+
+def _run(rt: Runtime, prompt: list[int], chunks: list[int], decode_steps: int):
+    """Prefill ``prompt`` in ``chunks``, then greedy decode: (each chunk's logits, the states after the prompt, the
+    decoded tokens)."""
+    seq = rt.add_sequence(prompt)
+    logits = [rt.prefill([seq], [n]) for n in chunks]
+    states = _states(rt, seq.state_slot)
+    tokens = []
+    seq.token_ids.append(int(logits[-1][0].argmax()))
+    for _ in range(decode_steps):
+        out = rt.decode_step([seq])
+        tokens.append(int(out[0].argmax()))
+        seq.token_ids.append(tokens[-1])
+    rt.release(seq)
+    return logits, states, tokens
+
+
+@pytest.fixture(scope="module")
+def cpu_pair(qwen3_5_text_tied_path):
+    padded, plain = _runtime(qwen3_5_text_tied_path, "cpu"), _runtime(qwen3_5_text_tied_path, "cpu")
+    graphs = EagerPrefillGraphs(padded.model, BUCKETS, max_blocks_per_seq=16, block_size=8, device="cpu")
+    graphs.capture()
+    padded.executor.prefill_graphs = graphs
+    return padded, plain, graphs
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_padded_prompt_steps_equal_unpadded_ones(cpu_pair, data):
+    """Prompts of 1-90 tokens, in one chunk or two (the second continues the first's KV and state, as chunked
+    prefill and prefix hits do): every chunk of at most 64 tokens runs padded (a bucket of 16, 32 or 64, the exact
+    size included), the rest unpadded; the logits, the linear layers' states after the prompt and 6 greedy decode
+    tokens equal the unpadded runtime's."""
+    padded, plain, graphs = cpu_pair
+    length = data.draw(st.integers(1, 90), label="length")
+    first = data.draw(st.integers(1, length), label="first chunk")
+    chunks = [first] + ([length - first] if first < length else [])
+    prompt = [(7 * i + 3) % 50 + 1 for i in range(length)]
+    graphs.replays.clear()
+    got_logits, got_states, got_tokens = _run(padded, prompt, chunks, 6)
+    want_logits, want_states, want_tokens = _run(plain, prompt, chunks, 6)
+    assert graphs.replays == [graphs.bucket(n) for n in chunks if n <= BUCKETS[-1]]
+    for got, want in zip(got_logits, want_logits):
+        assert got.shape == want.shape == (1, plain.model_config.vocab_size)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)  # fp32 matmuls of other row counts round apart
+    for got, want in zip(got_states, want_states):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)  # fp32 matmuls of other row counts round apart
+    assert got_tokens == want_tokens
+
+
+def test_prefill_buckets_stop_at_every_limit():
+    """Powers of two from 16, none past the delta rule's short-step limit, the step budget or max_model_len."""
+    from ops.triton.delta_rule_kernels import RECURRENT_PREFILL_MAX_TOKENS
+
+    assert prefill_buckets(16384, 9216) == tuple(2**i for i in range(4, 10) if 2**i <= RECURRENT_PREFILL_MAX_TOKENS)
+    assert prefill_buckets(100, 9216) == (16, 32, 64)
+    assert prefill_buckets(16384, 40) == (16, 32)
+    assert prefill_buckets(16384, 15) == ()
+
+
+@pytest.mark.gpu
+def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path):
+    """The real capture: prompts of 1-70 tokens (bucket edges, a second chunk continuing a first) replayed from the
+    captured graphs give the eager runtime's logits, states and greedy continuation."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    captured, plain = _runtime(qwen3_5_text_tied_path, "cuda"), _runtime(qwen3_5_text_tied_path, "cuda")
+    graphs = captured.executor.compile_prefill(BUCKETS)
+    assert graphs is not None and tuple(graphs._graphs) == BUCKETS[::-1]
+    for length, chunks in [(1, [1]), (15, [15]), (16, [16]), (17, [17]), (64, [64]), (70, [6, 64]), (90, [30, 60])]:
+        prompt = [(5 * i + 2) % 50 + 1 for i in range(length)]
+        got_logits, got_states, got_tokens = _run(captured, prompt, chunks, 6)
+        want_logits, want_states, want_tokens = _run(plain, prompt, chunks, 6)
+        for got, want in zip(got_logits, want_logits):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        for got, want in zip(got_states, want_states):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert got_tokens == want_tokens, (length, chunks)
