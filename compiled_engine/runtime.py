@@ -151,8 +151,10 @@ class Runtime:
             self.executor.compile_rounds()
         if config is None or config.disable_by_batch_size or config.auto_disable:
             self.compile_decode()
-        if config is None and self.executor.workers is None and self.device.type == "cuda":
-            # A speculative engine's prompt steps also draft (Runtime.prefill_for_drafts): not captured.
+        if (config is None and self.executor.workers is None and self.device.type == "cuda"
+                and self.config.attention_backend == "triton"):
+            # Captured prompt steps: not a speculative engine's (its prompt steps also draft: prefill_for_drafts),
+            # nor flash-attn's (its varlen call reads the longest sequence on the host).
             self.executor.compile_prefill(prefill_buckets(self.config.max_num_batched_tokens, self.max_model_len))
 
     @property
