@@ -111,8 +111,14 @@ def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     captured, plain = _runtime(qwen3_5_text_tied_path, "cuda"), _runtime(qwen3_5_text_tied_path, "cuda")
+    live = captured.add_sequence([3, 1, 4, 1, 5, 9, 2, 6])  # a sequence the capture must leave as it is
+    captured.prefill([live])
+    before = _states(captured, live.state_slot)
     graphs = captured.executor.compile_prefill(BUCKETS)
     assert graphs is not None and tuple(graphs._graphs) == BUCKETS[::-1]
+    for got, want in zip(_states(captured, live.state_slot), before):
+        assert torch.equal(got, want)
+    captured.release(live)
     for length, chunks in [(1, [1]), (15, [15]), (16, [16]), (17, [17]), (64, [64]), (70, [6, 64]), (90, [30, 60])]:
         prompt = [(5 * i + 2) % 50 + 1 for i in range(length)]
         got_logits, got_states, got_tokens = _run(captured, prompt, chunks, 6)
