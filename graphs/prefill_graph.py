@@ -5,8 +5,9 @@
     logits = graphs(step)             # a prefill StepInputs of 2 sequences and a bucket's tokens -> fp32 [2, vocab]
 
 Why: a short prompt step is host work. Eager, it launches ~590 kernels from Python one by one: on an H200 the first
-token of a prompt of up to 512 tokens comes ~17 ms after its arrival, where the step's GPU work takes a few ms
-(bench/NOTES.md, "Prefill graphs"). Captured, the step is a few copies and one replay.
+token of a prompt of up to 512 tokens came ~16 ms after its arrival, where the step's GPU work takes a few ms;
+captured, 2.7 ms at 16 tokens and 5.4 at 128 (bench/NOTES.md, "Prefill graphs"). The step is a few copies and one
+replay.
 
 What a graph is: the model's eager prompt step (the same ops and kernels, no torch.compile) on fixed-address inputs
 of one shape, 2 sequences and ``bucket`` tokens, followed by the logits of both sequences' last tokens. The runtime
