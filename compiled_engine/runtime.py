@@ -417,11 +417,10 @@ class Runtime:
             raise ValueError(f"pad_to={pad_to} needs a prefill step of at most that many tokens, got {sum(counts)}")
         self.caches.reserve_blocks(seqs, counts)
         block_size = self.config.block_size
-        packed, packed_counts = list(seqs), list(counts)
+        packed, packed_counts = seqs, counts
         if pad_to is not None:
             padding = pad_to - sum(counts)
-            packed.append(PaddingSequence(padding, block_size))
-            packed_counts.append(padding)
+            packed, packed_counts = [*seqs, PaddingSequence(padding, block_size)], [*counts, padding]
         step = pack_step(packed, packed_counts, is_prefill, block_size, device or self.device)
         for seq, n in zip(seqs, counts):
             seq.num_computed_tokens += n
@@ -533,8 +532,7 @@ class Runtime:
         self._reserve_draft_blocks(seqs, [k + 1] * len(seqs), [k - 1] * len(seqs), keep_free)
         step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
         hidden, logits = self.executor.forward_keeping_hidden(step, all_logits=True)
-        starts = [s.num_computed_tokens for s in seqs]
-        return SpeculativeStep(list(seqs), step, hidden, starts, [k + 1] * len(seqs), logits)
+        return SpeculativeStep(list(seqs), step, hidden, None, [k + 1] * len(seqs), logits)
 
     @torch.inference_mode()
     def accept(self, spec: SpeculativeStep, num_accepted: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -567,7 +565,6 @@ class Runtime:
         if not self._reserve_draft_blocks(seqs, counts, [k - 1 + chain_rounds * (k + 1)] * len(seqs), keep_free):
             if chain_rounds:  # the rounds after it do not fit: this round's own draft positions may still
                 self._reserve_draft_blocks(seqs, counts, [k - 1] * len(seqs), keep_free)
-        starts = [s.num_computed_tokens for s in seqs]
         # What a chained round may reach (can_chain); not worked out for rounds that do not chain.
         table_tokens = [len(s.block_table) * self.config.block_size for s in seqs] if chain_rounds else None
         n, compiled = len(seqs), self.executor.speculative_round
@@ -579,7 +576,7 @@ class Runtime:
             step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)
             fields = None if sampling is None else sampling.on(self.device)
             results = RoundResults(*self.executor.fused_round(step, k, fields))
-        spec = SpeculativeStep(list(seqs), step, None, starts, [k + 1] * n, None, bucket=bucket,
+        spec = SpeculativeStep(list(seqs), step, None, None, [k + 1] * n, None, bucket=bucket,
                                table_tokens=table_tokens, sampled=sampling is not None, sampling=fields)
         return spec, results
 
@@ -606,7 +603,7 @@ class Runtime:
         ``(results`` to read the last round from, the new round's spec and results); ``advance`` each in order."""
         if spec.bucket is not None:
             kept, new = self.executor.chain_round(spec.bucket, spec.sampled, len(spec.seqs), results)
-            return kept, dataclasses.replace(spec, starts=None), new
+            return kept, spec, new
         step, sampling = spec.step, spec.sampling
         ids, positions, slots, context_lens = successor_fields(
             step.input_ids, step.positions, step.block_tables, step.state_slots, results.num_accepted, results.tokens,
@@ -616,7 +613,7 @@ class Runtime:
         if sampling is not None:
             sampling = (*sampling[:5], successor_counters(sampling[5], step.state_slots, results.num_accepted))
         new = RoundResults(*self.executor.fused_round(step, spec.counts[0] - 1, sampling))
-        return results, dataclasses.replace(spec, step=step, sampling=sampling, starts=None), new
+        return results, dataclasses.replace(spec, step=step, sampling=sampling), new
 
     def advance(self, spec: SpeculativeStep, num_accepted: Seq[int | None], tokens: Seq[Seq[int]]) -> None:
         """The host's side of ``accept``, with its values read back: each sequence gets ``tokens[i][:a + 1]``

@@ -67,14 +67,14 @@ _round_ids = itertools.count()
 @dataclass
 class SpeculativeStep:
     """A step of speculative decoding between its target forward and its drafts: the sequences, the packed step,
-    the target's hidden states of every row ``[T, H]``, each sequence's computed-token count before the step and
-    its tokens in it, the step's fp32 logits (a prefill step's: of each sequence's last row; a verify step's: of
-    every row), and (a prefill step) which sequences it computed completely."""
+    the target's hidden states of every row ``[T, H]``, (a prefill step) each sequence's computed-token count before
+    the step, its tokens in it, the step's fp32 logits (a prefill step's: of each sequence's last row; a verify
+    step's: of every row), and (a prefill step) which sequences it computed completely."""
 
     seqs: list[Sequence]
     step: StepInputs | None  # None: a compiled round (its step stayed inside SpeculativeRound)
     hidden: torch.Tensor | None
-    starts: list[int] | None  # None: a chained round (each starts where the round before it ended)
+    starts: list[int] | None  # a prefill step's (draft_after_prefill reads them); None: a verify round
     counts: list[int]
     logits: torch.Tensor | None
     completed: list[bool] | None = None
