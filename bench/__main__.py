@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="token budget of a prefill step (default: LLM's: 16384 on a GPU of 70 GiB or more, else 8192)")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: the runtime's memory plan")
+    p.add_argument("--max-prefill-capture-tokens", type=int, default=None,
+                   help="the largest prompt step replayed from a CUDA graph (0: none; default: the runtime's, 8192)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="shard our engine over N GPUs")
     p.add_argument("--enable-prefix-caching", action="store_true", help="prefix caching on in every scenario")
     p.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false",
@@ -159,6 +161,7 @@ def run(names, modules, kwargs, args, argv) -> int:
         model=args.model, device=args.device, dtype=args.dtype, enforce_eager=args.enforce_eager, vs_hf=args.vs_hf,
         out=out, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
+        max_prefill_capture_tokens=args.max_prefill_capture_tokens,
         tensor_parallel_size=args.tensor_parallel_size, enable_prefix_caching=args.enable_prefix_caching,
         overlap_decode=args.overlap_decode, mixed_steps=args.mixed_steps, kv_growth_reserve=args.kv_growth_reserve,
         speculative_config=args.speculative_config,

@@ -149,7 +149,8 @@ def _ttft(tokens: list[int], repeats: int) -> dict:
         print(f"  ttft T={n}: chunked {row['chunked']['ttft_ms']:.1f} ms, recurrent {row['recurrent']['ttft_ms']:.1f} ms",
               flush=True)
     runtime = llm.engine.runtime
-    buckets = prefill_buckets(runtime.config.max_num_batched_tokens, runtime.max_model_len)
+    buckets = prefill_buckets(runtime.config.max_prefill_capture_tokens, runtime.config.max_num_batched_tokens,
+                              runtime.max_model_len)
     start = time.perf_counter()
     runtime.executor.compile_prefill(buckets)
     capture_s = time.perf_counter() - start

@@ -9,6 +9,8 @@ decides those, compiled_engine.step packs them into a StepInputs).
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Callable, Iterable
 
 import torch
@@ -20,6 +22,8 @@ from compiled_engine.speculative import RoundResults, SpeculativeRound, commit_a
 from ops.library import NULL_SLOT
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from graphs import DecodeGraphRunner, PrefillGraphs, eager_decode
+
+logger = logging.getLogger(__name__)
 
 
 class ModelExecutor:
@@ -99,8 +103,12 @@ class ModelExecutor:
             return None
         graphs = PrefillGraphs(self.model, buckets, -(-self.max_model_len // self.block_size), self.block_size,
                                self.device)
+        start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         graphs.capture()
         self.reset_state_slots([NULL_SLOT])  # the captures' warm-up steps ran on the null slot
+        logger.info("captured %d prompt steps of %d..%d tokens in %.2f s; %.2f GiB more reserved", len(buckets),
+                    min(buckets), max(buckets), time.perf_counter() - start,
+                    (torch.cuda.memory_reserved(self.device) - reserved) / 2**30)
         self.prefill_graphs = graphs
         return graphs
 

@@ -110,7 +110,7 @@ class GatedDeltaNet(nn.Module):
         # them with a host sync, and memoises the rest on their identity (ops/delta_rule.py).
         o = torch.ops.ce.gated_delta_rule_prefill(
             q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.cu_seqlens,
-            step.state_slots, step.cu_seqlens_long, step.chunk_indices,
+            step.state_slots, step.cu_seqlens_long, step.chunk_indices, step.graphed,
         )
         o = self.norm(o, z.reshape(tokens, self.num_v_heads, self.head_v_dim))
         return o.reshape(tokens, -1)

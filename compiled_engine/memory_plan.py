@@ -97,9 +97,12 @@ def allocate_caches(
     device: torch.device,
     dtype: torch.dtype,
     snapshot_mirror: Callable[[str, int, int], None] | None = None,
+    captured_prefill_tokens: int = 0,
 ) -> tuple[CacheConfig, PrefixCache | None]:
     """Allocate this rank's caches as buffers of the model's layers (state pools, KV cache) and the prefix cache's
     snapshot pool; returns the sizes settled on and the prefix cache (None when prefix caching is off).
+    ``captured_prefill_tokens``: the largest prompt step the runtime will capture (0: none), whose graphs' memory
+    pool the plan leaves room for.
 
     Every tensor-parallel rank calls this with the same config; the KV plan takes the smallest rank's.
     ``snapshot_mirror``: rank 0's prefix cache repeats each snapshot copy on the other ranks through it.
@@ -114,7 +117,8 @@ def allocate_caches(
             model, config.block_size, config.prefix_snapshot_interval, config.num_prefix_snapshots,
             device, dtype, config.state_dtype, mirror=snapshot_mirror,
         )
-    num_kv_blocks = config.num_kv_blocks or plan_kv_blocks(model, config, max_model_len, device, dtype)
+    num_kv_blocks = config.num_kv_blocks or plan_kv_blocks(model, config, max_model_len, device, dtype,
+                                                           captured_prefill_tokens)
     blocks_for_one = math.ceil(max_model_len / config.block_size)
     if blocks_for_one > num_kv_blocks - 1:
         raise ValueError(
@@ -132,9 +136,11 @@ def allocate_caches(
 
 
 def plan_kv_blocks(
-    model: HybridModel, config: RuntimeConfig, max_model_len: int, device: torch.device, dtype: torch.dtype
+    model: HybridModel, config: RuntimeConfig, max_model_len: int, device: torch.device, dtype: torch.dtype,
+    captured_prefill_tokens: int = 0,
 ) -> int:
-    """KV blocks from the memory left after weights, state pools and the measured activation peak.
+    """KV blocks from the memory left after weights, state pools and the measured activation peak (with the captured
+    prompt steps' pool: ``measure_activation_peak``).
 
     On CUDA: run the largest prefill step and the largest decode step on throwaway caches, measure the peak,
     and give KV blocks what ``gpu_memory_utilization`` leaves. On CPU: a fixed budget (CPU_KV_CACHE_BYTES).
@@ -145,7 +151,7 @@ def plan_kv_blocks(
         return wanted
     if device.type != "cuda":
         return max(2, min(wanted, CPU_KV_CACHE_BYTES // block_bytes))
-    peak = measure_activation_peak(model, config, max_model_len, device, dtype)
+    peak = measure_activation_peak(model, config, max_model_len, device, dtype, captured_prefill_tokens)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     budget = total * config.gpu_memory_utilization - (total - free) - peak
@@ -163,10 +169,13 @@ def plan_kv_blocks(
 
 @torch.inference_mode()
 def measure_activation_peak(
-    model: HybridModel, config: RuntimeConfig, max_model_len: int, device: torch.device, dtype: torch.dtype
+    model: HybridModel, config: RuntimeConfig, max_model_len: int, device: torch.device, dtype: torch.dtype,
+    captured_prefill_tokens: int = 0,
 ) -> int:
     """Peak bytes of the largest prefill (max_num_batched_tokens tokens) and decode (max_num_seqs) steps (and
-    verify steps of max_num_seqs sequences with speculative decoding).
+    verify steps of max_num_seqs sequences with speculative decoding), plus, with ``captured_prefill_tokens``, the
+    peak of a prompt step of that many tokens alone: the captured prompt steps' memory pool (graphs/prefill_graph.py)
+    holds it for good, apart from what eager steps allocate.
 
     The steps run on a 2-block KV cache with every token routed to the null block and every sequence to the
     null slot: the numbers are garbage, the memory traffic and allocation pattern are real. They are packed by
@@ -203,5 +212,13 @@ def measure_activation_peak(
         model.compute_logits(model(verify))
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - baseline
+    if captured_prefill_tokens:  # as PrefillGraphs captures it: the bucket's tokens in 2 sequences
+        torch.cuda.reset_peak_memory_stats(device)
+        baseline = torch.cuda.memory_allocated(device)
+        half = captured_prefill_tokens // 2
+        captured = step([half, captured_prefill_tokens - half], True)
+        model.compute_logits(model(captured)[captured.last_token_indices()])
+        torch.cuda.synchronize(device)
+        peak += torch.cuda.max_memory_allocated(device) - baseline
     reset_state_slot(model, NULL_SLOT)
     return peak

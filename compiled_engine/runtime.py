@@ -69,6 +69,7 @@ from compiled_engine.step import PaddingSequence, pack_step, upload
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from compiled_engine.tp_workers import TensorParallelWorkers
 from graphs import DecodeGraphRunner, prefill_buckets
+from ops.delta_rule import max_chunk_rows
 from ops.flash_attention import check_flash_attn_usable
 
 __all__ = ["OutOfBlocksError", "Runtime", "RuntimeConfig", "resolve_device", "resolve_dtype"]
@@ -129,7 +130,14 @@ class Runtime:
         self.dtype = dtype
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         mirror = workers.send_snapshot if workers is not None else None
-        self.cache_config, prefix_cache = allocate_caches(model, config, self.max_model_len, device, dtype, mirror)
+        # Captured prompt steps (ModelExecutor.compile_prefill): one rank, no speculative engine (its prompt steps also
+        # draft: prefill_for_drafts), not flash-attn (its varlen call reads the longest sequence on the host).
+        self._prefill_buckets = (
+            prefill_buckets(config.max_prefill_capture_tokens, config.max_num_batched_tokens, self.max_model_len)
+            if compile and workers is None and model.tp.world_size == 1 and device.type == "cuda"
+            and config.speculative_config is None and config.attention_backend == "triton" else ())
+        self.cache_config, prefix_cache = allocate_caches(model, config, self.max_model_len, device, dtype, mirror,
+                                                          max(self._prefill_buckets, default=0))
         self.executor = ModelExecutor(model, config.block_size, config.max_num_seqs, self.max_model_len, device,
                                       workers, config.speculative_config)
         self.caches = CacheManager(self.cache_config, self.executor.reset_state_slots, prefix_cache)
@@ -145,17 +153,16 @@ class Runtime:
     def compile_steps(self) -> None:
         """Compile (and capture) what decodes, on every rank: the decode step, or with speculative decoding the
         rounds (decode rows become verify rounds), and the decode step too where plain decode steps still run:
-        ``disable_by_batch_size`` sends large batches to it, ``auto_disable`` the steps where drafting does not pay."""
+        ``disable_by_batch_size`` sends large batches to it, ``auto_disable`` the steps where drafting does not pay.
+        Then the prompt steps of one sequence, captured per token bucket, where ``__init__`` chose buckets (and the
+        memory plan left room for them)."""
         config = self.speculative_config
         if config is not None:
             self.executor.compile_rounds()
         if config is None or config.disable_by_batch_size or config.auto_disable:
             self.compile_decode()
-        if (config is None and self.executor.workers is None and self.device.type == "cuda"
-                and self.config.attention_backend == "triton"):
-            # Captured prompt steps: not a speculative engine's (its prompt steps also draft: prefill_for_drafts),
-            # nor flash-attn's (its varlen call reads the longest sequence on the host).
-            self.executor.compile_prefill(prefill_buckets(self.config.max_num_batched_tokens, self.max_model_len))
+        if self._prefill_buckets:  # chosen with the memory plan (__init__)
+            self.executor.compile_prefill(self._prefill_buckets)
 
     @property
     def speculative_round(self) -> SpeculativeRound | None:
@@ -417,11 +424,12 @@ class Runtime:
             raise ValueError(f"pad_to={pad_to} needs a prefill step of at most that many tokens, got {sum(counts)}")
         self.caches.reserve_blocks(seqs, counts)
         block_size = self.config.block_size
-        packed, packed_counts = seqs, counts
+        packed, packed_counts, chunk_rows = seqs, counts, None
         if pad_to is not None:
             padding = pad_to - sum(counts)
             packed, packed_counts = [*seqs, PaddingSequence(padding, block_size)], [*counts, padding]
-        step = pack_step(packed, packed_counts, is_prefill, block_size, device or self.device)
+            chunk_rows = max_chunk_rows(pad_to, len(packed))  # one table length for every step of this shape
+        step = pack_step(packed, packed_counts, is_prefill, block_size, device or self.device, chunk_rows)
         for seq, n in zip(seqs, counts):
             seq.num_computed_tokens += n
         return step

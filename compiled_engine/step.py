@@ -52,9 +52,11 @@ class PaddingSequence:
 
 
 def pack_step(
-    seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_size: int, device: torch.device
+    seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_size: int, device: torch.device,
+    chunk_rows: int | None = None,
 ) -> StepInputs:
     """The StepInputs of computing the next ``counts[i]`` tokens of each sequence (its blocks already reserved).
+    ``chunk_rows``: a prefill step's chunk table padded to that many rows (``host_chunk_indices``' skip rows).
 
     Reads each sequence's tokens, ``num_computed_tokens`` and ``block_table``; changes nothing. Every field is
     packed into one host buffer (an int64 part and an int32 part), moved to ``device`` in a single pinned,
@@ -73,7 +75,7 @@ def pack_step(
             slots.append(np.asarray(seq.block_table, dtype=np.int64)[p // block_size] * block_size + p % block_size)
             cu_seqlens.append(cu_seqlens[-1] + n)
         input_ids, positions, slot_mapping = (np.concatenate(parts) for parts in (ids, pos, slots))
-        chunks = host_chunk_indices(cu_seqlens)  # the delta rule's chunk table, on the host: no sync on the device
+        chunks = host_chunk_indices(cu_seqlens, num_rows=chunk_rows)  # the delta rule's, on the host: no device sync
     else:  # one token each: the per-sequence loop above, unrolled (this runs every decode step, for up to 256 rows)
         input_ids = [seq.token_ids[start] for seq, start in zip(seqs, starts)]
         positions = starts

@@ -1,13 +1,14 @@
-"""Captured prompt steps: one CUDA graph per token bucket, for short prompt steps.
+"""Captured prompt steps: one CUDA graph per token bucket, for prompt steps of one sequence.
 
-    graphs = PrefillGraphs(model, buckets=(16, 32, ..., 512), max_blocks_per_seq=..., block_size=16, device="cuda")
+    graphs = PrefillGraphs(model, buckets=(16, ..., 512, 1024, ..., 8192), max_blocks_per_seq=..., block_size=16,
+                           device="cuda")
     graphs.capture()                  # every bucket, largest first
     logits = graphs(step)             # a prefill StepInputs of 2 sequences and a bucket's tokens -> fp32 [2, vocab]
 
-Why: a short prompt step is host work. Eager, it launches ~590 kernels from Python one by one: on an H200 the first
-token of a prompt of up to 512 tokens came ~16 ms after its arrival, where the step's GPU work takes a few ms;
-captured, 2.7 ms at 16 tokens and 5.4 at 128 (bench/NOTES.md, "Prefill graphs"). The step is a few copies and one
-replay.
+Why: a prompt step is host work as much as GPU work. Eager, it launches ~590 kernels from Python one by one: on an
+H200 the first token of a prompt of up to 512 tokens came ~16 ms after its arrival, where the step's GPU work takes a
+few ms; captured, 2.7 ms at 16 tokens and 5.4 at 128 (bench/NOTES.md, "Prefill graphs"). The step is a few copies
+and one replay.
 
 What a graph is: the model's eager prompt step (the same ops and kernels, no torch.compile) on fixed-address inputs
 of one shape, 2 sequences and ``bucket`` tokens, followed by the logits of both sequences' last tokens. The runtime
@@ -18,10 +19,15 @@ Any step of 2 sequences and a bucket's tokens may replay it: the graph is a func
 
 What makes a prompt step capturable: every op sizes its grid from shapes and reads each sequence's lengths, slots
 and tables from tensors, and nothing reads a device value on the host (tests/test_kernels_cuda.py checks that an
-eager prompt step never synchronises). The one op that would derive host tables from ``cu_seqlens``, the chunked
-delta rule, runs only past ``RECURRENT_PREFILL_MAX_TOKENS`` tokens (ops/triton/delta_rule_kernels.py), so the
-buckets stop there (``Runtime.compile_steps`` chooses them). The graph is not handed the step's FLA fields
-(``cu_seqlens_long``, ``chunk_indices``): the recurrent form does not read them.
+eager prompt step never synchronises). The step is marked ``graphed``: launches cost nothing in a graph, so the
+delta rule takes its chunked form (FLA) at every length, not the recurrent form that spares an eager step's host
+time. The chunked form sizes its grid from its chunk table's length, which depends on where the sequences end: the
+runtime pads a bucket's table to one length with skip rows (``ops.delta_rule.host_chunk_indices``), and the table is
+data copied in like the other fields. FLA memoises what it derives from the int64 offsets on their tensor's
+identity, so the capture hands it a view of its own, not the warm-up's: the derivation is recorded in the graph and
+recomputed at every replay. Buckets stop at ``RuntimeConfig.max_prefill_capture_tokens`` (8,192 by default: an
+8,192-token prompt's step took 37 ms eager on an H200 of which ~27 were GPU work, and the graphs' memory pool, the
+largest step's activations held for good, grows with it).
 """
 
 from __future__ import annotations
@@ -31,25 +37,24 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ops.delta_rule import host_chunk_indices, max_chunk_rows
 from ops.library import NULL_BLOCK, NULL_SLOT
 from ops.step import StepInputs
 
 NUM_SEQUENCES = 2  # a step's sequence and its padding
 SMALLEST_BUCKET = 16
-
-
-def prefill_buckets(max_num_batched_tokens: int, max_model_len: int) -> tuple[int, ...]:
-    """The token buckets of the captured prompt steps: powers of two from 16 up to the largest step a graph may
-    take, which the delta rule's short-step limit caps (``RECURRENT_PREFILL_MAX_TOKENS``: past it the chunked form
-    runs, which is not capturable), and the step budget and ``max_model_len`` too (the padding's positions stay
-    inside it)."""
-    from ops.triton.delta_rule_kernels import RECURRENT_PREFILL_MAX_TOKENS
-
-    largest = min(RECURRENT_PREFILL_MAX_TOKENS, max_num_batched_tokens, max_model_len)
+# Buckets are powers of two up to this, then every this many tokens: a prompt pads by less than a bucket, at most
+# ~3 ms of an H200's prompt rate, where a captured step saves ~10-25 ms of launches.
+LARGE_BUCKET_STEP = 1024
+def prefill_buckets(max_tokens: int, max_num_batched_tokens: int, max_model_len: int) -> tuple[int, ...]:
+    """The token buckets of the captured prompt steps: powers of two from 16 to ``LARGE_BUCKET_STEP``, then every
+    ``LARGE_BUCKET_STEP`` tokens; none past ``max_tokens`` (``RuntimeConfig.max_prefill_capture_tokens``), the step
+    budget or ``max_model_len`` (the padding's positions stay inside it)."""
+    largest = min(max_tokens, max_num_batched_tokens, max_model_len)
     buckets, b = [], SMALLEST_BUCKET
     while b <= largest:
         buckets.append(b)
-        b *= 2
+        b = b * 2 if b < LARGE_BUCKET_STEP else b + LARGE_BUCKET_STEP
     return tuple(buckets)
 
 
@@ -73,6 +78,8 @@ class PrefillGraphs:
         self.context_lens = torch.zeros(n, dtype=torch.int32, device=self.device)
         self.state_slots = torch.full((n,), NULL_SLOT, dtype=torch.int32, device=self.device)
         self.cu_seqlens = torch.zeros(n + 1, dtype=torch.int32, device=self.device)
+        self.cu_seqlens_long = torch.zeros(n + 1, dtype=torch.long, device=self.device)
+        self.chunk_indices = torch.zeros(max_chunk_rows(rows, n), 2, dtype=torch.long, device=self.device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}  # each graph's output buffer
 
@@ -81,14 +88,20 @@ class PrefillGraphs:
         return next((b for b in self.buckets if b >= num_tokens), None)
 
     def covers(self, step: StepInputs) -> bool:
-        """Whether ``step`` can replay a captured graph: a prefill step of 2 sequences and a bucket's tokens."""
+        """Whether ``step`` can replay a captured graph: a prefill step of 2 sequences and a bucket's tokens, its chunk
+        table padded to the bucket's length (``Runtime.build_step`` with ``pad_to``)."""
+        bucket = step.input_ids.shape[0]
         return (step.is_prefill and not step.speculative and step.num_sequences == NUM_SEQUENCES
-                and step.input_ids.shape[0] in self._graphs
-                and step.block_tables.shape[1] <= self.block_tables.shape[1])
+                and bucket in self._graphs and step.block_tables.shape[1] <= self.block_tables.shape[1]
+                and step.chunk_indices is not None and step.chunk_indices.shape[0] == _chunk_rows(bucket))
 
     def _step(self, bucket: int) -> StepInputs:
+        """The bucket's step on the buffers. Its int64 offsets are a new view on every call: FLA memoises on their
+        identity, and a capture must record its own derivation, not reuse the warm-up's (see the module docstring)."""
         return StepInputs(self.input_ids[:bucket], self.positions[:bucket], self.slot_mapping[:bucket],
-                          self.block_tables, self.context_lens, self.state_slots, self.cu_seqlens, is_prefill=True)
+                          self.block_tables, self.context_lens, self.state_slots, self.cu_seqlens, is_prefill=True,
+                          cu_seqlens_long=self.cu_seqlens_long[:],
+                          chunk_indices=self.chunk_indices[: _chunk_rows(bucket)], graphed=True)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         hidden = self.model(step)
@@ -100,17 +113,20 @@ class PrefillGraphs:
         in the capture), on a step of padding only: both sequences on the null slot and the null block."""
         pool = torch.cuda.graph_pool_handle()
         for bucket in reversed(self.buckets):
-            self.cu_seqlens.copy_(torch.tensor([0, bucket // 2, bucket], dtype=torch.int32))
+            bounds = [0, bucket // 2, bucket]
+            self.cu_seqlens.copy_(torch.tensor(bounds, dtype=torch.int32))
+            self.cu_seqlens_long.copy_(self.cu_seqlens)
+            table = host_chunk_indices(bounds, num_rows=_chunk_rows(bucket))
+            self.chunk_indices[: _chunk_rows(bucket)].copy_(torch.tensor(table, dtype=torch.long).view(-1, 2))
             self.context_lens.copy_(torch.tensor([bucket // 2, bucket - bucket // 2], dtype=torch.int32))
             self.state_slots.fill_(NULL_SLOT)
             self.block_tables.fill_(NULL_BLOCK)
             self.slot_mapping.fill_(self._null_row)
-            step = self._step(bucket)
-            self._forward(step)
+            self._forward(self._step(bucket))
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._logits[bucket] = self._forward(step)
+                self._logits[bucket] = self._forward(self._step(bucket))  # a step of its own: see _step
             self._graphs[bucket] = graph
         torch.cuda.synchronize(self.device)
 
@@ -127,9 +143,16 @@ class PrefillGraphs:
         self.context_lens.copy_(step.context_lens)
         self.state_slots.copy_(step.state_slots)
         self.cu_seqlens.copy_(step.cu_seqlens)
+        self.cu_seqlens_long.copy_(step.cu_seqlens_long)
+        self.chunk_indices[: _chunk_rows(bucket)].copy_(step.chunk_indices)
         return self._replay(bucket).clone()
 
     def _replay(self, bucket: int) -> torch.Tensor:
         """Run the bucket's step on the buffers as they are; returns its logits buffer."""
         self._graphs[bucket].replay()
         return self._logits[bucket]
+
+
+def _chunk_rows(bucket: int) -> int:
+    """The chunk table's length in a bucket's step: the most chunks its 2 sequences can have."""
+    return max_chunk_rows(bucket, NUM_SEQUENCES)

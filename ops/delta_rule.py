@@ -15,7 +15,10 @@ Inputs are the raw post-conv projections; the ops apply, in fp32 (docs/ARCHITECT
   memoises what it derives from ``cu_seqlens`` on the identity (``is``) of the int64 tensor it gets, so every layer
   of a step should pass the same ``cu_seqlens_long`` object, and nobody may refill one in place (pack_step makes a
   new one per step). Without ``cu_seqlens_long`` the kernel hands FLA a fresh int64 copy per call (never stale,
-  never memoised). The reference checks that both equal what they summarise.
+  never memoised). The table may end with skip rows (``host_chunk_indices(..., num_rows=)``): a captured step's
+  table has one length for every step of its shape, and FLA's kernels pass over a chunk past its sequence's end.
+  The reference checks that both equal what they summarise. ``graphed`` (a captured step: launches cost nothing)
+  changes nothing in the result either: the CUDA kernel then takes the form of least GPU time.
 * ``gated_delta_rule_decode``: one token per sequence, reading and writing ``state`` in place by slot.
 
 The pool is fp32 by default (bf16 allowed); outputs have v's dtype.
@@ -38,17 +41,39 @@ if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
 L2NORM_EPS = 1e-6
 
 
-def host_chunk_indices(cu_seqlens: Sequence[int], chunk_size: int = CHUNK_SIZE) -> list[int]:
+def host_chunk_indices(
+    cu_seqlens: Sequence[int], chunk_size: int = CHUNK_SIZE, num_rows: int | None = None
+) -> list[int]:
     """FLA's varlen chunk table from host offsets, flattened: ``(sequence n, chunk c of it)`` for every
     ``chunk_size``-token chunk of every sequence, in order (a sequence of length 0 has none). As a ``[num_chunks, 2]``
     int64 tensor it equals ``fla.ops.utils.index.prepare_chunk_indices(cu_seqlens, chunk_size)``, which on a device
-    costs ~12 small launches and a host sync (``repeat_interleave`` reads its output size)."""
-    return [
+    costs ~12 small launches and a host sync (``repeat_interleave`` reads its output size).
+
+    ``num_rows``: the table padded to that many rows with skip rows, each the chunk just past the last sequence's
+    end: a captured step's table has one length whatever its sequences' lengths. FLA's kernels mask a chunk's loads
+    and stores to its sequence's tokens (the fused intra-chunk kernel returns first), so a skip row reads and writes
+    no token; the state kernel walks each sequence's own chunks. ``max_chunk_rows(tokens, sequences)`` rows hold any
+    step of that shape."""
+    rows = [
         v
         for n, (start, end) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:]))
         for c in range(-(-(end - start) // chunk_size))
         for v in (n, c)
     ]
+    if num_rows is not None and num_rows * 2 != len(rows):
+        if num_rows * 2 < len(rows) or len(cu_seqlens) < 2:
+            raise ValueError(f"num_rows={num_rows}: the table of {len(cu_seqlens) - 1} sequences has {len(rows) // 2} "
+                             "rows")
+        last = len(cu_seqlens) - 2
+        skip = (last, -(-(cu_seqlens[-1] - cu_seqlens[-2]) // chunk_size))
+        rows += skip * (num_rows - len(rows) // 2)
+    return rows
+
+
+def max_chunk_rows(num_tokens: int, num_sequences: int, chunk_size: int = CHUNK_SIZE) -> int:
+    """The most chunks ``num_sequences`` sequences of ``num_tokens`` tokens in all can have: each sequence's last
+    chunk may be partial, so at most one chunk more per sequence after the first."""
+    return -(-num_tokens // chunk_size) + max(num_sequences - 1, 0)
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -133,6 +158,7 @@ def gated_delta_rule_prefill_reference(
     state_slots: torch.Tensor,  # [N] int32
     cu_seqlens_long: torch.Tensor | None = None,  # [N + 1] int64: cu_seqlens again (the CUDA kernel's hint)
     chunk_indices: torch.Tensor | None = None,  # [num_chunks, 2] int64: host_chunk_indices(cu_seqlens) (the same)
+    graphed: bool = False,  # the CUDA kernel's choice of form only
 ) -> torch.Tensor:
     bounds = cu_seqlens.tolist()
     _check_hints(bounds, cu_seqlens_long, chunk_indices)
@@ -154,14 +180,16 @@ def _check_hints(bounds: list[int], cu_seqlens_long: torch.Tensor | None, chunk_
         raise ValueError("cu_seqlens_long must be cu_seqlens as int64")
     if chunk_indices is not None:
         want = host_chunk_indices(bounds)
-        if chunk_indices.dtype != torch.long or chunk_indices.shape != (len(want) // 2, 2) or (
-            chunk_indices.flatten().tolist() != want
-        ):
-            raise ValueError("chunk_indices must be host_chunk_indices(cu_seqlens) as a [num_chunks, 2] int64 tensor")
+        rows = chunk_indices.shape[0] if chunk_indices.dim() == 2 else 0
+        if (chunk_indices.dtype != torch.long or chunk_indices.shape != (rows, 2) or rows * 2 < len(want)
+                or chunk_indices.flatten().tolist() != host_chunk_indices(bounds, num_rows=rows)):
+            raise ValueError("chunk_indices must be host_chunk_indices(cu_seqlens) (skip rows after it allowed) as a "
+                             "[num_chunks, 2] int64 tensor")
 
 
 def _gated_delta_rule_prefill_fake(
-    q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, state_slots, cu_seqlens_long=None, chunk_indices=None
+    q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, state_slots, cu_seqlens_long=None, chunk_indices=None,
+    graphed=False,
 ):
     return v.new_empty(v.shape)  # references return contiguous tensors
 
@@ -169,7 +197,7 @@ def _gated_delta_rule_prefill_fake(
 gated_delta_rule_prefill = define_op(
     "gated_delta_rule_prefill(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
     "Tensor(a!) state, Tensor cu_seqlens, Tensor state_slots, Tensor? cu_seqlens_long=None, "
-    "Tensor? chunk_indices=None) -> Tensor",
+    "Tensor? chunk_indices=None, bool graphed=False) -> Tensor",
     reference=gated_delta_rule_prefill_reference,
     cuda=delta_rule_kernels.gated_delta_rule_prefill if HAVE_TRITON else None,
     fake=_gated_delta_rule_prefill_fake,

@@ -33,6 +33,9 @@ class StepInputs:
     # their identity, so they are made anew for each step and never refilled in place.
     cu_seqlens_long: torch.Tensor | None = None  # [N + 1] int64: cu_seqlens again
     chunk_indices: torch.Tensor | None = None  # [num_chunks, 2] int64: (sequence, chunk of it) per 64-token chunk
+    # Prefill only: the step is captured into a CUDA graph (graphs/prefill_graph.py), where launches cost nothing, so
+    # its ops take their forms of least GPU time (the delta rule its chunked form at every length).
+    graphed: bool = False
     # A verify step of speculative decoding (a prefill step in every other respect): each sequence scores the same
     # number of tokens, its last one and its drafts; the linear layers keep what each position adds to the state
     # apart (their verify history) and leave the pools unchanged until the model's commit_verify.

@@ -80,10 +80,16 @@ def bound_kernels(module_name: str) -> dict[str, str]:
     bound = {}
     for fn in _KERNEL_FUNCTIONS:
         wrapper = getattr(module, fn)
-        cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
-        implementation = cells["implementation"].cell_contents if "implementation" in cells else wrapper
+        if not hasattr(wrapper, "__code__"):  # transformers >= 5.25 (the `kernels` package): a module calling it
+            wrapper = _closure(type(wrapper).forward)["func"]
+        implementation = _closure(wrapper).get("implementation", wrapper)
         bound[fn] = implementation.__module__
     return bound
+
+
+def _closure(fn) -> dict:
+    """The values a function's closure captured, by name."""
+    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
 
 
 def hide_fla() -> None:

@@ -81,6 +81,8 @@ BAD_KNOBS = [
     (dict(enable_prefix_caching=1), "enable_prefix_caching"),
     (dict(state_dtype="float32"), "state_dtype"),
     (dict(attention_backend=None), "attention_backend"),
+    (dict(max_prefill_capture_tokens=-1), "max_prefill_capture_tokens"),
+    (dict(max_prefill_capture_tokens=512.0), "max_prefill_capture_tokens"),
 ]
 
 

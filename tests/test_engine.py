@@ -461,6 +461,9 @@ def test_startup_runs_a_prefill_in_every_l2norm_bucket(model_path, monkeypatch):
                         lambda step: seen.append((step.is_prefill, step.input_ids.shape[0])) or forward(step))
     memory_plan.measure_activation_peak(rt.model, rt.config, rt.max_model_len, rt.device, rt.dtype)
     assert (False, 4) in seen  # the decode step at max_num_seqs ran too
+    eager_steps = list(seen)
+    memory_plan.measure_activation_peak(rt.model, rt.config, rt.max_model_len, rt.device, rt.dtype, 48)
+    assert seen[len(eager_steps):] == eager_steps + [(True, 48)]  # and the captured prompt steps' largest, last
 
     def bucket(tokens):
         return -(-tokens * key_heads // 16)

@@ -825,10 +825,11 @@ def test_gated_delta_rule_prefill_fp32_and_bf16_pool(layout, dtype, state_dtype,
     _assert_close_relative(state, want_state, max_abs=max_abs, max_rel_norm=max_rel, what=f"{state_dtype} state")
 
 
-def _fla_fields(cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cu_seqlens_long and chunk_indices as pack_step makes them: 16-byte-aligned views of one new int64 tensor."""
+def _fla_fields(cu: torch.Tensor, num_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cu_seqlens_long and chunk_indices as pack_step makes them: 16-byte-aligned views of one new int64 tensor
+    (the table padded to ``num_rows`` with skip rows, as a captured step's)."""
     bounds = cu.tolist()
-    chunks = delta_rule.host_chunk_indices(bounds)
+    chunks = delta_rule.host_chunk_indices(bounds, num_rows=num_rows)
     at = -(-len(bounds) // 2) * 2
     packed = torch.zeros(at + len(chunks), dtype=torch.long)
     packed[: len(bounds)] = torch.tensor(bounds)
@@ -866,6 +867,59 @@ def test_gated_delta_rule_prefill_recurrent_form_syncs_nothing():
         op(q, k, v, a, b, A_log, dt_bias, state.clone(), cu, slots)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("bounds", [[0, 70, 456], [0, 448, 512], [0, 1000, 1000], [0, 1, 64, 1024]])
+def test_gated_delta_rule_prefill_skip_rows_change_nothing(bounds):
+    """The chunked form with its chunk table padded by skip rows (a captured prompt step's fixed length, graphs/
+    prefill_graph.py): output and states bit-identical to the exact table's, for a last sequence ending inside a
+    chunk, on a chunk edge and empty; and no host sync."""
+    from ops.triton import delta_rule_kernels
+
+    gen = _seeded(13)
+    layout = LINEAR_LAYOUTS[0]
+    cu = torch.tensor(bounds, dtype=torch.int32, device=DEV)
+    slots = torch.arange(1, len(bounds), dtype=torch.int32, device=DEV)
+    q, k, v, a, b, A_log, dt_bias = _gdr_inputs(gen, bounds[-1], layout, torch.bfloat16)
+    state = _randn(gen, len(bounds), layout[1], layout[2], layout[3], scale=0.3)
+    op = torch.ops.ce.gated_delta_rule_prefill
+    rows = delta_rule.max_chunk_rows(bounds[-1], len(bounds) - 1) + 1
+    with _patched(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", 0):
+        exact_state = state.clone()
+        exact = op(q, k, v, a, b, A_log, dt_bias, exact_state, cu, slots, *_fla_fields(cu))
+        padded_state = state.clone()
+        fields = _fla_fields(cu, num_rows=rows)
+        assert fields[1].shape[0] > len(delta_rule.host_chunk_indices(bounds)) // 2
+        padded = op(q, k, v, a, b, A_log, dt_bias, padded_state, cu, slots, *fields)
+        assert torch.equal(padded, exact) and torch.equal(padded_state, exact_state)
+        fresh = _fla_fields(cu, num_rows=rows)  # a new step's fields (built on the host: .tolist() syncs)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            op(q, k, v, a, b, A_log, dt_bias, state.clone(), cu, slots, *fresh)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+
+def test_gated_delta_rule_prefill_graphed_takes_the_chunked_form():
+    """A captured step's call (``graphed``) of 100 tokens, inside the recurrent form's range, runs the chunked form:
+    bit-identical to the chunked form forced by the limit."""
+    from ops.triton import delta_rule_kernels
+
+    gen = _seeded(14)
+    layout = LINEAR_LAYOUTS[0]
+    cu = torch.tensor([0, 30, 100], dtype=torch.int32, device=DEV)
+    slots = torch.tensor([1, 2], dtype=torch.int32, device=DEV)
+    q, k, v, a, b, A_log, dt_bias = _gdr_inputs(gen, 100, layout, torch.bfloat16)
+    state = _randn(gen, 3, layout[1], layout[2], layout[3], scale=0.3)
+    op = torch.ops.ce.gated_delta_rule_prefill
+    assert 100 <= delta_rule_kernels.RECURRENT_PREFILL_MAX_TOKENS
+    graphed_state = state.clone()
+    graphed = op(q, k, v, a, b, A_log, dt_bias, graphed_state, cu, slots, *_fla_fields(cu), True)
+    with _patched(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", 0):
+        chunked_state = state.clone()
+        chunked = op(q, k, v, a, b, A_log, dt_bias, chunked_state, cu, slots, *_fla_fields(cu))
+    assert torch.equal(graphed, chunked) and torch.equal(graphed_state, chunked_state)
 
 
 def test_gated_delta_rule_prefill_fla_fields_change_nothing_and_sync_nothing():

@@ -1118,6 +1118,28 @@ def test_opcheck_gated_delta_rule_prefill_with_fla_fields():
     packed = torch.tensor([*cu.tolist(), 0, *dr.host_chunk_indices(cu.tolist())], dtype=torch.long)
     n = cu.shape[0]
     _opcheck(op, (*args, packed[:n], packed[n + 1 :].view(-1, 2)))
+    _opcheck(op, (*args, packed[:n], packed[n + 1 :].view(-1, 2), True))  # graphed: a captured step's call
+
+
+def test_gated_delta_rule_prefill_reference_takes_skip_rows():
+    """A chunk table padded with skip rows (a captured step's) is accepted and changes nothing; skip rows that name a
+    chunk inside a sequence, or a table cut short, are refused."""
+    op, args = OPCHECK_CASES["gated_delta_rule_prefill"]
+    cu = args[8].tolist()
+    state = args[7]
+    plain_state = state.clone()
+    plain = dr.gated_delta_rule_prefill_reference(*args[:7], plain_state, *args[8:])
+    table = dr.host_chunk_indices(cu, num_rows=len(dr.host_chunk_indices(cu)) // 2 + 2)
+    assert table[-2:] == [len(cu) - 2, -(-(cu[-1] - cu[-2]) // dr.CHUNK_SIZE)]
+    padded_state = state.clone()
+    got = dr.gated_delta_rule_prefill_reference(*args[:7], padded_state, *args[8:],
+                                                chunk_indices=torch.tensor(table).view(-1, 2))
+    assert torch.equal(got, plain) and torch.equal(padded_state, plain_state)
+    inside = table[:-2] + [0, 0]
+    for bad in (inside, table[:2]):  # a skip row inside sequence 0; the second sequence's chunk left out
+        with pytest.raises(ValueError, match="chunk_indices"):
+            dr.gated_delta_rule_prefill_reference(*args[:7], state.clone(), *args[8:],
+                                                  chunk_indices=torch.tensor(bad).view(-1, 2))
 
 
 def test_every_op_is_covered():

@@ -1,4 +1,4 @@
-"""Captured prompt steps (graphs/prefill_graph.py): a short prompt step of one sequence, padded to its bucket by a
+"""Captured prompt steps (graphs/prefill_graph.py): a prompt step of one sequence, padded to its bucket by a
 padding sequence on the null slot and block and replayed, computes what the unpadded eager step computes.
 
 The oracle is a second runtime on the same checkpoint that runs every step unpadded and eagerly (a solo run). On the
@@ -35,9 +35,10 @@ class EagerPrefillGraphs(PrefillGraphs):
         return self._forward(self._step(bucket))
 
 
-def _runtime(path, device: str) -> Runtime:
-    return Runtime.from_pretrained(str(path), device=device, dtype="float32", compile=False, max_model_len=128,
-                                   max_num_seqs=4, num_kv_blocks=64, block_size=8)
+def _runtime(path, device: str, max_model_len: int = 128) -> Runtime:
+    return Runtime.from_pretrained(str(path), device=device, dtype="float32", compile=False,
+                                   max_model_len=max_model_len, max_num_seqs=4,
+                                   num_kv_blocks=max(64, 2 * max_model_len // 8), block_size=8)
 
 
 def _states(rt: Runtime, slot: int) -> list[torch.Tensor]:
@@ -95,21 +96,33 @@ def test_padded_prompt_steps_equal_unpadded_ones(cpu_pair, data):
 
 
 def test_prefill_buckets_stop_at_every_limit():
-    """Powers of two from 16, none past the delta rule's short-step limit, the step budget or max_model_len."""
-    from ops.triton.delta_rule_kernels import RECURRENT_PREFILL_MAX_TOKENS
+    """Powers of two from 16 to LARGE_BUCKET_STEP, then every LARGE_BUCKET_STEP tokens; none past the capture limit,
+    the step budget or max_model_len."""
+    from graphs.prefill_graph import LARGE_BUCKET_STEP
 
-    assert prefill_buckets(16384, 9216) == tuple(2**i for i in range(4, 10) if 2**i <= RECURRENT_PREFILL_MAX_TOKENS)
-    assert prefill_buckets(100, 9216) == (16, 32, 64)
-    assert prefill_buckets(16384, 40) == (16, 32)
-    assert prefill_buckets(16384, 15) == ()
+    step = LARGE_BUCKET_STEP
+    short = tuple(2**i for i in range(4, 30) if 2**i <= step)
+    assert prefill_buckets(8192, 16384, 9216) == short + tuple(range(2 * step, 8192 + 1, step))
+    assert prefill_buckets(8192, 16384, 3 * step + 5) == short + (2 * step, 3 * step)
+    assert prefill_buckets(3 * step + 5, 16384, 9216) == short + (2 * step, 3 * step)
+    assert prefill_buckets(8192, step - 1, 9216) == short[:-1]
+    assert prefill_buckets(8192, 100, 9216) == (16, 32, 64)
+    assert prefill_buckets(8192, 16384, 40) == (16, 32)
+    assert prefill_buckets(8192, 16384, 15) == ()
+    assert prefill_buckets(0, 16384, 9216) == ()
 
 
 @pytest.mark.gpu
-def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path):
+def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path, monkeypatch):
     """The real capture: prompts of 1-70 tokens (bucket edges, a second chunk continuing a first) replayed from the
-    captured graphs give the eager runtime's logits, states and greedy continuation."""
+    captured graphs give the eager runtime's logits, states and greedy continuation. The eager runtime takes the
+    chunked delta rule too (as the graphs do: ``graphed``), so that only the capture and the padding are compared
+    (both forms against the fp32 reference: tests/test_kernels_cuda.py)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
+    from ops.triton import delta_rule_kernels
+
+    monkeypatch.setattr(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", 0)
     captured, plain = _runtime(qwen3_5_text_tied_path, "cuda"), _runtime(qwen3_5_text_tied_path, "cuda")
     live = captured.add_sequence([3, 1, 4, 1, 5, 9, 2, 6])  # a sequence the capture must leave as it is
     captured.prefill([live])
@@ -127,4 +140,35 @@ def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path):
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         for got, want in zip(got_states, want_states):
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert got_tokens == want_tokens, (length, chunks)
+
+
+@pytest.mark.gpu
+def test_captured_chunked_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path):
+    """Captured steps run FLA's chunked delta rule (``graphed``) with the chunk table padded by skip rows to the
+    bucket's length: prompts ending inside a chunk, on a chunk edge, filling the bucket (the padding empty), and a
+    second chunk continuing a first, against the eager runtime (which takes the recurrent form up to
+    RECURRENT_PREFILL_MAX_TOKENS and the chunked one past it)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    buckets = (1024, 2048)
+    captured, plain = (_runtime(qwen3_5_text_tied_path, "cuda", 4096) for _ in range(2))
+    graphs = captured.executor.compile_prefill(buckets)
+    assert graphs is not None and tuple(graphs._graphs) == buckets[::-1]
+    cases = [(600, [600]), (1024, [1024]), (1088, [1088]), (1500, [1500]), (2048, [2048]), (2000, [700, 1300])]
+    for length, chunks in cases:
+        replays = []
+        replay = graphs._replay
+        graphs._replay = lambda bucket: replays.append(bucket) or replay(bucket)
+        prompt = [(5 * i + 2) % 50 + 1 for i in range(length)]
+        try:
+            got_logits, got_states, got_tokens = _run(captured, prompt, chunks, 4)
+        finally:
+            graphs._replay = replay
+        assert replays == [graphs.bucket(n) for n in chunks], (length, chunks)
+        want_logits, want_states, want_tokens = _run(plain, prompt, chunks, 4)
+        for got, want in zip(got_logits, want_logits):
+            torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)  # matmuls of other row counts round apart
+        for got, want in zip(got_states, want_states):
+            torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
         assert got_tokens == want_tokens, (length, chunks)

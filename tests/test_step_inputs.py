@@ -99,6 +99,25 @@ def test_pack_step_prefill_fields(lengths, start_seed):
         assert _byte_offset(getattr(step, name)) % 16 == 0, name
 
 
+@given(lengths=st.lists(st.integers(0, 300), min_size=1, max_size=9).filter(any), extra=st.integers(0, 3))
+def test_pack_step_pads_the_chunk_table_with_skip_rows(lengths, extra):
+    """``chunk_rows`` (a captured step's fixed table length): the table, then rows naming the chunk just past the last
+    sequence's end. ``max_chunk_rows`` is a bound for every split of the tokens (counted chunk by chunk here)."""
+    from ops.delta_rule import max_chunk_rows
+
+    real = _chunk_table_by_loop(lengths)
+    rows = max_chunk_rows(sum(lengths), len(lengths))
+    assert len(real) <= rows
+    seqs = _fake_seqs(lengths, [0] * len(lengths), slots=list(range(1, len(lengths) + 1)))
+    step = pack_step(seqs, lengths, True, BLOCK_SIZE, torch.device("cpu"), chunk_rows=rows + extra)
+    skip = [len(lengths) - 1, -(-lengths[-1] // CHUNK_SIZE)]
+    assert step.chunk_indices.tolist() == real + [skip] * (rows + extra - len(real))
+    assert _byte_offset(step.chunk_indices) % 16 == 0
+    if real:
+        with pytest.raises(ValueError, match="num_rows"):
+            pack_step(seqs, lengths, True, BLOCK_SIZE, torch.device("cpu"), chunk_rows=len(real) - 1)
+
+
 def test_pack_step_decode_has_no_prefill_fields():
     seqs = _fake_seqs([1, 1, 1], [5, 17, 40], slots=[3, 1, 2])
     step = pack_step(seqs, [1, 1, 1], False, BLOCK_SIZE, torch.device("cpu"))
@@ -194,8 +213,9 @@ def test_every_linear_layer_gets_the_steps_own_objects(runtime, monkeypatch):
     assert len(steps) == 2 and len(calls) == 2 * num_linear
     for step, layer_calls in zip(steps, (calls[:num_linear], calls[num_linear:])):
         for args in layer_calls:
-            cu, _, cu_long, chunks = args[8:]
+            cu, _, cu_long, chunks, graphed = args[8:]
             assert cu is step.cu_seqlens and cu_long is step.cu_seqlens_long and chunks is step.chunk_indices
+            assert graphed is False  # an eager step: the delta rule may take its recurrent form
     assert steps[0].cu_seqlens_long is not steps[1].cu_seqlens_long
     assert steps[1].chunk_indices.tolist() == [[0, 0]]
 

@@ -14,8 +14,10 @@ count (``RECURRENT_PREFILL_MAX_TOKENS``):
   * the chunked form (``_fla_chunk_forward``): seven kernels a layer, parallel over chunks of 64 tokens, the one
     that scales to long prompts;
   * the recurrent form (``_fla_recurrent_forward``): one kernel, each program walking its sequence token by token
-    with a K x 8 slice of the state in registers. A short prompt step is host-bound (every kernel of an eager
-    step is launched from Python), and the chunked form's seven launches cost far more host time than its GPU work.
+    with a K x 8 slice of the state in registers. A short eager prompt step is host-bound (every kernel is launched
+    from Python), and the chunked form's seven launches cost far more host time than its GPU work. In a captured
+    step (``graphed``) launches cost nothing and the chunked form's GPU time is the smaller from ~32 tokens up (one
+    sequence, an H200: 47 against 155 µs at 128 tokens), so a captured step takes the chunked form at every length.
 Both call the forwards FLA's public functions run, not the public functions: those add a backend dispatch, argument
 checks, an autograd Function and an input guard, which cost more host time per call than the forward itself;
 outputs and final states are bit-identical (bench/NOTES.md, "FLA's forward called directly").
@@ -224,6 +226,7 @@ def gated_delta_rule_prefill(
     state_slots: torch.Tensor,  # [N] int32
     cu_seqlens_long: torch.Tensor | None = None,  # [N + 1] int64, the same offsets: one object for a whole step
     chunk_indices: torch.Tensor | None = None,  # [num_chunks, 2] int64: ops.delta_rule.host_chunk_indices
+    graphed: bool = False,  # a captured step's call: launches cost nothing, so the chunked form at every length
 ) -> torch.Tensor:
     if v.shape[0] == 0 or state_slots.shape[0] == 0:  # no tokens: every state stays as it is
         return v.new_empty(v.shape)
@@ -238,7 +241,8 @@ def gated_delta_rule_prefill(
     inputs = (q.to(v.dtype).unsqueeze(0), k.to(v.dtype).unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0),
               beta.unsqueeze(0))
     initial = state[slots]  # gathered copy: prefill is compute-bound, the copy is cheap here
-    if v.shape[0] <= RECURRENT_PREFILL_MAX_TOKENS:  # a shape, not a value: no sync, and the same choice every rank
+    # A shape, not a value: no sync, and the same choice on every rank.
+    if v.shape[0] <= RECURRENT_PREFILL_MAX_TOKENS and not graphed:
         o, final = _fla_recurrent_forward(*inputs, initial_state=initial, cu_seqlens=cu)
     else:
         # chunk_indices None: FLA derives them on the device (~12 launches and a host sync)
