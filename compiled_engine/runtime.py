@@ -321,8 +321,8 @@ class Runtime:
                                  f"{tuple(indices.shape)} {indices.dtype} on {indices.device} and "
                                  f"{tuple(tokens.shape)} {tokens.dtype} on {tokens.device}")
         counts = [s.num_uncomputed_tokens for s in seqs] if num_tokens is None else list(num_tokens)
-        # One sequence's short step replays a captured prompt step (ModelExecutor.compile_prefill): padded to its
-        # bucket's tokens by a padding sequence, whose logits row is dropped.
+        # One sequence's step replays a captured prompt step (ModelExecutor.compile_prefill): padded to its bucket's
+        # tokens by a padding sequence, whose logits row is dropped.
         graphs = self.executor.prefill_graphs
         bucket = (graphs.bucket(counts[0]) if graphs is not None and len(seqs) == 1 and not all_logits
                   and device_input_ids is None else None)

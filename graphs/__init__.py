@@ -8,7 +8,7 @@ Modules: ``buckets`` (which batch sizes get a graph), ``static_inputs`` (fixed-a
 ``decode_graph`` (DecodeGraphRunner). The runner knows the model only as a module whose forward takes a StepInputs
 (``compiled_engine.step``) and which has ``decode_logits``; it imports nothing else of compiled_engine. Who builds
 it: ``compiled_engine.executor.ModelExecutor.compile_decode``. Prefill is not compiled (bench/NOTES.md, "Prefill
-compile", has the measurement and the reasons), but a short prompt step of one sequence is captured as it runs
+compile", has the measurement and the reasons), but a prompt step of one sequence is captured as it runs
 eagerly, one CUDA graph per token bucket (``prefill_graph``: PrefillGraphs, built by
 ``ModelExecutor.compile_prefill``). docs/ARCHITECTURE.md,
 "Compile and capture", states the rules a graph depends on.

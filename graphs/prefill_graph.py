@@ -6,9 +6,9 @@
     logits = graphs(step)             # a prefill StepInputs of 2 sequences and a bucket's tokens -> fp32 [2, vocab]
 
 Why: a prompt step is host work as much as GPU work. Eager, it launches ~590 kernels from Python one by one: on an
-H200 the first token of a prompt of up to 512 tokens came ~16 ms after its arrival, where the step's GPU work takes a
-few ms; captured, 2.7 ms at 16 tokens and 5.4 at 128 (bench/NOTES.md, "Prefill graphs"). The step is a few copies
-and one replay.
+H200 the first token of a prompt of up to 512 tokens came ~16 ms after its arrival and of 1,024-4,096 tokens ~30 ms,
+where the step's GPU work takes a few ms; captured, 2.9 ms at 16 tokens, 4.3 at 512, 5.8 at 1,024, 15.8 at 4,096
+(bench/NOTES.md, "Prefill graphs"). The step is a few copies and one replay.
 
 What a graph is: the model's eager prompt step (the same ops and kernels, no torch.compile) on fixed-address inputs
 of one shape, 2 sequences and ``bucket`` tokens, followed by the logits of both sequences' last tokens. The runtime
