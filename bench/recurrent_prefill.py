@@ -12,7 +12,8 @@ prompt's time to first token. Both forms run in one process: ``RECURRENT_PREFILL
     token: admission, the eager prompt step, the first token's read-back), on the 0.8B shape with random weights,
     eager decode (no decode graph is needed for one token); median of ``--repeats``. Then ``captured``: the same
     with the prompt steps captured (``ModelExecutor.compile_prefill``, what a compiled runtime does at start-up:
-    graphs/prefill_graph.py), for the T its buckets hold.
+    graphs/prefill_graph.py), for the T its buckets hold; a captured step takes the chunked form at every length
+    (``StepInputs.graphed``), whatever the limit.
 
     python bench/recurrent_prefill.py --out DIR [--tokens 16,64,128,256,512,1024,2048] [--repeats 5]
 
