@@ -39,10 +39,10 @@ from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from tests.compile_helpers import (
     draw_sampling_inputs,
     reference_draw,
-    STATE_ATOL,
     STREAM_LOGIT_ATOL,
     assert_isolated,
     assert_logits_close,
+    assert_rows_close,
     assert_same_greedy,
     cache_buffers,
     eager_decode_step,
@@ -91,7 +91,7 @@ def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs, sampling: Samplin
     assert_isolated(model, before, step, block_size=rt.config.block_size, padded=padded)
     for name, buf in cache_buffers(model).items():  # the rows the step wrote hold what eager wrote
         written = torch.tensor(sorted(written_rows(name, step)), dtype=torch.long)
-        torch.testing.assert_close(rows(name, buf)[written], rows(name, eager_after[name])[written], atol=STATE_ATOL, rtol=0)
+        assert_rows_close(rows(name, buf)[written], rows(name, eager_after[name])[written])
     return compiled
 
 

@@ -30,7 +30,7 @@ from graphs import expected_compiles
 from tests.compile_helpers import (
     draw_sampling_inputs,
     reference_draw,
-    STATE_ATOL,
+    assert_rows_close,
     STREAM_LOGIT_ATOL,
     assert_logits_close,
     assert_same_greedy,
@@ -169,9 +169,7 @@ def test_replays_match_eager(gpu_compiled, data):
                 allowed = written_rows(name, step) | (null_rows(name, BLOCK_SIZE) if padded else set())
                 assert changed_rows(name, buf, before[name], allowed) == [], f"{name}: rows outside the batch changed"
                 written = torch.tensor(sorted(written_rows(name, step)), device=buf.device)
-                torch.testing.assert_close(
-                    rows(name, buf)[written], rows(name, eager_after[name])[written], atol=STATE_ATOL, rtol=0
-                )
+                assert_rows_close(rows(name, buf)[written], rows(name, eager_after[name])[written])
     finally:
         for seq in seqs:
             rt.release(seq)
