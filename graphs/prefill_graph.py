@@ -46,6 +46,8 @@ SMALLEST_BUCKET = 16
 # Buckets are powers of two up to this, then every this many tokens: a prompt pads by less than a bucket, at most
 # ~3 ms of an H200's prompt rate, where a captured step saves ~10-25 ms of launches.
 LARGE_BUCKET_STEP = 1024
+
+
 def prefill_buckets(max_tokens: int, max_num_batched_tokens: int, max_model_len: int) -> tuple[int, ...]:
     """The token buckets of the captured prompt steps: powers of two from 16 to ``LARGE_BUCKET_STEP``, then every
     ``LARGE_BUCKET_STEP`` tokens; none past ``max_tokens`` (``RuntimeConfig.max_prefill_capture_tokens``), the step
