@@ -7,7 +7,7 @@ prompt's time to first token. Both forms run in one process: ``RECURRENT_PREFILL
     state pool, with the step fields pack_step hands it (``cu_seqlens_long``, ``chunk_indices``): one sequence of T
     tokens, and 8 sequences of T / 8. ``wall_us``: a call's share of 18 calls in a row (a prompt step's GDN layers,
     nothing synchronising between them): what the host and the GPU together take, eager; ``gpu_us``: the same 18
-    calls captured in one CUDA graph and replayed (the GPU's time alone).
+    calls captured in one CUDA graph, the median of 10 replays (the GPU's time alone).
   * ``ttft``: ``LLM.generate`` of one prompt of T tokens with ``max_tokens=1`` (its wall time is the time to first
     token: admission, the eager prompt step, the first token's read-back), on the 0.8B shape with random weights,
     eager decode (no decode graph is needed for one token); median of ``--repeats``. Then ``captured``: the same
@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.attention_prefill_sweep import time_ms  # noqa: E402
 from ops import delta_rule  # noqa: E402  (registers the ce ops)
 from ops.triton import delta_rule_kernels  # noqa: E402
 
@@ -102,15 +103,7 @@ def _time_op(lengths: list[int], gen: torch.Generator) -> dict:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     layers()
-                graph.replay()
-                torch.cuda.synchronize()
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                for _ in range(10):
-                    graph.replay()
-                end.record()
-                torch.cuda.synchronize()
-                gpu = begin.elapsed_time(end) * 1e3 / (10 * LAYERS)
+                gpu = time_ms(graph.replay, repeats=10) * 1e3 / LAYERS  # the median replay, µs a call
             except Exception as e:  # noqa: BLE001 - a form that cannot be captured keeps its wall time
                 print(f"  {name}: no CUDA graph ({type(e).__name__}: {e})", flush=True)
             row[name] = {"wall_us": min(walls), "gpu_us": gpu}
