@@ -1,0 +1,50 @@
+"""One decoder layer's matmuls (bench/gemv_chain.py's chain), run eagerly between ``cudaProfilerStart`` and
+``cudaProfilerStop`` so that Nsight Compute profiles exactly those kernels: where a skinny GEMM call's time goes (DRAM
+throughput, issue slots, warp stalls, instructions executed) at a given row count.
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section WarpStateStats \\
+        --section InstructionStats --section Occupancy --section LaunchStats --csv --page details \\
+        python3 bench/gemv_ncu.py --rows 4 [--cublas]
+
+The layer is a Gated-DeltaNet layer (in_proj and gate_up with the norm prologue, out_proj, down with the SiLU gate),
+then the lm_head; the chain's earlier layers run first, outside the profiled range, so that compiles and the L2 are
+as in a step. Every kernel runs alone under ncu (its replays flush the caches), without the PDL overlap of a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gemv_chain import Chain  # noqa: E402
+from bench.ops_microbench import Shape  # noqa: E402
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1)
+    parser.add_argument("--cublas", action="store_true", help="ce::linear's cuBLAS path instead of the skinny GEMM")
+    args = parser.parse_args(argv)
+    shape = Shape()
+    shape.layers = 4  # the first full-attention layer is the fourth: three GDN layers, then stop
+    chain = Chain(shape)
+    chain.set_rows(args.rows)
+    mode = "cublas" if args.cublas else "skinny"
+    chain.layers = chain.layers[:1]
+    for _ in range(3):  # compile and warm
+        chain.run(None, mode)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    chain.run(None, mode)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"profiled one GDN layer's matmuls and the lm_head at {args.rows} rows ({mode})")
+
+
+if __name__ == "__main__":
+    main()
