@@ -64,14 +64,20 @@ VOCAB = [(8, 256, 4, 4), (8, 512, 4, 3), (16, 256, 4, 3), (4, 1024, 4, 2), (32, 
 NARROW_ROWS = [(2, 2048, 8, 1), (4, 2048, 8, 1), (8, 2048, 8, 1), (2, 512, 2, 1), (4, 256, 1, 1)]
 WIDE_ROWS = [(4, 1024, 4, 1), (8, 1024, 4, 1), (2, 1024, 4, 1), (4, 512, 2, 1), (8, 512, 2, 1), (8, 256, 1, 1)]
 VOCAB_ROWS = [(8, 512, 2, 1), (4, 1024, 4, 1)]
-# roles: name -> (prologue, one-row candidates, 2..GEMV_MAX_ROWS-row candidates); gdn_out_proj and attn_o_proj share
-# a shape
-ROLE_KINDS = {"gdn_in_proj": ("norm", WIDE, WIDE_ROWS), "out_proj": ("plain", NARROW, NARROW_ROWS),
-              "mlp_gate_up": ("norm", WIDE, WIDE_ROWS), "mlp_down": ("gated", NARROW, NARROW_ROWS),
-              "attn_qkv": ("norm", WIDE, WIDE_ROWS), "lm_head": ("plain", VOCAB, VOCAB_ROWS)}
+# Tensor-core candidates (BLOCK_N, BLOCK_K, num_warps, num_stages; BLOCK_M 8 or 16 from the row count), the first of
+# each list the `dot` variant's: 1-2 warps of 16-row mma tiles per program (Triton's mma.sync path; 4 warps of a
+# 64-row tile take wgmma), so that the prologue runs once per warp over few weight rows.
+WIDE_DOT = [(64, 128, 2, 3), (32, 128, 1, 3), (64, 256, 2, 2), (128, 128, 4, 3), (64, 128, 4, 3)]
+NARROW_DOT = [(16, 256, 1, 3), (32, 128, 1, 3), (32, 256, 2, 3), (16, 128, 1, 4)]
+VOCAB_DOT = [(64, 128, 2, 3), (128, 128, 4, 3), (128, 64, 4, 4)]
+# roles: name -> (prologue, one-row candidates, 2..GEMV_MAX_ROWS-row candidates, tensor-core candidates);
+# gdn_out_proj and attn_o_proj share a shape
+ROLE_KINDS = {"gdn_in_proj": ("norm", WIDE, WIDE_ROWS, WIDE_DOT), "out_proj": ("plain", NARROW, NARROW_ROWS, NARROW_DOT),
+              "mlp_gate_up": ("norm", WIDE, WIDE_ROWS, WIDE_DOT), "mlp_down": ("gated", NARROW, NARROW_ROWS, NARROW_DOT),
+              "attn_qkv": ("norm", WIDE, WIDE_ROWS, WIDE_DOT), "lm_head": ("plain", VOCAB, VOCAB_ROWS, VOCAB_DOT)}
 
 
-def roles(s: Shape) -> dict[str, tuple[int, int, str, list, list]]:
+def roles(s: Shape) -> dict[str, tuple[int, int, str, list, list, list]]:
     shapes = s.weight_matmuls()
     shapes["out_proj"] = shapes.pop("gdn_out_proj")
     del shapes["attn_o_proj"]  # same [N, K] as out_proj
@@ -83,10 +89,16 @@ def rows_config(rows: int, candidate: tuple) -> triton.Config:
     return _config(*candidate, block_m=max(2, triton.next_power_of_2(rows)))
 
 
+def dot_config(candidate: tuple) -> triton.Config:
+    """A tensor-core candidate as a config (BLOCK_M from the row count at launch)."""
+    return _config(*candidate, dot=True)
+
+
 def config_tuple(c) -> tuple:
-    """A config as (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), for the JSON and the log."""
+    """A config as (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, "dot"]), for the JSON and the log."""
     kw = c.kwargs
-    return (kw.get("BLOCK_M", 1), kw["BLOCK_N"], kw["BLOCK_K"], c.num_warps, c.num_stages)
+    return (kw.get("BLOCK_M", 1), kw["BLOCK_N"], kw["BLOCK_K"], c.num_warps, c.num_stages) + (("dot",) if kw.get("DOT")
+                                                                                             else ())
 
 
 class Chain:
@@ -183,8 +195,18 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     """The rule and cuBLAS at ``rows`` rows (see the module docstring): label -> {"us", "frac_bound", configs} or an
     error."""
     chain.set_rows(rows)
-    rule = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k, *_) in chain.roles.items()}
-    variants = {"rule": ("skinny", rule), "cuBLAS": ("cublas", None)}
+    variants = {}
+    if rows <= gemv_kernels.GEMV_MAX_ROWS:
+        rule = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k, *_) in chain.roles.items()}
+        variants["rule"] = ("skinny", rule)
+    variants["cuBLAS"] = ("cublas", None)
+    if rows > 1:  # the tensor-core loop on every role, then on the wide ones only (the narrow ones the rule's)
+        dot = {role: dot_config(kind[-1][0]) for role, (n, k, *kind) in chain.roles.items()}
+        variants["dot"] = ("skinny", dot)
+        if "rule" in variants:
+            variants["dot wide, rule narrow"] = ("skinny", {role: (rule[role] if n <= gemv_kernels.GEMV_NARROW_N
+                                                                  else dot[role])
+                                                           for role, (n, *_) in chain.roles.items()})
     ours = "rule" if rows <= SKINNY_MAX_ROWS else "cuBLAS"  # what ce::linear runs at this row count
     results = {}
     rule_us = None
@@ -199,9 +221,10 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
         entry = {"us": round(us, 2), "frac_bound": round(bound_us / us, 4)}
         if configs is not None:
             entry["configs"] = {role: config_tuple(c) for role, c in configs.items()}
+            entry["_configs"] = configs  # popped before the JSON: the descent may start from them
         results[label] = entry
-        rule_us = us if label == "rule" else rule_us
-        delta = f"{us - rule_us:+8.1f} vs rule" if rule_us is not None and label != "rule" else ""
+        rule_us = us if label == list(variants)[0] else rule_us
+        delta = f"{us - rule_us:+8.1f} vs {list(variants)[0]}" if rule_us is not None and label != list(variants)[0] else ""
         mark = "  <- ce::linear" if label == ours else ""
         log(f"M={rows:<2} {label:<28} {us:8.1f} µs  {bound_us / us:6.1%} of the bound  {delta}  "
             f"({time.time() - start:.1f} s){mark}")
@@ -210,20 +233,25 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     return results
 
 
-def descend(chain: Chain, rows: int, start: dict, passes: int, log) -> tuple[dict, float, list]:
-    """Coordinate descent over the roles' candidates at ``rows`` rows: (configs, µs a step, every timing)."""
+def descend(chain: Chain, rows: int, start: dict, passes: int, log, dot: bool = False) -> tuple[dict, float, list]:
+    """Coordinate descent over the roles' candidates at ``rows`` rows: (configs, µs a step, every timing). ``dot``:
+    the tensor-core candidates, besides the GEMV's (up to GEMV_MAX_ROWS rows)."""
     chain.set_rows(rows)
     configs = dict(start)
     best_us = chain.step_us(configs)
     timings = [{"pass": 0, "role": None, "config": None, "us": round(best_us, 2)}]
     log(f"M={rows} start: {best_us:.1f} µs a step")
     for p in range(1, passes + 1):
-        for role, (n, k, prologue, one_row, more_rows) in chain.roles.items():
+        for role, (n, k, prologue, one_row, more_rows, dots) in chain.roles.items():
             if rows == 1:
                 candidates = [_config(*c) for c in one_row]
-            else:
+            elif rows <= gemv_kernels.GEMV_MAX_ROWS:
                 candidates = [c for c in map(functools.partial(rows_config, rows), more_rows)
                               if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 32]
+            else:
+                candidates = []
+            if dot and rows > 1:
+                candidates += [dot_config(c) for c in dots]
             for c in candidates:
                 trial = {**configs, role: c}
                 try:
@@ -244,15 +272,17 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[1],
-                        help=f"row counts (decode batch sizes), 1..{gemv_kernels.GEMV_MAX_ROWS}, comma-separated")
+                        help=f"row counts (decode batch sizes), 1..{gemv_kernels.DOT_MAX_ROWS} (the GEMV's rule up to "
+                             f"{gemv_kernels.GEMV_MAX_ROWS}), comma-separated")
     parser.add_argument("--passes", type=int, default=2, help="coordinate-descent passes per row count (0: none)")
+    parser.add_argument("--dot", action="store_true", help="the descent also tries the tensor-core candidates")
     parser.add_argument("--profile", action="store_true",
                         help="also the rule's and cuBLAS's chain per kernel (the profiler's critical path)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_chain needs a CUDA device")
-    if not all(1 <= r <= gemv_kernels.GEMV_MAX_ROWS for r in args.rows):
-        raise SystemExit(f"--rows takes row counts 1..{gemv_kernels.GEMV_MAX_ROWS}")
+    if not all(1 <= r <= gemv_kernels.DOT_MAX_ROWS for r in args.rows):
+        raise SystemExit(f"--rows takes row counts 1..{gemv_kernels.DOT_MAX_ROWS}")
     start_time = time.time()
     copy_gbps = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
@@ -266,16 +296,19 @@ def main(argv=None) -> None:
     for rows in args.rows:
         entry = {"compare": compare(chain, rows, bound_us, log, args.profile)}
         if args.passes > 0:
-            start = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k, *_) in chain.roles.items()}
-            configs, best_us, timings = descend(chain, rows, start, args.passes, log)
+            timed = {label: e for label, e in entry["compare"].items() if "_configs" in e}
+            best = min(timed, key=lambda label: timed[label]["us"])  # the fastest skinny variant as the start
+            configs, best_us, timings = descend(chain, rows, timed[best]["_configs"], args.passes, log, args.dot)
             entry["best"] = {"configs": {role: config_tuple(c) for role, c in configs.items()}, "us": round(best_us, 2)}
             entry["timings"] = timings
             for role, c in entry["best"]["configs"].items():
                 log(f"M={rows} best {role}: {c}")
+        for e in entry["compare"].values():
+            e.pop("_configs", None)
         result["rows"][rows] = entry
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
-    labels = ["rule", "cuBLAS"]
+    labels = ["rule", "cuBLAS", "dot", "dot wide, rule narrow"]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
     print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
     for rows, entry in result["rows"].items():

@@ -1161,6 +1161,31 @@ def test_linear_every_rule_config(rows):
         _assert_linear_close(out, normed, weight)
 
 
+@pytest.mark.parametrize("rows", [3, 8, 13, 16])
+def test_linear_tensor_core_loop(rows):
+    """The skinny GEMM's tensor-core loop (``DOT`` configs: x's rows padded to 8 or 16 as the mma's narrow side, the
+    weight tile the wide one) on a narrow and a wide model shape, plain, with the SiLU gate and with the residual add
+    + norm in the prologue, against float64 through the prologue's roundings: bench/gemv_chain.py's candidates."""
+    from ops.triton import gemv_kernels
+
+    gen = _seeded(100 + rows)
+    for name, configs in (("mlp_down", [(16, 256, 1, 3), (32, 128, 1, 3)]),
+                          ("gdn_in_proj", [(64, 128, 2, 3), (64, 128, 4, 3), (64, 256, 2, 2)])):
+        n, k = LINEAR_SHAPES[name]
+        x, weight = _linear_inputs(gen, rows, n, k)
+        gate_up = _randn(gen, rows, 2 * k, dtype=torch.bfloat16)
+        residual, norm_weight = _randn(gen, rows, k, dtype=torch.bfloat16), _randn(gen, k, dtype=torch.bfloat16)
+        want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
+        for c in configs:
+            config = gemv_kernels._config(*c, dot=True)
+            _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
+            gated = gemv_kernels.skinny_gemm(gate_up, weight, config, gated=True)
+            _assert_linear_close(gated, activation.silu_mul_reference(gate_up), weight)
+            out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config)
+            torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)
+            _assert_linear_close(out, normed, weight)
+
+
 def test_skinny_gemm_l2_prefetch():
     """The weight's L2 prefetch (ops/triton/l2_prefetch.py) is in the compiled GEMV where it is on, and changes no
     bit of the result: a hint, not a value (the same call with the l2_prefetch option off)."""

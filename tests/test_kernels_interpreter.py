@@ -333,6 +333,8 @@ def _child_checks() -> dict:
     # the few-rows GEMV: BLOCK_N below and above BLOCK_M, one K chunk (128 >= 75) and several
     gemv_rows_configs = [(4, 16), (2, 128), (16, 32)]
 
+    dot_configs = [gemv_kernels._config(16, 32, 1, 2, dot=True), gemv_kernels._config(32, 64, 2, 2, dot=True)]
+
     def rule_configs(rows):
         """Every config the rule (skinny_config) gives ``rows`` rows on the model's kinds of weight: narrow N with
         short and long K, wide N, the vocabulary."""
@@ -531,6 +533,12 @@ def _child_checks() -> dict:
            for m in (2, 3, 5, 8)},
         **{f"gemm_rows_norm_gemv_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 37, 75, gemv_rows_configs))
            for m in (2, 3, 5, 8)},
+        # the tensor-core loop (BLOCK_M 8 or 16: x's rows padded, masked), plain, strided, with either prologue, at
+        # 1-16 rows; BLOCK_N 16 and 32 over N = 37 and K = 75 in 3 and 2 chunks
+        **{f"gemm_dot_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, dot_configs, strided=m == 3))
+           for m in (1, 3, 8, 13, 16)},
+        **{f"gemm_dot_gated_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, dot_configs, gated=True)) for m in (3, 16)},
+        **{f"gemm_dot_norm_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 37, 75, dot_configs)) for m in (3, 16)},
         # the rule's configs themselves, on a small ragged shape
         **{f"gemm_rule_configs_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m)))
            for m in (2, 3, 5, 8)},
@@ -617,6 +625,8 @@ CHECK_NAMES = [
     "gemm_gemv_configs",
     "gemm_m2_strided",
     *[f"gemm_rows_{kind}gemv_m{m}" for kind in ("", "gated_", "norm_") for m in (2, 3, 5, 8)],
+    *[f"gemm_dot_m{m}" for m in (1, 3, 8, 13, 16)],
+    *[f"gemm_dot_{kind}m{m}" for kind in ("gated_", "norm_") for m in (3, 16)],
     *[f"gemm_rule_configs_m{m}" for m in (2, 3, 5, 8)],
     *[f"gemm_rule_configs_gated_m{m}" for m in (1, 2)],
     *[f"gemm_rule_configs_norm_m{m}" for m in (1, 2, 8)],

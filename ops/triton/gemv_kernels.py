@@ -53,6 +53,8 @@ from ops.triton.pdl import pdl_flags
 # rows a program of 4 output columns already needs most of an SM's registers. ops/linear.py's SKINNY_MAX_ROWS (the
 # rows it sends here rather than to cuBLAS) is at most this.
 GEMV_MAX_ROWS = 8
+DOT_MIN_ROWS = 8  # the tensor-core loop's smallest BLOCK_M (mma's narrow side)
+DOT_MAX_ROWS = 16  # and its largest
 NORM_BLOCK_MAX = 8192  # the one-row GEMV's row-statistics pass reads rows up to this wide in one load
 # 2..8 rows: the row-statistics pass's [BLOCK_M, NORM_BLOCK] block holds at most this many values a thread, so that
 # it takes one pass over K = 1024 at 8 rows and 8 warps, without crowding out the weight chunk loaded before it.
@@ -181,6 +183,7 @@ def _skinny_gemm_kernel(
     NORM_BLOCK: tl.constexpr,  # NORM_X: the row-statistics pass's block along K
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent launch (see the module docstring)
     PREFETCH_L2: tl.constexpr,  # the weight is brought into L2 before the wait (ops/triton/l2_prefetch.py)
+    DOT: tl.constexpr = False,  # the tensor-core loop (BLOCK_M 8 or 16) instead of the few-rows GEMV
 ):
     if USE_PDL:
         # The next kernel on the stream, if it is launched with PDL too, may start now: its weight loads overlap
@@ -224,6 +227,31 @@ def _skinny_gemm_kernel(
             w = w_next
             xv, up, rv, nw = next_x
         result = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
+    elif DOT:
+        # Tensor cores: the product computed as weight @ x^T, the weight tile the wide side (BLOCK_N, 16 rows a warp)
+        # and x's rows, padded to BLOCK_M (8 or 16), the narrow one. Per weight element a program issues a fraction
+        # of an instruction (its share of a cp.async, an ldmatrix and an mma), where the few-rows GEMV issues
+        # BLOCK_M multiply-adds and its conversions; the prologue runs once per x element and warp. The weight is
+        # prefetched into L2 before the wait (PREFETCH_L2); Triton's pipeliner issues the chunks' loads after it.
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+        rstd = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        if NORM_X:
+            rstd = _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps,
+                                  pid_n == 0, BLOCK_M, NORM_BLOCK)
+        x_rows = x + offs_m[:, None] * stride_x_m
+        r_rows = residual + offs_m[:, None] * stride_r_m
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            ks = k + offs_k
+            k_mask = ks < K
+            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            xv, up, rv, nw = _x_load(x_rows + ks[None, :] * stride_x_k, m_mask[:, None] & k_mask[None, :], x_up,
+                                     r_rows + ks[None, :], norm_weight + ks[None, :], k_mask[None, :], GATED_X,
+                                     NORM_X)
+            xv = _x_value(xv, up, rv, nw, rstd[:, None], GATED_X, NORM_X)
+            acc = tl.dot(w, tl.trans(xv), acc)
+        result = acc  # [BLOCK_N, BLOCK_M]
     else:
         # The GEMV at 2..8 rows: the one-row loop's order (the first weight chunk before the wait, every chunk's
         # loads one iteration ahead of its use), with the BLOCK_M rows of x in every thread beside its weights.
@@ -264,12 +292,15 @@ def _skinny_gemm_kernel(
 
 
 def _config(block_n: int, block_k: int, num_warps: int, num_stages: int, block_m: int | None = None,
-            maxnreg: int | None = None) -> triton.Config:
+            maxnreg: int | None = None, dot: bool = False) -> triton.Config:
     """A config; ``block_m`` goes with it where given, else the launch takes BLOCK_M from the row count. ``maxnreg``:
-    a cap on the registers a thread may use (ptxas's ``.maxnreg``), so that more programs fit on an SM."""
+    a cap on the registers a thread may use (ptxas's ``.maxnreg``), so that more programs fit on an SM. ``dot``: the
+    tensor-core loop (BLOCK_M 8 or 16)."""
     kwargs = {"BLOCK_N": block_n, "BLOCK_K": block_k}
     if block_m is not None:
         kwargs["BLOCK_M"] = block_m
+    if dot:
+        kwargs["DOT"] = True
     return triton.Config(kwargs, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
 
 
@@ -362,15 +393,19 @@ def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None) -
     rows, k = x.shape
     k = k // 2 if gated else k
     n = weight.shape[0]
-    if rows > GEMV_MAX_ROWS:
-        raise ValueError(f"skinny_gemm takes at most {GEMV_MAX_ROWS} rows, got {rows}")
     if config is None:
         config = skinny_config(rows, n, k)
+    if rows > (DOT_MAX_ROWS if config.kwargs.get("DOT") else GEMV_MAX_ROWS):
+        raise ValueError(f"skinny_gemm takes at most {GEMV_MAX_ROWS} rows ({DOT_MAX_ROWS} on tensor cores), got {rows}")
     meta = dict(config.kwargs)
-    block_m = meta.pop("BLOCK_M", 1 if rows == 1 else max(2, triton.next_power_of_2(rows)))
+    dot = meta.pop("DOT", False)
+    block_m = meta.pop("BLOCK_M", max(DOT_MIN_ROWS, triton.next_power_of_2(rows)) if dot
+                       else 1 if rows == 1 else max(2, triton.next_power_of_2(rows)))
     if rows > block_m:
         raise ValueError(f"skinny_gemm with BLOCK_M = {block_m} takes at most {block_m} rows, got {rows}")
-    if block_m > 1 and meta["BLOCK_K"] % VEC.value:
+    if dot and block_m < DOT_MIN_ROWS:
+        raise ValueError(f"the tensor-core loop takes BLOCK_M >= {DOT_MIN_ROWS}, got {block_m}")
+    if block_m > 1 and not dot and meta["BLOCK_K"] % VEC.value:
         raise ValueError(f"the few-rows GEMV takes BLOCK_K in multiples of {VEC.value}, got {meta['BLOCK_K']}")
     out = x.new_empty((rows, n))
     residual, norm_weight, eps, summed = norm if norm is not None else (x, x, 0.0, x)  # unused placeholders
@@ -381,8 +416,8 @@ def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None) -
     else:
         norm_block = min(triton.next_power_of_2(k), max(1, NORM_THREAD_VALUES * 32 * config.num_warps // block_m))
     grid = (triton.cdiv(n, meta["BLOCK_N"]),)
-    flags = {"BLOCK_M": block_m, "GATED_X": gated, "NORM_X": norm is not None, "NORM_BLOCK": norm_block,
+    flags = {"BLOCK_M": block_m, "DOT": dot, "GATED_X": gated, "NORM_X": norm is not None, "NORM_BLOCK": norm_block,
              **pdl_flags(x), **l2_prefetch_flags(weight, grid[0])}
-    launch = {key: v for key, v in config.all_kwargs().items() if key != "BLOCK_M"}
+    launch = {key: v for key, v in config.all_kwargs().items() if key not in ("BLOCK_M", "DOT")}
     _skinny_gemm_kernel[grid](*args, **flags, **launch)
     return out
