@@ -15,10 +15,14 @@ For each row count in ``--rows`` (1..GEMV_MAX_ROWS), the chain runs (µs a step 
   * ``rule``: the skinny GEMM's configs by rule (``gemv_kernels.skinny_config``: the one-row GEMV at one row, the
     few-rows GEMV above), what ce::linear runs up to ``SKINNY_MAX_ROWS`` rows (ops/linear.py). Past it ce::linear
     runs cuBLAS; the rule's timing there says whether raising ``SKINNY_MAX_ROWS`` would pay;
-  * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear.
+  * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear;
+  * ``rule, lm_head GEMV`` (2..GEMV_MAX_ROWS rows): the rule with the vocabulary on the few-rows GEMV instead of the
+    tensor-core loop (``gemv_kernels.DOT_VOCAB``); ``cuBLAS, lm_head dot`` (past SKINNY_MAX_ROWS): cuBLAS with the
+    vocabulary on the tensor-core loop.
 The log marks the one ce::linear runs at that row count.
-With ``--passes`` > 0, then a coordinate descent per row count: each role's GEMV candidates timed with the other
-roles fixed, the best kept, ``passes`` times over.
+With ``--passes`` > 0, then a coordinate descent per row count, from the fastest of those: each role's GEMV
+candidates (with ``--dot`` the tensor-core loop's too) timed with the other roles fixed, the best kept, ``passes``
+times over.
 
     python bench/gemv_chain.py --out DIR --rows 1,2,4,8 --passes 0   # rule against cuBLAS, under a minute
     python bench/gemv_chain.py --out DIR --rows 2,4 --passes 0 --profile   # and each one's time per kernel
@@ -135,9 +139,10 @@ class Chain:
             self.residual = rand(rows, self.s.hidden)
 
     def run(self, configs: dict | None, mode: str = "skinny") -> torch.Tensor:
-        """``mode``: "skinny" (``configs``: role -> config; the rule's where a role has none) or "cublas"."""
-        if mode == "cublas":
-            return self._run_cublas()
+        """``mode``: "skinny" (``configs``: role -> config; the rule's where a role has none), "cublas", or
+        "cublas_dot_vocab" (cuBLAS but the lm_head, on the skinny GEMM's tensor-core loop)."""
+        if mode.startswith("cublas"):
+            return self._run_cublas(dot_vocab=mode == "cublas_dot_vocab")
         configs = configs or {}
         gemm, norm_gemm = gemv_kernels.skinny_gemm, gemv_kernels.add_rms_norm_skinny_gemm
         h, r = self.hidden, self.residual
@@ -149,7 +154,7 @@ class Chain:
             h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=True)
         return gemm(h, self.w_lm, configs.get("lm_head"))
 
-    def _run_cublas(self) -> torch.Tensor:
+    def _run_cublas(self, dot_vocab: bool = False) -> torch.Tensor:
         from ops.options import use_options
 
         h, r = self.hidden, self.residual
@@ -160,6 +165,9 @@ class Chain:
                 h = torch.ops.ce.linear(y[:, :out_k], layer["w_out"])
                 g, r = torch.ops.ce.add_rms_norm_linear(h, r, layer["norm_2"], EPS, layer["w_gate_up"])
                 h = torch.ops.ce.silu_mul_linear(g, layer["w_down"])
+        if dot_vocab:
+            return gemv_kernels.skinny_gemm(h, self.w_lm, gemv_kernels.DOT_VOCAB)
+        with use_options(skinny_gemm=False):
             return torch.ops.ce.linear(h, self.w_lm)
 
     def graph(self, configs: dict | None, mode: str = "skinny") -> torch.cuda.CUDAGraph:
@@ -200,13 +208,11 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
         rule = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k, *_) in chain.roles.items()}
         variants["rule"] = ("skinny", rule)
     variants["cuBLAS"] = ("cublas", None)
-    if rows > 1:  # the tensor-core loop on every role, then on the wide ones only (the narrow ones the rule's)
-        dot = {role: dot_config(kind[-1][0]) for role, (n, k, *kind) in chain.roles.items()}
-        variants["dot"] = ("skinny", dot)
-        if "rule" in variants:
-            variants["dot wide, rule narrow"] = ("skinny", {role: (rule[role] if n <= gemv_kernels.GEMV_NARROW_N
-                                                                  else dot[role])
-                                                           for role, (n, *_) in chain.roles.items()})
+    if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # the vocabulary's other path: the few-rows GEMV
+        n, k = chain.roles["lm_head"][:2]
+        variants["rule, lm_head GEMV"] = ("skinny", {**rule, "lm_head": gemv_kernels.gemv_rows_config(rows, n, k)})
+    if rows > SKINNY_MAX_ROWS:  # ce::linear's cuBLAS, but the vocabulary on the tensor-core loop
+        variants["cuBLAS, lm_head dot"] = ("cublas_dot_vocab", None)
     ours = "rule" if rows <= SKINNY_MAX_ROWS else "cuBLAS"  # what ce::linear runs at this row count
     results = {}
     rule_us = None
@@ -308,7 +314,7 @@ def main(argv=None) -> None:
         result["rows"][rows] = entry
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
-    labels = ["rule", "cuBLAS", "dot", "dot wide, rule narrow"]
+    labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot"]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
     print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
     for rows, entry in result["rows"].items():

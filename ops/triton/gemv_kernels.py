@@ -15,17 +15,21 @@ Design, for bandwidth:
     axis of the row-major weight, so the loads coalesce into 16-byte vectors, and each weight element is read once
     whatever M is. Accumulation is fp32; one launch writes the output (no split of K: the rule's configs have
     hundreds to thousands of programs without one).
-  * two loops, chosen by the config's BLOCK_M, both CUDA-core GEMVs (a multiply-add or two per weight element read
-    leaves the FMA units idle most of the time; what matters is keeping loads in flight):
+  * three loops, chosen by the config (BLOCK_M, DOT). Two are CUDA-core GEMVs (a multiply-add or two per weight
+    element read leaves the FMA units idle most of the time; what matters is keeping loads in flight):
       - one row (BLOCK_M = 1): elementwise products summed into a [BLOCK_N, BLOCK_K] fp32 accumulator that is
         reduced once after the loop (no cross-thread reduction inside it);
       - a few rows (BLOCK_M = 2..GEMV_MAX_ROWS): the same GEMV with the BLOCK_M rows of x beside the weights in every
         thread; BLOCK_M multiply-adds per weight element, and registers that grow with BLOCK_M x BLOCK_N, hence
         the row ceiling. ops/linear.py runs it at 2-4 rows; the bench and the tests also run it up to the ceiling.
+    The third runs on tensor cores (DOT; BLOCK_M 8 or 16, up to DOT_MAX_ROWS rows): the product as weight @ x^T, the
+    weight tile the mma's wide side, Triton's pipelined loop. It issues a fraction of an instruction per weight
+    element where the few-rows GEMV issues several, which pays where the GEMV is bound by issuing them: the
+    vocabulary's matmul at 2-4 rows (``DOT_VOCAB``). Only the GEMV loops load before the PDL wait.
   * latency, not only bandwidth: most of these matrices are 4-17 MB, 1-4 µs of DRAM time, and a launch, its
     ramp-up and its tail cost as much again. Three things hide some of it. Programmatic dependent launch
     (ops/triton/pdl.py): the kernel lets the next one start at once; the first programs prefetch the whole weight
-    into L2 before waiting (ops/triton/l2_prefetch.py); and both loops load their first weight chunk, which no
+    into L2 before waiting (ops/triton/l2_prefetch.py); and the GEMV loops load their first weight chunk, which no
     earlier kernel writes, before waiting for the earlier kernels to finish and reading x, then issue every chunk's
     loads one iteration ahead of its use.
   * prologues that save a launch each: GATED_X, the MLP's down projection reads ``silu(gate) * up`` straight from
@@ -345,10 +349,22 @@ def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
     return _config(min(8, most_n), 512, 2, 1, block_m=block_m, maxnreg=128 if block_m == 4 else None)
 
 
+# The vocabulary's matmul (lm_head: N in the hundred thousands, a shard of it under tensor parallelism) at 2 or more
+# rows: the tensor-core loop, 128 x 128 tiles of 4 warps (wgmma) in a 3-stage pipeline. There the few-rows GEMV issues
+# ~BLOCK_M multiply-adds and conversions a weight element and is bound by issuing them (Nsight Compute, 4 rows: 73%
+# of issue slots busy, 72% of DRAM bandwidth, against 90% at one row); the tensor-core loop reads the weight at the
+# bandwidth, 25-30 µs a step less at 3-4 rows (bench/NOTES.md, "Skinny GEMM"). On the model's other matmuls, 4-17 MB
+# each, it lost to the GEMV at every tile tried.
+DOT_VOCAB_MIN_N = 65536
+DOT_VOCAB = _config(128, 128, 4, 3, dot=True)
+
+
 def skinny_config(rows: int, n: int, k: int) -> triton.Config:
     """The config ``ce::linear`` runs for ``rows`` rows of x and a [n, k] weight (the rule; see above)."""
     if rows == 1:
         return gemv_config(n, k)
+    if n >= DOT_VOCAB_MIN_N:
+        return DOT_VOCAB
     return gemv_rows_config(rows, n, k)
 
 
