@@ -4,8 +4,7 @@
 prefix cache's snapshot pool (if prefix caching is on), and then as many KV blocks as the memory left allows
 after the activation peak of the largest steps, which it measures by running them (``measure_activation_peak``).
 Those start-up steps also meet every kernel variant and autotuning bucket that serving would otherwise meet first
-in the middle of a request: see ``WARMUP_PREFILL_LENGTHS`` and ``FLA_L2NORM_BUCKET_ROWS``. Then the largest step
-runs once more on the caches as allocated (``warm_allocator``), for the allocator's cache.
+in the middle of a request: see ``WARMUP_PREFILL_LENGTHS`` and ``FLA_L2NORM_BUCKET_ROWS``.
 """
 
 from __future__ import annotations
@@ -127,8 +126,6 @@ def allocate_caches(
             f"{num_kv_blocks - 1} fit: lower max_model_len or raise num_kv_blocks / gpu_memory_utilization"
         )
     allocate_kv_cache(model, num_kv_blocks, config.block_size, device, dtype)
-    if device.type == "cuda" and config.num_kv_blocks is None:
-        warm_allocator(model, config, max_model_len, device)
     logger.info(
         "KV cache: %d blocks of %d tokens (%d tokens); %d state slots; concurrency limit %d sequences "
         "of max_model_len=%d",
@@ -175,21 +172,6 @@ def _padding_step(lengths: list[int], is_prefill: bool, block_size: int, device:
     slot), packed by ``pack_step`` as served steps are."""
     seqs = [PaddingSequence(n, block_size) for n in lengths]
     return pack_step(seqs, lengths if is_prefill else [1] * len(seqs), is_prefill, block_size, device)
-
-
-@torch.inference_mode()
-def warm_allocator(model: HybridModel, config: RuntimeConfig, max_model_len: int, device: torch.device) -> None:
-    """Run the largest prefill step once on the caches as allocated (padding only: the null block and slot, reset
-    after). The plan empties the allocator's cache to read the free memory, so the first served steps of that size
-    would allocate their activations from the driver again, in the middle of serving, each ``cudaMalloc`` a wait;
-    this puts those blocks back in the cache, inside the room the plan left for them (bench/NOTES.md, "Allocator
-    warm-up")."""
-    largest = largest_prefill_lengths(config.max_num_batched_tokens, max_model_len, config.max_num_seqs)
-    step = _padding_step(largest, True, config.block_size, device)
-    model.compute_logits(model(step)[step.last_token_indices()])
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    reset_state_slot(model, NULL_SLOT)
 
 
 @torch.inference_mode()

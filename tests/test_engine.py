@@ -473,41 +473,6 @@ def test_startup_runs_a_prefill_in_every_l2norm_bucket(model_path, monkeypatch):
     assert all(bucket(tokens) in warmed for tokens in range(1, 65)), (sorted(warmed), key_heads)
 
 
-def test_allocator_warm_up_step_leaves_every_sequence_as_it_was(model_path):
-    """memory_plan.warm_allocator (CUDA start-up, after the KV cache is allocated) runs the largest prefill step on
-    the real caches: padding only, so a live sequence's states and KV blocks are untouched, its next logits equal a
-    solo run's, and the null slot is zero again."""
-    import compiled_engine.memory_plan as memory_plan
-    from compiled_engine.runtime import Runtime
-
-    def runtime():
-        return Runtime.from_pretrained(model_path, device="cpu", dtype="float32", max_num_batched_tokens=48,
-                                       max_model_len=32, max_num_seqs=3, num_kv_blocks=64, block_size=8)
-
-    rt, solo = runtime(), runtime()
-    seqs = [r.add_sequence([5, 3, 8, 1, 9, 2, 7]) for r in (rt, solo)]
-    for r, seq in zip((rt, solo), seqs):
-        r.prefill([seq])
-        seq.token_ids.append(4)
-    buffers = {name: b.clone() for name, b in rt.model.named_buffers() if name.endswith(("_state", "_cache"))}
-    assert buffers
-    seen = []
-    forward = rt.model.forward
-    rt.model.forward = lambda step: seen.append(step.input_ids.shape[0]) or forward(step)
-    memory_plan.warm_allocator(rt.model, rt.config, rt.max_model_len, rt.device)
-    del rt.model.forward
-    assert seen == [48]  # the largest step the scheduler can build: max_num_batched_tokens tokens
-    slot, blocks = seqs[0].state_slot, seqs[0].block_table
-    for name, before in buffers.items():
-        after = dict(rt.model.named_buffers())[name]
-        if name.endswith("_state"):
-            assert torch.equal(after[slot], before[slot]), name
-            assert not after[0].any(), name  # the null slot, reset
-        else:
-            assert torch.equal(after[blocks], before[blocks]), name
-    torch.testing.assert_close(rt.decode_step([seqs[0]]), solo.decode_step([seqs[1]]), atol=0, rtol=0)
-
-
 def test_one_state_slot_per_sequence_stable_for_its_life(model_path):
     llm = make_llm(model_path, max_num_seqs=3, max_num_batched_tokens=24)
     engine = llm.engine

@@ -25,7 +25,7 @@ Design, for bandwidth:
     The third runs on tensor cores (DOT; BLOCK_M 8 or 16, up to DOT_MAX_ROWS rows): the product as weight @ x^T, the
     weight tile the mma's wide side, Triton's pipelined loop. It issues a fraction of an instruction per weight
     element where the few-rows GEMV issues several, which pays where the GEMV is bound by issuing them: the
-    vocabulary's matmul at 2-4 rows (``DOT_VOCAB``). Only the GEMV loops load before the PDL wait.
+    vocabulary's matmul at 3-4 rows (``DOT_VOCAB``). Only the GEMV loops load before the PDL wait.
   * latency, not only bandwidth: most of these matrices are 4-17 MB, 1-4 µs of DRAM time, and a launch, its
     ramp-up and its tail cost as much again. Three things hide some of it. Programmatic dependent launch
     (ops/triton/pdl.py): the kernel lets the next one start at once; the first programs prefetch the whole weight
@@ -349,13 +349,14 @@ def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
     return _config(min(8, most_n), 512, 2, 1, block_m=block_m, maxnreg=128 if block_m == 4 else None)
 
 
-# The vocabulary's matmul (lm_head: N in the hundred thousands, a shard of it under tensor parallelism) at 2 or more
+# The vocabulary's matmul (lm_head: N in the hundred thousands, a shard of it under tensor parallelism) at 3 or more
 # rows: the tensor-core loop, 128 x 128 tiles of 4 warps (wgmma) in a 3-stage pipeline. There the few-rows GEMV issues
 # ~BLOCK_M multiply-adds and conversions a weight element and is bound by issuing them (Nsight Compute, 4 rows: 73%
 # of issue slots busy, 72% of DRAM bandwidth, against 90% at one row); the tensor-core loop reads the weight at the
-# bandwidth, 25-30 µs a step less at 3-4 rows (bench/NOTES.md, "Skinny GEMM"). On the model's other matmuls, 4-17 MB
-# each, it lost to the GEMV at every tile tried.
+# bandwidth, 22-25 µs a step less at 3-4 rows (at 2 rows level with the GEMV: bench/NOTES.md, "Skinny GEMM"). On
+# the model's other matmuls, 4-17 MB each, it lost to the GEMV at every tile tried.
 DOT_VOCAB_MIN_N = 65536
+DOT_VOCAB_MIN_ROWS = 3
 DOT_VOCAB = _config(128, 128, 4, 3, dot=True)
 
 
@@ -363,7 +364,7 @@ def skinny_config(rows: int, n: int, k: int) -> triton.Config:
     """The config ``ce::linear`` runs for ``rows`` rows of x and a [n, k] weight (the rule; see above)."""
     if rows == 1:
         return gemv_config(n, k)
-    if n >= DOT_VOCAB_MIN_N:
+    if n >= DOT_VOCAB_MIN_N and rows >= DOT_VOCAB_MIN_ROWS:
         return DOT_VOCAB
     return gemv_rows_config(rows, n, k)
 
