@@ -3,9 +3,9 @@
 Why an op of our own rather than ``F.linear``: at decode batch sizes the weight matmuls are bound by reading the
 weights, and cuBLAS picks poor kernels for a handful of rows on these small matrices (bench/NOTES.md, "Skinny
 GEMM"). The CUDA kernel runs our Triton skinny GEMM (ops/triton/gemv_kernels.py: a one-row and a few-rows GEMV, and
-for the vocabulary's matmul at 3-4 rows a tensor-core loop) up to ``SKINNY_MAX_ROWS`` = 4 rows (decode batches 1-4, and speculative verify steps of up to 4 rows) and cuBLAS from 5
-rows on. It decides at run time, inside the
-opaque op, where M is a plain int: a compiled graph with a symbolic batch size never guards on it.
+for the vocabulary's matmul at 3-4 rows a tensor-core loop) up to ``SKINNY_MAX_ROWS`` = 4 rows (decode batches 1-4,
+and speculative verify steps of up to 4 rows) and cuBLAS from 5 rows on. It decides at run time, inside the opaque
+op, where M is a plain int: a compiled graph with a symbolic batch size never guards on it.
 
 * ``ce::linear(x [M, K], weight [N, K]) -> [M, N]`` in x's dtype;
 * ``ce::silu_mul_linear(gate_up [M, 2K], weight [N, K]) -> [M, N]``: ``silu_mul(gate_up) @ weight.T``, the MLP's

@@ -1107,8 +1107,9 @@ def _assert_linear_close(got, x, weight):
     _assert_close_relative(got, want, max_abs=2e-2, max_rel_norm=4e-3, what=f"linear {tuple(weight.shape)}")
 
 
-# Rows 1 (the one-row GEMV) and 2-3 (the few-rows GEMV; the tensor-core loop on the vocabulary), configs by rule (gemv_kernels.skinny_config;
-# test_linear_every_rule_config tries each one), and 16 (past SKINNY_MAX_ROWS: cuBLAS, against the same float64).
+# Rows 1 (the one-row GEMV), 2 and 3 (the few-rows GEMV; from 3 the vocabulary on the tensor-core loop), configs by
+# rule (gemv_kernels.skinny_config; test_linear_every_rule_config tries each one), and 16 (past SKINNY_MAX_ROWS:
+# cuBLAS, against the same float64).
 # Quick: the GEMV with the L2 prefetch, and two rows on an N = 1,024 matrix.
 @pytest.mark.parametrize("name, rows", cases(
     [(name, rows) for name in LINEAR_SHAPES for rows in (1, 2, 3, 16)],

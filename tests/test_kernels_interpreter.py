@@ -537,7 +537,8 @@ def _child_checks() -> dict:
         # 1-16 rows; BLOCK_N 16 and 32 over N = 37 and K = 75 in 3 and 2 chunks
         **{f"gemm_dot_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, dot_configs, strided=m == 3))
            for m in (1, 3, 8, 13, 16)},
-        **{f"gemm_dot_gated_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, dot_configs, gated=True)) for m in (3, 16)},
+        **{f"gemm_dot_gated_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, dot_configs, gated=True))
+           for m in (3, 16)},
         **{f"gemm_dot_norm_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 37, 75, dot_configs)) for m in (3, 16)},
         # the rule's configs themselves, on a small ragged shape
         **{f"gemm_rule_configs_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m)))

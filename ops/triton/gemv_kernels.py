@@ -232,7 +232,7 @@ def _skinny_gemm_kernel(
             xv, up, rv, nw = next_x
         result = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
     elif DOT:
-        # Tensor cores: the product computed as weight @ x^T, the weight tile the wide side (BLOCK_N, 16 rows a warp)
+        # Tensor cores: the product computed as weight @ x^T, the weight tile (BLOCK_N rows) the wide side
         # and x's rows, padded to BLOCK_M (8 or 16), the narrow one. Per weight element a program issues a fraction
         # of an instruction (its share of a cp.async, an ldmatrix and an mma), where the few-rows GEMV issues
         # BLOCK_M multiply-adds and its conversions; the prologue runs once per x element and warp. The weight is
