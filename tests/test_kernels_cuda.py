@@ -1138,22 +1138,17 @@ def test_linear_skinny_gemm_ragged_shapes(rows, n, k, dtype, seed):
     torch.testing.assert_close(got.double(), x.double() @ weight.double().T, **TOL[torch.bfloat16])
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 8])
-def test_linear_every_rule_config(rows):
-    """The rule's config (gemv_kernels.skinny_config: the one-row GEMV at 1 row, the few-rows GEMV above; ce::linear
-    runs it up to SKINNY_MAX_ROWS rows, bench/gemv_chain.py up to GEMV_MAX_ROWS) on a narrow and a wide model
-    shape: plain, with the SiLU gate and with the residual add + norm in the prologue, against float64 through the
-    prologue's roundings."""
+def _check_skinny_configs(gen, rows, name, configs):
+    """Each of ``configs`` on the model shape ``name`` at ``rows`` rows: plain, with the SiLU gate and with the
+    residual add + norm in the prologue, against float64 through the prologue's roundings (the sum exactly)."""
     from ops.triton import gemv_kernels
 
-    gen = _seeded(rows)
-    for name in ("mlp_down", "gdn_in_proj"):
-        n, k = LINEAR_SHAPES[name]
-        config = gemv_kernels.skinny_config(rows, n, k)
-        x, weight = _linear_inputs(gen, rows, n, k)
-        gate_up = _randn(gen, rows, 2 * k, dtype=torch.bfloat16)
-        residual, norm_weight = _randn(gen, rows, k, dtype=torch.bfloat16), _randn(gen, k, dtype=torch.bfloat16)
-        want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
+    n, k = LINEAR_SHAPES[name]
+    x, weight = _linear_inputs(gen, rows, n, k)
+    gate_up = _randn(gen, rows, 2 * k, dtype=torch.bfloat16)
+    residual, norm_weight = _randn(gen, rows, k, dtype=torch.bfloat16), _randn(gen, k, dtype=torch.bfloat16)
+    want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
+    for config in configs:
         _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
         gated = gemv_kernels.skinny_gemm(gate_up, weight, config, gated=True)
         _assert_linear_close(gated, activation.silu_mul_reference(gate_up), weight)
@@ -1162,29 +1157,29 @@ def test_linear_every_rule_config(rows):
         _assert_linear_close(out, normed, weight)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 8])
+def test_linear_every_rule_config(rows):
+    """The rule's config (gemv_kernels.skinny_config: the one-row GEMV at 1 row, the few-rows GEMV above; ce::linear
+    runs it up to SKINNY_MAX_ROWS rows, bench/gemv_chain.py up to GEMV_MAX_ROWS) on a narrow and a wide model
+    shape (_check_skinny_configs)."""
+    from ops.triton import gemv_kernels
+
+    gen = _seeded(rows)
+    for name in ("mlp_down", "gdn_in_proj"):
+        _check_skinny_configs(gen, rows, name, [gemv_kernels.skinny_config(rows, *LINEAR_SHAPES[name])])
+
+
 @pytest.mark.parametrize("rows", [3, 8, 13, 16])
 def test_linear_tensor_core_loop(rows):
     """The skinny GEMM's tensor-core loop (``DOT`` configs: x's rows padded to 8 or 16 as the mma's narrow side, the
-    weight tile the wide one) on a narrow and a wide model shape, plain, with the SiLU gate and with the residual add
-    + norm in the prologue, against float64 through the prologue's roundings: bench/gemv_chain.py's candidates."""
+    weight tile the wide one) on a narrow and a wide model shape (_check_skinny_configs): bench/gemv_chain.py's
+    candidates."""
     from ops.triton import gemv_kernels
 
     gen = _seeded(100 + rows)
     for name, configs in (("mlp_down", [(16, 256, 1, 3), (32, 128, 1, 3)]),
                           ("gdn_in_proj", [(64, 128, 2, 3), (64, 128, 4, 3), (64, 256, 2, 2)])):
-        n, k = LINEAR_SHAPES[name]
-        x, weight = _linear_inputs(gen, rows, n, k)
-        gate_up = _randn(gen, rows, 2 * k, dtype=torch.bfloat16)
-        residual, norm_weight = _randn(gen, rows, k, dtype=torch.bfloat16), _randn(gen, k, dtype=torch.bfloat16)
-        want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
-        for c in configs:
-            config = gemv_kernels._config(*c, dot=True)
-            _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
-            gated = gemv_kernels.skinny_gemm(gate_up, weight, config, gated=True)
-            _assert_linear_close(gated, activation.silu_mul_reference(gate_up), weight)
-            out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config)
-            torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)
-            _assert_linear_close(out, normed, weight)
+        _check_skinny_configs(gen, rows, name, [gemv_kernels._config(*c, dot=True) for c in configs])
 
 
 def test_skinny_gemm_l2_prefetch():

@@ -231,43 +231,25 @@ def _skinny_gemm_kernel(
             w = w_next
             xv, up, rv, nw = next_x
         result = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
-    elif DOT:
-        # Tensor cores: the product computed as weight @ x^T, the weight tile (BLOCK_N rows) the wide side
-        # and x's rows, padded to BLOCK_M (8 or 16), the narrow one. Per weight element a program issues a fraction
-        # of an instruction (its share of a cp.async, an ldmatrix and an mma), where the few-rows GEMV issues
-        # BLOCK_M multiply-adds and its conversions; the prologue runs once per x element and warp. The weight is
-        # prefetched into L2 before the wait (PREFETCH_L2); Triton's pipeliner issues the chunks' loads after it.
-        if USE_PDL:
-            tl.extra.cuda.gdc_wait()
-        rstd = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-        if NORM_X:
-            rstd = _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps,
-                                  pid_n == 0, BLOCK_M, NORM_BLOCK)
-        x_rows = x + offs_m[:, None] * stride_x_m
-        r_rows = residual + offs_m[:, None] * stride_r_m
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            ks = k + offs_k
-            k_mask = ks < K
-            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            xv, up, rv, nw = _x_load(x_rows + ks[None, :] * stride_x_k, m_mask[:, None] & k_mask[None, :], x_up,
-                                     r_rows + ks[None, :], norm_weight + ks[None, :], k_mask[None, :], GATED_X,
-                                     NORM_X)
-            xv = _x_value(xv, up, rv, nw, rstd[:, None], GATED_X, NORM_X)
-            acc = tl.dot(w, tl.trans(xv), acc)
-        result = acc  # [BLOCK_N, BLOCK_M]
     else:
-        # The GEMV at 2..8 rows: the one-row loop's order (the first weight chunk before the wait, every chunk's
-        # loads one iteration ahead of its use), with the BLOCK_M rows of x in every thread beside its weights.
-        # The [BLOCK_N, BLOCK_K] weight chunk and the [BLOCK_M, BLOCK_K] x chunk are reshaped to put each thread's
-        # VEC contiguous K elements (one 16-byte load of bf16) on a last axis of their own, so the product's sum over
-        # it stays inside the thread: the accumulator carried across iterations is [BLOCK_M, BLOCK_N, BLOCK_K / VEC],
-        # VEC times smaller than the products, and no cross-thread reduction comes before the end. x and the weight
-        # share one layout (no shared-memory conversion in the loop) when both spread their threads along K only:
-        # BLOCK_K >= VEC x 32 x num_warps (gemv_rows_config's configs).
+        # 2..16 rows, on one of two loops after the same start (the wait, the rows' statistics):
+        # - the GEMV at 2..8 rows: the one-row loop's order (the first weight chunk before the wait, every chunk's
+        #   loads one iteration ahead of its use), with the BLOCK_M rows of x in every thread beside its weights.
+        #   The [BLOCK_N, BLOCK_K] weight chunk and the [BLOCK_M, BLOCK_K] x chunk are reshaped to put each thread's
+        #   VEC contiguous K elements (one 16-byte load of bf16) on a last axis of their own, so the product's sum
+        #   over it stays inside the thread: the accumulator carried across iterations is [BLOCK_M, BLOCK_N, BLOCK_K
+        #   / VEC], VEC times smaller than the products, and no cross-thread reduction comes before the end. x and the
+        #   weight share one layout (no shared-memory conversion in the loop) when both spread their threads along K
+        #   only: BLOCK_K >= VEC x 32 x num_warps (gemv_rows_config's configs);
+        # - DOT, tensor cores: the product computed as weight @ x^T, the weight tile (BLOCK_N rows) the wide side and
+        #   x's rows, padded to BLOCK_M (8 or 16), the narrow one. Per weight element a program issues a fraction of
+        #   an instruction (its share of a cp.async, an ldmatrix and an mma), where the GEMV issues BLOCK_M
+        #   multiply-adds and its conversions. The weight is prefetched into L2 before the wait (PREFETCH_L2);
+        #   Triton's pipeliner issues the chunks' loads after it.
         ks = offs_k
         k_mask = ks < K
-        w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if not DOT:
+            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
         rstd = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
@@ -276,20 +258,33 @@ def _skinny_gemm_kernel(
                                   pid_n == 0, BLOCK_M, NORM_BLOCK)
         x_rows = x + offs_m[:, None] * stride_x_m
         r_rows = residual + offs_m[:, None] * stride_r_m
-        xv, up, rv, nw = _x_load(x_rows + ks[None, :] * stride_x_k, m_mask[:, None] & k_mask[None, :], x_up,
+        if DOT:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
+                ks = k + offs_k
+                k_mask = ks < K
+                w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+                xv, up, rv, nw = _x_load(x_rows + ks[None, :] * stride_x_k, m_mask[:, None] & k_mask[None, :], x_up,
+                                         r_rows + ks[None, :], norm_weight + ks[None, :], k_mask[None, :], GATED_X,
+                                         NORM_X)
+                xv = _x_value(xv, up, rv, nw, rstd[:, None], GATED_X, NORM_X)
+                acc = tl.dot(w, tl.trans(xv), acc)
+            result = acc  # [BLOCK_N, BLOCK_M]
+        else:
+            xv, up, rv, nw = _x_load(x_rows + ks[None, :] * stride_x_k, m_mask[:, None] & k_mask[None, :], x_up,
+                                     r_rows + ks[None, :], norm_weight + ks[None, :], k_mask[None, :], GATED_X, NORM_X)
+            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
+                ks += BLOCK_K
+                k_mask = ks < K
+                w_next = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+                next_x = _x_load(x_rows + ks[None, :] * stride_x_k, m_mask[:, None] & k_mask[None, :], x_up,
                                  r_rows + ks[None, :], norm_weight + ks[None, :], k_mask[None, :], GATED_X, NORM_X)
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            ks += BLOCK_K
-            k_mask = ks < K
-            w_next = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            next_x = _x_load(x_rows + ks[None, :] * stride_x_k, m_mask[:, None] & k_mask[None, :], x_up,
-                             r_rows + ks[None, :], norm_weight + ks[None, :], k_mask[None, :], GATED_X, NORM_X)
-            xf = _x_value(xv, up, rv, nw, rstd[:, None], GATED_X, NORM_X).to(tl.float32)
-            acc = fma_runs(acc, w, xf, 1, BLOCK_N, BLOCK_M, 1, BLOCK_K // VEC)
-            w = w_next
-            xv, up, rv, nw = next_x
-        result = tl.trans(tl.sum(acc, axis=2))  # [BLOCK_N, BLOCK_M]
+                xf = _x_value(xv, up, rv, nw, rstd[:, None], GATED_X, NORM_X).to(tl.float32)
+                acc = fma_runs(acc, w, xf, 1, BLOCK_N, BLOCK_M, 1, BLOCK_K // VEC)
+                w = w_next
+                xv, up, rv, nw = next_x
+            result = tl.trans(tl.sum(acc, axis=2))  # [BLOCK_N, BLOCK_M]
 
     tl.store(out + offs_m[None, :] * stride_o_m + offs_n[:, None] * stride_o_n, result.to(out.dtype.element_ty),
              mask=n_mask[:, None] & m_mask[None, :])
