@@ -68,9 +68,9 @@ VOCAB = [(8, 256, 4, 4), (8, 512, 4, 3), (16, 256, 4, 3), (4, 1024, 4, 2), (32, 
 NARROW_ROWS = [(2, 2048, 8, 1), (4, 2048, 8, 1), (8, 2048, 8, 1), (2, 512, 2, 1), (4, 256, 1, 1)]
 WIDE_ROWS = [(4, 1024, 4, 1), (8, 1024, 4, 1), (2, 1024, 4, 1), (4, 512, 2, 1), (8, 512, 2, 1), (8, 256, 1, 1)]
 VOCAB_ROWS = [(8, 512, 2, 1), (4, 1024, 4, 1)]
-# Tensor-core candidates (BLOCK_N, BLOCK_K, num_warps, num_stages; BLOCK_M 8 or 16 from the row count), the first of
-# each list the `dot` variant's: 1-2 warps of 16-row mma tiles per program (Triton's mma.sync path; 4 warps of a
-# 64-row tile take wgmma), so that the prologue runs once per warp over few weight rows.
+# Tensor-core candidates for `--dot` (BLOCK_N, BLOCK_K, num_warps, num_stages; BLOCK_M 8 or 16 from the row count):
+# mostly 1-2 warps of 16-row mma tiles per program (Triton's mma.sync path; 4 warps of a 64-row tile take wgmma), so
+# that the prologue runs once per warp over few weight rows.
 WIDE_DOT = [(64, 128, 2, 3), (32, 128, 1, 3), (64, 256, 2, 2), (128, 128, 4, 3), (64, 128, 4, 3)]
 NARROW_DOT = [(16, 256, 1, 3), (32, 128, 1, 3), (32, 256, 2, 3), (16, 128, 1, 4)]
 VOCAB_DOT = [(64, 128, 2, 3), (128, 128, 4, 3), (128, 64, 4, 4)]
@@ -94,11 +94,6 @@ def roles(s: Shape) -> dict[str, tuple[int, int, str, list, list, list]]:
 def rows_config(rows: int, candidate: tuple) -> triton.Config:
     """A 2..GEMV_MAX_ROWS-row candidate as a config, with the BLOCK_M the rule gives ``rows``."""
     return _config(*candidate, block_m=max(2, triton.next_power_of_2(rows)))
-
-
-def dot_config(candidate: tuple) -> triton.Config:
-    """A tensor-core candidate as a config (BLOCK_M from the row count at launch)."""
-    return _config(*candidate, dot=True)
 
 
 def config_tuple(c) -> tuple:
@@ -168,9 +163,8 @@ class Chain:
                 h = torch.ops.ce.linear(y[:, :out_k], layer["w_out"])
                 g, r = torch.ops.ce.add_rms_norm_linear(h, r, layer["norm_2"], EPS, layer["w_gate_up"])
                 h = torch.ops.ce.silu_mul_linear(g, layer["w_down"])
-        if dot_vocab:
-            return gemv_kernels.skinny_gemm(h, self.w_lm, gemv_kernels.DOT_VOCAB)
-        with use_options(skinny_gemm=False):
+            if dot_vocab:
+                return gemv_kernels.skinny_gemm(h, self.w_lm, gemv_kernels.DOT_VOCAB)
             return torch.ops.ce.linear(h, self.w_lm)
 
     def graph(self, configs: dict | None, mode: str = "skinny") -> torch.cuda.CUDAGraph:
@@ -261,7 +255,7 @@ def descend(chain: Chain, rows: int, start: dict, passes: int, log, dot: bool = 
             else:
                 candidates = []
             if dot and rows > 1:
-                candidates += [dot_config(c) for c in dots]
+                candidates += [_config(*c, dot=True) for c in dots]  # BLOCK_M from the row count at launch
             for c in candidates:
                 trial = {**configs, role: c}
                 try:
