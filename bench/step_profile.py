@@ -73,7 +73,7 @@ def engine_max_tokens(batch: int, steps: int) -> int:
 
 
 def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, prefill_seqs: int = 16,
-        prefill_len: int = 512, top: int = 12, seed: int = 0) -> dict:
+        prefill_len: int = 512, top: int = 12, seed: int = 0, engine: bool = True) -> dict:
     batches = [batches] if isinstance(batches, int) else list(batches)
     ctx.require(*requirements(batches, context, steps, prefill_seqs, prefill_len))
     runtime = ctx.llm().runtime
@@ -91,7 +91,7 @@ def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, pr
         row["fraction_of_bound"] = row["bound_ms"] / row["wall_ms"]
         rows.append(row)
     engine_rows = []
-    for batch in batches:
+    for batch in batches if engine else ():  # engine=False: the runtime rows alone (a 512 x 8,192 batch prefills once)
         row = _profile_engine_decode(ctx, batch, context, steps, top, rng)
         # The timed steps start past the first token and the 2 warm-up steps (context + 3 tokens); the runtime rows'
         # bound uses context + steps, within 1% of this one at context 1,024.
@@ -106,11 +106,11 @@ def run(ctx: Context, batches=(1, 256), context: int = 1024, steps: int = 20, pr
     # idle about half of it: bench/NOTES.md "Runs 71-73").
     _, prefill["host_functions_per_step"] = profiled_call(
         lambda: [_prefill_once(runtime, prompts) for _ in range(3)], top, 3)
-    engine_prefill = _profile_engine_prefill(ctx, prompts, top)
+    engine_prefill = _profile_engine_prefill(ctx, prompts, top) if engine else None
     result = ctx.metadata("step_profile")
     result.update({
         "workload": {"batches": batches, "context": context, "steps": steps, "greedy": True, "seed": seed,
-                     "prefill_seqs": prefill_seqs, "prefill_len": prefill_len},
+                     "prefill_seqs": prefill_seqs, "prefill_len": prefill_len, "engine": engine},
         "rows": rows,
         "engine_rows": engine_rows,
         "prefill": prefill,
@@ -263,7 +263,7 @@ def summary_lines(head: str, result: dict) -> list[str]:
     p = result["prefill"]
     lines += _row_lines(f"prefill {p['sequences']} x {p['tokens'] // p['sequences']} tokens", p,
                         f" | {p['tok_s']:.0f} tok/s") + _host_lines(p)
-    if "engine_prefill" in result:
+    if result.get("engine_prefill"):
         e = result["engine_prefill"]
         lines += _row_lines("the same prompts through LLMEngine.step to their first token", e, "") + _host_lines(e)
     return lines

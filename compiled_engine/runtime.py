@@ -429,7 +429,8 @@ class Runtime:
             padding = pad_to - sum(counts)
             packed, packed_counts = [*seqs, PaddingSequence(padding, block_size)], [*counts, padding]
             chunk_rows = max_chunk_rows(pad_to, len(packed))  # one table length for every step of this shape
-        step = pack_step(packed, packed_counts, is_prefill, block_size, device or self.device, chunk_rows)
+        step = pack_step(packed, packed_counts, is_prefill, block_size, device or self.device, chunk_rows,
+                         self.caches.block_tables)
         for seq, n in zip(seqs, counts):
             seq.num_computed_tokens += n
         return step

@@ -14,6 +14,7 @@ from ops.library import NULL_BLOCK, NULL_SLOT
 from ops.step import StepInputs
 
 if TYPE_CHECKING:
+    from compiled_engine.cache_manager import BlockTables
     from compiled_engine.sequence import Sequence
 
 
@@ -53,10 +54,11 @@ class PaddingSequence:
 
 def pack_step(
     seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_size: int, device: torch.device,
-    chunk_rows: int | None = None,
+    chunk_rows: int | None = None, tables: BlockTables | None = None,
 ) -> StepInputs:
     """The StepInputs of computing the next ``counts[i]`` tokens of each sequence (its blocks already reserved).
     ``chunk_rows``: a prefill step's chunk table padded to that many rows (``host_chunk_indices``' skip rows).
+    ``tables``: the block tables kept by slot (CacheManager.block_tables), read instead of each sequence's list.
 
     Reads each sequence's tokens, ``num_computed_tokens`` and ``block_table``; changes nothing. Every field is
     packed into one host buffer (an int64 part and an int32 part), moved to ``device`` in a single pinned,
@@ -98,9 +100,13 @@ def pack_step(
     packed32[:] = NULL_BLOCK
     for begin, values in zip(at32, (context_lens, state_slots, cu_seqlens)):
         packed32[begin : begin + len(values)] = values
-    tables = at32[3]
-    for row, seq in zip(packed32[tables : tables + num_seqs * width].reshape(num_seqs, width), seqs):
-        row[: len(seq.block_table)] = seq.block_table
+    tables_at = at32[3]
+    packed_tables = packed32[tables_at : tables_at + num_seqs * width].reshape(num_seqs, width)
+    if tables is not None:
+        packed_tables[:] = tables.rows(seqs, width)
+    else:
+        for row, seq in zip(packed_tables, seqs):
+            row[: len(seq.block_table)] = seq.block_table
     on_device = upload(torch.from_numpy(packed), device)
     int64, int32 = on_device[:bytes64].view(torch.int64), on_device[bytes64:].view(torch.int32)
     t, n = num_tokens, num_seqs
@@ -108,7 +114,7 @@ def pack_step(
         input_ids=int64[at64[0] : at64[0] + t],
         positions=int64[at64[1] : at64[1] + t],
         slot_mapping=int64[at64[2] : at64[2] + t],
-        block_tables=int32[tables : tables + n * width].view(n, width),
+        block_tables=int32[tables_at : tables_at + n * width].view(n, width),
         context_lens=int32[at32[0] : at32[0] + n],
         state_slots=int32[at32[1] : at32[1] + n],
         cu_seqlens=int32[at32[2] : at32[2] + n + 1] if is_prefill else None,

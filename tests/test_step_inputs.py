@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compiled_engine.runtime import Runtime
@@ -240,3 +240,73 @@ def test_the_reference_rejects_fields_that_disagree_with_cu_seqlens():
     ]:
         with pytest.raises(ValueError):
             torch.ops.ce.gated_delta_rule_prefill(*args, cu_long, chunks)
+
+
+@settings(max_examples=300)
+@given(ops=st.lists(st.tuples(st.sampled_from(["grow", "release", "admit", "replace", "step"]),
+                              st.integers(0, 5), st.integers(1, 40)), min_size=1, max_size=60))
+def test_block_tables_follow_the_sequences_lists(ops):
+    """CacheManager's slot-indexed block tables, read by pack_step instead of each sequence's list, always equal the
+    lists themselves: through blocks appended, sequences released (a new, empty list) and re-admitted to any free
+    slot, a list replaced by a shorter one, tables wider than the array, and the padding sequence on the null slot."""
+    from compiled_engine.cache_manager import BlockTables
+    from compiled_engine.step import PaddingSequence
+    from ops.library import NULL_SLOT
+
+    num_slots = 5
+    tables = BlockTables(num_slots, width=4)
+    seqs = [SimpleNamespace(block_table=[], state_slot=None, token_ids=[1], num_computed_tokens=0) for _ in range(6)]
+    free = list(range(1, num_slots))  # slot 0 is the null slot
+    next_block = itertools.count(1)
+    for op, i, n in ops:
+        seq = seqs[i]
+        if op == "admit" and seq.state_slot is None and free:
+            seq.state_slot = free.pop()  # the last released first, as SlotAllocator hands them out
+        elif op == "grow" and seq.state_slot is not None:
+            seq.block_table.extend(next(next_block) for _ in range(n))
+        elif op == "replace" and seq.state_slot is not None:
+            seq.block_table = seq.block_table[: n % (len(seq.block_table) + 1)]
+        elif op == "release" and seq.state_slot is not None:
+            free.append(seq.state_slot)
+            seq.block_table, seq.state_slot = [], None
+        elif op == "step":
+            live = [s for s in seqs if s.state_slot is not None]
+            live.append(PaddingSequence(n, BLOCK_SIZE))
+            width = max(len(s.block_table) for s in live) + i
+            expected = [s.block_table + [NULL_BLOCK] * (width - len(s.block_table)) for s in live]
+            assert tables.rows(live, width).tolist() == expected
+            assert live[-1].state_slot == NULL_SLOT
+
+
+def test_block_tables_rewrite_a_row_whose_slot_changed_hands():
+    """A slot released by a long sequence and taken by a shorter one, or by the same sequence re-run from scratch,
+    and a list cut short in place: no stale block of the earlier table survives in the row."""
+    from compiled_engine.cache_manager import BlockTables
+
+    tables = BlockTables(3, width=2)
+    a = SimpleNamespace(block_table=[5, 6, 7, 8, 9], state_slot=1)
+    assert tables.rows([a], 5).tolist() == [[5, 6, 7, 8, 9]]
+    b = SimpleNamespace(block_table=[11, 12], state_slot=1)  # a released slot 1; b took it
+    assert tables.rows([b], 5).tolist() == [[11, 12, 0, 0, 0]]
+    b.block_table = [21]  # b released and re-admitted to the same slot (a new list)
+    assert tables.rows([b], 3).tolist() == [[21, 0, 0]]
+    b.block_table.extend([22, 23])
+    del b.block_table[1:]  # the same list, cut short
+    assert tables.rows([b], 3).tolist() == [[21, 0, 0]]
+    c = SimpleNamespace(block_table=[31, 32, 33, 34], state_slot=1)  # b released; c, longer, took the slot
+    assert tables.rows([c], 4).tolist() == [[31, 32, 33, 34]]
+    d = SimpleNamespace(block_table=[41, 42, 43, 44], state_slot=1)  # as long as c's
+    assert tables.rows([d], 4).tolist() == [[41, 42, 43, 44]]
+
+
+def test_pack_step_reads_the_block_tables_kept_by_slot():
+    """pack_step with the slot-indexed tables packs what it packs from the sequences' lists."""
+    from compiled_engine.cache_manager import BlockTables
+
+    seqs = _fake_seqs([1, 1, 1], [40, 3, 17], [3, 1, 2])
+    tables = BlockTables(4, width=2)
+    for is_prefill in (False, True):
+        a = pack_step(seqs, [1, 1, 1], is_prefill, BLOCK_SIZE, torch.device("cpu"))
+        b = pack_step(seqs, [1, 1, 1], is_prefill, BLOCK_SIZE, torch.device("cpu"), tables=tables)
+        assert a.block_tables.tolist() == b.block_tables.tolist()
+        assert b.block_tables.tolist()[1] == [100 * 2 + 0] + [NULL_BLOCK] * 2
