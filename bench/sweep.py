@@ -1,7 +1,7 @@
 """sweep: decode tok/s against batch size (1, 2, 4, ... 256) at contexts of 512 and 8,192 tokens, beside the bound.
 
 For each context (``prompt_len``: one length or a list) and batch B: B requests with ``prompt_len``-token random
-prompts go into the engine; it is stepped until every request has its first token (all prefill done), then
+prompts go into the engine; it is stepped, prefill first, until every request has its first token, then
 ``warmup_steps`` decode steps run untimed, then ``steps`` decode steps are timed (a synchronised timestamp around
 them; every step should give each request a token, else ``missing_tokens`` counts the shortfall). Requests are
 FINAL_ONLY, as in LLM.generate. Decode tok/s = B x steps / time. The engine step includes scheduling, the runtime
@@ -152,22 +152,31 @@ def _measure(ctx: Context, engine, prompts: list[list[int]], steps: int, warmup_
     requests = [engine.requests[i] for i in ids]
     ctx.sync()
     prefill_start = time.perf_counter()
-    while any(r.seq.num_generated_tokens == 0 for r in requests):  # prefill (chunked) until every request has a token
-        engine.step()
+    # Prefill first while the prompts are computed: with mixed steps the first requests would decode (and, past
+    # new_tokens prompt steps, finish) while the later prompts are still computed, and the timed steps would run
+    # fewer rows than the cell's batch.
+    mixed, engine.scheduler.mixed_steps = engine.scheduler.mixed_steps, False
+    try:
+        while any(r.seq.num_generated_tokens == 0 for r in requests):  # until every request has its first token
+            engine.step()
+    finally:
+        engine.scheduler.mixed_steps = mixed
     prefill_s = time.perf_counter() - prefill_start
     for _ in range(warmup_steps):
         engine.step()
     ctx.sync()
+    before = [r.seq.num_generated_tokens for r in requests]
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()
     ctx.sync()
     seconds = time.perf_counter() - start
+    # Every timed step should have given every request one token (a preemption, or a request that finished early,
+    # would cost some). With overlap_decode a step's tokens are counted one step() later, at both ends alike.
+    missing = sum(max(0, steps - (r.seq.num_generated_tokens - b)) for r, b in zip(requests, before))
     for _ in range(2):  # with overlap_decode the last step is still in flight: its tokens land one step() later
         if any(i in engine.requests for i in ids):
             engine.step()
-    # Every timed step should have given every request one token (a preemption would cost some).
-    missing = sum(new_tokens - r.seq.num_generated_tokens for r in requests)
     leftover = [i for i in ids if i in engine.requests]
     for request_id in leftover:  # only after a preemption; frees the cache for the next batch size
         engine.abort_request(request_id)

@@ -734,3 +734,31 @@ def test_round_host_runs_stubbed_rounds():
     assert 0 < low <= p50
     with pytest.raises(ValueError, match="need max_model_len"):
         host_round_us(batch=1, max_model_len=256, k=2, rounds=200)
+
+
+def test_sweep_times_every_row_of_the_cell():
+    """A cell whose prompts take more steps than its requests' tokens (8 prompts, one a step; 1 + 1 + 3 tokens each):
+    every timed step still decodes all 8 rows. With mixed steps during the prompts, the first requests would decode
+    while the later prompts are computed and finish before the timed steps, which would then run fewer rows."""
+    from types import SimpleNamespace
+
+    from bench.sweep import _measure
+    from compiled_engine.llm import LLM
+    from compiled_engine.tiny_model import ensure_tiny_model
+
+    llm = LLM(ensure_tiny_model(), device="cpu", max_num_seqs=8, max_model_len=64, max_num_batched_tokens=32)
+    engine, runtime = llm.engine, llm.runtime
+    decode_rows = []
+    build_step = runtime.build_step
+
+    def recording(seqs, counts, is_prefill, *args, **kwargs):
+        if not is_prefill or any(n == 1 for n in counts):  # a decode step, or decode rows in a prompt step
+            decode_rows.append(sum(n == 1 for n in counts) if is_prefill else len(seqs))
+        return build_step(seqs, counts, is_prefill, *args, **kwargs)
+
+    runtime.build_step = recording
+    row = _measure(SimpleNamespace(sync=lambda: None), engine, [[i + 1] * 32 for i in range(8)], steps=3,
+                   warmup_steps=1)
+    assert row["missing_tokens"] == 0 and row["aborted_requests"] == 0
+    assert decode_rows == [8] * 4  # the warm-up step and the 3 timed ones, all 8 rows; no decode row before them
+    assert engine.scheduler.mixed_steps  # the engine's policy as it was
