@@ -579,7 +579,7 @@ class Runtime:
         n, compiled = len(seqs), self.executor.speculative_round
         step, bucket, fields = None, None, None
         if compiled is not None and compiled.covers(n, k):
-            length, bucket = compiled.pack(seqs, drafts, sampling)
+            length, bucket = compiled.pack(seqs, drafts, sampling, self.caches.block_tables)
             results = self.executor.run_round(length, bucket, sampling is not None, n)
         else:  # eagerly: no compiled rounds, past their buckets, or fewer drafts than they were compiled for
             step = pack_verify_step(seqs, drafts, self.config.block_size, self.device)

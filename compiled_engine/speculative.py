@@ -42,7 +42,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence as Seq
+from typing import TYPE_CHECKING, NamedTuple, Sequence as Seq
 
 import numpy as np
 import torch
@@ -59,6 +59,9 @@ from ops.layouts import verify_cu_seqlens
 from ops.library import NULL_BLOCK, NULL_SLOT, OPS
 from ops.sample import sample_op
 from ops.step import SamplingInputs, StepInputs
+
+if TYPE_CHECKING:
+    from compiled_engine.block_tables import BlockTables
 
 logger = logging.getLogger(__name__)
 _round_ids = itertools.count()
@@ -409,23 +412,29 @@ def fused_round_packed(
 
 def pack_verify_into(
     out: np.ndarray, seqs: Seq[Sequence], drafts: Seq[Seq[int]], block_size: int, bucket: int, num_drafts: int,
-    table_width: int,
+    table_width: int, block_tables: BlockTables | None = None,
 ) -> int:
     """``pack_verify_step(seqs, drafts, ..., pad_to=bucket, table_width=table_width)``'s fields written straight into
     ``out`` (int64) in a compiled round's layout (``_packed_layout``), padding rows included; returns the layout's
     length. The round's host work at batch 1 is on the critical path (a round reads its tokens back before the next
-    is packed), so this skips pack_step's intermediate buffer and the field-by-field staging after it."""
+    is packed), so this skips pack_step's intermediate buffer and the field-by-field staging after it.
+    ``block_tables``: the tables kept by slot (CacheManager.block_tables), read instead of each sequence's list."""
     k, n = num_drafts, len(seqs)
     layout = _packed_layout(bucket, k, table_width)
     ids, positions, slots, tables, context_lens, state_slots = _step_views(out, layout, bucket, table_width, np.int32)
     starts = np.zeros(bucket, dtype=np.int64)
     starts[:n] = [seq.num_computed_tokens for seq in seqs]
     positions[:] = (starts[:, None] + np.arange(k + 1, dtype=np.int64)).reshape(-1)  # padding rows: 0..k
-    tables[:] = NULL_BLOCK  # past each sequence's blocks, and every padding row's
     ids = ids.reshape(bucket, k + 1)
     ids[n:] = 0
+    tables[n:] = NULL_BLOCK  # every padding row's
+    if block_tables is not None:
+        tables[:n] = block_tables.rows(seqs, table_width)
+    else:
+        tables[:n] = NULL_BLOCK  # past each sequence's blocks
+        for i, seq in enumerate(seqs):
+            tables[i, : len(seq.block_table)] = seq.block_table
     for i, (seq, draft) in enumerate(zip(seqs, drafts)):
-        tables[i, : len(seq.block_table)] = seq.block_table
         ids[i, 0] = seq.token_ids[seq.num_computed_tokens]
         ids[i, 1:] = draft
     blocks = np.take_along_axis(tables, (positions // block_size).reshape(bucket, k + 1), axis=1).astype(np.int64)
@@ -549,14 +558,15 @@ class SpeculativeRound:
         layout = _packed_layout(bucket, self.num_drafts, self.table_width)
         return layout.sampled_end if sample else layout.end
 
-    def _pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], sampling: SamplingInputs | None, bucket: int) -> int:
+    def _pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], sampling: SamplingInputs | None, bucket: int,
+              block_tables: BlockTables | None = None) -> int:
         """The verify step of ``seqs`` padded to ``bucket``, and ``sampling`` (when given) with greedy padding rows,
         written into the host staging buffer once the last round is done with it (``pack_verify_into``,
         ``pack_sampling_into``); returns their length."""
         if self.captured:
             self._done.synchronize()  # the last round has copied the staging buffer (its graph's first node)
         length = pack_verify_into(self._stage_np, seqs, drafts, self.block_size, bucket, self.num_drafts,
-                                  self.table_width)
+                                  self.table_width, block_tables)
         if sampling is None:
             return length
         return pack_sampling_into(self._stage_np, sampling, len(seqs) * (self.num_drafts + 1), bucket,
@@ -567,13 +577,13 @@ class SpeculativeRound:
         the staging buffer is pinned: ``run`` records the event ``_pack`` waits for after it)."""
         self.packed[:length].copy_(self._stage[:length], non_blocking=True)
 
-    def pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], sampling: SamplingInputs | None = None
-             ) -> tuple[int, int]:
+    def pack(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]], sampling: SamplingInputs | None = None,
+             block_tables: BlockTables | None = None) -> tuple[int, int]:
         """The verify step of ``seqs`` (``covers`` them) and ``sampling`` (the ``ce::sample`` parameters of their
         ``len(seqs) * (k+1)`` verified rows, host tensors; None: argmax rows), staged on the host for ``load``: its
-        length and bucket."""
+        length and bucket. ``block_tables``: the tables kept by slot, read instead of each sequence's list."""
         bucket = self.policy.bucket_for(len(seqs))
-        return self._pack(seqs, drafts, sampling, bucket), bucket
+        return self._pack(seqs, drafts, sampling, bucket, block_tables), bucket
 
     def load(self, length: int) -> None:
         """``pack``'s staged round (``length`` elements) into this rank's buffer; nothing when the rounds are

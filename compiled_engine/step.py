@@ -14,7 +14,7 @@ from ops.library import NULL_BLOCK, NULL_SLOT
 from ops.step import StepInputs
 
 if TYPE_CHECKING:
-    from compiled_engine.cache_manager import BlockTables
+    from compiled_engine.block_tables import BlockTables
     from compiled_engine.sequence import Sequence
 
 

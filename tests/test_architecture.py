@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("graph capture", ("graphs",)),
     ("model and caches", tuple(f"compiled_engine.{m}" for m in (
         "config", "distributed", "layers", "moe", "attention", "gated_deltanet", "mtp", "model", "loader",
-        "tiny_model", "step", "sequence", "cache", "prefix_cache", "sampling_params", "speculative",
+        "tiny_model", "step", "sequence", "block_tables", "cache", "prefix_cache", "sampling_params", "speculative",
     ))),
     ("step executor", tuple(f"compiled_engine.{m}" for m in (
         "memory_plan", "executor", "cache_manager", "tp_workers", "runtime",

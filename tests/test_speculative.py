@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import given, settings, strategies as st
 from safetensors.torch import load_file
 
 from compiled_engine import LLM, SamplingParams
+from compiled_engine.block_tables import BlockTables
 from compiled_engine.config import SpeculativeConfig
 from compiled_engine.drafting_rule import DraftingRule
 from compiled_engine.engine import LLMEngine
@@ -915,6 +917,12 @@ def test_compiled_rounds_pack_what_pack_verify_step_packs(data, k, block_size, m
     layout = _packed_layout(bucket, k, table_width)
     out = np.full(layout.sampled_end, -7, dtype=np.int64)
     assert pack_verify_into(out, seqs, drafts, block_size, bucket, k, table_width) == layout.end
+    # The same from the tables kept by slot (CacheManager.block_tables), whose rows a former holder of each slot left
+    tables = BlockTables(6, width=1)
+    tables.rows([SimpleNamespace(block_table=[9] * 40, state_slot=slot) for slot in range(1, 6)], 40)
+    kept = np.full(layout.end, -7, dtype=np.int64)
+    assert pack_verify_into(kept, seqs, drafts, block_size, bucket, k, table_width, tables) == layout.end
+    assert kept.tolist() == out[: layout.end].tolist()
     # A sampled round's parameters after the step (random values: each field must land where it is read)
     rows, n = bucket * (k + 1), len(seqs) * (k + 1)
     floats = [torch.tensor(data.draw(st.lists(st.floats(0, 2, width=32), min_size=n, max_size=n)), dtype=torch.float32)

@@ -249,7 +249,7 @@ def test_block_tables_follow_the_sequences_lists(ops):
     """CacheManager's slot-indexed block tables, read by pack_step instead of each sequence's list, always equal the
     lists themselves: through blocks appended, sequences released (a new, empty list) and re-admitted to any free
     slot, a list replaced by a shorter one, tables wider than the array, and the padding sequence on the null slot."""
-    from compiled_engine.cache_manager import BlockTables
+    from compiled_engine.block_tables import BlockTables
     from compiled_engine.step import PaddingSequence
     from ops.library import NULL_SLOT
 
@@ -281,7 +281,7 @@ def test_block_tables_follow_the_sequences_lists(ops):
 def test_block_tables_rewrite_a_row_whose_slot_changed_hands():
     """A slot released by a long sequence and taken by a shorter one, or by the same sequence re-run from scratch,
     and a list cut short in place: no stale block of the earlier table survives in the row."""
-    from compiled_engine.cache_manager import BlockTables
+    from compiled_engine.block_tables import BlockTables
 
     tables = BlockTables(3, width=2)
     a = SimpleNamespace(block_table=[5, 6, 7, 8, 9], state_slot=1)
@@ -301,7 +301,7 @@ def test_block_tables_rewrite_a_row_whose_slot_changed_hands():
 
 def test_pack_step_reads_the_block_tables_kept_by_slot():
     """pack_step with the slot-indexed tables packs what it packs from the sequences' lists."""
-    from compiled_engine.cache_manager import BlockTables
+    from compiled_engine.block_tables import BlockTables
 
     seqs = _fake_seqs([1, 1, 1], [40, 3, 17], [3, 1, 2])
     tables = BlockTables(4, width=2)
