@@ -6,9 +6,11 @@ graph's attention op) on the Qwen3.5-0.8B attention shape (8 query heads, 2 KV h
 64, block_size 16, bf16), each sequence's blocks scattered over the pool as a running engine leaves them. Per case
 (batch x context) every candidate (splits, BLOCK_N, warps, stages) is checked against the default config's output,
 then timed as 20 calls in one CUDA graph (median of the replays; the reduce kernel included). The bound is the K/V
-bytes the call reads at the copy bandwidth measured in the same process.
+bytes the call reads at the copy bandwidth measured in the same process. ``--early-loads`` times only the default
+config, with the step's inputs and first key tile read before the PDL wait and without (in this chain the kernel
+before each call is the previous call's reduce kernel, not qkv_proj).
 
-    python bench/attention_decode_sweep.py --out DIR [--cases 1x8192,16x8192,64x8192]
+    python bench/attention_decode_sweep.py --out DIR [--cases 1x8192,16x8192,64x8192] [--early-loads]
 """
 
 from __future__ import annotations
@@ -25,20 +27,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside benc
 
 from bench.attention_prefill_sweep import time_ms  # noqa: E402
 from bench.ops_microbench import copy_bandwidth_gbps  # noqa: E402
-from ops.triton.attention_decode_kernels import attention_decode  # noqa: E402
+from ops.triton.attention_decode_kernels import EARLY_LOADS_MAX_BATCH, attention_decode  # noqa: E402
 from ops.triton.paged_attention_kernels import _tile_n, decode_num_splits  # noqa: E402
 
 HQ, HKV, D, BLOCK, ROTARY_HALF = 8, 2, 256, 16, 32
 CALLS = 20  # calls a graph replay
 
 
-def _case(batch: int, context: int):
+def _case(batch: int, context: int, width: int | None = None):
+    """``width``: the block tables' width in tokens (an engine's max_model_len; default: the context), which sets the
+    default split count."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     blocks = -(-context // BLOCK)
     num_blocks = batch * blocks + 1
     k_cache = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     v_cache = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     tables = (torch.randperm(num_blocks - 1, device="cuda", generator=gen) + 1).to(torch.int32).view(batch, blocks)
+    if width is not None and -(-width // BLOCK) > blocks:
+        tables = torch.nn.functional.pad(tables, (0, -(-width // BLOCK) - blocks))  # the null block past the context
     lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     positions = (lens - 1).long()
     slots = tables[:, (context - 1) // BLOCK].long() * BLOCK + (context - 1) % BLOCK
@@ -63,27 +69,34 @@ def graph_us(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--cases", default="16x8192,64x8192,8x8192,1x8192")
+    parser.add_argument("--cases", default="16x8192,64x8192,8x8192,1x8192",
+                        help="BATCHxCONTEXT[xWIDTH], WIDTH the tables' width in tokens (default: the context)")
+    parser.add_argument("--early-loads", action="store_true",
+                        help="time only the default config, with and without the kernel's EARLY_LOADS")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     gbps = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {gbps:.0f} GB/s", flush=True)
     results = []
     for case in args.cases.split(","):
-        batch, context = (int(x) for x in case.split("x"))
-        inputs = _case(batch, context)
+        batch, context, *width = (int(x) for x in case.split("x"))
+        inputs = _case(batch, context, *width)
         bound_us = batch * context * HKV * D * 2 * 2 / (gbps * 1e3)
         splits = decode_num_splits(batch, HKV, inputs[9].shape[1], BLOCK, torch.device("cuda"))
         chosen = (splits, _tile_n(D, 2), 4, None)
         ref = attention_decode(*inputs).float()
         split_counts = sorted({max(1, splits // 2), splits, min(64, 2 * splits), min(64, 4 * splits)})
-        grid = [chosen] + [c for c in itertools.product(split_counts, (32, 64), (4, 8), (1, 2, 3)) if c != chosen]
-        for num_splits, block_n, warps, stages in grid:
+        grid = [chosen + (None,)] + [c + (None,) for c in itertools.product(split_counts, (32, 64), (4, 8), (1, 2, 3))
+                                     if c != chosen]
+        if args.early_loads:
+            grid = [chosen + (False,), chosen + (True,)]
+        for num_splits, block_n, warps, stages, early in grid:
             config = {"splits": num_splits, "block_n": block_n, "num_warps": warps, "num_stages": stages,
-                      "chosen": (num_splits, block_n, warps, stages) == chosen}
+                      "early_loads": early, "chosen": (num_splits, block_n, warps, stages) == chosen
+                      and early in (None, batch <= EARLY_LOADS_MAX_BATCH)}
             try:
                 call = lambda: attention_decode(*inputs, num_splits=num_splits, block_n=block_n,  # noqa: E731
-                                                num_warps=warps, num_stages=stages)
+                                                num_warps=warps, num_stages=stages, early_loads=early)
                 err = (call().float() - ref).abs().max().item()
                 us = graph_us(call)
             except Exception as exc:  # out of shared memory and the like: not a candidate

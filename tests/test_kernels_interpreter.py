@@ -100,9 +100,10 @@ def _child_checks() -> dict:
         assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
 
     def check_attention_decode(q_heads, kv_heads, dim, rotary_dim, block_size, num_splits, strided=True,
-                               block_n=None):
+                               block_n=None, early_loads=None):
         """The fused decode op: output and caches (but the null block) against the reference. Context 0 (a padding
-        lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows."""
+        lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows.
+        ``early_loads``: the kernel's order of loads (None: the default for 5 sequences, the late ones)."""
         context_lens = [0, 1, 5, 17, 40]
         batch = len(context_lens)
         num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 2
@@ -123,7 +124,8 @@ def _child_checks() -> dict:
         want = attention_decode.attention_decode_reference(projected, *args, want_k, want_v, slots, tables, lens,
                                                            *heads)
         got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables, lens,
-                                                        *heads, num_splits=num_splits, block_n=block_n)
+                                                        *heads, num_splits=num_splits, block_n=block_n,
+                                                        early_loads=early_loads)
         assert got.shape == (batch, q_heads * dim) and got.is_contiguous()
         compare("attention decode out", got, want)
         assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
@@ -476,6 +478,11 @@ def _child_checks() -> dict:
         "attention_decode_d24_contiguous_split1": lambda: check_attention_decode(3, 1, 24, 6, 4, 1, strided=False),
         "attention_decode_auto_splits": lambda: check_attention_decode(2, 1, 16, 8, 8, None),
         "attention_decode_bs32_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16),
+        # the step inputs and each split's first tile loaded before the PDL wait (small batches' default): empty
+        # splits, one tile a split, and two (the first folded in apart from the loop)
+        "attention_decode_early_loads_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4, early_loads=True),
+        "attention_decode_early_loads_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16,
+                                                                                     early_loads=True),
         "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
         "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
         "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
@@ -591,6 +598,8 @@ CHECK_NAMES = [
     "attention_decode_d24_contiguous_split1",
     "attention_decode_auto_splits",
     "attention_decode_bs32_tile16_split2",
+    "attention_decode_early_loads_split4",
+    "attention_decode_early_loads_tile16_split2",
     "prefill_gqa2_d16_bs4",
     "prefill_gqa3_d32_bs16",
     "prefill_empty_runs",

@@ -24,8 +24,12 @@ online-softmax step, split count, partials and reduce kernel this reuses). Progr
 A padding lane (context_len 0) attends to nothing and writes zeros; its owner still stores k and v, into the null
 block its slot points at (padding lanes race there by design; nobody reads it).
 
-PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_wait``, everything else after, and
-the next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel still runs.
+PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_wait``; at small batches
+(``EARLY_LOADS``) so are the step's inputs (context length, position, block table) and the split's first key and
+value tile: nothing in the step writes them before this kernel (the new token's row, which this kernel writes, is not
+in any split's cached slice), and there qkv_proj is the skinny GEMM, which launches this kernel early. The projected
+row is read after the wait. The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel
+still runs.
 
 Registers (the Qwen3.5-0.8B shapes: G = 4 padded to 16 rows, D = 256, rotary_dim 64, bf16, 64-token tiles): the q tile
 and its partner copy are ``[16, 256]`` fp32 and dead before the key loop, which holds what the paged decode kernel holds
@@ -46,7 +50,10 @@ from ops.triton.paged_attention_kernels import (
     LOG2E,
     NEG_BIG,
     _attend_range,
+    _attend_tile,
     _dot_fp32,
+    _kv_blocks,
+    _load_kv_rows,
     _sigmoid_gated,
     _store_partials,
     _tile_n,
@@ -54,6 +61,14 @@ from ops.triton.paged_attention_kernels import (
     reduce_splits,
 )
 from ops.triton.pdl import pdl_flags
+
+
+# Batches whose step inputs and first key tile are read before the PDL wait. Measured in the decode graph (Qwen3.5-0.8B
+# shape, context 512, tables 8,300 tokens wide: bench/NOTES.md, "Runs 117-119"): batch 1 -12 µs a step, batch 4 -5;
+# at batch 16, where qkv_proj is cuBLAS (which does not launch the next kernel early, so nothing overlaps the early
+# loads) and the first tile stays in registers through the query's norm and RoPE, +12 µs. ops/linear.py's
+# SKINNY_MAX_ROWS (4) is where the matmul before this kernel stops being the skinny GEMM.
+EARLY_LOADS_MAX_BATCH = 4
 
 
 @triton.jit
@@ -154,6 +169,7 @@ def _attention_decode_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_FP32: tl.constexpr,
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py
+    EARLY_LOADS: tl.constexpr,  # the step's inputs and the first key tile read before the PDL wait
 ):
     K_START = 2 * NUM_Q_HEADS * HEAD_DIM  # [q_gate | k | v]
     V_START = K_START + NUM_KV_HEADS * HEAD_DIM
@@ -161,21 +177,39 @@ def _attention_decode_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
     offs_d, d_mask, rot_mask, partner = _rope_lanes(HEAD_DIM, HEAD_DIM_P, ROTARY_HALF)
-    # Weights (constant during a step): read before the wait.
-    q_w, q_w_partner = _norm_weights(q_norm_weight, offs_d, d_mask, partner, rot_mask)
-    k_w, k_w_partner = _norm_weights(k_norm_weight, offs_d, d_mask, partner, rot_mask)
-    freq = tl.load(inv_freq + offs_d % ROTARY_HALF, mask=rot_mask, other=0.0)  # emb = cat(freqs, freqs)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # qkv_proj's output, the step inputs and the caches are read after this
-
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     dtype = out.dtype.element_ty
     row = projected + seq * stride_p_b
-    context_len = tl.load(context_lens + seq)  # issued first: the key range, hence every K/V load, depends on it
-
+    bt_row = block_tables + seq * stride_bt_b
+    # Weights (constant during a step): read before the wait.
+    q_w, q_w_partner = _norm_weights(q_norm_weight, offs_d, d_mask, partner, rot_mask)
+    k_w, k_w_partner = _norm_weights(k_norm_weight, offs_d, d_mask, partner, rot_mask)
+    freq = tl.load(inv_freq + offs_d % ROTARY_HALF, mask=rot_mask, other=0.0)  # emb = cat(freqs, freqs)
+    if not EARLY_LOADS:
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()  # qkv_proj's output, the step inputs and the caches are read after this
+    # The step's inputs (context length, position, block table) and the keys and values of the cached positions are
+    # written before the step (host copies, the previous step's graph and attention) and by no kernel of the step
+    # before this one: with EARLY_LOADS they are read before the wait, while qkv_proj still runs.
+    context_len = tl.load(context_lens + seq)
     cos, sin = _cos_sin(tl.load(positions + seq), freq, dtype)
+    # This split's slice of the cached context (the new token excluded), a whole number of tiles.
+    cached = tl.maximum(context_len - 1, 0)
+    per_split = tl.cdiv(tl.cdiv(cached, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, cached)
+    if EARLY_LOADS:  # the slice's first tile, folded in after the query is ready
+        offs_n0 = start + tl.arange(0, BLOCK_N)
+        n_mask0 = offs_n0 < end
+        blocks0 = _kv_blocks(bt_row, stride_bt_n, offs_n0, n_mask0, BLOCK_SIZE)
+        k0 = _load_kv_rows(k_cache, blocks0, offs_n0, n_mask0, kv_head, offs_d, d_mask, stride_k_block,
+                           stride_k_offset, stride_k_head, stride_k_dim, BLOCK_SIZE)
+        v0 = _load_kv_rows(v_cache, blocks0, offs_n0, n_mask0, kv_head, offs_d, d_mask, stride_v_block,
+                           stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()  # qkv_proj's output is read after this
 
     offs_g = tl.arange(0, GROUP_P)
     g_mask = offs_g < GROUP
@@ -207,15 +241,15 @@ def _attention_decode_kernel(
             l_i = tl.full([GROUP_P], 1.0, dtype=tl.float32)
             acc = acc + v_new.to(tl.float32)
 
-    # This split's slice of the cached context (the new token excluded), a whole number of tiles.
-    cached = tl.maximum(context_len - 1, 0)
-    per_split = tl.cdiv(tl.cdiv(cached, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
-    end = tl.minimum(start + per_split, cached)
-    m_i, l_i, acc = _attend_range(q, k_cache, v_cache, block_tables + seq * stride_bt_b, stride_bt_n, start, end,
-                                  kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
-                                  stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, m_i,
-                                  l_i, acc, scale_log2, m_i, BLOCK_SIZE, BLOCK_N, DOT_FP32, False)  # no query positions
+    first = start
+    if EARLY_LOADS:
+        if start < end:
+            m_i, l_i, acc = _attend_tile(q, k0, v0, n_mask0[None, :], m_i, l_i, acc, scale_log2, DOT_FP32)
+        first = start + BLOCK_N
+    m_i, l_i, acc = _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, first, end, kv_head, offs_d, d_mask,
+                                  stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, stride_v_block,
+                                  stride_v_offset, stride_v_head, stride_v_dim, m_i, l_i, acc, scale_log2, m_i,
+                                  BLOCK_SIZE, BLOCK_N, DOT_FP32, False)  # no query positions
 
     if NUM_SPLITS == 1:
         # l_i == 0 only for a padding lane, whose acc is 0: zeros, not 0/0, times the gate.
@@ -250,10 +284,11 @@ def attention_decode(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
+    early_loads: bool | None = None,
 ) -> torch.Tensor:
     """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n``,
-    ``num_warps`` and ``num_stages`` override the defaults (the paged decode kernel's split count and key tile, 4
-    warps, Triton's default stages)."""
+    ``num_warps``, ``num_stages`` and ``early_loads`` override the defaults (the paged decode kernel's split count and
+    key tile, 4 warps, Triton's default stages, early loads up to ``EARLY_LOADS_MAX_BATCH`` sequences)."""
     check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     batch = projected.shape[0]
     out = torch.empty((batch, num_heads * head_dim), dtype=projected.dtype, device=projected.device)
@@ -302,6 +337,7 @@ def attention_decode(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
+        EARLY_LOADS=batch <= EARLY_LOADS_MAX_BATCH if early_loads is None else early_loads,
         DOT_FP32=dot_fp32,
         num_warps=num_warps,
         **({} if num_stages is None else {"num_stages": num_stages}),

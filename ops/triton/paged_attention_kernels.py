@@ -53,6 +53,22 @@ NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
+def _kv_blocks(block_table_row, stride_bt, offs_n, n_mask, BLOCK_SIZE: tl.constexpr):
+    """The pool block of each token position ``offs_n`` (masked positions: block 0), int64."""
+    return tl.load(block_table_row + (offs_n // BLOCK_SIZE) * stride_bt, mask=n_mask, other=0).to(tl.int64)
+
+
+@triton.jit
+def _load_kv_rows(cache, blocks, offs_n, n_mask, kv_head, offs_d, d_mask, stride_block, stride_offset, stride_head,
+                  stride_dim, BLOCK_SIZE: tl.constexpr):
+    """[BLOCK_N, D] rows of one KV head for token positions ``offs_n`` in pool blocks ``blocks`` (masked rows read
+    as 0)."""
+    rows = blocks * stride_block + (offs_n % BLOCK_SIZE) * stride_offset
+    ptrs = cache + rows[:, None] + kv_head * stride_head + offs_d[None, :] * stride_dim
+    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
 def _load_kv_tile(
     cache,
     block_table_row,  # pointer to this sequence's block table row
@@ -69,10 +85,9 @@ def _load_kv_tile(
     BLOCK_SIZE: tl.constexpr,
 ):
     """[BLOCK_N, D] rows of one KV head for token positions ``offs_n`` (masked rows read as 0)."""
-    block = tl.load(block_table_row + (offs_n // BLOCK_SIZE) * stride_bt, mask=n_mask, other=0).to(tl.int64)
-    rows = block * stride_block + (offs_n % BLOCK_SIZE) * stride_offset
-    ptrs = cache + rows[:, None] + kv_head * stride_head + offs_d[None, :] * stride_dim
-    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    blocks = _kv_blocks(block_table_row, stride_bt, offs_n, n_mask, BLOCK_SIZE)
+    return _load_kv_rows(cache, blocks, offs_n, n_mask, kv_head, offs_d, d_mask, stride_block, stride_offset,
+                         stride_head, stride_dim, BLOCK_SIZE)
 
 
 @triton.jit
