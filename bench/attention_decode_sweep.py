@@ -11,6 +11,9 @@ config, with the step's inputs and first key tile read before the PDL wait and w
 before each call is the previous call's reduce kernel, not qkv_proj).
 
     python bench/attention_decode_sweep.py --out DIR [--cases 1x8192,16x8192,64x8192] [--early-loads]
+
+``--ncu``: no timing; each case's default config (both orders of loads with ``--early-loads``) runs once between
+``cudaProfilerStart`` and ``cudaProfilerStop``, for Nsight Compute (its command as in bench/gemv_ncu.py).
 """
 
 from __future__ import annotations
@@ -73,8 +76,11 @@ def main() -> None:
                         help="BATCHxCONTEXT[xWIDTH], WIDTH the tables' width in tokens (default: the context)")
     parser.add_argument("--early-loads", action="store_true",
                         help="time only the default config, with and without the kernel's EARLY_LOADS")
+    parser.add_argument("--ncu", action="store_true", help="profile one call of each case's default config instead")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.ncu:
+        return _profile(args)
     gbps = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {gbps:.0f} GB/s", flush=True)
     results = []
@@ -112,6 +118,20 @@ def main() -> None:
               *(f"  {r['us']:.1f} µs ({r['frac_bound']:.1%}) {r['config']}" for r in mine[:6]), sep="\n", flush=True)
         (args.out / "attention_decode_sweep.json").write_text(json.dumps(
             {"copy_bandwidth_gbps": gbps, "results": results}, indent=1))
+
+
+def _profile(args) -> None:
+    for case in args.cases.split(","):
+        batch, context, *width = (int(x) for x in case.split("x"))
+        inputs = _case(batch, context, *width)
+        for early in ((False, True) if args.early_loads else (None,)):
+            attention_decode(*inputs, early_loads=early)  # compile outside the profiled range
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            attention_decode(*inputs, early_loads=early)
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            print(f"profiled {case}, early_loads={early}", flush=True)
 
 
 if __name__ == "__main__":
