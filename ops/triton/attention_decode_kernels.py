@@ -34,7 +34,8 @@ still runs.
 Registers (the Qwen3.5-0.8B shapes: G = 4 padded to 16 rows, D = 256, rotary_dim 64, bf16, 64-token tiles): the q tile
 and its partner copy are ``[16, 256]`` fp32 and dead before the key loop, which holds what the paged decode kernel holds
 (q as the ``tl.dot`` operand, a ``[64, 256]`` K and V tile, the ``[16, 256]`` accumulator), so at 4 warps it takes the
-registers and spills of the paged decode kernel (bench/NOTES.md, "Decode kernels' registers"). ``tl.cos``/``tl.sin``
+registers and spills of the paged decode kernel (bench/NOTES.md, "Decode kernels' registers"); with ``EARLY_LOADS`` the
+first K and V tile are live through the query's norm and RoPE as well. ``tl.cos``/``tl.sin``
 compile to libdevice's ``__nv_cosf``/``__nv_sinf`` (full range reduction, as torch's), not the approximate instructions:
 positions reach ~1e5 and ``inv_freq[0]`` is 1.
 """
@@ -63,11 +64,10 @@ from ops.triton.paged_attention_kernels import (
 from ops.triton.pdl import pdl_flags
 
 
-# Batches whose step inputs and first key tile are read before the PDL wait. Measured in the decode graph (Qwen3.5-0.8B
-# shape, context 512, tables 8,300 tokens wide: bench/NOTES.md, "Runs 117-119"): batch 1 -12 µs a step, batch 4 -5;
-# at batch 16, where qkv_proj is cuBLAS (which does not launch the next kernel early, so nothing overlaps the early
-# loads) and the first tile stays in registers through the query's norm and RoPE, +12 µs. ops/linear.py's
-# SKINNY_MAX_ROWS (4) is where the matmul before this kernel stops being the skinny GEMM.
+# Batches whose step inputs and first key tile are read before the PDL wait. That pays only where the kernel before,
+# qkv_proj, launches this one early: the skinny GEMM does (up to ops/linear.py's SKINNY_MAX_ROWS = 4 rows); cuBLAS
+# does not, and there the first tile held in registers through the query's norm and RoPE made the step slower
+# (bench/NOTES.md, "Runs 117-120").
 EARLY_LOADS_MAX_BATCH = 4
 
 
