@@ -415,10 +415,15 @@ class DecodeGraphRunner:
         For benchmarks: back-to-back replays measure the GPU time of a step without the host's per-step work. Each
         replay is the next greedy step of the same sequences (the graph advanced its inputs: one position further,
         the previous replay's greedy tokens as input ids); past the KV blocks the host reserved, keys and values go to
-        the null block, so the sequences in it are garbage afterwards.
+        the null block, so the sequences in it are garbage afterwards. ValueError once a live row's context would pass
+        the end of its block table (the engine's max_model_len).
         """
         if not (self.warmed_up and self.policy.covers(num_sequences)):
             raise ValueError(f"no warmed-up graph for {num_sequences} sequences (buckets {list(self.buckets)})")
+        left = self.static.replays_left()
+        if left is not None and left <= 0:
+            raise ValueError("the live sequences reached the end of their block tables (max_model_len): a replay "
+                             "would read past them")
         return self._replay_step(num_sequences, False)
 
     def _replay_step(self, n: int, sample: bool) -> DecodeOutput:

@@ -160,6 +160,14 @@ class StaticDecodeInputs:
         self._live, self._width = n, step.block_tables.shape[1]
         return n
 
+    def replays_left(self) -> int | None:
+        """How many replays the live rows can run on the buffers as they are before a row's context passes the end of
+        its block table (the attention would read past the table), or None where the host does not know the rows
+        (after a step copied from the device)."""
+        if self._left is None or self._live == 0:
+            return None
+        return self.max_blocks_per_seq * self.block_size - int(self._left[2].max()) + 1
+
     def replayed(self) -> torch.Tensor:
         """Note that a graph ran on the buffers as they are (and advanced them: ``ce::advance_decode_inputs``);
         returns the token-ring row (host memory) its greedy tokens go to."""

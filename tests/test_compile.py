@@ -542,6 +542,24 @@ def test_replay_last_runs_the_next_greedy_step(compiled, num_seqs):
             rt.release(seq)
 
 
+def test_replay_last_stops_where_the_block_tables_end(compiled):
+    """Back-to-back replays advance the sequences by themselves: they run while every context stays within
+    max_model_len (the block tables' reach), and the next one raises instead of letting the attention read past the
+    tables (on a GPU: an illegal address)."""
+    rt, runner, _ = compiled
+    seq = rt.add_sequence([4] * (MAX_MODEL_LEN - 4))
+    try:
+        rt.prefill([seq])
+        seq.token_ids.append(13)
+        rt.decode([seq])  # context MAX_MODEL_LEN - 3
+        for _ in range(3):  # contexts MAX_MODEL_LEN - 2, MAX_MODEL_LEN - 1, MAX_MODEL_LEN
+            runner.replay_last(1)
+        with pytest.raises(ValueError, match="end of their block tables"):
+            runner.replay_last(1)
+    finally:
+        rt.release(seq)
+
+
 def test_ce_ops_are_inductor_fallbacks_with_their_tags_layout_constraint(compiled):
     """register_inductor_fallbacks (run by warmup) registered every ce op as the implicit path would have."""
     from torch._inductor import lowering

@@ -8,7 +8,8 @@ finished). It must then execute ``gdc_wait`` before it reads anything an earlier
 an earlier kernel may still read; ``gdc_wait`` returns once the earlier kernel has completed and its writes are
 visible. What comes before the wait may only read what no earlier kernel of the step writes: the weights, the step's
 inputs (copied in before its first kernel, which is not a PDL launch), and state that only this kernel writes in a
-step (the fused GDN kernel's conv history and recurrent state of its own layer).
+step (the fused GDN kernel's conv history and recurrent state of its own layer; the decode attention kernel's KV
+cache of its own layer, at the cached positions).
 
 The protocol of every PDL kernel here, in this order:
   1. ``gdc_launch_dependents()``: the next kernel may be scheduled (it cannot get past its own wait before this one
