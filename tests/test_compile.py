@@ -1,9 +1,10 @@
 """Compiled decode (graphs/) equals eager decode, on the CPU (Inductor's C++ backend; no CUDA graphs here).
 
 Properties (docs/ARCHITECTURE.md, "Compile and capture"):
-* compiled ≡ eager: logits within fp32 rounding (1e-4 + 2e-5·max|logit|, see LOGIT_ATOL) and the same greedy
-  tokens, over random batches — sizes across the buckets, random context lengths, random slots (a random subset of
-  the live sequences, in random order), padding lanes;
+* compiled ≡ eager: logits about as close to float64 math from the same caches as eager's are (ORACLE_FACTOR in
+  tests/compile_helpers.py), cache rows within fp32 rounding of eager's, and the same greedy tokens, over random
+  batches — sizes across the buckets, random context lengths, random slots (a random subset of the live sequences,
+  in random order), padding lanes;
 * isolation: after a compiled step every pool row of a slot outside the batch, and every KV row the step did not
   write, is bit-identical to before (torch.equal); padding lanes write only to the null slot and the null block;
 * a stream where sequences join, finish and reorder between steps: each one's logits equal its solo eager run;
@@ -42,10 +43,12 @@ from tests.compile_helpers import (
     STREAM_LOGIT_ATOL,
     assert_isolated,
     assert_logits_close,
+    assert_logits_near_oracle,
     assert_rows_close,
     assert_same_greedy,
     cache_buffers,
     eager_decode_step,
+    float64_logits,
     graph_stats,
     null_rows,
     restore,
@@ -78,7 +81,9 @@ def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs, sampling: Samplin
     restore(model, before)
     compiled = runner(step, sampling)
     assert compiled.logits.shape == eager.shape and compiled.logits.dtype == rt.dtype
-    assert_logits_close(compiled.logits.float(), eager)
+    # Both are fp32 roundings of the same math, neither the truth: each is judged against float64 math from the same
+    # caches, and the compiled one must be about as close to it as eager (ORACLE_FACTOR, tests/compile_helpers.py).
+    assert_logits_near_oracle(compiled.logits.float(), eager, float64_logits(model, step, before))
     if sampling is None:
         assert_same_greedy(compiled.tokens, eager)  # ce::argmax, inside the graph
         assert torch.equal(compiled.tokens, compiled.logits.argmax(dim=-1))
