@@ -18,7 +18,11 @@ For each row count in ``--rows`` (1..GEMV_MAX_ROWS), the chain runs (µs a step 
   * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear;
   * ``rule, lm_head GEMV`` (2..GEMV_MAX_ROWS rows): the rule with the vocabulary on the few-rows GEMV instead of the
     tensor-core loop (``gemv_kernels.DOT_VOCAB``); ``cuBLAS, lm_head dot`` (past SKINNY_MAX_ROWS): cuBLAS with the
-    vocabulary on the tensor-core loop.
+    vocabulary on the tensor-core loop;
+  * ``rule, norm apart`` / ``rule, SiLU apart`` / ``rule, prologues apart`` (2..GEMV_MAX_ROWS rows): the rule's
+    configs with the residual add + RMSNorm (ce::add_rms_norm), the SiLU gate (ce::silu_mul) or both as kernels of
+    their own before a prologue-free GEMV: a hop more each, against the prologue every program of the fused GEMV
+    recomputes (BLOCK_M x K values a program: at 3-4 rows most of its instructions, bench/NOTES.md "Runs 107-110").
 The log marks the one ce::linear runs at that row count.
 With ``--passes`` > 0, then a coordinate descent per row count, from the fastest of those: each role's GEMV
 candidates (with ``--dot`` the tensor-core loop's too) timed with the other roles fixed, the best kept, ``passes``
@@ -137,19 +141,32 @@ class Chain:
             self.residual = rand(rows, self.s.hidden)
 
     def run(self, configs: dict | None, mode: str = "skinny") -> torch.Tensor:
-        """``mode``: "skinny" (``configs``: role -> config; the rule's where a role has none), "cublas", or
-        "cublas_dot_vocab" (cuBLAS but the lm_head, on the skinny GEMM's tensor-core loop)."""
+        """``mode``: "skinny" (``configs``: role -> config; the rule's where a role has none), "skinny_norm_apart",
+        "skinny_silu_apart", "skinny_apart" (the same with the norm, the SiLU gate or both as kernels of their own),
+        "cublas", or "cublas_dot_vocab" (cuBLAS but the lm_head, on the skinny GEMM's tensor-core loop)."""
         if mode.startswith("cublas"):
             return self._run_cublas(dot_vocab=mode == "cublas_dot_vocab")
         configs = configs or {}
-        gemm, norm_gemm = gemv_kernels.skinny_gemm, gemv_kernels.add_rms_norm_skinny_gemm
+        norm_apart = mode in ("skinny_norm_apart", "skinny_apart")
+        silu_apart = mode in ("skinny_silu_apart", "skinny_apart")
+        gemm = gemv_kernels.skinny_gemm
+
+        def norm_gemm(x, residual, norm_weight, weight, config):
+            if not norm_apart:
+                return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, EPS, weight, config)
+            summed, normed = torch.ops.ce.add_rms_norm(x, residual, norm_weight, EPS)
+            return gemm(normed, weight, config), summed
+
         h, r = self.hidden, self.residual
         out_k = self.roles["out_proj"][1]
         for layer in self.layers:
-            y, r = norm_gemm(h, r, layer["norm_1"], EPS, layer["w_mix"], configs.get(layer["mixer"]))
+            y, r = norm_gemm(h, r, layer["norm_1"], layer["w_mix"], configs.get(layer["mixer"]))
             h = gemm(y[:, :out_k], layer["w_out"], configs.get("out_proj"))
-            g, r = norm_gemm(h, r, layer["norm_2"], EPS, layer["w_gate_up"], configs.get("mlp_gate_up"))
-            h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=True)
+            g, r = norm_gemm(h, r, layer["norm_2"], layer["w_gate_up"], configs.get("mlp_gate_up"))
+            if silu_apart:
+                h = gemm(torch.ops.ce.silu_mul(g), layer["w_down"], configs.get("mlp_down"))
+            else:
+                h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=True)
         return gemm(h, self.w_lm, configs.get("lm_head"))
 
     def _run_cublas(self, dot_vocab: bool = False) -> torch.Tensor:
@@ -208,6 +225,9 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # the vocabulary's other path: the few-rows GEMV
         n, k = chain.roles["lm_head"][:2]
         variants["rule, lm_head GEMV"] = ("skinny", {**rule, "lm_head": gemv_kernels.gemv_rows_config(rows, n, k)})
+        for label, mode in (("norm apart", "skinny_norm_apart"), ("SiLU apart", "skinny_silu_apart"),
+                            ("prologues apart", "skinny_apart")):
+            variants[f"rule, {label}"] = (mode, rule)
     if rows > SKINNY_MAX_ROWS:  # ce::linear's cuBLAS, but the vocabulary on the tensor-core loop
         variants["cuBLAS, lm_head dot"] = ("cublas_dot_vocab", None)
     ours = "rule" if rows <= SKINNY_MAX_ROWS else "cuBLAS"  # what ce::linear runs at this row count
@@ -300,7 +320,7 @@ def main(argv=None) -> None:
     for rows in args.rows:
         entry = {"compare": compare(chain, rows, bound_us, log, args.profile)}
         if args.passes > 0:
-            timed = {label: e for label, e in entry["compare"].items() if "_configs" in e}
+            timed = {label: e for label, e in entry["compare"].items() if "_configs" in e and "apart" not in label}
             best = min(timed, key=lambda label: timed[label]["us"])  # the fastest skinny variant as the start
             configs, best_us, timings = descend(chain, rows, timed[best]["_configs"], args.passes, log, args.dot)
             entry["best"] = {"configs": {role: config_tuple(c) for role, c in configs.items()}, "us": round(best_us, 2)}
@@ -312,7 +332,8 @@ def main(argv=None) -> None:
         result["rows"][rows] = entry
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
-    labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot"]
+    labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "rule, norm apart", "rule, SiLU apart",
+              "rule, prologues apart"]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
     print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
     for rows, entry in result["rows"].items():

@@ -22,6 +22,7 @@ import torch
 
 from bench.common import Context, Options, random_prompt
 from bench.latency import profiled_critical_path
+from ops.triton import gated_deltanet_kernels
 
 
 def _group(kernel: str) -> str:
@@ -59,6 +60,14 @@ def _paths(runtime, batch: int, context: int, replays: int, seed: int) -> dict:
             "kernels_per_step": path.get("kernels_per_step"), "groups_us": groups, "path": path}
 
 
+def _gdn_launches(spec: str) -> tuple:
+    """``--gdn-launch`` as a one-entry DECODE_LAUNCHES covering every batch (``unfused``: an entry no batch fits)."""
+    if spec == "unfused":
+        return ((0, None, 8, False),)
+    block_v, warps, prefetch = spec.split(":")
+    return ((1 << 30, None if block_v == "head" else int(block_v), int(warps), prefetch == "1"),)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3.5-0.8b")
@@ -69,9 +78,15 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="the engine's (its block tables' width sets the attention's split count); default: what the "
                         "replays need")
+    p.add_argument("--gdn-launch", default=None,
+                   help="the GDN decode's launch at every batch instead of gated_deltanet_kernels.DECODE_LAUNCHES's: "
+                        "'BLOCK_V:WARPS:PREFETCH' for the fused kernel (BLOCK_V 'head': whole heads; PREFETCH 0/1), "
+                        "or 'unfused'")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    if args.gdn_launch:
+        gated_deltanet_kernels.DECODE_LAUNCHES = _gdn_launches(args.gdn_launch)
     ctx = Context(Options(model=args.model, device="cuda", dtype="bfloat16"))
     # The replays advance every sequence one position each: the block tables must reach the last one.
     ctx.require(max(batches), max(args.max_model_len or 0, args.context + args.replays + 64))
