@@ -13,13 +13,14 @@ bytes at the copy bandwidth, the same at every row count.
 
 For each row count in ``--rows`` (1..GEMV_MAX_ROWS), the chain runs (µs a step and % of the bound):
   * ``rule``: the skinny GEMM's configs by rule (``gemv_kernels.skinny_config``: the one-row GEMV at one row, the
-    few-rows GEMV above), what ce::linear runs up to ``SKINNY_MAX_ROWS`` rows (ops/linear.py). Past it ce::linear
-    runs cuBLAS; the rule's timing there says whether raising ``SKINNY_MAX_ROWS`` would pay;
+    few-rows GEMV above) with both prologues fused, what ce::linear runs at one row (ops/linear.py; from
+    ``NORM_APART_MIN_ROWS`` rows it runs ``rule, norm apart`` below, and past ``SKINNY_MAX_ROWS`` cuBLAS: the rule's
+    timing there says whether raising ``SKINNY_MAX_ROWS`` would pay);
   * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear;
   * ``rule, lm_head GEMV`` (2..GEMV_MAX_ROWS rows): the rule with the vocabulary on the few-rows GEMV instead of the
     tensor-core loop (``gemv_kernels.DOT_VOCAB``); ``cuBLAS, lm_head dot`` (past SKINNY_MAX_ROWS): cuBLAS with the
     vocabulary on the tensor-core loop;
-  * ``rule, norm apart`` / ``rule, SiLU apart`` / ``rule, prologues apart`` (2..GEMV_MAX_ROWS rows): the rule's
+  * ``rule, norm apart`` / ``rule, SiLU apart`` / ``rule, prologues apart`` (1..GEMV_MAX_ROWS rows): the rule's
     configs with the residual add + RMSNorm (ce::add_rms_norm), the SiLU gate (ce::silu_mul) or both as kernels of
     their own before a prologue-free GEMV: a hop more each, against the prologue every program of the fused GEMV
     recomputes (BLOCK_M x K values a program: at 3-4 rows most of its instructions, bench/NOTES.md "Runs 107-110").
@@ -50,7 +51,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
 from bench.ops_microbench import Shape, copy_bandwidth_gbps, rand  # noqa: E402
-from ops.linear import SKINNY_MAX_ROWS  # noqa: E402
+from ops.linear import NORM_APART_MIN_ROWS, SKINNY_MAX_ROWS  # noqa: E402
 from ops.triton import gemv_kernels  # noqa: E402
 from ops.triton.gemv_kernels import _config  # noqa: E402
 
@@ -225,12 +226,14 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # the vocabulary's other path: the few-rows GEMV
         n, k = chain.roles["lm_head"][:2]
         variants["rule, lm_head GEMV"] = ("skinny", {**rule, "lm_head": gemv_kernels.gemv_rows_config(rows, n, k)})
+    if rows <= gemv_kernels.GEMV_MAX_ROWS:  # the prologues as kernels of their own
         for label, mode in (("norm apart", "skinny_norm_apart"), ("SiLU apart", "skinny_silu_apart"),
                             ("prologues apart", "skinny_apart")):
             variants[f"rule, {label}"] = (mode, rule)
     if rows > SKINNY_MAX_ROWS:  # ce::linear's cuBLAS, but the vocabulary on the tensor-core loop
         variants["cuBLAS, lm_head dot"] = ("cublas_dot_vocab", None)
-    ours = "rule" if rows <= SKINNY_MAX_ROWS else "cuBLAS"  # what ce::linear runs at this row count
+    # what ce::linear runs at this row count
+    ours = "cuBLAS" if rows > SKINNY_MAX_ROWS else "rule, norm apart" if rows >= NORM_APART_MIN_ROWS else "rule"
     results = {}
     rule_us = None
     for label, (mode, configs) in variants.items():

@@ -1269,15 +1269,17 @@ def test_silu_mul_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(out, torch.ops.ce.silu_mul_linear(graph_inputs, weight), atol=0, rtol=0)
 
 
-# Rows 1 and 2: our skinny GEMM (the one-row and the few-rows GEMV); 16: ce::add_rms_norm + cuBLAS.
+# Row 1: the one-row GEMV with the norm in its prologue; 2 and 3: ce::add_rms_norm + the few-rows GEMV; 16:
+# ce::add_rms_norm + cuBLAS.
 @pytest.mark.parametrize("name, rows", cases(
-    [(name, rows) for name in ("gdn_in_proj", "mlp_gate_up", "attn_qkv") for rows in (1, 2, 16)],
-    quick=[("attn_qkv", 1)],
+    [(name, rows) for name in ("gdn_in_proj", "mlp_gate_up", "attn_qkv") for rows in (1, 2, 3, 16)],
+    quick=[("attn_qkv", 1), ("attn_qkv", 3)],
 ))
 def test_add_rms_norm_linear_on_model_shapes(name, rows):
     """A layer's residual add + norm + the projection after it: our skinny GEMM computing the norm in its prologue
-    up to SKINNY_MAX_ROWS rows, ce::add_rms_norm + cuBLAS above. The sum exactly as the reference rounds it; the
-    projection of the norm against float64; replayed in a CUDA graph with new inputs."""
+    at one row, ce::add_rms_norm then our skinny GEMM up to SKINNY_MAX_ROWS rows, then cuBLAS above. The sum exactly
+    as the reference rounds it; the projection of the norm against float64; replayed in a CUDA graph with new
+    inputs."""
     n, k = LINEAR_SHAPES[name]
     gen = _seeded(rows)
     x, residual = _randn(gen, rows, k, dtype=torch.bfloat16, scale=3.0), _randn(gen, rows, k, dtype=torch.bfloat16)
