@@ -5,25 +5,21 @@ A decode step is a chain of dependent kernels, launched with PDL (ops/triton/pdl
 the one before still runs, prefetch weights, and must then wait for its input. How long a config takes there depends
 on what it overlaps, so a config timed alone (as ``triton.autotune`` times it: one call, the L2 flushed, nothing
 before it) can be ranked wrongly. Here the 97 matmuls of a Qwen3.5-0.8B step run in model order in one CUDA graph,
-as the model calls them: in_proj / qkv and gate_up with the residual add + RMSNorm in their prologue
-(``add_rms_norm_skinny_gemm``), out_proj / o_proj reading the first 2,048 columns of the one before, down with the
-SiLU gate in its prologue, lm_head last, every layer with its own weights (1.5 GB: DRAM, not L2). The mixers' own
-kernels (GDN, attention) are not in the chain; it measures the matmuls' share of a step. The bound is the weights'
-bytes at the copy bandwidth, the same at every row count.
+as the model calls them: in_proj / qkv and gate_up after the residual add + RMSNorm (in their prologue at one row,
+``add_rms_norm_skinny_gemm``; ce::add_rms_norm before them from two), out_proj / o_proj reading the first 2,048
+columns of the one before, down with the SiLU gate in its prologue, lm_head last, every layer with its own weights
+(1.5 GB: DRAM, not L2). The mixers' own kernels (GDN, attention) are not in the chain; it measures the matmuls' share
+of a step. The bound is the weights' bytes at the copy bandwidth, the same at every row count.
 
 For each row count in ``--rows`` (1..GEMV_MAX_ROWS), the chain runs (µs a step and % of the bound):
   * ``rule``: the skinny GEMM's configs by rule (``gemv_kernels.skinny_config``: the one-row GEMV at one row, the
-    few-rows GEMV above) with both prologues fused, what ce::linear runs at one row (ops/linear.py; from
-    ``NORM_APART_MIN_ROWS`` rows it runs ``rule, norm apart`` below, and past ``SKINNY_MAX_ROWS`` cuBLAS: the rule's
-    timing there says whether raising ``SKINNY_MAX_ROWS`` would pay);
+    few-rows GEMV above), with the prologues as ce::linear runs them (the norm in the GEMV at one row, as
+    ce::add_rms_norm before it from two), what ce::linear runs up to ``SKINNY_MAX_ROWS`` rows (ops/linear.py). Past
+    it ce::linear runs cuBLAS; the rule's timing there says whether raising ``SKINNY_MAX_ROWS`` would pay;
   * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear;
   * ``rule, lm_head GEMV`` (2..GEMV_MAX_ROWS rows): the rule with the vocabulary on the few-rows GEMV instead of the
     tensor-core loop (``gemv_kernels.DOT_VOCAB``); ``cuBLAS, lm_head dot`` (past SKINNY_MAX_ROWS): cuBLAS with the
-    vocabulary on the tensor-core loop;
-  * ``rule, norm apart`` / ``rule, SiLU apart`` / ``rule, prologues apart`` (1..GEMV_MAX_ROWS rows): the rule's
-    configs with the residual add + RMSNorm (ce::add_rms_norm), the SiLU gate (ce::silu_mul) or both as kernels of
-    their own before a prologue-free GEMV: a hop more each, against the prologue every program of the fused GEMV
-    recomputes (BLOCK_M x K values a program: at 3-4 rows most of its instructions, bench/NOTES.md "Runs 107-110").
+    vocabulary on the tensor-core loop.
 The log marks the one ce::linear runs at that row count.
 With ``--passes`` > 0, then a coordinate descent per row count, from the fastest of those: each role's GEMV
 candidates (with ``--dot`` the tensor-core loop's too) timed with the other roles fixed, the best kept, ``passes``
@@ -51,7 +47,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
 from bench.ops_microbench import Shape, copy_bandwidth_gbps, rand  # noqa: E402
-from ops.linear import NORM_APART_MIN_ROWS, SKINNY_MAX_ROWS  # noqa: E402
+from ops.linear import SKINNY_MAX_ROWS  # noqa: E402
 from ops.triton import gemv_kernels  # noqa: E402
 from ops.triton.gemv_kernels import _config  # noqa: E402
 
@@ -142,18 +138,15 @@ class Chain:
             self.residual = rand(rows, self.s.hidden)
 
     def run(self, configs: dict | None, mode: str = "skinny") -> torch.Tensor:
-        """``mode``: "skinny" (``configs``: role -> config; the rule's where a role has none), "skinny_norm_apart",
-        "skinny_silu_apart", "skinny_apart" (the same with the norm, the SiLU gate or both as kernels of their own),
-        "cublas", or "cublas_dot_vocab" (cuBLAS but the lm_head, on the skinny GEMM's tensor-core loop)."""
+        """``mode``: "skinny" (``configs``: role -> config; the rule's where a role has none), "cublas", or
+        "cublas_dot_vocab" (cuBLAS but the lm_head, on the skinny GEMM's tensor-core loop)."""
         if mode.startswith("cublas"):
             return self._run_cublas(dot_vocab=mode == "cublas_dot_vocab")
         configs = configs or {}
-        norm_apart = mode in ("skinny_norm_apart", "skinny_apart")
-        silu_apart = mode in ("skinny_silu_apart", "skinny_apart")
         gemm = gemv_kernels.skinny_gemm
 
-        def norm_gemm(x, residual, norm_weight, weight, config):
-            if not norm_apart:
+        def norm_gemm(x, residual, norm_weight, weight, config):  # as ce::add_rms_norm_linear (ops/linear.py)
+            if self.rows == 1:
                 return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, EPS, weight, config)
             summed, normed = torch.ops.ce.add_rms_norm(x, residual, norm_weight, EPS)
             return gemm(normed, weight, config), summed
@@ -164,10 +157,7 @@ class Chain:
             y, r = norm_gemm(h, r, layer["norm_1"], layer["w_mix"], configs.get(layer["mixer"]))
             h = gemm(y[:, :out_k], layer["w_out"], configs.get("out_proj"))
             g, r = norm_gemm(h, r, layer["norm_2"], layer["w_gate_up"], configs.get("mlp_gate_up"))
-            if silu_apart:
-                h = gemm(torch.ops.ce.silu_mul(g), layer["w_down"], configs.get("mlp_down"))
-            else:
-                h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=True)
+            h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=True)
         return gemm(h, self.w_lm, configs.get("lm_head"))
 
     def _run_cublas(self, dot_vocab: bool = False) -> torch.Tensor:
@@ -226,14 +216,9 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # the vocabulary's other path: the few-rows GEMV
         n, k = chain.roles["lm_head"][:2]
         variants["rule, lm_head GEMV"] = ("skinny", {**rule, "lm_head": gemv_kernels.gemv_rows_config(rows, n, k)})
-    if rows <= gemv_kernels.GEMV_MAX_ROWS:  # the prologues as kernels of their own
-        for label, mode in (("norm apart", "skinny_norm_apart"), ("SiLU apart", "skinny_silu_apart"),
-                            ("prologues apart", "skinny_apart")):
-            variants[f"rule, {label}"] = (mode, rule)
     if rows > SKINNY_MAX_ROWS:  # ce::linear's cuBLAS, but the vocabulary on the tensor-core loop
         variants["cuBLAS, lm_head dot"] = ("cublas_dot_vocab", None)
-    # what ce::linear runs at this row count
-    ours = "cuBLAS" if rows > SKINNY_MAX_ROWS else "rule, norm apart" if rows >= NORM_APART_MIN_ROWS else "rule"
+    ours = "rule" if rows <= SKINNY_MAX_ROWS else "cuBLAS"  # what ce::linear runs at this row count
     results = {}
     rule_us = None
     for label, (mode, configs) in variants.items():
@@ -323,7 +308,7 @@ def main(argv=None) -> None:
     for rows in args.rows:
         entry = {"compare": compare(chain, rows, bound_us, log, args.profile)}
         if args.passes > 0:
-            timed = {label: e for label, e in entry["compare"].items() if "_configs" in e and "apart" not in label}
+            timed = {label: e for label, e in entry["compare"].items() if "_configs" in e}
             best = min(timed, key=lambda label: timed[label]["us"])  # the fastest skinny variant as the start
             configs, best_us, timings = descend(chain, rows, timed[best]["_configs"], args.passes, log, args.dot)
             entry["best"] = {"configs": {role: config_tuple(c) for role, c in configs.items()}, "us": round(best_us, 2)}
@@ -335,8 +320,7 @@ def main(argv=None) -> None:
         result["rows"][rows] = entry
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
-    labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "rule, norm apart", "rule, SiLU apart",
-              "rule, prologues apart"]
+    labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot"]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
     print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
     for rows, entry in result["rows"].items():

@@ -14,8 +14,8 @@ op, where M is a plain int: a compiled graph with a symbolic batch size never gu
 * ``ce::add_rms_norm_linear(x [M, K], residual [M, K], norm_weight [K], eps, weight [N, K]) -> (out [M, N],
   summed [M, K])``: a decoder layer's residual add (``summed = residual + x``), its zero-centred RMSNorm and the
   projection after it. At one row the skinny GEMM's programs compute the norm themselves (one launch instead of two:
-  at batch 1, 47 fewer launches a step); from ``NORM_APART_MIN_ROWS`` rows ``ce::add_rms_norm`` comes first, then the
-  skinny GEMM up to ``SKINNY_MAX_ROWS`` rows and cuBLAS above.
+  at batch 1, 47 fewer launches a step); from two rows ``ce::add_rms_norm`` comes first, then the skinny GEMM up to
+  ``SKINNY_MAX_ROWS`` rows and cuBLAS above.
 * :func:`linear`, :func:`silu_mul_linear`: the model's entry points, for x of any leading shape.
 """
 
@@ -40,13 +40,6 @@ if HAVE_TRITON:  # else cuBLAS serves every matmul (ops/triton/__init__.py)
 # "Removed alternatives"). At most gemv_kernels.GEMV_MAX_ROWS, the most rows the kernel takes.
 SKINNY_MAX_ROWS = 4
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
-# Rows from which ce::add_rms_norm_linear runs the norm as a kernel of its own (ce::add_rms_norm, a PDL launch) before
-# a prologue-free skinny GEMM. Fused, every program of the GEMV recomputes the rows' statistics and normed values over
-# the whole K for its few output columns: ~1,000 programs x BLOCK_M x K values, most of the few-rows GEMV's
-# instructions at 3-4 rows; apart, one kernel computes them once and the GEMV reads the result. The 97-matmul chain
-# (bench/gemv_chain.py) at 2 / 3 / 4 rows: -17 / -48 / -52 µs a step apart (bench/NOTES.md, "Runs 121-"). At one row
-# the fused prologue stays (a program reads its whole row anyway and a hop costs more there).
-NORM_APART_MIN_ROWS = 2
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -105,8 +98,13 @@ def add_rms_norm_linear_reference(
 
 
 def _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight):
+    # The norm in the GEMV's prologue at one row only. Fused, every program of the GEMV recomputes the rows'
+    # statistics and normed values over the whole K for its few output columns (~1,000 programs x rows x K values):
+    # from two rows that costs more than the hop it saves, and ce::add_rms_norm (a PDL launch) computes them once
+    # before a prologue-free GEMV. The decode graph at batch 2 / 4: 0.866 / 1.052 ms fused, 0.784 / 0.953 apart; at
+    # one row the two are level in the matmul chain (bench/NOTES.md, "Runs 121-123").
     skinny = _skinny(x, weight)
-    if skinny and x.shape[0] < NORM_APART_MIN_ROWS and residual.dtype == x.dtype and residual.stride(-1) == 1:
+    if skinny and x.shape[0] == 1 and residual.dtype == x.dtype and residual.stride(-1) == 1:
         return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight)
     summed, normed = add_rms_norm_op(x, residual, norm_weight, eps)
     return (gemv_kernels.skinny_gemm(normed, weight) if skinny else F.linear(normed, weight)), summed

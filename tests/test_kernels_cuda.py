@@ -1140,8 +1140,9 @@ def test_linear_skinny_gemm_ragged_shapes(rows, n, k, dtype, seed):
 
 
 def _check_skinny_configs(gen, rows, name, configs):
-    """Each of ``configs`` on the model shape ``name`` at ``rows`` rows: plain, with the SiLU gate and with the
-    residual add + norm in the prologue, against float64 through the prologue's roundings (the sum exactly)."""
+    """Each of ``configs`` on the model shape ``name`` at ``rows`` rows: plain, with the SiLU gate and (one row, the
+    only place it runs) with the residual add + norm in the prologue, against float64 through the prologue's
+    roundings (the sum exactly)."""
     from ops.triton import gemv_kernels
 
     n, k = LINEAR_SHAPES[name]
@@ -1153,6 +1154,8 @@ def _check_skinny_configs(gen, rows, name, configs):
         _assert_linear_close(gemv_kernels.skinny_gemm(x, weight, config), x, weight)
         gated = gemv_kernels.skinny_gemm(gate_up, weight, config, gated=True)
         _assert_linear_close(gated, activation.silu_mul_reference(gate_up), weight)
+        if rows > 1:
+            continue
         out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config)
         torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)
         _assert_linear_close(out, normed, weight)

@@ -359,7 +359,7 @@ def _child_checks() -> dict:
         assert got.is_contiguous() and got.shape == x.shape
         compare("rms_norm", got, want)
 
-    def check_add_rms_norm_gemm(rows, n, k, configs, block_m=None):
+    def check_add_rms_norm_gemm(rows, n, k, configs):
         """ce::add_rms_norm_linear's skinny GEMM: the sum exactly, the projection of the norm against float64 (x a
         strided view, as the model's branch outputs can be)."""
         x = torch.randn(rows, k + 6)[:, 3:-3] * 3.0
@@ -369,10 +369,23 @@ def _child_checks() -> dict:
         want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
         want = normed.double() @ weight.double().T
         for c in configs:
-            config = gemm_config(c, block_m)
+            config = gemm_config(c)
             out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config)
             compare(f"add_rms_norm gemm sum {config_name(config)}", summed, want_sum)
             compare(f"add_rms_norm gemm {config_name(config)}", out.double(), want)
+
+    def check_add_rms_norm_gemm_refuses_rows():
+        """The norm prologue runs in the one-row GEMV only (from two rows ce::add_rms_norm_linear runs the norm
+        apart): two rows, or one row on the few-rows loop, raise ValueError instead of running it."""
+        residual, norm_weight, weight = torch.randn(2, 75), torch.randn(75), torch.randn(37, 75)
+        for rows, config in ((2, None), (2, gemm_config((4, 16), 2)), (1, gemm_config((4, 16), 2))):
+            try:
+                gemv_kernels.add_rms_norm_skinny_gemm(torch.randn(rows, 75), residual[:rows], norm_weight, 1e-6,
+                                                      weight, config)
+            except ValueError as exc:
+                assert "one-row GEMV" in str(exc), exc
+            else:
+                raise AssertionError(f"add_rms_norm_skinny_gemm ran at {rows} rows with {config}")
 
     def check_add_rms_norm(tokens, dim, strided):
         x, residual = torch.randn(tokens, dim) * 3.0, torch.randn(tokens, dim) * 3.0
@@ -521,39 +534,35 @@ def _child_checks() -> dict:
         "gated_deltanet_decode_default_launch_batch_20": lambda: check_gated_deltanet_decode(1, 1, 16, 64, fused=None,
                                                                                                batch=20),
         # one row: the one-row GEMV (BLOCK_M 1), plain, strided, with either prologue; and on the few-rows loop
-        # (BLOCK_M 2, the second row masked)
+        # (BLOCK_M 2, the second row masked) plain; the norm prologue refused past the one-row GEMV
         "gemm_m1_gemv": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(4, 32)]),
         "gemm_m1_strided": lambda: check_skinny_gemm(1, 37, 75, gemm_configs, strided=True),
         "gemm_m1_on_rows_path": lambda: check_skinny_gemm(1, 37, 75, gemv_rows_configs, block_m=2),
         "gemm_norm_m1": lambda: check_add_rms_norm_gemm(1, 37, 75, gemm_configs + [(2, 64)]),
-        "gemm_norm_m1_on_rows_path": lambda: check_add_rms_norm_gemm(1, 37, 75, gemv_rows_configs, block_m=2),
+        "gemm_norm_refuses_rows": check_add_rms_norm_gemm_refuses_rows,
         "gemm_gated_m1": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(2, 64)], gated=True),
         # the one-row configs themselves, on a small ragged shape
         "gemm_gemv_configs": lambda: check_skinny_gemm(1, 40, 600, gemv_kernels.GEMV_CONFIGS),
         # 2..8 rows: the few-rows GEMV (BLOCK_M 2, 4, 8: x's rows padded, masked), plain (and strided at 2 rows) and
-        # with either prologue
+        # with the SiLU gate
         "gemm_m2_strided": lambda: check_skinny_gemm(2, 37, 75, gemv_rows_configs, strided=True),
         **{f"gemm_rows_gemv_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemv_rows_configs))
            for m in (2, 3, 5, 8)},
         **{f"gemm_rows_gated_gemv_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, gemv_rows_configs, strided=True,
                                                                          gated=True))
            for m in (2, 3, 5, 8)},
-        **{f"gemm_rows_norm_gemv_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 37, 75, gemv_rows_configs))
-           for m in (2, 3, 5, 8)},
-        # the tensor-core loop (BLOCK_M 8 or 16: x's rows padded, masked), plain, strided, with either prologue, at
+        # the tensor-core loop (BLOCK_M 8 or 16: x's rows padded, masked), plain, strided, with the SiLU gate, at
         # 1-16 rows; BLOCK_N 16 and 32 over N = 37 and K = 75 in 3 and 2 chunks
         **{f"gemm_dot_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, dot_configs, strided=m == 3))
            for m in (1, 3, 8, 13, 16)},
         **{f"gemm_dot_gated_m{m}": (lambda m=m: check_skinny_gemm(m, 37, 75, dot_configs, gated=True))
            for m in (3, 16)},
-        **{f"gemm_dot_norm_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 37, 75, dot_configs)) for m in (3, 16)},
         # the rule's configs themselves, on a small ragged shape
         **{f"gemm_rule_configs_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m)))
            for m in (2, 3, 5, 8)},
         **{f"gemm_rule_configs_gated_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m), gated=True))
            for m in (1, 2)},
-        **{f"gemm_rule_configs_norm_m{m}": (lambda m=m: check_add_rms_norm_gemm(m, 40, 600, rule_configs(m)))
-           for m in (1, 2, 8)},
+        "gemm_rule_configs_norm_m1": lambda: check_add_rms_norm_gemm(1, 40, 600, rule_configs(1)),
     }
     results = {}
     for name, fn in checks.items():
@@ -630,16 +639,16 @@ CHECK_NAMES = [
     "gemm_m1_strided",
     "gemm_m1_on_rows_path",
     "gemm_norm_m1",
-    "gemm_norm_m1_on_rows_path",
+    "gemm_norm_refuses_rows",
     "gemm_gated_m1",
     "gemm_gemv_configs",
     "gemm_m2_strided",
-    *[f"gemm_rows_{kind}gemv_m{m}" for kind in ("", "gated_", "norm_") for m in (2, 3, 5, 8)],
+    *[f"gemm_rows_{kind}gemv_m{m}" for kind in ("", "gated_") for m in (2, 3, 5, 8)],
     *[f"gemm_dot_m{m}" for m in (1, 3, 8, 13, 16)],
-    *[f"gemm_dot_{kind}m{m}" for kind in ("gated_", "norm_") for m in (3, 16)],
+    *[f"gemm_dot_gated_m{m}" for m in (3, 16)],
     *[f"gemm_rule_configs_m{m}" for m in (2, 3, 5, 8)],
     *[f"gemm_rule_configs_gated_m{m}" for m in (1, 2)],
-    *[f"gemm_rule_configs_norm_m{m}" for m in (1, 2, 8)],
+    "gemm_rule_configs_norm_m1",
 ]
 
 

@@ -1,7 +1,7 @@
 """Triton kernel for ``ce::linear`` at one to four rows (decode): ``out[M, N] = x[M, K] @ weight[N, K]^T``.
 
 (and for its fused forms, ops/linear.py: ``ce::silu_mul_linear``, the same with ``silu(gate) * up`` computed from
-x = ``[gate | up]`` as it loads; ``ce::add_rms_norm_linear``, with a layer's residual add and RMSNorm.)
+x = ``[gate | up]`` as it loads; ``ce::add_rms_norm_linear`` at one row, with a layer's residual add and RMSNorm.)
 
 Why: a decode step at batch 1-4 reads every weight once and does one to four multiply-adds per weight element, so
 its weight matmuls should run at memory bandwidth; cuBLAS picks kernels made for large M on these small matrices and
@@ -34,9 +34,11 @@ Design, for bandwidth:
     loads one iteration ahead of its use.
   * prologues that save a launch each: GATED_X, the MLP's down projection reads ``silu(gate) * up`` straight from
     the gate_up output (``[gate | up]`` rows) instead of a separate ``ce::silu_mul`` launch (``ce::silu_mul_linear``);
-    NORM_X, a layer's residual add and RMSNorm run in the prologue of the projection after them, every program
-    first summing its rows' squares over the whole K (``ce::add_rms_norm_linear``). Both in ops/linear.py. Every
-    program recomputes its x chunk's prologue, so its cost grows with BLOCK_M x K per program.
+    NORM_X (one row only), a layer's residual add and RMSNorm run in the prologue of the projection after them,
+    every program first summing the row's squares over the whole K (``ce::add_rms_norm_linear``). Both in
+    ops/linear.py. Every program recomputes its x chunk's prologue, so its cost grows with BLOCK_M x K per program:
+    from two rows the norm's share (a pass over the whole rows for their statistics, then the normed values again in
+    every chunk) outweighs the hop it saves, and ops/linear.py runs ``ce::add_rms_norm`` before the GEMV instead.
   * configs: by rule (``skinny_config``: ``gemv_config`` at one row, ``gemv_rows_config`` above), from the model's
     matmul chain timed as a decode step runs it (bench/gemv_chain.py), not by ``triton.autotune``, which times each
     call alone (the L2 flushed, nothing before it) and so ranks configs wrongly for a chain of PDL launches whose
@@ -60,9 +62,6 @@ GEMV_MAX_ROWS = 8
 DOT_MIN_ROWS = 8  # the tensor-core loop's smallest BLOCK_M (mma's narrow side)
 DOT_MAX_ROWS = 16  # and its largest
 NORM_BLOCK_MAX = 8192  # the one-row GEMV's row-statistics pass reads rows up to this wide in one load
-# 2..8 rows: the row-statistics pass's [BLOCK_M, NORM_BLOCK] block holds at most this many values a thread, so that
-# it takes one pass over K = 1024 at 8 rows and 8 warps, without crowding out the weight chunk loaded before it.
-NORM_THREAD_VALUES = 32
 VEC = tl.constexpr(8)  # the few-rows GEMV's per-thread run along K: one 16-byte load of bf16
 
 
@@ -182,7 +181,7 @@ def _skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GATED_X: tl.constexpr,  # x is [M, 2K] = [gate | up] and the matmul's input is silu(gate) * up
-    NORM_X: tl.constexpr,  # the matmul's input is the zero-centred RMSNorm of residual + x
+    NORM_X: tl.constexpr,  # the matmul's input is the zero-centred RMSNorm of residual + x (BLOCK_M == 1 only)
     prefetch_programs,  # PREFETCH_L2: how many programs (the first ones) share the weight's L2 prefetch
     NORM_BLOCK: tl.constexpr,  # NORM_X: the row-statistics pass's block along K
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent launch (see the module docstring)
@@ -232,7 +231,7 @@ def _skinny_gemm_kernel(
             xv, up, rv, nw = next_x
         result = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
     else:
-        # 2..16 rows, on one of two loops after the same start (the wait, the rows' statistics):
+        # 2..16 rows, on one of two loops after the same start (the wait):
         # - the GEMV at 2..8 rows: the one-row loop's order (the first weight chunk before the wait, every chunk's
         #   loads one iteration ahead of its use), with the BLOCK_M rows of x in every thread beside its weights.
         #   The [BLOCK_N, BLOCK_K] weight chunk and the [BLOCK_M, BLOCK_K] x chunk are reshaped to put each thread's
@@ -246,41 +245,39 @@ def _skinny_gemm_kernel(
         #   an instruction (its share of a cp.async, an ldmatrix and an mma), where the GEMV issues BLOCK_M
         #   multiply-adds and its conversions. The weight is prefetched into L2 before the wait (PREFETCH_L2);
         #   Triton's pipeliner issues the chunks' loads after it.
+        tl.static_assert(not NORM_X, "the norm prologue runs at one row only (ops/linear.py: apart from two rows)")
         ks = offs_k
         k_mask = ks < K
         if not DOT:
             w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
-        rstd = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-        if NORM_X:
-            rstd = _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps,
-                                  pid_n == 0, BLOCK_M, NORM_BLOCK)
         x_rows = x + offs_m[:, None] * stride_x_m
-        r_rows = residual + offs_m[:, None] * stride_r_m
         if DOT:
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for k in range(0, K, BLOCK_K):
                 ks = k + offs_k
                 k_mask = ks < K
                 w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                xv, up, rv, nw = _x_load(x_rows + ks[None, :] * stride_x_k, m_mask[:, None] & k_mask[None, :], x_up,
-                                         r_rows + ks[None, :], norm_weight + ks[None, :], k_mask[None, :], GATED_X,
-                                         NORM_X)
-                xv = _x_value(xv, up, rv, nw, rstd[:, None], GATED_X, NORM_X)
+                x_ptrs = x_rows + ks[None, :] * stride_x_k
+                xv, up, rv, nw = _x_load(x_ptrs, m_mask[:, None] & k_mask[None, :], x_up, x_ptrs, x_ptrs, None,
+                                         GATED_X, False)
+                xv = _x_value(xv, up, rv, nw, 1.0, GATED_X, False)
                 acc = tl.dot(w, tl.trans(xv), acc)
             result = acc  # [BLOCK_N, BLOCK_M]
         else:
-            xv, up, rv, nw = _x_load(x_rows + ks[None, :] * stride_x_k, m_mask[:, None] & k_mask[None, :], x_up,
-                                     r_rows + ks[None, :], norm_weight + ks[None, :], k_mask[None, :], GATED_X, NORM_X)
+            x_ptrs = x_rows + ks[None, :] * stride_x_k
+            xv, up, rv, nw = _x_load(x_ptrs, m_mask[:, None] & k_mask[None, :], x_up, x_ptrs, x_ptrs, None, GATED_X,
+                                     False)
             acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
             for k in range(0, K, BLOCK_K):
                 ks += BLOCK_K
                 k_mask = ks < K
                 w_next = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                next_x = _x_load(x_rows + ks[None, :] * stride_x_k, m_mask[:, None] & k_mask[None, :], x_up,
-                                 r_rows + ks[None, :], norm_weight + ks[None, :], k_mask[None, :], GATED_X, NORM_X)
-                xf = _x_value(xv, up, rv, nw, rstd[:, None], GATED_X, NORM_X).to(tl.float32)
+                x_ptrs = x_rows + ks[None, :] * stride_x_k
+                next_x = _x_load(x_ptrs, m_mask[:, None] & k_mask[None, :], x_up, x_ptrs, x_ptrs, None, GATED_X,
+                                 False)
+                xf = _x_value(xv, up, rv, nw, 1.0, GATED_X, False).to(tl.float32)
                 acc = fma_runs(acc, w, xf, 1, BLOCK_N, BLOCK_M, 1, BLOCK_K // VEC)
                 w = w_next
                 xv, up, rv, nw = next_x
@@ -338,9 +335,10 @@ def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
     most_n = 32 // block_m  # BLOCK_M x BLOCK_N fp32 accumulators a thread: past 32 they spill
     if n <= GEMV_NARROW_N:
         return _config(min(4 if k <= 2048 else 8, most_n), 2048, 8, 1, block_m=block_m)
-    # At 4 rows the norm prologue's variant takes 144 registers (ptxas, Triton 3.6, sm_90): 7 programs an SM, 924
-    # resident on an H200, fewer than in_proj's 1,028 programs. Capped at 128 (no spills: the same instructions but
-    # for a few moves), 8 programs an SM hold 1,056: one wave for in_proj, gate_up and qkv.
+    # At 4 rows 128 registers at most (8 programs an SM hold 1,056: one wave for in_proj, gate_up and qkv). The cap
+    # was set for the norm prologue's variant (144 registers uncapped, ptxas, Triton 3.6, sm_90: 7 programs an SM,
+    # fewer than in_proj's 1,028 programs); the prologue-free GEMV these roles run since the norm went apart was
+    # measured with it (bench/NOTES.md, "Runs 121-123"), not without.
     return _config(min(8, most_n), 512, 2, 1, block_m=block_m, maxnreg=128 if block_m == 4 else None)
 
 
@@ -382,16 +380,17 @@ def skinny_gemm(
 
 
 def add_rms_norm_skinny_gemm(
-    x: torch.Tensor,  # [M, K], 1 <= M <= GEMV_MAX_ROWS
+    x: torch.Tensor,  # [1, K]
     residual: torch.Tensor,  # [M, K], unit stride along K
     norm_weight: torch.Tensor,  # [K]
     eps: float,
     weight: torch.Tensor,  # [N, K]
     config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rms_norm(residual + x) @ weight.T, residual + x)``: a decoder layer's residual add and norm in the
-    prologue of the matmul after them (``ce::add_rms_norm_linear``). Every program recomputes the rows' statistics
-    from x and residual (a few KB read from L2 per program) instead of waiting for a separate norm kernel."""
+    """``(rms_norm(residual + x) @ weight.T, residual + x)`` for one row: a decoder layer's residual add and norm in
+    the prologue of the matmul after them (``ce::add_rms_norm_linear`` at one row). Every program recomputes the row's
+    statistics from x and residual (a few KB read from L2 per program) instead of waiting for a separate norm
+    kernel. From two rows that recomputation costs more than the hop (see the module docstring): ValueError."""
     rows, k = x.shape
     if residual.shape != x.shape or residual.stride(1) != 1 or norm_weight.shape != (k,):
         raise ValueError(f"add_rms_norm_skinny_gemm: residual must be [M, K] = {tuple(x.shape)} with unit stride "
@@ -423,10 +422,10 @@ def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None) -
     residual, norm_weight, eps, summed = norm if norm is not None else (x, x, 0.0, x)  # unused placeholders
     args = (x, weight, out, rows, n, k, *x.stride(), *weight.stride(), *out.stride(),
             residual, norm_weight, summed, residual.stride(0), eps)
-    if block_m == 1:
-        norm_block = min(triton.next_power_of_2(k), NORM_BLOCK_MAX)
-    else:
-        norm_block = min(triton.next_power_of_2(k), max(1, NORM_THREAD_VALUES * 32 * config.num_warps // block_m))
+    if norm is not None and block_m != 1:
+        raise ValueError(f"add_rms_norm_skinny_gemm runs the one-row GEMV (BLOCK_M = 1), got {rows} rows and "
+                         f"BLOCK_M = {block_m}: from two rows the norm runs apart (ce::add_rms_norm, ops/linear.py)")
+    norm_block = min(triton.next_power_of_2(k), NORM_BLOCK_MAX) if block_m == 1 else 1
     grid = (triton.cdiv(n, meta["BLOCK_N"]),)
     flags = {"BLOCK_M": block_m, "DOT": dot, "GATED_X": gated, "NORM_X": norm is not None, "NORM_BLOCK": norm_block,
              **pdl_flags(x), **l2_prefetch_flags(weight, grid[0])}
