@@ -40,8 +40,8 @@ class RMSNorm(nn.Module):
     def add_norm_linear(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(norm(residual + x) @ weight.T, residual + x)``: the norm in the prologue of the projection after it
-        (ce::add_rms_norm_linear: one kernel at decode batch sizes)."""
+        """``(norm(residual + x) @ weight.T, residual + x)`` through ce::add_rms_norm_linear: at decode batch 1 one
+        kernel, the norm in the projection's prologue (ops/linear.py)."""
         return add_rms_norm_linear_op(x, residual, self.weight, self.eps, weight)
 
 

@@ -53,7 +53,7 @@ class DecoderLayer(nn.Module):
         """Pre-norm residual layer, written with the residual stream carried apart (vLLM's form): ``hidden`` is the
         previous layer's MLP output, not yet added to ``residual`` (at the first layer: the embedding, and residual
         is None). Each residual add, the norm after it and the projection after that are one op
-        (ce::add_rms_norm_linear: one kernel at decode batch sizes). Returns this layer's MLP output and the
+        (ce::add_rms_norm_linear: one kernel at decode batch 1). Returns this layer's MLP output and the
         residual stream before it is added. A sparse MoE block's experts read the normed rows themselves, so there
         the norm is ce::add_rms_norm and the block makes its own projections."""
         if residual is None:
