@@ -338,7 +338,7 @@ def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
     # At 4 rows 128 registers at most (8 programs an SM hold 1,056: one wave for in_proj, gate_up and qkv). The cap
     # was set for the norm prologue's variant (144 registers uncapped, ptxas, Triton 3.6, sm_90: 7 programs an SM,
     # fewer than in_proj's 1,028 programs); the prologue-free GEMV these roles run since the norm went apart was
-    # measured with it (bench/NOTES.md, "Runs 121-123"), not without.
+    # measured with it (bench/NOTES.md, "Runs 121-124"), not without.
     return _config(min(8, most_n), 512, 2, 1, block_m=block_m, maxnreg=128 if block_m == 4 else None)
 
 
@@ -381,7 +381,7 @@ def skinny_gemm(
 
 def add_rms_norm_skinny_gemm(
     x: torch.Tensor,  # [1, K]
-    residual: torch.Tensor,  # [M, K], unit stride along K
+    residual: torch.Tensor,  # [1, K], unit stride along K
     norm_weight: torch.Tensor,  # [K]
     eps: float,
     weight: torch.Tensor,  # [N, K]
