@@ -337,8 +337,9 @@ def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
         return _config(min(4 if k <= 2048 else 8, most_n), 2048, 8, 1, block_m=block_m)
     # At 4 rows 128 registers at most (8 programs an SM hold 1,056: one wave for in_proj, gate_up and qkv). The cap
     # was set for the norm prologue's variant (144 registers uncapped, ptxas, Triton 3.6, sm_90: 7 programs an SM,
-    # fewer than in_proj's 1,028 programs); the prologue-free GEMV these roles run since the norm went apart was
-    # measured with it (bench/NOTES.md, "Runs 121-124"), not without.
+    # fewer than in_proj's 1,028 programs); the prologue-free GEMV these roles run since the norm went apart takes
+    # 128 uncapped (Triton 3.9 offline; not checked on 3.6), so there it only guards against a compiler that wants
+    # more.
     return _config(min(8, most_n), 512, 2, 1, block_m=block_m, maxnreg=128 if block_m == 4 else None)
 
 
