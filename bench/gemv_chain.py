@@ -71,7 +71,7 @@ WIDE_ROWS = [(4, 1024, 4, 1), (8, 1024, 4, 1), (2, 1024, 4, 1), (4, 512, 2, 1), 
 VOCAB_ROWS = [(8, 512, 2, 1), (4, 1024, 4, 1)]
 # Tensor-core candidates for `--dot` (BLOCK_N, BLOCK_K, num_warps, num_stages; BLOCK_M 8 or 16 from the row count):
 # mostly 1-2 warps of 16-row mma tiles per program (Triton's mma.sync path; 4 warps of a 64-row tile take wgmma), so
-# that the prologue runs once per warp over few weight rows.
+# that down's SiLU prologue runs once per warp over few weight rows.
 WIDE_DOT = [(64, 128, 2, 3), (32, 128, 1, 3), (64, 256, 2, 2), (128, 128, 4, 3), (64, 128, 4, 3)]
 NARROW_DOT = [(16, 256, 1, 3), (32, 128, 1, 3), (32, 256, 2, 3), (16, 128, 1, 4)]
 VOCAB_DOT = [(64, 128, 2, 3), (128, 128, 4, 3), (128, 64, 4, 4)]

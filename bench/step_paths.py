@@ -7,7 +7,9 @@ the graph's static buffers, then the graph of B sequences is replayed back to ba
 GPU time without the host's per-step work, as ``bench latency``'s graph row) and profiled. Each kernel is charged the
 time from the previous kernel's end to its own end (bench/latency.py ``critical_path``), so a step's charges add up
 to its span. Kernels are grouped by name (the grid differs with the batch); the table gives each group's charged µs a
-step at every batch, largest growth over the first batch first. CUDA only.
+step at every batch, largest growth over the first batch first. CUDA only. ``--gdn-launch`` runs every batch with one
+GDN decode launch (gated_deltanet_kernels.DECODE_LAUNCHES replaced for the process): the launch rule's data in the
+graph, where each kernel overlaps its neighbours.
 """
 
 from __future__ import annotations
@@ -64,7 +66,12 @@ def _gdn_launches(spec: str) -> tuple:
     """``--gdn-launch`` as a one-entry DECODE_LAUNCHES covering every batch (``unfused``: an entry no batch fits)."""
     if spec == "unfused":
         return ((0, None, 8, False),)
-    block_v, warps, prefetch = spec.split(":")
+    parts = spec.split(":")
+    if len(parts) != 3 or parts[2] not in ("0", "1") or not (parts[0] == "head" or parts[0].isdigit()) \
+            or not parts[1].isdigit():
+        raise SystemExit(f"--gdn-launch takes BLOCK_V:WARPS:PREFETCH (BLOCK_V 'head' or a number, PREFETCH 0 or 1) "
+                         f"or 'unfused', got {spec!r}")
+    block_v, warps, prefetch = parts
     return ((1 << 30, None if block_v == "head" else int(block_v), int(warps), prefetch == "1"),)
 
 

@@ -13,6 +13,7 @@ import torch
 NAMESPACE = "ce"
 LIB = torch.library.Library(NAMESPACE, "DEF")
 OPS: list[torch._ops.OpOverload] = []  # every op define_op has registered, in definition order
+REFERENCES: dict[torch._ops.OpOverload, Callable] = {}  # each op's reference (its CPU kernel), by op
 
 # Reserved rows. Padding lanes of a bucketed decode batch point at them; no live sequence ever owns them.
 NULL_SLOT = 0  # row 0 of every state pool (recurrent and conv)
@@ -43,4 +44,5 @@ def define_op(
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIB)
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
     OPS.append(op)
+    REFERENCES[op] = reference
     return op

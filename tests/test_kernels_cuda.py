@@ -1290,6 +1290,15 @@ def test_add_rms_norm_linear_on_model_shapes(name, rows):
     weight = _randn(gen, n, k, dtype=torch.bfloat16, scale=k**-0.5)
     out, summed = torch.ops.ce.add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight)
     assert out.shape == (rows, n) and summed.shape == (rows, k)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.ops.ce.add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight)
+        torch.cuda.synchronize()
+    launched = " ".join(event.name for event in prof.events())
+    # the path ops/linear.py says it takes: the fused GEMV at one row, the norm kernel then ours up to
+    # SKINNY_MAX_ROWS, the norm kernel then cuBLAS above (a silent fallback would pass on the numbers alone)
+    assert ("_add_rms_norm_kernel" in launched) == (rows > 1), launched
+    assert ("_skinny_gemm_kernel" in launched) == (rows <= SKINNY_MAX_ROWS), launched
     want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
     torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)
     _assert_linear_close(out, normed, weight)  # normed: bf16, rounded as the kernel rounds its x loads
@@ -1627,6 +1636,9 @@ def _opcheck_cases():
         "add_rms_norm_linear": (torch.ops.ce.add_rms_norm_linear.default,
                                 (_randn(gen, 2, 1024, dtype=bf16), _randn(gen, 2, 1024, dtype=bf16),
                                  _randn(gen, 1024, dtype=bf16), 1e-6, _randn(gen, 7168, 1024, dtype=bf16))),
+        "add_rms_norm_linear_one_row": (torch.ops.ce.add_rms_norm_linear.default,  # the norm in the GEMV's prologue
+                                        (_randn(gen, 1, 1024, dtype=bf16), _randn(gen, 1, 1024, dtype=bf16),
+                                         _randn(gen, 1024, dtype=bf16), 1e-6, _randn(gen, 7168, 1024, dtype=bf16))),
         "silu_mul_linear": (torch.ops.ce.silu_mul_linear.default,
                             (_randn(gen, 2, 2 * 3584, dtype=bf16), _randn(gen, 1024, 3584, dtype=bf16))),
         "rms_norm": (torch.ops.ce.rms_norm.default,
@@ -1652,7 +1664,8 @@ OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "attention_decode", "atte
                  "causal_conv1d_prefill",
                  "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "gated_deltanet_decode",
                  "linear", "rms_norm",
-                 "silu_mul", "silu_mul_linear", "add_rms_norm", "add_rms_norm_linear", "argmax",
+                 "silu_mul", "silu_mul_linear", "add_rms_norm", "add_rms_norm_linear", "add_rms_norm_linear_one_row",
+                 "argmax",
                  "advance_decode_inputs", "sample"]
 
 
@@ -1679,7 +1692,8 @@ KERNEL_NAMES = {
     "silu_mul": "_silu_mul_kernel",
     "silu_mul_linear": "_skinny_gemm_kernel",
     "add_rms_norm": "_add_rms_norm_kernel",
-    "add_rms_norm_linear": "_skinny_gemm_kernel",
+    "add_rms_norm_linear": "_skinny_gemm_kernel",  # after _add_rms_norm_kernel: 2 rows
+    "add_rms_norm_linear_one_row": "_skinny_gemm_kernel",
     "argmax": "_argmax_chunks_kernel",
     "sample": "_sample_final_kernel",
     "advance_decode_inputs": "_next_decode_inputs_kernel",

@@ -374,6 +374,16 @@ def _child_checks() -> dict:
             compare(f"add_rms_norm gemm sum {config_name(config)}", summed, want_sum)
             compare(f"add_rms_norm gemm {config_name(config)}", out.double(), want)
 
+    def check_add_rms_norm_gemm_multipass():
+        """The row's statistics in several passes: K (75) past the statistics block (NORM_BLOCK_MAX set to 32 for
+        the check, as a row wider than 8,192 would take), its last block ragged."""
+        saved = gemv_kernels.NORM_BLOCK_MAX
+        gemv_kernels.NORM_BLOCK_MAX = 32
+        try:
+            check_add_rms_norm_gemm(1, 37, 75, gemm_configs)
+        finally:
+            gemv_kernels.NORM_BLOCK_MAX = saved
+
     def check_add_rms_norm_gemm_refuses_rows():
         """The norm prologue runs in the one-row GEMV only (from two rows ce::add_rms_norm_linear runs the norm
         apart): two rows, or one row on the few-rows loop, raise ValueError instead of running it."""
@@ -539,6 +549,7 @@ def _child_checks() -> dict:
         "gemm_m1_strided": lambda: check_skinny_gemm(1, 37, 75, gemm_configs, strided=True),
         "gemm_m1_on_rows_path": lambda: check_skinny_gemm(1, 37, 75, gemv_rows_configs, block_m=2),
         "gemm_norm_m1": lambda: check_add_rms_norm_gemm(1, 37, 75, gemm_configs + [(2, 64)]),
+        "gemm_norm_m1_multipass": check_add_rms_norm_gemm_multipass,
         "gemm_norm_refuses_rows": check_add_rms_norm_gemm_refuses_rows,
         "gemm_gated_m1": lambda: check_skinny_gemm(1, 37, 75, gemm_configs + [(2, 64)], gated=True),
         # the one-row configs themselves, on a small ragged shape
@@ -639,6 +650,7 @@ CHECK_NAMES = [
     "gemm_m1_strided",
     "gemm_m1_on_rows_path",
     "gemm_norm_m1",
+    "gemm_norm_m1_multipass",
     "gemm_norm_refuses_rows",
     "gemm_gated_m1",
     "gemm_gemv_configs",

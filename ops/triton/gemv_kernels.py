@@ -105,7 +105,8 @@ def _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m
                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     # BLOCK_K >= K (the GEMV path's NORM_BLOCK) makes this one pass: one round trip to memory, not one per chunk.
     """NORM_X's first pass over whole rows: ``rsqrt(mean(s^2) + eps)`` [BLOCK_M] of ``s = residual + x`` (rounded to
-    x's dtype), storing s to ``summed`` (contiguous [M, K]) where ``write_summed`` (one program of the grid)."""
+    x's dtype), storing s to ``summed`` (contiguous [M, K]) where ``write_summed`` (one program of the grid). The
+    kernel calls it with BLOCK_M = 1: the norm prologue runs at one row only."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
@@ -172,9 +173,9 @@ def _skinny_gemm_kernel(
     stride_w_k,
     stride_o_m,
     stride_o_n,
-    residual,  # NORM_X: [M, K], unit stride along K; otherwise unused (x)
+    residual,  # NORM_X: [1, K], unit stride along K; otherwise unused (x)
     norm_weight,  # NORM_X: [K]
-    summed,  # NORM_X: contiguous [M, K], written with residual + x by one program
+    summed,  # NORM_X: contiguous [1, K], written with residual + x by one program
     stride_r_m,
     eps,
     BLOCK_M: tl.constexpr,  # x's rows per program, padded (masked) to a power of two; 1: the one-row loop
@@ -206,7 +207,7 @@ def _skinny_gemm_kernel(
     if BLOCK_M == 1:
         # At one row this kernel is a chain of memory round trips, so every load is issued as early as it may be:
         # the first weight chunk before waiting for the earlier kernels (no kernel writes weights; with PDL they may
-        # still be running); after the wait the rows' statistics in one pass over the whole row (NORM_BLOCK >= K);
+        # still be running); after the wait the row's statistics in one pass over the whole row (NORM_BLOCK >= K);
         # then each iteration issues the next chunk's weight and x loads before computing the current chunk.
         ks = offs_k
         k_mask = ks < K
@@ -393,8 +394,11 @@ def add_rms_norm_skinny_gemm(
     statistics from x and residual (a few KB read from L2 per program) instead of waiting for a separate norm
     kernel. From two rows that recomputation costs more than the hop (see the module docstring): ValueError."""
     rows, k = x.shape
+    if rows != 1:
+        raise ValueError(f"add_rms_norm_skinny_gemm runs the one-row GEMV, got {rows} rows: from two rows the norm "
+                         f"runs apart (ce::add_rms_norm, ops/linear.py)")
     if residual.shape != x.shape or residual.stride(1) != 1 or norm_weight.shape != (k,):
-        raise ValueError(f"add_rms_norm_skinny_gemm: residual must be [M, K] = {tuple(x.shape)} with unit stride "
+        raise ValueError(f"add_rms_norm_skinny_gemm: residual must be [1, K] = {tuple(x.shape)} with unit stride "
                          f"along K and norm_weight [K]; got {tuple(residual.shape)}, {tuple(norm_weight.shape)}")
     summed = x.new_empty((rows, k))
     out = _launch(x, weight, config, norm=(residual, norm_weight.contiguous(), eps, summed))
@@ -424,9 +428,9 @@ def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None) -
     args = (x, weight, out, rows, n, k, *x.stride(), *weight.stride(), *out.stride(),
             residual, norm_weight, summed, residual.stride(0), eps)
     if norm is not None and block_m != 1:
-        raise ValueError(f"add_rms_norm_skinny_gemm runs the one-row GEMV (BLOCK_M = 1), got {rows} rows and "
+        raise ValueError(f"add_rms_norm_skinny_gemm runs the one-row GEMV (BLOCK_M = 1), got a config with "
                          f"BLOCK_M = {block_m}: from two rows the norm runs apart (ce::add_rms_norm, ops/linear.py)")
-    norm_block = min(triton.next_power_of_2(k), NORM_BLOCK_MAX) if block_m == 1 else 1
+    norm_block = min(triton.next_power_of_2(k), NORM_BLOCK_MAX) if norm is not None else 1
     grid = (triton.cdiv(n, meta["BLOCK_N"]),)
     flags = {"BLOCK_M": block_m, "DOT": dot, "GATED_X": gated, "NORM_X": norm is not None, "NORM_BLOCK": norm_block,
              **pdl_flags(x), **l2_prefetch_flags(weight, grid[0])}
