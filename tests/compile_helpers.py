@@ -131,9 +131,8 @@ class Float64Math(TorchFunctionMode):
     from float64 math, about as far as the fp32 eager step's). Under this mode those casts and allocations make
     float64 instead, and each ce op runs as its reference (ops/library.py ``REFERENCES``), called directly with the
     mode on too (a dispatched op would reach its kernel below the torch-function layer, outside the mode). Any fp32
-    tensor the step makes raises, so the oracle never silently rounds to fp32. Checked once
-    by hand: a prefill and a decode step of the tiny model under this mode equal HF's (its modules under this mode
-    too) to ~1e-13.
+    tensor the step makes raises, so the oracle never silently rounds to fp32. Checked once by hand: a prefill and a
+    decode step of the tiny model under this mode equal HF's (its modules under this mode too) to ~1e-13.
     """
 
     def __init__(self):
