@@ -47,7 +47,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
 from bench.ops_microbench import Shape, copy_bandwidth_gbps, rand  # noqa: E402
-from ops.linear import SKINNY_MAX_ROWS  # noqa: E402
+from ops.linear import SKINNY_MAX_ROWS, norm_in_prologue  # noqa: E402
 from ops.triton import gemv_kernels  # noqa: E402
 from ops.triton.gemv_kernels import _config  # noqa: E402
 
@@ -146,7 +146,7 @@ class Chain:
         gemm = gemv_kernels.skinny_gemm
 
         def norm_gemm(x, residual, norm_weight, weight, config):  # as ce::add_rms_norm_linear (ops/linear.py)
-            if self.rows == 1:
+            if norm_in_prologue(self.rows):
                 return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, EPS, weight, config)
             summed, normed = torch.ops.ce.add_rms_norm(x, residual, norm_weight, EPS)
             return gemm(normed, weight, config), summed

@@ -97,14 +97,19 @@ def add_rms_norm_linear_reference(
     return F.linear(normed, weight), summed
 
 
+def norm_in_prologue(rows: int) -> bool:
+    """Whether the skinny GEMM computes ce::add_rms_norm_linear's norm in its prologue at ``rows`` rows: at one row
+    only. Fused, every program of the GEMV recomputes the rows' statistics and normed values over the whole K for its
+    few output columns (~1,000 programs x rows x K values): from two rows that costs more than the hop it saves, and
+    ce::add_rms_norm (a PDL launch) computes them once before a prologue-free GEMV. The decode graph at batch 2 / 4:
+    0.866 / 1.052 ms fused, 0.784 / 0.953 apart; at one row the two are level in the matmul chain (bench/NOTES.md,
+    "Runs 121-124")."""
+    return rows == 1
+
+
 def _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight):
-    # The norm in the GEMV's prologue at one row only. Fused, every program of the GEMV recomputes the rows'
-    # statistics and normed values over the whole K for its few output columns (~1,000 programs x rows x K values):
-    # from two rows that costs more than the hop it saves, and ce::add_rms_norm (a PDL launch) computes them once
-    # before a prologue-free GEMV. The decode graph at batch 2 / 4: 0.866 / 1.052 ms fused, 0.784 / 0.953 apart; at
-    # one row the two are level in the matmul chain (bench/NOTES.md, "Runs 121-124").
     skinny = _skinny(x, weight)
-    if skinny and x.shape[0] == 1 and residual.dtype == x.dtype and residual.stride(-1) == 1:
+    if skinny and norm_in_prologue(x.shape[0]) and residual.dtype == x.dtype and residual.stride(-1) == 1:
         return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight)
     summed, normed = add_rms_norm_op(x, residual, norm_weight, eps)
     return (gemv_kernels.skinny_gemm(normed, weight) if skinny else F.linear(normed, weight)), summed

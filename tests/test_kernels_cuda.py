@@ -839,12 +839,17 @@ def _fla_fields(cu: torch.Tensor, num_rows: int | None = None) -> tuple[torch.Te
     return packed[: len(bounds)], packed[at:].view(-1, 2)
 
 
-def _kernels_launched(fn) -> int:
+def _kernel_names(fn) -> list[str]:
+    """The CUDA kernels one call of ``fn`` launches, by name, in order (the profiler's device events)."""
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _kernels_launched(fn) -> int:
+    return len(_kernel_names(fn))
 
 
 def test_gated_delta_rule_prefill_recurrent_form_syncs_nothing():
@@ -1290,11 +1295,8 @@ def test_add_rms_norm_linear_on_model_shapes(name, rows):
     weight = _randn(gen, n, k, dtype=torch.bfloat16, scale=k**-0.5)
     out, summed = torch.ops.ce.add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight)
     assert out.shape == (rows, n) and summed.shape == (rows, k)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.ops.ce.add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight)
-        torch.cuda.synchronize()
-    launched = " ".join(event.name for event in prof.events())
+    launched = " ".join(_kernel_names(lambda: torch.ops.ce.add_rms_norm_linear(x, residual, norm_weight, 1e-6,
+                                                                                 weight)))
     # the path ops/linear.py says it takes: the fused GEMV at one row, the norm kernel then ours up to
     # SKINNY_MAX_ROWS, the norm kernel then cuBLAS above (a silent fallback would pass on the numbers alone)
     assert ("_add_rms_norm_kernel" in launched) == (rows > 1), launched
