@@ -19,7 +19,8 @@ For each row count in ``--rows`` (1..GEMV_MAX_ROWS), the chain runs (µs a step 
   * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear;
   * ``rule, lm_head GEMV`` (2..GEMV_MAX_ROWS rows): the rule with the vocabulary on the few-rows GEMV instead of the
     tensor-core loop (``gemv_kernels.DOT_VOCAB``); ``cuBLAS, lm_head dot`` (past SKINNY_MAX_ROWS): cuBLAS with the
-    vocabulary on the tensor-core loop.
+    vocabulary on the tensor-core loop; ``dot`` (past SKINNY_MAX_ROWS): every role on the tensor-core loop
+    (``DOT_START``), the descent's start there.
 The log marks the one ce::linear runs at that row count.
 With ``--passes`` > 0, then a coordinate descent per row count, from the fastest of those: each role's GEMV
 candidates (with ``--dot`` the tensor-core loop's too) timed with the other roles fixed, the best kept, ``passes``
@@ -72,9 +73,12 @@ VOCAB_ROWS = [(8, 512, 2, 1), (4, 1024, 4, 1)]
 # Tensor-core candidates for `--dot` (BLOCK_N, BLOCK_K, num_warps, num_stages; BLOCK_M 8 or 16 from the row count):
 # mostly 1-2 warps of 16-row mma tiles per program (Triton's mma.sync path; 4 warps of a 64-row tile take wgmma), so
 # that down's SiLU prologue runs once per warp over few weight rows.
-WIDE_DOT = [(64, 128, 2, 3), (32, 128, 1, 3), (64, 256, 2, 2), (128, 128, 4, 3), (64, 128, 4, 3)]
-NARROW_DOT = [(16, 256, 1, 3), (32, 128, 1, 3), (32, 256, 2, 3), (16, 128, 1, 4)]
-VOCAB_DOT = [(64, 128, 2, 3), (128, 128, 4, 3), (128, 64, 4, 4)]
+WIDE_DOT = [(64, 128, 2, 3), (32, 128, 1, 3), (64, 256, 2, 2), (128, 128, 4, 3), (64, 128, 4, 3), (16, 256, 1, 3)]
+NARROW_DOT = [(16, 256, 1, 3), (32, 128, 1, 3), (32, 256, 2, 3), (16, 128, 1, 4), (16, 512, 1, 2)]
+VOCAB_DOT = [(64, 128, 2, 3), (128, 128, 4, 3), (128, 64, 4, 4), (256, 64, 8, 3)]
+# Past SKINNY_MAX_ROWS, the chain with every role on the tensor-core loop (the descent's start there), per role kind
+DOT_START = {"norm": (32, 128, 1, 3), "plain": (16, 256, 1, 3), "gated": (16, 256, 1, 3)}
+
 # roles: name -> (prologue, one-row candidates, 2..GEMV_MAX_ROWS-row candidates, tensor-core candidates);
 # gdn_out_proj and attn_o_proj share a shape
 ROLE_KINDS = {"gdn_in_proj": ("norm", WIDE, WIDE_ROWS, WIDE_DOT),
@@ -95,6 +99,12 @@ def roles(s: Shape) -> dict[str, tuple[int, int, str, list, list, list]]:
 def rows_config(rows: int, candidate: tuple) -> triton.Config:
     """A 2..GEMV_MAX_ROWS-row candidate as a config, with the BLOCK_M the rule gives ``rows``."""
     return _config(*candidate, block_m=max(2, triton.next_power_of_2(rows)))
+
+
+def dot_configs(roles_: dict) -> dict:
+    """Every role on the tensor-core loop: ``DOT_START``'s tile by role kind, the vocabulary on ``DOT_VOCAB``."""
+    return {role: gemv_kernels.DOT_VOCAB if role == "lm_head" else _config(*DOT_START[prologue], dot=True)
+            for role, (n, k, prologue, *_) in roles_.items()}
 
 
 def config_tuple(c) -> tuple:
@@ -218,6 +228,7 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
         variants["rule, lm_head GEMV"] = ("skinny", {**rule, "lm_head": gemv_kernels.gemv_rows_config(rows, n, k)})
     if rows > SKINNY_MAX_ROWS:  # ce::linear's cuBLAS, but the vocabulary on the tensor-core loop
         variants["cuBLAS, lm_head dot"] = ("cublas_dot_vocab", None)
+        variants["dot"] = ("skinny", dot_configs(chain.roles))  # every role on the tensor-core loop
     ours = "rule" if rows <= SKINNY_MAX_ROWS else "cuBLAS"  # what ce::linear runs at this row count
     results = {}
     rule_us = None
@@ -320,7 +331,7 @@ def main(argv=None) -> None:
         result["rows"][rows] = entry
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
-    labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot"]
+    labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "dot"]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
     print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
     for rows, entry in result["rows"].items():

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gemv_chain import Chain  # noqa: E402
+from bench.gemv_chain import Chain, dot_configs  # noqa: E402
 from bench.ops_microbench import Shape  # noqa: E402
 
 
@@ -29,20 +29,23 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--cublas", action="store_true", help="ce::linear's cuBLAS path instead of the skinny GEMM")
+    parser.add_argument("--dot", action="store_true",
+                        help="every role on the tensor-core loop (gemv_chain's tensor-core start)")
     args = parser.parse_args(argv)
     shape = Shape()
     shape.layers = 1  # the first layer, a Gated-DeltaNet one (full attention comes every fourth)
     chain = Chain(shape)
     chain.set_rows(args.rows)
     mode = "cublas" if args.cublas else "skinny"
+    configs = dot_configs(chain.roles) if args.dot else None
     for _ in range(3):  # compile and warm
-        chain.run(None, mode)
+        chain.run(configs, mode)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    chain.run(None, mode)
+    chain.run(configs, mode)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
-    print(f"profiled one GDN layer's matmuls and the lm_head at {args.rows} rows ({mode})")
+    print(f"profiled one GDN layer's matmuls and the lm_head at {args.rows} rows ({'dot' if args.dot else mode})")
 
 
 if __name__ == "__main__":
