@@ -8,7 +8,8 @@ graph's attention op) on the Qwen3.5-0.8B attention shape (8 query heads, 2 KV h
 then timed as 20 calls in one CUDA graph (median of the replays; the reduce kernel included). The bound is the K/V
 bytes the call reads at the copy bandwidth measured in the same process. ``--early-loads`` times only the default
 config, with the step's inputs and first key tile read before the PDL wait and without (in this chain the kernel
-before each call is the previous call's reduce kernel, not qkv_proj).
+before each call is the previous call's reduce kernel, not qkv_proj); ``--query-rows``, the default config with the
+query tile padded to 16 rows (the mma's M) and at the GQA group's power of two (the default).
 
     python bench/attention_decode_sweep.py --out DIR [--cases 1x8192,16x8192,64x8192] [--early-loads]
 
@@ -76,6 +77,8 @@ def main() -> None:
                         help="BATCHxCONTEXT[xWIDTH], WIDTH the tables' width in tokens (default: the context)")
     parser.add_argument("--early-loads", action="store_true",
                         help="time only the default config, with and without the kernel's EARLY_LOADS")
+    parser.add_argument("--query-rows", action="store_true",
+                        help="time only the default config, with the query tile padded to 16 rows and without")
     parser.add_argument("--ncu", action="store_true", help="profile one call of each case's default config instead")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -92,17 +95,20 @@ def main() -> None:
         chosen = (splits, _tile_n(D, 2), 4, None)
         ref = attention_decode(*inputs).float()
         split_counts = sorted({max(1, splits // 2), splits, min(64, 2 * splits), min(64, 4 * splits)})
-        grid = [chosen + (None,)] + [c + (None,) for c in itertools.product(split_counts, (32, 64), (4, 8), (1, 2, 3))
-                                     if c != chosen]
+        grid = [chosen + (None, None)] + [c + (None, None) for c in itertools.product(split_counts, (32, 64), (4, 8),
+                                                                                      (1, 2, 3)) if c != chosen]
         if args.early_loads:
-            grid = [chosen + (False,), chosen + (True,)]
-        for num_splits, block_n, warps, stages, early in grid:
+            grid = [chosen + (False, None), chosen + (True, None)]
+        if args.query_rows:
+            grid = [chosen + (None, 16), chosen + (None, None)]
+        for num_splits, block_n, warps, stages, early, rows in grid:
             config = {"splits": num_splits, "block_n": block_n, "num_warps": warps, "num_stages": stages,
-                      "early_loads": early, "chosen": (num_splits, block_n, warps, stages) == chosen
-                      and early in (None, batch <= EARLY_LOADS_MAX_BATCH)}
+                      "early_loads": early, "query_rows": rows, "chosen": (num_splits, block_n, warps, stages) == chosen
+                      and early in (None, batch <= EARLY_LOADS_MAX_BATCH) and rows is None}
             try:
                 call = lambda: attention_decode(*inputs, num_splits=num_splits, block_n=block_n,  # noqa: E731
-                                                num_warps=warps, num_stages=stages, early_loads=early)
+                                                num_warps=warps, num_stages=stages, early_loads=early,
+                                                query_rows=rows)
                 err = (call().float() - ref).abs().max().item()
                 us = graph_us(call)
             except Exception as exc:  # out of shared memory and the like: not a candidate

@@ -100,10 +100,11 @@ def _child_checks() -> dict:
         assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
 
     def check_attention_decode(q_heads, kv_heads, dim, rotary_dim, block_size, num_splits, strided=True,
-                               block_n=None, early_loads=None):
+                               block_n=None, early_loads=None, query_rows=None):
         """The fused decode op: output and caches (but the null block) against the reference. Context 0 (a padding
         lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows.
-        ``early_loads``: the kernel's order of loads (None: the default for 5 sequences, the late ones)."""
+        ``early_loads``: the kernel's order of loads (None: the default for 5 sequences, the late ones); ``query_rows``:
+        the query tile's rows (None: the GQA group's power of two)."""
         context_lens = [0, 1, 5, 17, 40]
         batch = len(context_lens)
         num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 2
@@ -125,7 +126,7 @@ def _child_checks() -> dict:
                                                            *heads)
         got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables, lens,
                                                         *heads, num_splits=num_splits, block_n=block_n,
-                                                        early_loads=early_loads)
+                                                        early_loads=early_loads, query_rows=query_rows)
         assert got.shape == (batch, q_heads * dim) and got.is_contiguous()
         compare("attention decode out", got, want)
         assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
@@ -497,6 +498,7 @@ def _child_checks() -> dict:
         "attention_decode_gqa2_d16_bs4_split1": lambda: check_attention_decode(4, 2, 16, 4, 4, 1),
         "attention_decode_gqa2_d16_bs4_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4),
         "attention_decode_gqa4_d32_bs16_split2": lambda: check_attention_decode(8, 2, 32, 8, 16, 2),
+        "attention_decode_gqa4_query_rows16": lambda: check_attention_decode(8, 2, 32, 8, 16, 2, query_rows=16),
         "attention_decode_mha_full_rotary_split3": lambda: check_attention_decode(2, 2, 16, 16, 16, 3),
         "attention_decode_d24_contiguous_split1": lambda: check_attention_decode(3, 1, 24, 6, 4, 1, strided=False),
         "attention_decode_auto_splits": lambda: check_attention_decode(2, 1, 16, 8, 8, None),
@@ -614,6 +616,7 @@ CHECK_NAMES = [
     "attention_decode_gqa2_d16_bs4_split1",
     "attention_decode_gqa2_d16_bs4_split4",
     "attention_decode_gqa4_d32_bs16_split2",
+    "attention_decode_gqa4_query_rows16",
     "attention_decode_mha_full_rotary_split3",
     "attention_decode_d24_contiguous_split1",
     "attention_decode_auto_splits",

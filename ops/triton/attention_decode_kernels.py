@@ -31,11 +31,14 @@ in any split's cached slice), and there qkv_proj is the skinny GEMM, which launc
 row is read after the wait. The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel
 still runs.
 
-Registers (the Qwen3.5-0.8B shapes: G = 4 padded to 16 rows, D = 256, rotary_dim 64, bf16, 64-token tiles): the q tile
-and its partner copy are ``[16, 256]`` fp32 and dead before the key loop, which holds what the paged decode kernel holds
-(q as the ``tl.dot`` operand, a ``[64, 256]`` K and V tile, the ``[16, 256]`` accumulator), so at 4 warps it takes the
-registers and spills of the paged decode kernel (bench/NOTES.md, "Decode kernels' registers"); with ``EARLY_LOADS`` the
-first K and V tile are live through the query's norm and RoPE as well. ``tl.cos``/``tl.sin``
+The query tile has ``GROUP_P`` rows: G rounded up to a power of two, not to the mma's 16 (Triton pads a ``tl.dot``'s
+M side itself), so the query's norm and RoPE, which run on every row of the tile, compute G rows' worth at the
+Qwen3.5-0.8B shape (G = 4) instead of 16 (``query_rows`` overrides it, for the bench).
+
+Registers (the Qwen3.5-0.8B shapes: G = 4, D = 256, rotary_dim 64, bf16, 64-token tiles): the q tile and its partner
+copy are ``[GROUP_P, 256]`` fp32 and dead before the key loop, which holds what the paged decode kernel holds (q as the
+``tl.dot`` operand, a ``[64, 256]`` K and V tile, the ``[GROUP_P, 256]`` accumulator); with ``EARLY_LOADS`` the first K
+and V tile are live through the query's norm and RoPE as well. ``tl.cos``/``tl.sin``
 compile to libdevice's ``__nv_cosf``/``__nv_sinf`` (full range reduction, as torch's), not the approximate instructions:
 positions reach ~1e5 and ``inv_freq[0]`` is 1.
 """
@@ -285,11 +288,18 @@ def attention_decode(
     num_warps: int = 4,
     num_stages: int | None = None,
     early_loads: bool | None = None,
+    query_rows: int | None = None,
 ) -> torch.Tensor:
     """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n``,
-    ``num_warps``, ``num_stages`` and ``early_loads`` override the defaults (the paged decode kernel's split count and
-    key tile, 4 warps, Triton's default stages, early loads up to ``EARLY_LOADS_MAX_BATCH`` sequences)."""
+    ``num_warps``, ``num_stages``, ``early_loads`` and ``query_rows`` override the defaults (the paged decode kernel's
+    split count and key tile, 4 warps, Triton's default stages, early loads up to ``EARLY_LOADS_MAX_BATCH`` sequences,
+    the query tile's rows: the GQA group rounded up to a power of two)."""
     check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
+    group = num_heads // num_kv_heads
+    if query_rows is None:
+        query_rows = triton.next_power_of_2(group)
+    elif query_rows < group or query_rows & (query_rows - 1):
+        raise ValueError(f"query_rows must be a power of two >= the GQA group ({group}), got {query_rows}")
     batch = projected.shape[0]
     out = torch.empty((batch, num_heads * head_dim), dtype=projected.dtype, device=projected.device)
     if batch == 0:
@@ -329,8 +339,8 @@ def attention_decode(
         *block_tables.stride(),
         NUM_Q_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
-        GROUP=num_heads // num_kv_heads,
-        GROUP_P=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
+        GROUP=group,
+        GROUP_P=query_rows,
         HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim),
         ROTARY_HALF=inv_freq.shape[0],
