@@ -290,9 +290,10 @@ def _paged_decode_reduce_kernel(
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
     row0 = (seq * NUM_Q_HEADS + head) * NUM_SPLITS
+    if GATED:  # issued with the first partials' loads, not after the merge: one round trip to memory fewer
+        gate = tl.load(gate_ptr + seq * stride_g_b + head * stride_g_h + offs_d * stride_g_d, mask=d_mask, other=0.0)
     out = _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM)
     if GATED:
-        gate = tl.load(gate_ptr + seq * stride_g_b + head * stride_g_h + offs_d * stride_g_d, mask=d_mask, other=0.0)
         out = _sigmoid_gated(out, gate, out_ptr.dtype.element_ty)
     tl.store(out_ptr + seq * stride_o_b + head * stride_o_h + offs_d * stride_o_d,
              out.to(out_ptr.dtype.element_ty), mask=d_mask)
