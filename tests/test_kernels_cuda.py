@@ -592,8 +592,8 @@ def test_gated_deltanet_decode_matches_reference(batch, layout, dtype, state_dty
 @pytest.mark.parametrize("batch,block_v,warps", [(3, 32, 4), (40, 64, 8), (256, 32, 4)])
 def test_gated_deltanet_decode_in_v_tiles_matches_reference(layout, batch, block_v, warps):
     """The fused kernel walking each value head's state in ``block_v``-wide tiles (the gated norm over the outputs
-    parked in ``out``) with the warps the launch rule pairs with each tile, at small, mid and large batch (past the
-    rule's own range, where it picks the unfused kernels): against the reference."""
+    parked in ``out``) with the warps the launch rule pairs with each tile, at small, mid and large batch (256, the
+    rule's last fused batch): against the reference."""
     from ops.triton import gated_deltanet_kernels
 
     gen = _seeded(batch * 7 + block_v)

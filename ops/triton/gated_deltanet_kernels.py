@@ -41,8 +41,8 @@ trip to memory at batch 1 instead of four; 16 warps hit the 128-register cap and
 (bench/NOTES.md, "Decode kernels' registers"). Above 128 registers a thread, one 8-warp program is resident per SM
 either way. Tiles of 64 take 254 registers at 8 warps; tiles of 32 at 4 warps 246 (two programs an SM); tiles of 64
 at 4 warps spill kilobytes (Triton 3.9's ptxas, sm_90). At batch 1 the grid is only Hk programs (16 for
-Qwen3.5-0.8B): the launches saved, not bandwidth, are the point there; at large batch the unfused delta-rule kernel
-(a ``[128, 64]`` tile, 4 warps) streams the state faster, hence ``DECODE_LAUNCHES``. The figures above are for
+Qwen3.5-0.8B): the launches saved, not bandwidth, are the point there; past 256 sequences the unfused delta-rule
+kernel (a ``[128, 64]`` tile, 4 warps) is left to stream the state, hence ``DECODE_LAUNCHES``. The figures above are for
 every stride a runtime i64 (tests/test_kernels_compile_sm90.py's ``GDN_SIG``); launched, Triton specializes the unit
 strides to constants (vector loads) and the others to i32, and the kernel takes fewer (Triton 3.6, sm_90, the
 model's strides, without / with ``PREFETCH``; G = 1 and G = 2): whole heads at 8 warps 170 / 170 and 222 / 255,
@@ -70,15 +70,16 @@ from ops.triton.pdl import pdl_flags
 # heads in registers, warps); above the last entry, the unfused kernels (conv, delta rule, norm: 3 launches). Timed
 # on Qwen3.5-0.8B's shape (16 value heads of 128 x 128), one call per CUDA graph (bench/NOTES.md, "Fused GDN
 # decode"): whole heads at 8 warps (one program an SM) lead while the batch x key heads programs fit one wave; at 16
-# sequences V tiles of 64 (8 warps) beat them by 10%; at 32-64 tiles of 32 (4 warps, no spills, two programs an SM)
-# beat whole heads by 7-9% and the unfused kernels by 10-22%; at 128 the tiles and the unfused kernels are level, and
-# from 256 the unfused delta-rule kernel streams the state 5-7% faster. The last field: each tile's loads issued
-# before the previous tile's math and stores (the kernel's ``PREFETCH``; it acts only where a program walks several
-# tiles: V tiles, or G > 1 value heads). Off for the tiles: the second tile in registers costs them programs an SM,
-# and one call per graph they lost with it at 32-64 sequences by 7-14% (at 16: tiles of 64 6% slower, of 32 4%
-# faster; it won only at 1-8, where whole heads run). On for whole heads, where it costs no occupancy (one program an
-# SM either way) and acts only at G > 1 (not timed on a G > 1 shape yet).
-DECODE_LAUNCHES = ((8, None, 8, True), (16, 64, 8, False), (64, 32, 4, False))
+# sequences V tiles of 64 (8 warps) beat them by 10%; from 32 tiles of 32 (4 warps, no spills, two programs an SM)
+# beat whole heads by 7-9% at 32-64 and the unfused kernels at every batch timed: by 10-22% at 32-64, 7.6% at 128
+# and 2.4% at 256 (49.0 / 91.5 / 175.6 µs against 58.0 / 99.0 / 179.8 at 64 / 128 / 256). Past 256 (untimed with
+# the tiles in walk order) the unfused kernels. The last field: each tile's loads issued before the previous tile's
+# math and stores (the kernel's ``PREFETCH``; it acts only where a program walks several tiles: V tiles, or G > 1
+# value heads). Off for the tiles: the second tile in registers costs them programs an SM, and one call per graph
+# they lost with it by 7-14% at 32-256 sequences (at 16: tiles of 64 6% slower, of 32 4% faster; it won only at 1-8,
+# where whole heads run). On for whole heads, where it costs no occupancy (one program an SM either way) and acts
+# only at G > 1 (not timed on a G > 1 shape yet).
+DECODE_LAUNCHES = ((8, None, 8, True), (16, 64, 8, False), (256, 32, 4, False))
 
 
 def decode_config(batch: int) -> tuple[bool, int | None, int, bool]:
