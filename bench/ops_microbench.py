@@ -280,18 +280,23 @@ def run(args) -> dict:
         # the fused kernel with whole heads (8 warps), the unfused kernels, the fused kernel in V tiles of 64 (8 warps)
         # and 32 (4 warps: at 4 warps, tiles of 64 spill), the tiles also with their loads in walk order (no prefetch),
         # and so whole heads where a program walks more than one (G > 1)
+        # and the tiles of 32 over programs (split: the last program of a key head writes its q/k history and norms)
         variants = [(True, 8, None, True), (False, 8, None, True), (True, 8, 64, True), (True, 8, 64, False),
                     (True, 4, 32, True), (True, 4, 32, False)] + ([(True, 8, None, False)] if hv > hk else [])
-        sweep = [(True, 4, None, True), (True, 16, None, True)] if args.sweep else []
-        for fused, warps, block_v, prefetch in variants + sweep:
+        variants = [v + (False,) for v in variants] + [(True, 4, 32, False, True)]
+        sweep = [(True, 4, None, True, False), (True, 16, None, True, False)] if args.sweep else []
+        for fused, warps, block_v, prefetch, split_v in variants + sweep:
             us = timed(f"gated_deltanet_decode fused={fused} warps={warps} block_v={block_v} prefetch={prefetch} "
-                       f"B={batch}",
+                       f"split_v={split_v} B={batch}",
                        lambda: gated_deltanet_kernels.gated_deltanet_decode(
                            projected, weight, conv_state, A_log, dt_bias, norm_weight, state, slots, hk, dk, hv, dv,
-                           1e-6, num_warps=warps, fused=fused, block_v=block_v, prefetch=prefetch),
+                           1e-6, num_warps=warps, fused=fused, block_v=block_v, prefetch=prefetch, split_v=split_v),
                        graph=True)
             if not fused:
                 op, note = "  unfused conv+delta+norm", "3 kernels"
+            elif split_v:
+                op = f"  gated_deltanet_decode v{block_v} split"
+                note = f"V tiles of {block_v} over programs, {warps} warps"
             elif block_v is not None:
                 op = f"  gated_deltanet_decode v{block_v}" + ("" if prefetch else " in order")
                 note = f"one kernel, V tiles of {block_v}, {warps} warps" + ("" if prefetch else ", no prefetch")
@@ -300,7 +305,8 @@ def run(args) -> dict:
             else:
                 op = "gated_deltanet_decode" if warps == 8 else "  sweep gated_deltanet_decode"
                 note = f"one kernel, {warps} warps"
-            add(op, batch, us, fused_bytes, "graph", note, num_warps=warps, block_v=block_v, prefetch=prefetch)
+            add(op, batch, us, fused_bytes, "graph", note, num_warps=warps, block_v=block_v, prefetch=prefetch,
+                split_v=split_v)
         # --- speculative decoding's verify step (P = k + 1 positions a sequence) and its commit (all accepted)
         history_width = layouts.gated_deltanet_history_offsets(hk, dk, hv, dv)[3]
         for positions in (2, 3, 4):

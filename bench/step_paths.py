@@ -65,14 +65,17 @@ def _paths(runtime, batch: int, context: int, replays: int, seed: int) -> dict:
 def _gdn_launches(spec: str) -> tuple:
     """``--gdn-launch`` as a one-entry DECODE_LAUNCHES covering every batch (``unfused``: an entry no batch fits)."""
     if spec == "unfused":
-        return ((0, None, 8, False),)
+        return ((0, None, 8, False, False),)
     parts = spec.split(":")
+    split = parts[3:] == ["split"]
+    if split:
+        parts = parts[:3]
     if len(parts) != 3 or parts[2] not in ("0", "1") or not (parts[0] == "head" or parts[0].isdigit()) \
             or not parts[1].isdigit():
-        raise SystemExit(f"--gdn-launch takes BLOCK_V:WARPS:PREFETCH (BLOCK_V 'head' or a number, PREFETCH 0 or 1) "
-                         f"or 'unfused', got {spec!r}")
+        raise SystemExit(f"--gdn-launch takes BLOCK_V:WARPS:PREFETCH[:split] (BLOCK_V 'head' or a number, PREFETCH 0 "
+                         f"or 1, split: the V tiles over programs) or 'unfused', got {spec!r}")
     block_v, warps, prefetch = parts
-    return ((1 << 30, None if block_v == "head" else int(block_v), int(warps), prefetch == "1"),)
+    return ((1 << 30, None if block_v == "head" else int(block_v), int(warps), prefetch == "1", split),)
 
 
 def main() -> None:
@@ -87,8 +90,8 @@ def main() -> None:
                         "replays need")
     p.add_argument("--gdn-launch", default=None,
                    help="the GDN decode's launch at every batch instead of gated_deltanet_kernels.DECODE_LAUNCHES's: "
-                        "'BLOCK_V:WARPS:PREFETCH' for the fused kernel (BLOCK_V 'head': whole heads; PREFETCH 0/1), "
-                        "or 'unfused'")
+                        "'BLOCK_V:WARPS:PREFETCH[:split]' for the fused kernel (BLOCK_V 'head': whole heads; PREFETCH "
+                        "0/1; split: the V tiles over programs), or 'unfused'")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]

@@ -98,7 +98,7 @@ def test_moe_expert_gemv_kernels_compile_for_sm90():
 # The Gated DeltaNet kernels' arguments but their constexprs: bf16 rows and weights, an fp32 state pool.
 GDN_SIG = dict(projected=_ptr("bf16"), conv_weight=_ptr("bf16"), conv_state=_ptr("bf16"), A_log=_ptr("fp32"),
                dt_bias=_ptr("fp32"), norm_weight=_ptr("bf16"), recurrent_state=_ptr("fp32"), state_slots=_ptr("i32"),
-               out=_ptr("bf16"), scale="fp32", eps="fp32",
+               out=_ptr("bf16"), counters=_ptr("i32"), scale="fp32", eps="fp32",
                **{name: "i64" for name in ("stride_p_b", "stride_p_c", "stride_w_c", "stride_w_k", "stride_cs_slot",
                                            "stride_cs_c", "stride_cs_k", "stride_rs_slot", "stride_rs_h",
                                            "stride_rs_k", "stride_rs_v")})
@@ -136,18 +136,39 @@ def test_gated_deltanet_decode_launches_compile_for_sm90(group):
                  ROUND_WEIGHT_PRODUCT=True, USE_PDL=True)
     state_param = f"{gk._gated_deltanet_decode_kernel.__name__}_param_" + str(
         gk._gated_deltanet_decode_kernel.arg_names.index("recurrent_state"))
-    for _, block_v, warps, _ in gk.DECODE_LAUNCHES:
+    for _, block_v, warps, _, _ in gk.DECODE_LAUNCHES:
         block_v = block_v or 128
         tiles = group * 128 // block_v
         for prefetch in (True, False):
             kernel = _compile(gk._gated_deltanet_decode_kernel, GDN_SIG,
-                              dict(shape, BLOCK_V=block_v, V_BLOCKS=128 // block_v, BLOCK_HEAD=128,
-                                   PREFETCH=prefetch), num_warps=warps)
+                              dict(shape, BLOCK_V=block_v, V_BLOCKS=128 // block_v, WALK_BLOCKS=128 // block_v,
+                                   SPLIT_V=False, BLOCK_HEAD=128, PREFETCH=prefetch), num_warps=warps)
             order = _state_order(kernel.asm["ptx"], state_param)
             per_tile = len(order) // (2 * tiles)
             r, w = "R" * per_tile, "W" * per_tile
             want = r + (r + w) * (tiles - 1) + w if prefetch else (r + w) * tiles
             assert per_tile > 0 and order == want, (block_v, warps, prefetch, order)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_gated_deltanet_decode_split_v_compiles_for_sm90(group):
+    """The decode kernel with each value head's V tiles over programs (``SPLIT_V``, tiles of 32 at 4 warps): one tile
+    of each of the G value heads a program, loaded and stored once (R .. W per head, in walk order); the count a
+    single acquire-release atomic at GPU scope, its result shared by the program's threads."""
+    from ops.triton import gated_deltanet_kernels as gk
+
+    kernel = _compile(gk._gated_deltanet_decode_kernel, GDN_SIG,
+                      dict(NUM_K_HEADS=16, NUM_V_HEADS=16 * group, GROUP=group, DK=128, DV=128, WIDTH=4, HIST_P=4,
+                           BLOCK_K=128, ROUND_WEIGHT_PRODUCT=True, USE_PDL=True, BLOCK_V=32, V_BLOCKS=4,
+                           WALK_BLOCKS=1, SPLIT_V=True, BLOCK_HEAD=128, PREFETCH=False), num_warps=4)
+    ptx = kernel.asm["ptx"]
+    state_param = f"{gk._gated_deltanet_decode_kernel.__name__}_param_" + str(
+        gk._gated_deltanet_decode_kernel.arg_names.index("recurrent_state"))
+    order = _state_order(ptx, state_param)
+    per_tile = len(order) // (2 * group)
+    assert per_tile > 0 and order == ("R" * per_tile + "W" * per_tile) * group, order
+    atomics = [line for line in ptx.splitlines() if "atom." in line]
+    assert len(atomics) == 1 and "acq_rel" in atomics[0] and ".gpu" in atomics[0], atomics
 
 
 @pytest.mark.parametrize("group", [1, 2])

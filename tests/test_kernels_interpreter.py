@@ -266,13 +266,16 @@ def _child_checks() -> dict:
         compare("delta decode out", got, want)
         compare("delta decode state", state, want_state)
 
-    def check_gated_deltanet_decode(k_heads, v_heads, dk, dv, fused=True, block_v=None, batch=5, prefetch=None):
+    def check_gated_deltanet_decode(k_heads, v_heads, dk, dv, fused=True, block_v=None, batch=5, prefetch=None,
+                                    split_v=None, repeats=1):
         """The fused decode op: output and both pools (but the null slot) against the reference. Two padding lanes
         on the null slot; projected rows are a slice of wider rows (row stride > width). ``fused=False``: the
         launcher's large-batch path through the unfused kernels, on the same strided views. ``block_v``: the fused
         kernel walking each value head's state in tiles of that width (the norm over the parked outputs).
         ``fused=None``: the launch the launcher picks for ``batch`` (decode_config). ``prefetch``: each tile's loads
-        before the previous tile's math and stores, or in walk order (None: the launch's)."""
+        before the previous tile's math and stores, or in walk order (None: the launch's). ``split_v``: the tiles over
+        programs, the last of each key head writing q and k's history and the norms; ``repeats`` steps in a row
+        (the per-key-head counts must be left at zero for the next)."""
         width = 4
         num_slots = batch + 3
         slots = (torch.randperm(num_slots - 1)[:batch] + 1).to(torch.int32)
@@ -289,12 +292,21 @@ def _child_checks() -> dict:
         rec_state = torch.randn(num_slots, v_heads, dk, dv)
         want_conv, want_rec = conv_state.clone(), rec_state.clone()
         args = (k_heads, dk, v_heads, dv, 1e-6)
+        for _ in range(repeats - 1):  # earlier steps on the same rows (the reference replays them too)
+            gated_deltanet_decode.gated_deltanet_decode_reference(
+                projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *args)
+            gated_deltanet_kernels.gated_deltanet_decode(
+                projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *args, fused=fused,
+                block_v=block_v, prefetch=prefetch, split_v=split_v)
         want = gated_deltanet_decode.gated_deltanet_decode_reference(
             projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *args)
         got = gated_deltanet_kernels.gated_deltanet_decode(
             projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *args, fused=fused,
-            block_v=block_v, prefetch=prefetch)
+            block_v=block_v, prefetch=prefetch, split_v=split_v)
         assert got.shape == (batch, v_heads * dv) and got.is_contiguous()
+        if split_v:
+            counters = gated_deltanet_kernels.split_counters(projected.device)
+            assert int(counters.abs().sum()) == 0, "the split launch must leave its counts at zero"
         live = slots != 0
         compare("gated deltanet decode out", got[live], want[live])
         compare("gated deltanet decode conv state", conv_state[1:], want_conv[1:])
@@ -540,6 +552,14 @@ def _child_checks() -> dict:
         # G = 2 in tiles: a program walks 2 heads x 4 tiles, each tile's loads issued before the previous tile's
         # stores; and the same walk with the loads in walk order
         "gated_deltanet_decode_v_tiles_group_2": lambda: check_gated_deltanet_decode(2, 4, 16, 32, block_v=8),
+        # the tiles over programs (SPLIT_V): three steps in a row, so that stale counts or a q/k history written
+        # early would show; G = 1 and 3 (ragged), the walk's prefetch on (G > 1) and off
+        "gated_deltanet_decode_split_v": lambda: check_gated_deltanet_decode(2, 2, 16, 32, block_v=8, split_v=True,
+                                                                             repeats=3),
+        "gated_deltanet_decode_split_v_group_3_ragged": lambda: check_gated_deltanet_decode(
+            2, 6, 12, 20, block_v=8, split_v=True, repeats=3, prefetch=True),
+        "gated_deltanet_decode_split_v_group_2_in_order": lambda: check_gated_deltanet_decode(
+            2, 4, 16, 32, block_v=16, split_v=True, repeats=2, prefetch=False),
         "gated_deltanet_decode_v_tiles_group_2_in_order": lambda: check_gated_deltanet_decode(
             2, 4, 16, 32, block_v=8, prefetch=False),
         # the launcher's own pick at 20 sequences: tiles of 32 over V = 64 (decode_config)
@@ -647,6 +667,9 @@ CHECK_NAMES = [
     "gated_deltanet_decode_v_tiles",
     "gated_deltanet_decode_v_tiles_ragged",
     "gated_deltanet_decode_v_tiles_group_2",
+    "gated_deltanet_decode_split_v",
+    "gated_deltanet_decode_split_v_group_3_ragged",
+    "gated_deltanet_decode_split_v_group_2_in_order",
     "gated_deltanet_decode_v_tiles_group_2_in_order",
     "gated_deltanet_decode_default_launch_batch_20",
     "gemm_m1_gemv",

@@ -21,6 +21,15 @@ column of S is independent of the others but for the norm, so a program may also
 tiles (``V_BLOCKS`` > 1): each tile's rounded o is parked in ``out``, and once the head's last tile is done
 (``tl.debug_barrier()``: the program's global stores are visible to all its threads) the norm reads the parked
 outputs back and overwrites them with the normed ones.
+With ``SPLIT_V`` the grid is ``(batch, key head, V block)`` instead: each program takes one V block of each of the
+key head's G value heads, so a head's state is streamed by V_BLOCKS programs at once (at batch 1 the plain grid has
+only Hk programs). Two things are then shared between the key head's programs: q and k's conv history, which every
+one of them reads, and each value head's gated norm, which needs all its V blocks. So no program writes the q/k
+history or normalises as it goes: each parks its rounded outputs in ``out``, then counts itself in (one atomic add
+per program on ``counters[b * Hk + h]``, after a barrier, acquire-release at GPU scope: its history reads and
+parked stores come before it), and the program that makes the count V_BLOCKS, the last, writes the q/k history,
+reads every parked output back past L1 (the others' stores) to normalise each value head, and sets the count back
+to zero for the next launch (``split_counters``: one zeroed buffer a device).
 Loads come before any math. With PDL, what does not depend on in_proj's output (the slot, the conv history and
 the first value head's first state tile: written in a step by this kernel only) is loaded before ``gdc_wait``,
 while in_proj still runs; after it a program waits for one round trip to memory (the projected row), not one per
@@ -78,18 +87,34 @@ from ops.triton.pdl import pdl_flags
 # value heads). Off for the tiles: the second tile in registers costs them programs an SM, and one call per graph
 # they lost with it by 7-14% at 32-256 sequences (at 16: tiles of 64 6% slower, of 32 4% faster; it won only at 1-8,
 # where whole heads run). On for whole heads, where it costs no occupancy (one program an SM either way) and acts
-# only at G > 1 (not timed on a G > 1 shape yet).
-DECODE_LAUNCHES = ((8, None, 8, True), (16, 64, 8, False), (256, 32, 4, False))
+# only at G > 1 (not timed on a G > 1 shape yet). The last field: the V tiles over programs (``SPLIT_V``) instead of
+# walked by one; untimed, so in no entry yet (bench/step_paths.py --gdn-launch 32:4:0:split times it in the graph).
+DECODE_LAUNCHES = ((8, None, 8, True, False), (16, 64, 8, False, False), (256, 32, 4, False, False))
+SPLIT_COUNTERS = 64 * 64  # SPLIT_V's per-device counters (sequences x key heads): it serves small batches
 
 
-def decode_config(batch: int) -> tuple[bool, int | None, int, bool]:
-    """(fused, block_v, num_warps, prefetch) of the decode launch for ``batch`` sequences (``DECODE_LAUNCHES``); past
-    its last entry the unfused kernels (where a fused launch, if asked for, uses the last entry's tiles)."""
-    for most, block_v, warps, prefetch in DECODE_LAUNCHES:
+def decode_config(batch: int) -> tuple[bool, int | None, int, bool, bool]:
+    """(fused, block_v, num_warps, prefetch, split_v) of the decode launch for ``batch`` sequences
+    (``DECODE_LAUNCHES``); past its last entry the unfused kernels (where a fused launch, if asked for, uses the last
+    entry's tiles)."""
+    for most, block_v, warps, prefetch, split_v in DECODE_LAUNCHES:
         if batch <= most:
-            return True, block_v, warps, prefetch
-    _, block_v, warps, prefetch = DECODE_LAUNCHES[-1]
-    return False, block_v, warps, prefetch
+            return True, block_v, warps, prefetch, split_v
+    _, block_v, warps, prefetch, split_v = DECODE_LAUNCHES[-1]
+    return False, block_v, warps, prefetch, split_v
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device) -> torch.Tensor:
+    """The ``SPLIT_V`` launch's per-(sequence, key head) counts on ``device``: int32 zeros that every launch leaves
+    zero (the last program of each key head resets its count), so one buffer serves every layer and step in stream
+    order. Made on the first split launch on a device, which the runtime's warm-up runs before any CUDA-graph
+    capture."""
+    if device not in _counters:
+        _counters[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+    return _counters[device]
 
 
 @triton.jit
@@ -103,6 +128,7 @@ def _gated_deltanet_decode_kernel(
     recurrent_state,
     state_slots,
     out,  # contiguous [B, Hv * V]
+    counters,  # SPLIT_V: int32 [>= B * Hk], zero, left zero (the last program of each key head resets its count)
     scale,  # K ** -0.5
     eps,  # the gated RMSNorm's
     stride_p_b,
@@ -126,6 +152,8 @@ def _gated_deltanet_decode_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,  # a power of two; V_BLOCKS of them cover DV
     V_BLOCKS: tl.constexpr,
+    WALK_BLOCKS: tl.constexpr,  # V blocks a program walks per value head: V_BLOCKS, or 1 with SPLIT_V
+    SPLIT_V: tl.constexpr,  # grid (B, Hk, V_BLOCKS): the head's V blocks over programs (see the module docstring)
     BLOCK_HEAD: tl.constexpr,  # next_power_of_2(DV): the norm's vector when the head is walked in tiles
     ROUND_WEIGHT_PRODUCT: tl.constexpr,  # norm_weight * normed rounds to projected's dtype (torch's promotion)
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py: out_proj's weight loads may start while this kernel runs
@@ -141,6 +169,7 @@ def _gated_deltanet_decode_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0).to(tl.int64)
     k_head = tl.program_id(1)
+    first_block = tl.program_id(2)  # SPLIT_V: this program's V block of each value head (else 0: it walks them all)
     offs_k = tl.arange(0, BLOCK_K)
     k_mask = offs_k < DK
     dtype = out.dtype.element_ty
@@ -165,35 +194,37 @@ def _gated_deltanet_decode_kernel(
     first_v_head = k_head * GROUP
     offs_v = tl.arange(0, BLOCK_V)
     norm_w = tl.load(norm_weight + offs_v, mask=offs_v < DV, other=0.0).to(tl.float32)  # V_BLOCKS == 1: the whole head
-    pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, first_v_head, 0, stride_w_c,
-                            stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h, stride_rs_v, 2 * KEY_DIM, DV, BLOCK_V,
-                            WIDTH, HIST_P)
+    pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, first_v_head, first_block,
+                            stride_w_c, stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h, stride_rs_v, 2 * KEY_DIM, DV,
+                            BLOCK_V, WIDTH, HIST_P)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # in_proj's output (projected) is read after this
     row = projected + seq * stride_p_b
-    inputs = _tile_row_loads(row, first_v_head, 0, stride_p_c, 2 * KEY_DIM, Z_START, B_START, A_START, DV, BLOCK_V,
-                             V_BLOCKS == 1)
+    inputs = _tile_row_loads(row, first_v_head, first_block, stride_p_c, 2 * KEY_DIM, Z_START, B_START, A_START, DV,
+                             BLOCK_V, V_BLOCKS == 1)
 
     for j in tl.static_range(GROUP):
         v_head = first_v_head + j
-        sum_sq = 0.0  # of the head's rounded outputs, over its V blocks (V_BLOCKS > 1)
-        for vb in tl.static_range(V_BLOCKS):
+        sum_sq = 0.0  # of the head's rounded outputs, over its V blocks (V_BLOCKS > 1 walked by this program)
+        for vb in tl.static_range(WALK_BLOCKS):
+            block = first_block + vb
             if j + vb > 0 and not PREFETCH:  # this tile's loads, after the previous tile's stores
-                pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, v_head, vb,
+                pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, v_head, block,
                                         stride_w_c, stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h, stride_rs_v,
                                         2 * KEY_DIM, DV, BLOCK_V, WIDTH, HIST_P)
-                inputs = _tile_row_loads(row, v_head, vb, stride_p_c, 2 * KEY_DIM, Z_START, B_START, A_START, DV,
+                inputs = _tile_row_loads(row, v_head, block, stride_p_c, 2 * KEY_DIM, Z_START, B_START, A_START, DV,
                                          BLOCK_V, V_BLOCKS == 1)
             s, v_hist, v_shifted, v_w_hist, v_w_new, A_log_val, dt_bias_val = pool
             x_v, a_val, b_val, z = inputs
-            if PREFETCH and (vb + 1 < V_BLOCKS or j + 1 < GROUP):  # the next tile's loads now: see the docstring
-                next_head = v_head + (vb + 1) // V_BLOCKS
+            if PREFETCH and (vb + 1 < WALK_BLOCKS or j + 1 < GROUP):  # the next tile's loads now: see the docstring
+                next_head = v_head + (vb + 1) // WALK_BLOCKS
+                next_block = first_block + (vb + 1) % WALK_BLOCKS
                 pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, next_head,
-                                        (vb + 1) % V_BLOCKS, stride_w_c, stride_w_k, stride_cs_c, stride_cs_k,
-                                        stride_rs_h, stride_rs_v, 2 * KEY_DIM, DV, BLOCK_V, WIDTH, HIST_P)
-                inputs = _tile_row_loads(row, next_head, (vb + 1) % V_BLOCKS, stride_p_c, 2 * KEY_DIM, Z_START,
-                                         B_START, A_START, DV, BLOCK_V, V_BLOCKS == 1)
-            offs_v, v_mask, v_channels = _tile_columns(v_head, vb, 2 * KEY_DIM, DV, BLOCK_V)
+                                        next_block, stride_w_c, stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h,
+                                        stride_rs_v, 2 * KEY_DIM, DV, BLOCK_V, WIDTH, HIST_P)
+                inputs = _tile_row_loads(row, next_head, next_block, stride_p_c, 2 * KEY_DIM, Z_START, B_START,
+                                         A_START, DV, BLOCK_V, V_BLOCKS == 1)
+            offs_v, v_mask, v_channels = _tile_columns(v_head, block, 2 * KEY_DIM, DV, BLOCK_V)
             if j + vb == 0:  # q and k of this key head, shared by its value heads: conv + SiLU, l2norm below
                 q, q_history = conv_apply(row, q_channels, k_mask, stride_p_c, q_hist, q_shifted, q_w_hist, q_w_new,
                                           WIDTH, HIST_P)
@@ -202,8 +233,9 @@ def _gated_deltanet_decode_kernel(
             v, v_history = conv_step(x_v, v_hist, v_shifted, v_w_hist, v_w_new, WIDTH, HIST_P)
             tl.debug_barrier()  # every conv-history read of these channels happens before any history write below
             if j + vb == 0:
-                store_history(q_rows, k_mask, q_history, stride_cs_k, WIDTH, HIST_P)
-                store_history(k_rows, k_mask, k_history, stride_cs_k, WIDTH, HIST_P)
+                if not SPLIT_V:  # (SPLIT_V: the head's last program to finish writes them, below)
+                    store_history(q_rows, k_mask, q_history, stride_cs_k, WIDTH, HIST_P)
+                    store_history(k_rows, k_mask, k_history, stride_cs_k, WIDTH, HIST_P)
                 q = q * tl.rsqrt(tl.sum(q * q, 0) + L2NORM_EPS) * scale  # l2norm in fp32, q scaled by K**-0.5
                 k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
             store_history(conv_rows + v_channels * stride_cs_c, v_mask, v_history, stride_cs_k, WIDTH, HIST_P)
@@ -222,16 +254,44 @@ def _gated_deltanet_decode_kernel(
             else:  # park the rounded output where the normed one goes; the norm needs the whole head
                 tl.store(out_row + v_head * DV + offs_v, o.to(dtype), mask=v_mask)
                 sum_sq += tl.sum(o * o, 0)
-        if V_BLOCKS > 1:  # the norm over the whole head at once: one round trip to memory, not one a tile
+        if V_BLOCKS > 1 and not SPLIT_V:  # the norm over the whole head at once: one round trip, not one a tile
             tl.debug_barrier()  # the parked outputs, stored by any thread of the program, are visible to all of it
-            offs_h = tl.arange(0, BLOCK_HEAD)
-            h_mask = offs_h < DV
-            o = tl.load(out_row + v_head * DV + offs_h, mask=h_mask, other=0.0).to(tl.float32)
-            z = tl.load(row + (Z_START + v_head * DV + offs_h) * stride_p_c, mask=h_mask, other=0.0)
-            head_w = tl.load(norm_weight + offs_h, mask=h_mask, other=0.0).to(tl.float32)
-            y = _gated_norm(o, tl.rsqrt(sum_sq / DV + eps), z, head_w, dtype, ROUND_WEIGHT_PRODUCT)
-            tl.debug_barrier()  # every thread has read the parked outputs before any thread overwrites them
-            tl.store(out_row + v_head * DV + offs_h, y, mask=h_mask)
+            _head_norm(out_row, row, norm_weight, v_head, sum_sq, stride_p_c, Z_START, DV, BLOCK_HEAD, eps, dtype,
+                       ROUND_WEIGHT_PRODUCT, False)
+    if SPLIT_V:
+        # The key head's V_BLOCKS programs count themselves in; the last one (all the others' parked outputs and
+        # history reads done before their count: the barrier, then the count's release) writes q and k's history
+        # and the gated norm of every value head, and leaves the count at zero for the next launch.
+        tl.debug_barrier()  # every thread's stores of this program before the count
+        counter = counters + seq * NUM_K_HEADS + k_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == V_BLOCKS - 1:
+            tl.store(counter, 0)
+            store_history(q_rows, k_mask, q_history, stride_cs_k, WIDTH, HIST_P)
+            store_history(k_rows, k_mask, k_history, stride_cs_k, WIDTH, HIST_P)
+            for j in tl.static_range(GROUP):
+                _head_norm(out_row, row, norm_weight, first_v_head + j, 0.0, stride_p_c, Z_START, DV, BLOCK_HEAD, eps,
+                           dtype, ROUND_WEIGHT_PRODUCT, True)
+
+
+@triton.jit
+def _head_norm(out_row, row, norm_weight, v_head, sum_sq, stride_p_c, Z_START: tl.constexpr, DV: tl.constexpr,
+               BLOCK_HEAD: tl.constexpr, eps, dtype: tl.constexpr, ROUND_WEIGHT_PRODUCT: tl.constexpr,
+               FROM_OTHERS: tl.constexpr):
+    """The gated norm of value head ``v_head`` from its rounded outputs parked in ``out_row``, written over them.
+    ``sum_sq``: their sum of squares, or ``FROM_OTHERS``: parked by other programs too, so read past L1 (another
+    program's stores are not in this SM's L1) and the sum taken here."""
+    offs_h = tl.arange(0, BLOCK_HEAD)
+    h_mask = offs_h < DV
+    if FROM_OTHERS:
+        o = tl.load(out_row + v_head * DV + offs_h, mask=h_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        sum_sq = tl.sum(o * o, 0)
+    else:
+        o = tl.load(out_row + v_head * DV + offs_h, mask=h_mask, other=0.0).to(tl.float32)
+    z = tl.load(row + (Z_START + v_head * DV + offs_h) * stride_p_c, mask=h_mask, other=0.0)
+    head_w = tl.load(norm_weight + offs_h, mask=h_mask, other=0.0).to(tl.float32)
+    y = _gated_norm(o, tl.rsqrt(sum_sq / DV + eps), z, head_w, dtype, ROUND_WEIGHT_PRODUCT)
+    tl.debug_barrier()  # every thread has read the parked outputs before any thread overwrites them
+    tl.store(out_row + v_head * DV + offs_h, y, mask=h_mask)
 
 
 @triton.jit
@@ -313,25 +373,32 @@ def gated_deltanet_decode(
     fused: bool | None = None,
     block_v: int | None = None,
     prefetch: bool | None = None,
+    split_v: bool | None = None,
 ) -> torch.Tensor:
     """The fused kernel or the unfused ones, with the launch :func:`decode_config` picks for the batch unless
-    ``fused`` / ``block_v`` / ``num_warps`` / ``prefetch`` say otherwise. ``block_v``: the fused kernel's state tile
-    width (a power of two); below V a program walks each value head's tiles in turn (None: the whole head).
-    ``prefetch``: each tile of the walk loaded before the previous tile's math and stores."""
+    ``fused`` / ``block_v`` / ``num_warps`` / ``prefetch`` / ``split_v`` say otherwise. ``block_v``: the fused
+    kernel's state tile width (a power of two); below V a program walks each value head's tiles in turn (None: the
+    whole head), or with ``split_v`` each tile is a program of its own. ``prefetch``: each tile of the walk loaded
+    before the previous tile's math and stores."""
     check_gated_deltanet_decode_args(projected, conv_weight, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     batch = projected.shape[0]
     width = conv_weight.shape[1]
-    default_fused, default_block_v, default_warps, default_prefetch = decode_config(batch)
+    default_fused, default_block_v, default_warps, default_prefetch, default_split = decode_config(batch)
     if not (default_fused if fused is None else fused):
         return _unfused(projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, recurrent_state, state_slots,
                         num_k_heads, head_k_dim, num_v_heads, head_v_dim, eps)
     block_v = triton.next_power_of_2(min(block_v or default_block_v or head_v_dim, head_v_dim))
+    v_blocks = triton.cdiv(head_v_dim, block_v)
+    split_v = (default_split if split_v is None else split_v) and v_blocks > 1
+    if split_v and batch * num_k_heads > SPLIT_COUNTERS:
+        raise ValueError(f"the split GDN decode launch takes at most {SPLIT_COUNTERS} sequences x key heads, got "
+                         f"{batch} x {num_k_heads}")
     num_warps = num_warps or default_warps
     out = torch.empty((batch, num_v_heads * head_v_dim), dtype=projected.dtype, device=projected.device)
     if batch == 0:
         return out
     norm_weight = norm_weight.contiguous()  # [V]: a no-op for a parameter
-    _gated_deltanet_decode_kernel[(batch, num_k_heads)](
+    _gated_deltanet_decode_kernel[(batch, num_k_heads, v_blocks if split_v else 1)](
         projected,
         conv_weight,
         conv_state,
@@ -341,6 +408,7 @@ def gated_deltanet_decode(
         recurrent_state,
         state_slots,
         out,
+        split_counters(projected.device) if split_v else state_slots,  # (unused without SPLIT_V)
         head_k_dim**-0.5,
         eps,
         *projected.stride(),
@@ -356,7 +424,9 @@ def gated_deltanet_decode(
         HIST_P=triton.next_power_of_2(width - 1),
         BLOCK_K=triton.next_power_of_2(head_k_dim),
         BLOCK_V=block_v,
-        V_BLOCKS=triton.cdiv(head_v_dim, block_v),
+        V_BLOCKS=v_blocks,
+        WALK_BLOCKS=1 if split_v else v_blocks,
+        SPLIT_V=split_v,
         BLOCK_HEAD=triton.next_power_of_2(head_v_dim),
         ROUND_WEIGHT_PRODUCT=torch.promote_types(norm_weight.dtype, projected.dtype) == projected.dtype,
         PREFETCH=default_prefetch if prefetch is None else prefetch,
