@@ -589,14 +589,17 @@ def test_gated_deltanet_decode_matches_reference(batch, layout, dtype, state_dty
 
 
 @pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
-@pytest.mark.parametrize("batch,block_v,warps", [(3, 32, 4), (40, 64, 8), (256, 32, 4)])
-def test_gated_deltanet_decode_in_v_tiles_matches_reference(layout, batch, block_v, warps):
+@pytest.mark.parametrize("batch,block_v,warps,split_v", [(3, 32, 4, False), (40, 64, 8, False), (256, 32, 4, False),
+                                                         (1, 32, 4, True), (8, 32, 4, True)])
+def test_gated_deltanet_decode_in_v_tiles_matches_reference(layout, batch, block_v, warps, split_v):
     """The fused kernel walking each value head's state in ``block_v``-wide tiles (the gated norm over the outputs
     parked in ``out``) with the warps the launch rule pairs with each tile, at small, mid and large batch (256, the
-    rule's last fused batch): against the reference."""
+    rule's last fused batch); and with the tiles over programs (``split_v``: the last program of each key head writes
+    q and k's history and the gated norms) three steps in a row on the same pools, the per-key-head counts left at
+    zero: against the reference."""
     from ops.triton import gated_deltanet_kernels
 
-    gen = _seeded(batch * 7 + block_v)
+    gen = _seeded(batch * 7 + block_v + split_v)
     hk, hv, dk, dv = layout
     num_slots = batch + 2
     slots = torch.cat([_live_slots(gen, batch, num_slots), torch.zeros(2, dtype=torch.int32, device=DEV)])
@@ -604,40 +607,16 @@ def test_gated_deltanet_decode_in_v_tiles_matches_reference(layout, batch, block
         gen, batch + 2, layout, torch.bfloat16, torch.float32, num_slots, True)
     want_conv, want_rec = conv_state.clone(), rec_state.clone()
     heads = (hk, dk, hv, dv, 1e-6)
-    want = gated_deltanet_decode.gated_deltanet_decode_reference(
-        projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *heads)
-    got = gated_deltanet_kernels.gated_deltanet_decode(
-        projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *heads, num_warps=warps,
-        fused=True, block_v=block_v)
-    torch.testing.assert_close(got[:batch], want[:batch], **TOL[torch.bfloat16])
-    _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
-
-
-@pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
-@pytest.mark.parametrize("batch", [1, 8])
-def test_gated_deltanet_decode_split_v_matches_reference(layout, batch):
-    """The V tiles over programs (``split_v``: tiles of 32 at 4 warps, the last program of each key head writing q and
-    k's history and the gated norms), three steps in a row on the same pools, padding lanes on the null slot: each
-    step against the reference, and the per-key-head counts left at zero."""
-    from ops.triton import gated_deltanet_kernels
-
-    gen = _seeded(batch * 11 + 5)
-    hk, hv, dk, dv = layout
-    num_slots = batch + 2
-    slots = torch.cat([_live_slots(gen, batch, num_slots), torch.zeros(2, dtype=torch.int32, device=DEV)])
-    projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state = _gated_deltanet_inputs(
-        gen, batch + 2, layout, torch.bfloat16, torch.float32, num_slots, True)
-    want_conv, want_rec = conv_state.clone(), rec_state.clone()
-    heads = (hk, dk, hv, dv, 1e-6)
-    for _ in range(3):
+    for _ in range(3 if split_v else 1):
         want = gated_deltanet_decode.gated_deltanet_decode_reference(
             projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *heads)
         got = gated_deltanet_kernels.gated_deltanet_decode(
-            projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *heads, num_warps=4,
-            fused=True, block_v=32, prefetch=False, split_v=True)
+            projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *heads,
+            num_warps=warps, fused=True, block_v=block_v, split_v=split_v)
         torch.testing.assert_close(got[:batch], want[:batch], **TOL[torch.bfloat16])
         _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
-    assert int(gated_deltanet_kernels.split_counters(projected.device).abs().sum()) == 0
+    if split_v:
+        assert int(gated_deltanet_kernels.split_counters(projected.device).abs().sum()) == 0
 
 
 @QUICK
