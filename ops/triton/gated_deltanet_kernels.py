@@ -82,13 +82,13 @@ from ops.triton.pdl import pdl_flags
 # sequences V tiles of 64 (8 warps) beat them by 10%; from 32 tiles of 32 (4 warps, no spills, two programs an SM)
 # beat whole heads by 7-9% at 32-64 and the unfused kernels at every batch timed: by 10-22% at 32-64, 7.6% at 128
 # and 2.4% at 256 (49.0 / 91.5 / 175.6 µs against 58.0 / 99.0 / 179.8 at 64 / 128 / 256). Past 256 (untimed with
-# the tiles in walk order) the unfused kernels. The last field: each tile's loads issued before the previous tile's
+# the tiles in walk order) the unfused kernels. The fourth field: each tile's loads issued before the previous tile's
 # math and stores (the kernel's ``PREFETCH``; it acts only where a program walks several tiles: V tiles, or G > 1
 # value heads). Off for the tiles: the second tile in registers costs them programs an SM, and one call per graph
 # they lost with it by 7-14% at 32-256 sequences (at 16: tiles of 64 6% slower, of 32 4% faster; it won only at 1-8,
 # where whole heads run). On for whole heads, where it costs no occupancy (one program an SM either way) and acts
-# only at G > 1 (not timed on a G > 1 shape yet). The last field: the V tiles over programs (``SPLIT_V``) instead of
-# walked by one; untimed, so in no entry yet (bench/step_paths.py --gdn-launch 32:4:0:split times it in the graph).
+# only at G > 1 (not timed on a G > 1 shape yet). The fifth: the V tiles over programs (``SPLIT_V``) instead of walked
+# by one; untimed, so in no entry yet (bench/step_paths.py --gdn-launch 32:4:0:split times it in the graph).
 DECODE_LAUNCHES = ((8, None, 8, True, False), (16, 64, 8, False, False), (256, 32, 4, False, False))
 SPLIT_COUNTERS = 64 * 64  # SPLIT_V's per-device counters (sequences x key heads): it serves small batches
 
