@@ -52,7 +52,7 @@ from ops.step import DecodeOutput, HostTokens, SamplingInputs, StepInputs
 from graphs.buckets import BucketPolicy
 from graphs.static_inputs import StaticDecodeInputs, StaticSamplingInputs
 from ops.decode_inputs import advance_decode_inputs
-from ops.library import OPS
+from ops.library import OPS, prepare_device
 from ops.options import CUDA_GRAPH_CAPTURES, current_options
 
 logger = logging.getLogger(__name__)
@@ -340,6 +340,7 @@ class DecodeGraphRunner:
         """
         enable_compile_caches()
         register_inductor_fallbacks(OPS)
+        prepare_device(self.device)  # the kernels' per-device buffers, outside every graph's memory pool
         raise_recompile_limit(len(self.policy) * len(self.variants))
         self._pool = torch.cuda.graph_pool_handle() if self.capture == "runner" else None
         start = time.perf_counter()

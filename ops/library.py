@@ -25,6 +25,17 @@ _exact = getattr(torch.Tag, "needs_exact_strides", None)
 EXACT_STRIDES = (_exact,) if _exact is not None else ()
 
 
+DEVICE_BUFFERS: list[Callable[[torch.device], None]] = []  # kernels' persistent per-device buffers (prepare_device)
+
+
+def prepare_device(device: torch.device) -> None:
+    """Make the kernels' persistent per-device buffers on ``device`` (``DEVICE_BUFFERS``). A buffer made inside a
+    CUDA-graph capture or cudagraph trees' warm-up would live in the graph's private memory pool, so the graph runners
+    call this first."""
+    for make in DEVICE_BUFFERS:
+        make(device)
+
+
 def define_op(
     schema: str,
     *,

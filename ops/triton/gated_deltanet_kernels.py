@@ -10,7 +10,8 @@ q-channels of key head h, its K k-channels, the v-channels of its value heads ``
 value head j reads key head j // G, repeat_interleave), and those value heads' ``[K, V]`` state tiles. So:
   * conv: a program loads the history of its channels, ``tl.debug_barrier()``, then writes the shifted history in
     place (the barrier orders the program's own threads, as in ``_conv_decode_kernel``); no other program reads or
-    writes these channels of this slot, so programs cannot race;
+    writes these channels of this slot, so programs cannot race (but with ``SPLIT_V``, below: there the key head's
+    programs share the q and k channels);
   * recurrent state: each ``[K, V]`` tile is read and written by one program only, and its store depends on
     ``u = (v - S^T k) * beta``, a reduction over the whole loaded tile, so every read precedes every write;
   * padding lanes all point at the null slot 0 and race with each other there by design: nobody reads slot 0.
@@ -70,6 +71,7 @@ import triton.language as tl
 from ops.layouts import (
     check_gated_deltanet_decode_args, check_gated_deltanet_verify_args, gated_deltanet_split_sizes,
 )
+from ops.library import DEVICE_BUFFERS
 from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels
 from ops.triton.conv1d_kernels import conv_apply, conv_load, conv_step, store_history
 from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta
@@ -90,7 +92,7 @@ from ops.triton.pdl import pdl_flags
 # only at G > 1 (not timed on a G > 1 shape yet). The fifth: the V tiles over programs (``SPLIT_V``) instead of walked
 # by one; untimed, so in no entry yet (bench/step_paths.py --gdn-launch 32:4:0:split times it in the graph).
 DECODE_LAUNCHES = ((8, None, 8, True, False), (16, 64, 8, False, False), (256, 32, 4, False, False))
-SPLIT_COUNTERS = 64 * 64  # SPLIT_V's per-device counters (sequences x key heads): it serves small batches
+SPLIT_COUNTERS = 64 * 64  # SPLIT_V's per-device counts (sequences x key heads) made up front: it serves small batches
 
 
 def decode_config(batch: int) -> tuple[bool, int | None, int, bool, bool]:
@@ -107,14 +109,21 @@ def decode_config(batch: int) -> tuple[bool, int | None, int, bool, bool]:
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
-def split_counters(device: torch.device) -> torch.Tensor:
-    """The ``SPLIT_V`` launch's per-(sequence, key head) counts on ``device``: int32 zeros that every launch leaves
-    zero (the last program of each key head resets its count), so one buffer serves every layer and step in stream
-    order. Made on the first split launch on a device, which the runtime's warm-up runs before any CUDA-graph
-    capture."""
-    if device not in _counters:
-        _counters[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+def split_counters(device: torch.device, count: int = SPLIT_COUNTERS) -> torch.Tensor:
+    """The ``SPLIT_V`` launch's per-(sequence, key head) counts on ``device``, at least ``count`` of them: int32
+    zeros that every launch leaves zero (the last program of each key head resets its count), so one buffer serves
+    every layer and step in stream order (one stream a device: the decode graphs'). Made by
+    ``ops.library.prepare_device``, which the graph runners call before compiling; made or grown during a capture it
+    would live in the graph's memory pool, so that raises."""
+    if device not in _counters or _counters[device].numel() < count:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"the split GDN decode's counts ({count}) were not made before this CUDA-graph capture: "
+                               f"call ops.library.prepare_device first")
+        _counters[device] = torch.zeros(max(count, SPLIT_COUNTERS), dtype=torch.int32, device=device)
     return _counters[device]
+
+
+DEVICE_BUFFERS.append(split_counters)
 
 
 @triton.jit
@@ -169,7 +178,7 @@ def _gated_deltanet_decode_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0).to(tl.int64)
     k_head = tl.program_id(1)
-    first_block = tl.program_id(2)  # SPLIT_V: this program's V block of each value head (else 0: it walks them all)
+    first_block = tl.program_id(2) if SPLIT_V else 0  # SPLIT_V: this program's V block of each value head
     offs_k = tl.arange(0, BLOCK_K)
     k_mask = offs_k < DK
     dtype = out.dtype.element_ty
@@ -389,10 +398,10 @@ def gated_deltanet_decode(
                         num_k_heads, head_k_dim, num_v_heads, head_v_dim, eps)
     block_v = triton.next_power_of_2(min(block_v or default_block_v or head_v_dim, head_v_dim))
     v_blocks = triton.cdiv(head_v_dim, block_v)
+    if split_v and v_blocks == 1:
+        raise ValueError(f"split_v splits a value head's V tiles over programs: block_v {block_v} covers V = "
+                         f"{head_v_dim} in one")
     split_v = (default_split if split_v is None else split_v) and v_blocks > 1
-    if split_v and batch * num_k_heads > SPLIT_COUNTERS:
-        raise ValueError(f"the split GDN decode launch takes at most {SPLIT_COUNTERS} sequences x key heads, got "
-                         f"{batch} x {num_k_heads}")
     num_warps = num_warps or default_warps
     out = torch.empty((batch, num_v_heads * head_v_dim), dtype=projected.dtype, device=projected.device)
     if batch == 0:
@@ -408,7 +417,7 @@ def gated_deltanet_decode(
         recurrent_state,
         state_slots,
         out,
-        split_counters(projected.device) if split_v else state_slots,  # (unused without SPLIT_V)
+        split_counters(projected.device, batch * num_k_heads) if split_v else state_slots,  # (unused without SPLIT_V)
         head_k_dim**-0.5,
         eps,
         *projected.stride(),

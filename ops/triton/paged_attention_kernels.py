@@ -5,8 +5,9 @@ Both kernels walk a sequence's cached tokens in tiles of ``BLOCK_N`` tokens, tra
 offset) per token, so any power-of-two ``block_size`` works (also one smaller than the tile), and run an online
 softmax in fp32 (exp2 with ``scale * log2(e)`` folded into the scores). GQA: one program serves all
 ``G = Hq / Hkv`` query heads of a KV head, so each K/V tile is read once per group, not once per query head.
-The query heads of a group are rows of the ``tl.dot`` left operand, padded to at least 16 rows (the smallest
-``tl.dot`` shape); decode is memory-bound, so the padded rows cost arithmetic nobody waits for.
+The query heads of a group are rows of the ``tl.dot`` left operand; the decode kernel pads them to at least 16 rows
+(the smallest ``tl.dot`` M of older Tritons; 3.6 pads M itself, and ``ce::attention_decode`` takes the group's power
+of two: its query norm and RoPE run on every row), which costs arithmetic nobody waits for at decode.
 
 Decode is flash-decoding: grid ``(B, Hkv, NUM_SPLITS)``; split ``s`` covers the ``s``-th slice of the sequence's
 *actual* context (slice length computed on the device from ``context_lens``), so the grid is fixed by static
