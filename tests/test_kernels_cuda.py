@@ -550,6 +550,14 @@ def _gated_deltanet_inputs(gen, rows, layout, dtype, state_dtype, num_slots, str
     return projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state
 
 
+def _gated_deltanet_lanes(gen, layout, batch):
+    """``batch`` live rows on random slots and two padding lanes on the null slot: (slots, the op's inputs) with
+    strided bf16 projected rows and an fp32 state pool."""
+    num_slots = batch + 2
+    slots = torch.cat([_live_slots(gen, batch, num_slots), torch.zeros(2, dtype=torch.int32, device=DEV)])
+    return slots, _gated_deltanet_inputs(gen, batch + 2, layout, torch.bfloat16, torch.float32, num_slots, True)
+
+
 def _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec):
     """Pools but the null slot. The conv state is a shifted copy: exact. The recurrent state: the kernel's and the
     reference's bf16 conv outputs may round a tie apart (fp32 sums in another order), moving a state column by
@@ -589,6 +597,27 @@ def test_gated_deltanet_decode_matches_reference(batch, layout, dtype, state_dty
 
 
 @pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
+def test_gated_deltanet_decode_past_the_fused_rule_matches_reference(layout):
+    """300 sequences, past ``DECODE_LAUNCHES``'s last fused entry (256): the launcher's own pick, the unfused conv +
+    delta rule + norm, against the reference (the property test reaches past 256 only with its padding lanes)."""
+    from ops.triton import gated_deltanet_kernels
+
+    batch = 300
+    assert not gated_deltanet_kernels.decode_config(batch)[0], "300 sequences must be past the fused launches"
+    hk, hv, dk, dv = layout
+    slots, (projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state) = _gated_deltanet_lanes(
+        _seeded(301), layout, batch)
+    want_conv, want_rec = conv_state.clone(), rec_state.clone()
+    heads = (hk, dk, hv, dv, 1e-6)
+    want = gated_deltanet_decode.gated_deltanet_decode_reference(
+        projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *heads)
+    got = torch.ops.ce.gated_deltanet_decode(
+        projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *heads)
+    torch.testing.assert_close(got[:batch], want[:batch], **TOL[torch.bfloat16])
+    _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec)
+
+
+@pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
 @pytest.mark.parametrize("batch,block_v,warps,split_v", [(3, 32, 4, False), (40, 64, 8, False), (256, 32, 4, False),
                                                          (1, 32, 4, True), (8, 32, 4, True)])
 def test_gated_deltanet_decode_in_v_tiles_matches_reference(layout, batch, block_v, warps, split_v):
@@ -599,12 +628,9 @@ def test_gated_deltanet_decode_in_v_tiles_matches_reference(layout, batch, block
     zero: against the reference."""
     from ops.triton import gated_deltanet_kernels
 
-    gen = _seeded(batch * 7 + block_v + split_v)
     hk, hv, dk, dv = layout
-    num_slots = batch + 2
-    slots = torch.cat([_live_slots(gen, batch, num_slots), torch.zeros(2, dtype=torch.int32, device=DEV)])
-    projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state = _gated_deltanet_inputs(
-        gen, batch + 2, layout, torch.bfloat16, torch.float32, num_slots, True)
+    slots, (projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state) = _gated_deltanet_lanes(
+        _seeded(batch * 7 + block_v + split_v), layout, batch)
     want_conv, want_rec = conv_state.clone(), rec_state.clone()
     heads = (hk, dk, hv, dv, 1e-6)
     for _ in range(3 if split_v else 1):
