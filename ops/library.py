@@ -25,7 +25,7 @@ _exact = getattr(torch.Tag, "needs_exact_strides", None)
 EXACT_STRIDES = (_exact,) if _exact is not None else ()
 
 
-DEVICE_BUFFERS: list[Callable[[torch.device], None]] = []  # kernels' persistent per-device buffers (prepare_device)
+DEVICE_BUFFERS: list[Callable[[torch.device], object]] = []  # makers of kernels' per-device buffers (prepare_device)
 
 
 def prepare_device(device: torch.device) -> None:
