@@ -292,17 +292,12 @@ def _child_checks() -> dict:
         rec_state = torch.randn(num_slots, v_heads, dk, dv)
         want_conv, want_rec = conv_state.clone(), rec_state.clone()
         args = (k_heads, dk, v_heads, dv, 1e-6)
-        for _ in range(repeats - 1):  # earlier steps on the same rows (the reference replays them too)
-            gated_deltanet_decode.gated_deltanet_decode_reference(
+        for _ in range(repeats):  # steps on the same rows; the last step's output is compared
+            want = gated_deltanet_decode.gated_deltanet_decode_reference(
                 projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *args)
-            gated_deltanet_kernels.gated_deltanet_decode(
+            got = gated_deltanet_kernels.gated_deltanet_decode(
                 projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *args, fused=fused,
                 block_v=block_v, prefetch=prefetch, split_v=split_v)
-        want = gated_deltanet_decode.gated_deltanet_decode_reference(
-            projected, conv_weight, want_conv, A_log, dt_bias, norm_weight, want_rec, slots, *args)
-        got = gated_deltanet_kernels.gated_deltanet_decode(
-            projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *args, fused=fused,
-            block_v=block_v, prefetch=prefetch, split_v=split_v)
         assert got.shape == (batch, v_heads * dv) and got.is_contiguous()
         if split_v:  # the launch made its counts (else this check would make them) and left them at zero
             counters = gated_deltanet_kernels._counters[projected.device]
