@@ -646,11 +646,16 @@ def test_gated_deltanet_decode_in_v_tiles_matches_reference(layout, batch, block
 
 
 @QUICK
-def test_gated_deltanet_decode_replays_in_cuda_graph_with_new_inputs():
+@pytest.mark.parametrize("batch", [3, 8])
+def test_gated_deltanet_decode_replays_in_cuda_graph_with_new_inputs(batch):
     """Captured once, replayed with new projected rows and new slots (padding lanes on the second replay): each
-    replay equals the reference run on clones of the pools. Hv = 2 Hk, strided projected rows."""
-    gen = _seeded(12)
-    batch, layout = 8, LINEAR_LAYOUTS[1]
+    replay equals the reference run on clones of the pools. Hv = 2 Hk, strided projected rows. At 3 sequences the
+    rule's launch splits each head's V tiles over programs (its per-head counts must be back at zero after every
+    replay for the next one to pick its last program), at 8 it runs whole heads."""
+    from ops.triton import gated_deltanet_kernels
+
+    gen = _seeded(12 + batch)
+    layout = LINEAR_LAYOUTS[1]
     hk, hv, dk, dv = layout
     num_slots = 2 * batch + 1
     projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state = _gated_deltanet_inputs(
@@ -662,6 +667,7 @@ def test_gated_deltanet_decode_replays_in_cuda_graph_with_new_inputs():
         return torch.ops.ce.gated_deltanet_decode(
             projected, conv_weight, conv_state, A_log, dt_bias, norm_weight, rec_state, slots, *heads)
 
+    assert gated_deltanet_kernels.decode_config(batch)[4] == (batch <= 4) and dv > 32, "the rule's launch changed"
     step()  # compile the kernel outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -375,13 +375,21 @@ def paged_attention_decode(
     num_splits: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
+    query_rows: int | None = None,
 ) -> torch.Tensor:
+    """The op's CUDA kernel; ``num_splits``, ``block_n``, ``num_warps`` and ``query_rows`` override the defaults
+    (``decode_num_splits``, ``_tile_n``, 4 warps, the query tile's rows: the GQA group rounded up to a power of two,
+    as ce::attention_decode's; Triton pads the ``tl.dot``'s M side to the mma's 16 itself)."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     out = q.new_empty(q.shape)  # contiguous, like the reference's output (the fake kernel matches it)
     if batch == 0:
         return out
     group = num_q_heads // num_kv_heads
+    if query_rows is None:
+        query_rows = triton.next_power_of_2(group)
+    elif query_rows < group or query_rows & (query_rows - 1):
+        raise ValueError(f"query_rows must be a power of two >= the GQA group ({group}), got {query_rows}")
     if num_splits is None:
         num_splits = decode_num_splits(batch, num_kv_heads, block_tables.shape[1], block_size, q.device)
     if block_n is None:
@@ -411,7 +419,7 @@ def paged_attention_decode(
         *out.stride(),
         NUM_Q_HEADS=num_q_heads,
         GROUP=group,
-        GROUP_P=max(16, triton.next_power_of_2(group)),
+        GROUP_P=query_rows,
         HEAD_DIM=head_dim,
         HEAD_DIM_P=head_dim_p,
         BLOCK_SIZE=block_size,
