@@ -56,7 +56,7 @@ from graphs.decode_graph import private_copy, raise_recompile_limit, register_in
 from graphs.static_inputs import host_visible
 from ops.argmax import argmax_op
 from ops.layouts import verify_cu_seqlens
-from ops.library import NULL_BLOCK, NULL_SLOT, OPS
+from ops.library import NULL_BLOCK, NULL_SLOT, OPS, prepare_device
 from ops.sample import sample_op
 from ops.step import SamplingInputs, StepInputs
 
@@ -521,6 +521,7 @@ class SpeculativeRound:
     def warmup(self) -> None:
         """Compile (and capture) every bucket in every variant, largest first."""
         start = time.perf_counter()
+        prepare_device(self.device)  # the kernels' per-device buffers, outside every graph's memory pool
         pool = torch.cuda.graph_pool_handle() if self.captured else None
         for bucket in reversed(self.policy.sizes):
             self._pack([], [], None, bucket)  # every row padding: the null slot and block, greedy rows
