@@ -9,7 +9,9 @@ then timed as 20 calls in one CUDA graph (median of the replays; the reduce kern
 bytes the call reads at the copy bandwidth measured in the same process. ``--early-loads`` times only the default
 config, with the step's inputs and first key tile read before the PDL wait and without (in this chain the kernel
 before each call is the previous call's reduce kernel, not qkv_proj); ``--query-rows``, the default config with the
-query tile padded to 16 rows (the mma's M) and at the GQA group's power of two (the default).
+query tile padded to 16 rows (the mma's M) and at the GQA group's power of two (the default); ``--splits 64,128,256``,
+the default config at each of those split counts (past ``MAX_SPLITS``, the rule's ceiling, the reduce kernel merges
+its partials in chunks of ``MERGE_CHUNK``).
 
     python bench/attention_decode_sweep.py --out DIR [--cases 1x8192,16x8192,64x8192] [--early-loads]
 
@@ -79,6 +81,8 @@ def main() -> None:
                         help="time only the default config, with and without the kernel's EARLY_LOADS")
     parser.add_argument("--query-rows", action="store_true",
                         help="time only the default config, with the query tile padded to 16 rows and without")
+    parser.add_argument("--splits", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="time only the default config at each of these split counts (the default's too)")
     parser.add_argument("--ncu", action="store_true", help="profile one call of each case's default config instead")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -101,6 +105,8 @@ def main() -> None:
             grid = [chosen + (False, None), chosen + (True, None)]
         if args.query_rows:
             grid = [chosen + (None, 16), chosen + (None, None)]
+        if args.splits:
+            grid = [chosen + (None, None)] + [(n,) + chosen[1:] + (None, None) for n in args.splits if n != splits]
         for num_splits, block_n, warps, stages, early, rows in grid:
             config = {"splits": num_splits, "block_n": block_n, "num_warps": warps, "num_stages": stages,
                       "early_loads": early, "query_rows": rows, "chosen": (num_splits, block_n, warps, stages) == chosen

@@ -5,15 +5,15 @@ Both kernels walk a sequence's cached tokens in tiles of ``BLOCK_N`` tokens, tra
 offset) per token, so any power-of-two ``block_size`` works (also one smaller than the tile), and run an online
 softmax in fp32 (exp2 with ``scale * log2(e)`` folded into the scores). GQA: one program serves all
 ``G = Hq / Hkv`` query heads of a KV head, so each K/V tile is read once per group, not once per query head.
-The query heads of a group are rows of the ``tl.dot`` left operand; the decode kernel pads them to at least 16 rows
-(the smallest ``tl.dot`` M of older Tritons; 3.6 pads M itself, and ``ce::attention_decode`` takes the group's power
-of two: its query norm and RoPE run on every row), which costs arithmetic nobody waits for at decode.
+The query heads of a group are rows of the ``tl.dot`` left operand, the group rounded up to a power of two (Triton
+pads a dot's M side to the mma's 16 itself; older Tritons asked for M >= 16, and the decode kernels padded to it).
 
 Decode is flash-decoding: grid ``(B, Hkv, NUM_SPLITS)``; split ``s`` covers the ``s``-th slice of the sequence's
 *actual* context (slice length computed on the device from ``context_lens``), so the grid is fixed by static
 shapes (CUDA-graph capturable, no host sync) while the work stays balanced for any context length. With one
 split the kernel writes the normalised output itself; otherwise a reduce kernel merges the per-split
-(max, sum, accumulator) triples (:func:`_merge_splits`). ``context_len == 0`` (padding lane) gives zeros.
+(max, sum, accumulator) triples (:func:`_merge_splits`, in chunks of ``MERGE_CHUNK`` splits past that many).
+``context_len == 0`` (padding lane) gives zeros.
 ``ce::attention_decode`` (ops/triton/attention_decode_kernels.py) reuses the tile helpers, the partials' layout and
 the reduce kernel.
 
@@ -146,13 +146,20 @@ def _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, a
     tl.store(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask[:, None] & d_mask[None, :])
 
 
+MERGE_CHUNK = tl.constexpr(64)  # the most splits whose [splits, D] fp32 accumulators a reduce program loads as a tile
+
+
 @triton.jit
-def _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM: tl.constexpr):
+def _merge_splits(part_acc, part_max, part_sum, row0, offs_d, d_mask, HEAD_DIM: tl.constexpr,
+                  HEAD_DIM_P: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_SPLITS_P: tl.constexpr):
     """One query head's attention output ``[HEAD_DIM_P]`` (fp32) from its splits' (max, sum, accumulator) triples,
-    which ``_store_partials`` wrote at rows ``row0 + offs_s`` of ``[B * Hq * NUM_SPLITS]``."""
-    row = row0 + offs_s
-    m = tl.load(part_max + row, mask=s_mask, other=NEG_BIG)
-    l = tl.load(part_sum + row, mask=s_mask, other=0.0)
+    which ``_store_partials`` wrote at rows ``row0 ..`` of ``[B * Hq * NUM_SPLITS]``. Past ``MERGE_CHUNK`` splits
+    the accumulators are summed a chunk at a time, in a loop: one [64, D] fp32 tile live at once (at D = 256, 4 warps,
+    ptxas for sm_90: at most 168 registers, no spill, at 64 to 256 splits; the chunks unrolled spill at 256)."""
+    offs_s = tl.arange(0, NUM_SPLITS_P)
+    s_mask = offs_s < NUM_SPLITS
+    m = tl.load(part_max + row0 + offs_s, mask=s_mask, other=NEG_BIG)
+    l = tl.load(part_sum + row0 + offs_s, mask=s_mask, other=0.0)
     m_all = tl.max(m, 0)
     # Empty splits have m = NEG_BIG and l = acc = 0, so their weight is exp2(NEG_BIG - m_all) = 0 whenever any
     # split saw a key, and the sum is 0 (-> zeros) when none did (padding lane).
@@ -162,9 +169,21 @@ def _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_
     # acc = +0.0, which is what the masked load returns: skipping those rows changes no bit and saves their traffic
     # (most splits are empty at short contexts: batch 1 has 64 splits of >= 64 tokens). ``!=``, not ``>``: a NaN sum
     # still loads its row (NaN in, NaN out, as before).
-    acc = tl.load(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=(s_mask & (l != 0.0))[:, None] & d_mask[None, :], other=0.0)
-    return tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    if NUM_SPLITS_P <= MERGE_CHUNK:
+        acc = tl.load(part_acc + (row0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=(s_mask & (l != 0.0))[:, None] & d_mask[None, :], other=0.0)
+        out = tl.sum(acc * w[:, None], 0)
+    else:  # the chunk's own weights from its rows again (a register tensor cannot be sliced)
+        out = tl.zeros([HEAD_DIM_P], dtype=tl.float32)
+        for c in range(NUM_SPLITS_P // MERGE_CHUNK):
+            offs_c = c * MERGE_CHUNK + tl.arange(0, MERGE_CHUNK)
+            c_mask = offs_c < NUM_SPLITS
+            m_c = tl.load(part_max + row0 + offs_c, mask=c_mask, other=NEG_BIG)
+            l_c = tl.load(part_sum + row0 + offs_c, mask=c_mask, other=0.0)
+            acc = tl.load(part_acc + (row0 + offs_c)[:, None] * HEAD_DIM + offs_d[None, :],
+                          mask=(c_mask & (l_c != 0.0))[:, None] & d_mask[None, :], other=0.0)
+            out += tl.sum(acc * tl.exp2(m_c - m_all)[:, None], 0)
+    return out / tl.where(total > 0, total, 1.0)
 
 
 @triton.jit
@@ -286,14 +305,13 @@ def _paged_decode_reduce_kernel(
         tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    offs_s = tl.arange(0, NUM_SPLITS_P)
     offs_d = tl.arange(0, HEAD_DIM_P)
-    s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
     row0 = (seq * NUM_Q_HEADS + head) * NUM_SPLITS
     if GATED:  # issued with the first partials' loads, not after the merge: one round trip to memory fewer
         gate = tl.load(gate_ptr + seq * stride_g_b + head * stride_g_h + offs_d * stride_g_d, mask=d_mask, other=0.0)
-    out = _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM)
+    out = _merge_splits(part_acc, part_max, part_sum, row0, offs_d, d_mask, HEAD_DIM, HEAD_DIM_P, NUM_SPLITS,
+                        NUM_SPLITS_P)
     if GATED:
         out = _sigmoid_gated(out, gate, out_ptr.dtype.element_ty)
     tl.store(out_ptr + seq * stride_o_b + head * stride_o_h + offs_d * stride_o_d,
@@ -320,17 +338,20 @@ def _tile_n(head_dim: int, element_size: int) -> int:
     return max(16, min(64, 32768 // (triton.next_power_of_2(head_dim) * element_size)))
 
 
+MAX_SPLITS = 64  # decode_num_splits' ceiling (the kernels and the reduce take more: bench/attention_decode_sweep.py)
+
+
 def decode_num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: int, device: torch.device) -> int:
     """Number of context splits, from static shapes only (CUDA-graph safe).
 
     Enough (batch x kv_head x split) programs to fill the GPU about twice, but splits of at least 64 tokens of
-    the longest possible context (the block table's width), at most 64, and a power of two (fewer compiled
-    variants; the reduce kernel loads all splits in one tile). Fewer splits leave a batch-1 decode slower
-    (bench/NOTES.md, "Paged attention tile and splits").
+    the longest possible context (the block table's width), at most ``MAX_SPLITS``, and a power of two (fewer
+    compiled variants). Fewer splits leave a batch-1 decode slower (bench/NOTES.md, "Paged attention tile and
+    splits").
     """
     want = triton.cdiv(2 * _sm_count(device), max(1, batch * kv_heads))
     cap = triton.cdiv(max_blocks * block_size, 64)
-    splits = max(1, min(want, cap, 64))
+    splits = max(1, min(want, cap, MAX_SPLITS))
     return 1 << (splits.bit_length() - 1)
 
 
