@@ -200,8 +200,8 @@ def _paged_decode_kernel(
     q_ptr,
     k_cache,
     v_cache,
-    block_tables,
-    context_lens,
+    block_tables,  # [B / ROWS_PER_SEQ, max_blocks]
+    context_lens,  # [B / ROWS_PER_SEQ]
     out_ptr,
     part_acc,  # [B, Hq, NUM_SPLITS, D] fp32 (unused when NUM_SPLITS == 1)
     part_max,  # [B, Hq, NUM_SPLITS] fp32
@@ -232,12 +232,16 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    ROWS_PER_SEQ: tl.constexpr,  # query rows a sequence: 1 (decode), or a verify's k + 1 rows, each its own prefix
 ):
-    seq = tl.program_id(0).to(tl.int64)
+    seq = tl.program_id(0).to(tl.int64)  # the query row (q, out and the partials are by row)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
-    context_len = tl.load(context_lens + seq)
+    # Row j of a sequence's R rows holds position context_len - R + j: its causal prefix is context_len - R + j + 1
+    # tokens of the sequence's table (a verify's rows; at R = 1 the decode query and its whole context).
+    owner = seq // ROWS_PER_SEQ
+    context_len = tl.maximum(tl.load(context_lens + owner) - (ROWS_PER_SEQ - 1 - seq % ROWS_PER_SEQ), 0)
     # This split's slice of the actual context, a whole number of tiles.
     per_split = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
@@ -261,7 +265,7 @@ def _paged_decode_kernel(
     m_i = tl.full([GROUP_P], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([GROUP_P], dtype=tl.float32)
     acc = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
-    m_i, l_i, acc = _attend_range(q, k_cache, v_cache, block_tables + seq * stride_bt_b, stride_bt_n, start, end,
+    m_i, l_i, acc = _attend_range(q, k_cache, v_cache, block_tables + owner * stride_bt_b, stride_bt_n, start, end,
                                   kv_head, offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head,
                                   stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, m_i,
                                   l_i, acc, scale_log2, m_i, BLOCK_SIZE, BLOCK_N, DOT_FP32, False)  # no query positions
@@ -390,19 +394,25 @@ def paged_attention_decode(
     q: torch.Tensor,  # [B, Hq, D]
     k_cache: torch.Tensor,  # [NB, BS, Hkv, D]
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # [B, max_blocks] int32
-    context_lens: torch.Tensor,  # [B] int32
+    block_tables: torch.Tensor,  # [B / rows_per_seq, max_blocks] int32
+    context_lens: torch.Tensor,  # [B / rows_per_seq] int32
     scale: float,
     num_splits: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
     query_rows: int | None = None,
+    rows_per_seq: int = 1,
 ) -> torch.Tensor:
     """The op's CUDA kernel; ``num_splits``, ``block_n``, ``num_warps`` and ``query_rows`` override the defaults
     (``decode_num_splits``, ``_tile_n``, 4 warps, the query tile's rows: the GQA group rounded up to a power of two,
-    as ce::attention_decode's; Triton pads the ``tl.dot``'s M side to the mma's 16 itself)."""
+    as ce::attention_decode's; Triton pads the ``tl.dot``'s M side to the mma's 16 itself). ``rows_per_seq`` R: q's
+    rows come R a sequence (a verify step's), row j of a sequence attending to its first ``context_len - R + j + 1``
+    tokens, each its own decode query; the tables and lengths are the sequences'."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
+    if batch != rows_per_seq * context_lens.shape[0] or block_tables.shape[0] < context_lens.shape[0]:
+        raise ValueError(f"paged_attention_decode: {batch} query rows, {rows_per_seq} a sequence, for "
+                         f"{context_lens.shape[0]} context lengths and {block_tables.shape[0]} block tables")
     out = q.new_empty(q.shape)  # contiguous, like the reference's output (the fake kernel matches it)
     if batch == 0:
         return out
@@ -447,6 +457,7 @@ def paged_attention_decode(
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
         DOT_FP32=_dot_fp32(q, k_cache),
+        ROWS_PER_SEQ=rows_per_seq,
         num_warps=num_warps,
     )
     if num_splits > 1:
@@ -669,9 +680,7 @@ def paged_attention_verify(
     if by_rows is None:
         by_rows = verify_by_rows(num_seqs, k_cache.shape[2], q.device)
     if by_rows:  # row j of a sequence holds position context_len - R + j: its causal prefix is that long + 1
-        offsets = torch.arange(1 - rows_per_seq, 1, dtype=torch.int32, device=q.device)
-        lens = (context_lens[:, None] + offsets[None, :]).clamp_min(0).reshape(-1)
-        return paged_attention_decode(q, k_cache, v_cache, block_tables.repeat_interleave(rows_per_seq, dim=0), lens,
-                                      scale)
+        return paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                      rows_per_seq=rows_per_seq)
     return paged_attention_prefill(q, k_cache, v_cache, verify_cu_seqlens(num_seqs, rows_per_seq, q.device),
                                    context_lens, block_tables, scale, _verify_tile(q.shape[-1], _dot_fp32(q, k_cache)))
