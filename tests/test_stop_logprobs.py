@@ -25,6 +25,10 @@ from tests import hf_models
 
 ce = torch.ops.ce
 GREEDY = dict(temperature=0.0, ignore_eos=True)
+# Our fp32 forward and HF's fp32 forward of the same ~50 tokens round apart: up to 1.1e-4 in a log-probability on
+# some CPUs (a Sapphire Rapids core; the landed CI's passed at 1e-4), where a temperature-scaled or another row's
+# distribution is off by O(0.1-1).
+LOGPROB_TOL = 3e-4
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +201,9 @@ def test_logprobs_are_the_models_log_softmax(llm, tiny_path, overlap, split):
         logits = hf_models.hf_logits(model, prompt + out.token_ids)
         oracle = torch.log_softmax(logits.double(), dim=-1)[len(prompt) - 1 : -1]
         for row, entry in zip(oracle, out.logprobs):
-            assert math.isclose(entry.logprob, row[entry.token_id].item(), abs_tol=1e-4)
+            assert math.isclose(entry.logprob, row[entry.token_id].item(), abs_tol=LOGPROB_TOL)
             assert len(entry.top) == p.logprobs
             kth = row.sort(descending=True).values[p.logprobs - 1].item() if p.logprobs else math.inf
             for token, value in entry.top:
-                assert math.isclose(value, row[token].item(), abs_tol=1e-4) and value >= kth - 1e-4
+                assert math.isclose(value, row[token].item(), abs_tol=LOGPROB_TOL) and value >= kth - LOGPROB_TOL
             assert [v for _, v in entry.top] == sorted((v for _, v in entry.top), reverse=True)
