@@ -394,8 +394,8 @@ def paged_attention_decode(
     q: torch.Tensor,  # [B, Hq, D]
     k_cache: torch.Tensor,  # [NB, BS, Hkv, D]
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # [B / rows_per_seq, max_blocks] int32
-    context_lens: torch.Tensor,  # [B / rows_per_seq] int32
+    block_tables: torch.Tensor,  # [>= B / rows_per_seq, max_blocks] int32
+    context_lens: torch.Tensor,  # [>= B / rows_per_seq] int32
     scale: float,
     num_splits: int | None = None,
     block_n: int | None = None,
@@ -410,7 +410,8 @@ def paged_attention_decode(
     tokens, each its own decode query; the tables and lengths are the sequences'."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    if batch != rows_per_seq * context_lens.shape[0] or block_tables.shape[0] < context_lens.shape[0]:
+    sequences = batch // rows_per_seq
+    if batch % rows_per_seq or min(context_lens.shape[0], block_tables.shape[0]) < sequences:
         raise ValueError(f"paged_attention_decode: {batch} query rows, {rows_per_seq} a sequence, for "
                          f"{context_lens.shape[0]} context lengths and {block_tables.shape[0]} block tables")
     out = q.new_empty(q.shape)  # contiguous, like the reference's output (the fake kernel matches it)
