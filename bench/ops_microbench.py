@@ -286,11 +286,12 @@ def run(args) -> dict:
         # the fused kernel with whole heads (8 warps), the unfused kernels, the fused kernel in V tiles of 64 (8 warps)
         # and 32 (4 warps: at 4 warps, tiles of 64 spill), the tiles also with their loads in walk order (no prefetch),
         # and so whole heads where a program walks more than one (G > 1)
-        # and the tiles of 32 and 64 over programs (split: the last program of a key head writes its q/k history and
+        # and the tiles of 16, 32 and 64 over programs (split: the last program of a key head writes its q/k history and
         # norms)
         variants = [(True, 8, None, True), (False, 8, None, True), (True, 8, 64, True), (True, 8, 64, False),
                     (True, 4, 32, True), (True, 4, 32, False)] + ([(True, 8, None, False)] if hv > hk else [])
-        variants = [v + (False,) for v in variants] + [(True, 4, 32, False, True), (True, 8, 64, False, True)]
+        variants = [v + (False,) for v in variants] + [(True, 2, 16, False, True), (True, 4, 32, False, True),
+                                                        (True, 8, 64, False, True)]
         sweep = [(True, 4, None, True, False), (True, 16, None, True, False)] if args.sweep else []
         for fused, warps, block_v, prefetch, split_v in variants + sweep:
             us = timed(f"gated_deltanet_decode fused={fused} warps={warps} block_v={block_v} prefetch={prefetch} "
