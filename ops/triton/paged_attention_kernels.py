@@ -154,8 +154,8 @@ def _merge_splits(part_acc, part_max, part_sum, row0, offs_d, d_mask, HEAD_DIM: 
                   HEAD_DIM_P: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_SPLITS_P: tl.constexpr):
     """One query head's attention output ``[HEAD_DIM_P]`` (fp32) from its splits' (max, sum, accumulator) triples,
     which ``_store_partials`` wrote at rows ``row0 ..`` of ``[B * Hq * NUM_SPLITS]``. Past ``MERGE_CHUNK`` splits
-    the accumulators are summed a chunk at a time, in a loop: one [64, D] fp32 tile live at once (at D = 256, 4 warps,
-    ptxas for sm_90: at most 168 registers, no spill, at 64 to 256 splits; the chunks unrolled spill at 256)."""
+    the accumulators are summed a chunk at a time, in a loop (not unrolled), so that one [MERGE_CHUNK, D] fp32 tile is
+    live at once and the program does not spill."""
     offs_s = tl.arange(0, NUM_SPLITS_P)
     s_mask = offs_s < NUM_SPLITS
     m = tl.load(part_max + row0 + offs_s, mask=s_mask, other=NEG_BIG)
