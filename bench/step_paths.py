@@ -9,7 +9,7 @@ time from the previous kernel's end to its own end (bench/latency.py ``critical_
 to its span. Kernels are grouped by name (the grid differs with the batch); the table gives each group's charged µs a
 step at every batch, largest growth over the first batch first. CUDA only. ``--gdn-launch`` runs every batch with one
 GDN decode launch (gated_deltanet_kernels.DECODE_LAUNCHES replaced for the process): the launch rule's data in the
-graph, where each kernel overlaps its neighbours.
+graph, where each kernel overlaps its neighbours. ``--max-splits`` does the same for the attention's split ceiling.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 
 from bench.common import Context, Options, random_prompt
 from bench.latency import profiled_critical_path
-from ops.triton import gated_deltanet_kernels
+from ops.triton import gated_deltanet_kernels, paged_attention_kernels
 
 
 def _group(kernel: str) -> str:
@@ -92,11 +92,15 @@ def main() -> None:
                    help="the GDN decode's launch at every batch instead of gated_deltanet_kernels.DECODE_LAUNCHES's: "
                         "'BLOCK_V:WARPS:PREFETCH[:split]' for the fused kernel (BLOCK_V 'head': whole heads; PREFETCH "
                         "0/1; split: the V tiles over programs), or 'unfused'")
+    p.add_argument("--max-splits", type=int, default=None,
+                   help="the attention's split ceiling instead of paged_attention_kernels.MAX_SPLITS's (a power of two)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.gdn_launch:
         gated_deltanet_kernels.DECODE_LAUNCHES = _gdn_launches(args.gdn_launch)
+    if args.max_splits:
+        paged_attention_kernels.MAX_SPLITS = args.max_splits
     ctx = Context(Options(model=args.model, device="cuda", dtype="bfloat16"))
     # The replays advance every sequence one position each: the block tables must reach the last one.
     ctx.require(max(batches), max(args.max_model_len or 0, args.context + args.replays + 64))
