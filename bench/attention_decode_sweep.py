@@ -9,9 +9,8 @@ then timed as 20 calls in one CUDA graph (median of the replays; the reduce kern
 bytes the call reads at the copy bandwidth measured in the same process. ``--early-loads`` times only the default
 config, with the step's inputs and first key tile read before the PDL wait and without (in this chain the kernel
 before each call is the previous call's reduce kernel, not qkv_proj); ``--query-rows``, the default config with the
-query tile padded to 16 rows (the mma's M) and at the GQA group's power of two (the default); ``--splits 64,128,256``,
-the default config at each of those split counts (past ``MAX_SPLITS``, the rule's ceiling, the reduce kernel merges
-its partials in chunks of ``MERGE_CHUNK``).
+query tile padded to 16 rows (the mma's M) and at the GQA group's power of two (the default); ``--splits 16,32,64``,
+the default config at each of those split counts.
 
     python bench/attention_decode_sweep.py --out DIR [--cases 1x8192,16x8192,64x8192] [--early-loads]
 

@@ -174,27 +174,6 @@ def test_paged_attention_decode_matches_reference(
     assert torch.all(got[lens == 0] == 0), "padding lanes (context 0) must be zeros"
 
 
-@pytest.mark.parametrize("num_splits", [128, 200, 256])
-def test_paged_attention_decode_past_a_merge_chunk_matches_reference(num_splits):
-    """More splits than the reduce kernel merges as one tile (``MERGE_CHUNK``, 64): the partials merged chunk by
-    chunk, at the model's layout, contexts 8,192 (every split holds keys), 3,000 and 0 (a padding lane)."""
-    from ops.triton import paged_attention_kernels
-
-    gen = _seeded(num_splits)
-    hq, hkv, d = ATTN_LAYOUTS[0]
-    context_lens = [8192, 3000, 0]
-    num_blocks, tables = _paged_layout(gen, context_lens, 16, 0)
-    k_cache = _randn(gen, num_blocks, 16, hkv, d, dtype=torch.bfloat16)
-    v_cache = _randn(gen, num_blocks, 16, hkv, d, dtype=torch.bfloat16)
-    q = _randn(gen, len(context_lens), hq, d, dtype=torch.bfloat16)
-    lens = torch.tensor(context_lens, dtype=torch.int32, device=DEV)
-    want = paged_attention.paged_attention_decode_reference(q, k_cache, v_cache, tables, lens, d**-0.5)
-    got = paged_attention_kernels.paged_attention_decode(q, k_cache, v_cache, tables, lens, d**-0.5,
-                                                         num_splits=num_splits)
-    torch.testing.assert_close(got, want, **TOL[torch.bfloat16])
-    assert torch.all(got[2] == 0), "a padding lane (context 0) must be zeros"
-
-
 # The prefill kernel's compiled variants, (Hq, Hkv, D), block size, dtype: the model's (the quick case), then head
 # dim 128 with GQA 8 and 3, 32-token blocks and fp32 (the dtype of the compile tests' model).
 PAGED_PREFILL_VARIANTS = cases(

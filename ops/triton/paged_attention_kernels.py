@@ -12,8 +12,7 @@ Decode is flash-decoding: grid ``(B, Hkv, NUM_SPLITS)``; split ``s`` covers the 
 *actual* context (slice length computed on the device from ``context_lens``), so the grid is fixed by static
 shapes (CUDA-graph capturable, no host sync) while the work stays balanced for any context length. With one
 split the kernel writes the normalised output itself; otherwise a reduce kernel merges the per-split
-(max, sum, accumulator) triples (:func:`_merge_splits`, in chunks of ``MERGE_CHUNK`` splits past that many).
-``context_len == 0`` (padding lane) gives zeros.
+(max, sum, accumulator) triples (:func:`_merge_splits`). ``context_len == 0`` (padding lane) gives zeros.
 ``ce::attention_decode`` (ops/triton/attention_decode_kernels.py) reuses the tile helpers, the partials' layout and
 the reduce kernel.
 
@@ -146,20 +145,13 @@ def _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, a
     tl.store(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask[:, None] & d_mask[None, :])
 
 
-MERGE_CHUNK = tl.constexpr(64)  # the most splits whose [splits, D] fp32 accumulators a reduce program loads as a tile
-
-
 @triton.jit
-def _merge_splits(part_acc, part_max, part_sum, row0, offs_d, d_mask, HEAD_DIM: tl.constexpr,
-                  HEAD_DIM_P: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_SPLITS_P: tl.constexpr):
+def _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM: tl.constexpr):
     """One query head's attention output ``[HEAD_DIM_P]`` (fp32) from its splits' (max, sum, accumulator) triples,
-    which ``_store_partials`` wrote at rows ``row0 ..`` of ``[B * Hq * NUM_SPLITS]``. Past ``MERGE_CHUNK`` splits
-    the accumulators are summed a chunk at a time, in a loop (not unrolled), so that one [MERGE_CHUNK, D] fp32 tile is
-    live at once and the program does not spill."""
-    offs_s = tl.arange(0, NUM_SPLITS_P)
-    s_mask = offs_s < NUM_SPLITS
-    m = tl.load(part_max + row0 + offs_s, mask=s_mask, other=NEG_BIG)
-    l = tl.load(part_sum + row0 + offs_s, mask=s_mask, other=0.0)
+    which ``_store_partials`` wrote at rows ``row0 + offs_s`` of ``[B * Hq * NUM_SPLITS]``."""
+    row = row0 + offs_s
+    m = tl.load(part_max + row, mask=s_mask, other=NEG_BIG)
+    l = tl.load(part_sum + row, mask=s_mask, other=0.0)
     m_all = tl.max(m, 0)
     # Empty splits have m = NEG_BIG and l = acc = 0, so their weight is exp2(NEG_BIG - m_all) = 0 whenever any
     # split saw a key, and the sum is 0 (-> zeros) when none did (padding lane).
@@ -169,21 +161,9 @@ def _merge_splits(part_acc, part_max, part_sum, row0, offs_d, d_mask, HEAD_DIM: 
     # acc = +0.0, which is what the masked load returns: skipping those rows changes no bit and saves their traffic
     # (most splits are empty at short contexts: batch 1 has 64 splits of >= 64 tokens). ``!=``, not ``>``: a NaN sum
     # still loads its row (NaN in, NaN out, as before).
-    if NUM_SPLITS_P <= MERGE_CHUNK:
-        acc = tl.load(part_acc + (row0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                      mask=(s_mask & (l != 0.0))[:, None] & d_mask[None, :], other=0.0)
-        out = tl.sum(acc * w[:, None], 0)
-    else:  # the chunk's own weights from its rows again (a register tensor cannot be sliced)
-        out = tl.zeros([HEAD_DIM_P], dtype=tl.float32)
-        for c in range(NUM_SPLITS_P // MERGE_CHUNK):
-            offs_c = c * MERGE_CHUNK + tl.arange(0, MERGE_CHUNK)
-            c_mask = offs_c < NUM_SPLITS
-            m_c = tl.load(part_max + row0 + offs_c, mask=c_mask, other=NEG_BIG)
-            l_c = tl.load(part_sum + row0 + offs_c, mask=c_mask, other=0.0)
-            acc = tl.load(part_acc + (row0 + offs_c)[:, None] * HEAD_DIM + offs_d[None, :],
-                          mask=(c_mask & (l_c != 0.0))[:, None] & d_mask[None, :], other=0.0)
-            out += tl.sum(acc * tl.exp2(m_c - m_all)[:, None], 0)
-    return out / tl.where(total > 0, total, 1.0)
+    acc = tl.load(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=(s_mask & (l != 0.0))[:, None] & d_mask[None, :], other=0.0)
+    return tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
 
 
 @triton.jit
@@ -309,13 +289,14 @@ def _paged_decode_reduce_kernel(
         tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SPLITS_P)
     offs_d = tl.arange(0, HEAD_DIM_P)
+    s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
     row0 = (seq * NUM_Q_HEADS + head) * NUM_SPLITS
     if GATED:  # issued with the first partials' loads, not after the merge: one round trip to memory fewer
         gate = tl.load(gate_ptr + seq * stride_g_b + head * stride_g_h + offs_d * stride_g_d, mask=d_mask, other=0.0)
-    out = _merge_splits(part_acc, part_max, part_sum, row0, offs_d, d_mask, HEAD_DIM, HEAD_DIM_P, NUM_SPLITS,
-                        NUM_SPLITS_P)
+    out = _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_mask, HEAD_DIM)
     if GATED:
         out = _sigmoid_gated(out, gate, out_ptr.dtype.element_ty)
     tl.store(out_ptr + seq * stride_o_b + head * stride_o_h + offs_d * stride_o_d,
@@ -342,7 +323,7 @@ def _tile_n(head_dim: int, element_size: int) -> int:
     return max(16, min(64, 32768 // (triton.next_power_of_2(head_dim) * element_size)))
 
 
-MAX_SPLITS = 64  # decode_num_splits' ceiling (the kernels and the reduce take more: bench/attention_decode_sweep.py)
+MAX_SPLITS = 64  # decode_num_splits' ceiling: the reduce kernel loads all splits' partials as one tile
 
 
 def decode_num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: int, device: torch.device) -> int:
