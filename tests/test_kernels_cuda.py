@@ -618,14 +618,14 @@ def test_gated_deltanet_decode_past_the_fused_rule_matches_reference(layout):
 
 
 @pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
-@pytest.mark.parametrize("batch,block_v,warps,split_v", [(3, 32, 4, False), (40, 64, 8, False), (256, 32, 4, False),
-                                                         (1, 32, 4, True), (8, 32, 4, True)])
+@pytest.mark.parametrize("batch,block_v,warps,split_v", [(3, 32, 4, False), (16, 32, 4, False), (40, 64, 8, False),
+                                                         (256, 32, 4, False), (1, 32, 4, True), (8, 32, 4, True)])
 def test_gated_deltanet_decode_in_v_tiles_matches_reference(layout, batch, block_v, warps, split_v):
     """The fused kernel walking each value head's state in ``block_v``-wide tiles (the gated norm over the outputs
     parked in ``out``) with the warps the launch rule pairs with each tile, at small, mid and large batch (256, the
-    rule's last fused batch); and with the tiles over programs (``split_v``: the last program of each key head writes
-    q and k's history and the gated norms) three steps in a row on the same pools, the per-key-head counts left at
-    zero: against the reference."""
+    rule's last fused batch; at 16 the rule's prefetch: each tile's loads before the previous tile's stores); and with
+    the tiles over programs (``split_v``: the last program of each key head writes q and k's history and the gated
+    norms) three steps in a row on the same pools, the per-key-head counts left at zero: against the reference."""
     from ops.triton import gated_deltanet_kernels
 
     hk, hv, dk, dv = layout
