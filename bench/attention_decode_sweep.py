@@ -82,6 +82,7 @@ def main() -> None:
                         help="time only the default config, with the query tile padded to 16 rows and without")
     parser.add_argument("--splits", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="time only the default config at each of these split counts (the default's too)")
+    parser.add_argument("--default-only", action="store_true", help="time only the default config (A/B of a kernel edit)")
     parser.add_argument("--ncu", action="store_true", help="profile one call of each case's default config instead")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -106,6 +107,8 @@ def main() -> None:
             grid = [chosen + (None, 16), chosen + (None, None)]
         if args.splits:
             grid = [chosen + (None, None)] + [(n,) + chosen[1:] + (None, None) for n in args.splits if n != splits]
+        if args.default_only:
+            grid = [chosen + (None, None)]
         for num_splits, block_n, warps, stages, early, rows in grid:
             config = {"splits": num_splits, "block_n": block_n, "num_warps": warps, "num_stages": stages,
                       "early_loads": early, "query_rows": rows, "chosen": (num_splits, block_n, warps, stages) == chosen
