@@ -150,17 +150,19 @@ def _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_
     """One query head's attention output ``[HEAD_DIM_P]`` (fp32) from its splits' (max, sum, accumulator) triples,
     which ``_store_partials`` wrote at rows ``row0 + offs_s`` of ``[B * Hq * NUM_SPLITS]``."""
     row = row0 + offs_s
-    # All three loads issued together: the accumulators do not wait for the sums (every split program stores its
-    # triple, an empty split m = NEG_BIG and l = acc = 0, so no row is left to skip by its sum).
     m = tl.load(part_max + row, mask=s_mask, other=NEG_BIG)
     l = tl.load(part_sum + row, mask=s_mask, other=0.0)
-    acc = tl.load(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :],
-                  other=0.0)
     m_all = tl.max(m, 0)
-    # An empty split's weight is exp2(NEG_BIG - m_all) = 0 whenever any split saw a key, and the sum is 0 (-> zeros)
-    # when none did (padding lane).
+    # Empty splits have m = NEG_BIG and l = acc = 0, so their weight is exp2(NEG_BIG - m_all) = 0 whenever any
+    # split saw a key, and the sum is 0 (-> zeros) when none did (padding lane).
     w = tl.exp2(m - m_all)
     total = tl.sum(w * l, 0)
+    # A split's sum is 0 exactly when it saw no key (its largest score alone adds exp2(0) = 1), and then it stored
+    # acc = +0.0, which is what the masked load returns: skipping those rows changes no bit and saves their traffic
+    # (most splits are empty at short contexts: batch 1 has 64 splits of >= 64 tokens). ``!=``, not ``>``: a NaN sum
+    # still loads its row (NaN in, NaN out, as before).
+    acc = tl.load(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=(s_mask & (l != 0.0))[:, None] & d_mask[None, :], other=0.0)
     return tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
 
 
