@@ -46,21 +46,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the output folder}"
-T0=$(date +%s)
 BUDGET=${GPU_SESSION_S:-560}
 # STAGES="test_kernels main ...": run only these stages (default: all, in order); STAGE_LIMITS="test_compile=300 ...":
 # override a stage's own time limit (the budget still caps it).
 declare -A LIMIT_S=()
 for item in ${STAGE_LIMITS:-}; do LIMIT_S[${item%%=*}]=${item#*=}; done
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
-export PYTHONPATH=$PWD:/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} PYTHONUNBUFFERED=1 CE_NO_SHRINK=1
-export COMPILED_ENGINE_CACHE=/tmp/compiled_engine_cache TORCHINDUCTOR_CACHE_DIR=/tmp/ce_inductor TRITON_CACHE_DIR=/tmp/ce_triton
+# The wheels, PYTHONPATH, the compile caches carried from an earlier call (EXPORT_CACHE=1 below; carry .cecache):
+# Triton's kernels and autotune picks and Inductor's graphs, so a fresh machine skips most of the cold build (~100 s).
+source bench/device_env.sh
 WORK=$(mktemp -d /tmp/gpu-session.XXXXXX)
-# Compile caches carried from an earlier call (EXPORT_CACHE=1 below; carry .cecache): Triton's kernels and autotune
-# picks and Inductor's graphs, so a fresh machine skips most of the cold build (~100 s of a call).
-if ls .cecache/compile-cache.tgz.* >/dev/null 2>&1; then
-    cat .cecache/compile-cache.tgz.* | tar xzf - -C /tmp && echo "compile caches restored: $(du -sh /tmp/ce_triton /tmp/ce_inductor | tr '\n' ' ')"
-fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "from bench.models import resolve_model; resolve_model('qwen3.5-0.8b', 'cuda')" || exit 1  # build once
 
@@ -137,9 +131,9 @@ python3 -m bench report "${dirs[@]}" --out "$OUT" >/dev/null 2>&1
 cat "$OUT/summary.txt"
 for f in "$WORK"/test_*.log; do [ -f "$f" ] && tail -n 12 "$f" && cp "$f" "$OUT/"; done
 tar czf "$OUT/session.tgz" -C "$WORK" . && ls "$OUT"
-if [ "${EXPORT_CACHE:-0}" = 1 ]; then  # at most 3 parts of 15 MiB (the device tool returns 8 files, 16 MiB each)
+if [ "${EXPORT_CACHE:-0}" = 1 ]; then
     rm -f "$OUT"/*.png  # room for them among the 8: the plots are in session.tgz too
-    mkdir -p "$OUT/cache" && tar czf - -C /tmp ce_triton ce_inductor | split -b 15m - "$OUT/cache/compile-cache.tgz."
+    export_caches
     if (( $(ls "$OUT/cache" | wc -l) > 3 )); then echo "compile caches too large to export"; rm -r "$OUT/cache"; fi
     ls -la "$OUT/cache" 2>/dev/null
 fi

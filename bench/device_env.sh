@@ -1,0 +1,35 @@
+# Sourced by the scripts a device call runs (bench/gpu_session.sh, a run folder's call.sh): the wheels in .whl installed
+# into /tmp/site (carry .whl), PYTHONPATH and the compile caches' folders under /tmp, the caches of an earlier call
+# restored from .cecache (carry it), and `step` for a call script of a few commands:
+#
+#     RUN=run145 source bench/device_env.sh
+#     TAIL=20 step tests 120 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py -k "..."
+#
+# `step NAME LIMIT CMD...` runs CMD under `timeout --signal=INT LIMIT`, its output in $W/NAME.log, prints its exit
+# status, the seconds since the start and the log's last $TAIL lines (40), then tars $W into $OUT/$RUN.tgz, so that a
+# call taken back mid-run still returns every step before. `export_caches` (last) puts the compile caches under
+# $OUT/cache, to be copied into .cecache here.
+T0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null || echo "no wheels installed"
+export PYTHONPATH=$PWD:/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} PYTHONUNBUFFERED=1 CE_NO_SHRINK=1
+export COMPILED_ENGINE_CACHE=/tmp/compiled_engine_cache TORCHINDUCTOR_CACHE_DIR=/tmp/ce_inductor TRITON_CACHE_DIR=/tmp/ce_triton
+if ls .cecache/compile-cache.tgz.* >/dev/null 2>&1; then
+    cat .cecache/compile-cache.tgz.* | tar xzf - -C /tmp && echo "compile caches restored: $(du -sh /tmp/ce_triton /tmp/ce_inductor | tr '\n' ' ')"
+fi
+if [ -n "${RUN:-}" ]; then
+    W=/tmp/$RUN
+    mkdir -p "$W"
+fi
+
+step() {
+    local name=$1 limit=$2
+    shift 2
+    timeout --signal=INT "$limit" "$@" >"$W/$name.log" 2>&1
+    echo "$name: exit $? at +$(( $(date +%s) - T0 ))s"
+    grep -vE "Warn|warn|loading weights" "$W/$name.log" | tail -"${TAIL:-40}"
+    tar czf "$OUT/$RUN.tgz" -C "$W" .
+}
+
+export_caches() {  # at most 3 parts of 15 MiB (the device tool returns 8 files, 16 MiB each)
+    mkdir -p "$OUT/cache" && tar czf - -C /tmp ce_triton ce_inductor | split -b 15m - "$OUT/cache/compile-cache.tgz."
+}
