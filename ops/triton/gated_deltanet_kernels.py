@@ -83,16 +83,15 @@ from ops.triton.pdl import pdl_flags
 # decode"): up to 4 sequences V tiles of 32 at 4 warps over programs (``SPLIT_V``: the state streams through Hk x V
 # blocks programs instead of Hk, where a small batch has few) lead whole heads (level at 8, behind at 16); whole heads
 # at 8 warps (one program an SM) lead the walked tiles while the batch x key heads programs fit one wave; at 9-16
-# sequences V tiles of 32 (4 warps) with the prefetch lead tiles of 64 (8 warps) by 7% alone and by 35 µs a step in the
-# decode graph at 16, which beat whole heads by 10%; from 32 tiles of 32 (4 warps, no spills, two programs an SM) beat
-# whole heads by 7-9% at 32-64 and the unfused kernels at every batch timed: by 10-22% at 32-64, 7.6% at 128 and 2.4% at
-# 256 (49.0 / 91.5 / 175.6 µs against 58.0 / 99.0 / 179.8 at 64 / 128 / 256). Past 256 (untimed with the tiles in walk
-# order) the unfused kernels. The fourth field: each tile's loads issued before the previous tile's math and stores (the
-# kernel's ``PREFETCH``; it acts only where a program walks several tiles: V tiles, or G > 1 value heads). Off for the
-# tiles: the second tile in registers costs them programs an SM, and one call per graph they lost with it by 7-14% at
-# 32-256 sequences (at 16: tiles of 64 6% slower, of 32 4% faster, hence the 9-16 entry; whole heads at 1-8). On for
-# whole heads, where it costs no occupancy (one program an SM either way) and acts only at G > 1 (not timed on a G > 1
-# shape yet).
+# sequences V tiles of 32 (4 warps) walked with the prefetch lead tiles of 64 (8 warps), alone and in the decode graph,
+# and those whole heads; from 32 tiles of 32 (4 warps, no spills, two programs an SM) beat whole heads by 7-9% at 32-64
+# and the unfused kernels at every batch timed: by 10-22% at 32-64, 7.6% at 128 and 2.4% at 256 (49.0 / 91.5 / 175.6 µs
+# against 58.0 / 99.0 / 179.8 at 64 / 128 / 256). Past 256 (untimed with the tiles in walk order) the unfused kernels.
+# The fourth field: each tile's loads issued before the previous tile's math and stores (the kernel's ``PREFETCH``; it
+# acts only where a program walks several tiles: V tiles, or G > 1 value heads). Off for the tiles from 17 sequences:
+# the second tile in registers costs them programs an SM, and one call per graph they lost with it by 7-14% at 32-256
+# sequences (at 16 tiles of 32 gained 4% with it, tiles of 64 lost 6%). On for whole heads, where it costs no occupancy
+# (one program an SM either way) and acts only at G > 1 (not timed on a G > 1 shape yet).
 DECODE_LAUNCHES = ((4, 32, 4, False, True), (8, None, 8, True, False), (16, 32, 4, True, False),
                    (256, 32, 4, False, False))
 SPLIT_COUNTERS = 64 * 64  # SPLIT_V's per-device counts (sequences x key heads) made up front: it serves small batches
