@@ -1,5 +1,5 @@
 # Sourced by the scripts a device call runs (bench/gpu_session.sh, a run folder's call.sh): the wheels in .whl installed
-# into /tmp/site (carry .whl), PYTHONPATH and the compile caches' folders under /tmp, the caches of an earlier call
+# into /tmp/site (carry .whl; without them the source returns 1), PYTHONPATH and the compile caches' folders under /tmp, the caches of an earlier call
 # restored from .cecache (carry it), and `step` for a call script of a few commands:
 #
 #     RUN=run145 source bench/device_env.sh
@@ -10,7 +10,10 @@
 # call taken back mid-run still returns every step before. `export_caches` (last) puts the compile caches under
 # $OUT/cache, to be copied into .cecache here.
 T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null || echo "no wheels installed"
+if ! python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; then
+    echo "the wheels in .whl did not install (carry .whl; its download command is in bench/NOTES.md)"
+    return 1
+fi
 export PYTHONPATH=$PWD:/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} PYTHONUNBUFFERED=1 CE_NO_SHRINK=1
 export COMPILED_ENGINE_CACHE=/tmp/compiled_engine_cache TORCHINDUCTOR_CACHE_DIR=/tmp/ce_inductor TRITON_CACHE_DIR=/tmp/ce_triton
 if ls .cecache/compile-cache.tgz.* >/dev/null 2>&1; then

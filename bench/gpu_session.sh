@@ -53,7 +53,7 @@ declare -A LIMIT_S=()
 for item in ${STAGE_LIMITS:-}; do LIMIT_S[${item%%=*}]=${item#*=}; done
 # The wheels, PYTHONPATH, the compile caches carried from an earlier call (EXPORT_CACHE=1 below; carry .cecache):
 # Triton's kernels and autotune picks and Inductor's graphs, so a fresh machine skips most of the cold build (~100 s).
-source bench/device_env.sh
+source bench/device_env.sh || exit 1
 WORK=$(mktemp -d /tmp/gpu-session.XXXXXX)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "from bench.models import resolve_model; resolve_model('qwen3.5-0.8b', 'cuda')" || exit 1  # build once
