@@ -1,6 +1,7 @@
-# Sourced by the scripts a device call runs (bench/gpu_session.sh, a run folder's call.sh): the wheels in .whl installed
-# into /tmp/site (carry .whl; without them the source returns 1), PYTHONPATH and the compile caches' folders under /tmp, the caches of an earlier call
-# restored from .cecache (carry it), and `step` for a call script of a few commands:
+# Sourced by the scripts a device call runs (bench/gpu_session.sh, a run folder's call.sh): the wheels in .whl
+# installed into /tmp/site (carry .whl; without them the source returns 1), PYTHONPATH and the compile caches' folders
+# under /tmp, the caches of an earlier call restored from .cecache (carry it), and `step` for a call script of a few
+# commands:
 #
 #     RUN=run145 source bench/device_env.sh
 #     TAIL=20 step tests 120 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py -k "..."
