@@ -56,18 +56,22 @@ def caching_engines(model_path, request):
 
 
 def run(engine, requests, abort=None, late=()):
-    """Queue ``requests`` ((id, prompt, params)), then step to the end: the ``late`` ones join after 4 steps, and
-    ``abort`` = (id, k) aborts that request once it has reported k tokens (a point both engines reach with the
-    same tokens: the overlapped one reports each token one step later). Returns {id: (token_ids, finish_reason)}."""
+    """Queue ``requests`` ((id, prompt, params)), then step to the end: the ``late`` ones join after 4 steps, or
+    once every request has finished if that comes first (the synchronous engine can finish a short stream a step
+    before the overlapped one, which reads its last tokens back a step later; either way the late ones then run
+    alone), and ``abort`` = (id, k) aborts that request once it has reported k tokens (a point both engines reach
+    with the same tokens: the overlapped one reports each token one step later). Returns {id: (token_ids,
+    finish_reason)}."""
     for rid, tokens, params in requests:
         engine.add_request(rid, tokens, params)
-    reported, aborted, step = {}, {}, 0
+    reported, aborted, step, joined = {}, {}, 0, False
 
     def on_step():
-        nonlocal step
+        nonlocal step, joined
         step += 1
         check_invariants(engine)
-        if step == 4:
+        if not joined and (step == 4 or not engine.has_unfinished_requests()):
+            joined = True
             for rid, tokens, params in late:
                 engine.add_request(rid, tokens, params)
         if abort is not None and abort[0] in engine.requests and len(reported.get(abort[0], ())) >= abort[1]:
