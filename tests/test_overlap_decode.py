@@ -56,11 +56,11 @@ def caching_engines(model_path, request):
 
 
 def run(engine, requests, abort=None, late=()):
-    """Queue ``requests`` ((id, prompt, params)), then step to the end: the ``late`` ones join after 4 steps, or
-    once every request has finished if that comes first (the synchronous engine can finish a short stream a step
-    before the overlapped one, which reads its last tokens back a step later; either way the late ones then run
-    alone), and ``abort`` = (id, k) aborts that request once it has reported k tokens (a point both engines reach
-    with the same tokens: the overlapped one reports each token one step later). Returns {id: (token_ids,
+    """Queue ``requests`` ((id, prompt, params)), then step to the end: ``abort`` = (id, k) aborts that request once
+    it has reported k tokens (a point both engines reach with the same tokens: the overlapped one reports each token
+    one step later), and the ``late`` ones join after 4 steps, or once every request has finished or been aborted if
+    that comes first (the synchronous engine can be done with a short stream a step before the overlapped one, which
+    reads its last tokens back a step later; either way the late ones then run alone). Returns {id: (token_ids,
     finish_reason)}."""
     for rid, tokens, params in requests:
         engine.add_request(rid, tokens, params)
@@ -70,13 +70,13 @@ def run(engine, requests, abort=None, late=()):
         nonlocal step, joined
         step += 1
         check_invariants(engine)
-        if not joined and (step == 4 or not engine.has_unfinished_requests()):
-            joined = True
-            for rid, tokens, params in late:
-                engine.add_request(rid, tokens, params)
         if abort is not None and abort[0] in engine.requests and len(reported.get(abort[0], ())) >= abort[1]:
             out = engine.abort_request(abort[0])
             aborted[out.request_id] = (out.token_ids, out.finish_reason)
+        if not joined and (step == 4 or not engine.has_unfinished_requests()):  # after the abort: it can end them
+            joined = True
+            for rid, tokens, params in late:
+                engine.add_request(rid, tokens, params)
 
     finals = drain(engine, on_step=on_step, streamed=reported)
     assert_clean(engine)
