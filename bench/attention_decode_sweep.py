@@ -82,7 +82,8 @@ def main() -> None:
                         help="time only the default config, with the query tile padded to 16 rows and without")
     parser.add_argument("--splits", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="time only the default config at each of these split counts (the default's too)")
-    parser.add_argument("--default-only", action="store_true", help="time only the default config (A/B of a kernel edit)")
+    parser.add_argument("--default-only", action="store_true",
+                        help="time only the default config (A/B of a kernel edit)")
     parser.add_argument("--ncu", action="store_true", help="profile one call of each case's default config instead")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -93,7 +93,8 @@ def main() -> None:
                         "'BLOCK_V:WARPS:PREFETCH[:split]' for the fused kernel (BLOCK_V 'head': whole heads; PREFETCH "
                         "0/1; split: the V tiles over programs), or 'unfused'")
     p.add_argument("--max-splits", type=int, default=None,
-                   help="the attention's split ceiling instead of paged_attention_kernels.MAX_SPLITS's (a power of two)")
+                   help="the attention's split ceiling instead of paged_attention_kernels.MAX_SPLITS's "
+                        "(a power of two)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
