@@ -95,6 +95,29 @@ def test_moe_expert_gemv_kernels_compile_for_sm90():
                  num_warps=tiles["num_warps"])
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+def test_skinny_gemm_rule_compiles_for_sm90(rows):
+    """ce::linear's skinny GEMM at every config the rule gives the model's weight shapes (N = 1,024 outputs of K =
+    2,048 or 3,584, the wide K = 1,024 ones, the vocabulary), plain and with the SiLU gate (and at one row the norm
+    prologue), as ``_launch`` sets its constexprs: at 3 and 5 rows the power of two below and the last row apart
+    (``EXTRA_ROW``)."""
+    from ops.triton import gemv_kernels as gk
+
+    sig = dict(x=_ptr("bf16"), weight=_ptr("bf16"), out=_ptr("bf16"), M="i32", N="i32", K="i32",
+               stride_x_m="i32", stride_x_k="i32", stride_w_n="i32", stride_w_k="i32", stride_o_m="i32",
+               stride_o_n="i32", residual=_ptr("bf16"), norm_weight=_ptr("bf16"), summed=_ptr("bf16"),
+               stride_r_m="i32", eps="fp32", prefetch_programs="i32")
+    for n, k in ((1024, 2048), (1024, 3584), (8192, 1024), (248320, 1024)):
+        config = gk.skinny_config(rows, n, k)
+        tiles = gk.row_tiles(rows, config)
+        assert tiles["EXTRA_ROW"] == (rows in (3, 5) and not tiles["DOT"])
+        for gated, norm in ((False, False), (True, False)) + (((False, True),) if rows == 1 else ()):
+            _compile(gk._skinny_gemm_kernel, sig,
+                     dict(config.kwargs, **tiles, GATED_X=gated, NORM_X=norm, NORM_BLOCK=1024 if norm else 1,
+                          USE_PDL=True, PREFETCH_L2=True),
+                     num_warps=config.num_warps)
+
+
 # The Gated DeltaNet kernels' arguments but their constexprs: bf16 rows and weights, an fp32 state pool.
 GDN_SIG = dict(projected=_ptr("bf16"), conv_weight=_ptr("bf16"), conv_state=_ptr("bf16"), A_log=_ptr("fp32"),
                dt_bias=_ptr("fp32"), norm_weight=_ptr("bf16"), recurrent_state=_ptr("fp32"), state_slots=_ptr("i32"),

@@ -590,7 +590,7 @@ def _child_checks() -> dict:
         **{f"gemm_rule_configs_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m)))
            for m in (2, 3, 5, 8)},
         **{f"gemm_rule_configs_gated_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m), gated=True))
-           for m in (1, 2)},
+           for m in (1, 2, 3)},
         "gemm_rule_configs_norm_m1": lambda: check_add_rms_norm_gemm(1, 40, 600, rule_configs(1)),
     }
     results = {}
@@ -681,7 +681,7 @@ CHECK_NAMES = [
     *[f"gemm_dot_m{m}" for m in (1, 3, 8, 13, 16)],
     *[f"gemm_dot_gated_m{m}" for m in (3, 16)],
     *[f"gemm_rule_configs_m{m}" for m in (2, 3, 5, 8)],
-    *[f"gemm_rule_configs_gated_m{m}" for m in (1, 2)],
+    *[f"gemm_rule_configs_gated_m{m}" for m in (1, 2, 3)],
     "gemm_rule_configs_norm_m1",
 ]
 

@@ -22,6 +22,9 @@ Design, for bandwidth:
       - a few rows (BLOCK_M = 2..GEMV_MAX_ROWS): the same GEMV with the BLOCK_M rows of x beside the weights in every
         thread; BLOCK_M multiply-adds per weight element, and registers that grow with BLOCK_M x BLOCK_N, hence
         the row ceiling. ops/linear.py runs it at 2-4 rows; the bench and the tests also run it up to the ceiling.
+        Tiles are powers of two, so 3 rows (a k = 2 verify's) run as 2 + 1 (``EXTRA_ROW``: the last row in a
+        tile of its own) rather than as 4 with a padded row's multiply-adds and conversions (Triton 3.9, sm_90:
+        435 instructions a loop iteration against 524 for the rule's wide tile, the same 127 registers).
     The third runs on tensor cores (DOT; BLOCK_M 8 or 16, up to DOT_MAX_ROWS rows): the product as weight @ x^T, the
     weight tile the mma's wide side, Triton's pipelined loop. It issues a fraction of an instruction per weight
     element where the few-rows GEMV issues several, which pays where the GEMV is bound by issuing them: the
@@ -188,6 +191,7 @@ def _skinny_gemm_kernel(
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent launch (see the module docstring)
     PREFETCH_L2: tl.constexpr,  # the weight is brought into L2 before the wait (ops/triton/l2_prefetch.py)
     DOT: tl.constexpr = False,  # the tensor-core loop (BLOCK_M 8 or 16) instead of the few-rows GEMV
+    EXTRA_ROW: tl.constexpr = False,  # the few-rows GEMV: M = BLOCK_M + 1, the last row in a tile of its own
 ):
     if USE_PDL:
         # The next kernel on the stream, if it is launched with PDL too, may start now: its weight loads overlap
@@ -267,10 +271,17 @@ def _skinny_gemm_kernel(
                 acc = tl.dot(w, tl.trans(xv), acc)
             result = acc  # [BLOCK_N, BLOCK_M]
         else:
+            # EXTRA_ROW: x's row BLOCK_M too, as a [1, BLOCK_K] tile with an accumulator of its own (three rows as
+            # two and one: no padded fourth row's multiply-adds and conversions).
             x_ptrs = x_rows + ks[None, :] * stride_x_k
             xv, up, rv, nw = _x_load(x_ptrs, m_mask[:, None] & k_mask[None, :], x_up, x_ptrs, x_ptrs, None, GATED_X,
                                      False)
             acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+            if EXTRA_ROW:
+                e_row = x + BLOCK_M * stride_x_m
+                e_ptrs = e_row + ks[None, :] * stride_x_k
+                ev, eup, erv, enw = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False)
+                acc_e = tl.zeros([1, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
             for k in range(0, K, BLOCK_K):
                 ks += BLOCK_K
                 k_mask = ks < K
@@ -280,9 +291,18 @@ def _skinny_gemm_kernel(
                                  False)
                 xf = _x_value(xv, up, rv, nw, 1.0, GATED_X, False).to(tl.float32)
                 acc = fma_runs(acc, w, xf, 1, BLOCK_N, BLOCK_M, 1, BLOCK_K // VEC)
+                if EXTRA_ROW:
+                    e_ptrs = e_row + ks[None, :] * stride_x_k
+                    next_e = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False)
+                    ef = _x_value(ev, eup, erv, enw, 1.0, GATED_X, False).to(tl.float32)
+                    acc_e = fma_runs(acc_e, w, ef, 1, BLOCK_N, 1, 1, BLOCK_K // VEC)
+                    ev, eup, erv, enw = next_e
                 w = w_next
                 xv, up, rv, nw = next_x
             result = tl.trans(tl.sum(acc, axis=2))  # [BLOCK_N, BLOCK_M]
+            if EXTRA_ROW:
+                tl.store(out + BLOCK_M * stride_o_m + offs_n[:, None] * stride_o_n,
+                         tl.trans(tl.sum(acc_e, axis=2)).to(out.dtype.element_ty), mask=n_mask[:, None])
 
     tl.store(out + offs_m[None, :] * stride_o_m + offs_n[:, None] * stride_o_n, result.to(out.dtype.element_ty),
              mask=n_mask[:, None] & m_mask[None, :])
@@ -405,35 +425,45 @@ def add_rms_norm_skinny_gemm(
     return out, summed
 
 
+def row_tiles(rows: int, config: triton.Config) -> dict:
+    """The kernel's row constexprs for ``rows`` rows under ``config`` (ValueError where it cannot take them): DOT,
+    BLOCK_M (the config's, else the row count's power of two: 1 at one row, at least 2 on the few-rows GEMV, at
+    least DOT_MIN_ROWS on tensor cores) and EXTRA_ROW: one row past a power of two (3, 5) on the few-rows GEMV runs
+    that power's tile and the last row apart, not a tile of twice the rows, half of it padding."""
+    dot = config.kwargs.get("DOT", False)
+    if rows > (DOT_MAX_ROWS if dot else GEMV_MAX_ROWS):
+        raise ValueError(f"skinny_gemm takes at most {GEMV_MAX_ROWS} rows ({DOT_MAX_ROWS} on tensor cores), got {rows}")
+    block_m = config.kwargs.get("BLOCK_M", max(DOT_MIN_ROWS, triton.next_power_of_2(rows)) if dot
+                                else 1 if rows == 1 else max(2, triton.next_power_of_2(rows)))
+    if rows > block_m:
+        raise ValueError(f"skinny_gemm with BLOCK_M = {block_m} takes at most {block_m} rows, got {rows}")
+    if dot and block_m < DOT_MIN_ROWS:
+        raise ValueError(f"the tensor-core loop takes BLOCK_M >= {DOT_MIN_ROWS}, got {block_m}")
+    if block_m > 1 and not dot and config.kwargs["BLOCK_K"] % VEC.value:
+        raise ValueError(f"the few-rows GEMV takes BLOCK_K in multiples of {VEC.value}, got {config.kwargs['BLOCK_K']}")
+    extra_row = block_m > 2 and not dot and rows == block_m // 2 + 1
+    return {"DOT": dot, "BLOCK_M": block_m // 2 if extra_row else block_m, "EXTRA_ROW": extra_row}
+
+
 def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None) -> torch.Tensor:
     rows, k = x.shape
     k = k // 2 if gated else k
     n = weight.shape[0]
     if config is None:
         config = skinny_config(rows, n, k)
-    if rows > (DOT_MAX_ROWS if config.kwargs.get("DOT") else GEMV_MAX_ROWS):
-        raise ValueError(f"skinny_gemm takes at most {GEMV_MAX_ROWS} rows ({DOT_MAX_ROWS} on tensor cores), got {rows}")
-    meta = dict(config.kwargs)
-    dot = meta.pop("DOT", False)
-    block_m = meta.pop("BLOCK_M", max(DOT_MIN_ROWS, triton.next_power_of_2(rows)) if dot
-                       else 1 if rows == 1 else max(2, triton.next_power_of_2(rows)))
-    if rows > block_m:
-        raise ValueError(f"skinny_gemm with BLOCK_M = {block_m} takes at most {block_m} rows, got {rows}")
-    if dot and block_m < DOT_MIN_ROWS:
-        raise ValueError(f"the tensor-core loop takes BLOCK_M >= {DOT_MIN_ROWS}, got {block_m}")
-    if block_m > 1 and not dot and meta["BLOCK_K"] % VEC.value:
-        raise ValueError(f"the few-rows GEMV takes BLOCK_K in multiples of {VEC.value}, got {meta['BLOCK_K']}")
+    tiles = row_tiles(rows, config)
+    if norm is not None and tiles["BLOCK_M"] != 1:
+        raise ValueError(f"add_rms_norm_skinny_gemm runs the one-row GEMV (BLOCK_M = 1), got a config with "
+                         f"BLOCK_M = {tiles['BLOCK_M']}: from two rows the norm runs apart (ce::add_rms_norm, "
+                         f"ops/linear.py)")
     out = x.new_empty((rows, n))
     residual, norm_weight, eps, summed = norm if norm is not None else (x, x, 0.0, x)  # unused placeholders
     args = (x, weight, out, rows, n, k, *x.stride(), *weight.stride(), *out.stride(),
             residual, norm_weight, summed, residual.stride(0), eps)
-    if norm is not None and block_m != 1:
-        raise ValueError(f"add_rms_norm_skinny_gemm runs the one-row GEMV (BLOCK_M = 1), got a config with "
-                         f"BLOCK_M = {block_m}: from two rows the norm runs apart (ce::add_rms_norm, ops/linear.py)")
     norm_block = min(triton.next_power_of_2(k), NORM_BLOCK_MAX) if norm is not None else 1
-    grid = (triton.cdiv(n, meta["BLOCK_N"]),)
-    flags = {"BLOCK_M": block_m, "DOT": dot, "GATED_X": gated, "NORM_X": norm is not None, "NORM_BLOCK": norm_block,
-             **pdl_flags(x), **l2_prefetch_flags(weight, grid[0])}
+    grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]),)
+    flags = {**tiles, "GATED_X": gated, "NORM_X": norm is not None, "NORM_BLOCK": norm_block, **pdl_flags(x),
+             **l2_prefetch_flags(weight, grid[0])}
     launch = {key: v for key, v in config.all_kwargs().items() if key not in ("BLOCK_M", "DOT")}
     _skinny_gemm_kernel[grid](*args, **flags, **launch)
     return out
