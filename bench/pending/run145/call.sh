@@ -10,6 +10,7 @@
 #    barriers in Triton 3.9's SASS); its price, x's prologue (the norm at one row) computed once per weight row a
 #    thread holds (two). A/B/A in the chain at one row (run 24: rule 535.9 µs). No prediction of the sign.
 #  - `bench spec` at batch 1, k = 2 with EXTRA_ROW (run 141: verify graph 1,015.4 µs = 1.47 decode graphs).
+# `--max-num-seqs 1`: one bucket to compile (run 141 compiled four, 1-8, for batch-1 figures; the CPU runs it).
 RUN=run145 source bench/device_env.sh || exit 1
 P=bench/pending/run145
 OFF='s/^    extra_row = block_m > 2 and not dot/    extra_row = False and block_m > 2 and not dot/'
@@ -19,7 +20,7 @@ cp ops/triton/gemv_kernels.py /tmp/gemv_kernels.py && sed -i "$OFF" ops/triton/g
 TAIL=6 step rows3_padded 60 python3 bench/gemv_chain.py --out $W/rows3_padded --rows 3 --passes 0
 cp /tmp/gemv_kernels.py ops/triton/gemv_kernels.py
 TAIL=6 step rows3_extra2 60 python3 bench/gemv_chain.py --out $W/rows3_extra2 --rows 3 --passes 0
-TAIL=30 step spec 260 python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 8 --max-model-len 512 -p spec.batches=1 -p spec.ks=2 -p spec.rates=0,0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=1 --out $W/spec
+TAIL=30 step spec 260 python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2 -p spec.rates=0,0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=1 --out $W/spec
 git apply $P/xtile.patch || exit 1
 TAIL=6 step rows1_xtile 45 python3 bench/gemv_chain.py --out $W/rows1_xtile --rows 1 --passes 0
 git apply -R $P/xtile.patch
