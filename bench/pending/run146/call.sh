@@ -6,19 +6,9 @@
 #    (run 137: 12.90 against 13.12 µs at one sequence); in the verify graph, where run 123 charged the V blocks 102 µs
 #    against whole heads' 162 (the norm kernel then +80), it was never timed. Predicted: -30 to -50 µs of the
 #    batch-1, k = 2 verify graph against run145's spec step.
-#  - xtile.patch: the one-row GEMV's x in the weight chunk's shape where the rule's wide tile (8 x 256, 4 warps) gives
-#    it a 1-D layout converted through shared memory every chunk (a store, a load, four barriers in Triton 3.9's
-#    SASS); its price, x's prologue (the norm at one row) once per weight row a thread holds (two at 8 x 256, one at
-#    4 x 256, a candidate the patch adds to the chain's descent). A/B in the chain at one row (run 24: rule 535.9
-#    µs), then the one-row descent with it. No prediction of the sign.
 # `--max-num-seqs 1`: one bucket to compile (run 141 compiled four, 1-8, for batch-1 figures; the CPU runs it).
 RUN=run146 source bench/device_env.sh || exit 1
 P=bench/pending/run146
 git apply $P/splitnorm.patch || exit 1
 TAIL=6 step tests 120 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py -k "verify_in_v_blocks or verify_replays or gated_deltanet_verify_matches"
 TAIL=30 step spec 220 python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2 -p spec.rates=0,0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=1 --out $W/spec
-git apply -R $P/splitnorm.patch
-TAIL=6 step rows1_before 45 python3 bench/gemv_chain.py --out $W/rows1_before --rows 1 --passes 0
-git apply $P/xtile.patch || exit 1
-TAIL=6 step rows1_xtile 45 python3 bench/gemv_chain.py --out $W/rows1_xtile --rows 1 --passes 0
-TAIL=20 step rows1_descent 150 python3 bench/gemv_chain.py --out $W/rows1_descent --rows 1 --passes 1
