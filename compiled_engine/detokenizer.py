@@ -41,9 +41,11 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self._decoder.decode(ids, skip_special_tokens=self._skip_special)
 
-    def add(self, token_id: int) -> str | None:
+    def add(self, token_id: int, check_stop: bool = True) -> str | None:
         """Take one generated token; returns the stop string it completed (the text is then cut before it), or
-        None."""
+        None. ``check_stop`` False: the token's text is not searched for stop strings (a request's first
+        ``min_tokens`` tokens: vLLM's rule; a stop string ending in a later token is still found where it starts
+        in earlier text)."""
         self._ids.append(token_id)
         prefix_text = self._decode(self._ids[self._prefix : self._read])
         new_text = self._decode(self._ids[self._prefix :])
@@ -54,7 +56,7 @@ class IncrementalDetokenizer:
         del self._ids[: self._read]
         self._prefix, self._read = 0, len(self._ids)
         self.text += delta
-        return self._find_stop(len(delta)) if self.stop else None
+        return self._find_stop(len(delta)) if self.stop and check_stop else None
 
     def flush(self) -> None:
         """The request finished: emit what an incomplete character held back (as the decoder renders it)."""

@@ -62,7 +62,9 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop tokens are suppressed until this many tokens are generated
     stop_token_ids: list[int] | None = None  # finish when one of these is generated (it is kept in the output)
     # Finish when the text contains one of these (matched across token boundaries on the incrementally detokenized
-    # text; the stop string and anything after it are not in the output text; its tokens stay in token_ids).
+    # text; the stop string and anything after it are not in the output text; its tokens stay in token_ids). As in
+    # vLLM, searched from the token after the first min_tokens on, and one found is the finish reason ("stop") even
+    # where the same token reaches max_tokens.
     stop: list[str] | None = None
     ignore_eos: bool = False  # keep generating past the checkpoint's EOS token(s)
     seed: int | None = None  # per-request seed: the same output whatever else is in the batch

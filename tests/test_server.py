@@ -25,10 +25,13 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from hypothesis import given
+from hypothesis import strategies as st
 
 from compiled_engine import LLM, SamplingParams
 from compiled_engine.server import TINY_MODEL_NAME, build_server
 from compiled_engine.tiny_model import ensure_tiny_model
+from tests.test_engine import heavy_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = TINY_MODEL_NAME
@@ -285,6 +288,77 @@ def test_logprobs_over_http(live, solo_llm):
     assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)
     assert all(c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
     assert all(c.logprob <= c.top_logprobs[0].logprob + 1e-6 for c in content)
+
+
+def _stop_string(text: str, pick: int) -> str | None:
+    """A printable ASCII 1-2 character string of ``text`` (where ``pick`` says), or None where it has none."""
+    spots = [(i, n) for n in (1, 2) for i in range(len(text) - n + 1)
+             if text[i : i + n].isascii() and text[i : i + n].isprintable()]
+    if not spots:
+        return None
+    i, n = spots[pick % len(spots)]
+    return text[i : i + n]
+
+
+request_mixes = st.lists(st.fixed_dictionaries({
+    "prompt": st.integers(0, 11),
+    "max_tokens": st.integers(1, 14),
+    "n": st.integers(1, 2),
+    "seed": st.none() | st.integers(0, 1000),  # None: greedy; else sampled, choice j with seed + j
+    "stop": st.none() | st.integers(0, 10**6),  # where in choice 0's solo text the stop string is taken
+    "stream": st.booleans(),
+}), min_size=2, max_size=6)
+
+
+@heavy_settings(max_examples=5)
+@given(mix=request_mixes)
+def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
+    """Requests of every kind at once (streamed or not, greedy or seeded sampling, n = 1 or 2, stop strings taken from
+    the output itself, lengths from one token): every choice is its solo run (seed + j for choice j, vLLM's rule)
+    cut where ``str.find`` first finds the stop string in the solo run's text, with finish reason ``stop`` there
+    and ``length`` otherwise; its token ids a prefix of the solo run's. Afterwards nothing is held."""
+    tokenizer = live.server.tokenizer
+    prompts = prompts_for_clients(12, seed=3)
+    sampled = dict(temperature=0.8, top_k=40)
+    solos = []
+    for r in mix:
+        params = [dict(sampled, seed=r["seed"] + j) if r["seed"] is not None else {} for j in range(r["n"])]
+        solos.append([solo(solo_llm, prompts[r["prompt"]], r["max_tokens"], **ps).token_ids for ps in params])
+    stops = [None if r["stop"] is None else _stop_string(text_of(tokenizer, s[0]), r["stop"])
+             for r, s in zip(mix, solos)]
+
+    async def client(c: openai.AsyncOpenAI, r: dict, stop: str | None):
+        extra = dict(NO_EOS, top_k=40) if r["seed"] is not None else NO_EOS
+        kwargs = dict(model=MODEL, prompt=prompts[r["prompt"]], max_tokens=r["max_tokens"], n=r["n"],
+                      temperature=0.8 if r["seed"] is not None else 0, seed=r["seed"], stop=stop, extra_body=extra)
+        choices = [{"text": "", "tokens": [], "reason": None} for _ in range(r["n"])]
+        if r["stream"]:
+            async with await c.completions.create(stream=True, **kwargs) as stream:
+                async for chunk in stream:
+                    for ch in chunk.choices:
+                        choices[ch.index]["text"] += ch.text
+                        choices[ch.index]["tokens"] += ch.token_ids or []
+                        choices[ch.index]["reason"] = ch.finish_reason or choices[ch.index]["reason"]
+        else:
+            for ch in (await c.completions.create(**kwargs)).choices:
+                choices[ch.index] = {"text": ch.text, "tokens": ch.token_ids, "reason": ch.finish_reason}
+        return choices
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=live.base + "/v1", api_key="none", max_retries=0, timeout=120) as c:
+            return await asyncio.gather(*(client(c, r, stop) for r, stop in zip(mix, stops)))
+
+    for i, (r, stop, expected, got) in enumerate(zip(mix, stops, solos, asyncio.run(run()))):
+        for j, (want, choice) in enumerate(zip(expected, got)):
+            full = text_of(tokenizer, want)
+            at = full.find(stop) if stop is not None else -1
+            where = f"request {i} {r} choice {j} stop {stop!r}"
+            assert choice["text"] == (full if at < 0 else full[:at]), where
+            assert choice["reason"] == ("length" if at < 0 else "stop"), where
+            assert choice["tokens"] == want[: len(choice["tokens"])], where
+            if at < 0:
+                assert choice["tokens"] == want, where
+    live.assert_nothing_leaked()
 
 
 # --------------------------------------------------------------------------------------------------------------

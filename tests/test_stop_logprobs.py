@@ -157,6 +157,43 @@ def test_a_stop_string_spanning_two_tokens_ends_the_request(llm, tokenizer, over
     assert engine.runtime.caches.num_free_slots == engine.runtime.config.max_num_seqs
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_stop_string_completed_by_the_last_allowed_token_is_the_finish_reason(llm, tokenizer, overlap):
+    """The token that reaches max_tokens completes a stop string: the text is cut where it starts and the request
+    finishes "stop" with the string as its reason (vLLM's output processor), not "length". Oracle: a solo run
+    without stop strings and str.find."""
+    solo = llm.generate("Hello world", SamplingParams(max_tokens=40, **GREEDY), use_tqdm=False)[0]
+    stop, at = two_char_stop(solo.text)
+    n = next(i for i in range(1, 41) if tokenizer.decode(solo.token_ids[:i]).find(stop) >= 0)  # the completing one
+    llm.engine.overlap_decode = overlap
+    try:
+        out = llm.generate("Hello world", SamplingParams(max_tokens=n, stop=[stop], **GREEDY), use_tqdm=False)[0]
+    finally:
+        llm.engine.overlap_decode = False
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    assert out.text == solo.text[:at] and out.token_ids == solo.token_ids[:n]
+
+
+def test_stop_strings_are_not_searched_in_the_first_min_tokens(llm, tokenizer):
+    """A stop string completed inside the first min_tokens tokens is ignored there (vLLM's rule): nothing is cut
+    from the text, and a stop string completed later still stops the request where it starts. Oracle: a solo run
+    without stop strings, str.find."""
+    solo = llm.generate("Hello world", SamplingParams(max_tokens=40, **GREEDY), use_tqdm=False)[0]
+    early, at = two_char_stop(solo.text)
+    completes = [tokenizer.decode(solo.token_ids[:i]) for i in range(1, 41)]
+    n = next(i + 1 for i, text in enumerate(completes) if early in text)  # the token completing it
+    late, late_at = next((solo.text[j : j + 2], j) for j in range(at + 2, len(solo.text) - 1)
+                         if solo.text[j : j + 2].isascii() and solo.text[j : j + 2].isprintable()
+                         and solo.text.find(solo.text[j : j + 2]) == j and solo.text.find(early, at + 1) < 0)
+    assert late not in completes[n - 1]  # completed past the first n tokens
+    params = dict(max_tokens=40, min_tokens=n, **GREEDY)
+    out = llm.generate("Hello world", SamplingParams(stop=[early], **params), use_tqdm=False)[0]
+    assert (out.token_ids, out.text, out.finish_reason) == (solo.token_ids, solo.text, "length")
+    out = llm.generate("Hello world", SamplingParams(stop=[early, late], **params), use_tqdm=False)[0]
+    assert (out.text, out.finish_reason, out.stop_reason) == (solo.text[:late_at], "stop", late)
+    assert out.token_ids == solo.token_ids[: len(out.token_ids)]
+
+
 def test_streamed_text_adds_up_and_stop_text_is_never_shown(llm):
     """Through engine.step (CUMULATIVE outputs): each output's text extends the previous one and never shows the
     stop string; the last one is the stopped text."""
