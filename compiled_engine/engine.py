@@ -868,14 +868,16 @@ class LLMEngine:
         """A new token of the request, in order: its finish reason if it ends the request (a stop token, the length
         limit, or a stop string completed in the detokenized text), with ``stop_reason`` set; else None. Stop
         strings are searched from the token after the first ``min_tokens`` on (vLLM's rule), and one found ends the
-        request as "stop" with the string as its reason whatever else this token does (the length limit, a stop
-        token): the text is cut where it starts."""
+        request as "stop" with the string as its reason even where the token also reaches the length limit: the text
+        is cut where it starts."""
         reason = self._stop_reason(request, token, generated)
         if reason == "stop":
             request.stop_reason = token if token in request.params.stop_token_ids else None  # None: EOS
         detokenizer = request.detokenizer
         if detokenizer is not None:
-            stop = detokenizer.add(token, check_stop=generated > request.params.min_tokens)
+            # A stop token (or EOS) ends the request without its text (vLLM's default; it stays in token_ids).
+            check = generated > request.params.min_tokens
+            stop = None if reason == "stop" else detokenizer.add(token, check_stop=check)
             if stop is not None:
                 reason, request.stop_reason = "stop", stop
             if reason is not None:

@@ -60,7 +60,8 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens less likely than min_p * (probability of the most likely token); in [0, 1]
     max_tokens: int = 16  # generated tokens at most
     min_tokens: int = 0  # EOS and stop tokens are suppressed until this many tokens are generated
-    stop_token_ids: list[int] | None = None  # finish when one of these is generated (it is kept in the output)
+    # Finish when one of these is generated: it ends token_ids, its text is not in the output text (vLLM's default).
+    stop_token_ids: list[int] | None = None
     # Finish when the text contains one of these (matched across token boundaries on the incrementally detokenized
     # text; the stop string and anything after it are not in the output text; its tokens stay in token_ids). As in
     # vLLM, searched from the token after the first min_tokens on, and one found is the finish reason ("stop") even

@@ -11,7 +11,7 @@ Sampler against independent oracles (no model):
 Engine on the tiny HF model (oracle: HF transformers, greedy or teacher-forced):
 * greedy equals HF greedy; seeded sampling reproduces whatever else is in the batch and whenever it arrives;
   sampled tokens lie in the allowed top-k / top-p / min-p set of HF's logits at their position;
-* max_tokens -> "length" (also the max_model_len cap); stop_token_ids -> "stop" with the stop token kept;
+* max_tokens -> "length" (also the max_model_len cap); stop_token_ids -> "stop" with the stop token kept in token_ids;
   EOS from the checkpoint's config.json -> "stop", ignore_eos continues; min_tokens suppresses EOS and stop tokens
   until reached (checked against HF greedy with those tokens masked).
 """

@@ -265,12 +265,13 @@ def test_stop_strings_over_http(live, solo_llm):
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks) == text[: text.find(stop)]
     assert chunks[-1].choices[0].finish_reason == "stop"
-    # a stop token id: the output ends with it (its text included)
+    # a stop token id: the token ids end with it, the text without its text (vLLM's default)
     token = expected.token_ids[5]
     r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=40, temperature=0,
                                        extra_body=dict(NO_EOS, stop_token_ids=[token]))
     first = expected.token_ids.index(token)
     assert r.choices[0].token_ids == expected.token_ids[: first + 1] and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == text_of(tokenizer, expected.token_ids[:first]) and r.choices[0].stop_reason == token
 
 
 def test_logprobs_over_http(live, solo_llm):
