@@ -306,7 +306,8 @@ request_mixes = st.lists(st.fixed_dictionaries({
     "max_tokens": st.integers(1, 14),
     "n": st.integers(1, 2),
     "seed": st.none() | st.integers(0, 1000),  # None: greedy; else sampled, choice j with seed + j
-    "stop": st.none() | st.integers(0, 10**6),  # where in choice 0's solo text the stop string is taken
+    # A stop string (where in choice 0's solo text it is taken) or a stop token id (which of its tokens), or neither
+    "stop": st.none() | st.tuples(st.sampled_from(["string", "token"]), st.integers(0, 10**6)),
     "stream": st.booleans(),
 }), min_size=2, max_size=6)
 
@@ -314,10 +315,11 @@ request_mixes = st.lists(st.fixed_dictionaries({
 @heavy_settings(max_examples=5)
 @given(mix=request_mixes)
 def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
-    """Requests of every kind at once (streamed or not, greedy or seeded sampling, n = 1 or 2, stop strings taken from
-    the output itself, lengths from one token): every choice is its solo run (seed + j for choice j, vLLM's rule)
-    cut where ``str.find`` first finds the stop string in the solo run's text, with finish reason ``stop`` there
-    and ``length`` otherwise; its token ids a prefix of the solo run's. Afterwards nothing is held."""
+    """Requests of every kind at once (streamed or not, greedy or seeded sampling, n = 1 or 2, a stop string or stop
+    token taken from the output itself, lengths from one token): every choice is its solo run (seed + j for choice
+    j, vLLM's rule) cut where ``str.find`` first finds the stop string in the solo run's text (its token ids a prefix
+    of the solo run's), or after the stop token's first occurrence (the token ids through it, the text without it),
+    with finish reason ``stop`` there and ``length`` otherwise. Afterwards nothing is held."""
     tokenizer = live.server.tokenizer
     prompts = prompts_for_clients(12, seed=3)
     sampled = dict(temperature=0.8, top_k=40)
@@ -325,11 +327,15 @@ def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
     for r in mix:
         params = [dict(sampled, seed=r["seed"] + j) if r["seed"] is not None else {} for j in range(r["n"])]
         solos.append([solo(solo_llm, prompts[r["prompt"]], r["max_tokens"], **ps).token_ids for ps in params])
-    stops = [None if r["stop"] is None else _stop_string(text_of(tokenizer, s[0]), r["stop"])
+    stops = [_stop_string(text_of(tokenizer, s[0]), r["stop"][1]) if r["stop"] and r["stop"][0] == "string" else None
              for r, s in zip(mix, solos)]
+    stop_tokens = [s[0][r["stop"][1] % len(s[0])] if r["stop"] and r["stop"][0] == "token" else None
+                   for r, s in zip(mix, solos)]
 
-    async def client(c: openai.AsyncOpenAI, r: dict, stop: str | None):
-        extra = dict(NO_EOS, top_k=40) if r["seed"] is not None else NO_EOS
+    async def client(c: openai.AsyncOpenAI, r: dict, stop: str | None, stop_token: int | None):
+        extra = dict(NO_EOS, top_k=40) if r["seed"] is not None else dict(NO_EOS)
+        if stop_token is not None:
+            extra["stop_token_ids"] = [stop_token]
         kwargs = dict(model=MODEL, prompt=prompts[r["prompt"]], max_tokens=r["max_tokens"], n=r["n"],
                       temperature=0.8 if r["seed"] is not None else 0, seed=r["seed"], stop=stop, extra_body=extra)
         choices = [{"text": "", "tokens": [], "reason": None} for _ in range(r["n"])]
@@ -341,19 +347,27 @@ def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
                         choices[ch.index]["tokens"] += ch.token_ids or []
                         choices[ch.index]["reason"] = ch.finish_reason or choices[ch.index]["reason"]
         else:
-            for ch in (await c.completions.create(**kwargs)).choices:
+            response = await c.completions.create(**kwargs)
+            for ch in response.choices:
                 choices[ch.index] = {"text": ch.text, "tokens": ch.token_ids, "reason": ch.finish_reason}
+            assert response.usage.completion_tokens == sum(len(ch["tokens"]) for ch in choices)
+            assert response.usage.prompt_tokens == len(tokenizer.encode(prompts[r["prompt"]]))
         return choices
 
     async def run():
         async with openai.AsyncOpenAI(base_url=live.base + "/v1", api_key="none", max_retries=0, timeout=120) as c:
-            return await asyncio.gather(*(client(c, r, stop) for r, stop in zip(mix, stops)))
+            return await asyncio.gather(*(client(c, r, stop, token) for r, stop, token in zip(mix, stops, stop_tokens)))
 
-    for i, (r, stop, expected, got) in enumerate(zip(mix, stops, solos, asyncio.run(run()))):
+    for i, (r, stop, token, expected, got) in enumerate(zip(mix, stops, stop_tokens, solos, asyncio.run(run()))):
         for j, (want, choice) in enumerate(zip(expected, got)):
+            where = f"request {i} {r} choice {j} stop {stop!r} stop token {token}"
+            if token is not None and token in want:
+                first = want.index(token)
+                assert choice["tokens"] == want[: first + 1], where
+                assert (choice["text"], choice["reason"]) == (text_of(tokenizer, want[:first]), "stop"), where
+                continue
             full = text_of(tokenizer, want)
             at = full.find(stop) if stop is not None else -1
-            where = f"request {i} {r} choice {j} stop {stop!r}"
             assert choice["text"] == (full if at < 0 else full[:at]), where
             assert choice["reason"] == ("length" if at < 0 else "stop"), where
             assert choice["tokens"] == want[: len(choice["tokens"])], where
