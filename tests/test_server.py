@@ -309,6 +309,7 @@ request_mixes = st.lists(st.fixed_dictionaries({
     # A stop string (where in choice 0's solo text it is taken) or a stop token id (which of its tokens), or neither
     "stop": st.none() | st.tuples(st.sampled_from(["string", "token"]), st.integers(0, 10**6)),
     "stream": st.booleans(),
+    "logprobs": st.none() | st.integers(0, 3),
 }), min_size=2, max_size=6)
 
 
@@ -316,17 +317,20 @@ request_mixes = st.lists(st.fixed_dictionaries({
 @given(mix=request_mixes)
 def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
     """Requests of every kind at once (streamed or not, greedy or seeded sampling, n = 1 or 2, a stop string or stop
-    token taken from the output itself, lengths from one token): every choice is its solo run (seed + j for choice
-    j, vLLM's rule) cut where ``str.find`` first finds the stop string in the solo run's text (its token ids a prefix
-    of the solo run's), or after the stop token's first occurrence (the token ids through it, the text without it),
-    with finish reason ``stop`` there and ``length`` otherwise. Afterwards nothing is held."""
+    token taken from the output itself, lengths from one token, logprobs or not): every choice is its solo run (seed
+    + j for choice j, vLLM's rule) cut where ``str.find`` first finds the stop string in the solo run's text (its
+    token ids a prefix of the solo run's), or after the stop token's first occurrence (the token ids through it, the
+    text without it), with finish reason ``stop`` there and ``length`` otherwise, and a logprob for each of its
+    tokens, the solo run's. Afterwards nothing is held."""
     tokenizer = live.server.tokenizer
     prompts = prompts_for_clients(12, seed=3)
     sampled = dict(temperature=0.8, top_k=40)
-    solos = []
+    solos, solo_logprobs = [], []
     for r in mix:
         params = [dict(sampled, seed=r["seed"] + j) if r["seed"] is not None else {} for j in range(r["n"])]
-        solos.append([solo(solo_llm, prompts[r["prompt"]], r["max_tokens"], **ps).token_ids for ps in params])
+        outs = [solo(solo_llm, prompts[r["prompt"]], r["max_tokens"], logprobs=r["logprobs"], **ps) for ps in params]
+        solos.append([o.token_ids for o in outs])
+        solo_logprobs.append([[lp.logprob for lp in o.logprobs] if r["logprobs"] is not None else None for o in outs])
     stops = [_stop_string(text_of(tokenizer, s[0]), r["stop"][1]) if r["stop"] and r["stop"][0] == "string" else None
              for r, s in zip(mix, solos)]
     stop_tokens = [s[0][r["stop"][1] % len(s[0])] if r["stop"] and r["stop"][0] == "token" else None
@@ -337,8 +341,9 @@ def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
         if stop_token is not None:
             extra["stop_token_ids"] = [stop_token]
         kwargs = dict(model=MODEL, prompt=prompts[r["prompt"]], max_tokens=r["max_tokens"], n=r["n"],
-                      temperature=0.8 if r["seed"] is not None else 0, seed=r["seed"], stop=stop, extra_body=extra)
-        choices = [{"text": "", "tokens": [], "reason": None} for _ in range(r["n"])]
+                      temperature=0.8 if r["seed"] is not None else 0, seed=r["seed"], stop=stop,
+                      logprobs=r["logprobs"], extra_body=extra)
+        choices = [{"text": "", "tokens": [], "reason": None, "logprobs": []} for _ in range(r["n"])]
         if r["stream"]:
             async with await c.completions.create(stream=True, **kwargs) as stream:
                 async for chunk in stream:
@@ -346,10 +351,13 @@ def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
                         choices[ch.index]["text"] += ch.text
                         choices[ch.index]["tokens"] += ch.token_ids or []
                         choices[ch.index]["reason"] = ch.finish_reason or choices[ch.index]["reason"]
+                        if ch.logprobs is not None:
+                            choices[ch.index]["logprobs"] += ch.logprobs.token_logprobs
         else:
             response = await c.completions.create(**kwargs)
             for ch in response.choices:
-                choices[ch.index] = {"text": ch.text, "tokens": ch.token_ids, "reason": ch.finish_reason}
+                choices[ch.index] = {"text": ch.text, "tokens": ch.token_ids, "reason": ch.finish_reason,
+                                     "logprobs": ch.logprobs.token_logprobs if ch.logprobs is not None else []}
             assert response.usage.completion_tokens == sum(len(ch["tokens"]) for ch in choices)
             assert response.usage.prompt_tokens == len(tokenizer.encode(prompts[r["prompt"]]))
         return choices
@@ -361,6 +369,11 @@ def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
     for i, (r, stop, token, expected, got) in enumerate(zip(mix, stops, stop_tokens, solos, asyncio.run(run()))):
         for j, (want, choice) in enumerate(zip(expected, got)):
             where = f"request {i} {r} choice {j} stop {stop!r} stop token {token}"
+            if r["logprobs"] is None:
+                assert choice["logprobs"] == [], where
+            else:
+                want_logprobs = solo_logprobs[i][j][: len(choice["tokens"])]
+                assert choice["logprobs"] == pytest.approx(want_logprobs, abs=1e-4), where
             if token is not None and token in want:
                 first = want.index(token)
                 assert choice["tokens"] == want[: first + 1], where
