@@ -310,13 +310,15 @@ request_mixes = st.lists(st.fixed_dictionaries({
     "stop": st.none() | st.tuples(st.sampled_from(["string", "token"]), st.integers(0, 10**6)),
     "stream": st.booleans(),
     "logprobs": st.none() | st.integers(0, 3),
+    "chat": st.booleans(),  # the prompt as a user message of a chat completion
 }), min_size=2, max_size=6)
 
 
 @heavy_settings(max_examples=5)
 @given(mix=request_mixes)
 def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
-    """Requests of every kind at once (streamed or not, greedy or seeded sampling, n = 1 or 2, a stop string or stop
+    """Requests of every kind at once (completions or chat, streamed or not, greedy or seeded sampling, n = 1 or 2, a
+    stop string or stop
     token taken from the output itself, lengths from one token, logprobs or not): every choice is its solo run (seed
     + j for choice j, vLLM's rule) cut where ``str.find`` first finds the stop string in the solo run's text (its
     token ids a prefix of the solo run's), or after the stop token's first occurrence (the token ids through it, the
@@ -325,10 +327,17 @@ def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
     tokenizer = live.server.tokenizer
     prompts = prompts_for_clients(12, seed=3)
     sampled = dict(temperature=0.8, top_k=40)
+    def prompt_ids(r: dict) -> list[int]:
+        text = prompts[r["prompt"]]
+        if r["chat"]:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=False)
+        return tokenizer.encode(text)
+
     solos, solo_logprobs = [], []
     for r in mix:
         params = [dict(sampled, seed=r["seed"] + j) if r["seed"] is not None else {} for j in range(r["n"])]
-        outs = [solo(solo_llm, prompts[r["prompt"]], r["max_tokens"], logprobs=r["logprobs"], **ps) for ps in params]
+        outs = [solo(solo_llm, prompt_ids(r), r["max_tokens"], logprobs=r["logprobs"], **ps) for ps in params]
         solos.append([o.token_ids for o in outs])
         solo_logprobs.append([[lp.logprob for lp in o.logprobs] if r["logprobs"] is not None else None for o in outs])
     stops = [_stop_string(text_of(tokenizer, s[0]), r["stop"][1]) if r["stop"] and r["stop"][0] == "string" else None
@@ -340,26 +349,38 @@ def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
         extra = dict(NO_EOS, top_k=40) if r["seed"] is not None else dict(NO_EOS)
         if stop_token is not None:
             extra["stop_token_ids"] = [stop_token]
-        kwargs = dict(model=MODEL, prompt=prompts[r["prompt"]], max_tokens=r["max_tokens"], n=r["n"],
-                      temperature=0.8 if r["seed"] is not None else 0, seed=r["seed"], stop=stop,
-                      logprobs=r["logprobs"], extra_body=extra)
+        kwargs = dict(model=MODEL, n=r["n"], temperature=0.8 if r["seed"] is not None else 0, seed=r["seed"],
+                      stop=stop, extra_body=extra)
+        if r["chat"]:
+            create = c.chat.completions.create
+            kwargs.update(messages=[{"role": "user", "content": prompts[r["prompt"]]}],
+                          max_completion_tokens=r["max_tokens"], logprobs=r["logprobs"] is not None,
+                          top_logprobs=r["logprobs"])
+        else:
+            create = c.completions.create
+            kwargs.update(prompt=prompts[r["prompt"]], max_tokens=r["max_tokens"], logprobs=r["logprobs"])
+
+        def logprobs_of(ch) -> list[float]:
+            if ch.logprobs is None:
+                return []
+            return [e.logprob for e in ch.logprobs.content] if r["chat"] else ch.logprobs.token_logprobs
+
         choices = [{"text": "", "tokens": [], "reason": None, "logprobs": []} for _ in range(r["n"])]
         if r["stream"]:
-            async with await c.completions.create(stream=True, **kwargs) as stream:
+            async with await create(stream=True, **kwargs) as stream:
                 async for chunk in stream:
                     for ch in chunk.choices:
-                        choices[ch.index]["text"] += ch.text
-                        choices[ch.index]["tokens"] += ch.token_ids or []
+                        choices[ch.index]["text"] += (ch.delta.content or "") if r["chat"] else ch.text
+                        choices[ch.index]["tokens"] += getattr(ch, "token_ids", None) or []  # (not in a role delta)
                         choices[ch.index]["reason"] = ch.finish_reason or choices[ch.index]["reason"]
-                        if ch.logprobs is not None:
-                            choices[ch.index]["logprobs"] += ch.logprobs.token_logprobs
+                        choices[ch.index]["logprobs"] += logprobs_of(ch)
         else:
-            response = await c.completions.create(**kwargs)
+            response = await create(**kwargs)
             for ch in response.choices:
-                choices[ch.index] = {"text": ch.text, "tokens": ch.token_ids, "reason": ch.finish_reason,
-                                     "logprobs": ch.logprobs.token_logprobs if ch.logprobs is not None else []}
+                choices[ch.index] = {"text": ch.message.content if r["chat"] else ch.text, "tokens": ch.token_ids,
+                                     "reason": ch.finish_reason, "logprobs": logprobs_of(ch)}
             assert response.usage.completion_tokens == sum(len(ch["tokens"]) for ch in choices)
-            assert response.usage.prompt_tokens == len(tokenizer.encode(prompts[r["prompt"]]))
+            assert response.usage.prompt_tokens == len(prompt_ids(r))
         return choices
 
     async def run():
