@@ -989,7 +989,9 @@ class LLMEngine:
         if request.detokenizer is not None:
             text = request.detokenizer.output_text(finished)
         elif finished and self.tokenizer is not None:
-            text = self.tokenizer.decode(generated, skip_special_tokens=True)
+            # As the detokenizer: a stop token's (or EOS's) text is not part of the output text.
+            by_token = request.finish_reason == "stop" and not isinstance(request.stop_reason, str)
+            text = self.tokenizer.decode(generated[:-1] if by_token else generated, skip_special_tokens=True)
         return RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,

@@ -194,6 +194,28 @@ def test_stop_strings_are_not_searched_in_the_first_min_tokens(llm, tokenizer):
     assert out.token_ids == solo.token_ids[: len(out.token_ids)]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_token_ends_the_token_ids_but_not_the_text(llm, tokenizer, stream):
+    """A stop token ends token_ids; the text is that of the tokens before it (vLLM's default), whether the text comes
+    from the detokenizer (streamed: CUMULATIVE outputs) or one decode at the end (LLM.generate's FINAL_ONLY).
+    Oracle: a solo run without the stop token and the tokenizer's decode."""
+    solo = llm.generate("Hello world", SamplingParams(max_tokens=40, **GREEDY), use_tqdm=False)[0]
+    token = next(t for t in solo.token_ids[3:] if tokenizer.decode([t]).strip())  # a token with text of its own
+    first = solo.token_ids.index(token)
+    params = SamplingParams(max_tokens=40, stop_token_ids=[token], **GREEDY)
+    if stream:
+        engine = llm.engine
+        engine.add_request("t", llm._encode("Hello world"), params)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                pass
+    else:
+        out = llm.generate("Hello world", params, use_tqdm=False)[0]
+    assert out.token_ids == solo.token_ids[: first + 1]
+    assert (out.finish_reason, out.stop_reason) == ("stop", token)
+    assert out.text == tokenizer.decode(solo.token_ids[:first], skip_special_tokens=True)
+
+
 def test_streamed_text_adds_up_and_stop_text_is_never_shown(llm):
     """Through engine.step (CUMULATIVE outputs): each output's text extends the previous one and never shows the
     stop string; the last one is the stopped text."""
