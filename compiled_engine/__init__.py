@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 _PUBLIC = {
+    "CompletionOutput": "compiled_engine.engine",
     "LLM": "compiled_engine.llm",
     "LLMEngine": "compiled_engine.engine",
     "RequestOutput": "compiled_engine.engine",

@@ -54,6 +54,20 @@ class TokenLogprobs:
 
 
 @dataclass
+class CompletionOutput:
+    """vLLM's view of one completion (``RequestOutput.outputs[0]``), for code written against vLLM's API. Our logprobs
+    are :class:`TokenLogprobs` (vLLM's: a dict per token); ``cumulative_logprob`` is their sum when asked for."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[TokenLogprobs] | None
+    finish_reason: str | None
+    stop_reason: str | int | None
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
@@ -75,6 +89,13 @@ class RequestOutput:
     @property
     def time_to_first_token(self) -> float | None:
         return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's shape (``out.outputs[0].text``): this request's one completion."""
+        cumulative = None if self.logprobs is None else sum(entry.logprob for entry in self.logprobs)
+        return [CompletionOutput(0, self.text or "", self.token_ids, cumulative, self.logprobs, self.finish_reason,
+                                 self.stop_reason)]
 
 
 @dataclass(eq=False)

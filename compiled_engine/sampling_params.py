@@ -10,6 +10,7 @@ changed since) raises ValueError naming the field:
     ``int``); a bare int, a string or a non-integer element is rejected;
   * ``stop``: None, a string, or a list/tuple of non-empty strings (stored as a list);
   * ``logprobs``: None or an int in [0, 20] (the chosen token's logprob plus that many top ones);
+  * ``n``: 1 (vLLM's field, accepted; several completions of a prompt are several requests);
   * a temperature below ``SAMPLING_EPS`` (1e-5, vLLM's ``_SAMPLING_EPS``) is greedy: it is stored as 0, so every
     path (the ``greedy`` property, the sampler's per-row temperatures) takes the argmax; no 1 / 1e-38 ever
     reaches the sampler.
@@ -72,6 +73,7 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # engine.step(); LLM.generate uses FINAL_ONLY
     # Per generated token: its log-probability and the top ``logprobs`` ones (raw model distribution); None: off.
     logprobs: int | None = None
+    n: int = 1  # completions per prompt: 1 (vLLM's field; the server's `n` runs one request per completion)
 
     def __post_init__(self):
         self.validate()
@@ -85,7 +87,7 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
             setattr(self, name, float(value))
-        for name in ("top_k", "max_tokens", "min_tokens", "seed", "logprobs"):
+        for name in ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "n"):
             value = getattr(self, name)
             if value is None and name in ("seed", "logprobs"):
                 continue
@@ -111,6 +113,8 @@ class SamplingParams:
             ("ignore_eos", isinstance(self.ignore_eos, bool), "must be a bool"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"must be None or an int in [0, {MAX_LOGPROBS}]"),
+            ("n", self.n == 1, "must be 1: one completion a request (several: one request each, with seeds seed + j, "
+                               "as the OpenAI server's n does)"),
         ]
         for field_name, ok, rule in checks:
             if not ok:

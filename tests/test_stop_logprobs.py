@@ -216,6 +216,24 @@ def test_a_stop_token_ends_the_token_ids_but_not_the_text(llm, tokenizer, stream
     assert out.text == tokenizer.decode(solo.token_ids[:first], skip_special_tokens=True)
 
 
+def test_vllm_style_outputs(llm, tokenizer):
+    """Code written for vLLM reads ``out.outputs[0]``: its text is the tokenizer's decode of its tokens (cut at a
+    stop string), its finish and stop reasons the request's, and its cumulative logprob the sum of the tokens'
+    logprobs (the model's log-softmax: its own test above)."""
+    solo = llm.generate("Hello world", SamplingParams(max_tokens=40, **GREEDY), use_tqdm=False)[0]
+    stop, at = two_char_stop(solo.text)
+    outs = llm.generate(["Hello world", "abc"], [SamplingParams(max_tokens=40, stop=[stop], **GREEDY),
+                                                 SamplingParams(max_tokens=6, logprobs=2, n=1, **GREEDY)],
+                        use_tqdm=False)
+    first, second = (out.outputs for out in outs)
+    assert len(first) == len(second) == 1 and first[0].index == 0
+    assert (first[0].text, first[0].finish_reason, first[0].stop_reason) == (solo.text[:at], "stop", stop)
+    assert first[0].token_ids == solo.token_ids[: len(first[0].token_ids)] and first[0].cumulative_logprob is None
+    assert second[0].text == tokenizer.decode(second[0].token_ids, skip_special_tokens=True)
+    assert len(second[0].logprobs) == 6 and second[0].finish_reason == "length"
+    assert second[0].cumulative_logprob == pytest.approx(sum(e.logprob for e in outs[1].logprobs))
+
+
 def test_streamed_text_adds_up_and_stop_text_is_never_shown(llm):
     """Through engine.step (CUMULATIVE outputs): each output's text extends the previous one and never shows the
     stop string; the last one is the stopped text."""
