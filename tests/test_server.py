@@ -318,15 +318,16 @@ request_mixes = st.lists(st.fixed_dictionaries({
 @given(mix=request_mixes)
 def test_concurrent_mixed_requests_equal_solo_runs(live, solo_llm, mix):
     """Requests of every kind at once (completions or chat, streamed or not, greedy or seeded sampling, n = 1 or 2, a
-    stop string or stop
-    token taken from the output itself, lengths from one token, logprobs or not): every choice is its solo run (seed
-    + j for choice j, vLLM's rule) cut where ``str.find`` first finds the stop string in the solo run's text (its
-    token ids a prefix of the solo run's), or after the stop token's first occurrence (the token ids through it, the
-    text without it), with finish reason ``stop`` there and ``length`` otherwise, and a logprob for each of its
-    tokens, the solo run's. Afterwards nothing is held."""
+    stop string or stop token taken from the output itself, lengths from one token, logprobs or not): every choice
+    is its solo run (seed + j for choice j, vLLM's rule) cut where ``str.find`` first finds the stop string in the
+    solo run's text (its token ids a prefix of the solo run's), or after the stop token's first occurrence (the token
+    ids through it, the text without it), with finish reason ``stop`` there and ``length`` otherwise, and a logprob
+    for each of its tokens, the solo run's; usage counts the prompt and the choices' tokens. Afterwards nothing is
+    held."""
     tokenizer = live.server.tokenizer
     prompts = prompts_for_clients(12, seed=3)
     sampled = dict(temperature=0.8, top_k=40)
+
     def prompt_ids(r: dict) -> list[int]:
         text = prompts[r["prompt"]]
         if r["chat"]:
