@@ -182,9 +182,10 @@ def test_stop_strings_are_not_searched_in_the_first_min_tokens(llm, tokenizer):
     early, at = two_char_stop(solo.text)
     completes = [tokenizer.decode(solo.token_ids[:i]) for i in range(1, 41)]
     n = next(i + 1 for i, text in enumerate(completes) if early in text)  # the token completing it
+    assert solo.text.find(early, at + 1) < 0  # its one occurrence
     late, late_at = next((solo.text[j : j + 2], j) for j in range(at + 2, len(solo.text) - 1)
                          if solo.text[j : j + 2].isascii() and solo.text[j : j + 2].isprintable()
-                         and solo.text.find(solo.text[j : j + 2]) == j and solo.text.find(early, at + 1) < 0)
+                         and solo.text.find(solo.text[j : j + 2]) == j)
     assert late not in completes[n - 1]  # completed past the first n tokens
     params = dict(max_tokens=40, min_tokens=n, **GREEDY)
     out = llm.generate("Hello world", SamplingParams(stop=[early], **params), use_tqdm=False)[0]

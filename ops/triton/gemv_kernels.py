@@ -23,8 +23,8 @@ Design, for bandwidth:
         thread; BLOCK_M multiply-adds per weight element, and registers that grow with BLOCK_M x BLOCK_N, hence
         the row ceiling. ops/linear.py runs it at 2-4 rows; the bench and the tests also run it up to the ceiling.
         Tiles are powers of two, so 3 rows (a k = 2 verify's) run as 2 + 1 (``EXTRA_ROW``: the last row in a
-        tile of its own) rather than as 4 with a padded row's multiply-adds and conversions (Triton 3.9, sm_90:
-        435 instructions a loop iteration against 524 for the rule's wide tile, the same 127 registers).
+        tile of its own) rather than as 4 with a padded row's multiply-adds and conversions (the instruction
+        counts: bench/NOTES.md, "The next GPU session").
     The third runs on tensor cores (DOT; BLOCK_M 8 or 16, up to DOT_MAX_ROWS rows): the product as weight @ x^T, the
     weight tile the mma's wide side, Triton's pipelined loop. It issues a fraction of an instruction per weight
     element where the few-rows GEMV issues several, which pays where the GEMV is bound by issuing them: the
