@@ -81,6 +81,8 @@ class RequestOutput:
     text: str | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that finished it (None: EOS, length)
     logprobs: list[TokenLogprobs] | None = None  # one per generated token, with SamplingParams.logprobs
+    # LLM.generate with SamplingParams.n > 1: completions 1 to n - 1 (the fields above and below are completion 0's)
+    more_outputs: list[CompletionOutput] = field(default_factory=list)
     num_cached_tokens: int = 0
     arrival_time: float = 0.0
     first_token_time: float | None = None
@@ -92,10 +94,14 @@ class RequestOutput:
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        """vLLM's shape (``out.outputs[0].text``): this request's one completion."""
+        """vLLM's shape (``out.outputs[j].text``): the prompt's completions, in index order."""
+        return [self.completion(0), *self.more_outputs]
+
+    def completion(self, index: int) -> CompletionOutput:
+        """This output's fields as completion ``index`` of its prompt."""
         cumulative = None if self.logprobs is None else sum(entry.logprob for entry in self.logprobs)
-        return [CompletionOutput(0, self.text or "", self.token_ids, cumulative, self.logprobs, self.finish_reason,
-                                 self.stop_reason)]
+        return CompletionOutput(index, self.text or "", self.token_ids, cumulative, self.logprobs, self.finish_reason,
+                                self.stop_reason)
 
 
 @dataclass(eq=False)
@@ -176,6 +182,10 @@ def validate_request(
         raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]!r}, outside [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("SamplingParams.stop needs a tokenizer: this model folder has none")
+    if params.n != 1:
+        raise ValueError(f"SamplingParams.n must be 1 in an engine request (one completion each), got {params.n}: "
+                         "add one request per completion with params.for_completion(j), as LLM.generate and the "
+                         "server do")
     return token_ids, params
 
 

@@ -113,6 +113,10 @@ class LLM:
     ) -> list[RequestOutput]:
         """One finished RequestOutput per prompt, in prompt order.
 
+        ``SamplingParams.n`` > 1: the prompt's n completions run as n requests (``params.for_completion(j)``: with a
+        seed, completion j draws with seed + j, vLLM's rule) and come back as one RequestOutput, whose ``outputs``
+        lists them in index order and whose own fields are completion 0's.
+
         Ownership: generate drives the engine alone. It raises RuntimeError, queuing nothing, when the engine holds
         requests it did not add (``llm.engine.add_request`` by the caller): its loop would step them too and consume
         their outputs, which would never reach the engine's caller. Finish or abort those first (or drive
@@ -134,15 +138,20 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        # A prompt's completions are consecutive requests: completion j of prompt i is request starts[i] + j.
         token_lists = [self._encode(p) for p in prompts]
-        checked = [self.engine.validate_request(tokens, p) for tokens, p in zip(token_lists, params)]
+        starts, requests = [], []
+        for tokens, p in zip(token_lists, params):
+            starts.append(len(requests))
+            requests += [(tokens, p.for_completion(j)) for j in range(p.n)]
+        checked = [self.engine.validate_request(tokens, p) for tokens, p in requests]
         # Only finished outputs are collected here, so the engine need not build per-step outputs for these requests.
-        params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for _, p in checked]
         ids: list[str] = []
         results: dict[str, RequestOutput] = {}
         try:
-            for (tokens, _), p in zip(checked, params):
-                ids.append(self.engine.add_request(None, tokens, p))
+            for tokens, p in checked:
+                ids.append(self.engine.add_request(
+                    None, tokens, dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)))
             with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm) as bar:
                 while len(results) < len(ids):
                     for out in self.engine.step():
@@ -154,7 +163,12 @@ class LLM:
             # short after it registered: abort them all, or the next call would refuse to run.
             self._abort_all()
             raise
-        return [results[i] for i in ids]
+        outputs = []
+        for start, p in zip(starts, params):
+            out = results[ids[start]]
+            out.more_outputs = [results[ids[start + j]].completion(j) for j in range(1, p.n)]
+            outputs.append(out)
+        return outputs
 
     def _abort_all(self) -> None:
         """Abort every request in the engine (abort_request is idempotent; a request may finish meanwhile)."""

@@ -10,7 +10,8 @@ changed since) raises ValueError naming the field:
     ``int``); a bare int, a string or a non-integer element is rejected;
   * ``stop``: None, a string, or a list/tuple of non-empty strings (stored as a list);
   * ``logprobs``: None or an int in [0, 20] (the chosen token's logprob plus that many top ones);
-  * ``n``: 1 (vLLM's field, accepted; several completions of a prompt are several requests);
+  * ``n``: an int >= 1, completions of the prompt (``LLM.generate`` and the server; ``LLMEngine`` takes n = 1:
+    each completion is a request of its own, ``for_completion(j)``'s params);
   * a temperature below ``SAMPLING_EPS`` (1e-5, vLLM's ``_SAMPLING_EPS``) is greedy: it is stored as 0, so every
     path (the ``greedy`` property, the sampler's per-row temperatures) takes the argmax; no 1 / 1e-38 ever
     reaches the sampler.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -73,7 +74,7 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # engine.step(); LLM.generate uses FINAL_ONLY
     # Per generated token: its log-probability and the top ``logprobs`` ones (raw model distribution); None: off.
     logprobs: int | None = None
-    n: int = 1  # completions per prompt: 1 (vLLM's field; the server's `n` runs one request per completion)
+    n: int = 1  # completions of the prompt (LLM.generate; an LLMEngine request is one completion: for_completion)
 
     def __post_init__(self):
         self.validate()
@@ -113,14 +114,22 @@ class SamplingParams:
             ("ignore_eos", isinstance(self.ignore_eos, bool), "must be a bool"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"must be None or an int in [0, {MAX_LOGPROBS}]"),
-            ("n", self.n == 1, "must be 1: one completion a request (several: one request each, with seeds seed + j, "
-                               "as the OpenAI server's n does)"),
+            ("n", self.n >= 1, "must be an int >= 1"),
         ]
         for field_name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"SamplingParams.{field_name} {rule}, got {getattr(self, field_name)!r}")
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"SamplingParams.min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+
+    def for_completion(self, index: int) -> "SamplingParams":
+        """The params of completion ``index`` (0 to n - 1) of a prompt, one request's (vLLM's parallel-sampling
+        rule): n = 1 and, with a seed, seed + index, so that the completions differ and each is reproducible alone.
+        The sum wraps within int64, the seed's range."""
+        seed = self.seed
+        if seed is not None:
+            seed = (seed + index + 2**63) % 2**64 - 2**63
+        return replace(self, n=1, seed=seed)
 
     @staticmethod
     def _checked_stop_token_ids(stop_token_ids) -> list[int]:

@@ -28,7 +28,6 @@ import json
 import re
 import time
 import uuid
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Literal, Union
 
@@ -268,10 +267,7 @@ class Prepared:
     def choice_params(self, index: int) -> SamplingParams:
         """Choice ``index``'s params: with a seed, the j-th choice of a prompt draws with seed + j (vLLM's rule), so
         that its n choices differ and each is reproducible."""
-        j = index % self.body.n
-        if self.params.seed is None or j == 0:
-            return self.params
-        return dataclasses.replace(self.params, seed=self.params.seed + j)
+        return self.params.for_completion(index % self.body.n)
 
 
 class OpenAIServer:

@@ -183,7 +183,7 @@ BAD_PARAMS = [
     (dict(stop_token_ids=[3, 4.0]), "stop_token_ids"),
     (dict(stop_token_ids=[True]), "stop_token_ids"),
     (dict(stop_token_ids=[torch.tensor([3])]), "stop_token_ids"),
-    (dict(n=2), "n"),  # one completion a request: several are several requests
+    (dict(n=0), "n"),
     (dict(n=True), "n"),
 ]
 
