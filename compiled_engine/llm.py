@@ -3,6 +3,7 @@
     llm = LLM("path/to/checkpoint")                  # or LLM() for the embedded tiny default model
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(temperature=0, max_tokens=32))
     outs[0].text, outs[0].token_ids
+    llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=32))   # the checkpoint's chat template
 
 Request flow (docs/ARCHITECTURE.md, "A step's data flow"): LLM.generate -> LLMEngine.add_request / step ->
 Scheduler.schedule -> Runtime.prefill or Runtime.decode -> ModelExecutor.execute -> HybridModel.forward, or the
@@ -19,6 +20,7 @@ from typing import Sequence as Seq
 import torch
 from tqdm.auto import tqdm
 
+from compiled_engine.chat import render_chat
 from compiled_engine.engine import LLMEngine, RequestOutput
 from compiled_engine.memory_plan import default_max_num_batched_tokens
 from compiled_engine.runtime import Runtime, resolve_device
@@ -169,6 +171,29 @@ class LLM:
             out.more_outputs = [results[ids[start + j]].completion(j) for j in range(1, p.n)]
             outputs.append(out)
         return outputs
+
+    def chat(
+        self,
+        messages: list[dict] | Seq[list[dict]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat``: one conversation (a list of ``{"role", "content"}`` messages; content a string or
+        OpenAI's text parts) or a list of them, each rendered by the checkpoint's chat template
+        (compiled_engine/chat.py; ``chat_template_kwargs`` go to the template, e.g. ``{"enable_thinking": False}``)
+        and generated as ``generate`` does: one finished RequestOutput per conversation, in order."""
+        if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], dict):
+            conversations = [messages]
+        else:
+            conversations = list(messages)
+        if not conversations:
+            raise ValueError("no conversations given")
+        prompts = [render_chat(self.tokenizer, conversation, add_generation_prompt=add_generation_prompt,
+                               chat_template_kwargs=chat_template_kwargs) for conversation in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     def _abort_all(self) -> None:
         """Abort every request in the engine (abort_request is idempotent; a request may finish meanwhile)."""

@@ -41,6 +41,7 @@ from prometheus_client import (
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from compiled_engine.async_llm import AsyncLLM, EngineProcess, QueueFullError, RequestFailedError
+from compiled_engine.chat import render_chat
 from compiled_engine.engine import RequestOutput, TokenLogprobs
 from compiled_engine.llm import LLM, load_tokenizer
 from compiled_engine.runtime import resolve_device
@@ -399,13 +400,10 @@ class OpenAIServer:
         top = body.top_logprobs or 0
         if not 0 <= top <= MAX_LOGPROBS:
             raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs")
-        messages = [{"role": m.role, "content": m.content if not isinstance(m.content, list)
-                     else "".join(part.text for part in m.content)} for m in body.messages]
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as error:  # a template's own checks (roles, order) raise anything
-            raise APIError(400, f"the chat template refused the messages: {error}", "messages") from None
-        prompt = self._encode(text, "messages")
+            prompt = render_chat(self.tokenizer, [m.model_dump() for m in body.messages])
+        except ValueError as error:
+            raise APIError(400, str(error), "messages") from None
         self._check_request(prompt, None, "messages")
         field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

@@ -235,40 +235,6 @@ def test_vllm_style_outputs(llm, tokenizer):
     assert second[0].cumulative_logprob == pytest.approx(sum(e.logprob for e in outs[1].logprobs))
 
 
-def test_n_completions_are_solo_runs_with_seed_plus_index(llm, tokenizer):
-    """``SamplingParams.n``: a prompt's completions come back as one output in index order, completion j equal to a
-    solo run of the prompt with seed + j (vLLM's rule), greedy ones equal to the greedy run; eight completions over
-    the engine's four slots, so later ones queue behind earlier ones."""
-    sampled = dict(temperature=0.9, top_k=50, max_tokens=12, ignore_eos=True, logprobs=1)
-    outs = llm.generate(["Hello world", [1, 2, 3], "abc", "abc"],
-                        [SamplingParams(n=3, seed=11, **sampled), SamplingParams(max_tokens=5, **GREEDY),
-                         SamplingParams(n=2, max_tokens=7, **GREEDY), SamplingParams(n=2, **sampled)],
-                        use_tqdm=False)
-    assert [len(out.outputs) for out in outs] == [3, 1, 2, 2]
-    assert all([c.index for c in out.outputs] == list(range(len(out.outputs))) for out in outs)
-    seeded = outs[0].outputs
-    for j, completion in enumerate(seeded):
-        solo = llm.generate("Hello world", SamplingParams(seed=11 + j, **sampled), use_tqdm=False)[0]
-        assert (completion.token_ids, completion.text) == (solo.token_ids, solo.text), j
-        assert completion.cumulative_logprob == pytest.approx(sum(e.logprob for e in solo.logprobs), abs=LOGPROB_TOL)
-    assert len({tuple(c.token_ids) for c in seeded}) == 3  # seeds 11, 12, 13 draw different completions
-    assert (outs[0].token_ids, outs[0].text) == (seeded[0].token_ids, seeded[0].text)  # the flat fields: completion 0
-    greedy = llm.generate("abc", SamplingParams(max_tokens=7, **GREEDY), use_tqdm=False)[0].token_ids
-    assert [c.token_ids for c in outs[2].outputs] == [greedy, greedy]
-    for completion in outs[3].outputs:  # unseeded: each a full-length sample, its text its tokens' decode
-        assert len(completion.token_ids) == 12
-        assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-    assert not llm.engine.requests
-    with pytest.raises(ValueError, match="SamplingParams.n must be 1 in an engine request"):
-        llm.engine.add_request(None, [1, 2, 3], SamplingParams(n=2))
-
-
-def test_completion_seeds_wrap_within_int64():
-    top = SamplingParams(seed=2**63 - 1, n=3)
-    assert [top.for_completion(j).seed for j in range(3)] == [2**63 - 1, -(2**63), -(2**63) + 1]
-    assert SamplingParams(n=2).for_completion(1).seed is None and top.for_completion(2).n == 1
-
-
 def test_streamed_text_adds_up_and_stop_text_is_never_shown(llm):
     """Through engine.step (CUMULATIVE outputs): each output's text extends the previous one and never shows the
     stop string; the last one is the stopped text."""

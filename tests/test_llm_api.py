@@ -1,0 +1,115 @@
+"""The rest of vLLM's offline API on the embedded tiny default model (CPU): ``SamplingParams.n`` and ``LLM.chat``.
+
+Oracles: solo runs of each completion with its seed (vLLM's seed + j), and HF transformers' own
+``apply_chat_template(..., tokenize=True)`` for a conversation's prompt tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from compiled_engine import LLM, SamplingParams
+from compiled_engine.llm import load_tokenizer
+from compiled_engine.tiny_model import ensure_tiny_model
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+LOGPROB_TOL = 3e-4  # a logprob in a batch against the same one alone: fp32 rounding (tests/test_stop_logprobs.py)
+
+
+@pytest.fixture(scope="module")
+def tiny_path() -> str:
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_path):
+    return load_tokenizer(tiny_path)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_path) -> LLM:
+    return LLM(tiny_path, device="cpu", enforce_eager=True, max_model_len=256, max_num_seqs=4, overlap_decode=False)
+
+
+def test_n_completions_are_solo_runs_with_seed_plus_index(llm, tokenizer):
+    """``SamplingParams.n``: a prompt's completions come back as one output in index order, completion j equal to a
+    solo run of the prompt with seed + j (vLLM's rule), greedy ones equal to the greedy run; eight completions over
+    the engine's four slots, so later ones queue behind earlier ones."""
+    sampled = dict(temperature=0.9, top_k=50, max_tokens=12, ignore_eos=True, logprobs=1)
+    outs = llm.generate(["Hello world", [1, 2, 3], "abc", "abc"],
+                        [SamplingParams(n=3, seed=11, **sampled), SamplingParams(max_tokens=5, **GREEDY),
+                         SamplingParams(n=2, max_tokens=7, **GREEDY), SamplingParams(n=2, **sampled)],
+                        use_tqdm=False)
+    assert [len(out.outputs) for out in outs] == [3, 1, 2, 2]
+    assert all([c.index for c in out.outputs] == list(range(len(out.outputs))) for out in outs)
+    seeded = outs[0].outputs
+    for j, completion in enumerate(seeded):
+        solo = llm.generate("Hello world", SamplingParams(seed=11 + j, **sampled), use_tqdm=False)[0]
+        assert (completion.token_ids, completion.text) == (solo.token_ids, solo.text), j
+        assert completion.cumulative_logprob == pytest.approx(sum(e.logprob for e in solo.logprobs), abs=LOGPROB_TOL)
+    assert len({tuple(c.token_ids) for c in seeded}) == 3  # seeds 11, 12, 13 draw different completions
+    assert (outs[0].token_ids, outs[0].text) == (seeded[0].token_ids, seeded[0].text)  # the flat fields: completion 0
+    greedy = llm.generate("abc", SamplingParams(max_tokens=7, **GREEDY), use_tqdm=False)[0].token_ids
+    assert [c.token_ids for c in outs[2].outputs] == [greedy, greedy]
+    for completion in outs[3].outputs:  # unseeded: each a full-length sample, its text its tokens' decode
+        assert len(completion.token_ids) == 12
+        assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+    assert not llm.engine.requests
+    with pytest.raises(ValueError, match="SamplingParams.n must be 1 in an engine request"):
+        llm.engine.add_request(None, [1, 2, 3], SamplingParams(n=2))
+
+
+def test_completion_seeds_wrap_within_int64():
+    top = SamplingParams(seed=2**63 - 1, n=3)
+    assert [top.for_completion(j).seed for j in range(3)] == [2**63 - 1, -(2**63), -(2**63) + 1]
+    assert SamplingParams(n=2).for_completion(1).seed is None and top.for_completion(2).n == 1
+
+
+CONVERSATION = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another?"}]
+
+
+def template_ids(tokenizer, conversation) -> list[int]:
+    """HF's own tokenization of the rendered template (a BatchEncoding in transformers 5, a list before)."""
+    ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
+def test_chat_generates_from_the_templates_tokens(llm, tokenizer):
+    """``LLM.chat`` of one conversation or several: the prompt is HF's rendering of the template (its own
+    tokenization), and each output equals ``generate`` on those tokens; OpenAI's text parts read as their joined
+    text; ``add_generation_prompt=False`` leaves the assistant's turn unopened."""
+    params = SamplingParams(max_tokens=6, **GREEDY)
+    expected = template_ids(tokenizer, CONVERSATION)
+    solo = llm.generate([expected], params, use_tqdm=False)[0]
+    one = llm.chat(CONVERSATION, params, use_tqdm=False)
+    assert len(one) == 1 and (one[0].prompt_token_ids, one[0].token_ids) == (expected, solo.token_ids)
+    parts = [dict(m, content=[{"type": "text", "text": m["content"][:3]}, {"type": "text", "text": m["content"][3:]}])
+             for m in CONVERSATION]
+    short = CONVERSATION[:2]
+    both = llm.chat([parts, short], params, use_tqdm=False)
+    assert both[0].prompt_token_ids == expected and both[0].token_ids == solo.token_ids
+    short_ids = template_ids(tokenizer, short)
+    assert both[1].prompt_token_ids == short_ids
+    assert both[1].token_ids == llm.generate([short_ids], params, use_tqdm=False)[0].token_ids
+    closed = llm.chat(short, params, use_tqdm=False, add_generation_prompt=False)[0].prompt_token_ids
+    assert short_ids[: len(closed)] == closed and len(closed) < len(short_ids)
+
+
+@pytest.mark.parametrize("messages,match", [
+    ([], "no conversations"),
+    ([[]], "non-empty list of messages"),
+    ([{"content": "hi"}], "string 'role'"),
+    ([{"role": "user", "content": 3}], "content must be"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "only text parts"),
+])
+def test_bad_conversations_raise_value_errors(llm, messages, match):
+    with pytest.raises(ValueError, match=match):
+        llm.chat(messages, use_tqdm=False)
+    assert not llm.engine.requests
+
+
+def test_chat_needs_a_tokenizer(llm, monkeypatch):
+    monkeypatch.setattr(llm, "tokenizer", None)
+    with pytest.raises(ValueError, match="tokenizer"):
+        llm.chat(CONVERSATION, use_tqdm=False)
