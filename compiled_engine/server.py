@@ -168,6 +168,9 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage]
+    # vLLM's extensions: passed to the chat template (Qwen3's {"enable_thinking": false}); the assistant turn opened
+    add_generation_prompt: StrictBool = True
+    chat_template_kwargs: dict[str, Any] | None = None
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
@@ -401,7 +404,9 @@ class OpenAIServer:
         if not 0 <= top <= MAX_LOGPROBS:
             raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs")
         try:
-            prompt = render_chat(self.tokenizer, [m.model_dump() for m in body.messages])
+            prompt = render_chat(self.tokenizer, [m.model_dump() for m in body.messages],
+                                 add_generation_prompt=body.add_generation_prompt,
+                                 chat_template_kwargs=body.chat_template_kwargs)
         except ValueError as error:
             raise APIError(400, str(error), "messages") from None
         self._check_request(prompt, None, "messages")

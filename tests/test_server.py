@@ -214,6 +214,22 @@ def test_chat_equals_solo_greedy_runs(live, solo_llm):
     assert chunks[-1].usage.total_tokens == len(prompt) + 10
 
 
+def test_chat_template_extensions_reach_the_template(live, solo_llm, monkeypatch):
+    """vLLM's ``chat_template_kwargs`` and ``add_generation_prompt`` render the prompt as HF's template does with
+    them (a template that prints a keyword, as Qwen3's reads ``enable_thinking``)."""
+    tokenizer = live.server.tokenizer
+    monkeypatch.setattr(tokenizer, "chat_template", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                        "{% endfor %}{% if add_generation_prompt %}[{{ mood }}] assistant:{% endif %}")
+    messages = [{"role": "user", "content": "hi there"}]
+    for opened, mood in [(True, "terse"), (False, None)]:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=opened, tokenize=False, mood=mood)
+        prompt = tokenizer.encode(text)
+        r = live.client.chat.completions.create(
+            model=MODEL, messages=messages, max_completion_tokens=4, temperature=0,
+            extra_body=dict(NO_EOS, add_generation_prompt=opened, chat_template_kwargs={"mood": mood}))
+        assert r.usage.prompt_tokens == len(prompt) and r.choices[0].token_ids == solo(solo_llm, prompt, 4).token_ids
+
+
 def test_n_choices_equal_solo_runs_with_their_seeds(live, solo_llm):
     """n > 1: each prompt's n choices, prompt by prompt (OpenAI's order); with a seed, choice j of a prompt draws with
     seed + j (vLLM's rule), so each equals the solo run with that seed; greedy choices are all the greedy run. Usage
