@@ -35,7 +35,7 @@ from compiled_engine.detokenizer import IncrementalDetokenizer
 from compiled_engine.drafting_rule import DraftingRule
 from compiled_engine.rejection_sampler import rejection_sample
 from compiled_engine.runtime import Runtime, validate_prompt
-from compiled_engine.sampler import SamplingBatch, sample
+from compiled_engine.sampler import Penalties, SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence, SequenceStatus
@@ -305,6 +305,9 @@ class LLMEngine:
         self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)
         # The ids of those that ask for logprobs: while none does, a step does not look for them row by row.
         self._with_logprobs: set[str] = set()
+        # The ids of those with penalties: their rows are sampled from the logits with their tokens counted
+        # (``_penalties``), in decode steps of their own (no mixed step, no drafting) while any is unfinished.
+        self._with_penalties: set[str] = set()
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
         self._seed_source = random.Random()
         self._next_id = 0
@@ -359,11 +362,14 @@ class LLMEngine:
             self._request_of_seq[seq.seq_id] = request
             if params.logprobs is not None:
                 self._with_logprobs.add(request_id)
+            if params.penalized:
+                self._with_penalties.add(request_id)
             self.scheduler.waiting.append(seq)
         except BaseException:
             self.requests.pop(request_id, None)
             self._request_of_seq.pop(seq.seq_id, None)
             self._with_logprobs.discard(request_id)
+            self._with_penalties.discard(request_id)
             if seq in self.scheduler.waiting:
                 self.scheduler.waiting.remove(seq)
             raise
@@ -481,7 +487,10 @@ class LLMEngine:
 
     def _drafts(self, rows: int) -> bool:
         """Whether ``rows`` decode-ready rows verify drafts this step: not past ``disable_by_batch_size``, nor where
-        the drafting rule says drafting does not pay."""
+        the drafting rule says drafting does not pay, nor while a request with penalties is unfinished (a verify
+        round's target distributions would need each draft counted in the positions after it)."""
+        if self._with_penalties:
+            return False
         if self.disable_by_batch_size is not None and rows > self.disable_by_batch_size:
             return False
         return self.drafting_rule is None or self.drafting_rule.should_draft(rows)
@@ -679,19 +688,23 @@ class LLMEngine:
                 logits = logits[upload(torch.tensor(rows, dtype=torch.long), logits.device)]
         else:
             # Every sequence gets a token, chosen in the decode step itself (its greedy tokens, or ce::sample's draw
-            # inside the graph), unless a request still suppresses its stop tokens (min_tokens): then from the logits,
-            # below. No copy: with a compiled decode the logits and tokens are the graph's output buffers, valid until
+            # inside the graph), unless a request still suppresses its stop tokens (min_tokens) or has penalties: then
+            # from the logits, below. No copy: with a compiled decode the logits and tokens are the graph's output buffers, valid until
             # the next decode step; they are used right here, before it.
             requests = [self._request_of_seq[s.seq_id] for s in seqs]
-            in_step = not any(self._suppressing(r) for r in requests)
+            in_step = not any(self._suppressing(r) or r.params.penalized for r in requests)
             sampling = None
             if in_step and not all(r.params.greedy for r in requests):
                 sampling = self._sampling_inputs(requests)
+            # The penalties count each row's last token, its input here: where that is in flight, only the device
+            # has it (copied before the step, whose graph may write its tokens over the buffer it came in).
+            last_ids = input_ids.clone() if input_ids is not None and not in_step and self._with_penalties else None
             out = self.runtime.decode(seqs, input_ids=input_ids, sampling=sampling)
             if in_step:
                 host = out.host_tokens if out.host_tokens is not None else to_host(out.tokens)
                 return requests, out.tokens, host, self._logprobs(out.logits, out.tokens, num_logprobs)
-            logits = out.logits
+            tokens = self._sample(requests, out.logits, last_ids)
+            return requests, tokens, to_host(tokens), self._logprobs(out.logits, tokens, num_logprobs)
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
         if not requests:
             empty = HostTokens(torch.empty(0, dtype=torch.long), None)
@@ -716,8 +729,15 @@ class LLMEngine:
         return _StepLogprobs.start(logprobs_op(logits, tokens, k))
 
     def _splits(self, batch: ScheduledBatch) -> bool:
-        """Whether ``_launch`` runs a mixed batch's decode rows as a decode step of their own."""
-        return batch.is_prefill and batch.num_decode > self.max_fused_decode_rows
+        """Whether ``_launch`` runs a mixed batch's decode rows as a decode step of their own: past the fused rows'
+        limit, or where one has penalties (a decode step has each row's in-flight input token on the device for
+        ``_penalties``; a mixed step scatters them into its packed ids)."""
+        if not batch.is_prefill or not batch.num_decode:
+            return False
+        if batch.num_decode > self.max_fused_decode_rows:
+            return True
+        return bool(self._with_penalties) and any(
+            self._request_of_seq[s.seq_id].params.penalized for s in batch.seqs[: batch.num_decode])
 
     def _accept(self, requests: list[Request], indices: list[int], logprobs: _StepLogprobs | None = None,
                 rows: list[int] | None = None) -> list[RequestOutput]:
@@ -942,6 +962,7 @@ class LLMEngine:
         self._request_of_seq.pop(request.seq.seq_id, None)
         self.requests.pop(request.request_id, None)
         self._with_logprobs.discard(request.request_id)
+        self._with_penalties.discard(request.request_id)
 
     @staticmethod
     def _suppressing(request: Request) -> bool:
@@ -965,12 +986,47 @@ class LLMEngine:
                                   dtype=torch.int64),
         )
 
-    def _sample(self, requests: list[Request], logits: torch.Tensor) -> torch.Tensor:
-        """The requests' next tokens from a step's logits (prefill steps, and decode steps that suppress tokens)."""
-        # All greedy and nothing to suppress: argmax, without building the per-row parameter tensors.
-        if all(r.params.greedy and not self._suppressing(r) for r in requests):
+    def _sample(self, requests: list[Request], logits: torch.Tensor,
+                last_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The requests' next tokens from a step's logits (prefill steps, and decode steps that suppress tokens or
+        have penalties). ``last_ids``: a decode step's input ids on the device, each row's last token."""
+        # All greedy and nothing to suppress or penalise: argmax, without building the per-row parameter tensors.
+        if all(r.params.greedy and not self._suppressing(r) and not r.params.penalized for r in requests):
             return logits.argmax(dim=-1)
-        return sample(logits, self._sampling_batch(requests, logits.device))
+        batch = self._sampling_batch(requests, logits.device)
+        if self._with_penalties:
+            batch.penalties = self._penalties(requests, logits.device, logits.shape[-1], last_ids)
+        return sample(logits, batch)
+
+    @staticmethod
+    def _penalties(requests: list[Request], device: torch.device, vocab: int,
+                   last_ids: torch.Tensor | None) -> Penalties | None:
+        """The penalised rows' tokens and penalties, in one upload; None when no row has penalties. With
+        ``last_ids`` each row's last token comes from the device (it may still be in flight), the others from the
+        host."""
+        rows = [i for i, r in enumerate(requests) if r.params.penalized]
+        if not rows:
+            return None
+        cut = 1 if last_ids is not None else 0
+        prompts = [requests[i].prompt_token_ids for i in rows]
+        outputs = [requests[i].seq.token_ids[requests[i].seq.num_prompt_tokens : len(requests[i].seq) - cut]
+                   for i in rows]
+        lp, lo = max(map(len, prompts)), max(1, max(map(len, outputs)))
+        flat = rows + [t for p in prompts for t in p + [vocab] * (lp - len(p))]
+        flat += [t for o in outputs for t in o + [vocab] * (lo - len(o))]
+        int64 = upload(torch.tensor(flat, dtype=torch.int64), device)
+        params = [requests[i].params for i in rows]
+        fp32 = upload(torch.tensor([p.presence_penalty for p in params] + [p.frequency_penalty for p in params]
+                                   + [p.repetition_penalty for p in params], dtype=torch.float32), device)
+        n = len(rows)
+        row_ids = int64[:n]
+        return Penalties(
+            rows=row_ids,
+            prompt_tokens=int64[n : n + n * lp].view(n, lp),
+            output_tokens=int64[n + n * lp :].view(n, lo),
+            last_tokens=None if last_ids is None else last_ids[row_ids],
+            presence=fp32[:n], frequency=fp32[n : 2 * n], repetition=fp32[2 * n :],
+        )
 
     def _sampling_batch(self, requests: list[Request], device: torch.device, positions: int = 1) -> SamplingBatch:
         """The rows' sampling parameters: ``positions`` rows per request (a verify step's), drawing its next

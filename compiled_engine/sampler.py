@@ -4,6 +4,7 @@ Randomness is counter-based: the uniform noise for (request seed, output index, 
 three integers computed on the device (splitmix64). A seeded request therefore draws the same tokens whatever
 else is in the batch, after a preemption, and across processes, and no torch.Generator state is shared.
 Sampling is a Gumbel-max draw (the exponential race) among the tokens that top-k, top-p and min-p keep.
+Penalties (presence, frequency, repetition) change a row's logits first (``apply_penalties``), from its tokens.
 """
 
 from __future__ import annotations
@@ -14,7 +15,43 @@ import torch
 
 from ops.sample import sample_op, uniform_noise
 
-__all__ = ["SamplingBatch", "sample", "uniform_noise"]
+__all__ = ["Penalties", "SamplingBatch", "apply_penalties", "sample", "uniform_noise"]
+
+
+@dataclass
+class Penalties:
+    """The penalised rows of a step and their tokens, on the device. Token lists are padded with the vocabulary size
+    (a column dropped after counting)."""
+
+    rows: torch.Tensor  # [P] int64: rows of the step's logits
+    prompt_tokens: torch.Tensor  # [P, Lp] int64
+    output_tokens: torch.Tensor  # [P, Lo] int64: the tokens generated so far (less ``last_tokens``, if given)
+    last_tokens: torch.Tensor | None  # [P] int64: each row's last generated token, where only the device has it
+    presence: torch.Tensor  # [P] fp32
+    frequency: torch.Tensor  # [P] fp32
+    repetition: torch.Tensor  # [P] fp32
+
+
+def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
+    """``logits`` ``[B, V]`` in fp32 with the penalties applied to their rows (a new tensor), as vLLM and OpenAI
+    define them: a token in the prompt or the output has a positive logit divided by the repetition penalty and a
+    negative one multiplied by it; then a token generated c > 0 times loses frequency x c + presence."""
+    vocab = logits.shape[-1]
+    rows = logits.index_select(0, penalties.rows).float()
+    n, device = rows.shape[0], rows.device
+    ones = torch.ones(penalties.output_tokens.shape, dtype=torch.float32, device=device)
+    counts = torch.zeros(n, vocab + 1, dtype=torch.float32, device=device)
+    counts.scatter_add_(1, penalties.output_tokens, ones)
+    if penalties.last_tokens is not None:
+        counts.scatter_add_(1, penalties.last_tokens[:, None], torch.ones(n, 1, dtype=torch.float32, device=device))
+    seen = torch.zeros(n, vocab + 1, dtype=torch.bool, device=device)
+    seen.scatter_(1, penalties.prompt_tokens, True)
+    counts, seen = counts[:, :vocab], seen[:, :vocab]
+    generated = counts > 0
+    repetition = torch.where(seen | generated, penalties.repetition[:, None], 1.0)
+    rows = torch.where(rows > 0, rows / repetition, rows * repetition)
+    rows = rows - penalties.frequency[:, None] * counts - penalties.presence[:, None] * generated
+    return logits.to(torch.float32, copy=True).index_copy_(0, penalties.rows, rows)
 
 
 @dataclass
@@ -32,11 +69,14 @@ class SamplingBatch:
     all_greedy: bool
     use_top_k: bool
     use_top_p: bool
+    penalties: Penalties | None = None
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Next token per row ``[B]`` int64 from logits ``[B, vocab]`` (model dtype or fp32; rows may be strided):
-    ``ce::sample`` after setting the suppressed (row, token) pairs to -inf (min_tokens)."""
+    ``ce::sample`` after the penalties and setting the suppressed (row, token) pairs to -inf (min_tokens)."""
+    if batch.penalties is not None:
+        logits = apply_penalties(logits, batch.penalties)
     if batch.suppress_rows.numel():
         minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype)
         logits = logits.index_put((batch.suppress_rows, batch.suppress_tokens), minus_inf)

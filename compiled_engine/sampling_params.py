@@ -2,7 +2,7 @@
 
 Validation (``SamplingParams.validate``, run at construction and again by whoever takes params that may have been
 changed since) raises ValueError naming the field:
-  * float fields (temperature, top_p, min_p) take any finite real but not a bool or a string; ``inf`` and ``nan``
+  * float fields (temperature, top_p, min_p, the penalties) take any finite real but not a bool or a string; ``inf`` and ``nan``
     are rejected;
   * int fields (top_k, max_tokens, min_tokens, seed) take any ``numbers.Integral`` (numpy ints too, stored as
     ``int``) but not a bool, float or string;
@@ -10,6 +10,7 @@ changed since) raises ValueError naming the field:
     ``int``); a bare int, a string or a non-integer element is rejected;
   * ``stop``: None, a string, or a list/tuple of non-empty strings (stored as a list);
   * ``logprobs``: None or an int in [0, 20] (the chosen token's logprob plus that many top ones);
+  * ``presence_penalty`` and ``frequency_penalty`` in [-2, 2], ``repetition_penalty`` > 0 (vLLM's ranges);
   * ``n``: an int >= 1, completions of the prompt (``LLM.generate`` and the server; ``LLMEngine`` takes n = 1:
     each completion is a request of its own, ``for_completion(j)``'s params);
   * a temperature below ``SAMPLING_EPS`` (1e-5, vLLM's ``_SAMPLING_EPS``) is greedy: it is stored as 0, so every
@@ -75,6 +76,12 @@ class SamplingParams:
     # Per generated token: its log-probability and the top ``logprobs`` ones (raw model distribution); None: off.
     logprobs: int | None = None
     n: int = 1  # completions of the prompt (LLM.generate; an LLMEngine request is one completion: for_completion)
+    # Penalties on the logits before temperature and truncation (vLLM's and OpenAI's definitions; sampler.py):
+    # presence subtracts itself from every token already generated, frequency itself times the token's count so far;
+    # repetition divides a positive logit (multiplies a negative one) of every token in the prompt or the output.
+    presence_penalty: float = 0.0  # in [-2, 2]
+    frequency_penalty: float = 0.0  # in [-2, 2]
+    repetition_penalty: float = 1.0  # > 0; 1 = off
 
     def __post_init__(self):
         self.validate()
@@ -83,7 +90,7 @@ class SamplingParams:
         """Check every field (raises ValueError naming it) and normalise: numpy/torch ints become ints, a
         temperature below SAMPLING_EPS becomes 0 (greedy), top_k -1 becomes 0. Idempotent: the engine may call it
         again on params changed after construction."""
-        for name in ("temperature", "top_p", "min_p"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
@@ -115,6 +122,9 @@ class SamplingParams:
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"must be None or an int in [0, {MAX_LOGPROBS}]"),
             ("n", self.n >= 1, "must be an int >= 1"),
+            ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
+            ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
+            ("repetition_penalty", self.repetition_penalty > 0, "must be > 0"),
         ]
         for field_name, ok, rule in checks:
             if not ok:
@@ -152,6 +162,11 @@ class SamplingParams:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"SamplingParams.stop must be a string or a list of non-empty strings, got {stop!r}")
         return list(stop)
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty applies (its logits need the request's tokens: sampled outside the decode graph)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def greedy(self) -> bool:

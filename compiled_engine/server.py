@@ -4,12 +4,13 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (messages rendered with the tokenizer's chat
 template), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text). Request fields follow OpenAI's
-API with vLLM's extensions (``top_k``, ``min_p``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
-``return_token_ids``); response bodies, ``usage`` and ``finish_reason`` are OpenAI's.
+API (with ``presence_penalty`` and ``frequency_penalty``) and vLLM's extensions (``top_k``, ``min_p``,
+``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``, ``return_token_ids``; chat:
+``chat_template_kwargs``, ``add_generation_prompt``); response bodies, ``usage`` and ``finish_reason`` are OpenAI's.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
-  * 400: malformed JSON, a field of the wrong type or value (``param`` names it), ``n`` > 1, an unsupported option
-    set (penalties, ``logit_bias``, ``suffix``, ``best_of``, ``echo`` with ``logprobs``), a prompt that with
+  * 400: malformed JSON, a field of the wrong type or value (``param`` names it), ``n`` past 64, an unsupported
+    option set (``logit_bias``, ``suffix``, ``best_of``, ``echo`` with ``logprobs``), a prompt that with
     ``max_tokens`` exceeds ``max_model_len`` (vLLM's rule);
   * 404: a model name the server does not serve;
   * 500: the engine step computing the request raised (a stream that started gets an error event, then ``[DONE]``);
@@ -117,11 +118,6 @@ class SamplingFields(BaseModel):
     def check_unsupported(self) -> None:
         if not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {self.n}", "n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise APIError(400, f"{name} is not supported", name)
-        if self.repetition_penalty not in (None, 1, 1.0):
-            raise APIError(400, "repetition_penalty is not supported", "repetition_penalty")
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
@@ -131,7 +127,9 @@ class SamplingFields(BaseModel):
                         max_tokens_field: str = "max_tokens") -> SamplingParams:
         """The body's SamplingParams; a bad value is a 400 naming the body's field (``max_tokens_field``: the one
         that set max_tokens)."""
-        fields = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
+        fields = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                      presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                      repetition_penalty=self.repetition_penalty)
         try:
             return SamplingParams(
                 **{k: v for k, v in fields.items() if v is not None}, seed=self.seed, stop=self.stop,

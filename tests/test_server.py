@@ -725,7 +725,8 @@ BAD_INPUT = [
     (C, dict(OK, prompt="x" * (MAX_MODEL_LEN - 4), max_tokens=8), 400, "max_tokens"),  # with max_tokens, over it
     (C, dict(OK, n=0), 400, "n"),
     (C, dict(OK, n=65), 400, "n"),
-    (C, dict(OK, presence_penalty=0.5), 400, "presence_penalty"),
+    (C, dict(OK, presence_penalty=2.5), 400, "presence_penalty"),  # outside [-2, 2]
+    (C, dict(OK, repetition_penalty=0), 400, "repetition_penalty"),  # must be > 0
     (C, dict(OK, echo=True, logprobs=1), 400, "echo"),
     (C, dict(OK, stream_options={"include_usage": True}), 400, "stream_options"),  # without stream
     (C, dict(OK, model="gpt-4"), 404, "model"),

@@ -1,0 +1,166 @@
+"""Presence, frequency and repetition penalties (SamplingParams; compiled_engine/sampler.py ``apply_penalties``).
+
+Oracles: the definitions (vLLM's and OpenAI's) written out in float64 here, token by token; HF transformers'
+float64 logits of the embedded tiny default checkpoint, penalised by them and argmax'd, for the engine's greedy
+outputs along its paths (synchronous and overlapped steps, decode rows of penalised requests beside prompts that
+arrive later, speculative decoding on, the compiled decode).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from compiled_engine import LLM, SamplingParams
+from compiled_engine import sampler
+from compiled_engine.sampler import Penalties, apply_penalties
+from compiled_engine.tiny_model import ensure_tiny_model
+from tests import hf_models
+from tests.test_engine import heavy_settings
+
+TIE = 1e-3  # compare greedy tokens up to the first step whose top two penalised logits are this close
+
+
+def penalised(logits: torch.Tensor, prompt: list[int], output: list[int], presence: float, frequency: float,
+              repetition: float) -> torch.Tensor:
+    """One row's penalties by their definition, in float64: a token seen in the prompt or the output has its logit
+    divided by ``repetition`` when positive, multiplied when not; a token generated c times loses
+    frequency * c + presence."""
+    out = logits.double().clone()
+    for token in set(prompt) | set(output):
+        out[token] = out[token] / repetition if out[token] > 0 else out[token] * repetition
+    for token, count in Counter(output).items():
+        out[token] -= frequency * count + presence
+    return out
+
+
+def padded(lists: list[list[int]], pad: int, width: int | None = None) -> torch.Tensor:
+    width = max(1, max(map(len, lists))) if width is None else width
+    return torch.tensor([row + [pad] * (width - len(row)) for row in lists], dtype=torch.int64)
+
+
+@heavy_settings(max_examples=60)
+@given(data=st.data(), batch=st.integers(1, 5), vocab=st.integers(2, 40), split_last=st.booleans())
+def test_apply_penalties_matches_the_definition(data, batch, vocab, split_last):
+    """Random rows, some penalised, with repeated tokens and empty lists; ``last_tokens`` (a decode step's input
+    token on the device) counts like the output tokens; rows without penalties are left exactly as they were."""
+    hundredths = lambda lo, hi: st.integers(lo, hi).map(lambda x: x / 100)  # noqa: E731  (no subnormals)
+    logits = torch.tensor(data.draw(st.lists(st.lists(hundredths(-800, 800), min_size=vocab, max_size=vocab),
+                                             min_size=batch, max_size=batch)), dtype=torch.float32)
+    rows = sorted(data.draw(st.sets(st.integers(0, batch - 1), min_size=1)))
+    token = st.integers(0, vocab - 1)
+    prompts = [data.draw(st.lists(token, max_size=8)) for _ in rows]
+    outputs = [data.draw(st.lists(token, min_size=1 if split_last else 0, max_size=12)) for _ in rows]
+    presence, frequency = ([data.draw(hundredths(-200, 200)) for _ in rows] for _ in range(2))
+    repetition = [data.draw(hundredths(10, 300)) for _ in rows]
+    f32 = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
+    got = apply_penalties(logits, Penalties(
+        rows=torch.tensor(rows), prompt_tokens=padded(prompts, vocab),
+        output_tokens=padded([o[:-1] if split_last else o for o in outputs], vocab),
+        last_tokens=torch.tensor([o[-1] for o in outputs]) if split_last else None,
+        presence=f32(presence), frequency=f32(frequency), repetition=f32(repetition)))
+    expected = logits.double().clone()
+    for i, row in enumerate(rows):
+        expected[row] = penalised(logits[row], prompts[i], outputs[i], presence[i], frequency[i], repetition[i])
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), expected, atol=1e-4, rtol=1e-5)
+    untouched = [r for r in range(batch) if r not in rows]
+    assert torch.equal(got[untouched], logits[untouched])
+
+
+@pytest.mark.parametrize("fields,field", [
+    (dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-2.1), "frequency_penalty"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+    (dict(presence_penalty="1"), "presence_penalty"),
+])
+def test_bad_penalties_name_the_field(fields, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**fields)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The engine against HF's logits
+# --------------------------------------------------------------------------------------------------------------
+
+# Prompts whose unpenalised greedy outputs repeat a token within 8-11 steps (the tiny model rarely repeats itself
+# sooner), so that presence and frequency penalties have something to act on.
+PROMPTS = [[5, 9, 5, 9, 5, 9, 5], [166, 32, 97, 113, 122, 72], [96], [3, 3, 3, 3, 3, 3],
+           [183, 111, 71, 144, 252, 182, 42, 166, 17]]
+PENALTIES = [dict(repetition_penalty=1.4), dict(frequency_penalty=1.5), dict(presence_penalty=2.0),
+             dict(), dict(presence_penalty=-0.5, frequency_penalty=1.0, repetition_penalty=0.8)]
+LENGTHS = [14, 16, 14, 9, 16]
+
+
+@pytest.fixture(scope="module")
+def tiny_path() -> str:
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_path) -> list[tuple[list[int], int]]:
+    """Per request: HF's float64 greedy continuation under its penalties, and how many of its tokens are decided
+    (before the first step whose top two penalised logits lie within TIE)."""
+    model = hf_models.load_hf(tiny_path).double()
+    results = []
+    with torch.no_grad():
+        for prompt, penalties, length in zip(PROMPTS, PENALTIES, LENGTHS):
+            kwargs = dict(presence=penalties.get("presence_penalty", 0.0),
+                          frequency=penalties.get("frequency_penalty", 0.0),
+                          repetition=penalties.get("repetition_penalty", 1.0))
+            output, decided = [], None
+            for step in range(length):
+                row = penalised(hf_models.hf_logits(model, prompt + output)[-1], prompt, output, **kwargs)
+                top2 = row.topk(2).values
+                if decided is None and top2[0] - top2[1] < TIE:
+                    decided = step
+                output.append(int(row.argmax()))
+            results.append((output, length if decided is None else decided))
+    return results
+
+
+def test_the_oracle_is_decided_and_the_penalties_change_the_output(tiny_path, oracle):
+    """The comparison below covers most tokens, and without penalties the penalised requests' outputs differ (so a
+    run that ignored them would fail it)."""
+    assert sum(d for _, d in oracle) >= 0.8 * sum(LENGTHS), oracle
+    model = hf_models.load_hf(tiny_path).double()
+    changed = [hf_models.hf_greedy_no_cache(model, p, n)[:d] != out[:d]
+               for (out, d), p, n, kw in zip(oracle, PROMPTS, LENGTHS, PENALTIES) if kw]
+    assert sum(changed) >= 3, changed
+
+
+@pytest.mark.parametrize("mode", ["sync", "overlap", "speculative", "compiled"])
+def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, monkeypatch):
+    """Five requests over two slots (later ones join running ones, so prompt chunks meet penalised decode rows), one
+    without penalties; each greedy output equals the oracle's over its decided tokens. And every token of a
+    penalised request was drawn with exactly its prompt and its output before it counted (the tokens each
+    ``apply_penalties`` call saw, against the final output): one call per token, none counting an in-flight
+    placeholder, which a near-tie-free output alone could miss."""
+    knobs = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2, enforce_eager=mode != "compiled",
+                 overlap_decode=mode != "sync")
+    if mode == "speculative":
+        knobs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 2}
+    llm = LLM(tiny_path, **knobs)
+    seen: list[tuple[list[int], list[int]]] = []  # (prompt, output so far) of each penalised row drawn
+
+    def recording(logits, penalties):
+        vocab = logits.shape[-1]
+        last = [None] * len(penalties.rows) if penalties.last_tokens is None else penalties.last_tokens.tolist()
+        for prompt, output, token in zip(penalties.prompt_tokens.tolist(), penalties.output_tokens.tolist(), last):
+            seen.append(([t for t in prompt if t != vocab],
+                         [t for t in output if t != vocab] + ([] if token is None else [token])))
+        return apply_penalties(logits, penalties)
+
+    monkeypatch.setattr(sampler, "apply_penalties", recording)
+    params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=n, **kw) for n, kw in zip(LENGTHS, PENALTIES)]
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for out, (expected, decided) in zip(outs, oracle):
+        assert out.token_ids[:decided] == expected[:decided], (out.request_id, out.token_ids, expected, decided)
+    assert not llm.engine.requests and not llm.engine._with_penalties
+    for prompt, out, kw in zip(PROMPTS, outs, PENALTIES):
+        drawn = sorted(len(output) for p, output in seen if p == prompt)
+        assert drawn == (list(range(len(out.token_ids))) if kw else []), (prompt, drawn)
+        assert all(output == out.token_ids[: len(output)] for p, output in seen if p == prompt), prompt
