@@ -214,6 +214,18 @@ def test_chat_equals_solo_greedy_runs(live, solo_llm):
     assert chunks[-1].usage.total_tokens == len(prompt) + 10
 
 
+def test_penalties_reach_the_engine(live, solo_llm):
+    """OpenAI's presence and frequency penalties and vLLM's repetition penalty: the choice equals the solo run with
+    them (the engine's penalties are checked against HF's logits in tests/test_penalties.py), which differs from the
+    run without them."""
+    prompt, penalties = [166, 32, 97, 113, 122, 72], dict(presence_penalty=1.5, frequency_penalty=1.0)
+    expected = solo(solo_llm, prompt, 16, repetition_penalty=1.3, **penalties)
+    assert expected.token_ids != solo(solo_llm, prompt, 16).token_ids
+    r = live.client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, **penalties,
+                                       extra_body=dict(NO_EOS, repetition_penalty=1.3))
+    assert r.choices[0].token_ids == expected.token_ids
+
+
 def test_chat_template_extensions_reach_the_template(live, solo_llm, monkeypatch):
     """vLLM's ``chat_template_kwargs`` and ``add_generation_prompt`` render the prompt as HF's template does with
     them (a template that prints a keyword, as Qwen3's reads ``enable_thinking``)."""
