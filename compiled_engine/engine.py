@@ -35,7 +35,7 @@ from compiled_engine.detokenizer import IncrementalDetokenizer
 from compiled_engine.drafting_rule import DraftingRule
 from compiled_engine.rejection_sampler import rejection_sample
 from compiled_engine.runtime import Runtime, validate_prompt
-from compiled_engine.sampler import Penalties, SamplingBatch, sample
+from compiled_engine.sampler import LogitBias, Penalties, SamplingBatch, sample
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence, SequenceStatus
@@ -182,6 +182,9 @@ def validate_request(
         raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]!r}, outside [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("SamplingParams.stop needs a tokenizer: this model folder has none")
+    bad_bias = [t for t in params.logit_bias or () if t >= vocab_size]
+    if bad_bias:
+        raise ValueError(f"SamplingParams.logit_bias has token id {bad_bias[0]}, outside [0, {vocab_size})")
     if params.n != 1:
         raise ValueError(f"SamplingParams.n must be 1 in an engine request (one completion each), got {params.n}: "
                          "add one request per completion with params.for_completion(j), as LLM.generate and the "
@@ -305,9 +308,9 @@ class LLMEngine:
         self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)
         # The ids of those that ask for logprobs: while none does, a step does not look for them row by row.
         self._with_logprobs: set[str] = set()
-        # The ids of those with penalties: their rows are sampled from the logits with their tokens counted
-        # (``_penalties``), in decode steps of their own (no mixed step, no drafting) while any is unfinished.
-        self._with_penalties: set[str] = set()
+        # The ids of those whose logits are adjusted (penalties, logit_bias): their rows are sampled from the logits
+        # (``_sample``), penalised ones in decode steps of their own (``_splits``); nothing drafts while any is here.
+        self._adjusting: set[str] = set()
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
         self._seed_source = random.Random()
         self._next_id = 0
@@ -362,14 +365,14 @@ class LLMEngine:
             self._request_of_seq[seq.seq_id] = request
             if params.logprobs is not None:
                 self._with_logprobs.add(request_id)
-            if params.penalized:
-                self._with_penalties.add(request_id)
+            if params.adjusts_logits:
+                self._adjusting.add(request_id)
             self.scheduler.waiting.append(seq)
         except BaseException:
             self.requests.pop(request_id, None)
             self._request_of_seq.pop(seq.seq_id, None)
             self._with_logprobs.discard(request_id)
-            self._with_penalties.discard(request_id)
+            self._adjusting.discard(request_id)
             if seq in self.scheduler.waiting:
                 self.scheduler.waiting.remove(seq)
             raise
@@ -488,8 +491,8 @@ class LLMEngine:
     def _drafts(self, rows: int) -> bool:
         """Whether ``rows`` decode-ready rows verify drafts this step: not past ``disable_by_batch_size``, nor where
         the drafting rule says drafting does not pay, nor while a request with penalties is unfinished (a verify
-        round's target distributions would need each draft counted in the positions after it)."""
-        if self._with_penalties:
+        round's target distributions would need each draft counted in the positions after it) or a logit bias."""
+        if self._adjusting:
             return False
         if self.disable_by_batch_size is not None and rows > self.disable_by_batch_size:
             return False
@@ -688,17 +691,17 @@ class LLMEngine:
                 logits = logits[upload(torch.tensor(rows, dtype=torch.long), logits.device)]
         else:
             # Every sequence gets a token, chosen in the decode step itself (its greedy tokens, or ce::sample's draw
-            # inside the graph), unless a request still suppresses its stop tokens (min_tokens) or has penalties: then
-            # from the logits, below. No copy: with a compiled decode the logits and tokens are the graph's output buffers, valid until
-            # the next decode step; they are used right here, before it.
+            # inside the graph), unless a request still suppresses its stop tokens (min_tokens) or adjusts its logits
+            # (penalties, logit_bias): then from the logits, below. No copy: with a compiled decode the logits and
+            # tokens are the graph's output buffers, valid until the next decode step; they are used right here.
             requests = [self._request_of_seq[s.seq_id] for s in seqs]
-            in_step = not any(self._suppressing(r) or r.params.penalized for r in requests)
+            in_step = not any(self._suppressing(r) or r.params.adjusts_logits for r in requests)
             sampling = None
             if in_step and not all(r.params.greedy for r in requests):
                 sampling = self._sampling_inputs(requests)
             # The penalties count each row's last token, its input here: where that is in flight, only the device
             # has it (copied before the step, whose graph may write its tokens over the buffer it came in).
-            last_ids = input_ids.clone() if input_ids is not None and not in_step and self._with_penalties else None
+            last_ids = input_ids.clone() if input_ids is not None and not in_step and self._adjusting else None
             out = self.runtime.decode(seqs, input_ids=input_ids, sampling=sampling)
             if in_step:
                 host = out.host_tokens if out.host_tokens is not None else to_host(out.tokens)
@@ -736,7 +739,7 @@ class LLMEngine:
             return False
         if batch.num_decode > self.max_fused_decode_rows:
             return True
-        return bool(self._with_penalties) and any(
+        return bool(self._adjusting) and any(
             self._request_of_seq[s.seq_id].params.penalized for s in batch.seqs[: batch.num_decode])
 
     def _accept(self, requests: list[Request], indices: list[int], logprobs: _StepLogprobs | None = None,
@@ -962,7 +965,7 @@ class LLMEngine:
         self._request_of_seq.pop(request.seq.seq_id, None)
         self.requests.pop(request.request_id, None)
         self._with_logprobs.discard(request.request_id)
-        self._with_penalties.discard(request.request_id)
+        self._adjusting.discard(request.request_id)
 
     @staticmethod
     def _suppressing(request: Request) -> bool:
@@ -990,13 +993,26 @@ class LLMEngine:
                 last_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The requests' next tokens from a step's logits (prefill steps, and decode steps that suppress tokens or
         have penalties). ``last_ids``: a decode step's input ids on the device, each row's last token."""
-        # All greedy and nothing to suppress or penalise: argmax, without building the per-row parameter tensors.
-        if all(r.params.greedy and not self._suppressing(r) and not r.params.penalized for r in requests):
+        # All greedy and nothing to suppress or adjust: argmax, without building the per-row parameter tensors.
+        if all(r.params.greedy and not self._suppressing(r) and not r.params.adjusts_logits for r in requests):
             return logits.argmax(dim=-1)
         batch = self._sampling_batch(requests, logits.device)
-        if self._with_penalties:
+        if self._adjusting:
+            batch.logit_bias = self._logit_bias(requests, logits.device)
             batch.penalties = self._penalties(requests, logits.device, logits.shape[-1], last_ids)
         return sample(logits, batch)
+
+    @staticmethod
+    def _logit_bias(requests: list[Request], device: torch.device) -> LogitBias | None:
+        """The (row, token, bias) triples of the rows with a logit bias, in two uploads; None when none has one."""
+        triples = [(row, token, bias) for row, r in enumerate(requests) if r.params.logit_bias
+                   for token, bias in r.params.logit_bias.items()]
+        if not triples:
+            return None
+        rows, tokens, biases = zip(*triples)
+        ids = upload(torch.tensor(rows + tokens, dtype=torch.int64), device)
+        n = len(rows)
+        return LogitBias(ids[:n], ids[n:], upload(torch.tensor(biases, dtype=torch.float32), device))
 
     @staticmethod
     def _penalties(requests: list[Request], device: torch.device, vocab: int,

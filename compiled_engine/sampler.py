@@ -4,7 +4,8 @@ Randomness is counter-based: the uniform noise for (request seed, output index, 
 three integers computed on the device (splitmix64). A seeded request therefore draws the same tokens whatever
 else is in the batch, after a preemption, and across processes, and no torch.Generator state is shared.
 Sampling is a Gumbel-max draw (the exponential race) among the tokens that top-k, top-p and min-p keep.
-Penalties (presence, frequency, repetition) change a row's logits first (``apply_penalties``), from its tokens.
+A logit bias and then penalties (presence, frequency, repetition; from the row's tokens) change a row's logits first
+(``apply_logit_bias``, ``apply_penalties``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,22 @@ import torch
 
 from ops.sample import sample_op, uniform_noise
 
-__all__ = ["Penalties", "SamplingBatch", "apply_penalties", "sample", "uniform_noise"]
+__all__ = ["LogitBias", "Penalties", "SamplingBatch", "apply_logit_bias", "apply_penalties", "sample", "uniform_noise"]
+
+
+@dataclass
+class LogitBias:
+    """Biases added to single logits of a step, on the device: ``bias[i]`` to (``rows[i]``, ``tokens[i]``)."""
+
+    rows: torch.Tensor  # [n] int64
+    tokens: torch.Tensor  # [n] int64
+    bias: torch.Tensor  # [n] fp32
+
+
+def apply_logit_bias(logits: torch.Tensor, logit_bias: LogitBias) -> torch.Tensor:
+    """``logits`` ``[B, V]`` in fp32 with the biases added (a new tensor)."""
+    out = logits.to(torch.float32, copy=True)
+    return out.index_put_((logit_bias.rows, logit_bias.tokens), logit_bias.bias, accumulate=True)
 
 
 @dataclass
@@ -69,12 +85,16 @@ class SamplingBatch:
     all_greedy: bool
     use_top_k: bool
     use_top_p: bool
+    logit_bias: LogitBias | None = None
     penalties: Penalties | None = None
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Next token per row ``[B]`` int64 from logits ``[B, vocab]`` (model dtype or fp32; rows may be strided):
-    ``ce::sample`` after the penalties and setting the suppressed (row, token) pairs to -inf (min_tokens)."""
+    ``ce::sample`` after the logit bias, the penalties (vLLM's order) and setting the suppressed (row, token) pairs to
+    -inf (min_tokens)."""
+    if batch.logit_bias is not None:
+        logits = apply_logit_bias(logits, batch.logit_bias)
     if batch.penalties is not None:
         logits = apply_penalties(logits, batch.penalties)
     if batch.suppress_rows.numel():

@@ -2,8 +2,8 @@
 
 Validation (``SamplingParams.validate``, run at construction and again by whoever takes params that may have been
 changed since) raises ValueError naming the field:
-  * float fields (temperature, top_p, min_p, the penalties) take any finite real but not a bool or a string; ``inf`` and ``nan``
-    are rejected;
+  * float fields (temperature, top_p, min_p, the penalties) take any finite real but not a bool or a string;
+    ``inf`` and ``nan`` are rejected;
   * int fields (top_k, max_tokens, min_tokens, seed) take any ``numbers.Integral`` (numpy ints too, stored as
     ``int``) but not a bool, float or string;
   * ``stop_token_ids``: None or a list/tuple/set of integer ids (Python, numpy or 0-d torch integers, stored as
@@ -11,6 +11,7 @@ changed since) raises ValueError naming the field:
   * ``stop``: None, a string, or a list/tuple of non-empty strings (stored as a list);
   * ``logprobs``: None or an int in [0, 20] (the chosen token's logprob plus that many top ones);
   * ``presence_penalty`` and ``frequency_penalty`` in [-2, 2], ``repetition_penalty`` > 0 (vLLM's ranges);
+  * ``logit_bias``: None or a dict of token ids (as above) to finite biases in [-100, 100] (OpenAI's range);
   * ``n``: an int >= 1, completions of the prompt (``LLM.generate`` and the server; ``LLMEngine`` takes n = 1:
     each completion is a request of its own, ``for_completion(j)``'s params);
   * a temperature below ``SAMPLING_EPS`` (1e-5, vLLM's ``_SAMPLING_EPS``) is greedy: it is stored as 0, so every
@@ -82,6 +83,8 @@ class SamplingParams:
     presence_penalty: float = 0.0  # in [-2, 2]
     frequency_penalty: float = 0.0  # in [-2, 2]
     repetition_penalty: float = 1.0  # > 0; 1 = off
+    # Added to the token's logit before the penalties (OpenAI's logit_bias, token id -> bias in [-100, 100]).
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self):
         self.validate()
@@ -104,6 +107,7 @@ class SamplingParams:
             setattr(self, name, int(value))
         self.stop_token_ids = self._checked_stop_token_ids(self.stop_token_ids)
         self.stop = self._checked_stop(self.stop)
+        self.logit_bias = self._checked_logit_bias(self.logit_bias)
         if self.top_k == -1:
             self.top_k = 0
         if 0 < self.temperature < SAMPLING_EPS:
@@ -154,6 +158,23 @@ class SamplingParams:
         return ids
 
     @staticmethod
+    def _checked_logit_bias(logit_bias) -> dict[int, float] | None:
+        if logit_bias is None:
+            return None
+        if not isinstance(logit_bias, dict):
+            raise ValueError(f"SamplingParams.logit_bias must be a dict of token id -> bias, got {logit_bias!r}")
+        checked = {}
+        for token, bias in logit_bias.items():
+            token_id = as_token_id(token)
+            if token_id is None or token_id < 0:
+                raise ValueError(f"SamplingParams.logit_bias keys must be token ids (ints >= 0), got {token!r}")
+            if (isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not math.isfinite(bias)
+                    or not -100 <= bias <= 100):
+                raise ValueError(f"SamplingParams.logit_bias values must be numbers in [-100, 100], got {bias!r}")
+            checked[token_id] = float(bias)
+        return checked or None
+
+    @staticmethod
     def _checked_stop(stop) -> list[str]:
         if stop is None:
             return []
@@ -165,8 +186,13 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether any penalty applies (its logits need the request's tokens: sampled outside the decode graph)."""
+        """Whether any penalty applies (they count the request's tokens)."""
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the logits are changed before sampling (penalties, logit_bias): sampled outside the decode graph."""
+        return self.penalized or self.logit_bias is not None
 
     @property
     def greedy(self) -> bool:

@@ -4,13 +4,13 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (messages rendered with the tokenizer's chat
 template), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text). Request fields follow OpenAI's
-API (with ``presence_penalty`` and ``frequency_penalty``) and vLLM's extensions (``top_k``, ``min_p``,
+API (with ``presence_penalty``, ``frequency_penalty`` and ``logit_bias``) and vLLM's extensions (``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``, ``return_token_ids``; chat:
 ``chat_template_kwargs``, ``add_generation_prompt``); response bodies, ``usage`` and ``finish_reason`` are OpenAI's.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
   * 400: malformed JSON, a field of the wrong type or value (``param`` names it), ``n`` past 64, an unsupported
-    option set (``logit_bias``, ``suffix``, ``best_of``, ``echo`` with ``logprobs``), a prompt that with
+    option set (``suffix``, ``best_of``, ``echo`` with ``logprobs``), a prompt that with
     ``max_tokens`` exceeds ``max_model_len`` (vLLM's rule);
   * 404: a model name the server does not serve;
   * 500: the engine step computing the request raised (a stream that started gets an error event, then ``[DONE]``);
@@ -118,10 +118,16 @@ class SamplingFields(BaseModel):
     def check_unsupported(self) -> None:
         if not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {self.n}", "n")
-        if self.logit_bias:
-            raise APIError(400, "logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
+
+    def token_biases(self) -> dict[int, float] | None:
+        """OpenAI's ``logit_bias``, token ids as JSON object keys (strings), as SamplingParams takes it."""
+        if not self.logit_bias:
+            return None
+        if not all(key.isdigit() for key in self.logit_bias):
+            raise APIError(400, "logit_bias keys must be token ids (decimal strings)", "logit_bias")
+        return {int(key): bias for key, bias in self.logit_bias.items()}
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
                         max_tokens_field: str = "max_tokens") -> SamplingParams:
@@ -134,7 +140,7 @@ class SamplingFields(BaseModel):
             return SamplingParams(
                 **{k: v for k, v in fields.items() if v is not None}, seed=self.seed, stop=self.stop,
                 stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
-                max_tokens=max_tokens, logprobs=logprobs,
+                max_tokens=max_tokens, logprobs=logprobs, logit_bias=self.token_biases(),
             )
         except ValueError as error:
             bad = bad_params(error)

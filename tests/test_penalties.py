@@ -1,4 +1,5 @@
-"""Presence, frequency and repetition penalties (SamplingParams; compiled_engine/sampler.py ``apply_penalties``).
+"""Logit bias and presence, frequency and repetition penalties (SamplingParams; compiled_engine/sampler.py
+``apply_logit_bias``, ``apply_penalties``).
 
 Oracles: the definitions (vLLM's and OpenAI's) written out in float64 here, token by token; HF transformers'
 float64 logits of the embedded tiny default checkpoint, penalised by them and argmax'd, for the engine's greedy
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from compiled_engine import LLM, SamplingParams
 from compiled_engine import sampler
-from compiled_engine.sampler import Penalties, apply_penalties
+from compiled_engine.sampler import LogitBias, Penalties, apply_logit_bias, apply_penalties
 from compiled_engine.tiny_model import ensure_tiny_model
 from tests import hf_models
 from tests.test_engine import heavy_settings
@@ -25,12 +26,14 @@ from tests.test_engine import heavy_settings
 TIE = 1e-3  # compare greedy tokens up to the first step whose top two penalised logits are this close
 
 
-def penalised(logits: torch.Tensor, prompt: list[int], output: list[int], presence: float, frequency: float,
-              repetition: float) -> torch.Tensor:
-    """One row's penalties by their definition, in float64: a token seen in the prompt or the output has its logit
-    divided by ``repetition`` when positive, multiplied when not; a token generated c times loses
-    frequency * c + presence."""
+def penalised(logits: torch.Tensor, prompt: list[int], output: list[int], presence: float = 0.0,
+              frequency: float = 0.0, repetition: float = 1.0, bias: dict[int, float] | None = None) -> torch.Tensor:
+    """One row's logit bias and penalties by their definition, in float64, in vLLM's order: the biases added; then
+    a token seen in the prompt or the output has its logit divided by ``repetition`` when positive, multiplied when
+    not; a token generated c times loses frequency * c + presence."""
     out = logits.double().clone()
+    for token, value in (bias or {}).items():
+        out[token] += value
     for token in set(prompt) | set(output):
         out[token] = out[token] / repetition if out[token] > 0 else out[token] * repetition
     for token, count in Counter(output).items():
@@ -72,10 +75,20 @@ def test_apply_penalties_matches_the_definition(data, batch, vocab, split_last):
     assert torch.equal(got[untouched], logits[untouched])
 
 
+def test_apply_logit_bias_adds_each_bias_to_its_logit():
+    logits = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.25, -1.0]])
+    got = apply_logit_bias(logits, LogitBias(torch.tensor([0, 1, 1]), torch.tensor([2, 0, 2]),
+                                             torch.tensor([-100.0, 2.5, 7.0])))
+    assert torch.equal(got, torch.tensor([[1.0, -2.0, -97.0], [3.0, 0.25, 6.0]])) and logits[0, 2] == 3.0
+
+
 @pytest.mark.parametrize("fields,field", [
     (dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-2.1), "frequency_penalty"),
     (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(repetition_penalty=float("inf")), "repetition_penalty"),
     (dict(presence_penalty="1"), "presence_penalty"),
+    (dict(logit_bias=[1]), "logit_bias"), (dict(logit_bias={"1": 2.0}), "logit_bias"),
+    (dict(logit_bias={-1: 2.0}), "logit_bias"), (dict(logit_bias={1: 100.5}), "logit_bias"),
+    (dict(logit_bias={1: True}), "logit_bias"), (dict(logit_bias={1: float("nan")}), "logit_bias"),
 ])
 def test_bad_penalties_name_the_field(fields, field):
     with pytest.raises(ValueError, match=field):
@@ -87,12 +100,19 @@ def test_bad_penalties_name_the_field(fields, field):
 # --------------------------------------------------------------------------------------------------------------
 
 # Prompts whose unpenalised greedy outputs repeat a token within 8-11 steps (the tiny model rarely repeats itself
-# sooner), so that presence and frequency penalties have something to act on.
+# sooner), so that presence and frequency penalties have something to act on; the last two bias tokens of their
+# unbiased outputs ([41]: 219, 115, 174, 71, ...; [112]: 85, 155, 48, 130, ...) down and others up, [41] its own
+# prompt token, whose bias the repetition penalty then halves (vLLM's order: penalties after the bias; the other
+# order outputs 41 first).
 PROMPTS = [[5, 9, 5, 9, 5, 9, 5], [166, 32, 97, 113, 122, 72], [96], [3, 3, 3, 3, 3, 3],
-           [183, 111, 71, 144, 252, 182, 42, 166, 17]]
+           [183, 111, 71, 144, 252, 182, 42, 166, 17], [41], [112]]
 PENALTIES = [dict(repetition_penalty=1.4), dict(frequency_penalty=1.5), dict(presence_penalty=2.0),
-             dict(), dict(presence_penalty=-0.5, frequency_penalty=1.0, repetition_penalty=0.8)]
-LENGTHS = [14, 16, 14, 9, 16]
+             dict(), dict(presence_penalty=-0.5, frequency_penalty=1.0, repetition_penalty=0.8),
+             dict(logit_bias={41: 10.0, 219: -4.0, 71: -2.5}, repetition_penalty=2.0),
+             dict(logit_bias={85: -100.0, 155: -6.0, 7: 2.0})]
+LENGTHS = [14, 16, 14, 9, 16, 10, 8]
+ORACLE_NAMES = dict(presence_penalty="presence", frequency_penalty="frequency", repetition_penalty="repetition",
+                    logit_bias="bias")
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +128,7 @@ def oracle(tiny_path) -> list[tuple[list[int], int]]:
     results = []
     with torch.no_grad():
         for prompt, penalties, length in zip(PROMPTS, PENALTIES, LENGTHS):
-            kwargs = dict(presence=penalties.get("presence_penalty", 0.0),
-                          frequency=penalties.get("frequency_penalty", 0.0),
-                          repetition=penalties.get("repetition_penalty", 1.0))
+            kwargs = {ORACLE_NAMES[name]: value for name, value in penalties.items()}
             output, decided = [], None
             for step in range(length):
                 row = penalised(hf_models.hf_logits(model, prompt + output)[-1], prompt, output, **kwargs)
@@ -123,19 +141,19 @@ def oracle(tiny_path) -> list[tuple[list[int], int]]:
 
 
 def test_the_oracle_is_decided_and_the_penalties_change_the_output(tiny_path, oracle):
-    """The comparison below covers most tokens, and without penalties the penalised requests' outputs differ (so a
-    run that ignored them would fail it)."""
+    """The comparison below covers most tokens, and without their penalties or biases most requests' outputs differ
+    (so a run that ignored them would fail it)."""
     assert sum(d for _, d in oracle) >= 0.8 * sum(LENGTHS), oracle
     model = hf_models.load_hf(tiny_path).double()
     changed = [hf_models.hf_greedy_no_cache(model, p, n)[:d] != out[:d]
                for (out, d), p, n, kw in zip(oracle, PROMPTS, LENGTHS, PENALTIES) if kw]
-    assert sum(changed) >= 3, changed
+    assert sum(changed) >= 5, changed
 
 
 @pytest.mark.parametrize("mode", ["sync", "overlap", "speculative", "compiled"])
 def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, monkeypatch):
-    """Five requests over two slots (later ones join running ones, so prompt chunks meet penalised decode rows), one
-    without penalties; each greedy output equals the oracle's over its decided tokens. And every token of a
+    """Seven requests over two slots (later ones join running ones, so prompt chunks meet penalised decode rows), one
+    without penalties or bias; each greedy output equals the oracle's over its decided tokens. And every token of a
     penalised request was drawn with exactly its prompt and its output before it counted (the tokens each
     ``apply_penalties`` call saw, against the final output): one call per token, none counting an in-flight
     placeholder, which a near-tie-free output alone could miss."""
@@ -159,8 +177,8 @@ def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, mon
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     for out, (expected, decided) in zip(outs, oracle):
         assert out.token_ids[:decided] == expected[:decided], (out.request_id, out.token_ids, expected, decided)
-    assert not llm.engine.requests and not llm.engine._with_penalties
+    assert not llm.engine.requests and not llm.engine._adjusting
     for prompt, out, kw in zip(PROMPTS, outs, PENALTIES):
         drawn = sorted(len(output) for p, output in seen if p == prompt)
-        assert drawn == (list(range(len(out.token_ids))) if kw else []), (prompt, drawn)
+        assert drawn == (list(range(len(out.token_ids))) if SamplingParams(**kw).penalized else []), (prompt, drawn)
         assert all(output == out.token_ids[: len(output)] for p, output in seen if p == prompt), prompt

@@ -214,16 +214,21 @@ def test_chat_equals_solo_greedy_runs(live, solo_llm):
     assert chunks[-1].usage.total_tokens == len(prompt) + 10
 
 
-def test_penalties_reach_the_engine(live, solo_llm):
-    """OpenAI's presence and frequency penalties and vLLM's repetition penalty: the choice equals the solo run with
-    them (the engine's penalties are checked against HF's logits in tests/test_penalties.py), which differs from the
-    run without them."""
+def test_penalties_and_logit_bias_reach_the_engine(live, solo_llm):
+    """OpenAI's presence and frequency penalties, vLLM's repetition penalty and OpenAI's logit_bias: the choice equals
+    the solo run with them (the engine's are checked against HF's logits in tests/test_penalties.py), which differs
+    from the run without them."""
     prompt, penalties = [166, 32, 97, 113, 122, 72], dict(presence_penalty=1.5, frequency_penalty=1.0)
     expected = solo(solo_llm, prompt, 16, repetition_penalty=1.3, **penalties)
     assert expected.token_ids != solo(solo_llm, prompt, 16).token_ids
     r = live.client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, **penalties,
                                        extra_body=dict(NO_EOS, repetition_penalty=1.3))
     assert r.choices[0].token_ids == expected.token_ids
+
+    # OpenAI's logit_bias (token ids as strings): +100 makes token 42 the argmax at every step
+    r = live.client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0,
+                                       logit_bias={"42": 100, "7": -5}, extra_body=NO_EOS)
+    assert r.choices[0].token_ids == [42] * 5 == solo(solo_llm, prompt, 5, logit_bias={42: 100, 7: -5}).token_ids
 
 
 def test_chat_template_extensions_reach_the_template(live, solo_llm, monkeypatch):
@@ -739,6 +744,9 @@ BAD_INPUT = [
     (C, dict(OK, n=65), 400, "n"),
     (C, dict(OK, presence_penalty=2.5), 400, "presence_penalty"),  # outside [-2, 2]
     (C, dict(OK, repetition_penalty=0), 400, "repetition_penalty"),  # must be > 0
+    (C, dict(OK, logit_bias={"x": 1}), 400, "logit_bias"),  # keys are token ids
+    (C, dict(OK, logit_bias={"5": 101}), 400, "logit_bias"),  # OpenAI's range: [-100, 100]
+    (C, dict(OK, logit_bias={"300": 1}), 400, "logit_bias"),  # outside the vocabulary
     (C, dict(OK, echo=True, logprobs=1), 400, "echo"),
     (C, dict(OK, stream_options={"include_usage": True}), 400, "stream_options"),  # without stream
     (C, dict(OK, model="gpt-4"), 404, "model"),
