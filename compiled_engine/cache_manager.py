@@ -83,8 +83,9 @@ class CacheManager:
 
     # ---------------------------------------------------------------------------------------------- admission
     def find_cached_prefix(self, seq: Sequence) -> PrefixHit | None:
-        """The prefix-cache hit a sequence would get if admitted now (None when caching is off or nothing hits)."""
-        return self.prefix_cache.find(seq) if self.prefix_cache is not None else None
+        """The prefix-cache hit a sequence would get if admitted now (None when caching is off, the sequence reads no
+        cached prefix, or nothing hits)."""
+        return self.prefix_cache.find(seq) if self.prefix_cache is not None and seq.reads_prefix_cache else None
 
     def assign_slot(self, seq: Sequence, hit: PrefixHit | None = None) -> None:
         """Give the sequence a state slot: zeroed, or restored from the prefix-cache ``hit`` (sharing its blocks)."""

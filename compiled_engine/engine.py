@@ -22,6 +22,7 @@ drafting is off (the drafting rule, ``disable_by_batch_size``) its plain decode 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import time
 from dataclasses import dataclass, field
@@ -81,6 +82,8 @@ class RequestOutput:
     text: str | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that finished it (None: EOS, length)
     logprobs: list[TokenLogprobs] | None = None  # one per generated token, with SamplingParams.logprobs
+    # With SamplingParams.prompt_logprobs: None for the first prompt token, then one per prompt token (once computed)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     # LLM.generate with SamplingParams.n > 1: completions 1 to n - 1 (the fields above and below are completion 0's)
     more_outputs: list[CompletionOutput] = field(default_factory=list)
     num_cached_tokens: int = 0
@@ -121,6 +124,11 @@ class Request:
     # The text so far, token by token: for requests that stream or have stop strings (with a tokenizer).
     detokenizer: IncrementalDetokenizer | None = None
     logprobs: list[TokenLogprobs] | None = None  # with SamplingParams.logprobs
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # with SamplingParams.prompt_logprobs, as computed
+
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether prompt tokens' logprobs are still to compute (its prefill chunks need every position's logits)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
 
 @dataclass
@@ -152,6 +160,9 @@ class _LogprobTable:
         return TokenLogprobs(token, self.chosen[row], list(zip(self.top_ids[row][:n], self.top_values[row][:n])))
 
 
+# The most tokens of a prefill chunk of a request with prompt_logprobs, and of the prefill steps that compute them:
+# their logits are computed at every position, [tokens, vocab] fp32 (2 GB at Qwen3.5's 248,320 ids).
+PROMPT_LOGPROBS_CHUNK = 2048
 PLACEHOLDER_TOKEN = 0  # an overlapped step's token before it is read back: never read (the device has the real one)
 
 
@@ -334,6 +345,9 @@ class LLMEngine:
         token_ids, params = validate_request(prompt_token_ids, params, max_model_len=runtime.max_model_len,
                                              vocab_size=runtime.model_config.vocab_size,
                                              has_tokenizer=self.tokenizer is not None)
+        if params.prompt_logprobs is not None and self.num_speculative_tokens:
+            raise ValueError("SamplingParams.prompt_logprobs is not supported with speculative decoding (its prompt "
+                             "steps keep only each sequence's last hidden state)")
         return token_ids, params
 
     def add_request(
@@ -355,6 +369,9 @@ class LLMEngine:
             request.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
         if params.logprobs is not None:
             request.logprobs = []
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]
+            seq.reads_prefix_cache, seq.max_chunk_tokens = False, PROMPT_LOGPROBS_CHUNK
         # Registered in the engine and queued in the scheduler in one step: the statements below call no Python
         # function (dict stores, a deque append), so an interrupt (a signal's KeyboardInterrupt runs between
         # bytecodes, a tracer's at a call) cannot leave the request in one and not the other; should one land
@@ -682,6 +699,9 @@ class LLMEngine:
                 logprobs = _StepLogprobs.start(tuple(torch.cat(pair) for pair in both))
             return requests + more, tokens, to_host(tokens), logprobs
         seqs = batch.seqs
+        if batch.is_prefill and any(self._request_of_seq[s.seq_id].wants_prompt_logprobs()
+                                    for s in seqs[batch.num_decode:]):
+            return self._launch_prompt_logprobs(batch, device_input_ids, num_logprobs)
         if batch.is_prefill:
             logits = self.runtime.prefill(seqs, batch.num_tokens, device_input_ids=device_input_ids)
             # Only sequences whose every token is now computed produce a token (not the middle chunks of a prompt).
@@ -714,6 +734,78 @@ class LLMEngine:
             return requests, logits.new_empty(0, dtype=torch.long), empty, None
         tokens = self._sample(requests, logits)
         return requests, tokens, to_host(tokens), self._logprobs(logits, tokens, num_logprobs)
+
+    def _launch_prompt_logprobs(
+        self, batch: ScheduledBatch, device_input_ids: tuple[torch.Tensor, torch.Tensor] | None,
+        num_logprobs: int | None,
+    ) -> tuple[list[Request], torch.Tensor, HostTokens, _StepLogprobs | None]:
+        """A prefill batch with chunks of requests that want prompt logprobs: the other rows as one prefill step (the
+        decode rows still first, so that ``device_input_ids`` index the same tokens), then those chunks in steps of
+        at most PROMPT_LOGPROBS_CHUNK tokens with every position's logits, from which their prompt tokens' logprobs
+        are read (``_take_prompt_logprobs``; a host sync); ``_launch``'s results for all rows, in that order."""
+        wanted = [i >= batch.num_decode and self._request_of_seq[s.seq_id].wants_prompt_logprobs()
+                  for i, s in enumerate(batch.seqs)]
+        rest = [i for i, w in enumerate(wanted) if not w]
+        parts = []
+        if rest:
+            parts.append(self._launch(ScheduledBatch(True, [batch.seqs[i] for i in rest],
+                                                     [batch.num_tokens[i] for i in rest], batch.num_decode),
+                                      device_input_ids=device_input_ids, num_logprobs=num_logprobs))
+        groups, tokens = [[]], 0
+        for i in (i for i, w in enumerate(wanted) if w):
+            if groups[-1] and tokens + batch.num_tokens[i] > PROMPT_LOGPROBS_CHUNK:
+                groups.append([])
+                tokens = 0
+            groups[-1].append(i)
+            tokens += batch.num_tokens[i]
+        for group in groups:
+            seqs, counts = [batch.seqs[i] for i in group], [batch.num_tokens[i] for i in group]
+            starts = [s.num_computed_tokens for s in seqs]
+            logits = self.runtime.prefill(seqs, counts, all_logits=True)
+            self._take_prompt_logprobs(seqs, starts, counts, logits)
+            ends = [offset + n - 1 for offset, n in zip(itertools.accumulate([0] + counts), counts)]
+            rows = [row for row, s in zip(ends, seqs) if s.num_uncomputed_tokens == 0]
+            if rows:
+                last = logits[upload(torch.tensor(rows, dtype=torch.long), logits.device)]
+                requests = [self._request_of_seq[s.seq_id] for s in seqs if s.num_uncomputed_tokens == 0]
+                sampled = self._sample(requests, last)
+                parts.append((requests, sampled, None, self._logprobs(last, sampled, num_logprobs)))
+        parts = [part for part in parts if part[0]]
+        if not parts:
+            return [], torch.empty(0, dtype=torch.long, device=self.runtime.device), HostTokens(
+                torch.empty(0, dtype=torch.long), None), None
+        requests = [r for part in parts for r in part[0]]
+        tokens = torch.cat([part[1] for part in parts])
+        logprobs = None
+        if num_logprobs is not None:
+            logprobs = _StepLogprobs.start(tuple(torch.cat(pair) for pair in zip(*(p[3].device for p in parts))))
+        return requests, tokens, to_host(tokens), logprobs
+
+    def _take_prompt_logprobs(self, seqs: list[Sequence], starts: list[int], counts: list[int],
+                              logits: torch.Tensor) -> None:
+        """Append to each sequence's request the logprobs of the prompt tokens its chunk's logits predict (the logits
+        at position p give token p + 1's); positions computed before a preemption are not taken twice."""
+        rows, chosen, owners = [], [], []
+        offset = 0
+        for seq, start, n in zip(seqs, starts, counts):
+            request = self._request_of_seq[seq.seq_id]
+            prompt = request.prompt_token_ids
+            for p in range(max(start, len(request.prompt_logprobs) - 1), min(start + n, len(prompt) - 1)):
+                rows.append(offset + p - start)
+                chosen.append(prompt[p + 1])
+                owners.append(request)
+            offset += n
+        if not rows:
+            return
+        device = logits.device
+        k = max(r.params.prompt_logprobs for r in owners)
+        table = _StepLogprobs.start(logprobs_op(logits[upload(torch.tensor(rows, dtype=torch.long), device)],
+                                                upload(torch.tensor(chosen, dtype=torch.long), device), k)).read()
+        for i, (request, token) in enumerate(zip(owners, chosen)):
+            request.prompt_logprobs.append(table.entry(i, token, request.params.prompt_logprobs))
+        for seq in seqs:
+            if not self._request_of_seq[seq.seq_id].wants_prompt_logprobs():  # done: a recompute reads the cache
+                seq.reads_prefix_cache, seq.max_chunk_tokens = True, None
 
     def _num_logprobs(self, seqs: list[Sequence]) -> int | None:
         """The most top logprobs a request of the step asks for; None when none asks for logprobs."""
@@ -1105,6 +1197,7 @@ class LLMEngine:
             text=text,
             stop_reason=request.stop_reason,
             logprobs=None if request.logprobs is None else list(request.logprobs),
+            prompt_logprobs=request.prompt_logprobs if not request.wants_prompt_logprobs() else None,
             num_cached_tokens=seq.num_cached_tokens,
             arrival_time=request.arrival_time,
             first_token_time=request.first_token_time,

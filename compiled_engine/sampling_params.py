@@ -10,6 +10,7 @@ changed since) raises ValueError naming the field:
     ``int``); a bare int, a string or a non-integer element is rejected;
   * ``stop``: None, a string, or a list/tuple of non-empty strings (stored as a list);
   * ``logprobs``: None or an int in [0, 20] (the chosen token's logprob plus that many top ones);
+    ``prompt_logprobs`` the same, for each prompt token after the first;
   * ``presence_penalty`` and ``frequency_penalty`` in [-2, 2], ``repetition_penalty`` > 0 (vLLM's ranges);
   * ``logit_bias``: None or a dict of token ids (as above) to finite biases in [-100, 100] (OpenAI's range);
   * ``n``: an int >= 1, completions of the prompt (``LLM.generate`` and the server; ``LLMEngine`` takes n = 1:
@@ -76,6 +77,9 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # engine.step(); LLM.generate uses FINAL_ONLY
     # Per generated token: its log-probability and the top ``logprobs`` ones (raw model distribution); None: off.
     logprobs: int | None = None
+    # Per prompt token after the first: its log-probability given the tokens before it and the top ones (as logprobs;
+    # vLLM's field). The prompt is computed whole (no prefix-cache hit), in chunks of at most PROMPT_LOGPROBS_CHUNK.
+    prompt_logprobs: int | None = None
     n: int = 1  # completions of the prompt (LLM.generate; an LLMEngine request is one completion: for_completion)
     # Penalties on the logits before temperature and truncation (vLLM's and OpenAI's definitions; sampler.py):
     # presence subtracts itself from every token already generated, frequency itself times the token's count so far;
@@ -98,9 +102,9 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
             setattr(self, name, float(value))
-        for name in ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "n"):
+        for name in ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "prompt_logprobs", "n"):
             value = getattr(self, name)
-            if value is None and name in ("seed", "logprobs"):
+            if value is None and name in ("seed", "logprobs", "prompt_logprobs"):
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"SamplingParams.{name} must be an int, got {value!r} ({type(value).__name__})")
@@ -124,6 +128,8 @@ class SamplingParams:
              "must be None or an int in [-2**63, 2**63) (it travels as int64)"),
             ("ignore_eos", isinstance(self.ignore_eos, bool), "must be a bool"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"must be None or an int in [0, {MAX_LOGPROBS}]"),
+            ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"must be None or an int in [0, {MAX_LOGPROBS}]"),
             ("n", self.n >= 1, "must be an int >= 1"),
             ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),

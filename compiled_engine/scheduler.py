@@ -208,7 +208,7 @@ class Scheduler:
                 seq = self.waiting[0]
                 hit = self.caches.find_cached_prefix(seq)
                 cached = hit.num_tokens if hit is not None else 0
-                if prefix_cache is not None and self.running:
+                if prefix_cache is not None and self.running and seq.reads_prefix_cache:
                     if pending is None:
                         pending = {key for s in self.running for key in prefix_cache.upcoming_snapshot_keys(s)}
                     if pending and prefix_cache.would_wait_for(seq, cached, pending):
@@ -254,8 +254,9 @@ class Scheduler:
         return total
 
     def _chunk(self, seq: Sequence, start: int, budget: int) -> int:
-        """Tokens to compute from ``start``: all that remain, within the budget, ending at a snapshot boundary."""
-        n = min(len(seq.token_ids) - start, budget)
+        """Tokens to compute from ``start``: all that remain, within the budget and the sequence's own chunk limit,
+        ending at a snapshot boundary."""
+        n = min(len(seq.token_ids) - start, budget, seq.max_chunk_tokens or budget)
         limit = self.caches.max_chunk(start)
         return n if limit is None else min(n, limit)
 

@@ -29,6 +29,11 @@ class Sequence:
     # The length at which the request finishes by length (prompt + max_tokens, at most max_model_len), for the
     # scheduler's growth reserve; None: unknown (Runtime users), nothing reserved.
     length_limit: int | None = None
+    # Whether admission may start it after a cached prefix, and the most tokens a prefill chunk of it computes (None:
+    # the step's budget): a request that needs its prompt's logits (prompt_logprobs) computes it all, in chunks whose
+    # all-position logits stay small.
+    reads_prefix_cache: bool = True
+    max_chunk_tokens: int | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     # The Runtime that made the sequence (Runtime.new_sequence stamps its token): its blocks and slot are rows of that
     # runtime's caches only, so Runtime.build_step refuses a sequence of another one.

@@ -184,6 +184,8 @@ BAD_PARAMS = [
     (dict(stop_token_ids=[True]), "stop_token_ids"),
     (dict(stop_token_ids=[torch.tensor([3])]), "stop_token_ids"),
     (dict(n=0), "n"),
+    (dict(prompt_logprobs=21), "prompt_logprobs"),
+    (dict(prompt_logprobs=-1), "prompt_logprobs"),
     (dict(n=True), "n"),
 ]
 

@@ -1,16 +1,23 @@
-"""The rest of vLLM's offline API on the embedded tiny default model (CPU): ``SamplingParams.n`` and ``LLM.chat``.
+"""The rest of vLLM's offline API on the embedded tiny default model (CPU): ``SamplingParams.n``, ``LLM.chat`` and
+``SamplingParams.prompt_logprobs``.
 
-Oracles: solo runs of each completion with its seed (vLLM's seed + j), and HF transformers' own
-``apply_chat_template(..., tokenize=True)`` for a conversation's prompt tokens.
+Oracles: solo runs of each completion with its seed (vLLM's seed + j); HF transformers' own
+``apply_chat_template(..., tokenize=True)`` for a conversation's prompt tokens; HF's float64 log-softmax of the
+checkpoint's logits over a prompt for its prompt logprobs.
 """
 
 from __future__ import annotations
 
+import random
+
 import pytest
+import torch
 
 from compiled_engine import LLM, SamplingParams
+from compiled_engine import engine as engine_module
 from compiled_engine.llm import load_tokenizer
 from compiled_engine.tiny_model import ensure_tiny_model
+from tests import hf_models
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 LOGPROB_TOL = 3e-4  # a logprob in a batch against the same one alone: fp32 rounding (tests/test_stop_logprobs.py)
@@ -113,3 +120,61 @@ def test_chat_needs_a_tokenizer(llm, monkeypatch):
     monkeypatch.setattr(llm, "tokenizer", None)
     with pytest.raises(ValueError, match="tokenizer"):
         llm.chat(CONVERSATION, use_tqdm=False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# prompt_logprobs
+# --------------------------------------------------------------------------------------------------------------
+
+
+def check_prompt_logprobs(entries, prompt: list[int], log_softmax: torch.Tensor, k: int) -> None:
+    """``entries`` against HF's float64 log-softmax over ``prompt`` (row p predicts token p + 1): None first, then
+    each token's logprob and the k most likely (ids checked through their own logprobs: ties may order apart)."""
+    assert len(entries) == len(prompt) and entries[0] is None
+    for i in range(1, len(prompt)):
+        entry, row = entries[i], log_softmax[i - 1]
+        assert entry.token_id == prompt[i] and entry.logprob == pytest.approx(row[prompt[i]].item(), abs=LOGPROB_TOL)
+        assert len(entry.top) == k
+        top = row.topk(k).values.tolist()
+        assert [v for _, v in entry.top] == pytest.approx(top, abs=LOGPROB_TOL), i
+        assert all(row[t].item() == pytest.approx(v, abs=LOGPROB_TOL) for t, v in entry.top), i
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_prompt_logprobs_are_the_models_log_softmax(tiny_path, monkeypatch, overlap):
+    """Against HF's float64 log-softmax of each prompt: prompts longer than the chunk (16 here) span several chunks,
+    beside a request without prompt logprobs that decodes meanwhile; a prompt whose prefix is cached still gets every
+    position (computed whole: no cached tokens, where the same prompt without prompt logprobs hits the cache); the
+    generated tokens are those of runs without prompt logprobs."""
+    monkeypatch.setattr(engine_module, "PROMPT_LOGPROBS_CHUNK", 16)
+    model = hf_models.load_hf(tiny_path).double()
+    rng = random.Random(4)
+    first = [rng.randrange(256) for _ in range(80)]
+    shared = first[:72] + [rng.randrange(256) for _ in range(9)]
+    short = [rng.randrange(256) for _ in range(5)]
+    llm = LLM(tiny_path, device="cpu", dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=3,
+              overlap_decode=overlap, enable_prefix_caching=True, prefix_snapshot_interval=64)
+    greedy = dict(temperature=0.0, ignore_eos=True, max_tokens=6)
+    plain = [o.token_ids for o in llm.generate([first, short, shared], SamplingParams(**greedy), use_tqdm=False)]
+    outs = llm.generate([first, short, [7, 8]],
+                        [SamplingParams(prompt_logprobs=3, **greedy), SamplingParams(**dict(greedy, max_tokens=20)),
+                         SamplingParams(prompt_logprobs=0, **greedy)], use_tqdm=False)
+    with torch.no_grad():
+        log_softmax = lambda ids: hf_models.hf_logits(model, ids).log_softmax(-1)  # noqa: E731
+        check_prompt_logprobs(outs[0].prompt_logprobs, first, log_softmax(first), 3)
+        check_prompt_logprobs(outs[2].prompt_logprobs, [7, 8], log_softmax([7, 8]), 0)
+        assert outs[1].prompt_logprobs is None
+        assert [outs[0].token_ids, outs[1].token_ids[:6]] == plain[:2]
+        cached, whole = llm.generate([shared, shared], [SamplingParams(**greedy),
+                                                        SamplingParams(prompt_logprobs=1, **greedy)], use_tqdm=False)
+        assert cached.num_cached_tokens > 0 and whole.num_cached_tokens == 0
+        check_prompt_logprobs(whole.prompt_logprobs, shared, log_softmax(shared), 1)
+        assert cached.token_ids == whole.token_ids == plain[2]
+    assert not llm.engine.requests
+
+
+def test_prompt_logprobs_are_refused_with_speculative_decoding(tiny_path):
+    llm = LLM(tiny_path, device="cpu", enforce_eager=True, max_model_len=128, max_num_seqs=2,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        llm.generate([1, 2, 3], SamplingParams(prompt_logprobs=1), use_tqdm=False)
