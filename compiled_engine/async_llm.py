@@ -20,7 +20,7 @@ behind yields one merged output for the outputs it missed.
     and of the event loop (per stream chunk: the queue hand-off, SSE rendering, the socket write) share it.
   * ``EngineProcess`` (``serve``'s default on CUDA): the loop in a spawned process that builds the ``LLM`` itself
     (vLLM's engine-core split), with commands in and outputs out over pipes, as deltas (new tokens, new text, new
-    logprobs) rebuilt into cumulative outputs here. The engine's host work then never waits for the event loop's.
+    logprobs; the prompt's logprobs with the first) rebuilt into cumulative outputs here. The engine's host work then never waits for the event loop's.
 
 Faults: a request whose stream is closed before it finished (a client that disconnects: the server's iterator is
 cancelled or closed) is aborted, which frees its KV blocks, state slot and snapshot references. A step that raises
@@ -265,6 +265,7 @@ class _Remote:
     token_ids: list[int] = field(default_factory=list)
     text: str | None = None
     logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 class EngineProcess:
@@ -361,7 +362,7 @@ class EngineProcess:
         if not isinstance(item, tuple):  # an error (or None: aborted)
             self._requests.pop(request_id, None)
             return request_id, item
-        new_tokens, new_text, new_logprobs, finished, reason, stop_reason, cached = item
+        new_tokens, new_text, new_logprobs, prompt_logprobs, finished, reason, stop_reason, cached = item
         remote = self._requests.get(request_id)
         if remote is None:  # its stream closed meanwhile
             return request_id, None
@@ -370,11 +371,13 @@ class EngineProcess:
             remote.text = (remote.text or "") + new_text
         if new_logprobs is not None:
             remote.logprobs = (remote.logprobs or []) + [TokenLogprobs(t, v, top) for t, v, top in new_logprobs]
+        if prompt_logprobs is not None:
+            remote.prompt_logprobs = [None] + [TokenLogprobs(t, v, top) for t, v, top in prompt_logprobs]
         if finished:
             del self._requests[request_id]
         out = RequestOutput(request_id, remote.prompt_token_ids, list(remote.token_ids), new_tokens, finished,
                             reason, remote.text, stop_reason, remote.logprobs and list(remote.logprobs),
-                            num_cached_tokens=cached)
+                            prompt_logprobs=remote.prompt_logprobs, num_cached_tokens=cached)
         return request_id, out
 
     def _died(self) -> None:
@@ -410,10 +413,12 @@ def _engine_process_main(commands, outputs, model, llm_kwargs: dict, stream_inte
     sent: dict[str, tuple[int, int]] = {}  # request id -> (characters, logprobs) already sent
 
     def delta(request_id: str, item):
-        """An output as what is new since the last one sent (errors and aborts as they are)."""
+        """An output as what is new since the last one sent (errors and aborts as they are); the prompt's logprobs
+        with the first."""
         if not isinstance(item, RequestOutput):
             sent.pop(request_id, None)
             return item
+        first = request_id not in sent
         chars, entries = sent.pop(request_id, (0, 0))
         text = None if item.text is None else item.text[chars:]
         logprobs = None
@@ -421,8 +426,11 @@ def _engine_process_main(commands, outputs, model, llm_kwargs: dict, stream_inte
             logprobs = [(e.token_id, e.logprob, e.top) for e in item.logprobs[entries:]]
         if not item.finished:
             sent[request_id] = (len(item.text or ""), len(item.logprobs or ()))
-        return (item.new_token_ids, text, logprobs, item.finished, item.finish_reason, item.stop_reason,
-                item.num_cached_tokens)
+        prompt_logprobs = None
+        if first and item.prompt_logprobs is not None:
+            prompt_logprobs = [(e.token_id, e.logprob, e.top) for e in item.prompt_logprobs[1:]]
+        return (item.new_token_ids, text, logprobs, prompt_logprobs, item.finished, item.finish_reason,
+                item.stop_reason, item.num_cached_tokens)
 
     def post(items: Posted) -> None:
         try:

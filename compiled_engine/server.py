@@ -10,7 +10,7 @@ API (with ``presence_penalty``, ``frequency_penalty`` and ``logit_bias``) and vL
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
   * 400: malformed JSON, a field of the wrong type or value (``param`` names it), ``n`` past 64, an unsupported
-    option set (``suffix``, ``best_of``, ``echo`` with ``logprobs``), a prompt that with
+    option set (``suffix``, ``best_of``), a prompt that with
     ``max_tokens`` exceeds ``max_model_len`` (vLLM's rule);
   * 404: a model name the server does not serve;
   * 500: the engine step computing the request raised (a stream that started gets an error event, then ``[DONE]``);
@@ -129,8 +129,8 @@ class SamplingFields(BaseModel):
             raise APIError(400, "logit_bias keys must be token ids (decimal strings)", "logit_bias")
         return {int(key): bias for key, bias in self.logit_bias.items()}
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None,
-                        max_tokens_field: str = "max_tokens") -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None, max_tokens_field: str = "max_tokens",
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """The body's SamplingParams; a bad value is a 400 naming the body's field (``max_tokens_field``: the one
         that set max_tokens)."""
         fields = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
@@ -141,6 +141,7 @@ class SamplingFields(BaseModel):
                 **{k: v for k, v in fields.items() if v is not None}, seed=self.seed, stop=self.stop,
                 stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
                 max_tokens=max_tokens, logprobs=logprobs, logit_bias=self.token_biases(),
+                prompt_logprobs=prompt_logprobs,
             )
         except ValueError as error:
             bad = bad_params(error)
@@ -364,8 +365,6 @@ class OpenAIServer:
             raise APIError(400, "best_of is not supported", "best_of")
         if body.suffix:
             raise APIError(400, "suffix is not supported", "suffix")
-        if body.echo and body.logprobs is not None:
-            raise APIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo")
         prompt = body.prompt
         if isinstance(prompt, str):
             prompts = [self._encode(prompt, "prompt")]
@@ -378,7 +377,9 @@ class OpenAIServer:
         else:
             prompts = [list(p) for p in prompt]
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        params = body.sampling_params(max_tokens, body.logprobs)
+        # echo with logprobs: the prompt's tokens come with theirs too (vLLM's: its first token's are null)
+        params = body.sampling_params(max_tokens, body.logprobs,
+                                      prompt_logprobs=body.logprobs if body.echo else None)
         for p in prompts:
             self._check_request(p, params, "prompt")
             self._check_length(p, max_tokens, "prompt", "max_tokens")
@@ -484,20 +485,26 @@ class OpenAIServer:
     def _token_text(self, token: int) -> str:
         return self._decode([token]) if self.tokenizer is not None else str(token)
 
-    def _completion_logprobs(self, entries: list[TokenLogprobs], offset: int) -> dict:
+    def _completion_logprobs(self, entries: list[TokenLogprobs], offset: int, out: RequestOutput | None = None) -> dict:
         """OpenAI's legacy completions logprobs: tokens, their logprobs, each one's top (with the chosen token),
-        and each token's character offset in the text (from ``offset``)."""
-        tokens, offsets = [], []
-        for entry in entries:
-            tokens.append(self._token_text(entry.token_id))
+        and each token's character offset in the text (from ``offset``). With ``out`` (echo), its prompt's tokens
+        first: the first with null logprob and top, as vLLM."""
+        head = []
+        if out is not None:
+            head = [(out.prompt_token_ids[0], None, None)]
+            head += [(e.token_id, e.logprob, e.top) for e in out.prompt_logprobs[1:]]
+        rows = head + [(e.token_id, e.logprob, e.top) for e in entries]
+        tokens, offsets, tops = [], [], []
+        for token, logprob, top in rows:
+            tokens.append(self._token_text(token))
             offsets.append(offset)
             offset += len(tokens[-1])
-        tops = []
-        for entry in entries:
-            top = {self._token_text(t): v for t, v in entry.top}
-            top.setdefault(self._token_text(entry.token_id), entry.logprob)
-            tops.append(top)
-        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+            if top is None:
+                tops.append(None)
+                continue
+            tops.append({self._token_text(t): v for t, v in top})
+            tops[-1].setdefault(tokens[-1], logprob)
+        return {"tokens": tokens, "token_logprobs": [logprob for _, logprob, _ in rows], "top_logprobs": tops,
                 "text_offset": offsets}
 
     def _chat_logprobs(self, entries: list[TokenLogprobs]) -> dict:
@@ -514,9 +521,10 @@ class OpenAIServer:
         for i, out in enumerate(outs):
             text = out.text or ""
             prefix = prepared.echo_texts[i // prepared.body.n] if prepared.echo_texts else ""
+            echoed = out if out.prompt_logprobs is not None else None
             choice = {"index": i, "text": prefix + text, "finish_reason": out.finish_reason,
                       "stop_reason": out.stop_reason,
-                      "logprobs": None if out.logprobs is None else self._completion_logprobs(out.logprobs, 0)}
+                      "logprobs": None if out.logprobs is None else self._completion_logprobs(out.logprobs, 0, echoed)}
             if prepared.body.return_token_ids:
                 choice.update(prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids)
             choices.append(choice)
@@ -557,11 +565,18 @@ class OpenAIServer:
                 if chat:
                     yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}])
-                elif prepared.echo_texts:
+                elif prepared.echo_texts and body.logprobs is None:
                     text = prepared.echo_texts[i // body.n]
                     offsets[i] = len(text)
                     yield chunk([{"index": i, "text": text, "logprobs": None, "finish_reason": None}])
+            echoing = [bool(prepared.echo_texts) and body.logprobs is not None and not chat] * len(streams)
             async for i, out in merged(streams):
+                if echoing[i]:  # echo with logprobs: the prompt's text with its tokens' logprobs, once they exist
+                    echoing[i] = False
+                    text = prepared.echo_texts[i // body.n]
+                    logprobs = self._completion_logprobs([], 0, out)
+                    offsets[i] = len(text)
+                    yield chunk([{"index": i, "text": text, "logprobs": logprobs, "finish_reason": None}])
                 text = out.text or ""
                 delta, sent_text[i] = text[sent_text[i] :], len(text)
                 content = {"delta": {"content": delta} if delta else {}} if chat else {"text": delta}

@@ -231,6 +231,37 @@ def test_penalties_and_logit_bias_reach_the_engine(live, solo_llm):
     assert r.choices[0].token_ids == [42] * 5 == solo(solo_llm, prompt, 5, logit_bias={42: 100, 7: -5}).token_ids
 
 
+def echo_oracle(tokenizer, solo_llm, text: str, max_tokens: int, k: int) -> tuple[list[str], list[float | None]]:
+    """The tokens and token_logprobs of an echoed completion with logprobs k: the prompt's tokens (the first with a
+    null logprob) then the generated ones, from a solo run's prompt and output logprobs (the engine's are checked
+    against HF's log-softmax in tests/test_llm_api.py and tests/test_stop_logprobs.py)."""
+    ids = tokenizer.encode(text)
+    out = solo(solo_llm, ids, max_tokens, logprobs=k, prompt_logprobs=k)
+    tokens = [text_of(tokenizer, [t]) for t in ids + out.token_ids]
+    return tokens, [None] + [e.logprob for e in out.prompt_logprobs[1:]] + [e.logprob for e in out.logprobs]
+
+
+def test_echo_with_logprobs_gives_the_prompts_logprobs(live, solo_llm):
+    """vLLM's ``echo`` with ``logprobs``: the prompt's tokens and their logprobs before the output's, streamed (the
+    prompt's in the first chunk of the choice) or not."""
+    tokenizer = live.server.tokenizer
+    text = "Hello world, once more"
+    tokens, logprobs = echo_oracle(tokenizer, solo_llm, text, 5, 2)
+    r = live.client.completions.create(model=MODEL, prompt=text, max_tokens=5, temperature=0, echo=True, logprobs=2,
+                                       extra_body=NO_EOS)
+    got = r.choices[0].logprobs
+    assert got.tokens == tokens and got.token_logprobs[0] is None and got.top_logprobs[0] is None
+    assert got.token_logprobs[1:] == pytest.approx(logprobs[1:], abs=1e-4)
+    assert all(tokens[i] in got.top_logprobs[i] for i in range(1, len(tokens)))  # each top has its chosen token
+    assert r.choices[0].text.startswith(text)
+    stream = live.client.completions.create(model=MODEL, prompt=text, max_tokens=5, temperature=0, echo=True,
+                                            logprobs=2, stream=True, extra_body=NO_EOS)
+    chunks = [c for c in stream if c.choices]
+    assert chunks[0].choices[0].text == text and chunks[0].choices[0].logprobs.tokens == tokens[: -5]
+    streamed = [v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(logprobs[1:], abs=1e-4)
+
+
 def test_chat_template_extensions_reach_the_template(live, solo_llm, monkeypatch):
     """vLLM's ``chat_template_kwargs`` and ``add_generation_prompt`` render the prompt as HF's template does with
     them (a template that prints a keyword, as Qwen3's reads ``enable_thinking``)."""
@@ -655,6 +686,11 @@ def test_an_engine_process_serves_the_same_tokens_and_leaks_nothing(solo_llm):
         assert r.choices[0].token_ids == expected.token_ids and r.choices[0].text == expected.text
         assert r.choices[0].logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs],
                                                                      abs=1e-4)
+        tokens, logprobs = echo_oracle(tokenizer, solo_llm, "Hello world", 4, 1)  # the prompt's logprobs too
+        r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=4, temperature=0, logprobs=1,
+                                           echo=True, extra_body=NO_EOS)
+        assert r.choices[0].logprobs.tokens == tokens and r.choices[0].logprobs.token_logprobs[0] is None
+        assert r.choices[0].logprobs.token_logprobs[1:] == pytest.approx(logprobs[1:], abs=1e-4)
         prompts = prompts_for_clients(16, seed=2)
         oracle = {p: solo(solo_llm, p, 6).token_ids for p in set(prompts)}
 
@@ -747,7 +783,6 @@ BAD_INPUT = [
     (C, dict(OK, logit_bias={"x": 1}), 400, "logit_bias"),  # keys are token ids
     (C, dict(OK, logit_bias={"5": 101}), 400, "logit_bias"),  # OpenAI's range: [-100, 100]
     (C, dict(OK, logit_bias={"300": 1}), 400, "logit_bias"),  # outside the vocabulary
-    (C, dict(OK, echo=True, logprobs=1), 400, "echo"),
     (C, dict(OK, stream_options={"include_usage": True}), 400, "stream_options"),  # without stream
     (C, dict(OK, model="gpt-4"), 404, "model"),
     (CHAT, {"model": MODEL}, 400, "messages"),
