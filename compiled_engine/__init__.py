@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib
 
 _PUBLIC = {
-    "CompletionOutput": "compiled_engine.engine",
+    "CompletionOutput": "compiled_engine.outputs",
     "LLM": "compiled_engine.llm",
     "LLMEngine": "compiled_engine.engine",
-    "RequestOutput": "compiled_engine.engine",
+    "RequestOutput": "compiled_engine.outputs",
     "RequestOutputKind": "compiled_engine.sampling_params",
     "Runtime": "compiled_engine.runtime",
     "RuntimeConfig": "compiled_engine.config",

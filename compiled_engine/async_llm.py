@@ -43,7 +43,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
-from compiled_engine.engine import LLMEngine, RequestOutput, TokenLogprobs, validate_request
+from compiled_engine.engine import LLMEngine, validate_request
+from compiled_engine.outputs import RequestOutput, TokenLogprobs
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -25,110 +25,25 @@ import dataclasses
 import itertools
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ops.logprobs import logprobs_op
-from ops.step import HostTokens, SamplingInputs
+from ops.step import HostTokens
 from compiled_engine.config import SpeculativeConfig
 from compiled_engine.detokenizer import IncrementalDetokenizer
 from compiled_engine.drafting_rule import DraftingRule
+from compiled_engine.outputs import RequestOutput, TokenLogprobs
 from compiled_engine.rejection_sampler import rejection_sample
+from compiled_engine.request import Request
 from compiled_engine.runtime import Runtime, validate_prompt
-from compiled_engine.sampler import LogitBias, Penalties, SamplingBatch, sample
+from compiled_engine.sampler import sample, sampling_batch, sampling_inputs
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence, SequenceStatus
 from compiled_engine.speculative import RoundResults, SpeculativeStep
 from compiled_engine.step import upload
-
-
-@dataclass
-class TokenLogprobs:
-    """A generated token's log-probability and the ``SamplingParams.logprobs`` most likely tokens' (id, logprob),
-    most likely first, from the logits of the step that chose it (ops/logprobs.py)."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
-
-
-@dataclass
-class CompletionOutput:
-    """vLLM's view of one completion (``RequestOutput.outputs[0]``), for code written against vLLM's API. Our logprobs
-    are :class:`TokenLogprobs` (vLLM's: a dict per token); ``cumulative_logprob`` is their sum when asked for."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    cumulative_logprob: float | None
-    logprobs: list[TokenLogprobs] | None
-    finish_reason: str | None
-    stop_reason: str | int | None
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]  # generated tokens so far
-    new_token_ids: list[int]  # generated in the step that returned this output
-    finished: bool
-    # "stop" (EOS, a stop token or a stop string), "length" (max_tokens / max_model_len), "abort"
-    finish_reason: str | None
-    # The generated text: when finished (with a tokenizer), and at every output of a request that streams
-    # (output_kind CUMULATIVE) or has stop strings: so far, less what may begin a stop string (detokenizer.py).
-    text: str | None = None
-    stop_reason: str | int | None = None  # the stop string or stop token id that finished it (None: EOS, length)
-    logprobs: list[TokenLogprobs] | None = None  # one per generated token, with SamplingParams.logprobs
-    # With SamplingParams.prompt_logprobs: None for the first prompt token, then one per prompt token (once computed)
-    prompt_logprobs: list[TokenLogprobs | None] | None = None
-    # LLM.generate with SamplingParams.n > 1: completions 1 to n - 1 (the fields above and below are completion 0's)
-    more_outputs: list[CompletionOutput] = field(default_factory=list)
-    num_cached_tokens: int = 0
-    arrival_time: float = 0.0
-    first_token_time: float | None = None
-    finished_time: float | None = None
-
-    @property
-    def time_to_first_token(self) -> float | None:
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
-
-    @property
-    def outputs(self) -> list[CompletionOutput]:
-        """vLLM's shape (``out.outputs[j].text``): the prompt's completions, in index order."""
-        return [self.completion(0), *self.more_outputs]
-
-    def completion(self, index: int) -> CompletionOutput:
-        """This output's fields as completion ``index`` of its prompt."""
-        cumulative = None if self.logprobs is None else sum(entry.logprob for entry in self.logprobs)
-        return CompletionOutput(index, self.text or "", self.token_ids, cumulative, self.logprobs, self.finish_reason,
-                                self.stop_reason)
-
-
-@dataclass(eq=False)
-class Request:
-    request_id: str
-    seq: Sequence
-    params: SamplingParams
-    seed: int
-    stop_ids: frozenset[int]  # EOS (unless ignore_eos) and stop_token_ids
-    prompt_token_ids: list[int]  # a copy made once; every output of the request shares it (treat it as read-only)
-    arrival_time: float = field(default_factory=time.perf_counter)
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    finish_reason: str | None = None
-    drafts: list[int] | None = None  # speculative decoding: the MTP layer's drafts after the last token
-    stop_reason: str | int | None = None
-    # The text so far, token by token: for requests that stream or have stop strings (with a tokenizer).
-    detokenizer: IncrementalDetokenizer | None = None
-    logprobs: list[TokenLogprobs] | None = None  # with SamplingParams.logprobs
-    prompt_logprobs: list[TokenLogprobs | None] | None = None  # with SamplingParams.prompt_logprobs, as computed
-
-    def wants_prompt_logprobs(self) -> bool:
-        """Whether prompt tokens' logprobs are still to compute (its prefill chunks need every position's logits)."""
-        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
 
 @dataclass
@@ -577,8 +492,8 @@ class LLMEngine:
         proposals = [r.drafts[:k] if r.drafts is not None else [r.seq.token_ids[-1]] * k for r in requests]
         n = len(seqs)
         num_logprobs = self._num_logprobs(seqs)
-        if num_logprobs is None and not any(self._suppressing(r) for r in requests):
-            sampling = None if all(r.params.greedy for r in requests) else self._sampling_inputs(requests, k + 1)
+        if num_logprobs is None and not any(r.suppressing() for r in requests):
+            sampling = None if all(r.params.greedy for r in requests) else sampling_inputs(requests, k + 1)
             # Chained rounds take their drafts from the device: no override.
             chainable = alone and self.overlap_decode and self.draft_override is None
             spec, results = self.runtime.fused_round(seqs, proposals, keep_free, sampling,
@@ -591,7 +506,7 @@ class LLMEngine:
         # The unfused round, whose logits serve min_tokens suppression and logprobs
         spec = self.runtime.verify(seqs, proposals, keep_free)
         drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
-        batch = self._sampling_batch(requests, spec.logits.device, positions=k + 1)
+        batch = sampling_batch(requests, spec.logits.device, positions=k + 1)
         accepted, tokens = rejection_sample(spec.logits, drafts, batch)
         # Row i * (k+1) + p: the target's distribution at the sequence's p-th verified position, where the emitted
         # token p (an accepted draft, or the correction / bonus) was drawn from.
@@ -715,10 +630,10 @@ class LLMEngine:
             # (penalties, logit_bias): then from the logits, below. No copy: with a compiled decode the logits and
             # tokens are the graph's output buffers, valid until the next decode step; they are used right here.
             requests = [self._request_of_seq[s.seq_id] for s in seqs]
-            in_step = not any(self._suppressing(r) or r.params.adjusts_logits for r in requests)
+            in_step = not any(r.suppressing() or r.params.adjusts_logits for r in requests)
             sampling = None
             if in_step and not all(r.params.greedy for r in requests):
-                sampling = self._sampling_inputs(requests)
+                sampling = sampling_inputs(requests)
             # The penalties count each row's last token, its input here: where that is in flight, only the device
             # has it (copied before the step, whose graph may write its tokens over the buffer it came in).
             last_ids = input_ids.clone() if input_ids is not None and not in_step and self._adjusting else None
@@ -826,7 +741,7 @@ class LLMEngine:
     def _splits(self, batch: ScheduledBatch) -> bool:
         """Whether ``_launch`` runs a mixed batch's decode rows as a decode step of their own: past the fused rows'
         limit, or where one has penalties (a decode step has each row's in-flight input token on the device for
-        ``_penalties``; a mixed step scatters them into its packed ids)."""
+        ``sampler.penalties``; a mixed step scatters them into its packed ids)."""
         if not batch.is_prefill or not batch.num_decode:
             return False
         if batch.num_decode > self.max_fused_decode_rows:
@@ -1059,121 +974,14 @@ class LLMEngine:
         self._with_logprobs.discard(request.request_id)
         self._adjusting.discard(request.request_id)
 
-    @staticmethod
-    def _suppressing(request: Request) -> bool:
-        """Whether the request's stop tokens are still suppressed (fewer than min_tokens generated)."""
-        return request.seq.num_generated_tokens < request.params.min_tokens and bool(request.stop_ids)
-
-    @staticmethod
-    def _sampling_inputs(requests: list[Request], positions: int = 1) -> SamplingInputs:
-        """The rows' ce::sample parameters, on the host (the decode graph and the speculative rounds stage them into
-        their own buffers): ``positions`` rows a request (a verify step's), drawing its next ``positions`` output
-        tokens (counters from its generated count on)."""
-        rows = [r for r in requests for _ in range(positions)]
-        params = [r.params for r in rows]
-        return SamplingInputs(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
-            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32),
-            seeds=torch.tensor([r.seed for r in rows], dtype=torch.int64),
-            counters=torch.tensor([r.seq.num_generated_tokens + i % positions for i, r in enumerate(rows)],
-                                  dtype=torch.int64),
-        )
-
     def _sample(self, requests: list[Request], logits: torch.Tensor,
                 last_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The requests' next tokens from a step's logits (prefill steps, and decode steps that suppress tokens or
         have penalties). ``last_ids``: a decode step's input ids on the device, each row's last token."""
         # All greedy and nothing to suppress or adjust: argmax, without building the per-row parameter tensors.
-        if all(r.params.greedy and not self._suppressing(r) and not r.params.adjusts_logits for r in requests):
+        if all(r.params.greedy and not r.suppressing() and not r.params.adjusts_logits for r in requests):
             return logits.argmax(dim=-1)
-        batch = self._sampling_batch(requests, logits.device)
-        if self._adjusting:
-            batch.logit_bias = self._logit_bias(requests, logits.device)
-            batch.penalties = self._penalties(requests, logits.device, logits.shape[-1], last_ids)
-        return sample(logits, batch)
-
-    @staticmethod
-    def _logit_bias(requests: list[Request], device: torch.device) -> LogitBias | None:
-        """The (row, token, bias) triples of the rows with a logit bias, in two uploads; None when none has one."""
-        triples = [(row, token, bias) for row, r in enumerate(requests) if r.params.logit_bias
-                   for token, bias in r.params.logit_bias.items()]
-        if not triples:
-            return None
-        rows, tokens, biases = zip(*triples)
-        ids = upload(torch.tensor(rows + tokens, dtype=torch.int64), device)
-        n = len(rows)
-        return LogitBias(ids[:n], ids[n:], upload(torch.tensor(biases, dtype=torch.float32), device))
-
-    @staticmethod
-    def _penalties(requests: list[Request], device: torch.device, vocab: int,
-                   last_ids: torch.Tensor | None) -> Penalties | None:
-        """The penalised rows' tokens and penalties, in one upload; None when no row has penalties. With
-        ``last_ids`` each row's last token comes from the device (it may still be in flight), the others from the
-        host."""
-        rows = [i for i, r in enumerate(requests) if r.params.penalized]
-        if not rows:
-            return None
-        cut = 1 if last_ids is not None else 0
-        prompts = [requests[i].prompt_token_ids for i in rows]
-        outputs = [requests[i].seq.token_ids[requests[i].seq.num_prompt_tokens : len(requests[i].seq) - cut]
-                   for i in rows]
-        lp, lo = max(map(len, prompts)), max(1, max(map(len, outputs)))
-        flat = rows + [t for p in prompts for t in p + [vocab] * (lp - len(p))]
-        flat += [t for o in outputs for t in o + [vocab] * (lo - len(o))]
-        int64 = upload(torch.tensor(flat, dtype=torch.int64), device)
-        params = [requests[i].params for i in rows]
-        fp32 = upload(torch.tensor([p.presence_penalty for p in params] + [p.frequency_penalty for p in params]
-                                   + [p.repetition_penalty for p in params], dtype=torch.float32), device)
-        n = len(rows)
-        row_ids = int64[:n]
-        return Penalties(
-            rows=row_ids,
-            prompt_tokens=int64[n : n + n * lp].view(n, lp),
-            output_tokens=int64[n + n * lp :].view(n, lo),
-            last_tokens=None if last_ids is None else last_ids[row_ids],
-            presence=fp32[:n], frequency=fp32[n : 2 * n], repetition=fp32[2 * n :],
-        )
-
-    def _sampling_batch(self, requests: list[Request], device: torch.device, positions: int = 1) -> SamplingBatch:
-        """The rows' sampling parameters: ``positions`` rows per request (a verify step's), drawing its next
-        ``positions`` output tokens (counters from its generated count on; min_tokens suppression row by row)."""
-        if positions > 1:
-            requests = [r for r in requests for _ in range(positions)]
-        params = [r.params for r in requests]
-        counters = [r.seq.num_generated_tokens + row % positions for row, r in enumerate(requests)]
-        suppress_rows, suppress_tokens = [], []
-        for row, (request, counter) in enumerate(zip(requests, counters)):
-            if counter < request.params.min_tokens:
-                for token in sorted(request.stop_ids):
-                    suppress_rows.append(row)
-                    suppress_tokens.append(token)
-
-        # Two host buffers, one copy each (pinned and asynchronous on CUDA): nine pageable copies would each wait
-        # for the GPU to drain, which also undoes overlap_decode.
-        b, n = len(requests), len(suppress_rows)
-        int64 = torch.tensor(
-            [p.top_k for p in params] + [r.seed for r in requests] + counters + suppress_rows + suppress_tokens,
-            dtype=torch.int64,
-        )
-        fp32 = torch.tensor(
-            [p.temperature for p in params] + [p.top_p for p in params] + [p.min_p for p in params], dtype=torch.float32
-        )
-        int64, fp32 = upload(int64, device), upload(fp32, device)
-        return SamplingBatch(
-            temperature=fp32[:b],
-            top_k=int64[:b],
-            top_p=fp32[b : 2 * b],
-            min_p=fp32[2 * b :],
-            seeds=int64[b : 2 * b],
-            counters=int64[2 * b : 3 * b],
-            suppress_rows=int64[3 * b : 3 * b + n],
-            suppress_tokens=int64[3 * b + n :],
-            all_greedy=all(p.greedy for p in params),
-            use_top_k=any(p.top_k > 0 for p in params),
-            use_top_p=any(p.top_p < 1 for p in params),
-        )
+        return sample(logits, sampling_batch(requests, logits.device, vocab=logits.shape[-1], last_ids=last_ids))
 
     def _output(self, request: Request, new_tokens: list[int], upto: int | None = None) -> RequestOutput:
         """``upto``: the request's tokens end there (an overlapped step may have placed one more after them)."""

@@ -21,8 +21,9 @@ import torch
 from tqdm.auto import tqdm
 
 from compiled_engine.chat import render_chat
-from compiled_engine.engine import LLMEngine, RequestOutput
+from compiled_engine.engine import LLMEngine
 from compiled_engine.memory_plan import default_max_num_batched_tokens
+from compiled_engine.outputs import RequestOutput
 from compiled_engine.runtime import Runtime, resolve_device
 from compiled_engine.tiny_model import ensure_tiny_model
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams

@@ -6,6 +6,9 @@ else is in the batch, after a preemption, and across processes, and no torch.Gen
 Sampling is a Gumbel-max draw (the exponential race) among the tokens that top-k, top-p and min-p keep.
 A logit bias and then penalties (presence, frequency, repetition; from the row's tokens) change a row's logits first
 (``apply_logit_bias``, ``apply_penalties``).
+
+The second half builds a step's per-row tensors from its requests (``sampling_inputs`` for the decode graph and the
+fused rounds, ``sampling_batch`` for sampling from logits), each kind of field in one host-to-device copy.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from ops.sample import sample_op, uniform_noise
+from ops.step import SamplingInputs
+from compiled_engine.request import Request
+from compiled_engine.step import upload
 
-__all__ = ["LogitBias", "Penalties", "SamplingBatch", "apply_logit_bias", "apply_penalties", "sample", "uniform_noise"]
+__all__ = ["LogitBias", "Penalties", "SamplingBatch", "apply_logit_bias", "apply_penalties", "logit_bias", "penalties",
+           "sample", "sampling_batch", "sampling_inputs", "uniform_noise"]
 
 
 @dataclass
@@ -104,3 +111,112 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         return logits.argmax(dim=-1)
     return sample_op(logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.seeds, batch.counters,
                      batch.use_top_k, batch.use_top_p)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A step's rows from its requests (host lists, uploaded once per kind)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def sampling_inputs(requests: list[Request], positions: int = 1) -> SamplingInputs:
+    """The rows' ce::sample parameters, on the host (the decode graph and the speculative rounds stage them into
+    their own buffers): ``positions`` rows a request (a verify step's), drawing its next ``positions`` output
+    tokens (counters from its generated count on)."""
+    rows = [r for r in requests for _ in range(positions)]
+    params = [r.params for r in rows]
+    return SamplingInputs(
+        temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
+        top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64),
+        top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
+        min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32),
+        seeds=torch.tensor([r.seed for r in rows], dtype=torch.int64),
+        counters=torch.tensor([r.seq.num_generated_tokens + i % positions for i, r in enumerate(rows)],
+                              dtype=torch.int64),
+    )
+
+
+def sampling_batch(requests: list[Request], device: torch.device, positions: int = 1, vocab: int | None = None,
+                   last_ids: torch.Tensor | None = None) -> SamplingBatch:
+    """The rows' sampling parameters: ``positions`` rows per request (a verify step's), drawing its next
+    ``positions`` output tokens (counters from its generated count on; min_tokens suppression row by row). With
+    ``vocab`` (one row a request), the rows' logit biases and penalties too (``last_ids``: see ``penalties``)."""
+    if positions > 1:
+        requests = [r for r in requests for _ in range(positions)]
+    params = [r.params for r in requests]
+    counters = [r.seq.num_generated_tokens + row % positions for row, r in enumerate(requests)]
+    suppress_rows, suppress_tokens = [], []
+    for row, (request, counter) in enumerate(zip(requests, counters)):
+        if counter < request.params.min_tokens:
+            for token in sorted(request.stop_ids):
+                suppress_rows.append(row)
+                suppress_tokens.append(token)
+
+    # Two host buffers, one copy each (pinned and asynchronous on CUDA): nine pageable copies would each wait
+    # for the GPU to drain, which also undoes overlap_decode.
+    b, n = len(requests), len(suppress_rows)
+    int64 = torch.tensor(
+        [p.top_k for p in params] + [r.seed for r in requests] + counters + suppress_rows + suppress_tokens,
+        dtype=torch.int64,
+    )
+    fp32 = torch.tensor(
+        [p.temperature for p in params] + [p.top_p for p in params] + [p.min_p for p in params], dtype=torch.float32
+    )
+    int64, fp32 = upload(int64, device), upload(fp32, device)
+    adjust = vocab is not None and any(r.params.adjusts_logits for r in requests)
+    return SamplingBatch(
+        temperature=fp32[:b],
+        top_k=int64[:b],
+        top_p=fp32[b : 2 * b],
+        min_p=fp32[2 * b :],
+        seeds=int64[b : 2 * b],
+        counters=int64[2 * b : 3 * b],
+        suppress_rows=int64[3 * b : 3 * b + n],
+        suppress_tokens=int64[3 * b + n :],
+        all_greedy=all(p.greedy for p in params),
+        use_top_k=any(p.top_k > 0 for p in params),
+        use_top_p=any(p.top_p < 1 for p in params),
+        logit_bias=logit_bias(requests, device) if adjust else None,
+        penalties=penalties(requests, device, vocab, last_ids) if adjust else None,
+    )
+
+
+def logit_bias(requests: list[Request], device: torch.device) -> LogitBias | None:
+    """The (row, token, bias) triples of the rows with a logit bias, in two uploads; None when none has one."""
+    triples = [(row, token, bias) for row, r in enumerate(requests) if r.params.logit_bias
+               for token, bias in r.params.logit_bias.items()]
+    if not triples:
+        return None
+    rows, tokens, biases = zip(*triples)
+    ids = upload(torch.tensor(rows + tokens, dtype=torch.int64), device)
+    n = len(rows)
+    return LogitBias(ids[:n], ids[n:], upload(torch.tensor(biases, dtype=torch.float32), device))
+
+
+def penalties(requests: list[Request], device: torch.device, vocab: int,
+              last_ids: torch.Tensor | None) -> Penalties | None:
+    """The penalised rows' tokens and penalties, in two uploads; None when no row has penalties. With
+    ``last_ids`` each row's last token comes from the device (it may still be in flight), the others from the
+    host."""
+    rows = [i for i, r in enumerate(requests) if r.params.penalized]
+    if not rows:
+        return None
+    cut = 1 if last_ids is not None else 0
+    prompts = [requests[i].prompt_token_ids for i in rows]
+    outputs = [requests[i].seq.token_ids[requests[i].seq.num_prompt_tokens : len(requests[i].seq) - cut]
+               for i in rows]
+    lp, lo = max(map(len, prompts)), max(1, max(map(len, outputs)))
+    flat = rows + [t for p in prompts for t in p + [vocab] * (lp - len(p))]
+    flat += [t for o in outputs for t in o + [vocab] * (lo - len(o))]
+    int64 = upload(torch.tensor(flat, dtype=torch.int64), device)
+    params = [requests[i].params for i in rows]
+    fp32 = upload(torch.tensor([p.presence_penalty for p in params] + [p.frequency_penalty for p in params]
+                               + [p.repetition_penalty for p in params], dtype=torch.float32), device)
+    n = len(rows)
+    row_ids = int64[:n]
+    return Penalties(
+        rows=row_ids,
+        prompt_tokens=int64[n : n + n * lp].view(n, lp),
+        output_tokens=int64[n + n * lp :].view(n, lo),
+        last_tokens=None if last_ids is None else last_ids[row_ids],
+        presence=fp32[:n], frequency=fp32[n : 2 * n], repetition=fp32[2 * n :],
+    )

@@ -43,8 +43,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, 
 
 from compiled_engine.async_llm import AsyncLLM, EngineProcess, QueueFullError, RequestFailedError
 from compiled_engine.chat import render_chat
-from compiled_engine.engine import RequestOutput, TokenLogprobs
 from compiled_engine.llm import LLM, load_tokenizer
+from compiled_engine.outputs import RequestOutput, TokenLogprobs
 from compiled_engine.runtime import resolve_device
 from compiled_engine.tiny_model import ensure_tiny_model
 from compiled_engine.sampling_params import SamplingParams

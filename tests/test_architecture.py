@@ -26,8 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("step executor", tuple(f"compiled_engine.{m}" for m in (
         "memory_plan", "executor", "cache_manager", "tp_workers", "runtime",
     ))),
-    ("engine", tuple(f"compiled_engine.{m}" for m in ("scheduler", "sampler", "rejection_sampler", "detokenizer",
-                                                      "drafting_rule", "engine"))),
+    ("engine", tuple(f"compiled_engine.{m}" for m in ("scheduler", "outputs", "detokenizer", "request", "sampler",
+                                                      "rejection_sampler", "chat", "drafting_rule", "engine"))),
     ("entry points", tuple(f"compiled_engine.{m}" for m in ("llm", "async_llm", "server", "__main__"))
      + ("compiled_engine",)),
     ("bench", ("bench",)),

@@ -263,7 +263,7 @@ class FakeEngine:
         self.running = [r for r in self.running if r["id"] != request_id]
 
     def step(self):
-        from compiled_engine.engine import RequestOutput
+        from compiled_engine.outputs import RequestOutput
 
         if self.fail_at is not None and len(self.in_flight_per_step) == self.fail_at:
             raise RuntimeError("step failed")

@@ -15,27 +15,9 @@ import torch
 
 from compiled_engine import LLM, SamplingParams
 from compiled_engine import engine as engine_module
-from compiled_engine.llm import load_tokenizer
-from compiled_engine.tiny_model import ensure_tiny_model
 from tests import hf_models
-
-GREEDY = dict(temperature=0.0, ignore_eos=True)
-LOGPROB_TOL = 3e-4  # a logprob in a batch against the same one alone: fp32 rounding (tests/test_stop_logprobs.py)
-
-
-@pytest.fixture(scope="module")
-def tiny_path() -> str:
-    return ensure_tiny_model()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_path):
-    return load_tokenizer(tiny_path)
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_path) -> LLM:
-    return LLM(tiny_path, device="cpu", enforce_eager=True, max_model_len=256, max_num_seqs=4, overlap_decode=False)
+# The embedded tiny default checkpoint, its tokenizer and a 4-slot LLM over it; greedy params, the logprob tolerance.
+from tests.test_stop_logprobs import GREEDY, LOGPROB_TOL, llm, tiny_path, tokenizer  # noqa: F401  (fixtures)
 
 
 def test_n_completions_are_solo_runs_with_seed_plus_index(llm, tokenizer):

@@ -1,0 +1,40 @@
+"""Request: one request as the engine holds it, from ``LLMEngine.add_request`` to its finish: its sequence, its
+params and seed, and what it has produced so far."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from compiled_engine.detokenizer import IncrementalDetokenizer
+from compiled_engine.outputs import TokenLogprobs
+from compiled_engine.sampling_params import SamplingParams
+from compiled_engine.sequence import Sequence
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    seq: Sequence
+    params: SamplingParams
+    seed: int
+    stop_ids: frozenset[int]  # EOS (unless ignore_eos) and stop_token_ids
+    prompt_token_ids: list[int]  # a copy made once; every output of the request shares it (treat it as read-only)
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    finish_reason: str | None = None
+    drafts: list[int] | None = None  # speculative decoding: the MTP layer's drafts after the last token
+    stop_reason: str | int | None = None
+    # The text so far, token by token: for requests that stream or have stop strings (with a tokenizer).
+    detokenizer: IncrementalDetokenizer | None = None
+    logprobs: list[TokenLogprobs] | None = None  # with SamplingParams.logprobs
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # with SamplingParams.prompt_logprobs, as computed
+
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether prompt tokens' logprobs are still to compute (its prefill chunks need every position's logits)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
+
+    def suppressing(self) -> bool:
+        """Whether its stop tokens are still suppressed (fewer than min_tokens generated)."""
+        return self.seq.num_generated_tokens < self.params.min_tokens and bool(self.stop_ids)
