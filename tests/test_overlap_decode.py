@@ -8,6 +8,8 @@ and the defaults (growth reserve on); the first three admit without a reserve, s
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -55,13 +57,14 @@ def caching_engines(model_path, request):
     return engine_pair(model_path, request.param, **ENGINE_KNOBS, **CACHING)
 
 
-def run(engine, requests, abort=None, late=()):
+def run(engine, requests, abort=None, late=(), prompt_logprobs=None):
     """Queue ``requests`` ((id, prompt, params)), then step to the end: ``abort`` = (id, k) aborts that request once
     it has reported k tokens (a point both engines reach with the same tokens: the overlapped one reports each token
     one step later), and the ``late`` ones join after 4 steps, or once every request has finished or been aborted if
     that comes first (the synchronous engine can be done with a short stream a step before the overlapped one, which
     reads its last tokens back a step later; either way the late ones then run alone). Returns {id: (token_ids,
-    finish_reason)}."""
+    finish_reason)}; fills ``prompt_logprobs`` (a dict) with the prompt logprobs of the requests that asked."""
+    prompt_logprobs = {} if prompt_logprobs is None else prompt_logprobs
     for rid, tokens, params in requests:
         engine.add_request(rid, tokens, params)
     reported, aborted, step, joined = {}, {}, 0, False
@@ -80,6 +83,9 @@ def run(engine, requests, abort=None, late=()):
 
     finals = drain(engine, on_step=on_step, streamed=reported)
     assert_clean(engine)
+    for o in finals.values():  # prompt logprobs, where asked: (token, logprob) per prompt token after the first
+        if o.prompt_logprobs is not None:
+            prompt_logprobs[o.request_id] = [(e.token_id, e.logprob) for e in o.prompt_logprobs[1:]]
     return {**{rid: (o.token_ids, o.finish_reason) for rid, o in finals.items()}, **aborted}
 
 
@@ -95,11 +101,14 @@ STREAMS = dict(
     sampled=st.booleans(),
     abort_after=st.one_of(st.none(), st.integers(1, 4)),
     seed=st.integers(0, 3),
+    adjusted=st.booleans(),
 )
 
 
-def check_stream(engines, lengths, max_tokens, sampled, abort_after, seed):
-    """The same request stream through both engines gives the same tokens and finish reasons."""
+def check_stream(engines, lengths, max_tokens, sampled, abort_after, seed, adjusted):
+    """The same request stream through both engines gives the same tokens and finish reasons. ``adjusted``: requests
+    with penalties and a logit bias among them (sampled from their logits, penalised rows in decode steps of their
+    own), and a late one with prompt logprobs (its prompt steps apart, all positions' logits)."""
     sync, overlapped = engines
     base = dict(temperature=0.8, top_k=20, seed=seed) if sampled else dict(GREEDY)
     base.pop("ignore_eos", None)
@@ -111,26 +120,38 @@ def check_stream(engines, lengths, max_tokens, sampled, abort_after, seed):
     rid, tokens, params = requests[0]
     stop = stop_token_of(sync, tokens, SamplingParams(max_tokens=12, ignore_eos=True, **base))
     requests[0] = (rid, tokens, SamplingParams(max_tokens=12, stop_token_ids=[stop], **base))
+    if adjusted:
+        for i, extra in ((1, dict(repetition_penalty=1.3, frequency_penalty=0.5)),
+                         (2, dict(logit_bias={5: 3.0, 9: -2.0}, presence_penalty=0.7))):
+            if i < len(requests):
+                rid, tokens, params = requests[i]
+                requests[i] = (rid, tokens, dataclasses.replace(params, **extra))
     late = [
-        ("late", prompt(7, seed + 1), SamplingParams(max_tokens=5, min_tokens=3, stop_token_ids=[stop], **base)),
+        ("late", prompt(7, seed + 1), SamplingParams(max_tokens=5, min_tokens=3, stop_token_ids=[stop],
+                                                     prompt_logprobs=2 if adjusted else None, **base)),
         ("long", prompt(120, seed), SamplingParams(max_tokens=20, ignore_eos=True, **base)),  # max_model_len stops it
     ]
     abort = ("r1", abort_after) if abort_after is not None and len(requests) > 1 else None
-    expected = run(sync, requests, abort, late)
-    assert run(overlapped, requests, abort, late) == expected
+    expected_logprobs, got_logprobs = {}, {}
+    expected = run(sync, requests, abort, late, expected_logprobs)
+    assert run(overlapped, requests, abort, late, got_logprobs) == expected
+    assert got_logprobs.keys() == expected_logprobs.keys() and ("late" in expected_logprobs) == adjusted
+    for rid, entries in expected_logprobs.items():  # the same positions' logits in other batches: fp32 rounding apart
+        assert [t for t, _ in got_logprobs[rid]] == [t for t, _ in entries]
+        assert [v for _, v in got_logprobs[rid]] == pytest.approx([v for _, v in entries], abs=1e-4)
 
 
 @heavy_settings(6)
 @given(**STREAMS)
-def test_overlapped_outputs_equal_synchronous(engines, lengths, max_tokens, sampled, abort_after, seed):
-    check_stream(engines, lengths, max_tokens, sampled, abort_after, seed)
+def test_overlapped_outputs_equal_synchronous(engines, lengths, max_tokens, sampled, abort_after, seed, adjusted):
+    check_stream(engines, lengths, max_tokens, sampled, abort_after, seed, adjusted)
 
 
 @heavy_settings(6)
 @given(**STREAMS)
 def test_overlapped_outputs_equal_synchronous_with_prefix_caching(caching_engines, lengths, max_tokens, sampled,
-                                                                  abort_after, seed):
-    check_stream(caching_engines, lengths, max_tokens, sampled, abort_after, seed)
+                                                                  abort_after, seed, adjusted):
+    check_stream(caching_engines, lengths, max_tokens, sampled, abort_after, seed, adjusted)
 
 
 @pytest.mark.parametrize("caching", [{}, CACHING])
