@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from compiled_engine.detokenizer import IncrementalDetokenizer
 from compiled_engine.outputs import TokenLogprobs
 from compiled_engine.sampling_params import SamplingParams
@@ -30,10 +32,17 @@ class Request:
     detokenizer: IncrementalDetokenizer | None = None
     logprobs: list[TokenLogprobs] | None = None  # with SamplingParams.logprobs
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # with SamplingParams.prompt_logprobs, as computed
+    _prompt_array: np.ndarray | None = field(default=None, repr=False)
 
     def wants_prompt_logprobs(self) -> bool:
         """Whether prompt tokens' logprobs are still to compute (its prefill chunks need every position's logits)."""
         return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
+
+    def prompt_array(self) -> np.ndarray:
+        """The prompt as an int64 array, made on first use (penalties fill a token table from it every step)."""
+        if self._prompt_array is None:
+            self._prompt_array = np.array(self.prompt_token_ids, dtype=np.int64)
+        return self._prompt_array
 
     def suppressing(self) -> bool:
         """Whether its stop tokens are still suppressed (fewer than min_tokens generated)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ops.sample import sample_op, uniform_noise
@@ -196,27 +197,30 @@ def penalties(requests: list[Request], device: torch.device, vocab: int,
               last_ids: torch.Tensor | None) -> Penalties | None:
     """The penalised rows' tokens and penalties, in two uploads; None when no row has penalties. With
     ``last_ids`` each row's last token comes from the device (it may still be in flight), the others from the
-    host."""
+    host. The token table is filled row by row in numpy (each request's prompt converted once,
+    ``Request.prompt_array``): its size is the rows' tokens so far, rebuilt every step, as vLLM's."""
     rows = [i for i, r in enumerate(requests) if r.params.penalized]
     if not rows:
         return None
     cut = 1 if last_ids is not None else 0
-    prompts = [requests[i].prompt_token_ids for i in rows]
+    prompts = [requests[i].prompt_array() for i in rows]
     outputs = [requests[i].seq.token_ids[requests[i].seq.num_prompt_tokens : len(requests[i].seq) - cut]
                for i in rows]
-    lp, lo = max(map(len, prompts)), max(1, max(map(len, outputs)))
-    flat = rows + [t for p in prompts for t in p + [vocab] * (lp - len(p))]
-    flat += [t for o in outputs for t in o + [vocab] * (lo - len(o))]
-    int64 = upload(torch.tensor(flat, dtype=torch.int64), device)
+    n, lp, lo = len(rows), max(map(len, prompts)), max(1, max(map(len, outputs)))
+    table = np.full((n, 1 + lp + lo), vocab, dtype=np.int64)
+    table[:, 0] = rows
+    for j, (prompt, output) in enumerate(zip(prompts, outputs)):
+        table[j, 1 : 1 + len(prompt)] = prompt
+        table[j, 1 + lp : 1 + lp + len(output)] = output
+    int64 = upload(torch.from_numpy(table), device)
     params = [requests[i].params for i in rows]
     fp32 = upload(torch.tensor([p.presence_penalty for p in params] + [p.frequency_penalty for p in params]
                                + [p.repetition_penalty for p in params], dtype=torch.float32), device)
-    n = len(rows)
-    row_ids = int64[:n]
+    row_ids = int64[:, 0]
     return Penalties(
         rows=row_ids,
-        prompt_tokens=int64[n : n + n * lp].view(n, lp),
-        output_tokens=int64[n + n * lp :].view(n, lo),
+        prompt_tokens=int64[:, 1 : 1 + lp],
+        output_tokens=int64[:, 1 + lp :],
         last_tokens=None if last_ids is None else last_ids[row_ids],
         presence=fp32[:n], frequency=fp32[n : 2 * n], repetition=fp32[2 * n :],
     )
