@@ -4,7 +4,8 @@ Workload: ``num_requests`` requests (default 256), prompt lengths uniform in [``
 (256-2,048) and output lengths uniform in [``min_output_len``, ``max_output_len``] (32-512), random prompt token ids,
 seed 0, ignore_eos. It runs through one ``LLM.generate`` per run (all requests queued at once, as the throughput
 scenario does): greedy (temperature 0), then sampled (``temperature`` 0.8, ``top_p`` 0.95, ``top_k`` 50; request
-``i`` seeded with ``i``), ``rounds`` times in turn (default 2), so a cold first step does not land on one side only;
+``i`` seeded with ``i``; any of ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty`` set: those too,
+which samples every step from the logits outside the decode graph), ``rounds`` times in turn (default 2), so a cold first step does not land on one side only;
 a warm-up of ``warmup_requests`` short requests runs both ways first.
 
 Reported (the last round; every round's tok/s under ``rounds``): output tok/s (generated tokens / synchronised wall
@@ -21,6 +22,8 @@ import random
 from bench.bounds import workload_decode_bound
 from bench.common import Context, random_prompt, ratio
 from bench.throughput import _timed_generate, _warmup
+
+NEUTRAL_PENALTIES = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 def workload(num_requests: int = 256, min_prompt_len: int = 256, max_prompt_len: int = 2048,
@@ -47,6 +50,9 @@ def run(
     temperature: float = 0.8,
     top_p: float = 0.95,
     top_k: int = 50,
+    repetition_penalty: float = 1.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
     seed: int = 0,
     warmup_requests: int = 4,
     rounds: int = 2,
@@ -57,6 +63,9 @@ def run(
     prompts, output_lens = workload(num_requests, min_prompt_len, max_prompt_len, min_output_len, max_output_len,
                                     seed, ctx.model_config.vocab_size)
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+    penalties = {"repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
+                 "frequency_penalty": frequency_penalty}
+    sampling.update({k: v for k, v in penalties.items() if v != NEUTRAL_PENALTIES[k]})
     _warmup(llm, prompts[:warmup_requests])
     if warmup_requests:
         _timed_generate(ctx, llm, prompts[:warmup_requests], [4] * min(warmup_requests, num_requests),
@@ -101,7 +110,8 @@ def summary_lines(head: str, r: dict) -> list[str]:
     g, s, w = r["greedy"], r["sampled"], r["workload"]
     p = w["sampling"]
     return [f"{head} {g['requests']} req: greedy {g['output_tok_s']:,.0f} output tok/s ({g['wall_s']:.1f} s) | "
-            f"sampled (T {p['temperature']}, top_p {p['top_p']}, top_k {p['top_k']}) {s['output_tok_s']:,.0f} "
+            f"sampled (T {p['temperature']}, top_p {p['top_p']}, top_k {p['top_k']}"
+            f"{''.join(f', {k} {p[k]}' for k in NEUTRAL_PENALTIES if k in p)}) {s['output_tok_s']:,.0f} "
             f"tok/s ({s['wall_s']:.1f} s) | sampled/greedy {r['sampled_over_greedy']:.3f} | bound "
             f"{r['bound']['output_tok_s']:,.0f} tok/s | {r['sampled_requests_differing_from_greedy']} of "
             f"{g['requests']} sampled outputs differ from greedy"]

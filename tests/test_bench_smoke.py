@@ -31,6 +31,7 @@ SMOKE_ARGS = [
     "-p", "throughput.num_requests=4", "-p", "min_len=4", "-p", "max_len=8", "-p", "throughput.warmup_requests=1",
     "-p", "sampling.num_requests=4", "-p", "sampling.min_prompt_len=8", "-p", "sampling.max_prompt_len=16",
     "-p", "sampling.min_output_len=4", "-p", "sampling.max_output_len=8", "-p", "sampling.warmup_requests=1",
+    "-p", "sampling.repetition_penalty=1.1",
     "-p", "cookbook.concurrency=1,2", "-p", "cookbook.input_len=12", "-p", "cookbook.output_len=5",
     "-p", "cookbook.min_requests=3", "-p", "cookbook.warmup_requests=2", "-p", "cookbook.warmup_output_len=2",
     "-p", "prefix.num_requests=3", "-p", "prefix_len=16", "-p", "suffix_len=4", "-p", "prefix.new_tokens=4",
@@ -318,6 +319,7 @@ def test_sampling(smoke):
     assert len(r["rounds"]["greedy"]) == len(r["rounds"]["sampled"]) == 2
     assert r["sampled_requests_differing_from_greedy"] >= 1  # temperature 0.8 sampled something else
     assert r["sampled_tokens_repeat_across_rounds"]  # per-request seeds
+    assert r["workload"]["sampling"]["repetition_penalty"] == 1.1 and "presence_penalty" not in r["workload"]["sampling"]
     assert positive(r["fraction_of_bound"]["greedy"]) and positive(r["fraction_of_bound"]["sampled"])
 
 
