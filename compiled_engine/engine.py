@@ -422,8 +422,9 @@ class LLMEngine:
 
     def _drafts(self, rows: int) -> bool:
         """Whether ``rows`` decode-ready rows verify drafts this step: not past ``disable_by_batch_size``, nor where
-        the drafting rule says drafting does not pay, nor while a request with penalties is unfinished (a verify
-        round's target distributions would need each draft counted in the positions after it) or a logit bias."""
+        the drafting rule says drafting does not pay, nor while a request that adjusts its logits is unfinished
+        (penalties: a verify round's target distributions would need each draft counted in the positions after it;
+        a logit bias: the fused round samples in its graph)."""
         if self._adjusting:
             return False
         if self.disable_by_batch_size is not None and rows > self.disable_by_batch_size:
@@ -977,7 +978,7 @@ class LLMEngine:
     def _sample(self, requests: list[Request], logits: torch.Tensor,
                 last_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The requests' next tokens from a step's logits (prefill steps, and decode steps that suppress tokens or
-        have penalties). ``last_ids``: a decode step's input ids on the device, each row's last token."""
+        adjust logits). ``last_ids``: a decode step's input ids on the device, each row's last token."""
         # All greedy and nothing to suppress or adjust: argmax, without building the per-row parameter tensors.
         if all(r.params.greedy and not r.suppressing() and not r.params.adjusts_logits for r in requests):
             return logits.argmax(dim=-1)

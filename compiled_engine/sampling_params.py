@@ -78,7 +78,7 @@ class SamplingParams:
     # Per generated token: its log-probability and the top ``logprobs`` ones (raw model distribution); None: off.
     logprobs: int | None = None
     # Per prompt token after the first: its log-probability given the tokens before it and the top ones (as logprobs;
-    # vLLM's field). The prompt is computed whole (no prefix-cache hit), in chunks of at most PROMPT_LOGPROBS_CHUNK.
+    # vLLM's field). The prompt is computed whole (no prefix-cache hit), in chunks of engine.PROMPT_LOGPROBS_CHUNK.
     prompt_logprobs: int | None = None
     n: int = 1  # completions of the prompt (LLM.generate; an LLMEngine request is one completion: for_completion)
     # Penalties on the logits before temperature and truncation (vLLM's and OpenAI's definitions; sampler.py):
