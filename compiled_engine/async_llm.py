@@ -20,7 +20,8 @@ behind yields one merged output for the outputs it missed.
     and of the event loop (per stream chunk: the queue hand-off, SSE rendering, the socket write) share it.
   * ``EngineProcess`` (``serve``'s default on CUDA): the loop in a spawned process that builds the ``LLM`` itself
     (vLLM's engine-core split), with commands in and outputs out over pipes, as deltas (new tokens, new text, new
-    logprobs; the prompt's logprobs with the first) rebuilt into cumulative outputs here. The engine's host work then never waits for the event loop's.
+    logprobs; the prompt's logprobs with the first) rebuilt into cumulative outputs here. The engine's host work
+    then never waits for the event loop's.
 
 Faults: a request whose stream is closed before it finished (a client that disconnects: the server's iterator is
 cancelled or closed) is aborted, which frees its KV blocks, state slot and snapshot references. A step that raises
