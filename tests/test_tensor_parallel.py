@@ -34,15 +34,26 @@ def test_tp2_greedy_equals_tp1_and_hf(variant, build_hf_model, load_hf_model):
 
 
 def test_tp2_with_a_vocabulary_that_does_not_divide(tmp_path):
-    """The embedded tiny model has 257 tokens: the vocab shards are padded, the padding never sampled."""
+    """The embedded tiny model has 257 tokens: the vocab shards are padded, the padding never sampled, nor counted
+    by penalties, biased or ranked among prompt logprobs (every position's logits gathered over the shards)."""
     from compiled_engine.tiny_model import ensure_tiny_model
 
     path = ensure_tiny_model(str(tmp_path / "tiny"))
     prompts = prompts_for(257)
-    single = LLM(path, device="cpu", enforce_eager=True, max_model_len=256).generate(prompts, GREEDY, use_tqdm=False)
+    adjusted = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, repetition_penalty=1.3),
+                SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logit_bias={5: 4.0}, prompt_logprobs=3),
+                SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, frequency_penalty=1.0, prompt_logprobs=0)]
+    single_llm = LLM(path, device="cpu", enforce_eager=True, max_model_len=256)
+    single, single_adjusted = (single_llm.generate(prompts, p, use_tqdm=False) for p in (GREEDY, adjusted))
     with LLM(path, device="cpu", enforce_eager=True, max_model_len=256, tensor_parallel_size=2) as llm:
-        sharded = llm.generate(prompts, GREEDY, use_tqdm=False)
+        sharded, sharded_adjusted = (llm.generate(prompts, p, use_tqdm=False) for p in (GREEDY, adjusted))
     assert [o.token_ids for o in sharded] == [o.token_ids for o in single]
+    assert [o.token_ids for o in sharded_adjusted] == [o.token_ids for o in single_adjusted]
+    for one, two in zip(single_adjusted[1:], sharded_adjusted[1:]):
+        assert [e.token_id for e in two.prompt_logprobs[1:]] == [e.token_id for e in one.prompt_logprobs[1:]]
+        expected = [e.logprob for e in one.prompt_logprobs[1:]]
+        assert [e.logprob for e in two.prompt_logprobs[1:]] == pytest.approx(expected, abs=1e-4)
+        assert all(t < 257 for e in two.prompt_logprobs[1:] for t, _ in e.top)
 
 
 def test_heads_that_do_not_divide_are_rejected(qwen3_5_text_untied_path):
