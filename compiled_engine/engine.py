@@ -281,7 +281,9 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(62)
         request = Request(request_id, seq, params, seed, stop_ids, list(token_ids))
         if self.tokenizer is not None and (params.stop or params.output_kind is not RequestOutputKind.FINAL_ONLY):
-            request.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
+            request.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
+                                                         skip_special_tokens=params.skip_special_tokens,
+                                                         include_stop=params.include_stop_str_in_output)
         if params.logprobs is not None:
             request.logprobs = []
         if params.prompt_logprobs is not None:
@@ -931,15 +933,18 @@ class LLMEngine:
         limit, or a stop string completed in the detokenized text), with ``stop_reason`` set; else None. Stop
         strings are searched from the token after the first ``min_tokens`` on (vLLM's rule), and one found ends the
         request as "stop" with the string as its reason even where the token also reaches the length limit: the text
-        is cut where it starts."""
+        is cut where it starts (ends, with ``include_stop_str_in_output``)."""
         reason = self._stop_reason(request, token, generated)
         if reason == "stop":
             request.stop_reason = token if token in request.params.stop_token_ids else None  # None: EOS
         detokenizer = request.detokenizer
         if detokenizer is not None:
-            # A stop token (or EOS) ends the request without its text (vLLM's default; it stays in token_ids).
-            check = generated > request.params.min_tokens
-            stop = None if reason == "stop" else detokenizer.add(token, check_stop=check)
+            stop = None
+            if reason != "stop":
+                stop = detokenizer.add(token, check_stop=generated > request.params.min_tokens)
+            elif request.params.include_stop_str_in_output:
+                detokenizer.add(token, check_stop=False)
+            # else: a stop token (or EOS) ends the request without its text (Request.shows_last_token_text)
             if stop is not None:
                 reason, request.stop_reason = "stop", stop
             if reason is not None:
@@ -993,9 +998,8 @@ class LLMEngine:
         if request.detokenizer is not None:
             text = request.detokenizer.output_text(finished)
         elif finished and self.tokenizer is not None:
-            # As the detokenizer: a stop token's (or EOS's) text is not part of the output text.
-            by_token = request.finish_reason == "stop" and not isinstance(request.stop_reason, str)
-            text = self.tokenizer.decode(generated[:-1] if by_token else generated, skip_special_tokens=True)
+            shown = generated if request.shows_last_token_text() else generated[:-1]
+            text = self.tokenizer.decode(shown, skip_special_tokens=request.params.skip_special_tokens)
         return RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,

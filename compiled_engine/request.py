@@ -44,6 +44,12 @@ class Request:
             self._prompt_array = np.array(self.prompt_token_ids, dtype=np.int64)
         return self._prompt_array
 
+    def shows_last_token_text(self) -> bool:
+        """Whether the output text includes its last token's: not when it is the stop token (or EOS) that finished
+        the request (vLLM's default; it stays in token_ids), unless ``include_stop_str_in_output``."""
+        by_token = self.finish_reason == "stop" and not isinstance(self.stop_reason, str)
+        return not by_token or self.params.include_stop_str_in_output
+
     def suppressing(self) -> bool:
         """Whether its stop tokens are still suppressed (fewer than min_tokens generated)."""
         return self.seq.num_generated_tokens < self.params.min_tokens and bool(self.stop_ids)

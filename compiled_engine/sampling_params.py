@@ -89,6 +89,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 0; 1 = off
     # Added to the token's logit before the penalties (OpenAI's logit_bias, token id -> bias in [-100, 100]).
     logit_bias: dict[int, float] | None = None
+    # The stop string, or the stop token's (EOS's) text, that finished the request is kept in the text (vLLM's).
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True  # special tokens' text left out of the output text (vLLM's default)
 
     def __post_init__(self):
         self.validate()
@@ -127,6 +130,8 @@ class SamplingParams:
             ("seed", self.seed is None or -(2**63) <= self.seed < 2**63,
              "must be None or an int in [-2**63, 2**63) (it travels as int64)"),
             ("ignore_eos", isinstance(self.ignore_eos, bool), "must be a bool"),
+            ("include_stop_str_in_output", isinstance(self.include_stop_str_in_output, bool), "must be a bool"),
+            ("skip_special_tokens", isinstance(self.skip_special_tokens, bool), "must be a bool"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"must be None or an int in [0, {MAX_LOGPROBS}]"),
             ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,

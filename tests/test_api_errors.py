@@ -185,6 +185,8 @@ BAD_PARAMS = [
     (dict(stop_token_ids=[torch.tensor([3])]), "stop_token_ids"),
     (dict(n=0), "n"),
     (dict(prompt_logprobs=21), "prompt_logprobs"),
+    (dict(include_stop_str_in_output="yes"), "include_stop_str_in_output"),
+    (dict(skip_special_tokens=0), "skip_special_tokens"),
     (dict(prompt_logprobs=-1), "prompt_logprobs"),
     (dict(n=True), "n"),
 ]

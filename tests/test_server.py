@@ -262,6 +262,22 @@ def test_echo_with_logprobs_gives_the_prompts_logprobs(live, solo_llm):
     assert streamed[0] is None and streamed[1:] == pytest.approx(logprobs[1:], abs=1e-4)
 
 
+def test_vllm_text_options_reach_the_engine(live, solo_llm):
+    """vLLM's ``include_stop_str_in_output`` (the text ends after the stop string found in a solo run's text) and
+    ``skip_special_tokens`` off (EOS forced by a logit bias shows as the tokenizer's text)."""
+    tokenizer = live.server.tokenizer
+    text = solo(solo_llm, "Hello world", 20).text
+    stop = next(text[i : i + 2] for i in range(2, len(text) - 1) if text[i : i + 2].strip() and text[i] != text[i + 1])
+    r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=20, temperature=0, stop=[stop],
+                                       extra_body=dict(NO_EOS, include_stop_str_in_output=True))
+    assert r.choices[0].text == text[: text.find(stop) + len(stop)] and r.choices[0].stop_reason == stop
+    eos = tokenizer.eos_token_id
+    r = live.client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0,
+                                       logit_bias={str(eos): 100},
+                                       extra_body=dict(NO_EOS, skip_special_tokens=False))
+    assert r.choices[0].token_ids == [eos, eos] and r.choices[0].text == tokenizer.eos_token * 2
+
+
 def test_chat_template_extensions_reach_the_template(live, solo_llm, monkeypatch):
     """vLLM's ``chat_template_kwargs`` and ``add_generation_prompt`` render the prompt as HF's template does with
     them (a template that prints a keyword, as Qwen3's reads ``enable_thinking``)."""

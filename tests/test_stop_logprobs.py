@@ -217,6 +217,47 @@ def test_a_stop_token_ends_the_token_ids_but_not_the_text(llm, tokenizer, stream
     assert out.text == tokenizer.decode(solo.token_ids[:first], skip_special_tokens=True)
 
 
+def finished_output(llm, prompt: str, params: SamplingParams, stream: bool):
+    """The request's final output: streamed through engine.step (CUMULATIVE outputs: the detokenizer's text) or from
+    LLM.generate (FINAL_ONLY: one decode at the end, unless it has stop strings)."""
+    if not stream:
+        return llm.generate(prompt, params, use_tqdm=False)[0]
+    llm.engine.add_request("s", llm._encode(prompt), params)
+    while llm.engine.has_unfinished_requests():
+        for out in llm.engine.step():
+            pass
+    return out
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_stop_str_in_output_keeps_what_stopped_it(llm, tokenizer, stream):
+    """vLLM's ``include_stop_str_in_output``: the text ends after the stop string (``str.find`` in a solo run's text)
+    or with the stop token's text (the tokenizer's decode of every token); finish and stop reasons unchanged."""
+    solo = llm.generate("Hello world", SamplingParams(max_tokens=40, **GREEDY), use_tqdm=False)[0]
+    stop, at = two_char_stop(solo.text)
+    out = finished_output(llm, "Hello world", SamplingParams(max_tokens=40, stop=[stop], include_stop_str_in_output=True,
+                                                             **GREEDY), stream)
+    assert (out.text, out.finish_reason, out.stop_reason) == (solo.text[: at + len(stop)], "stop", stop)
+    token = next(t for t in solo.token_ids[3:] if tokenizer.decode([t]).strip())
+    first = solo.token_ids.index(token)
+    out = finished_output(llm, "Hello world", SamplingParams(max_tokens=40, stop_token_ids=[token],
+                                                             include_stop_str_in_output=True, **GREEDY), stream)
+    assert out.token_ids == solo.token_ids[: first + 1] and out.stop_reason == token
+    assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_skip_special_tokens_off_shows_their_text(llm, tokenizer, stream):
+    """``skip_special_tokens=False``: the special token (the tiny model's <|endoftext|>, forced by a logit bias past
+    EOS) is in the text, as the tokenizer decodes it; on (the default) it is not."""
+    eos = tokenizer.eos_token_id
+    forced = dict(max_tokens=3, logit_bias={eos: 100.0}, **GREEDY)
+    out = finished_output(llm, "Hello", SamplingParams(skip_special_tokens=False, **forced), stream)
+    assert out.token_ids == [eos] * 3
+    assert out.text == tokenizer.decode([eos] * 3, skip_special_tokens=False) == tokenizer.eos_token * 3
+    assert finished_output(llm, "Hello", SamplingParams(**forced), stream).text == ""
+
+
 def test_vllm_style_outputs(llm, tokenizer):
     """Code written for vLLM reads ``out.outputs[0]``: its text is the tokenizer's decode of its tokens (cut at a
     stop string), its finish and stop reasons the request's, and its cumulative logprob the sum of the tokens'
