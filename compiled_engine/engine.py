@@ -235,7 +235,7 @@ class LLMEngine:
         # The ids of those that ask for logprobs: while none does, a step does not look for them row by row.
         self._with_logprobs: set[str] = set()
         # The ids of those whose logits are adjusted (penalties, logit_bias): their rows are sampled from the logits
-        # (``_sample``), penalised ones in decode steps of their own (``_splits``); nothing drafts while any is here.
+        # (``_sample``; verify rounds unfused), penalised ones in decode steps of their own (``_splits``).
         self._adjusting: set[str] = set()
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
         self._seed_source = random.Random()
@@ -424,11 +424,7 @@ class LLMEngine:
 
     def _drafts(self, rows: int) -> bool:
         """Whether ``rows`` decode-ready rows verify drafts this step: not past ``disable_by_batch_size``, nor where
-        the drafting rule says drafting does not pay, nor while a request that adjusts its logits is unfinished
-        (penalties: a verify round's target distributions would need each draft counted in the positions after it;
-        a logit bias: the fused round samples in its graph)."""
-        if self._adjusting:
-            return False
+        the drafting rule says drafting does not pay."""
         if self.disable_by_batch_size is not None and rows > self.disable_by_batch_size:
             return False
         return self.drafting_rule is None or self.drafting_rule.should_draft(rows)
@@ -479,10 +475,11 @@ class LLMEngine:
 
     def _verify_round(self, seqs: list[Sequence], keep_free: int, alone: bool) -> list[RequestOutput]:
         """A verify round of the decode-ready ``seqs``. ``alone``: no prompt chunk follows it in the step. A fused
-        round (no logprobs, no min_tokens suppression, no draft override) with ``overlap_decode`` stays in flight
-        instead of being read back here: the next step reads it, chaining the round after it first where it can
-        (``_chains``), so that the host's reading, the outputs and the next step's scheduling run while the device
-        computes a round."""
+        round (no logprobs, no min_tokens suppression or logit adjustment, no draft override) with ``overlap_decode``
+        stays in flight instead of being read back here: the next step reads it, chaining the round after it first
+        where it can (``_chains``), so that the host's reading, the outputs and the next step's scheduling run while
+        the device computes a round. The unfused round samples its rows from the verify step's logits, a row p of a
+        request with penalties counting the drafts before it."""
         rule = self.drafting_rule
         start = rule.clock() if rule is not None else 0.0
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
@@ -495,7 +492,7 @@ class LLMEngine:
         proposals = [r.drafts[:k] if r.drafts is not None else [r.seq.token_ids[-1]] * k for r in requests]
         n = len(seqs)
         num_logprobs = self._num_logprobs(seqs)
-        if num_logprobs is None and not any(r.suppressing() for r in requests):
+        if num_logprobs is None and not any(r.suppressing() or r.params.adjusts_logits for r in requests):
             sampling = None if all(r.params.greedy for r in requests) else sampling_inputs(requests, k + 1)
             # Chained rounds take their drafts from the device: no override.
             chainable = alone and self.overlap_decode and self.draft_override is None
@@ -506,10 +503,11 @@ class LLMEngine:
                 self._round = round_
                 return []
             return self._read_round(round_)
-        # The unfused round, whose logits serve min_tokens suppression and logprobs
+        # The unfused round, whose logits serve min_tokens suppression, logit adjustments and logprobs
         spec = self.runtime.verify(seqs, proposals, keep_free)
         drafts = spec.step.input_ids.view(n, k + 1)[:, 1:]  # uploaded with the step
-        batch = sampling_batch(requests, spec.logits.device, positions=k + 1)
+        batch = sampling_batch(requests, spec.logits.device, positions=k + 1, vocab=spec.logits.shape[-1],
+                               drafts=proposals)
         accepted, tokens = rejection_sample(spec.logits, drafts, batch)
         # Row i * (k+1) + p: the target's distribution at the sequence's p-th verified position, where the emitted
         # token p (an accepted draft, or the correction / bonus) was drawn from.

@@ -137,12 +137,16 @@ def sampling_inputs(requests: list[Request], positions: int = 1) -> SamplingInpu
 
 
 def sampling_batch(requests: list[Request], device: torch.device, positions: int = 1, vocab: int | None = None,
-                   last_ids: torch.Tensor | None = None) -> SamplingBatch:
+                   last_ids: torch.Tensor | None = None, drafts: list[list[int]] | None = None) -> SamplingBatch:
     """The rows' sampling parameters: ``positions`` rows per request (a verify step's), drawing its next
     ``positions`` output tokens (counters from its generated count on; min_tokens suppression row by row). With
-    ``vocab`` (one row a request), the rows' logit biases and penalties too (``last_ids``: see ``penalties``)."""
+    ``vocab``, the rows' logit biases and penalties too (``last_ids``: see ``penalties``); a verify step's row p of a
+    request counts its ``drafts[:p]`` among its output tokens (it draws as if they were accepted)."""
+    extra = None
     if positions > 1:
         requests = [r for r in requests for _ in range(positions)]
+        if drafts is not None:
+            extra = [d[:p] for d in drafts for p in range(positions)]
     params = [r.params for r in requests]
     counters = [r.seq.num_generated_tokens + row % positions for row, r in enumerate(requests)]
     suppress_rows, suppress_tokens = [], []
@@ -177,7 +181,7 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
         use_top_k=any(p.top_k > 0 for p in params),
         use_top_p=any(p.top_p < 1 for p in params),
         logit_bias=logit_bias(requests, device) if adjust else None,
-        penalties=penalties(requests, device, vocab, last_ids) if adjust else None,
+        penalties=penalties(requests, device, vocab, last_ids, extra) if adjust else None,
     )
 
 
@@ -193,11 +197,11 @@ def logit_bias(requests: list[Request], device: torch.device) -> LogitBias | Non
     return LogitBias(ids[:n], ids[n:], upload(torch.tensor(biases, dtype=torch.float32), device))
 
 
-def penalties(requests: list[Request], device: torch.device, vocab: int,
-              last_ids: torch.Tensor | None) -> Penalties | None:
+def penalties(requests: list[Request], device: torch.device, vocab: int, last_ids: torch.Tensor | None,
+              extra: list[list[int]] | None = None) -> Penalties | None:
     """The penalised rows' tokens and penalties, in two uploads; None when no row has penalties. With
     ``last_ids`` each row's last token comes from the device (it may still be in flight), the others from the
-    host. The token table is filled row by row in numpy (each request's prompt converted once,
+    host; ``extra[row]``: tokens counted after the row's outputs (a verify row's drafts before it). The token table is filled row by row in numpy (each request's prompt converted once,
     ``Request.prompt_array``): its size is the rows' tokens so far, rebuilt every step, as vLLM's."""
     rows = [i for i, r in enumerate(requests) if r.params.penalized]
     if not rows:
@@ -205,7 +209,7 @@ def penalties(requests: list[Request], device: torch.device, vocab: int,
     cut = 1 if last_ids is not None else 0
     prompts = [requests[i].prompt_array() for i in rows]
     outputs = [requests[i].seq.token_ids[requests[i].seq.num_prompt_tokens : len(requests[i].seq) - cut]
-               for i in rows]
+               + (extra[i] if extra is not None else []) for i in rows]
     n, lp, lo = len(rows), max(map(len, prompts)), max(1, max(map(len, outputs)))
     table = np.full((n, 1 + lp + lo), vocab, dtype=np.int64)
     table[:, 0] = rows

@@ -178,7 +178,38 @@ def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, mon
     for out, (expected, decided) in zip(outs, oracle):
         assert out.token_ids[:decided] == expected[:decided], (out.request_id, out.token_ids, expected, decided)
     assert not llm.engine.requests and not llm.engine._adjusting
+    if mode == "speculative":  # drafting stays on: rows of verify rounds count the drafts before them (next test)
+        assert llm.engine.num_verified_rows > 0
+        return
     for prompt, out, kw in zip(PROMPTS, outs, PENALTIES):
         drawn = sorted(len(output) for p, output in seen if p == prompt)
         assert drawn == (list(range(len(out.token_ids))) if SamplingParams(**kw).penalized else []), (prompt, drawn)
         assert all(output == out.token_ids[: len(output)] for p, output in seen if p == prompt), prompt
+
+
+@pytest.mark.parametrize("drafts", ["oracle", "wrong"])
+def test_verify_rounds_count_the_drafts_before_each_position(tiny_path, oracle, drafts):
+    """MTP k = 2 with drafts overridden by the oracle's own continuation (each verified row p of a penalised request
+    draws as if drafts[:p] were accepted, so all decided ones are) or by tokens next to it (rejected: the correction
+    is drawn at the position where the wrong one sat): the outputs equal the oracle's either way."""
+    llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2, enforce_eager=True,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    by_first = {prompt[0]: (len(prompt), expected) for prompt, (expected, _) in zip(PROMPTS, oracle)}
+
+    def override(request_id, token_ids, proposed):
+        start, expected = by_first[token_ids[0]]
+        ahead = expected[len(token_ids) - start :][:2]
+        ahead = ahead + proposed[len(ahead) : 2]
+        return ahead if drafts == "oracle" else [(t + 1) % 256 for t in ahead]
+
+    llm.engine.draft_override = override
+    params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=n, **kw) for n, kw in zip(LENGTHS, PENALTIES)]
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for out, (expected, decided) in zip(outs, oracle):
+        assert out.token_ids[:decided] == expected[:decided], (out.request_id, out.token_ids, expected, decided)
+    engine = llm.engine
+    assert engine.num_draft_tokens > 0
+    if drafts == "oracle":
+        assert engine.num_accepted_tokens >= 0.6 * engine.num_draft_tokens, (engine.num_accepted_tokens,
+                                                                             engine.num_draft_tokens)
+
