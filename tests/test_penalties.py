@@ -213,3 +213,17 @@ def test_verify_rounds_count_the_drafts_before_each_position(tiny_path, oracle, 
         assert engine.num_accepted_tokens >= 0.6 * engine.num_draft_tokens, (engine.num_accepted_tokens,
                                                                              engine.num_draft_tokens)
 
+
+
+def test_seeded_sampling_with_penalties_is_the_same_with_drafting(tiny_path):
+    """Seeded sampled requests with penalties and a logit bias draw the very tokens of their non-speculative runs
+    with MTP k = 2 (the verify rows' draws use the same per-output-index noise and, with the drafts before them
+    counted, the same distributions)."""
+    sampled = [SamplingParams(temperature=0.9, top_k=40, seed=20 + i, ignore_eos=True, max_tokens=n, **kw)
+               for i, (n, kw) in enumerate(zip(LENGTHS, PENALTIES))]
+    knobs = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2, enforce_eager=True)
+    plain = LLM(tiny_path, **knobs).generate(PROMPTS, sampled, use_tqdm=False)
+    llm = LLM(tiny_path, **knobs, speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    drafted = llm.generate(PROMPTS, sampled, use_tqdm=False)
+    assert [o.token_ids for o in drafted] == [o.token_ids for o in plain]
+    assert llm.engine.num_verified_rows > 0
