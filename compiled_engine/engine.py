@@ -108,9 +108,10 @@ def validate_request(
         raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]!r}, outside [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("SamplingParams.stop needs a tokenizer: this model folder has none")
-    bad_bias = [t for t in params.logit_bias or () if t >= vocab_size]
-    if bad_bias:
-        raise ValueError(f"SamplingParams.logit_bias has token id {bad_bias[0]}, outside [0, {vocab_size})")
+    for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
+        bad = [t for t in ids if t >= vocab_size]
+        if bad:
+            raise ValueError(f"SamplingParams.{name} has token id {bad[0]}, outside [0, {vocab_size})")
     if params.n != 1:
         raise ValueError(f"SamplingParams.n must be 1 in an engine request (one completion each), got {params.n}: "
                          "add one request per completion with params.for_completion(j), as LLM.generate and the "

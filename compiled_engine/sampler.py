@@ -4,8 +4,8 @@ Randomness is counter-based: the uniform noise for (request seed, output index, 
 three integers computed on the device (splitmix64). A seeded request therefore draws the same tokens whatever
 else is in the batch, after a preemption, and across processes, and no torch.Generator state is shared.
 Sampling is a Gumbel-max draw (the exponential race) among the tokens that top-k, top-p and min-p keep.
-A logit bias and then penalties (presence, frequency, repetition; from the row's tokens) change a row's logits first
-(``apply_logit_bias``, ``apply_penalties``).
+Allowed tokens, a logit bias and then penalties (presence, frequency, repetition; from the row's tokens) change a
+row's logits first (``apply_allowed_tokens``, ``apply_logit_bias``, ``apply_penalties``).
 
 The second half builds a step's per-row tensors from its requests (``sampling_inputs`` for the decode graph and the
 fused rounds, ``sampling_batch`` for sampling from logits), each kind of field in one host-to-device copy.
@@ -23,8 +23,26 @@ from ops.step import SamplingInputs
 from compiled_engine.request import Request
 from compiled_engine.step import upload
 
-__all__ = ["LogitBias", "Penalties", "SamplingBatch", "apply_logit_bias", "apply_penalties", "logit_bias", "penalties",
-           "sample", "sampling_batch", "sampling_inputs", "uniform_noise"]
+__all__ = ["AllowedTokens", "LogitBias", "Penalties", "SamplingBatch", "allowed_tokens", "apply_allowed_tokens",
+           "apply_logit_bias", "apply_penalties", "logit_bias", "penalties", "sample", "sampling_batch",
+           "sampling_inputs", "uniform_noise"]
+
+
+@dataclass
+class AllowedTokens:
+    """Rows of a step that may draw only some tokens, on the device: ``rows[pairs[0][i]]`` may draw ``pairs[1][i]``."""
+
+    rows: torch.Tensor  # [R] int64
+    pairs: tuple[torch.Tensor, torch.Tensor]  # [n] int64 each: an index into rows, a token id
+
+
+def apply_allowed_tokens(logits: torch.Tensor, allowed: AllowedTokens) -> torch.Tensor:
+    """``logits`` ``[B, V]`` in fp32 with every token but its allowed ones at -inf in the limited rows (a new
+    tensor)."""
+    out = logits.to(torch.float32, copy=True)
+    keep = torch.zeros((allowed.rows.shape[0], out.shape[-1]), dtype=torch.bool, device=out.device)
+    keep[allowed.pairs] = True
+    return out.index_copy_(0, allowed.rows, out.index_select(0, allowed.rows).masked_fill(~keep, float("-inf")))
 
 
 @dataclass
@@ -93,14 +111,17 @@ class SamplingBatch:
     all_greedy: bool
     use_top_k: bool
     use_top_p: bool
+    allowed_tokens: AllowedTokens | None = None
     logit_bias: LogitBias | None = None
     penalties: Penalties | None = None
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Next token per row ``[B]`` int64 from logits ``[B, vocab]`` (model dtype or fp32; rows may be strided):
-    ``ce::sample`` after the logit bias, the penalties (vLLM's order) and setting the suppressed (row, token) pairs to
-    -inf (min_tokens)."""
+    ``ce::sample`` after the allowed tokens, the logit bias, the penalties (vLLM's order) and setting the suppressed
+    (row, token) pairs to -inf (min_tokens)."""
+    if batch.allowed_tokens is not None:
+        logits = apply_allowed_tokens(logits, batch.allowed_tokens)
     if batch.logit_bias is not None:
         logits = apply_logit_bias(logits, batch.logit_bias)
     if batch.penalties is not None:
@@ -180,9 +201,22 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
         all_greedy=all(p.greedy for p in params),
         use_top_k=any(p.top_k > 0 for p in params),
         use_top_p=any(p.top_p < 1 for p in params),
+        allowed_tokens=allowed_tokens(requests, device) if adjust else None,
         logit_bias=logit_bias(requests, device) if adjust else None,
         penalties=penalties(requests, device, vocab, last_ids, extra) if adjust else None,
     )
+
+
+def allowed_tokens(requests: list[Request], device: torch.device) -> AllowedTokens | None:
+    """The rows limited to some tokens and those tokens, in one upload; None when no row is limited."""
+    rows = [row for row, r in enumerate(requests) if r.params.allowed_token_ids is not None]
+    if not rows:
+        return None
+    index = [i for i, row in enumerate(rows) for _ in requests[row].params.allowed_token_ids]
+    tokens = [t for row in rows for t in requests[row].params.allowed_token_ids]
+    ids = upload(torch.tensor(rows + index + tokens, dtype=torch.int64), device)
+    r, n = len(rows), len(index)
+    return AllowedTokens(ids[:r], (ids[r : r + n], ids[r + n :]))
 
 
 def logit_bias(requests: list[Request], device: torch.device) -> LogitBias | None:
@@ -201,8 +235,9 @@ def penalties(requests: list[Request], device: torch.device, vocab: int, last_id
               extra: list[list[int]] | None = None) -> Penalties | None:
     """The penalised rows' tokens and penalties, in two uploads; None when no row has penalties. With
     ``last_ids`` each row's last token comes from the device (it may still be in flight), the others from the
-    host; ``extra[row]``: tokens counted after the row's outputs (a verify row's drafts before it). The token table is filled row by row in numpy (each request's prompt converted once,
-    ``Request.prompt_array``): its size is the rows' tokens so far, rebuilt every step, as vLLM's."""
+    host; ``extra[row]``: tokens counted after the row's outputs (a verify row's drafts before it). The token table
+    is filled row by row in numpy (each request's prompt converted once, ``Request.prompt_array``): its size is the
+    rows' tokens so far, rebuilt every step, as vLLM's."""
     rows = [i for i, r in enumerate(requests) if r.params.penalized]
     if not rows:
         return None

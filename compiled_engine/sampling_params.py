@@ -13,6 +13,7 @@ changed since) raises ValueError naming the field:
     ``prompt_logprobs`` the same, for each prompt token after the first;
   * ``presence_penalty`` and ``frequency_penalty`` in [-2, 2], ``repetition_penalty`` > 0 (vLLM's ranges);
   * ``logit_bias``: None or a dict of token ids (as above) to finite biases in [-100, 100] (OpenAI's range);
+    ``allowed_token_ids``: None or a non-empty list of token ids (as ``stop_token_ids``);
   * ``n``: an int >= 1, completions of the prompt (``LLM.generate`` and the server; ``LLMEngine`` takes n = 1:
     each completion is a request of its own, ``for_completion(j)``'s params);
   * a temperature below ``SAMPLING_EPS`` (1e-5, vLLM's ``_SAMPLING_EPS``) is greedy: it is stored as 0, so every
@@ -89,6 +90,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 0; 1 = off
     # Added to the token's logit before the penalties (OpenAI's logit_bias, token id -> bias in [-100, 100]).
     logit_bias: dict[int, float] | None = None
+    # Only these tokens can be drawn (vLLM's; the others' logits are -inf before the bias and the penalties).
+    allowed_token_ids: list[int] | None = None
     # The stop string, or the stop token's (EOS's) text, that finished the request is kept in the text (vLLM's).
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True  # special tokens' text left out of the output text (vLLM's default)
@@ -112,7 +115,12 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"SamplingParams.{name} must be an int, got {value!r} ({type(value).__name__})")
             setattr(self, name, int(value))
-        self.stop_token_ids = self._checked_stop_token_ids(self.stop_token_ids)
+        self.stop_token_ids = [] if self.stop_token_ids is None else self._checked_token_ids("stop_token_ids",
+                                                                                              self.stop_token_ids)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = self._checked_token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise ValueError("SamplingParams.allowed_token_ids must not be empty (None: every token)")
         self.stop = self._checked_stop(self.stop)
         self.logit_bias = self._checked_logit_bias(self.logit_bias)
         if self.top_k == -1:
@@ -157,15 +165,14 @@ class SamplingParams:
         return replace(self, n=1, seed=seed)
 
     @staticmethod
-    def _checked_stop_token_ids(stop_token_ids) -> list[int]:
-        if stop_token_ids is None:
-            return []
-        if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (list, tuple, set, frozenset)):
-            raise ValueError(f"SamplingParams.stop_token_ids must be a list of ints, got {stop_token_ids!r}")
-        ids = [as_token_id(t) for t in stop_token_ids]
-        bad = [t for t, i in zip(stop_token_ids, ids) if i is None or i < 0]
+    def _checked_token_ids(name: str, token_ids) -> list[int]:
+        """A list/tuple/set of integer token ids as a list of ints (range checks are the engine's)."""
+        if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (list, tuple, set, frozenset)):
+            raise ValueError(f"SamplingParams.{name} must be a list of ints, got {token_ids!r}")
+        ids = [as_token_id(t) for t in token_ids]
+        bad = [t for t, i in zip(token_ids, ids) if i is None or i < 0]
         if bad:
-            raise ValueError(f"SamplingParams.stop_token_ids must hold ints >= 0, got {bad[0]!r}")
+            raise ValueError(f"SamplingParams.{name} must hold ints >= 0, got {bad[0]!r}")
         return ids
 
     @staticmethod
@@ -202,8 +209,9 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether the logits are changed before sampling (penalties, logit_bias): sampled outside the decode graph."""
-        return self.penalized or self.logit_bias is not None
+        """Whether the logits are changed before sampling (penalties, logit_bias, allowed_token_ids): sampled outside
+        the decode graph."""
+        return self.penalized or self.logit_bias is not None or self.allowed_token_ids is not None
 
     @property
     def greedy(self) -> bool:

@@ -6,8 +6,8 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (messages ren
 template), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text). Request fields follow OpenAI's
 API (with ``presence_penalty``, ``frequency_penalty`` and ``logit_bias``) and vLLM's extensions (``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``, ``return_token_ids``,
-``include_stop_str_in_output``, ``skip_special_tokens``; chat: ``chat_template_kwargs``, ``add_generation_prompt``);
-response bodies, ``usage`` and ``finish_reason`` are OpenAI's.
+``include_stop_str_in_output``, ``skip_special_tokens``, ``allowed_token_ids``; chat: ``chat_template_kwargs``,
+``add_generation_prompt``); response bodies, ``usage`` and ``finish_reason`` are OpenAI's.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
   * 400: malformed JSON, a field of the wrong type or value (``param`` names it), ``n`` past 64, an unsupported
@@ -117,6 +117,7 @@ class SamplingFields(BaseModel):
     return_token_ids: StrictBool = False  # vLLM's extension: token ids in every choice
     include_stop_str_in_output: StrictBool = False  # vLLM's extensions, as SamplingParams
     skip_special_tokens: StrictBool = True
+    allowed_token_ids: list[StrictInt] | None = None
 
     def check_unsupported(self) -> None:
         if not 1 <= self.n <= MAX_N:
@@ -145,7 +146,7 @@ class SamplingFields(BaseModel):
                 stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
                 max_tokens=max_tokens, logprobs=logprobs, logit_bias=self.token_biases(),
                 prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
-                skip_special_tokens=self.skip_special_tokens,
+                skip_special_tokens=self.skip_special_tokens, allowed_token_ids=self.allowed_token_ids,
             )
         except ValueError as error:
             bad = bad_params(error)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from compiled_engine import LLM, SamplingParams
 from compiled_engine import sampler
-from compiled_engine.sampler import LogitBias, Penalties, apply_logit_bias, apply_penalties
+from compiled_engine.sampler import (AllowedTokens, LogitBias, Penalties, apply_allowed_tokens, apply_logit_bias,
+                                     apply_penalties)
 from compiled_engine.tiny_model import ensure_tiny_model
 from tests import hf_models
 from tests.test_engine import heavy_settings
@@ -27,11 +28,15 @@ TIE = 1e-3  # compare greedy tokens up to the first step whose top two penalised
 
 
 def penalised(logits: torch.Tensor, prompt: list[int], output: list[int], presence: float = 0.0,
-              frequency: float = 0.0, repetition: float = 1.0, bias: dict[int, float] | None = None) -> torch.Tensor:
-    """One row's logit bias and penalties by their definition, in float64, in vLLM's order: the biases added; then
-    a token seen in the prompt or the output has its logit divided by ``repetition`` when positive, multiplied when
-    not; a token generated c times loses frequency * c + presence."""
+              frequency: float = 0.0, repetition: float = 1.0, bias: dict[int, float] | None = None,
+              allowed: list[int] | None = None) -> torch.Tensor:
+    """One row's allowed tokens, logit bias and penalties by their definition, in float64, in vLLM's order: every
+    token but the allowed ones at -inf; the biases added; then a token seen in the prompt or the output has its
+    logit divided by ``repetition`` when positive, multiplied when not; a token generated c times loses
+    frequency * c + presence."""
     out = logits.double().clone()
+    if allowed is not None:
+        out[[t for t in range(out.shape[0]) if t not in allowed]] = float("-inf")
     for token, value in (bias or {}).items():
         out[token] += value
     for token in set(prompt) | set(output):
@@ -75,6 +80,14 @@ def test_apply_penalties_matches_the_definition(data, batch, vocab, split_last):
     assert torch.equal(got[untouched], logits[untouched])
 
 
+def test_apply_allowed_tokens_leaves_only_them():
+    logits = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.25, -1.0], [4.0, 5.0, 6.0]])
+    got = apply_allowed_tokens(logits, AllowedTokens(torch.tensor([0, 2]), (torch.tensor([0, 0, 1]),
+                                                                           torch.tensor([1, 2, 0]))))
+    inf = float("-inf")
+    assert torch.equal(got, torch.tensor([[inf, -2.0, 3.0], [0.5, 0.25, -1.0], [4.0, inf, inf]]))
+
+
 def test_apply_logit_bias_adds_each_bias_to_its_logit():
     logits = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.25, -1.0]])
     got = apply_logit_bias(logits, LogitBias(torch.tensor([0, 1, 1]), torch.tensor([2, 0, 2]),
@@ -89,6 +102,8 @@ def test_apply_logit_bias_adds_each_bias_to_its_logit():
     (dict(logit_bias=[1]), "logit_bias"), (dict(logit_bias={"1": 2.0}), "logit_bias"),
     (dict(logit_bias={-1: 2.0}), "logit_bias"), (dict(logit_bias={1: 100.5}), "logit_bias"),
     (dict(logit_bias={1: True}), "logit_bias"), (dict(logit_bias={1: float("nan")}), "logit_bias"),
+    (dict(allowed_token_ids=[]), "allowed_token_ids"), (dict(allowed_token_ids=["1"]), "allowed_token_ids"),
+    (dict(allowed_token_ids=[-1]), "allowed_token_ids"), (dict(allowed_token_ids=3), "allowed_token_ids"),
 ])
 def test_bad_penalties_name_the_field(fields, field):
     with pytest.raises(ValueError, match=field):
@@ -105,14 +120,15 @@ def test_bad_penalties_name_the_field(fields, field):
 # prompt token, whose bias the repetition penalty then halves (vLLM's order: penalties after the bias; the other
 # order outputs 41 first).
 PROMPTS = [[5, 9, 5, 9, 5, 9, 5], [166, 32, 97, 113, 122, 72], [96], [3, 3, 3, 3, 3, 3],
-           [183, 111, 71, 144, 252, 182, 42, 166, 17], [41], [112]]
+           [183, 111, 71, 144, 252, 182, 42, 166, 17], [41], [112], [77, 30]]
 PENALTIES = [dict(repetition_penalty=1.4), dict(frequency_penalty=1.5), dict(presence_penalty=2.0),
              dict(), dict(presence_penalty=-0.5, frequency_penalty=1.0, repetition_penalty=0.8),
              dict(logit_bias={41: 10.0, 219: -4.0, 71: -2.5}, repetition_penalty=2.0),
-             dict(logit_bias={85: -100.0, 155: -6.0, 7: 2.0})]
-LENGTHS = [14, 16, 14, 9, 16, 10, 8]
+             dict(logit_bias={85: -100.0, 155: -6.0, 7: 2.0}),
+             dict(allowed_token_ids=[10, 20, 30, 40, 77], repetition_penalty=1.5)]
+LENGTHS = [14, 16, 14, 9, 16, 10, 8, 10]
 ORACLE_NAMES = dict(presence_penalty="presence", frequency_penalty="frequency", repetition_penalty="repetition",
-                    logit_bias="bias")
+                    logit_bias="bias", allowed_token_ids="allowed")
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +168,7 @@ def test_the_oracle_is_decided_and_the_penalties_change_the_output(tiny_path, or
 
 @pytest.mark.parametrize("mode", ["sync", "overlap", "speculative", "compiled"])
 def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, monkeypatch):
-    """Seven requests over two slots (later ones join running ones, so prompt chunks meet penalised decode rows), one
+    """Eight requests over two slots (later ones join running ones, so prompt chunks meet penalised decode rows), one
     without penalties or bias; each greedy output equals the oracle's over its decided tokens. And every token of a
     penalised request was drawn with exactly its prompt and its output before it counted (the tokens each
     ``apply_penalties`` call saw, against the final output): one call per token, none counting an in-flight

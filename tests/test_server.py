@@ -263,8 +263,9 @@ def test_echo_with_logprobs_gives_the_prompts_logprobs(live, solo_llm):
 
 
 def test_vllm_text_options_reach_the_engine(live, solo_llm):
-    """vLLM's ``include_stop_str_in_output`` (the text ends after the stop string found in a solo run's text) and
-    ``skip_special_tokens`` off (EOS forced by a logit bias shows as the tokenizer's text)."""
+    """vLLM's ``include_stop_str_in_output`` (the text ends after the stop string found in a solo run's text),
+    ``skip_special_tokens`` off (EOS forced by a logit bias shows as the tokenizer's text) and ``allowed_token_ids``
+    (the engine's checked against HF's logits in tests/test_penalties.py)."""
     tokenizer = live.server.tokenizer
     text = solo(solo_llm, "Hello world", 20).text
     stop = next(text[i : i + 2] for i in range(2, len(text) - 1) if text[i : i + 2].strip() and text[i] != text[i + 1])
@@ -276,6 +277,11 @@ def test_vllm_text_options_reach_the_engine(live, solo_llm):
                                        logit_bias={str(eos): 100},
                                        extra_body=dict(NO_EOS, skip_special_tokens=False))
     assert r.choices[0].token_ids == [eos, eos] and r.choices[0].text == tokenizer.eos_token * 2
+    allowed = [10, 20, 30]  # vLLM's allowed_token_ids: the solo run limited the same way
+    r = live.client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0,
+                                       extra_body=dict(NO_EOS, allowed_token_ids=allowed))
+    assert set(r.choices[0].token_ids) <= set(allowed)
+    assert r.choices[0].token_ids == solo(solo_llm, "Hello", 6, allowed_token_ids=allowed).token_ids
 
 
 def test_chat_template_extensions_reach_the_template(live, solo_llm, monkeypatch):
@@ -799,6 +805,8 @@ BAD_INPUT = [
     (C, dict(OK, logit_bias={"x": 1}), 400, "logit_bias"),  # keys are token ids
     (C, dict(OK, logit_bias={"5": 101}), 400, "logit_bias"),  # OpenAI's range: [-100, 100]
     (C, dict(OK, logit_bias={"300": 1}), 400, "logit_bias"),  # outside the vocabulary
+    (C, dict(OK, allowed_token_ids=[]), 400, "allowed_token_ids"),
+    (C, dict(OK, allowed_token_ids=[300]), 400, "allowed_token_ids"),
     (C, dict(OK, stream_options={"include_usage": True}), 400, "stream_options"),  # without stream
     (C, dict(OK, model="gpt-4"), 404, "model"),
     (CHAT, {"model": MODEL}, 400, "messages"),
