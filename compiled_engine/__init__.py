@@ -18,6 +18,7 @@ _PUBLIC = {
     "Runtime": "compiled_engine.runtime",
     "RuntimeConfig": "compiled_engine.config",
     "SamplingParams": "compiled_engine.sampling_params",
+    "StructuredOutputsParams": "compiled_engine.sampling_params",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -44,6 +44,7 @@ from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence, SequenceStatus
 from compiled_engine.speculative import RoundResults, SpeculativeStep
 from compiled_engine.step import upload
+from compiled_engine.structured_output import GrammarCache
 
 
 @dataclass
@@ -202,6 +203,7 @@ class LLMEngine:
         (compiled_engine/drafting_rule.py); by default one when the speculative config has ``auto_disable``."""
         self.runtime = runtime
         self.tokenizer = tokenizer
+        self.grammars = GrammarCache(tokenizer, runtime.model_config.vocab_size)  # structured outputs' grammars
         self.num_speculative_tokens = runtime.num_speculative_tokens
         config = runtime.speculative_config
         if speculative_config is not None:
@@ -238,6 +240,9 @@ class LLMEngine:
         # The ids of those whose logits are adjusted (penalties, logit_bias): their rows are sampled from the logits
         # (``_sample``; verify rounds unfused), penalised ones in decode steps of their own (``_splits``).
         self._adjusting: set[str] = set()
+        # The ids of those with structured outputs: a grammar's mask needs every token before it accepted, so while
+        # any is here no step launches before the one in flight is read back, and nothing drafts.
+        self._structured: set[str] = set()
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
         self._seed_source = random.Random()
         self._next_id = 0
@@ -261,6 +266,10 @@ class LLMEngine:
         token_ids, params = validate_request(prompt_token_ids, params, max_model_len=runtime.max_model_len,
                                              vocab_size=runtime.model_config.vocab_size,
                                              has_tokenizer=self.tokenizer is not None)
+        if params.structured_outputs is not None:
+            if self.tokenizer is None:
+                raise ValueError("SamplingParams.structured_outputs needs a tokenizer: this model folder has none")
+            self.grammars.compile(params.structured_outputs)  # a bad spec raises here, before anything is queued
         if params.prompt_logprobs is not None and self.num_speculative_tokens:
             raise ValueError("SamplingParams.prompt_logprobs is not supported with speculative decoding (its prompt "
                              "steps keep only each sequence's last hidden state)")
@@ -287,6 +296,8 @@ class LLMEngine:
                                                          include_stop=params.include_stop_str_in_output)
         if params.logprobs is not None:
             request.logprobs = []
+        if params.structured_outputs is not None:
+            request.grammar = self.grammars.matcher(params.structured_outputs)
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
             seq.reads_prefix_cache, seq.max_chunk_tokens = False, PROMPT_LOGPROBS_CHUNK
@@ -302,12 +313,15 @@ class LLMEngine:
                 self._with_logprobs.add(request_id)
             if params.adjusts_logits:
                 self._adjusting.add(request_id)
+            if params.structured_outputs is not None:
+                self._structured.add(request_id)
             self.scheduler.waiting.append(seq)
         except BaseException:
             self.requests.pop(request_id, None)
             self._request_of_seq.pop(seq.seq_id, None)
             self._with_logprobs.discard(request_id)
             self._adjusting.discard(request_id)
+            self._structured.discard(request_id)
             if seq in self.scheduler.waiting:
                 self.scheduler.waiting.remove(seq)
             raise
@@ -425,7 +439,10 @@ class LLMEngine:
 
     def _drafts(self, rows: int) -> bool:
         """Whether ``rows`` decode-ready rows verify drafts this step: not past ``disable_by_batch_size``, nor where
-        the drafting rule says drafting does not pay."""
+        the drafting rule says drafting does not pay, nor while a request with structured outputs is unfinished (its
+        verify rows would each need the grammar past the drafts before them)."""
+        if self._structured:
+            return False
         if self.disable_by_batch_size is not None and rows > self.disable_by_batch_size:
             return False
         return self.drafting_rule is None or self.drafting_rule.should_draft(rows)
@@ -433,11 +450,12 @@ class LLMEngine:
     def _stays_plain(self) -> bool:
         """Whether the step after an in-flight plain step is a plain decode step of every running row, so that it may
         launch before the in-flight tokens are read back: no prompt work (waiting or mid-prompt), every row's next
-        blocks free (no preemption of a row holding a placeholder), and the rows still not drafting."""
+        blocks free (no preemption of a row holding a placeholder), the rows still not drafting, and no structured
+        output (``_may_run_ahead``)."""
         scheduler = self.scheduler
         running = scheduler.running
         return (bool(running) and not scheduler.waiting and all(s.num_uncomputed_tokens == 1 for s in running)
-                and scheduler.decode_fits() and not self._drafts(len(running)))
+                and scheduler.decode_fits() and not self._drafts(len(running)) and not self._structured)
 
     def _run_plain_overlapped(self, batch: ScheduledBatch, in_flight: "_InFlight | None") -> list[RequestOutput]:
         """A plain decode step of a speculative engine, left in flight (``_run_overlapped``): its rows draft no more
@@ -824,8 +842,9 @@ class LLMEngine:
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be scheduled before the in-flight step's tokens are known: not when a decode
         step could run out of KV blocks (each sequence needs at most one more), which would preempt a sequence
-        whose last token is a placeholder. (The prefix cache hashes only known tokens: Sequence.num_known_tokens.)"""
-        return self.runtime.caches.num_free_blocks >= len(self.scheduler.running)
+        whose last token is a placeholder; nor while a request has a structured output (the next step's grammar masks
+        need the in-flight tokens accepted). (The prefix cache hashes only known tokens: Sequence.num_known_tokens.)"""
+        return not self._structured and self.runtime.caches.num_free_blocks >= len(self.scheduler.running)
 
     def _without_length_stops(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The batch less the decode rows whose in-flight token will finish them by length (known now): computing that
@@ -934,6 +953,11 @@ class LLMEngine:
         request as "stop" with the string as its reason even where the token also reaches the length limit: the text
         is cut where it starts (ends, with ``include_stop_str_in_output``)."""
         reason = self._stop_reason(request, token, generated)
+        grammar = request.grammar
+        if grammar is not None and (not grammar.accept_token(token) or grammar.is_terminated()):
+            # The grammar is complete (its stop token accepted; also under ignore_eos), or refused a token its mask
+            # could not keep out (every allowed token suppressed by min_tokens): the output ends here.
+            reason = "stop"
         if reason == "stop":
             request.stop_reason = token if token in request.params.stop_token_ids else None  # None: EOS
         detokenizer = request.detokenizer
@@ -978,6 +1002,7 @@ class LLMEngine:
         self.requests.pop(request.request_id, None)
         self._with_logprobs.discard(request.request_id)
         self._adjusting.discard(request.request_id)
+        self._structured.discard(request.request_id)
 
     def _sample(self, requests: list[Request], logits: torch.Tensor,
                 last_ids: torch.Tensor | None = None) -> torch.Tensor:

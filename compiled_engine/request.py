@@ -32,6 +32,7 @@ class Request:
     detokenizer: IncrementalDetokenizer | None = None
     logprobs: list[TokenLogprobs] | None = None  # with SamplingParams.logprobs
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # with SamplingParams.prompt_logprobs, as computed
+    grammar: object | None = None  # structured outputs: an xgrammar GrammarMatcher past the accepted tokens
     _prompt_array: np.ndarray | None = field(default=None, repr=False)
 
     def wants_prompt_logprobs(self) -> bool:

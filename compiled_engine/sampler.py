@@ -4,8 +4,9 @@ Randomness is counter-based: the uniform noise for (request seed, output index, 
 three integers computed on the device (splitmix64). A seeded request therefore draws the same tokens whatever
 else is in the batch, after a preemption, and across processes, and no torch.Generator state is shared.
 Sampling is a Gumbel-max draw (the exponential race) among the tokens that top-k, top-p and min-p keep.
-Allowed tokens, a logit bias and then penalties (presence, frequency, repetition; from the row's tokens) change a
-row's logits first (``apply_allowed_tokens``, ``apply_logit_bias``, ``apply_penalties``).
+Allowed tokens, a structured output's grammar, a logit bias and then penalties (presence, frequency, repetition;
+from the row's tokens) change a row's logits first (``apply_allowed_tokens``, ``apply_token_masks``,
+``apply_logit_bias``, ``apply_penalties``).
 
 The second half builds a step's per-row tensors from its requests (``sampling_inputs`` for the decode graph and the
 fused rounds, ``sampling_batch`` for sampling from logits), each kind of field in one host-to-device copy.
@@ -22,10 +23,11 @@ from ops.sample import sample_op, uniform_noise
 from ops.step import SamplingInputs
 from compiled_engine.request import Request
 from compiled_engine.step import upload
+from compiled_engine.structured_output import token_masks
 
-__all__ = ["AllowedTokens", "LogitBias", "Penalties", "SamplingBatch", "allowed_tokens", "apply_allowed_tokens",
-           "apply_logit_bias", "apply_penalties", "logit_bias", "penalties", "sample", "sampling_batch",
-           "sampling_inputs", "uniform_noise"]
+__all__ = ["AllowedTokens", "LogitBias", "Penalties", "SamplingBatch", "TokenMasks", "allowed_tokens",
+           "apply_allowed_tokens", "apply_logit_bias", "apply_penalties", "apply_token_masks", "grammar_masks",
+           "logit_bias", "penalties", "sample", "sampling_batch", "sampling_inputs", "uniform_noise"]
 
 
 @dataclass
@@ -43,6 +45,21 @@ def apply_allowed_tokens(logits: torch.Tensor, allowed: AllowedTokens) -> torch.
     keep = torch.zeros((allowed.rows.shape[0], out.shape[-1]), dtype=torch.bool, device=out.device)
     keep[allowed.pairs] = True
     return out.index_copy_(0, allowed.rows, out.index_select(0, allowed.rows).masked_fill(~keep, float("-inf")))
+
+
+@dataclass
+class TokenMasks:
+    """Rows of a step whose grammar allows only some tokens next (structured outputs), on the device."""
+
+    rows: torch.Tensor  # [R] int64
+    allowed: torch.Tensor  # [R, V] bool
+
+
+def apply_token_masks(logits: torch.Tensor, masks: TokenMasks) -> torch.Tensor:
+    """``logits`` ``[B, V]`` in fp32 with the tokens the masks do not allow at -inf in their rows (a new tensor)."""
+    out = logits.to(torch.float32, copy=True)
+    limited = out.index_select(0, masks.rows).masked_fill(~masks.allowed[:, : out.shape[-1]], float("-inf"))
+    return out.index_copy_(0, masks.rows, limited)
 
 
 @dataclass
@@ -112,16 +129,19 @@ class SamplingBatch:
     use_top_k: bool
     use_top_p: bool
     allowed_tokens: AllowedTokens | None = None
+    token_masks: TokenMasks | None = None
     logit_bias: LogitBias | None = None
     penalties: Penalties | None = None
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Next token per row ``[B]`` int64 from logits ``[B, vocab]`` (model dtype or fp32; rows may be strided):
-    ``ce::sample`` after the allowed tokens, the logit bias, the penalties (vLLM's order) and setting the suppressed
-    (row, token) pairs to -inf (min_tokens)."""
+    ``ce::sample`` after the allowed tokens, the grammars' masks, the logit bias, the penalties (vLLM's order) and
+    setting the suppressed (row, token) pairs to -inf (min_tokens)."""
     if batch.allowed_tokens is not None:
         logits = apply_allowed_tokens(logits, batch.allowed_tokens)
+    if batch.token_masks is not None:
+        logits = apply_token_masks(logits, batch.token_masks)
     if batch.logit_bias is not None:
         logits = apply_logit_bias(logits, batch.logit_bias)
     if batch.penalties is not None:
@@ -202,6 +222,7 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
         use_top_k=any(p.top_k > 0 for p in params),
         use_top_p=any(p.top_p < 1 for p in params),
         allowed_tokens=allowed_tokens(requests, device) if adjust else None,
+        token_masks=grammar_masks(requests, device, vocab) if adjust else None,
         logit_bias=logit_bias(requests, device) if adjust else None,
         penalties=penalties(requests, device, vocab, last_ids, extra) if adjust else None,
     )
@@ -217,6 +238,15 @@ def allowed_tokens(requests: list[Request], device: torch.device) -> AllowedToke
     ids = upload(torch.tensor(rows + index + tokens, dtype=torch.int64), device)
     r, n = len(rows), len(index)
     return AllowedTokens(ids[:r], (ids[r : r + n], ids[r + n :]))
+
+
+def grammar_masks(requests: list[Request], device: torch.device, vocab: int) -> TokenMasks | None:
+    """The tokens each structured-output row's grammar allows next; None when no row has a grammar."""
+    rows = [row for row, r in enumerate(requests) if r.grammar is not None]
+    if not rows:
+        return None
+    allowed = token_masks([requests[row].grammar for row in rows], vocab, device)
+    return TokenMasks(upload(torch.tensor(rows, dtype=torch.int64), device), allowed)
 
 
 def logit_bias(requests: list[Request], device: torch.device) -> LogitBias | None:

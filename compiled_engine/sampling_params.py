@@ -14,6 +14,7 @@ changed since) raises ValueError naming the field:
   * ``presence_penalty`` and ``frequency_penalty`` in [-2, 2], ``repetition_penalty`` > 0 (vLLM's ranges);
   * ``logit_bias``: None or a dict of token ids (as above) to finite biases in [-100, 100] (OpenAI's range);
     ``allowed_token_ids``: None or a non-empty list of token ids (as ``stop_token_ids``);
+  * ``structured_outputs``: None or a ``StructuredOutputsParams`` (checked when built: exactly one kind);
   * ``n``: an int >= 1, completions of the prompt (``LLM.generate`` and the server; ``LLMEngine`` takes n = 1:
     each completion is a request of its own, ``for_completion(j)``'s params);
   * a temperature below ``SAMPLING_EPS`` (1e-5, vLLM's ``_SAMPLING_EPS``) is greedy: it is stored as 0, so every
@@ -24,6 +25,7 @@ changed since) raises ValueError naming the field:
 from __future__ import annotations
 
 import enum
+import json as _json
 import math
 import numbers
 from dataclasses import dataclass, replace
@@ -56,6 +58,44 @@ class RequestOutputKind(enum.Enum):
 
     CUMULATIVE = "cumulative"  # every step that produced a token: all tokens so far
     FINAL_ONLY = "final_only"  # only the step that finished it (LLM.generate: nothing per step to build or copy)
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """What a structured output must be (vLLM's ``StructuredOutputsParams``): exactly one of a JSON schema (a dict or
+    its JSON text), any JSON object, a regex, a choice of strings, or an EBNF grammar (xgrammar's dialect).
+    compiled_engine/structured_output.py constrains the tokens to it."""
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self):
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object is True else []
+        if len(given) != 1:
+            raise ValueError("SamplingParams.structured_outputs needs exactly one of json, regex, choice, grammar, "
+                             f"json_object; got {given or 'none'}")
+        if not isinstance(self.json_object, bool):
+            raise ValueError(f"SamplingParams.structured_outputs.json_object must be a bool, got {self.json_object!r}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise ValueError(f"SamplingParams.structured_outputs.json must be a dict or a string, got {self.json!r}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise ValueError(f"SamplingParams.structured_outputs.{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None and not (isinstance(self.choice, (list, tuple)) and self.choice
+                                            and all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError("SamplingParams.structured_outputs.choice must be a non-empty list of non-empty strings, "
+                             f"got {self.choice!r}")
+
+    def key(self) -> tuple:
+        """A hashable identity of the spec (the grammar cache's key)."""
+        schema = self.json if not isinstance(self.json, dict) else _json.dumps(self.json, sort_keys=True)
+        return (schema, self.regex, tuple(self.choice) if self.choice is not None else None, self.grammar,
+                self.json_object)
 
 
 @dataclass
@@ -92,6 +132,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # Only these tokens can be drawn (vLLM's; the others' logits are -inf before the bias and the penalties).
     allowed_token_ids: list[int] | None = None
+    # The output kept to a JSON schema, a regex, a choice or a grammar (vLLM's; compiled_engine/structured_output.py)
+    structured_outputs: StructuredOutputsParams | None = None
     # The stop string, or the stop token's (EOS's) text, that finished the request is kept in the text (vLLM's).
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True  # special tokens' text left out of the output text (vLLM's default)
@@ -140,6 +182,9 @@ class SamplingParams:
             ("ignore_eos", isinstance(self.ignore_eos, bool), "must be a bool"),
             ("include_stop_str_in_output", isinstance(self.include_stop_str_in_output, bool), "must be a bool"),
             ("skip_special_tokens", isinstance(self.skip_special_tokens, bool), "must be a bool"),
+            ("structured_outputs",
+             self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+             "must be None or a StructuredOutputsParams"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"must be None or an int in [0, {MAX_LOGPROBS}]"),
             ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
@@ -209,9 +254,10 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether the logits are changed before sampling (penalties, logit_bias, allowed_token_ids): sampled outside
-        the decode graph."""
-        return self.penalized or self.logit_bias is not None or self.allowed_token_ids is not None
+        """Whether the logits are changed before sampling (penalties, logit_bias, allowed_token_ids, structured
+        outputs): sampled outside the decode graph."""
+        return (self.penalized or self.logit_bias is not None or self.allowed_token_ids is not None
+                or self.structured_outputs is not None)
 
     @property
     def greedy(self) -> bool:

@@ -4,10 +4,11 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (messages rendered with the tokenizer's chat
 template), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text). Request fields follow OpenAI's
-API (with ``presence_penalty``, ``frequency_penalty`` and ``logit_bias``) and vLLM's extensions (``top_k``, ``min_p``,
-``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``, ``return_token_ids``,
-``include_stop_str_in_output``, ``skip_special_tokens``, ``allowed_token_ids``; chat: ``chat_template_kwargs``,
-``add_generation_prompt``); response bodies, ``usage`` and ``finish_reason`` are OpenAI's.
+API (with ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` and ``response_format``: text, json_object,
+json_schema) and vLLM's extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
+``min_tokens``, ``return_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``, ``allowed_token_ids``,
+``structured_outputs``; chat: ``chat_template_kwargs``, ``add_generation_prompt``); response bodies, ``usage`` and
+``finish_reason`` are OpenAI's.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
   * 400: malformed JSON, a field of the wrong type or value (``param`` names it), ``n`` past 64, an unsupported
@@ -48,7 +49,7 @@ from compiled_engine.llm import LLM, load_tokenizer
 from compiled_engine.outputs import RequestOutput, TokenLogprobs
 from compiled_engine.runtime import resolve_device
 from compiled_engine.tiny_model import ensure_tiny_model
-from compiled_engine.sampling_params import SamplingParams
+from compiled_engine.sampling_params import SamplingParams, StructuredOutputsParams
 from ops.logprobs import MAX_LOGPROBS
 
 TINY_MODEL_NAME = "compiled-engine-tiny"  # the served name of the embedded default model
@@ -118,12 +119,36 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: StrictBool = False  # vLLM's extensions, as SamplingParams
     skip_special_tokens: StrictBool = True
     allowed_token_ids: list[StrictInt] | None = None
+    response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: json, regex, choice, grammar, json_object
 
     def check_unsupported(self) -> None:
         if not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {self.n}", "n")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """OpenAI's ``response_format`` or vLLM's ``structured_outputs`` as SamplingParams takes them (400s name the
+        field)."""
+        if self.response_format is not None and self.structured_outputs is not None:
+            raise APIError(400, "give response_format or structured_outputs, not both", "response_format")
+        if self.structured_outputs is not None:
+            try:
+                return StructuredOutputsParams(**self.structured_outputs)
+            except (TypeError, ValueError) as error:
+                raise APIError(400, f"structured_outputs: {error}", "structured_outputs") from None
+        kind = (self.response_format or {}).get("type", "text")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        schema = (self.response_format.get("json_schema") or {}).get("schema") if kind == "json_schema" else None
+        if not isinstance(schema, dict):
+            raise APIError(400, "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+                                "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}",
+                           "response_format")
+        return StructuredOutputsParams(json=schema)
 
     def token_biases(self) -> dict[int, float] | None:
         """OpenAI's ``logit_bias``, token ids as JSON object keys (strings), as SamplingParams takes it."""
@@ -147,6 +172,7 @@ class SamplingFields(BaseModel):
                 max_tokens=max_tokens, logprobs=logprobs, logit_bias=self.token_biases(),
                 prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens, allowed_token_ids=self.allowed_token_ids,
+                structured_outputs=self.structured(),
             )
         except ValueError as error:
             bad = bad_params(error)

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -28,7 +29,7 @@ import uvicorn
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compiled_engine import LLM, SamplingParams
+from compiled_engine import LLM, SamplingParams, StructuredOutputsParams
 from compiled_engine.server import TINY_MODEL_NAME, build_server
 from compiled_engine.tiny_model import ensure_tiny_model
 from tests.test_engine import heavy_settings
@@ -282,6 +283,31 @@ def test_vllm_text_options_reach_the_engine(live, solo_llm):
                                        extra_body=dict(NO_EOS, allowed_token_ids=allowed))
     assert set(r.choices[0].token_ids) <= set(allowed)
     assert r.choices[0].token_ids == solo(solo_llm, "Hello", 6, allowed_token_ids=allowed).token_ids
+
+
+def test_structured_outputs(live, solo_llm):
+    """OpenAI's ``response_format`` (json_schema on chat, json_object) and vLLM's ``structured_outputs`` (a regex on
+    completions): the text is an instance of the spec (``json.loads`` and the schema's keys; ``re.fullmatch``) and
+    the solo run's with the same StructuredOutputsParams (the engine's checked against HF's logits in
+    tests/test_structured_outputs.py)."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    messages = [{"role": "user", "content": "json please"}]
+    r = live.client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=60, temperature=0, extra_body={"return_token_ids": True},
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    value = json.loads(r.choices[0].message.content, strict=False)
+    assert set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and isinstance(value["n"], int)
+    tokenizer = live.server.tokenizer
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    expected = solo(solo_llm, prompt, 60, ignore_eos=False, structured_outputs=StructuredOutputsParams(json=schema))
+    assert r.choices[0].token_ids == expected.token_ids and r.choices[0].finish_reason == "stop"
+    r = live.client.completions.create(model=MODEL, prompt="id:", max_tokens=20, temperature=0,
+                                       extra_body={"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{3}"}})
+    assert re.fullmatch("[A-Z]{3}-[0-9]{3}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
+    r = live.client.completions.create(model=MODEL, prompt="obj:", max_tokens=8, temperature=0,
+                                       extra_body={"response_format": {"type": "json_object"}})
+    assert r.choices[0].text.lstrip().startswith("{")
 
 
 def test_chat_template_extensions_reach_the_template(live, solo_llm, monkeypatch):
@@ -806,6 +832,10 @@ BAD_INPUT = [
     (C, dict(OK, logit_bias={"5": 101}), 400, "logit_bias"),  # OpenAI's range: [-100, 100]
     (C, dict(OK, logit_bias={"300": 1}), 400, "logit_bias"),  # outside the vocabulary
     (C, dict(OK, allowed_token_ids=[]), 400, "allowed_token_ids"),
+    (C, dict(OK, response_format={"type": "json_schema"}), 400, "response_format"),  # no schema
+    (C, dict(OK, response_format={"type": "xml"}), 400, "response_format"),
+    (C, dict(OK, structured_outputs={"regex": "[a-"}), 400, "structured_outputs"),  # xgrammar refuses it
+    (C, dict(OK, structured_outputs={"regex": "a", "choice": ["a"]}), 400, "structured_outputs"),  # two kinds
     (C, dict(OK, allowed_token_ids=[300]), 400, "allowed_token_ids"),
     (C, dict(OK, stream_options={"include_usage": True}), 400, "stream_options"),  # without stream
     (C, dict(OK, model="gpt-4"), 404, "model"),
