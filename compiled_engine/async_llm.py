@@ -45,8 +45,11 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from compiled_engine.engine import LLMEngine, validate_request
+from compiled_engine.llm import load_tokenizer
 from compiled_engine.outputs import RequestOutput, TokenLogprobs
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
+from compiled_engine.structured_output import GrammarCache
+from compiled_engine.tiny_model import ensure_tiny_model
 
 logger = logging.getLogger(__name__)
 
@@ -284,6 +287,7 @@ class EngineProcess:
         self._process = self._commands = self._outputs = None
         self._deliver: Deliver | None = None
         self._dead = False
+        self._grammars: GrammarCache | None = None  # structured outputs' specs checked here too (built on first use)
 
     @property
     def alive(self) -> bool:
@@ -295,8 +299,14 @@ class EngineProcess:
 
     def validate_request(self, prompt_token_ids, params):
         info = self.info
-        return validate_request(prompt_token_ids, params, max_model_len=info["max_model_len"],
-                                vocab_size=info["vocab_size"], has_tokenizer=info["has_tokenizer"])
+        token_ids, params = validate_request(prompt_token_ids, params, max_model_len=info["max_model_len"],
+                                             vocab_size=info["vocab_size"], has_tokenizer=info["has_tokenizer"])
+        if params.structured_outputs is not None:  # a spec xgrammar refuses is a bad request here, as in the engine
+            if self._grammars is None:
+                tokenizer = load_tokenizer(self.model if self.model is not None else ensure_tiny_model())
+                self._grammars = GrammarCache(tokenizer, info["vocab_size"])
+            self._grammars.compile(params.structured_outputs)
+        return token_ids, params
 
     async def start(self, deliver: Deliver) -> None:
         self._deliver = deliver

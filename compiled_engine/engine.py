@@ -109,6 +109,8 @@ def validate_request(
         raise ValueError(f"SamplingParams.stop_token_ids has {bad_stop[0]!r}, outside [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("SamplingParams.stop needs a tokenizer: this model folder has none")
+    if params.structured_outputs is not None and not has_tokenizer:
+        raise ValueError("SamplingParams.structured_outputs needs a tokenizer: this model folder has none")
     for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
         bad = [t for t in ids if t >= vocab_size]
         if bad:
@@ -267,8 +269,6 @@ class LLMEngine:
                                              vocab_size=runtime.model_config.vocab_size,
                                              has_tokenizer=self.tokenizer is not None)
         if params.structured_outputs is not None:
-            if self.tokenizer is None:
-                raise ValueError("SamplingParams.structured_outputs needs a tokenizer: this model folder has none")
             self.grammars.compile(params.structured_outputs)  # a bad spec raises here, before anything is queued
         if params.prompt_logprobs is not None and self.num_speculative_tokens:
             raise ValueError("SamplingParams.prompt_logprobs is not supported with speculative decoding (its prompt "

@@ -739,6 +739,15 @@ def test_an_engine_process_serves_the_same_tokens_and_leaks_nothing(solo_llm):
                                            echo=True, extra_body=NO_EOS)
         assert r.choices[0].logprobs.tokens == tokens and r.choices[0].logprobs.token_logprobs[0] is None
         assert r.choices[0].logprobs.token_logprobs[1:] == pytest.approx(logprobs[1:], abs=1e-4)
+        # structured outputs: a spec xgrammar refuses is a 400 from the front end; a regex is followed
+        bad = httpx.post(live.base + "/v1/completions", json=dict(OK, structured_outputs={"regex": "[a-"}))
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "structured_outputs"
+        spec = {"regex": "[A-Z]{3}-[0-9]{3}"}
+        r = live.client.completions.create(model=MODEL, prompt="id:", max_tokens=20, temperature=0,
+                                           extra_body={"structured_outputs": spec, "return_token_ids": True})
+        assert re.fullmatch(spec["regex"], r.choices[0].text)
+        expected = solo(solo_llm, "id:", 20, ignore_eos=False, structured_outputs=StructuredOutputsParams(**spec))
+        assert r.choices[0].token_ids == expected.token_ids
         prompts = prompts_for_clients(16, seed=2)
         oracle = {p: solo(solo_llm, p, 6).token_ids for p in set(prompts)}
 
