@@ -209,6 +209,9 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
     )
     int64, fp32 = upload(int64, device), upload(fp32, device)
     adjust = vocab is not None and any(r.params.adjusts_logits for r in requests)
+    if adjust and positions > 1 and any(r.grammar is not None for r in requests):
+        # A verify row p would need the grammar past drafts[:p]: the engine does not draft for structured outputs.
+        raise RuntimeError("a verify step's rows cannot follow a structured output's grammar")
     return SamplingBatch(
         temperature=fp32[:b],
         top_k=int64[:b],
