@@ -242,8 +242,8 @@ class LLMEngine:
         # The ids of those whose logits are adjusted (penalties, logit_bias): their rows are sampled from the logits
         # (``_sample``; verify rounds unfused), penalised ones in decode steps of their own (``_splits``).
         self._adjusting: set[str] = set()
-        # The ids of those with structured outputs: a grammar's mask needs every token before it accepted, so while
-        # any is here no step launches before the one in flight is read back, and nothing drafts.
+        # The ids of those with structured outputs: a grammar's mask needs every token before it accepted, so their
+        # rows never run ahead of an in-flight token (``_without_held_rows``), and nothing drafts while any is here.
         self._structured: set[str] = set()
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
         self._seed_source = random.Random()
@@ -815,7 +815,7 @@ class LLMEngine:
         """Launch ``batch``, scheduled while ``in_flight`` (if any) was running, and leave it in flight; then read
         ``in_flight`` back (``_step_overlapped``)."""
         if batch is not None and in_flight is not None:
-            batch = self._without_length_stops(batch)
+            batch = self._without_held_rows(batch)
         if batch is None:
             return self._complete(in_flight) if in_flight is not None else []
         input_ids = carried = None
@@ -842,19 +842,24 @@ class LLMEngine:
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be scheduled before the in-flight step's tokens are known: not when a decode
         step could run out of KV blocks (each sequence needs at most one more), which would preempt a sequence
-        whose last token is a placeholder; nor while a request has a structured output (the next step's grammar masks
-        need the in-flight tokens accepted). (The prefix cache hashes only known tokens: Sequence.num_known_tokens.)"""
-        return not self._structured and self.runtime.caches.num_free_blocks >= len(self.scheduler.running)
+        whose last token is a placeholder. (The prefix cache hashes only known tokens: Sequence.num_known_tokens.
+        Structured outputs' rows sit out a step that runs ahead of theirs: ``_without_held_rows``.)"""
+        return self.runtime.caches.num_free_blocks >= len(self.scheduler.running)
 
-    def _without_length_stops(self, batch: ScheduledBatch) -> ScheduledBatch | None:
-        """The batch less the decode rows whose in-flight token will finish them by length (known now): computing that
-        token would waste a row, or pass max_model_len. (Only decode rows can hold a placeholder; a prefill chunk's
-        sequence has all its tokens known and would have finished already.)"""
+    def _without_held_rows(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+        """The batch less the decode rows that cannot run ahead of their in-flight token: those it will finish by
+        length (known now: computing the next token would waste a row, or pass max_model_len), and structured
+        outputs' (their grammar's mask needs that token accepted: they join the step after it is read back). (Only
+        decode rows can hold a placeholder; a prefill chunk's sequence has all its tokens known.)"""
         d = batch.num_decode
-        keep = [
-            i for i, s in enumerate(batch.seqs[:d])
-            if not self._reaches_length(self._request_of_seq[s.seq_id], s.num_generated_tokens)
-        ]
+        keep = []
+        for i, s in enumerate(batch.seqs[:d]):
+            request = self._request_of_seq[s.seq_id]
+            if self._reaches_length(request, s.num_generated_tokens):
+                continue
+            if request.grammar is not None and s.num_placeholder_tokens:
+                continue
+            keep.append(i)
         if len(keep) == d:
             return batch
         seqs = [batch.seqs[i] for i in keep] + batch.seqs[d:]
