@@ -5,8 +5,8 @@ three integers computed on the device (splitmix64). A seeded request therefore d
 else is in the batch, after a preemption, and across processes, and no torch.Generator state is shared.
 Sampling is a Gumbel-max draw (the exponential race) among the tokens that top-k, top-p and min-p keep.
 Allowed tokens, a structured output's grammar, a logit bias and then penalties (presence, frequency, repetition;
-from the row's tokens) change a row's logits first (``apply_allowed_tokens``, ``apply_token_masks``,
-``apply_logit_bias``, ``apply_penalties``).
+from the row's tokens) change a row's logits first (``apply_allowed_tokens_``, ``apply_token_masks_``,
+``apply_logit_bias_``, ``apply_penalties_``, in place on one fp32 copy).
 
 The second half builds a step's per-row tensors from its requests (``sampling_inputs`` for the decode graph and the
 fused rounds, ``sampling_batch`` for sampling from logits), each kind of field in one host-to-device copy.
@@ -26,7 +26,7 @@ from compiled_engine.step import upload
 from compiled_engine.structured_output import token_masks
 
 __all__ = ["AllowedTokens", "LogitBias", "Penalties", "SamplingBatch", "TokenMasks", "allowed_tokens",
-           "apply_allowed_tokens", "apply_logit_bias", "apply_penalties", "apply_token_masks", "grammar_masks",
+           "apply_allowed_tokens_", "apply_logit_bias_", "apply_penalties_", "apply_token_masks_", "grammar_masks",
            "logit_bias", "penalties", "sample", "sampling_batch", "sampling_inputs", "uniform_noise"]
 
 
@@ -38,13 +38,12 @@ class AllowedTokens:
     pairs: tuple[torch.Tensor, torch.Tensor]  # [n] int64 each: an index into rows, a token id
 
 
-def apply_allowed_tokens(logits: torch.Tensor, allowed: AllowedTokens) -> torch.Tensor:
-    """``logits`` ``[B, V]`` in fp32 with every token but its allowed ones at -inf in the limited rows (a new
-    tensor)."""
-    out = logits.to(torch.float32, copy=True)
-    keep = torch.zeros((allowed.rows.shape[0], out.shape[-1]), dtype=torch.bool, device=out.device)
+def apply_allowed_tokens_(logits: torch.Tensor, allowed: AllowedTokens) -> torch.Tensor:
+    """Every token but its allowed ones at -inf in the limited rows of ``logits`` ``[B, V]`` (in place)."""
+    keep = torch.zeros((allowed.rows.shape[0], logits.shape[-1]), dtype=torch.bool, device=logits.device)
     keep[allowed.pairs] = True
-    return out.index_copy_(0, allowed.rows, out.index_select(0, allowed.rows).masked_fill(~keep, float("-inf")))
+    limited = logits.index_select(0, allowed.rows).masked_fill(~keep, float("-inf"))
+    return logits.index_copy_(0, allowed.rows, limited)
 
 
 @dataclass
@@ -55,11 +54,10 @@ class TokenMasks:
     allowed: torch.Tensor  # [R, V] bool
 
 
-def apply_token_masks(logits: torch.Tensor, masks: TokenMasks) -> torch.Tensor:
-    """``logits`` ``[B, V]`` in fp32 with the tokens the masks do not allow at -inf in their rows (a new tensor)."""
-    out = logits.to(torch.float32, copy=True)
-    limited = out.index_select(0, masks.rows).masked_fill(~masks.allowed[:, : out.shape[-1]], float("-inf"))
-    return out.index_copy_(0, masks.rows, limited)
+def apply_token_masks_(logits: torch.Tensor, masks: TokenMasks) -> torch.Tensor:
+    """The tokens the masks do not allow at -inf in their rows of ``logits`` ``[B, V]`` (in place)."""
+    limited = logits.index_select(0, masks.rows).masked_fill(~masks.allowed[:, : logits.shape[-1]], float("-inf"))
+    return logits.index_copy_(0, masks.rows, limited)
 
 
 @dataclass
@@ -71,10 +69,9 @@ class LogitBias:
     bias: torch.Tensor  # [n] fp32
 
 
-def apply_logit_bias(logits: torch.Tensor, logit_bias: LogitBias) -> torch.Tensor:
-    """``logits`` ``[B, V]`` in fp32 with the biases added (a new tensor)."""
-    out = logits.to(torch.float32, copy=True)
-    return out.index_put_((logit_bias.rows, logit_bias.tokens), logit_bias.bias, accumulate=True)
+def apply_logit_bias_(logits: torch.Tensor, logit_bias: LogitBias) -> torch.Tensor:
+    """The biases added to ``logits`` ``[B, V]`` fp32 (in place)."""
+    return logits.index_put_((logit_bias.rows, logit_bias.tokens), logit_bias.bias, accumulate=True)
 
 
 @dataclass
@@ -91,12 +88,12 @@ class Penalties:
     repetition: torch.Tensor  # [P] fp32
 
 
-def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
-    """``logits`` ``[B, V]`` in fp32 with the penalties applied to their rows (a new tensor), as vLLM and OpenAI
-    define them: a token in the prompt or the output has a positive logit divided by the repetition penalty and a
-    negative one multiplied by it; then a token generated c > 0 times loses frequency x c + presence."""
+def apply_penalties_(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
+    """The penalties applied to their rows of ``logits`` ``[B, V]`` fp32 (in place), as vLLM and OpenAI define them: a
+    token in the prompt or the output has a positive logit divided by the repetition penalty and a negative one
+    multiplied by it; then a token generated c > 0 times loses frequency x c + presence."""
     vocab = logits.shape[-1]
-    rows = logits.index_select(0, penalties.rows).float()
+    rows = logits.index_select(0, penalties.rows)
     n, device = rows.shape[0], rows.device
     ones = torch.ones(penalties.output_tokens.shape, dtype=torch.float32, device=device)
     counts = torch.zeros(n, vocab + 1, dtype=torch.float32, device=device)
@@ -110,7 +107,7 @@ def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
     repetition = torch.where(seen | generated, penalties.repetition[:, None], 1.0)
     rows = torch.where(rows > 0, rows / repetition, rows * repetition)
     rows = rows - penalties.frequency[:, None] * counts - penalties.presence[:, None] * generated
-    return logits.to(torch.float32, copy=True).index_copy_(0, penalties.rows, rows)
+    return logits.index_copy_(0, penalties.rows, rows)
 
 
 @dataclass
@@ -138,14 +135,13 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Next token per row ``[B]`` int64 from logits ``[B, vocab]`` (model dtype or fp32; rows may be strided):
     ``ce::sample`` after the allowed tokens, the grammars' masks, the logit bias, the penalties (vLLM's order) and
     setting the suppressed (row, token) pairs to -inf (min_tokens)."""
-    if batch.allowed_tokens is not None:
-        logits = apply_allowed_tokens(logits, batch.allowed_tokens)
-    if batch.token_masks is not None:
-        logits = apply_token_masks(logits, batch.token_masks)
-    if batch.logit_bias is not None:
-        logits = apply_logit_bias(logits, batch.logit_bias)
-    if batch.penalties is not None:
-        logits = apply_penalties(logits, batch.penalties)
+    adjustments = [(apply, value) for apply, value in (
+        (apply_allowed_tokens_, batch.allowed_tokens), (apply_token_masks_, batch.token_masks),
+        (apply_logit_bias_, batch.logit_bias), (apply_penalties_, batch.penalties)) if value is not None]
+    if adjustments:
+        logits = logits.to(torch.float32, copy=True)  # one fp32 copy of the step's logits, adjusted in place
+        for apply, value in adjustments:
+            apply(logits, value)
     if batch.suppress_rows.numel():
         minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype)
         logits = logits.index_put((batch.suppress_rows, batch.suppress_tokens), minus_inf)

@@ -4,7 +4,7 @@ tokenizer-aware grammar matcher by hand is what it exists to spare).
 
 Per request a ``GrammarMatcher`` follows the accepted tokens; before each of the request's draws it fills a bitmask
 of the tokens that keep the output inside the grammar (``token_masks``), which the sampler turns into -inf logits
-(``sampler.apply_token_masks``). Once the grammar is complete only the stop token (EOS) is allowed. Compiled grammars
+(``sampler.apply_token_masks_``). Once the grammar is complete only the stop token (EOS) is allowed. Compiled grammars
 are cached by their spec (``GrammarCache``). xgrammar is imported only when a request asks for structured output,
 so an install without it (``pip install compiled_engine[structured]`` adds it) runs everything else.
 """

@@ -1,5 +1,5 @@
 """Logit bias and presence, frequency and repetition penalties (SamplingParams; compiled_engine/sampler.py
-``apply_logit_bias``, ``apply_penalties``).
+``apply_logit_bias_``, ``apply_penalties_``).
 
 Oracles: the definitions (vLLM's and OpenAI's) written out in float64 here, token by token; HF transformers'
 float64 logits of the embedded tiny default checkpoint, penalised by them and argmax'd, for the engine's greedy
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from compiled_engine import LLM, SamplingParams
 from compiled_engine import sampler
-from compiled_engine.sampler import (AllowedTokens, LogitBias, Penalties, apply_allowed_tokens, apply_logit_bias,
-                                     apply_penalties)
+from compiled_engine.sampler import (AllowedTokens, LogitBias, Penalties, apply_allowed_tokens_, apply_logit_bias_,
+                                     apply_penalties_)
 from compiled_engine.tiny_model import ensure_tiny_model
 from tests import hf_models
 from tests.test_engine import heavy_settings
@@ -66,7 +66,7 @@ def test_apply_penalties_matches_the_definition(data, batch, vocab, split_last):
     presence, frequency = ([data.draw(hundredths(-200, 200)) for _ in rows] for _ in range(2))
     repetition = [data.draw(hundredths(10, 300)) for _ in rows]
     f32 = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
-    got = apply_penalties(logits, Penalties(
+    got = apply_penalties_(logits.clone(), Penalties(
         rows=torch.tensor(rows), prompt_tokens=padded(prompts, vocab),
         output_tokens=padded([o[:-1] if split_last else o for o in outputs], vocab),
         last_tokens=torch.tensor([o[-1] for o in outputs]) if split_last else None,
@@ -82,7 +82,7 @@ def test_apply_penalties_matches_the_definition(data, batch, vocab, split_last):
 
 def test_apply_allowed_tokens_leaves_only_them():
     logits = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.25, -1.0], [4.0, 5.0, 6.0]])
-    got = apply_allowed_tokens(logits, AllowedTokens(torch.tensor([0, 2]), (torch.tensor([0, 0, 1]),
+    got = apply_allowed_tokens_(logits.clone(), AllowedTokens(torch.tensor([0, 2]), (torch.tensor([0, 0, 1]),
                                                                            torch.tensor([1, 2, 0]))))
     inf = float("-inf")
     assert torch.equal(got, torch.tensor([[inf, -2.0, 3.0], [0.5, 0.25, -1.0], [4.0, inf, inf]]))
@@ -90,7 +90,7 @@ def test_apply_allowed_tokens_leaves_only_them():
 
 def test_apply_logit_bias_adds_each_bias_to_its_logit():
     logits = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.25, -1.0]])
-    got = apply_logit_bias(logits, LogitBias(torch.tensor([0, 1, 1]), torch.tensor([2, 0, 2]),
+    got = apply_logit_bias_(logits.clone(), LogitBias(torch.tensor([0, 1, 1]), torch.tensor([2, 0, 2]),
                                              torch.tensor([-100.0, 2.5, 7.0])))
     assert torch.equal(got, torch.tensor([[1.0, -2.0, -97.0], [3.0, 0.25, 6.0]])) and logits[0, 2] == 3.0
 
@@ -171,7 +171,7 @@ def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, mon
     """Eight requests over two slots (later ones join running ones, so prompt chunks meet penalised decode rows), one
     without penalties or bias; each greedy output equals the oracle's over its decided tokens. And every token of a
     penalised request was drawn with exactly its prompt and its output before it counted (the tokens each
-    ``apply_penalties`` call saw, against the final output): one call per token, none counting an in-flight
+    ``apply_penalties_`` call saw, against the final output): one call per token, none counting an in-flight
     placeholder, which a near-tie-free output alone could miss."""
     knobs = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2, enforce_eager=mode != "compiled",
                  overlap_decode=mode != "sync")
@@ -186,9 +186,9 @@ def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, mon
         for prompt, output, token in zip(penalties.prompt_tokens.tolist(), penalties.output_tokens.tolist(), last):
             seen.append(([t for t in prompt if t != vocab],
                          [t for t in output if t != vocab] + ([] if token is None else [token])))
-        return apply_penalties(logits, penalties)
+        return apply_penalties_(logits, penalties)
 
-    monkeypatch.setattr(sampler, "apply_penalties", recording)
+    monkeypatch.setattr(sampler, "apply_penalties_", recording)
     params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=n, **kw) for n, kw in zip(LENGTHS, PENALTIES)]
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     for out, (expected, decided) in zip(outs, oracle):
