@@ -103,6 +103,8 @@ def validate_request(
     if not isinstance(params, SamplingParams):
         raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
     params = dataclasses.replace(params)
+    if params.truncate_prompt_tokens is not None and not isinstance(prompt_token_ids, (str, bytes)):
+        prompt_token_ids = list(prompt_token_ids)[-params.truncate_prompt_tokens :]  # its checks are validate_prompt's
     token_ids = validate_prompt(prompt_token_ids, max_model_len, vocab_size)
     bad_stop = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
     if bad_stop:

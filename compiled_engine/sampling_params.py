@@ -4,8 +4,8 @@ Validation (``SamplingParams.validate``, run at construction and again by whoeve
 changed since) raises ValueError naming the field:
   * float fields (temperature, top_p, min_p, the penalties) take any finite real but not a bool or a string;
     ``inf`` and ``nan`` are rejected;
-  * int fields (top_k, max_tokens, min_tokens, seed) take any ``numbers.Integral`` (numpy ints too, stored as
-    ``int``) but not a bool, float or string;
+  * int fields (top_k, max_tokens, min_tokens, seed, n, logprobs, prompt_logprobs, truncate_prompt_tokens) take
+    any ``numbers.Integral`` (numpy ints too, stored as ``int``) but not a bool, float or string;
   * ``stop_token_ids``: None or a list/tuple/set of integer ids (Python, numpy or 0-d torch integers, stored as
     ``int``); a bare int, a string or a non-integer element is rejected;
   * ``stop``: None, a string, or a list/tuple of non-empty strings (stored as a list);
@@ -134,6 +134,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     # The output kept to a JSON schema, a regex, a choice or a grammar (vLLM's; compiled_engine/structured_output.py)
     structured_outputs: StructuredOutputsParams | None = None
+    # Only the prompt's last this many tokens are used (vLLM's left truncation; None: all of it).
+    truncate_prompt_tokens: int | None = None
     # The stop string, or the stop token's (EOS's) text, that finished the request is kept in the text (vLLM's).
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True  # special tokens' text left out of the output text (vLLM's default)
@@ -150,9 +152,10 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
             setattr(self, name, float(value))
-        for name in ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "prompt_logprobs", "n"):
+        optional = ("seed", "logprobs", "prompt_logprobs", "truncate_prompt_tokens")
+        for name in ("top_k", "max_tokens", "min_tokens", "n") + optional:
             value = getattr(self, name)
-            if value is None and name in ("seed", "logprobs", "prompt_logprobs"):
+            if value is None and name in optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"SamplingParams.{name} must be an int, got {value!r} ({type(value).__name__})")
@@ -190,6 +193,8 @@ class SamplingParams:
             ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"must be None or an int in [0, {MAX_LOGPROBS}]"),
             ("n", self.n >= 1, "must be an int >= 1"),
+            ("truncate_prompt_tokens", self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
+             "must be None or an int >= 1"),
             ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
             ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
             ("repetition_penalty", self.repetition_penalty > 0, "must be > 0"),

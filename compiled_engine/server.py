@@ -7,8 +7,8 @@ template), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus tex
 API (with ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` and ``response_format``: text, json_object,
 json_schema) and vLLM's extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
 ``min_tokens``, ``return_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``, ``allowed_token_ids``,
-``structured_outputs``; chat: ``chat_template_kwargs``, ``add_generation_prompt``); response bodies, ``usage`` and
-``finish_reason`` are OpenAI's.
+``structured_outputs``, ``truncate_prompt_tokens``; chat: ``chat_template_kwargs``, ``add_generation_prompt``);
+response bodies, ``usage`` and ``finish_reason`` are OpenAI's.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
   * 400: malformed JSON, a field of the wrong type or value (``param`` names it), ``n`` past 64, an unsupported
@@ -119,6 +119,7 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: StrictBool = False  # vLLM's extensions, as SamplingParams
     skip_special_tokens: StrictBool = True
     allowed_token_ids: list[StrictInt] | None = None
+    truncate_prompt_tokens: StrictInt | None = None  # vLLM's: the prompt's last this many tokens
     response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema
     structured_outputs: dict[str, Any] | None = None  # vLLM's: json, regex, choice, grammar, json_object
 
@@ -172,7 +173,7 @@ class SamplingFields(BaseModel):
                 max_tokens=max_tokens, logprobs=logprobs, logit_bias=self.token_biases(),
                 prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens, allowed_token_ids=self.allowed_token_ids,
-                structured_outputs=self.structured(),
+                structured_outputs=self.structured(), truncate_prompt_tokens=self.truncate_prompt_tokens,
             )
         except ValueError as error:
             bad = bad_params(error)
@@ -411,6 +412,7 @@ class OpenAIServer:
         # echo with logprobs: the prompt's tokens come with theirs too (vLLM's: its first token's are null)
         params = body.sampling_params(max_tokens, body.logprobs,
                                       prompt_logprobs=body.logprobs if body.echo else None)
+        prompts = [truncated(p, params.truncate_prompt_tokens) for p in prompts]
         for p in prompts:
             self._check_request(p, params, "prompt")
             self._check_length(p, max_tokens, "prompt", "max_tokens")
@@ -445,6 +447,7 @@ class OpenAIServer:
                                  chat_template_kwargs=body.chat_template_kwargs)
         except ValueError as error:
             raise APIError(400, str(error), "messages") from None
+        prompt = truncated(prompt, body.truncate_prompt_tokens)  # a bad value is refused with the other fields
         self._check_request(prompt, None, "messages")
         field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -635,6 +638,12 @@ class OpenAIServer:
 # --------------------------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------------------------
+
+
+def truncated(prompt: list[int], k: int | None) -> list[int]:
+    """The prompt the engine runs: its last ``k`` tokens (``truncate_prompt_tokens``) when set; the length checks and
+    the usage count those."""
+    return prompt if not k or k < 1 else prompt[-k:]
 
 
 def sse(data: Any) -> str:

@@ -104,6 +104,18 @@ def test_chat_needs_a_tokenizer(llm, monkeypatch):
         llm.chat(CONVERSATION, use_tqdm=False)
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_end(llm):
+    """vLLM's ``truncate_prompt_tokens``: the request runs on the prompt's last k tokens (its output's prompt ids),
+    as a solo run of those tokens does, also where the whole prompt would not fit max_model_len (256)."""
+    long = [(7 * i) % 250 for i in range(300)]
+    params = SamplingParams(max_tokens=6, truncate_prompt_tokens=20, **GREEDY)
+    out = llm.generate([long], params, use_tqdm=False)[0]
+    solo = llm.generate([long[-20:]], SamplingParams(max_tokens=6, **GREEDY), use_tqdm=False)[0]
+    assert (out.prompt_token_ids, out.token_ids) == (long[-20:], solo.token_ids)
+    short = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
+    assert short.prompt_token_ids == [5, 6, 7]
+
+
 # --------------------------------------------------------------------------------------------------------------
 # prompt_logprobs
 # --------------------------------------------------------------------------------------------------------------

@@ -278,6 +278,10 @@ def test_vllm_text_options_reach_the_engine(live, solo_llm):
                                        logit_bias={str(eos): 100},
                                        extra_body=dict(NO_EOS, skip_special_tokens=False))
     assert r.choices[0].token_ids == [eos, eos] and r.choices[0].text == tokenizer.eos_token * 2
+    ids = tokenizer.encode("Hello world, this is a longer prompt")  # vLLM's truncate_prompt_tokens: its last 5 tokens
+    r = live.client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0,
+                                       extra_body=dict(NO_EOS, truncate_prompt_tokens=5))
+    assert r.usage.prompt_tokens == 5 and r.choices[0].token_ids == solo(solo_llm, ids[-5:], 4).token_ids
     allowed = [10, 20, 30]  # vLLM's allowed_token_ids: the solo run limited the same way
     r = live.client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0,
                                        extra_body=dict(NO_EOS, allowed_token_ids=allowed))
