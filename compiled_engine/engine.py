@@ -244,9 +244,6 @@ class LLMEngine:
         # The ids of those whose logits are adjusted (penalties, logit_bias): their rows are sampled from the logits
         # (``_sample``; verify rounds unfused), penalised ones in decode steps of their own (``_splits``).
         self._adjusting: set[str] = set()
-        # The ids of those with structured outputs: a grammar's mask needs every token before it accepted, so their
-        # rows never run ahead of an in-flight token (``_without_held_rows``), and nothing drafts while any is here.
-        self._structured: set[str] = set()
         self.eos_token_ids = frozenset(runtime.model_config.eos_token_ids)
         self._seed_source = random.Random()
         self._next_id = 0
@@ -315,15 +312,12 @@ class LLMEngine:
                 self._with_logprobs.add(request_id)
             if params.adjusts_logits:
                 self._adjusting.add(request_id)
-            if params.structured_outputs is not None:
-                self._structured.add(request_id)
             self.scheduler.waiting.append(seq)
         except BaseException:
             self.requests.pop(request_id, None)
             self._request_of_seq.pop(seq.seq_id, None)
             self._with_logprobs.discard(request_id)
             self._adjusting.discard(request_id)
-            self._structured.discard(request_id)
             if seq in self.scheduler.waiting:
                 self.scheduler.waiting.remove(seq)
             raise
@@ -441,10 +435,7 @@ class LLMEngine:
 
     def _drafts(self, rows: int) -> bool:
         """Whether ``rows`` decode-ready rows verify drafts this step: not past ``disable_by_batch_size``, nor where
-        the drafting rule says drafting does not pay, nor while a request with structured outputs is unfinished (its
-        verify rows would each need the grammar past the drafts before them)."""
-        if self._structured:
-            return False
+        the drafting rule says drafting does not pay."""
         if self.disable_by_batch_size is not None and rows > self.disable_by_batch_size:
             return False
         return self.drafting_rule is None or self.drafting_rule.should_draft(rows)
@@ -452,12 +443,12 @@ class LLMEngine:
     def _stays_plain(self) -> bool:
         """Whether the step after an in-flight plain step is a plain decode step of every running row, so that it may
         launch before the in-flight tokens are read back: no prompt work (waiting or mid-prompt), every row's next
-        blocks free (no preemption of a row holding a placeholder), the rows still not drafting, and no structured
-        output (``_may_run_ahead``)."""
+        blocks free (no preemption of a row holding a placeholder), and the rows still not drafting. (A structured
+        output's row sits out the step: ``_without_held_rows``.)"""
         scheduler = self.scheduler
         running = scheduler.running
         return (bool(running) and not scheduler.waiting and all(s.num_uncomputed_tokens == 1 for s in running)
-                and scheduler.decode_fits() and not self._drafts(len(running)) and not self._structured)
+                and scheduler.decode_fits() and not self._drafts(len(running)))
 
     def _run_plain_overlapped(self, batch: ScheduledBatch, in_flight: "_InFlight | None") -> list[RequestOutput]:
         """A plain decode step of a speculative engine, left in flight (``_run_overlapped``): its rows draft no more
@@ -500,7 +491,8 @@ class LLMEngine:
         stays in flight instead of being read back here: the next step reads it, chaining the round after it first
         where it can (``_chains``), so that the host's reading, the outputs and the next step's scheduling run while
         the device computes a round. The unfused round samples its rows from the verify step's logits, a row p of a
-        request with penalties counting the drafts before it."""
+        request with penalties counting the drafts before it, of one with a structured output masked by its grammar
+        past them."""
         rule = self.drafting_rule
         start = rule.clock() if rule is not None else 0.0
         requests = [self._request_of_seq[s.seq_id] for s in seqs]
@@ -1009,7 +1001,6 @@ class LLMEngine:
         self.requests.pop(request.request_id, None)
         self._with_logprobs.discard(request.request_id)
         self._adjusting.discard(request.request_id)
-        self._structured.discard(request.request_id)
 
     def _sample(self, requests: list[Request], logits: torch.Tensor,
                 last_ids: torch.Tensor | None = None) -> torch.Tensor:

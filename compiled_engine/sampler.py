@@ -177,8 +177,9 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
                    last_ids: torch.Tensor | None = None, drafts: list[list[int]] | None = None) -> SamplingBatch:
     """The rows' sampling parameters: ``positions`` rows per request (a verify step's), drawing its next
     ``positions`` output tokens (counters from its generated count on; min_tokens suppression row by row). With
-    ``vocab``, the rows' logit biases and penalties too (``last_ids``: see ``penalties``); a verify step's row p of a
-    request counts its ``drafts[:p]`` among its output tokens (it draws as if they were accepted)."""
+    ``vocab``, the rows' logit adjustments too (``last_ids``: see ``penalties``); a verify step's row p of a request
+    counts its ``drafts[:p]`` among its output tokens and follows its grammar past them (it draws as if they were
+    accepted)."""
     extra = None
     if positions > 1:
         requests = [r for r in requests for _ in range(positions)]
@@ -205,9 +206,6 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
     )
     int64, fp32 = upload(int64, device), upload(fp32, device)
     adjust = vocab is not None and any(r.params.adjusts_logits for r in requests)
-    if adjust and positions > 1 and any(r.grammar is not None for r in requests):
-        # A verify row p would need the grammar past drafts[:p]: the engine does not draft for structured outputs.
-        raise RuntimeError("a verify step's rows cannot follow a structured output's grammar")
     return SamplingBatch(
         temperature=fp32[:b],
         top_k=int64[:b],
@@ -221,7 +219,7 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
         use_top_k=any(p.top_k > 0 for p in params),
         use_top_p=any(p.top_p < 1 for p in params),
         allowed_tokens=allowed_tokens(requests, device) if adjust else None,
-        token_masks=grammar_masks(requests, device, vocab) if adjust else None,
+        token_masks=grammar_masks(requests, device, vocab, extra) if adjust else None,
         logit_bias=logit_bias(requests, device) if adjust else None,
         penalties=penalties(requests, device, vocab, last_ids, extra) if adjust else None,
     )
@@ -239,12 +237,15 @@ def allowed_tokens(requests: list[Request], device: torch.device) -> AllowedToke
     return AllowedTokens(ids[:r], (ids[r : r + n], ids[r + n :]))
 
 
-def grammar_masks(requests: list[Request], device: torch.device, vocab: int) -> TokenMasks | None:
-    """The tokens each structured-output row's grammar allows next; None when no row has a grammar."""
+def grammar_masks(requests: list[Request], device: torch.device, vocab: int,
+                  extra: list[list[int]] | None = None) -> TokenMasks | None:
+    """The tokens each structured-output row's grammar allows next (past ``extra[row]``, a verify row's drafts before
+    it); None when no row has a grammar."""
     rows = [row for row, r in enumerate(requests) if r.grammar is not None]
     if not rows:
         return None
-    allowed = token_masks([requests[row].grammar for row in rows], vocab, device)
+    ahead = [extra[row] for row in rows] if extra is not None else None
+    allowed = token_masks([requests[row].grammar for row in rows], vocab, device, ahead)
     return TokenMasks(upload(torch.tensor(rows, dtype=torch.int64), device), allowed)
 
 

@@ -4,9 +4,10 @@ tokenizer-aware grammar matcher by hand is what it exists to spare).
 
 Per request a ``GrammarMatcher`` follows the accepted tokens; before each of the request's draws it fills a bitmask
 of the tokens that keep the output inside the grammar (``token_masks``), which the sampler turns into -inf logits
-(``sampler.apply_token_masks_``). Once the grammar is complete only the stop token (EOS) is allowed. Compiled grammars
-are cached by their spec (``GrammarCache``). xgrammar is imported only when a request asks for structured output,
-so an install without it (``pip install compiled_engine[structured]`` adds it) runs everything else.
+(``sampler.apply_token_masks_``); a verify row's mask follows the grammar past the drafts before it. Once the grammar
+is complete only the stop token (EOS) is allowed. Compiled grammars are cached by their spec (``GrammarCache``).
+xgrammar is imported only when a request asks for structured output, so an install without it
+(``pip install compiled_engine[structured]`` adds it) runs everything else.
 """
 
 from __future__ import annotations
@@ -65,13 +66,23 @@ class GrammarCache:
         return _xgrammar().GrammarMatcher(self.compile(spec))
 
 
-def token_masks(matchers: list, vocab: int, device: torch.device) -> torch.Tensor:
-    """``[len(matchers), vocab]`` bool on ``device``: the tokens each matcher allows next. The bitmasks are filled on
-    the host (xgrammar, 32 tokens an int32), uploaded, and expanded to one bool a token on the device."""
+def token_masks(matchers: list, vocab: int, device: torch.device, ahead: list[list[int]] | None = None) -> torch.Tensor:
+    """``[len(matchers), vocab]`` bool on ``device``: the tokens each matcher allows next, or, with ``ahead``, after
+    the tokens ``ahead[row]`` (a verify row's drafts before it: accepted for the fill, then rolled back; past one the
+    grammar refuses, the mask is the one before it: such a row is never reached). The bitmasks are filled on the
+    host (xgrammar, 32 tokens an int32), uploaded, and expanded to one bool a token on the device."""
     xgr = _xgrammar()
     bitmask = xgr.allocate_token_bitmask(len(matchers), vocab)
     for row, matcher in enumerate(matchers):
-        matcher.fill_next_token_bitmask(bitmask, row)
+        accepted = 0
+        for token in ahead[row] if ahead is not None else ():
+            if not matcher.accept_token(token):
+                break
+            accepted += 1
+        if not matcher.is_terminated():  # past a draft's stop token the row is never reached: left as allocated
+            matcher.fill_next_token_bitmask(bitmask, row)
+        if accepted:
+            matcher.rollback(accepted)
     words = bitmask.to(device)
     bits = (words.unsqueeze(-1) >> torch.arange(32, device=device, dtype=torch.int32)) & 1
     return bits.flatten(1)[:, :vocab].bool()

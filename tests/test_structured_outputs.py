@@ -73,7 +73,7 @@ def test_outputs_conform_and_end_with_the_grammar(llm):
         assert conforms(kind, out.text), (kind, out.text)
     for p, prompt, out in zip(free, ["Hello", "world"], outs[-2:]):
         assert out.token_ids == llm.generate(prompt, p, use_tqdm=False)[0].token_ids
-    assert not llm.engine.requests and not llm.engine._structured
+    assert not llm.engine.requests and not llm.engine._adjusting
 
 
 def test_a_json_object_is_an_object(llm):
@@ -86,16 +86,19 @@ def test_a_json_object_is_an_object(llm):
         assert conforms("json_object", out.text)
 
 
-def test_greedy_output_is_the_argmax_of_the_allowed_tokens(llm, tiny_path, tokenizer):
-    """Against HF's float64 logits with the tokens a fresh matcher of the grammar does not allow at -inf, token by
-    token (up to the first near-tie), for a regex and a JSON schema; streamed through engine.step as well."""
+@pytest.fixture(scope="module")
+def oracle(tiny_path, tokenizer) -> dict[str, tuple[list[int], list[int], int]]:
+    """Per spec (a regex, a JSON schema): a prompt, HF's float64 greedy continuation with the tokens a fresh matcher
+    of the grammar does not allow at -inf, token by token, and how many of its tokens are decided (before the first
+    step whose top two allowed logits lie within 1e-3)."""
     model = hf_models.load_hf(tiny_path).double()
     vocab = model.config.vocab_size
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab)
-    compiler = xgr.GrammarCompiler(info)
-    for grammar, spec in ((compiler.compile_regex(SPECS["regex"].regex), SPECS["regex"]),
-                          (compiler.compile_json_schema(json.dumps(SCHEMA)), SPECS["json"])):
-        prompt = tokenizer.encode("Data: ", add_special_tokens=False)
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab))
+    grammars = {"regex": compiler.compile_regex(SPECS["regex"].regex),
+                "json": compiler.compile_json_schema(json.dumps(SCHEMA))}
+    prompt = tokenizer.encode("Data: ", add_special_tokens=False)
+    results = {}
+    for kind, grammar in grammars.items():
         matcher, expected, decided = xgr.GrammarMatcher(grammar), [], None
         bitmask = xgr.allocate_token_bitmask(1, vocab)
         with torch.no_grad():
@@ -108,7 +111,15 @@ def test_greedy_output_is_the_argmax_of_the_allowed_tokens(llm, tiny_path, token
                     decided = len(expected)
                 expected.append(int(row.argmax()))
                 assert matcher.accept_token(expected[-1])
-        decided = len(expected) if decided is None else decided
+        results[kind] = (prompt, expected, len(expected) if decided is None else decided)
+    return results
+
+
+def test_greedy_output_is_the_argmax_of_the_allowed_tokens(llm, oracle):
+    """Against HF's float64 logits with the tokens a fresh matcher of the grammar does not allow at -inf, token by
+    token (up to the first near-tie), for a regex and a JSON schema; streamed through engine.step as well."""
+    for kind, (prompt, expected, decided) in oracle.items():
+        spec = SPECS[kind]
         assert decided >= 4
         params = SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=spec)
         out = llm.generate([prompt], params, use_tqdm=False)[0]
@@ -119,6 +130,30 @@ def test_greedy_output_is_the_argmax_of_the_allowed_tokens(llm, tiny_path, token
             for streamed in llm.engine.step():
                 pass
         assert streamed.token_ids == out.token_ids and streamed.text == out.text
+
+
+@pytest.mark.parametrize("drafts", ["oracle", "wrong"])
+def test_verify_rows_follow_the_grammar_past_the_drafts_before_them(tiny_path, oracle, drafts):
+    """MTP k = 2 with drafts overridden by the oracle's own continuation (each verified row p is masked by the
+    grammar past drafts[:p], so all decided ones are accepted) or by tokens next to it (rejected: the correction is
+    drawn under the mask where the wrong one sat): the outputs equal the oracle's either way."""
+    llm = LLM(tiny_path, device="cpu", dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=2,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    for kind, (prompt, expected, decided) in oracle.items():
+        def override(request_id, token_ids, proposed):
+            ahead = expected[len(token_ids) - len(prompt) :][:2]
+            ahead = ahead + proposed[len(ahead) : 2]
+            return ahead if drafts == "oracle" else [(t + 1) % 256 for t in ahead]
+
+        llm.engine.draft_override = override
+        before = (llm.engine.num_draft_tokens, llm.engine.num_accepted_tokens)
+        params = SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=SPECS[kind])
+        out = llm.generate([prompt], params, use_tqdm=False)[0]
+        assert out.token_ids[:decided] == expected[:decided], (kind, out.token_ids, expected, decided)
+        assert conforms(kind, out.text) or out.finish_reason == "length"
+        drafted = llm.engine.num_draft_tokens - before[0]
+        accepted = llm.engine.num_accepted_tokens - before[1]
+        assert drafted > 0 and (drafts == "wrong" or accepted >= 0.6 * drafted), (kind, drafted, accepted)
 
 
 @pytest.mark.parametrize("fields,match", [
