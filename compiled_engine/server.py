@@ -417,9 +417,9 @@ class OpenAIServer:
             self._check_request(p, params, "prompt")
             self._check_length(p, max_tokens, "prompt", "max_tokens")
         echo = None
-        if body.echo:  # the prompts' text: as given, or decoded from their ids
+        if body.echo:  # the prompts' text: as given, or decoded from their (truncated) ids
             texts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt[0], str) else None
-            echo = texts or [self._decode(ids) for ids in prompts]
+            echo = texts if texts and params.truncate_prompt_tokens is None else [self._decode(ids) for ids in prompts]
         return Prepared(prompts, params, body, echo)
 
     def _check_request(self, prompt: list[int], params: SamplingParams | None, field: str) -> None:

@@ -282,6 +282,9 @@ def test_vllm_text_options_reach_the_engine(live, solo_llm):
     r = live.client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0,
                                        extra_body=dict(NO_EOS, truncate_prompt_tokens=5))
     assert r.usage.prompt_tokens == 5 and r.choices[0].token_ids == solo(solo_llm, ids[-5:], 4).token_ids
+    r = live.client.completions.create(model=MODEL, prompt="Hello world, this is a longer prompt", max_tokens=4,
+                                       temperature=0, echo=True, extra_body=dict(NO_EOS, truncate_prompt_tokens=5))
+    assert r.choices[0].text == text_of(tokenizer, ids[-5:] + r.choices[0].token_ids)  # the prompt it ran echoed
     allowed = [10, 20, 30]  # vLLM's allowed_token_ids: the solo run limited the same way
     r = live.client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0,
                                        extra_body=dict(NO_EOS, allowed_token_ids=allowed))
