@@ -118,7 +118,7 @@ def test_bad_penalties_name_the_field(fields, field):
 # sooner), so that presence and frequency penalties have something to act on; the last two bias tokens of their
 # unbiased outputs ([41]: 219, 115, 174, 71, ...; [112]: 85, 155, 48, 130, ...) down and others up, [41] its own
 # prompt token, whose bias the repetition penalty then halves (vLLM's order: penalties after the bias; the other
-# order outputs 41 first).
+# order outputs 41 first); [77, 30] may draw five tokens only, its prompt's two among them.
 PROMPTS = [[5, 9, 5, 9, 5, 9, 5], [166, 32, 97, 113, 122, 72], [96], [3, 3, 3, 3, 3, 3],
            [183, 111, 71, 144, 252, 182, 42, 166, 17], [41], [112], [77, 30]]
 PENALTIES = [dict(repetition_penalty=1.4), dict(frequency_penalty=1.5), dict(presence_penalty=2.0),
