@@ -26,8 +26,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("step executor", tuple(f"compiled_engine.{m}" for m in (
         "memory_plan", "executor", "cache_manager", "tp_workers", "runtime",
     ))),
-    ("engine", tuple(f"compiled_engine.{m}" for m in ("scheduler", "outputs", "detokenizer", "request", "structured_output", "sampler",
-                                                      "rejection_sampler", "chat", "drafting_rule", "engine"))),
+    ("engine", tuple(f"compiled_engine.{m}" for m in (
+        "scheduler", "outputs", "detokenizer", "request", "structured_output", "sampler", "rejection_sampler", "chat",
+        "drafting_rule", "engine",
+    ))),
     ("entry points", tuple(f"compiled_engine.{m}" for m in ("llm", "async_llm", "server", "__main__"))
      + ("compiled_engine",)),
     ("bench", ("bench",)),
