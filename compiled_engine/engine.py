@@ -269,9 +269,6 @@ class LLMEngine:
                                              has_tokenizer=self.tokenizer is not None)
         if params.structured_outputs is not None:
             self.grammars.compile(params.structured_outputs)  # a bad spec raises here, before anything is queued
-        if params.prompt_logprobs is not None and self.num_speculative_tokens:
-            raise ValueError("SamplingParams.prompt_logprobs is not supported with speculative decoding (its prompt "
-                             "steps keep only each sequence's last hidden state)")
         return token_ids, params
 
     def add_request(
@@ -458,6 +455,21 @@ class LLMEngine:
         return self._run_overlapped(batch, in_flight)
 
     def _prefill_round(self, seqs: list[Sequence], counts: list[int]) -> list[RequestOutput]:
+        """Prompt chunks of a speculative engine: one prefill step that drafts for the prompts it completes. Chunks
+        of prompts that want their prompt logprobs run as plain prefill steps instead (``_launch``: every position's
+        logits); their MTP layer's KV for those positions is not written and their first round verifies
+        placeholders: their drafts, not their outputs, suffer."""
+        wanted = [i for i, s in enumerate(seqs) if self._request_of_seq[s.seq_id].wants_prompt_logprobs()]
+        if wanted:
+            plain = ScheduledBatch(True, [seqs[i] for i in wanted], [counts[i] for i in wanted])
+            requests, _, host, logprobs = self._launch(plain)
+            for request in requests:
+                request.drafts = None
+            outputs = self._accept_placed(requests, host, self._place(requests), logprobs)
+            rest = [i for i in range(len(seqs)) if i not in set(wanted)]
+            if not rest:
+                return outputs
+            return outputs + self._prefill_round([seqs[i] for i in rest], [counts[i] for i in rest])
         spec = self.runtime.prefill_for_drafts(seqs, counts)
         done = [i for i, completed in enumerate(spec.completed) if completed]
         device = spec.logits.device

@@ -167,8 +167,17 @@ def test_prompt_logprobs_are_the_models_log_softmax(tiny_path, monkeypatch, over
     assert not llm.engine.requests
 
 
-def test_prompt_logprobs_are_refused_with_speculative_decoding(tiny_path):
-    llm = LLM(tiny_path, device="cpu", enforce_eager=True, max_model_len=128, max_num_seqs=2,
-              speculative_config={"method": "mtp", "num_speculative_tokens": 1})
-    with pytest.raises(ValueError, match="prompt_logprobs"):
-        llm.generate([1, 2, 3], SamplingParams(prompt_logprobs=1), use_tqdm=False)
+def test_prompt_logprobs_with_speculative_decoding_equal_plain_runs(llm, tiny_path):
+    """With MTP drafting, a prompt that wants its logprobs is computed by plain prefill steps (every position's
+    logits): its prompt logprobs and greedy tokens equal the plain engine's, beside a request that drafts."""
+    spec_llm = LLM(tiny_path, device="cpu", enforce_eager=True, max_model_len=256, max_num_seqs=2,
+                   speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    prompts = [[(3 * i) % 250 for i in range(40)], [9, 8, 7]]
+    params = [SamplingParams(max_tokens=8, prompt_logprobs=2, **GREEDY), SamplingParams(max_tokens=12, **GREEDY)]
+    drafted, plain = (e.generate(prompts, params, use_tqdm=False) for e in (spec_llm, llm))
+    assert [o.token_ids for o in drafted] == [o.token_ids for o in plain]
+    one, two = drafted[0].prompt_logprobs, plain[0].prompt_logprobs
+    assert len(one) == len(two) == 40 and one[0] is None and drafted[1].prompt_logprobs is None
+    assert [e.token_id for e in one[1:]] == [e.token_id for e in two[1:]]
+    assert [e.logprob for e in one[1:]] == pytest.approx([e.logprob for e in two[1:]], abs=LOGPROB_TOL)
+    assert spec_llm.engine.num_verified_rows > 0
