@@ -517,7 +517,7 @@ class LLMEngine:
         proposals = [r.drafts[:k] if r.drafts is not None else [r.seq.token_ids[-1]] * k for r in requests]
         n = len(seqs)
         num_logprobs = self._num_logprobs(seqs)
-        if num_logprobs is None and not any(r.suppressing() or r.params.adjusts_logits for r in requests):
+        if num_logprobs is None and not any(r.suppressing() for r in requests) and not self._adjusts(requests):
             sampling = None if all(r.params.greedy for r in requests) else sampling_inputs(requests, k + 1)
             # Chained rounds take their drafts from the device: no override.
             chainable = alone and self.overlap_decode and self.draft_override is None
@@ -656,7 +656,7 @@ class LLMEngine:
             # (penalties, logit_bias): then from the logits, below. No copy: with a compiled decode the logits and
             # tokens are the graph's output buffers, valid until the next decode step; they are used right here.
             requests = [self._request_of_seq[s.seq_id] for s in seqs]
-            in_step = not any(r.suppressing() or r.params.adjusts_logits for r in requests)
+            in_step = not any(r.suppressing() for r in requests) and not self._adjusts(requests)
             sampling = None
             if in_step and not all(r.params.greedy for r in requests):
                 sampling = sampling_inputs(requests)
@@ -763,6 +763,11 @@ class LLMEngine:
         if k is None:
             return None
         return _StepLogprobs.start(logprobs_op(logits, tokens, k))
+
+    def _adjusts(self, requests: list[Request]) -> bool:
+        """Whether a request among these adjusts its logits (without a pass over them while none in the engine does:
+        the common case, every step)."""
+        return bool(self._adjusting) and any(r.params.adjusts_logits for r in requests)
 
     def _splits(self, batch: ScheduledBatch) -> bool:
         """Whether ``_launch`` runs a mixed batch's decode rows as a decode step of their own: past the fused rows'
