@@ -466,10 +466,10 @@ class LLMEngine:
             for request in requests:
                 request.drafts = None
             outputs = self._accept_placed(requests, host, self._place(requests), logprobs)
-            rest = [i for i in range(len(seqs)) if i not in set(wanted)]
-            if not rest:
-                return outputs
-            return outputs + self._prefill_round([seqs[i] for i in rest], [counts[i] for i in rest])
+            rest = sorted(set(range(len(seqs))) - set(wanted))
+            if rest:
+                outputs += self._prefill_round([seqs[i] for i in rest], [counts[i] for i in rest])
+            return outputs
         spec = self.runtime.prefill_for_drafts(seqs, counts)
         done = [i for i, completed in enumerate(spec.completed) if completed]
         device = spec.logits.device

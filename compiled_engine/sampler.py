@@ -5,8 +5,8 @@ three integers computed on the device (splitmix64). A seeded request therefore d
 else is in the batch, after a preemption, and across processes, and no torch.Generator state is shared.
 Sampling is a Gumbel-max draw (the exponential race) among the tokens that top-k, top-p and min-p keep.
 Allowed tokens, a structured output's grammar, a logit bias and then penalties (presence, frequency, repetition;
-from the row's tokens) change a row's logits first (``apply_allowed_tokens_``, ``apply_token_masks_``,
-``apply_logit_bias_``, ``apply_penalties_``, in place on one fp32 copy).
+from the row's tokens) change a row's logits first (``apply_token_masks_`` for the first two, ``apply_logit_bias_``,
+``apply_penalties_``, in place on one fp32 copy).
 
 The second half builds a step's per-row tensors from its requests (``sampling_inputs`` for the decode graph and the
 fused rounds, ``sampling_batch`` for sampling from logits), each kind of field in one host-to-device copy.
@@ -25,30 +25,15 @@ from compiled_engine.request import Request
 from compiled_engine.step import upload
 from compiled_engine.structured_output import token_masks
 
-__all__ = ["AllowedTokens", "LogitBias", "Penalties", "SamplingBatch", "TokenMasks", "allowed_tokens",
-           "apply_allowed_tokens_", "apply_logit_bias_", "apply_penalties_", "apply_token_masks_", "grammar_masks",
-           "logit_bias", "penalties", "sample", "sampling_batch", "sampling_inputs", "uniform_noise"]
-
-
-@dataclass
-class AllowedTokens:
-    """Rows of a step that may draw only some tokens, on the device: ``rows[pairs[0][i]]`` may draw ``pairs[1][i]``."""
-
-    rows: torch.Tensor  # [R] int64
-    pairs: tuple[torch.Tensor, torch.Tensor]  # [n] int64 each: an index into rows, a token id
-
-
-def apply_allowed_tokens_(logits: torch.Tensor, allowed: AllowedTokens) -> torch.Tensor:
-    """Every token but its allowed ones at -inf in the limited rows of ``logits`` ``[B, V]`` (in place)."""
-    keep = torch.zeros((allowed.rows.shape[0], logits.shape[-1]), dtype=torch.bool, device=logits.device)
-    keep[allowed.pairs] = True
-    limited = logits.index_select(0, allowed.rows).masked_fill(~keep, float("-inf"))
-    return logits.index_copy_(0, allowed.rows, limited)
+__all__ = ["LogitBias", "Penalties", "SamplingBatch", "TokenMasks", "allowed_tokens", "apply_logit_bias_",
+           "apply_penalties_", "apply_token_masks_", "grammar_masks", "logit_bias", "penalties", "sample",
+           "sampling_batch", "sampling_inputs", "uniform_noise"]
 
 
 @dataclass
 class TokenMasks:
-    """Rows of a step whose grammar allows only some tokens next (structured outputs), on the device."""
+    """Rows of a step that may draw only some tokens (``allowed_token_ids``, a structured output's grammar), on the
+    device."""
 
     rows: torch.Tensor  # [R] int64
     allowed: torch.Tensor  # [R, V] bool
@@ -125,7 +110,7 @@ class SamplingBatch:
     all_greedy: bool
     use_top_k: bool
     use_top_p: bool
-    allowed_tokens: AllowedTokens | None = None
+    allowed_tokens: TokenMasks | None = None
     token_masks: TokenMasks | None = None
     logit_bias: LogitBias | None = None
     penalties: Penalties | None = None
@@ -136,7 +121,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     ``ce::sample`` after the allowed tokens, the grammars' masks, the logit bias, the penalties (vLLM's order) and
     setting the suppressed (row, token) pairs to -inf (min_tokens)."""
     adjustments = [(apply, value) for apply, value in (
-        (apply_allowed_tokens_, batch.allowed_tokens), (apply_token_masks_, batch.token_masks),
+        (apply_token_masks_, batch.allowed_tokens), (apply_token_masks_, batch.token_masks),
         (apply_logit_bias_, batch.logit_bias), (apply_penalties_, batch.penalties)) if value is not None]
     if adjustments:
         logits = logits.to(torch.float32, copy=True)  # one fp32 copy of the step's logits, adjusted in place
@@ -218,15 +203,16 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
         all_greedy=all(p.greedy for p in params),
         use_top_k=any(p.top_k > 0 for p in params),
         use_top_p=any(p.top_p < 1 for p in params),
-        allowed_tokens=allowed_tokens(requests, device) if adjust else None,
+        allowed_tokens=allowed_tokens(requests, device, vocab) if adjust else None,
         token_masks=grammar_masks(requests, device, vocab, extra) if adjust else None,
         logit_bias=logit_bias(requests, device) if adjust else None,
         penalties=penalties(requests, device, vocab, last_ids, extra) if adjust else None,
     )
 
 
-def allowed_tokens(requests: list[Request], device: torch.device) -> AllowedTokens | None:
-    """The rows limited to some tokens and those tokens, in one upload; None when no row is limited."""
+def allowed_tokens(requests: list[Request], device: torch.device, vocab: int) -> TokenMasks | None:
+    """The rows limited to their ``allowed_token_ids``, as masks made on the device from one upload of (row, token)
+    pairs; None when no row is limited."""
     rows = [row for row, r in enumerate(requests) if r.params.allowed_token_ids is not None]
     if not rows:
         return None
@@ -234,7 +220,9 @@ def allowed_tokens(requests: list[Request], device: torch.device) -> AllowedToke
     tokens = [t for row in rows for t in requests[row].params.allowed_token_ids]
     ids = upload(torch.tensor(rows + index + tokens, dtype=torch.int64), device)
     r, n = len(rows), len(index)
-    return AllowedTokens(ids[:r], (ids[r : r + n], ids[r + n :]))
+    allowed = torch.zeros((r, vocab), dtype=torch.bool, device=device)
+    allowed[ids[r : r + n], ids[r + n :]] = True
+    return TokenMasks(ids[:r], allowed)
 
 
 def grammar_masks(requests: list[Request], device: torch.device, vocab: int,

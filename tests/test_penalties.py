@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from compiled_engine import LLM, SamplingParams
 from compiled_engine import sampler
-from compiled_engine.sampler import (AllowedTokens, LogitBias, Penalties, apply_allowed_tokens_, apply_logit_bias_,
-                                     apply_penalties_)
+from compiled_engine.sampler import (LogitBias, Penalties, TokenMasks, apply_logit_bias_, apply_penalties_,
+                                     apply_token_masks_)
 from compiled_engine.tiny_model import ensure_tiny_model
 from tests import hf_models
 from tests.test_engine import heavy_settings
@@ -82,8 +82,8 @@ def test_apply_penalties_matches_the_definition(data, batch, vocab, split_last):
 
 def test_apply_allowed_tokens_leaves_only_them():
     logits = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.25, -1.0], [4.0, 5.0, 6.0]])
-    got = apply_allowed_tokens_(logits.clone(), AllowedTokens(torch.tensor([0, 2]), (torch.tensor([0, 0, 1]),
-                                                                           torch.tensor([1, 2, 0]))))
+    allowed = torch.tensor([[False, True, True], [True, False, False]])  # rows 0 and 2: tokens 1, 2 and token 0
+    got = apply_token_masks_(logits.clone(), TokenMasks(torch.tensor([0, 2]), allowed))
     inf = float("-inf")
     assert torch.equal(got, torch.tensor([[inf, -2.0, 3.0], [0.5, 0.25, -1.0], [4.0, inf, inf]]))
 

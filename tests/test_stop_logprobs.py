@@ -235,8 +235,8 @@ def test_include_stop_str_in_output_keeps_what_stopped_it(llm, tokenizer, stream
     or with the stop token's text (the tokenizer's decode of every token); finish and stop reasons unchanged."""
     solo = llm.generate("Hello world", SamplingParams(max_tokens=40, **GREEDY), use_tqdm=False)[0]
     stop, at = two_char_stop(solo.text)
-    out = finished_output(llm, "Hello world", SamplingParams(max_tokens=40, stop=[stop], include_stop_str_in_output=True,
-                                                             **GREEDY), stream)
+    params = SamplingParams(max_tokens=40, stop=[stop], include_stop_str_in_output=True, **GREEDY)
+    out = finished_output(llm, "Hello world", params, stream)
     assert (out.text, out.finish_reason, out.stop_reason) == (solo.text[: at + len(stop)], "stop", stop)
     token = next(t for t in solo.token_ids[3:] if tokenizer.decode([t]).strip())
     first = solo.token_ids.index(token)
