@@ -166,16 +166,21 @@ def test_the_oracle_is_decided_and_the_penalties_change_the_output(tiny_path, or
     assert sum(changed) >= 5, changed
 
 
-@pytest.mark.parametrize("mode", ["sync", "overlap", "speculative", "compiled"])
+GPU = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("mode", ["sync", "overlap", "speculative", "compiled", pytest.param("cuda", marks=GPU),
+                                  pytest.param("cuda-speculative", marks=GPU)])
 def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, monkeypatch):
     """Eight requests over two slots (later ones join running ones, so prompt chunks meet penalised decode rows), one
-    without penalties or bias; each greedy output equals the oracle's over its decided tokens. And every token of a
-    penalised request was drawn with exactly its prompt and its output before it counted (the tokens each
-    ``apply_penalties_`` call saw, against the final output): one call per token, none counting an in-flight
-    placeholder, which a near-tie-free output alone could miss."""
-    knobs = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2, enforce_eager=mode != "compiled",
-                 overlap_decode=mode != "sync")
-    if mode == "speculative":
+    without penalties or bias; each greedy output equals the oracle's over its decided tokens (on the GPU compiled and
+    overlapped, with MTP drafts and without). And every token of a penalised request was drawn with exactly its prompt
+    and its output before it counted (the tokens each ``apply_penalties_`` call saw, against the final output): one
+    call per token, none counting an in-flight placeholder, which a near-tie-free output alone could miss."""
+    on_gpu = mode.startswith("cuda")
+    knobs = dict(device="cuda" if on_gpu else "cpu", dtype="float32", max_model_len=128, max_num_seqs=2,
+                 enforce_eager=mode in ("sync", "overlap", "speculative"), overlap_decode=mode != "sync")
+    if mode.endswith("speculative"):
         knobs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 2}
     llm = LLM(tiny_path, **knobs)
     seen: list[tuple[list[int], list[int]]] = []  # (prompt, output so far) of each penalised row drawn
@@ -194,7 +199,7 @@ def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, mon
     for out, (expected, decided) in zip(outs, oracle):
         assert out.token_ids[:decided] == expected[:decided], (out.request_id, out.token_ids, expected, decided)
     assert not llm.engine.requests and not llm.engine._adjusting
-    if mode == "speculative":  # drafting stays on: rows of verify rounds count the drafts before them (next test)
+    if mode.endswith("speculative"):  # drafting stays on: verify rows count the drafts before them (next test)
         assert llm.engine.num_verified_rows > 0
         return
     for prompt, out, kw in zip(PROMPTS, outs, PENALTIES):
