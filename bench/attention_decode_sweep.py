@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside benc
 
 from bench.attention_prefill_sweep import time_ms  # noqa: E402
 from bench.ops_microbench import copy_bandwidth_gbps  # noqa: E402
-from ops.triton.attention_decode_kernels import EARLY_LOADS_MAX_BATCH, EARLY_TILES, attention_decode  # noqa: E402
+from ops.triton.attention_decode_kernels import EARLY_LOADS_MAX_BATCH, attention_decode  # noqa: E402
 from ops.triton.paged_attention_kernels import _tile_n, decode_num_splits  # noqa: E402
 
 HQ, HKV, D, BLOCK, ROTARY_HALF = 8, 2, 256, 16, 32
@@ -77,8 +77,7 @@ def main() -> None:
     parser.add_argument("--cases", default="16x8192,64x8192,8x8192,1x8192",
                         help="BATCHxCONTEXT[xWIDTH], WIDTH the tables' width in tokens (default: the context)")
     parser.add_argument("--early-loads", action="store_true",
-                        help="time only the default config with 0, 1 and 2 key tiles read before the PDL wait "
-                             "(EARLY_LOADS), and 1 and 2 at 8 warps")
+                        help="time only the default config, with and without the kernel's EARLY_LOADS")
     parser.add_argument("--query-rows", action="store_true",
                         help="time only the default config, with the query tile padded to 16 rows and without")
     parser.add_argument("--splits", type=lambda s: [int(x) for x in s.split(",")], default=None,
@@ -104,8 +103,7 @@ def main() -> None:
         grid = [chosen + (None, None)] + [c + (None, None) for c in itertools.product(split_counts, (32, 64), (4, 8),
                                                                                       (1, 2, 3)) if c != chosen]
         if args.early_loads:
-            eight = chosen[:2] + (8,) + chosen[3:]
-            grid = [chosen + (0, None), chosen + (1, None), chosen + (2, None), eight + (1, None), eight + (2, None)]
+            grid = [chosen + (False, None), chosen + (True, None)]
         if args.query_rows:
             grid = [chosen + (None, 16), chosen + (None, None)]
         if args.splits:
@@ -115,7 +113,7 @@ def main() -> None:
         for num_splits, block_n, warps, stages, early, rows in grid:
             config = {"splits": num_splits, "block_n": block_n, "num_warps": warps, "num_stages": stages,
                       "early_loads": early, "query_rows": rows, "chosen": (num_splits, block_n, warps, stages) == chosen
-                      and early in (None, EARLY_TILES if batch <= EARLY_LOADS_MAX_BATCH else 0) and rows is None}
+                      and early in (None, batch <= EARLY_LOADS_MAX_BATCH) and rows is None}
             try:
                 call = lambda: attention_decode(*inputs, num_splits=num_splits, block_n=block_n,  # noqa: E731
                                                 num_warps=warps, num_stages=stages, early_loads=early,
@@ -141,7 +139,7 @@ def _profile(args) -> None:
     for case in args.cases.split(","):
         batch, context, *width = (int(x) for x in case.split("x"))
         inputs = _case(batch, context, *width)
-        for early in ((0, 1, 2) if args.early_loads else (None,)):
+        for early in ((False, True) if args.early_loads else (None,)):
             attention_decode(*inputs, early_loads=early)  # compile outside the profiled range
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStart()

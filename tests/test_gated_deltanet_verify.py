@@ -181,13 +181,18 @@ def _child() -> dict:
         # every accepted count of a k = 4 step, Hv = 3 Hk, a wider history, 4 layers
         check_case(make_case(11, LAYOUTS[1], 4, 5, 2, [0, 1, 2, 3, 4], torch.float32, torch.float32, 2, 1, 4),
                    kernels.gated_deltanet_verify, kernels.gated_deltanet_commit, dict(atol=1e-4, rtol=1e-4))
-        # value heads split over programs in column blocks, the norm a second launch: a ragged last block (V = 12 in
-        # blocks of 8, three value heads a key head), and whole blocks of 4 (two value heads a key head); the commit
-        # reads what only block 0 writes (conv inputs of q and k, keys, decays)
+        # value heads split over programs in column blocks, the norm a second launch or (split_norm) by each key
+        # head's last program to count itself in: a ragged last block (V = 12 in blocks of 8, three value heads a key
+        # head), and whole blocks of 4 (two value heads a key head); the commit reads what only block 0 writes (conv
+        # inputs of q and k, keys, decays)
         for layout, block_v, accepted in ((LAYOUTS[1], 8, [2, 0]), (LAYOUTS[2], 4, [1, 3])):
-            check_case(make_case(12, layout, 3, 2, 1, accepted, torch.float32, torch.float32),
-                       functools.partial(kernels.gated_deltanet_verify, block_v=block_v, num_warps=2),
-                       kernels.gated_deltanet_commit, dict(atol=1e-4, rtol=1e-4))
+            for split_norm in (False, True):
+                check_case(make_case(12, layout, 3, 2, 1, accepted, torch.float32, torch.float32, layers=2),
+                           functools.partial(kernels.gated_deltanet_verify, block_v=block_v, num_warps=2,
+                                             split_norm=split_norm),
+                           kernels.gated_deltanet_commit, dict(atol=1e-4, rtol=1e-4))
+        counts = kernels._counters[torch.device("cpu")]
+        assert int(counts.abs().sum()) == 0, "the split norm's launches must leave their counts at zero"
     except Exception as exc:
         return {"error": failures[-1] if failures else f"{type(exc).__name__}: {exc}"}
     return {"error": None}

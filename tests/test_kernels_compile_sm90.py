@@ -195,10 +195,13 @@ def test_gated_deltanet_decode_split_v_compiles_for_sm90(group):
 
 
 @pytest.mark.parametrize("group", [1, 2])
-@pytest.mark.parametrize("block_v, warps", [(128, 8), (64, 4), (32, 4), (16, 2)])
-def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps):
+@pytest.mark.parametrize("block_v, warps, split_norm", [(128, 8, False), (64, 4, False), (32, 4, False),
+                                                        (16, 2, False), (64, 4, True), (32, 4, True)])
+def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps, split_norm):
     """The verify kernel at k = 2 with whole heads (the norm in the kernel) and with each head's columns split over
-    programs (``VERIFY_LAUNCHES`` picks among these), at GROUP 1 and 2, bf16 rows and an fp32 state pool."""
+    programs, the norm a second launch or by each key head's last program (``split_norm``; ``VERIFY_LAUNCHES`` picks
+    among these), at GROUP 1 and 2, bf16 rows and an fp32 state pool. The split norm's count is one acquire-release
+    atomic at GPU scope, after the wait."""
     from ops.triton import gated_deltanet_kernels as gk
 
     sig = dict(GDN_SIG, history=_ptr("fp32"), stride_h_seq="i64", stride_h_pos="i64")
@@ -206,9 +209,11 @@ def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps):
         kernel = _compile(gk._gated_deltanet_verify_kernel, sig,
                           dict(POSITIONS=3, NUM_K_HEADS=16, NUM_V_HEADS=16 * group, GROUP=group, DK=128, DV=128,
                                WIDTH=4, WIDTH_P=4, BLOCK_K=128, BLOCK_V=block_v, V_BLOCKS=128 // block_v,
-                               ROUND_WEIGHT_PRODUCT=True, USE_PDL=pdl),
+                               SPLIT_NORM=split_norm, BLOCK_HEAD=128, ROUND_WEIGHT_PRODUCT=True, USE_PDL=pdl),
                           num_warps=warps)
         ptx = kernel.asm["ptx"]
+        atomics = [line for line in ptx.splitlines() if "atom." in line]
+        assert len(atomics) == split_norm and all("acq_rel" in a and ".gpu" in a for a in atomics), atomics
         if not pdl:
             assert "griddepcontrol" not in ptx
             continue
@@ -226,3 +231,4 @@ def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps):
         assert rows.startswith("|R"), rows  # the projected rows only after the wait
         assert "W" not in state and "W" not in rows  # the pools and rows are read only
         assert not any(re.match(r"(@!?%\w+\s+)?st\.global", line) for line in lines[:wait])  # no store before it
+        assert all(i > wait for i, line in enumerate(lines) if "atom." in line)  # the count after the wait

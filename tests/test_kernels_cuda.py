@@ -707,15 +707,24 @@ def test_gated_deltanet_verify_matches_reference(live, layout, k, dtype, state_d
 
 
 @pytest.mark.parametrize("layout", LINEAR_LAYOUTS[:2], ids=_case_id)
-@pytest.mark.parametrize("live,k,block_v,warps", [(1, 2, 32, 4), (40, 3, 64, 4), (5, 1, 16, 2)])
-def test_gated_deltanet_verify_in_v_blocks_matches_reference(layout, live, k, block_v, warps):
-    """The verify kernel with each value head's columns split over programs (the gated norm a second launch), then
-    the commit from its history (keys, decays and q / k conv inputs are written by block 0 only)."""
+@pytest.mark.parametrize("live,k,block_v,warps,split_norm", [(1, 2, 32, 4, False), (40, 3, 64, 4, False),
+                                                             (5, 1, 16, 2, False), (1, 2, 32, 4, True),
+                                                             (13, 3, 64, 4, True), (3, 2, 16, 2, True)])
+def test_gated_deltanet_verify_in_v_blocks_matches_reference(layout, live, k, block_v, warps, split_norm):
+    """The verify kernel with each value head's columns split over programs (the gated norm a second launch, or by
+    each key head's last program to count itself in: ``split_norm``, run twice so that the second launch finds the
+    counts the first left at zero), then the commit from its history (keys, decays and q / k conv inputs are written
+    by block 0 only)."""
     from ops.triton import gated_deltanet_kernels
 
-    verify = functools.partial(gated_deltanet_kernels.gated_deltanet_verify, num_warps=warps, block_v=block_v)
-    _check_verify_then_commit(_seeded(live * 11 + block_v), layout, live, 2, k, torch.bfloat16, torch.float32, True,
-                              verify)
+    verify = functools.partial(gated_deltanet_kernels.gated_deltanet_verify, num_warps=warps, block_v=block_v,
+                               split_norm=split_norm)
+    for _ in range(2 if split_norm else 1):
+        _check_verify_then_commit(_seeded(live * 11 + block_v), layout, live, 2, k, torch.bfloat16, torch.float32,
+                                  True, verify)
+    if split_norm:
+        counts = gated_deltanet_kernels._counters[torch.device(DEV, torch.cuda.current_device())]
+        assert int(counts.abs().sum()) == 0, "the split norm must leave its counts at zero"
 
 
 def _check_verify_then_commit(gen, layout, live, padding, k, dtype, state_dtype, strided, verify):

@@ -511,13 +511,11 @@ def _child_checks() -> dict:
         "attention_decode_d24_contiguous_split1": lambda: check_attention_decode(3, 1, 24, 6, 4, 1, strided=False),
         "attention_decode_auto_splits": lambda: check_attention_decode(2, 1, 16, 8, 8, None),
         "attention_decode_bs32_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16),
-        # the step inputs and each split's first tile (two: its first two, small batches' default) loaded before the
-        # PDL wait: empty splits, one tile a split, and two (the first folded in apart from the loop)
-        "attention_decode_early_loads_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4, early_loads=1),
+        # the step inputs and each split's first tile loaded before the PDL wait (small batches' default): empty
+        # splits, one tile a split, and two (the first folded in apart from the loop)
+        "attention_decode_early_loads_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4, early_loads=True),
         "attention_decode_early_loads_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16,
-                                                                                     early_loads=1),
-        "attention_decode_two_early_tiles_split2": lambda: check_attention_decode(4, 2, 16, 4, 40, 2, block_n=8,
-                                                                                  early_loads=2),
+                                                                                     early_loads=True),
         "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
         "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
         "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
@@ -641,7 +639,6 @@ CHECK_NAMES = [
     "attention_decode_bs32_tile16_split2",
     "attention_decode_early_loads_split4",
     "attention_decode_early_loads_tile16_split2",
-    "attention_decode_two_early_tiles_split2",
     "prefill_gqa2_d16_bs4",
     "prefill_gqa3_d32_bs16",
     "prefill_empty_runs",

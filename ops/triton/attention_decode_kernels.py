@@ -67,13 +67,11 @@ from ops.triton.paged_attention_kernels import (
 from ops.triton.pdl import pdl_flags
 
 
-# Batches whose step inputs and first EARLY_TILES key tiles are read before the PDL wait. That pays only where the
-# kernel before, qkv_proj, launches this one early: the skinny GEMM does (up to ops/linear.py's SKINNY_MAX_ROWS = 4
-# rows); cuBLAS does not, and there the first tile held in registers through the query's norm and RoPE made the step
-# slower (bench/NOTES.md, "Runs 117-120"). Two tiles: at one sequence and context 8,192 a split is two 64-token tiles,
-# so both are in flight before the wait (bench/NOTES.md, "Runs 145-148").
+# Batches whose step inputs and first key tile are read before the PDL wait. That pays only where the kernel before,
+# qkv_proj, launches this one early: the skinny GEMM does (up to ops/linear.py's SKINNY_MAX_ROWS = 4 rows); cuBLAS
+# does not, and there the first tile held in registers through the query's norm and RoPE made the step slower
+# (bench/NOTES.md, "Runs 117-120").
 EARLY_LOADS_MAX_BATCH = 4
-EARLY_TILES = 2
 
 
 @triton.jit
@@ -174,7 +172,7 @@ def _attention_decode_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_FP32: tl.constexpr,
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py
-    EARLY_LOADS: tl.constexpr,  # 0, 1 or 2: the step's inputs and that many key tiles read before the PDL wait
+    EARLY_LOADS: tl.constexpr,  # the step's inputs and the first key tile read before the PDL wait
 ):
     K_START = 2 * NUM_Q_HEADS * HEAD_DIM  # [q_gate | k | v]
     V_START = K_START + NUM_KV_HEADS * HEAD_DIM
@@ -205,7 +203,7 @@ def _attention_decode_kernel(
     per_split = tl.cdiv(tl.cdiv(cached, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, cached)
-    if EARLY_LOADS:  # the slice's first tile (two: and its second), folded in after the query is ready
+    if EARLY_LOADS:  # the slice's first tile, folded in after the query is ready
         offs_n0 = start + tl.arange(0, BLOCK_N)
         n_mask0 = offs_n0 < end
         blocks0 = _kv_blocks(bt_row, stride_bt_n, offs_n0, n_mask0, BLOCK_SIZE)
@@ -213,14 +211,6 @@ def _attention_decode_kernel(
                            stride_k_offset, stride_k_head, stride_k_dim, BLOCK_SIZE)
         v0 = _load_kv_rows(v_cache, blocks0, offs_n0, n_mask0, kv_head, offs_d, d_mask, stride_v_block,
                            stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
-        if EARLY_LOADS > 1:
-            offs_n1 = offs_n0 + BLOCK_N
-            n_mask1 = offs_n1 < end
-            blocks1 = _kv_blocks(bt_row, stride_bt_n, offs_n1, n_mask1, BLOCK_SIZE)
-            k1 = _load_kv_rows(k_cache, blocks1, offs_n1, n_mask1, kv_head, offs_d, d_mask, stride_k_block,
-                               stride_k_offset, stride_k_head, stride_k_dim, BLOCK_SIZE)
-            v1 = _load_kv_rows(v_cache, blocks1, offs_n1, n_mask1, kv_head, offs_d, d_mask, stride_v_block,
-                               stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()  # qkv_proj's output is read after this
 
@@ -259,10 +249,6 @@ def _attention_decode_kernel(
         if start < end:
             m_i, l_i, acc = _attend_tile(q, k0, v0, n_mask0[None, :], m_i, l_i, acc, scale_log2, DOT_FP32)
         first = start + BLOCK_N
-        if EARLY_LOADS > 1:
-            if first < end:
-                m_i, l_i, acc = _attend_tile(q, k1, v1, n_mask1[None, :], m_i, l_i, acc, scale_log2, DOT_FP32)
-            first = start + 2 * BLOCK_N
     m_i, l_i, acc = _attend_range(q, k_cache, v_cache, bt_row, stride_bt_n, first, end, kv_head, offs_d, d_mask,
                                   stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, stride_v_block,
                                   stride_v_offset, stride_v_head, stride_v_dim, m_i, l_i, acc, scale_log2, m_i,
@@ -301,14 +287,13 @@ def attention_decode(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
-    early_loads: int | None = None,
+    early_loads: bool | None = None,
     query_rows: int | None = None,
 ) -> torch.Tensor:
     """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n``,
     ``num_warps``, ``num_stages``, ``early_loads`` and ``query_rows`` override the defaults (the paged decode kernel's
-    split count and key tile, 4 warps, Triton's default stages, ``EARLY_TILES`` key tiles loaded early (``early_loads``:
-    0, 1 or 2) up to ``EARLY_LOADS_MAX_BATCH`` sequences, the query tile's rows: the GQA group rounded up to a power of
-    two)."""
+    split count and key tile, 4 warps, Triton's default stages, early loads up to ``EARLY_LOADS_MAX_BATCH`` sequences,
+    the query tile's rows: the GQA group rounded up to a power of two)."""
     check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     group = num_heads // num_kv_heads
     if query_rows is None:
@@ -362,7 +347,7 @@ def attention_decode(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
-        EARLY_LOADS=(EARLY_TILES if batch <= EARLY_LOADS_MAX_BATCH else 0) if early_loads is None else int(early_loads),
+        EARLY_LOADS=batch <= EARLY_LOADS_MAX_BATCH if early_loads is None else early_loads,
         DOT_FP32=dot_fp32,
         num_warps=num_warps,
         **({} if num_stages is None else {"num_stages": num_stages}),

@@ -562,15 +562,18 @@ def _conv_weights(conv_weight, channels, c_mask, stride_w_c, stride_w_k, WIDTH: 
 
 
 # The verify launch by batch size (sequences), first match wins: (most sequences, V block or None for whole heads with
-# the norm in the kernel, warps). Timed at k = 2 on Qwen3.5-0.8B's shape (bench/NOTES.md, "GDN verify in V blocks"):
-# up to 16 sequences whole heads lead (the split's norm is a second launch); above, blocks of 64 at 4 warps (two
-# programs an SM) take a verify 14-17% under whole heads at 64-128 sequences.
-VERIFY_LAUNCHES = ((16, None, 8), (math.inf, 64, 4))
+# the norm in the kernel, warps, split_norm: with V blocks, the norm by each key head's last program instead of a
+# second launch). Timed at k = 2 on Qwen3.5-0.8B's shape (bench/NOTES.md, "GDN verify in V blocks"): at 1-2
+# sequences V blocks of 32 with the split norm (4 programs a key head: the state streams over 4x the SMs; the batch-1
+# verify graph 24 µs under whole heads, "Runs 149-150"); up to 16 whole heads lead blocks whose norm is a second
+# launch; above, blocks of 64 at 4 warps (two programs an SM) take a verify 14-17% under whole heads at 64-128
+# sequences.
+VERIFY_LAUNCHES = ((2, 32, 4, True), (16, None, 8, False), (math.inf, 64, 4, False))
 
 
-def verify_config(batch: int) -> tuple[int | None, int]:
-    """(block_v, num_warps) of the verify launch for ``batch`` sequences (``VERIFY_LAUNCHES``)."""
-    return next((block_v, warps) for most, block_v, warps in VERIFY_LAUNCHES if batch <= most)
+def verify_config(batch: int) -> tuple[int | None, int, bool]:
+    """(block_v, num_warps, split_norm) of the verify launch for ``batch`` sequences (``VERIFY_LAUNCHES``)."""
+    return next(launch[1:] for launch in VERIFY_LAUNCHES if batch <= launch[0])
 
 
 @triton.jit
@@ -585,6 +588,7 @@ def _gated_deltanet_verify_kernel(
     state_slots,
     history,  # [R, Pmax, D] fp32, last dim contiguous
     out,  # contiguous [N * P, Hv * V]
+    counters,  # SPLIT_NORM: int32 [>= N * Hk], zero, left zero (as the decode kernel's SPLIT_V)
     scale,  # K ** -0.5
     eps,  # the gated RMSNorm's
     stride_p_b,
@@ -611,6 +615,8 @@ def _gated_deltanet_verify_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,  # a power of two; V_BLOCKS of them cover DV
     V_BLOCKS: tl.constexpr,
+    SPLIT_NORM: tl.constexpr,  # V_BLOCKS > 1: the key head's last program to finish norms every parked output
+    BLOCK_HEAD: tl.constexpr,  # next_power_of_2(DV): that norm's vector
     ROUND_WEIGHT_PRODUCT: tl.constexpr,
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py: the first value head's state tile loads while in_proj still runs
 ):
@@ -618,12 +624,15 @@ def _gated_deltanet_verify_kernel(
     and, for each, the P positions in turn with columns ``c*BLOCK_V .. +BLOCK_V`` of the ``[K, V]`` state tile in
     registers, loaded once from the pool and never stored. Every column of the delta rule is independent of the
     others (``u`` and ``o`` are column-wise), so a head's columns can be split over programs; only the gated norm
-    needs the whole head: with one block (``V_BLOCKS == 1``) it runs here, else the program stores the rounded
-    delta-rule output and the caller norms it (the unfused path's norm kernel). q and k are recomputed for each
+    needs the whole head: with one block (``V_BLOCKS == 1``) it runs here, else the program parks the rounded
+    delta-rule output where the normed one goes and either the key head's last program to finish norms every
+    position and value head of it (``SPLIT_NORM``: the decode kernel's ``SPLIT_V`` count, an acquire-release atomic
+    a program) or the caller does (the unfused path's norm kernel, a second launch). q and k are recomputed for each
     value head and block (cheap: their rows sit in L1/L2); block 0 of the first value head writes their history,
-    block 0 of each head its decay. Nothing here writes what another program reads, and nothing in a pool: no
-    barriers. With PDL, what no earlier kernel of the step writes (the slot, the weights, and this layer's state tile
-    and gates of the first value head: the pools are written by the commit, after every verify) is loaded before
+    block 0 of each head its decay. Nothing in a pool is written, and, but for the parked outputs the last program
+    reads behind the count, nothing another program reads. With PDL, what no earlier kernel of the step writes (the
+    slot, the weights, and this layer's state tile and gates of the first value head: the pools are written by the
+    commit, after every verify) is loaded before
     ``gdc_wait``, the projected rows and the conv windows after it, as in the decode kernel."""
     KEY_DIM = NUM_K_HEADS * DK
     VALUE_DIM = NUM_V_HEADS * DV
@@ -714,6 +723,16 @@ def _gated_deltanet_verify_kernel(
             if V_BLOCKS == 1:  # the gated RMSNorm over V, rounded where the unfused path rounds (as in decode)
                 o = _gated_norm(o, tl.rsqrt(tl.sum(o * o, 0) / DV + eps), z, norm_w, dtype, ROUND_WEIGHT_PRODUCT)
             tl.store(out + (seq * POSITIONS + i) * VALUE_DIM + v_head * DV + offs_v, o.to(dtype), mask=v_mask)
+    if SPLIT_NORM:  # as the decode kernel's SPLIT_V: the barrier, the count's release, the last one norms
+        tl.debug_barrier()  # every thread's parked outputs of this program before the count
+        counter = counters + seq * NUM_K_HEADS + k_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == V_BLOCKS - 1:
+            tl.store(counter, 0)
+            for i in tl.static_range(POSITIONS):
+                for j in tl.static_range(GROUP):
+                    _head_norm(out + (seq * POSITIONS + i) * VALUE_DIM, first_row + i * stride_p_b, norm_weight,
+                               k_head * GROUP + j, 0.0, stride_p_c, Z_START, DV, BLOCK_HEAD, eps, dtype,
+                               ROUND_WEIGHT_PRODUCT, True)
 
 
 def gated_deltanet_verify(
@@ -733,22 +752,26 @@ def gated_deltanet_verify(
     eps: float,
     num_warps: int | None = None,
     block_v: int | None = None,
+    split_norm: bool | None = None,
 ) -> torch.Tensor:
     """One launch, grid (sequences, key heads, V blocks), with the launch :func:`verify_config` picks for the batch
-    unless ``block_v`` / ``num_warps`` say otherwise; below V (``block_v`` a power of two) the gated norm is a second
-    launch (the unfused path's norm kernel)."""
+    unless ``block_v`` / ``num_warps`` / ``split_norm`` say otherwise; below V (``block_v`` a power of two) the gated
+    norm runs in the last program of each key head to finish (``split_norm``) or as a second launch (the unfused
+    path's norm kernel)."""
     positions = check_gated_deltanet_verify_args(projected, conv_weight, state_slots, history, num_k_heads,
                                                  head_k_dim, num_v_heads, head_v_dim)
     if history.stride(2) != 1:
         raise ValueError("gated_deltanet_verify: the history's last dimension must be contiguous")
     width = conv_weight.shape[1]
     rows, value_dim = projected.shape[0], num_v_heads * head_v_dim
-    default_block_v, default_warps = verify_config(state_slots.shape[0])
+    num_seqs = state_slots.shape[0]
+    default_block_v, default_warps, default_split = verify_config(num_seqs)
     block_v = triton.next_power_of_2(min(block_v or default_block_v or head_v_dim, head_v_dim))
     v_blocks = triton.cdiv(head_v_dim, block_v)
+    split_norm = (default_split if split_norm is None else split_norm) and v_blocks > 1
     out = torch.empty((rows, value_dim), dtype=projected.dtype, device=projected.device)
     norm_weight = norm_weight.contiguous()
-    _gated_deltanet_verify_kernel[(state_slots.shape[0], num_k_heads, v_blocks)](
+    _gated_deltanet_verify_kernel[(num_seqs, num_k_heads, v_blocks)](
         projected,
         conv_weight,
         conv_state,
@@ -759,6 +782,7 @@ def gated_deltanet_verify(
         state_slots,
         history,
         out,
+        split_counters(projected.device, num_seqs * num_k_heads) if split_norm else state_slots,  # (else unused)
         head_k_dim**-0.5,
         eps,
         *projected.stride(),
@@ -778,11 +802,13 @@ def gated_deltanet_verify(
         BLOCK_K=triton.next_power_of_2(head_k_dim),
         BLOCK_V=block_v,
         V_BLOCKS=v_blocks,
+        SPLIT_NORM=split_norm,
+        BLOCK_HEAD=triton.next_power_of_2(head_v_dim),
         ROUND_WEIGHT_PRODUCT=torch.promote_types(norm_weight.dtype, projected.dtype) == projected.dtype,
         num_warps=num_warps or default_warps,
         **pdl_flags(projected),
     )
-    if v_blocks == 1:
+    if v_blocks == 1 or split_norm:
         return out
     z_start = 2 * num_k_heads * head_k_dim + value_dim  # [q | k | v | z | b | a]
     z = projected[:, z_start:z_start + value_dim].view(rows, num_v_heads, head_v_dim)
