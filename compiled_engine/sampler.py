@@ -22,7 +22,7 @@ import torch
 from ops.sample import sample_op, uniform_noise
 from ops.step import SamplingInputs
 from compiled_engine.request import Request
-from compiled_engine.step import upload
+from compiled_engine.step import upload, upload_fields
 from compiled_engine.structured_output import token_masks
 
 __all__ = ["LogitBias", "Penalties", "SamplingBatch", "TokenMasks", "allowed_tokens", "apply_logit_bias_",
@@ -180,26 +180,22 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
                 suppress_tokens.append(token)
 
     # Two host buffers, one copy each (pinned and asynchronous on CUDA): nine pageable copies would each wait
-    # for the GPU to drain, which also undoes overlap_decode.
-    b, n = len(requests), len(suppress_rows)
-    int64 = torch.tensor(
-        [p.top_k for p in params] + [r.seed for r in requests] + counters + suppress_rows + suppress_tokens,
-        dtype=torch.int64,
-    )
-    fp32 = torch.tensor(
-        [p.temperature for p in params] + [p.top_p for p in params] + [p.min_p for p in params], dtype=torch.float32
-    )
-    int64, fp32 = upload(int64, device), upload(fp32, device)
+    # for the GPU to drain, which also undoes overlap_decode. Each field 16-byte aligned (ce::sample's kernels).
+    top_k, seeds, counters, suppress_rows, suppress_tokens = upload_fields(
+        [[p.top_k for p in params], [r.seed for r in requests], counters, suppress_rows, suppress_tokens],
+        torch.int64, device)
+    temperature, top_p, min_p = upload_fields(
+        [[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]], torch.float32, device)
     adjust = vocab is not None and any(r.params.adjusts_logits for r in requests)
     return SamplingBatch(
-        temperature=fp32[:b],
-        top_k=int64[:b],
-        top_p=fp32[b : 2 * b],
-        min_p=fp32[2 * b :],
-        seeds=int64[b : 2 * b],
-        counters=int64[2 * b : 3 * b],
-        suppress_rows=int64[3 * b : 3 * b + n],
-        suppress_tokens=int64[3 * b + n :],
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seeds=seeds,
+        counters=counters,
+        suppress_rows=suppress_rows,
+        suppress_tokens=suppress_tokens,
         all_greedy=all(p.greedy for p in params),
         use_top_k=any(p.top_k > 0 for p in params),
         use_top_p=any(p.top_p < 1 for p in params),

@@ -40,6 +40,20 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.to(device)
 
 
+def upload_fields(fields: Seq[Seq[int | float]], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """The ``fields`` (lists of numbers) on ``device`` in one ``upload``, each a view starting on a 16-byte boundary:
+    a field at an offset that depended on the others' lengths would give the Triton kernels that read it a new
+    pointer alignment, so a new compiled variant, as the batch size changed."""
+    multiple = _ALIGN // torch.empty((), dtype=dtype).element_size()
+    flat, at = [], []
+    for values in fields:
+        flat.extend([0] * (-len(flat) % multiple))
+        at.append(len(flat))
+        flat.extend(values)
+    packed = upload(torch.tensor(flat, dtype=dtype), device)
+    return [packed[begin : begin + len(values)] for begin, values in zip(at, fields)]
+
+
 class PaddingSequence:
     """What ``pack_step`` reads of a sequence, for a step's padding: ``n`` token ids 0 on the null block and the null
     slot, none computed. Its results land where no sequence reads (the memory plan's start-up steps, the padding of

@@ -28,7 +28,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compiled_engine import SamplingParams
-from compiled_engine.sampler import SamplingBatch, sample, uniform_noise
+from compiled_engine.request import Request
+from compiled_engine.sampler import SamplingBatch, sample, sampling_batch, uniform_noise
+from compiled_engine.sequence import Sequence
 from tests import hf_models
 from tests.test_engine import GREEDY, MODEL, assert_clean, drain, heavy_settings, hf_greedy, make_llm, prompt
 
@@ -247,6 +249,33 @@ def test_sampler_properties(batch):
         alone_suppress = [(0, t) for r, t in suppress if r == i]
         alone = sample(logits[i : i + 1], make_batch([p], seeds[i : i + 1], counters[i : i + 1], alone_suppress))
         assert alone.item() == token, "a row's token depends on the rest of the batch"
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4), st.sampled_from([0.0, 0.7]), st.integers(0, 50)),
+                min_size=1, max_size=9), st.integers(1, 3))
+def test_sampling_batch_rows_and_alignment(rows, positions):
+    """``sampling_batch``'s per-row fields hold each row's parameters (``positions`` rows a request, counters from its
+    generated count on; stop tokens suppressed, row by row, while fewer than min_tokens are generated), and every
+    field starts on a 16-byte boundary whatever the row count: ce::sample's Triton kernels compile a variant per
+    pointer alignment, so fields at offsets that followed the batch size cost a compile for each new remainder."""
+    requests = []
+    for i, (generated, min_tokens, temperature, top_k) in enumerate(rows):
+        params = SamplingParams(temperature=temperature, top_k=top_k, min_tokens=min_tokens, max_tokens=8)
+        seq = Sequence(i, [1, 2, 3] + [4] * generated, 3)
+        requests.append(Request(f"r{i}", seq, params, seed=100 + i, stop_ids=frozenset({7, 2}),
+                                prompt_token_ids=[1, 2, 3]))
+    batch = sampling_batch(requests, torch.device("cpu"), positions=positions)
+    per_row = [(r, p) for r in requests for p in range(positions)]
+    assert batch.temperature.tolist() == [pytest.approx(r.params.temperature) for r, _ in per_row]
+    assert batch.top_k.tolist() == [r.params.top_k for r, _ in per_row]
+    assert batch.seeds.tolist() == [r.seed for r, _ in per_row]
+    assert batch.counters.tolist() == [r.seq.num_generated_tokens + p for r, p in per_row]
+    suppressed = [(row, t) for row, (r, p) in enumerate(per_row)
+                  if r.seq.num_generated_tokens + p < r.params.min_tokens for t in (2, 7)]
+    assert list(zip(batch.suppress_rows.tolist(), batch.suppress_tokens.tolist())) == suppressed
+    for name in ("temperature", "top_k", "top_p", "min_p", "seeds", "counters", "suppress_rows", "suppress_tokens"):
+        field = getattr(batch, name)
+        assert field.storage_offset() * field.element_size() % 16 == 0, name
 
 
 def test_dominant_suppressed_token_is_never_drawn():
