@@ -225,7 +225,42 @@ def _child_checks(group: str) -> dict:
         permuted = sample_kernels.sample(*(a[perm] if torch.is_tensor(a) else a for a in args), chunk=32, block=16)
         assert torch.equal(permuted, together[perm])
 
+    def pointer_alignment():
+        """Every tensor a kernel of the op gets starts on a 16-byte boundary, at the model's vocabulary and every row
+        count from 1 to 9 (the workspace's views included): Triton compiles a variant per pointer alignment, so an
+        offset that followed the row count would compile the kernels again for each remainder (the launches are
+        recorded, not run)."""
+        misaligned = []
+
+        class Recorder:
+            def __init__(self, name):
+                self.name = name
+
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    for i, arg in enumerate(list(args) + list(kwargs.values())):
+                        if torch.is_tensor(arg) and arg.data_ptr() % 16:
+                            misaligned.append((self.name, i, arg.data_ptr() % 16))
+                return launch
+
+        names = [n for n in dir(sample_kernels) if n.startswith("_sample_") and n.endswith("_kernel")]
+        saved = {n: getattr(sample_kernels, n) for n in names}
+        try:
+            for n in names:
+                setattr(sample_kernels, n, Recorder(n))
+            for rows in range(1, 10):
+                for dtype in (torch.bfloat16, torch.float32):
+                    logits = torch.zeros(rows, 248320, dtype=dtype)
+                    temperature, top_p, min_p = (torch.full((rows,), v) for v in (0.8, 0.9, 0.0))
+                    top_k, seeds, counters = (torch.full((rows,), v, dtype=torch.int64) for v in (50, 1, 0))
+                    sample_kernels.sample(logits, temperature, top_k, top_p, min_p, seeds, counters)
+        finally:
+            for n, kernel in saved.items():
+                setattr(sample_kernels, n, kernel)
+        assert len(names) == 6 and not misaligned, (names, misaligned[:10])
+
     groups = {
+        "pointer_alignment": {"pointer_alignment": pointer_alignment},
         "hypothesis_small_vocab": {"hypothesis_small_vocab": lambda: hypothesis_check(st.integers(1, 64), 30)},
         "hypothesis_large_vocab": {"hypothesis_large_vocab": lambda: hypothesis_check(st.integers(65, 3000), 8)},
         # The hand-picked cases, in smaller groups than before (the longest, row_path, ~6 minutes of interpreter on
@@ -257,7 +292,8 @@ def _child_checks(group: str) -> dict:
 
 # Longest first: the background thread (tests/background.py) runs them in this order.
 GROUPS = ["block_skipping_k_at_block_count", "row_path", "special_rows_and_batch_invariance", "boundaries",
-          "block_skipping_small_k", "ties_and_small_k", "hypothesis_large_vocab", "hypothesis_small_vocab"]
+          "block_skipping_small_k", "ties_and_small_k", "hypothesis_large_vocab", "hypothesis_small_vocab",
+          "pointer_alignment"]
 
 
 def _argv(group: str) -> list[str]:

@@ -653,23 +653,27 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     device = logits.device
     # One int64 workspace: partials and states of the two searches (ping-pong slots: a pass reads the previous
     # pass's slot and writes the other), chunk and block maxima, and the fp32 / int32 chunk winners (greedy and drawn).
+    # Every view starts on a 16-byte boundary (each size rounded up to two int64, the winners' int32 rows to four):
+    # Triton compiles a kernel variant per pointer alignment, and offsets that followed the row count gave eager
+    # calls (prompt steps, adjusted rows) a new variant for each remainder, ~7 s each on a cold cache.
     n = rows * num_chunks
+    n4 = -(-n // 4) * 4
     row_path = (use_top_k or use_top_p) and row_candidates > 0
     sizes = {"topk_part": 2 * n * 16, "topp_part": 2 * n * 16, "topk_state": 2 * rows * STATE,
              "topp_state": 2 * rows * STATE, "chunk_max": n, "block_max": rows * num_blocks,
-             "live_list": n * (chunk // block), "winners": 2 * n,
+             "live_list": n * (chunk // block), "winners": 2 * n4,
              "candidates": rows * row_candidates if row_path else 0, "handled": rows,
              "mass_part": n if row_path and use_top_p else 0}
-    workspace = torch.empty(sum(sizes.values()), dtype=torch.int64, device=device)
+    workspace = torch.empty(sum(size + size % 2 for size in sizes.values()), dtype=torch.int64, device=device)
     views, offset = {}, 0
     for name, size in sizes.items():
         views[name] = workspace[offset : offset + size]
-        offset += size
+        offset += size + size % 2
     topk_part = views["topk_part"].view(2, n * 16)
     topp_part = views["topp_part"].view(2, n * 16)
     topk_state = views["topk_state"].view(2, rows * STATE)
     topp_state = views["topp_state"].view(2, rows * STATE)
-    winners = views["winners"].view(torch.int32).view(4, n)
+    winners = views["winners"].view(torch.int32).view(4, n4)[:, :n]
     greedy_value, greedy_index = winners[0].view(torch.float32), winners[1]
     best_score, best_index = winners[2].view(torch.float32), winners[3]
     chunk_max, block_max, live_list = views["chunk_max"], views["block_max"], views["live_list"]
