@@ -8,7 +8,7 @@
 #  - the same with two rounds (the warm figure), then plain sampling (temperature 0.8, top_p 0.95, top_k 50).
 #    Predicted: penalised within ~10% of plain sampled; plain sampled within 5% of greedy (run 107-era: 1.018).
 RUN=run152 source bench/device_env.sh || exit 1
-TAIL=6 step tests 150 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py -k "sample_matches_reference_after_lm_head or sample_many_small_rows" tests/test_compile_gpu.py -k "sample or sampled"
+TAIL=6 step tests 150 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py tests/test_compile_gpu.py -k "sample_matches_reference_after_lm_head or sample_many_small_rows or sampled_replays"
 B=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 256 --max-model-len 4096)
 TAIL=4 step sampling_pen_cold 200 python3 -m bench sampling "${B[@]}" -p sampling.repetition_penalty=1.1 -p sampling.rounds=1 --out $W/sampling_pen_cold
 TAIL=4 step sampling_pen 150 python3 -m bench sampling "${B[@]}" -p sampling.repetition_penalty=1.1 --out $W/sampling_pen
