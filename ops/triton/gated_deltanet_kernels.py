@@ -565,7 +565,7 @@ def _conv_weights(conv_weight, channels, c_mask, stride_w_c, stride_w_k, WIDTH: 
 # the norm in the kernel, warps, split_norm: with V blocks, the norm by each key head's last program instead of a
 # second launch). Timed at k = 2 on Qwen3.5-0.8B's shape (bench/NOTES.md, "GDN verify in V blocks"): at 1-2
 # sequences V blocks of 32 with the split norm (4 programs a key head: the state streams over 4x the SMs; the batch-1
-# verify graph 24 µs under whole heads, "Runs 149-150"); up to 16 whole heads lead blocks whose norm is a second
+# verify graph 24 µs under whole heads, "Runs 149-151"); up to 16 whole heads lead blocks whose norm is a second
 # launch; above, blocks of 64 at 4 warps (two programs an SM) take a verify 14-17% under whole heads at 64-128
 # sequences.
 VERIFY_LAUNCHES = ((2, 32, 4, True), (16, None, 8, False), (math.inf, 64, 4, False))
@@ -632,8 +632,8 @@ def _gated_deltanet_verify_kernel(
     block 0 of each head its decay. Nothing in a pool is written, and, but for the parked outputs the last program
     reads behind the count, nothing another program reads. With PDL, what no earlier kernel of the step writes (the
     slot, the weights, and this layer's state tile and gates of the first value head: the pools are written by the
-    commit, after every verify) is loaded before
-    ``gdc_wait``, the projected rows and the conv windows after it, as in the decode kernel."""
+    commit, after every verify) is loaded before ``gdc_wait``, the projected rows and the conv windows after it, as
+    in the decode kernel."""
     KEY_DIM = NUM_K_HEADS * DK
     VALUE_DIM = NUM_V_HEADS * DV
     Z_START = 2 * KEY_DIM + VALUE_DIM
