@@ -57,7 +57,8 @@ def run(
     warmup_requests: int = 4,
     rounds: int = 2,
 ) -> dict:
-    """``rounds``: greedy then sampled, this many times; the last round is the headline, every round is kept."""
+    """``rounds``: greedy then sampled, this many times; the last round is the headline, every round is kept (the
+    first one's figures in the summary too: what a fresh process pays, compiles on first use included)."""
     ctx.require(*requirements(num_requests, max_prompt_len, max_output_len))
     llm = ctx.llm()
     prompts, output_lens = workload(num_requests, min_prompt_len, max_prompt_len, min_output_len, max_output_len,
@@ -114,4 +115,6 @@ def summary_lines(head: str, r: dict) -> list[str]:
             f"{''.join(f', {k} {p[k]}' for k in NEUTRAL_PENALTIES if k in p)}) {s['output_tok_s']:,.0f} "
             f"tok/s ({s['wall_s']:.1f} s) | sampled/greedy {r['sampled_over_greedy']:.3f} | bound "
             f"{r['bound']['output_tok_s']:,.0f} tok/s | {r['sampled_requests_differing_from_greedy']} of "
-            f"{g['requests']} sampled outputs differ from greedy"]
+            f"{g['requests']} sampled outputs differ from greedy"
+            + (f" | first round: greedy {r['rounds']['greedy'][0]:,.0f}, sampled {r['rounds']['sampled'][0]:,.0f} "
+               "tok/s" if len(r["rounds"]["sampled"]) > 1 else "")]

@@ -34,6 +34,7 @@ class Request:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # with SamplingParams.prompt_logprobs, as computed
     grammar: object | None = None  # structured outputs: an xgrammar GrammarMatcher past the accepted tokens
     _prompt_array: np.ndarray | None = field(default=None, repr=False)
+    _output_array: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64), repr=False)
 
     def wants_prompt_logprobs(self) -> bool:
         """Whether prompt tokens' logprobs are still to compute (its prefill chunks need every position's logits)."""
@@ -44,6 +45,22 @@ class Request:
         if self._prompt_array is None:
             self._prompt_array = np.array(self.prompt_token_ids, dtype=np.int64)
         return self._prompt_array
+
+    def output_array(self, n: int) -> np.ndarray:
+        """The first ``n`` output tokens as an int64 array (penalties fill a token table from it every step). The
+        tokens read back are converted once and kept (a step converts only its new ones); a placeholder still in
+        flight is converted each time, never kept (its position gets the real token later)."""
+        seq = self.seq
+        start = seq.num_prompt_tokens
+        settled = min(n, len(seq.token_ids) - seq.num_placeholder_tokens - start)
+        kept = len(self._output_array)
+        if settled > kept:
+            new = np.array(seq.token_ids[start + kept : start + settled], dtype=np.int64)
+            self._output_array = np.concatenate([self._output_array, new])
+        if n <= len(self._output_array):
+            return self._output_array[:n]
+        rest = seq.token_ids[start + len(self._output_array) : start + n]
+        return np.concatenate([self._output_array, np.array(rest, dtype=np.int64)])
 
     def shows_last_token_text(self) -> bool:
         """Whether the output text includes its last token's: not when it is the stop token (or EOS) that finished

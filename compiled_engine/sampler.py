@@ -250,21 +250,25 @@ def penalties(requests: list[Request], device: torch.device, vocab: int, last_id
     """The penalised rows' tokens and penalties, in two uploads; None when no row has penalties. With
     ``last_ids`` each row's last token comes from the device (it may still be in flight), the others from the
     host; ``extra[row]``: tokens counted after the row's outputs (a verify row's drafts before it). The token table
-    is filled row by row in numpy (each request's prompt converted once, ``Request.prompt_array``): its size is the
-    rows' tokens so far, rebuilt every step, as vLLM's."""
+    is filled row by row in numpy from each request's arrays (its prompt converted once, its outputs as they are
+    read back: ``Request.prompt_array``, ``Request.output_array``): its size is the rows' tokens so far, rebuilt
+    every step, as vLLM's."""
     rows = [i for i, r in enumerate(requests) if r.params.penalized]
     if not rows:
         return None
     cut = 1 if last_ids is not None else 0
     prompts = [requests[i].prompt_array() for i in rows]
-    outputs = [requests[i].seq.token_ids[requests[i].seq.num_prompt_tokens : len(requests[i].seq) - cut]
-               + (extra[i] if extra is not None else []) for i in rows]
-    n, lp, lo = len(rows), max(map(len, prompts)), max(1, max(map(len, outputs)))
+    outputs = [requests[i].output_array(requests[i].seq.num_generated_tokens - cut) for i in rows]
+    extras = [extra[i] if extra is not None else [] for i in rows]
+    n, lp = len(rows), max(map(len, prompts))
+    lo = max(1, max(len(o) + len(e) for o, e in zip(outputs, extras)))
     table = np.full((n, 1 + lp + lo), vocab, dtype=np.int64)
     table[:, 0] = rows
-    for j, (prompt, output) in enumerate(zip(prompts, outputs)):
+    for j, (prompt, output, more) in enumerate(zip(prompts, outputs, extras)):
         table[j, 1 : 1 + len(prompt)] = prompt
         table[j, 1 + lp : 1 + lp + len(output)] = output
+        if more:
+            table[j, 1 + lp + len(output) : 1 + lp + len(output) + len(more)] = more
     int64 = upload(torch.from_numpy(table), device)
     params = [requests[i].params for i in rows]
     fp32 = upload(torch.tensor([p.presence_penalty for p in params] + [p.frequency_penalty for p in params]

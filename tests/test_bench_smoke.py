@@ -322,6 +322,11 @@ def test_sampling(smoke):
     sampling = r["workload"]["sampling"]
     assert sampling["repetition_penalty"] == 1.1 and "presence_penalty" not in sampling  # the knobs set, only
     assert positive(r["fraction_of_bound"]["greedy"]) and positive(r["fraction_of_bound"]["sampled"])
+    from bench.report import summary_lines
+
+    first = r["rounds"]["greedy"][0], r["rounds"]["sampled"][0]  # a fresh process's figures stay in the summary
+    assert f"first round: greedy {first[0]:,.0f}, sampled {first[1]:,.0f} tok/s" in "\n".join(
+        summary_lines({"sampling": r}))
 
 
 def test_throughput(smoke):

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from compiled_engine import LLM, SamplingParams
 from compiled_engine import sampler
+from compiled_engine.request import Request
+from compiled_engine.sequence import Sequence
 from compiled_engine.sampler import (LogitBias, Penalties, TokenMasks, apply_logit_bias_, apply_penalties_,
                                      apply_token_masks_)
 from compiled_engine.tiny_model import ensure_tiny_model
@@ -78,6 +80,27 @@ def test_apply_penalties_matches_the_definition(data, batch, vocab, split_last):
     torch.testing.assert_close(got.double(), expected, atol=1e-4, rtol=1e-5)
     untouched = [r for r in range(batch) if r not in rows]
     assert torch.equal(got[untouched], logits[untouched])
+
+
+@given(st.lists(st.sampled_from(["token", "placeholder", "read back", "table"]), max_size=40))
+def test_output_array_follows_the_sequence(events):
+    """``Request.output_array`` (the penalties' token table reads it every step) equals the sequence's output tokens
+    however tokens arrive: appended read back, placed as a placeholder (kept apart until its real token replaces it,
+    as an overlapped step does), and read at any point."""
+    seq = Sequence(0, [5, 6, 7], 3)
+    request = Request("r", seq, SamplingParams(repetition_penalty=1.2), seed=0, stop_ids=frozenset(),
+                      prompt_token_ids=[5, 6, 7])
+    for i, event in enumerate(events):
+        if event == "token" and not seq.num_placeholder_tokens:
+            seq.token_ids.append(100 + i)
+        elif event == "placeholder" and not seq.num_placeholder_tokens:
+            seq.token_ids.append(0)
+            seq.num_placeholder_tokens = 1
+        elif event == "read back" and seq.num_placeholder_tokens:
+            seq.token_ids[-1] = 100 + i
+            seq.num_placeholder_tokens = 0
+        for n in {seq.num_generated_tokens, seq.num_generated_tokens - seq.num_placeholder_tokens}:
+            assert request.output_array(n).tolist() == seq.token_ids[3 : 3 + n]
 
 
 def test_apply_allowed_tokens_leaves_only_them():
