@@ -26,29 +26,36 @@ from compiled_engine.sequence import Sequence
 VOCAB = 248320  # Qwen3.5's
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=30)
-    args = parser.parse_args()
+def host_ms(rows: int, steps: int) -> tuple[float, float]:
+    """(min, median) ms of ``penalties`` over ``steps`` steps of ``rows`` requests."""
     rng = random.Random(0)
     requests = []
-    for i in range(args.rows):
+    for i in range(rows):
         prompt = [rng.randrange(10000) for _ in range(rng.randint(256, 2048))]
         output = [rng.randrange(10000) for _ in range(rng.randint(32, 512))]
         params = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, repetition_penalty=1.1, max_tokens=600)
         requests.append(Request(f"r{i}", Sequence(i, prompt + output, len(prompt)), params, seed=i,
                                 stop_ids=frozenset(), prompt_token_ids=prompt))
-    last = torch.zeros(args.rows, dtype=torch.long)
+    last = torch.zeros(rows, dtype=torch.long)
     times = []
-    for _ in range(args.steps):
+    for _ in range(steps):
         for request in requests:
             request.seq.token_ids.append(rng.randrange(10000))
         start = time.perf_counter()
-        penalties(requests, torch.device("cpu"), VOCAB, last)
+        table = penalties(requests, torch.device("cpu"), VOCAB, last)
         times.append(time.perf_counter() - start)
-    print(f"penalties, {args.rows} rows: min {min(times) * 1e3:.2f} ms, median {statistics.median(times) * 1e3:.2f} ms "
-          f"over {args.steps} steps")
+        if table.rows.numel() != rows:
+            raise RuntimeError(f"the table has {table.rows.numel()} rows, not {rows}")
+    return min(times) * 1e3, statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    low, median = host_ms(args.rows, args.steps)
+    print(f"penalties, {args.rows} rows: min {low:.2f} ms, median {median:.2f} ms over {args.steps} steps")
 
 
 if __name__ == "__main__":

@@ -744,6 +744,15 @@ def test_round_host_runs_stubbed_rounds():
         host_round_us(batch=1, max_model_len=256, k=2, rounds=200)
 
 
+def test_penalties_host_times_the_table():
+    """bench/penalties_host.py builds its requests and times ``sampler.penalties``: it must keep running against the
+    engine's Request, Sequence and penalties signatures."""
+    from bench.penalties_host import host_ms
+
+    low, median = host_ms(rows=3, steps=2)
+    assert 0 < low <= median
+
+
 def test_sweep_times_every_row_of_the_cell():
     """A cell whose prompts take more steps than its requests' tokens (8 prompts, one a step; 1 + 1 + 3 tokens each):
     every timed step still decodes all 8 rows. With mixed steps during the prompts, the first requests would decode
