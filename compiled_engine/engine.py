@@ -38,7 +38,7 @@ from compiled_engine.outputs import RequestOutput, TokenLogprobs
 from compiled_engine.rejection_sampler import rejection_sample
 from compiled_engine.request import Request
 from compiled_engine.runtime import Runtime, validate_prompt
-from compiled_engine.sampler import sample, sampling_batch, sampling_inputs
+from compiled_engine.sampler import bad_word_ids, sample, sampling_batch, sampling_inputs
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence, SequenceStatus
@@ -113,6 +113,8 @@ def validate_request(
         raise ValueError("SamplingParams.stop needs a tokenizer: this model folder has none")
     if params.structured_outputs is not None and not has_tokenizer:
         raise ValueError("SamplingParams.structured_outputs needs a tokenizer: this model folder has none")
+    if params.bad_words is not None and not has_tokenizer:
+        raise ValueError("SamplingParams.bad_words needs a tokenizer: this model folder has none")
     for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
         bad = [t for t in ids if t >= vocab_size]
         if bad:
@@ -281,6 +283,12 @@ class LLMEngine:
             self._next_id += 1
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        bad_words = None
+        if params.bad_words is not None:
+            bad_words = bad_word_ids(self.tokenizer, params.bad_words)
+            vocab = self.runtime.model_config.vocab_size
+            if any(not 0 <= t < vocab for word in bad_words for t in word):
+                raise ValueError(f"SamplingParams.bad_words: a word's token lies outside [0, {vocab})")
         seq = self.runtime.new_sequence(token_ids)
         seq.length_limit = min(len(token_ids) + params.max_tokens, self.runtime.max_model_len)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
@@ -294,6 +302,7 @@ class LLMEngine:
             request.logprobs = []
         if params.structured_outputs is not None:
             request.grammar = self.grammars.matcher(params.structured_outputs)
+        request.bad_words = bad_words
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
             seq.reads_prefix_cache, seq.max_chunk_tokens = False, PROMPT_LOGPROBS_CHUNK
@@ -859,8 +868,9 @@ class LLMEngine:
 
     def _without_held_rows(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The batch less the decode rows that cannot run ahead of their in-flight token: those it will finish by
-        length (known now: computing the next token would waste a row, or pass max_model_len), and structured
-        outputs' (their grammar's mask needs that token accepted: they join the step after it is read back). (Only
+        length (known now: computing the next token would waste a row, or pass max_model_len), and those whose
+        logits need that token on the host (``Request.reads_last_token``: a grammar's mask, a bad word's prefix;
+        they join the step after it is read back). (Only
         decode rows can hold a placeholder; a prefill chunk's sequence has all its tokens known.)"""
         d = batch.num_decode
         keep = []
@@ -868,7 +878,7 @@ class LLMEngine:
             request = self._request_of_seq[s.seq_id]
             if self._reaches_length(request, s.num_generated_tokens):
                 continue
-            if request.grammar is not None and s.num_placeholder_tokens:
+            if s.num_placeholder_tokens and request.reads_last_token():
                 continue
             keep.append(i)
         if len(keep) == d:

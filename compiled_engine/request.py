@@ -33,6 +33,7 @@ class Request:
     logprobs: list[TokenLogprobs] | None = None  # with SamplingParams.logprobs
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # with SamplingParams.prompt_logprobs, as computed
     grammar: object | None = None  # structured outputs: an xgrammar GrammarMatcher past the accepted tokens
+    bad_words: list[tuple[int, ...]] | None = None  # SamplingParams.bad_words as token sequences (sampler.bad_word_ids)
     _prompt_array: np.ndarray | None = field(default=None, repr=False)
     _output_array: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64), repr=False)
 
@@ -61,6 +62,11 @@ class Request:
             return self._output_array[:n]
         rest = seq.token_ids[start + len(self._output_array) : start + n]
         return np.concatenate([self._output_array, np.array(rest, dtype=np.int64)])
+
+    def reads_last_token(self) -> bool:
+        """Whether its next token's logits depend on its last token on the host (a grammar's mask; a bad word of
+        several tokens, matched against the output's end): it never runs ahead of a token still in flight."""
+        return self.grammar is not None or any(len(word) > 1 for word in self.bad_words or ())
 
     def shows_last_token_text(self) -> bool:
         """Whether the output text includes its last token's: not when it is the stop token (or EOS) that finished

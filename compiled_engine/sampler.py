@@ -6,7 +6,8 @@ else is in the batch, after a preemption, and across processes, and no torch.Gen
 Sampling is a Gumbel-max draw (the exponential race) among the tokens that top-k, top-p and min-p keep.
 Allowed tokens, a structured output's grammar, a logit bias and then penalties (presence, frequency, repetition;
 from the row's tokens) change a row's logits first (``apply_token_masks_`` for the first two, ``apply_logit_bias_``,
-``apply_penalties_``, in place on one fp32 copy).
+``apply_penalties_``, in place on one fp32 copy); then the stop tokens before ``min_tokens`` and each bad word's
+last token where the output ends with the word's other tokens (``bad_word_ids``) are set to -inf.
 
 The second half builds a step's per-row tensors from its requests (``sampling_inputs`` for the decode graph and the
 fused rounds, ``sampling_batch`` for sampling from logits), each kind of field in one host-to-device copy.
@@ -26,8 +27,8 @@ from compiled_engine.step import upload, upload_fields
 from compiled_engine.structured_output import token_masks
 
 __all__ = ["LogitBias", "Penalties", "SamplingBatch", "TokenMasks", "allowed_tokens", "apply_logit_bias_",
-           "apply_penalties_", "apply_token_masks_", "grammar_masks", "logit_bias", "penalties", "sample",
-           "sampling_batch", "sampling_inputs", "uniform_noise"]
+           "apply_penalties_", "apply_token_masks_", "bad_word_ends", "bad_word_ids", "grammar_masks", "logit_bias",
+           "penalties", "sample", "sampling_batch", "sampling_inputs", "uniform_noise"]
 
 
 @dataclass
@@ -178,6 +179,10 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
             for token in sorted(request.stop_ids):
                 suppress_rows.append(row)
                 suppress_tokens.append(token)
+        if request.bad_words:
+            for token in bad_word_ends(request, extra[row] if extra is not None else ()):
+                suppress_rows.append(row)
+                suppress_tokens.append(token)
 
     # Two host buffers, one copy each (pinned and asynchronous on CUDA): nine pageable copies would each wait
     # for the GPU to drain, which also undoes overlap_decode. Each field 16-byte aligned (ce::sample's kernels).
@@ -204,6 +209,33 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
         logit_bias=logit_bias(requests, device) if adjust else None,
         penalties=penalties(requests, device, vocab, last_ids, extra) if adjust else None,
     )
+
+
+def bad_word_ids(tokenizer, words: list[str]) -> list[tuple[int, ...]]:
+    """The token sequences of ``SamplingParams.bad_words`` (vLLM's rule): each word stripped on the left, encoded
+    alone and after a space, the second kept where it starts with another token than the first and has as many."""
+    sequences = []
+    for word in words:
+        alone = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        sequences.append(alone)
+        if spaced[0] != alone[0] and len(spaced) == len(alone):
+            sequences.append(spaced)
+    return sequences
+
+
+def bad_word_ends(request: Request, extra=()) -> set[int]:
+    """The tokens a request must not draw next: each bad word's last token where its output, then ``extra`` (a
+    verify row's drafts before it), ends with the word's other tokens (every output token is on the host: a request
+    with a word of several tokens never runs ahead of its in-flight one, ``Request.reads_last_token``)."""
+    seq = request.seq
+    output = seq.token_ids[seq.num_prompt_tokens : len(seq.token_ids) - seq.num_placeholder_tokens] + list(extra)
+    ends = set()
+    for word in request.bad_words:
+        m = len(word) - 1
+        if m == 0 or (m <= len(output) and tuple(output[len(output) - m :]) == word[:-1]):
+            ends.add(word[-1])
+    return ends
 
 
 def allowed_tokens(requests: list[Request], device: torch.device, vocab: int) -> TokenMasks | None:

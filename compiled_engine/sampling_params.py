@@ -132,6 +132,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # Only these tokens can be drawn (vLLM's; the others' logits are -inf before the bias and the penalties).
     allowed_token_ids: list[int] | None = None
+    # Words never generated (vLLM's): each word's tokens, as the tokenizer encodes it alone and after a space; the
+    # last token of one is -inf wherever the output so far ends with the others (sampler.py ``bad_word_ids``).
+    bad_words: list[str] | None = None
     # The output kept to a JSON schema, a regex, a choice or a grammar (vLLM's; compiled_engine/structured_output.py)
     structured_outputs: StructuredOutputsParams | None = None
     # Only the prompt's last this many tokens are used (vLLM's left truncation; None: all of it).
@@ -167,6 +170,12 @@ class SamplingParams:
             if not self.allowed_token_ids:
                 raise ValueError("SamplingParams.allowed_token_ids must not be empty (None: every token)")
         self.stop = self._checked_stop(self.stop)
+        if self.bad_words is not None:
+            if isinstance(self.bad_words, str) or not isinstance(self.bad_words, (list, tuple)) or not all(
+                    isinstance(w, str) and w.strip() for w in self.bad_words):
+                raise ValueError(f"SamplingParams.bad_words must be a list of words (non-blank strings), got "
+                                 f"{self.bad_words!r}")
+            self.bad_words = list(self.bad_words) or None
         self.logit_bias = self._checked_logit_bias(self.logit_bias)
         if self.top_k == -1:
             self.top_k = 0
@@ -259,10 +268,10 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether the logits are changed before sampling (penalties, logit_bias, allowed_token_ids, structured
-        outputs): sampled outside the decode graph."""
+        """Whether the logits are changed before sampling (penalties, logit_bias, allowed_token_ids, bad_words,
+        structured outputs): sampled outside the decode graph."""
         return (self.penalized or self.logit_bias is not None or self.allowed_token_ids is not None
-                or self.structured_outputs is not None)
+                or self.bad_words is not None or self.structured_outputs is not None)
 
     @property
     def greedy(self) -> bool:

@@ -6,9 +6,9 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (messages ren
 template), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text). Request fields follow OpenAI's
 API (with ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` and ``response_format``: text, json_object,
 json_schema) and vLLM's extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
-``min_tokens``, ``return_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``, ``allowed_token_ids``,
-``structured_outputs``, ``truncate_prompt_tokens``; chat: ``chat_template_kwargs``, ``add_generation_prompt``);
-response bodies, ``usage`` and ``finish_reason`` are OpenAI's.
+``min_tokens``, ``return_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``,
+``allowed_token_ids``, ``bad_words``, ``structured_outputs``, ``truncate_prompt_tokens``; chat:
+``chat_template_kwargs``, ``add_generation_prompt``); response bodies, ``usage`` and ``finish_reason`` are OpenAI's.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
   * 400: malformed JSON, a field of the wrong type or value (``param`` names it), ``n`` past 64, an unsupported
@@ -119,6 +119,7 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: StrictBool = False  # vLLM's extensions, as SamplingParams
     skip_special_tokens: StrictBool = True
     allowed_token_ids: list[StrictInt] | None = None
+    bad_words: list[StrictStr] | None = None
     truncate_prompt_tokens: StrictInt | None = None  # vLLM's: the prompt's last this many tokens
     response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema
     structured_outputs: dict[str, Any] | None = None  # vLLM's: json, regex, choice, grammar, json_object
@@ -173,7 +174,8 @@ class SamplingFields(BaseModel):
                 max_tokens=max_tokens, logprobs=logprobs, logit_bias=self.token_biases(),
                 prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens, allowed_token_ids=self.allowed_token_ids,
-                structured_outputs=self.structured(), truncate_prompt_tokens=self.truncate_prompt_tokens,
+                bad_words=self.bad_words, structured_outputs=self.structured(),
+                truncate_prompt_tokens=self.truncate_prompt_tokens,
             )
         except ValueError as error:
             bad = bad_params(error)

@@ -265,8 +265,8 @@ def test_echo_with_logprobs_gives_the_prompts_logprobs(live, solo_llm):
 
 def test_vllm_text_options_reach_the_engine(live, solo_llm):
     """vLLM's ``include_stop_str_in_output`` (the text ends after the stop string found in a solo run's text),
-    ``skip_special_tokens`` off (EOS forced by a logit bias shows as the tokenizer's text) and ``allowed_token_ids``
-    (the engine's checked against HF's logits in tests/test_penalties.py)."""
+    ``skip_special_tokens`` off (EOS forced by a logit bias shows as the tokenizer's text), ``allowed_token_ids`` and
+    ``bad_words`` (the engine's checked against HF's logits in tests/test_penalties.py and tests/test_bad_words.py)."""
     tokenizer = live.server.tokenizer
     text = solo(solo_llm, "Hello world", 20).text
     stop = next(text[i : i + 2] for i in range(2, len(text) - 1) if text[i : i + 2].strip() and text[i] != text[i + 1])
@@ -290,6 +290,14 @@ def test_vllm_text_options_reach_the_engine(live, solo_llm):
                                        extra_body=dict(NO_EOS, allowed_token_ids=allowed))
     assert set(r.choices[0].token_ids) <= set(allowed)
     assert r.choices[0].token_ids == solo(solo_llm, "Hello", 6, allowed_token_ids=allowed).token_ids
+    # vLLM's bad_words: the solo run's first token (an ASCII byte after "()": a word alone) banned as a word
+    plain = solo(solo_llm, [40, 41], 6).token_ids
+    word = tokenizer.decode(plain[:1])
+    assert tokenizer.encode(word, add_special_tokens=False) == plain[:1]
+    r = live.client.completions.create(model=MODEL, prompt=[40, 41], max_tokens=6, temperature=0,
+                                       extra_body=dict(NO_EOS, bad_words=[word]))
+    assert r.choices[0].token_ids[0] != plain[0]
+    assert r.choices[0].token_ids == solo(solo_llm, [40, 41], 6, bad_words=[word]).token_ids
 
 
 def test_structured_outputs(live, solo_llm):
@@ -848,6 +856,7 @@ BAD_INPUT = [
     (C, dict(OK, logit_bias={"5": 101}), 400, "logit_bias"),  # OpenAI's range: [-100, 100]
     (C, dict(OK, logit_bias={"300": 1}), 400, "logit_bias"),  # outside the vocabulary
     (C, dict(OK, allowed_token_ids=[]), 400, "allowed_token_ids"),
+    (C, dict(OK, bad_words=[" "]), 400, "bad_words"),  # no word
     (C, dict(OK, response_format={"type": "json_schema"}), 400, "response_format"),  # no schema
     (C, dict(OK, response_format={"type": "xml"}), 400, "response_format"),
     (C, dict(OK, structured_outputs={"regex": "[a-"}), 400, "structured_outputs"),  # xgrammar refuses it
