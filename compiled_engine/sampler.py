@@ -229,11 +229,18 @@ def bad_word_ends(request: Request, extra=()) -> set[int]:
     verify row's drafts before it), ends with the word's other tokens (every output token is on the host: a request
     with a word of several tokens never runs ahead of its in-flight one, ``Request.reads_last_token``)."""
     seq = request.seq
-    output = seq.token_ids[seq.num_prompt_tokens : len(seq.token_ids) - seq.num_placeholder_tokens] + list(extra)
+    end = len(seq.token_ids) - seq.num_placeholder_tokens
+    extra = list(extra)
+    generated = end - seq.num_prompt_tokens + len(extra)
     ends = set()
     for word in request.bad_words:
-        m = len(word) - 1
-        if m == 0 or (m <= len(output) and tuple(output[len(output) - m :]) == word[:-1]):
+        m = len(word) - 1  # the output's last m tokens (only those: not a copy of the whole output a step)
+        if m > generated:
+            continue
+        tail = extra[len(extra) - m :] if m else []
+        if len(tail) < m:
+            tail = seq.token_ids[end - (m - len(tail)) : end] + tail
+        if tuple(tail) == word[:-1]:
             ends.add(word[-1])
     return ends
 

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from compiled_engine import LLM, SamplingParams
-from compiled_engine.sampler import bad_word_ids
+from compiled_engine.request import Request
+from compiled_engine.sampler import bad_word_ends, bad_word_ids
+from compiled_engine.sequence import Sequence
 from compiled_engine.tiny_model import ensure_tiny_model
 from tests import hf_models
 
@@ -32,6 +36,20 @@ def test_bad_word_ids_follow_vllms_rule():
     token and has as many tokens (vLLM's ``update_from_tokenizer``)."""
     assert bad_word_ids(WordTokenizer(), ["  bad", "two words", "x y", "same"]) == [
         (5,), (6,), (7, 8), (9, 8), (1, 2), (4,)]
+
+
+@given(st.lists(st.integers(0, 3), max_size=8), st.lists(st.integers(0, 3), max_size=3), st.booleans(),
+       st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4), min_size=1, max_size=4))
+def test_bad_word_ends_is_the_definition(output, extra, placeholder, words):
+    """The tokens banned next: each word's last token where the output then ``extra`` end with its other tokens
+    (a placeholder still in flight after the output is not part of it)."""
+    seq = Sequence(0, [1, 2] + output + ([0] if placeholder else []), 2)  # the prompt never counts
+    seq.num_placeholder_tokens = int(placeholder)
+    request = Request("r", seq, SamplingParams(), seed=0, stop_ids=frozenset(), prompt_token_ids=[1, 2])
+    request.bad_words = [tuple(w) for w in words]
+    seen = output + extra
+    want = {w[-1] for w in words if len(w) - 1 <= len(seen) and seen[len(seen) - (len(w) - 1) :] == w[:-1]}
+    assert bad_word_ends(request, extra) == want
 
 
 @pytest.mark.parametrize("words", ["bad", [""], ["  "], [3], ("ok", None)])
