@@ -16,6 +16,7 @@ from compiled_engine.sampler import bad_word_ends, bad_word_ids
 from compiled_engine.sequence import Sequence
 from compiled_engine.tiny_model import ensure_tiny_model
 from tests import hf_models
+from tests.test_penalties import continuation_drafts
 
 TIE = 1e-3  # top-2 float64 logits closer than this: the fp32 engine may break the tie the other way
 
@@ -143,15 +144,7 @@ def test_verify_rows_match_the_drafts_before_them(tiny_path, cases, drafts):
     equal the oracle's either way."""
     llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2, enforce_eager=True,
               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
-    by_first = {prompt[0]: (len(prompt), expected) for prompt, (_, expected, _) in zip(PROMPTS, cases)}
-
-    def override(request_id, token_ids, proposed):
-        start, expected = by_first[token_ids[0]]
-        ahead = expected[len(token_ids) - start :][:2]
-        ahead = ahead + proposed[len(ahead) : 2]
-        return ahead if drafts == "oracle" else [(t + 1) % 256 for t in ahead]
-
-    llm.engine.draft_override = override
+    llm.engine.draft_override = continuation_drafts(PROMPTS, [expected for _, expected, _ in cases], drafts == "wrong")
     params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=LENGTH, bad_words=words or None)
               for words, _, _ in cases]
     outs = llm.generate(PROMPTS, params, use_tqdm=False)

@@ -231,6 +231,20 @@ def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, mon
         assert all(output == out.token_ids[: len(output)] for p, output in seen if p == prompt), prompt
 
 
+def continuation_drafts(prompts: list[list[int]], outputs: list[list[int]], wrong: bool):
+    """A draft override proposing each request's expected continuation (found by its prompt's first token; the
+    drafter's own proposals past its end), or the tokens next to it (``wrong``: every draft rejected)."""
+    by_first = {prompt[0]: (len(prompt), output) for prompt, output in zip(prompts, outputs)}
+
+    def override(request_id, token_ids, proposed):
+        start, expected = by_first[token_ids[0]]
+        ahead = expected[len(token_ids) - start :][: len(proposed)]
+        ahead = ahead + proposed[len(ahead) :]
+        return [(t + 1) % 256 for t in ahead] if wrong else ahead
+
+    return override
+
+
 @pytest.mark.parametrize("drafts", ["oracle", "wrong"])
 def test_verify_rounds_count_the_drafts_before_each_position(tiny_path, oracle, drafts):
     """MTP k = 2 with drafts overridden by the oracle's own continuation (each verified row p of a penalised request
@@ -238,15 +252,7 @@ def test_verify_rounds_count_the_drafts_before_each_position(tiny_path, oracle, 
     is drawn at the position where the wrong one sat): the outputs equal the oracle's either way."""
     llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2, enforce_eager=True,
               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
-    by_first = {prompt[0]: (len(prompt), expected) for prompt, (expected, _) in zip(PROMPTS, oracle)}
-
-    def override(request_id, token_ids, proposed):
-        start, expected = by_first[token_ids[0]]
-        ahead = expected[len(token_ids) - start :][:2]
-        ahead = ahead + proposed[len(ahead) : 2]
-        return ahead if drafts == "oracle" else [(t + 1) % 256 for t in ahead]
-
-    llm.engine.draft_override = override
+    llm.engine.draft_override = continuation_drafts(PROMPTS, [expected for expected, _ in oracle], drafts == "wrong")
     params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=n, **kw) for n, kw in zip(LENGTHS, PENALTIES)]
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     for out, (expected, decided) in zip(outs, oracle):
