@@ -218,6 +218,8 @@ def bad_word_ids(tokenizer, words: list[str]) -> list[tuple[int, ...]]:
     for word in words:
         alone = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
         spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if not alone:
+            raise ValueError(f"SamplingParams.bad_words: the tokenizer encodes {word!r} as no token")
         sequences.append(alone)
         if spaced[0] != alone[0] and len(spaced) == len(alone):
             sequences.append(spaced)

@@ -25,7 +25,7 @@ class WordTokenizer:
     """A tokenizer of fixed encodings: what vLLM's rule keeps of each word's two spellings is visible."""
 
     ENCODINGS = {"bad": [5], " bad": [6], "two words": [7, 8], " two words": [9, 8], "x y": [1, 2], " x y": [3],
-                 "same": [4], " same": [4]}
+                 "same": [4], " same": [4], "nothing": [], " nothing": [3]}
 
     def encode(self, text, add_special_tokens=True):
         assert not add_special_tokens
@@ -37,6 +37,8 @@ def test_bad_word_ids_follow_vllms_rule():
     token and has as many tokens (vLLM's ``update_from_tokenizer``)."""
     assert bad_word_ids(WordTokenizer(), ["  bad", "two words", "x y", "same"]) == [
         (5,), (6,), (7, 8), (9, 8), (1, 2), (4,)]
+    with pytest.raises(ValueError, match="no token"):
+        bad_word_ids(WordTokenizer(), ["nothing"])
 
 
 @given(st.lists(st.integers(0, 3), max_size=8), st.lists(st.integers(0, 3), max_size=3), st.booleans(),
