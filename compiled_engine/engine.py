@@ -449,8 +449,8 @@ class LLMEngine:
     def _stays_plain(self) -> bool:
         """Whether the step after an in-flight plain step is a plain decode step of every running row, so that it may
         launch before the in-flight tokens are read back: no prompt work (waiting or mid-prompt), every row's next
-        blocks free (no preemption of a row holding a placeholder), and the rows still not drafting. (A structured
-        output's row sits out the step: ``_without_held_rows``.)"""
+        blocks free (no preemption of a row holding a placeholder), and the rows still not drafting. (A row whose
+        logits need its last token on the host sits out the step: ``_without_held_rows``.)"""
         scheduler = self.scheduler
         running = scheduler.running
         return (bool(running) and not scheduler.waiting and all(s.num_uncomputed_tokens == 1 for s in running)
@@ -863,7 +863,8 @@ class LLMEngine:
         """Whether the next step may be scheduled before the in-flight step's tokens are known: not when a decode
         step could run out of KV blocks (each sequence needs at most one more), which would preempt a sequence
         whose last token is a placeholder. (The prefix cache hashes only known tokens: Sequence.num_known_tokens.
-        Structured outputs' rows sit out a step that runs ahead of theirs: ``_without_held_rows``.)"""
+        Rows whose logits need their last token on the host sit out a step that runs ahead of it:
+        ``_without_held_rows``.)"""
         return self.runtime.caches.num_free_blocks >= len(self.scheduler.running)
 
     def _without_held_rows(self, batch: ScheduledBatch) -> ScheduledBatch | None:
@@ -874,11 +875,12 @@ class LLMEngine:
         decode rows can hold a placeholder; a prefill chunk's sequence has all its tokens known.)"""
         d = batch.num_decode
         keep = []
+        adjusting = bool(self._adjusting)  # a row that reads its last token adjusts its logits: none while none does
         for i, s in enumerate(batch.seqs[:d]):
             request = self._request_of_seq[s.seq_id]
             if self._reaches_length(request, s.num_generated_tokens):
                 continue
-            if s.num_placeholder_tokens and request.reads_last_token():
+            if adjusting and s.num_placeholder_tokens and request.reads_last_token():
                 continue
             keep.append(i)
         if len(keep) == d:

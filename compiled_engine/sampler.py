@@ -255,11 +255,10 @@ def allowed_tokens(requests: list[Request], device: torch.device, vocab: int) ->
         return None
     index = [i for i, row in enumerate(rows) for _ in requests[row].params.allowed_token_ids]
     tokens = [t for row in rows for t in requests[row].params.allowed_token_ids]
-    ids = upload(torch.tensor(rows + index + tokens, dtype=torch.int64), device)
-    r, n = len(rows), len(index)
-    allowed = torch.zeros((r, vocab), dtype=torch.bool, device=device)
-    allowed[ids[r : r + n], ids[r + n :]] = True
-    return TokenMasks(ids[:r], allowed)
+    row_ids, index, tokens = upload_fields([rows, index, tokens], torch.int64, device)
+    allowed = torch.zeros((len(rows), vocab), dtype=torch.bool, device=device)
+    allowed[index, tokens] = True
+    return TokenMasks(row_ids, allowed)
 
 
 def grammar_masks(requests: list[Request], device: torch.device, vocab: int,
@@ -281,9 +280,8 @@ def logit_bias(requests: list[Request], device: torch.device) -> LogitBias | Non
     if not triples:
         return None
     rows, tokens, biases = zip(*triples)
-    ids = upload(torch.tensor(rows + tokens, dtype=torch.int64), device)
-    n = len(rows)
-    return LogitBias(ids[:n], ids[n:], upload(torch.tensor(biases, dtype=torch.float32), device))
+    rows, tokens = upload_fields([rows, tokens], torch.int64, device)
+    return LogitBias(rows, tokens, upload(torch.tensor(biases, dtype=torch.float32), device))
 
 
 def penalties(requests: list[Request], device: torch.device, vocab: int, last_ids: torch.Tensor | None,
@@ -312,13 +310,14 @@ def penalties(requests: list[Request], device: torch.device, vocab: int, last_id
             table[j, 1 + lp + len(output) : 1 + lp + len(output) + len(more)] = more
     int64 = upload(torch.from_numpy(table), device)
     params = [requests[i].params for i in rows]
-    fp32 = upload(torch.tensor([p.presence_penalty for p in params] + [p.frequency_penalty for p in params]
-                               + [p.repetition_penalty for p in params], dtype=torch.float32), device)
+    presence, frequency, repetition = upload_fields(
+        [[p.presence_penalty for p in params], [p.frequency_penalty for p in params],
+         [p.repetition_penalty for p in params]], torch.float32, device)
     row_ids = int64[:, 0]
     return Penalties(
         rows=row_ids,
         prompt_tokens=int64[:, 1 : 1 + lp],
         output_tokens=int64[:, 1 + lp :],
         last_tokens=None if last_ids is None else last_ids[row_ids],
-        presence=fp32[:n], frequency=fp32[n : 2 * n], repetition=fp32[2 * n :],
+        presence=presence, frequency=frequency, repetition=repetition,
     )
