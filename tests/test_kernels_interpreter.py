@@ -319,15 +319,19 @@ def _child_checks() -> dict:
         kw = config.kwargs
         return f"BLOCK_M {kw.get('BLOCK_M', '-')} {kw['BLOCK_N']}x{kw['BLOCK_K']}"
 
-    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False, gated=False):
-        """Each config (see gemm_config) against a float64 matmul; ragged N and K throughout. ``gated``: x is
-        [gate | up] (2K wide) and the matmul's input silu(gate) * up (ce::silu_mul_linear)."""
+    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False, gated=False, full=False):
+        """Each config (see gemm_config) against a float64 matmul. ``gated``: x is [gate | up] (2K wide) and the
+        matmul's input silu(gate) * up (ce::silu_mul_linear). ``full``: the launches must take the loops without
+        masks (every tile inside the tensors: ``full_tiles``), else they must mask (a ragged N or K)."""
         width = 2 * k if gated else k
         x = torch.randn(rows, width) * (3.0 if gated else 1.0)
         weight = torch.randn(n, k) * k**-0.5
         if strided:  # x with a K stride of 2, weight rows with a row stride > K
             x = torch.randn(rows, 2 * width)[:, ::2]
             weight = (torch.randn(n, k + 5) * k**-0.5)[:, :k]
+        if full and not strided:  # NaN right past x and the weight: a load past a row's end shows in the result
+            x = torch.cat([x, torch.full_like(x[:1], float("nan"))])[:rows]
+            weight = torch.cat([weight, torch.full_like(weight[:1], float("nan"))])[:n]
         x_in = x.double()
         if gated:
             gate, up = x_in[:, :k], x_in[:, k:]
@@ -335,6 +339,8 @@ def _child_checks() -> dict:
         want = x_in @ weight.double().T
         for c in configs:
             config = gemm_config(c, block_m)
+            tiles = gemv_kernels.row_tiles(rows, config)
+            assert tiles["DOT"] or gemv_kernels.full_tiles(rows, n, k, config, tiles) == full, config_name(config)
             got = gemv_kernels.skinny_gemm(x, weight, config, gated)
             assert got.shape == (rows, n) and got.dtype == x.dtype
             compare(f"skinny gemm {config_name(config)}", got.double(), want)
@@ -592,6 +598,13 @@ def _child_checks() -> dict:
         **{f"gemm_rule_configs_gated_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m), gated=True))
            for m in (1, 2, 3)},
         "gemm_rule_configs_norm_m1": lambda: check_add_rms_norm_gemm(1, 40, 600, rule_configs(1)),
+        # full tiles (N = 32, K = 128): the loops without masks, a chunk short, the last chunk's product after them;
+        # K in 4 chunks and in one (the loop runs no iteration); 1-4 rows (3 as 2 + 1), plain, gated, strided
+        **{f"gemm_full_tiles_m{m}": (lambda m=m: check_skinny_gemm(m, 32, 128, [(4, 32), (8, 128)], full=True))
+           for m in (1, 2, 3, 4)},
+        **{f"gemm_full_tiles_gated_strided_m{m}": (lambda m=m: check_skinny_gemm(
+            m, 32, 128, [(4, 32), (8, 128)], strided=True, gated=True, full=True)) for m in (1, 3)},
+        "gemm_full_tiles_norm_m1": lambda: check_add_rms_norm_gemm(1, 32, 128, [(4, 32), (8, 128)]),
     }
     results = {}
     for name, fn in checks.items():
@@ -683,6 +696,9 @@ CHECK_NAMES = [
     *[f"gemm_rule_configs_m{m}" for m in (2, 3, 5, 8)],
     *[f"gemm_rule_configs_gated_m{m}" for m in (1, 2, 3)],
     "gemm_rule_configs_norm_m1",
+    *[f"gemm_full_tiles_m{m}" for m in (1, 2, 3, 4)],
+    *[f"gemm_full_tiles_gated_strided_m{m}" for m in (1, 3)],
+    "gemm_full_tiles_norm_m1",
 ]
 
 
