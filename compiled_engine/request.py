@@ -35,7 +35,10 @@ class Request:
     grammar: object | None = None  # structured outputs: an xgrammar GrammarMatcher past the accepted tokens
     bad_words: list[tuple[int, ...]] | None = None  # SamplingParams.bad_words as token sequences (sampler.bad_word_ids)
     _prompt_array: np.ndarray | None = field(default=None, repr=False)
-    _output_array: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64), repr=False)
+    # The output tokens read back so far, converted once: the first ``_num_converted`` entries of a buffer that
+    # doubles when full (a token is copied a constant number of times on average, not once a step).
+    _output_buffer: np.ndarray = field(default_factory=lambda: np.empty(16, dtype=np.int64), repr=False)
+    _num_converted: int = 0
 
     def wants_prompt_logprobs(self) -> bool:
         """Whether prompt tokens' logprobs are still to compute (its prefill chunks need every position's logits)."""
@@ -54,14 +57,18 @@ class Request:
         seq = self.seq
         start = seq.num_prompt_tokens
         settled = min(n, len(seq.token_ids) - seq.num_placeholder_tokens - start)
-        kept = len(self._output_array)
+        kept = self._num_converted
         if settled > kept:
-            new = np.array(seq.token_ids[start + kept : start + settled], dtype=np.int64)
-            self._output_array = np.concatenate([self._output_array, new])
-        if n <= len(self._output_array):
-            return self._output_array[:n]
-        rest = seq.token_ids[start + len(self._output_array) : start + n]
-        return np.concatenate([self._output_array, np.array(rest, dtype=np.int64)])
+            if settled > len(self._output_buffer):
+                grown = np.empty(max(settled, 2 * len(self._output_buffer)), dtype=np.int64)
+                grown[:kept] = self._output_buffer[:kept]
+                self._output_buffer = grown
+            self._output_buffer[kept:settled] = seq.token_ids[start + kept : start + settled]
+            self._num_converted = kept = settled
+        if n <= kept:
+            return self._output_buffer[:n]
+        rest = seq.token_ids[start + kept : start + n]
+        return np.concatenate([self._output_buffer[:kept], np.array(rest, dtype=np.int64)])
 
     def reads_last_token(self) -> bool:
         """Whether its next token's logits depend on its last token on the host (a grammar's mask; a bad word of

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from compiled_engine import LLM, SamplingParams
@@ -82,22 +82,26 @@ def test_apply_penalties_matches_the_definition(data, batch, vocab, split_last):
     assert torch.equal(got[untouched], logits[untouched])
 
 
-@given(st.lists(st.sampled_from(["token", "placeholder", "read back", "table"]), max_size=40))
-def test_output_array_follows_the_sequence(events):
+@given(st.lists(st.sampled_from(["token", "run", "placeholder", "read back", "table"]), max_size=80),
+       st.integers(1, 2**40))
+@example(["run"] * 12 + ["placeholder", "table", "read back", "token"], 3)  # 86 tokens: the buffer grows thrice
+def test_output_array_follows_the_sequence(events, base):
     """``Request.output_array`` (the penalties' token table reads it every step) equals the sequence's output tokens
-    however tokens arrive: appended read back, placed as a placeholder (kept apart until its real token replaces it,
-    as an overlapped step does), and read at any point."""
+    however tokens arrive: appended read back one or several at a time, placed as a placeholder (kept apart until its
+    real token replaces it, as an overlapped step does), and read at any point; past its buffer's first sizes."""
     seq = Sequence(0, [5, 6, 7], 3)
     request = Request("r", seq, SamplingParams(repetition_penalty=1.2), seed=0, stop_ids=frozenset(),
                       prompt_token_ids=[5, 6, 7])
     for i, event in enumerate(events):
         if event == "token" and not seq.num_placeholder_tokens:
-            seq.token_ids.append(100 + i)
+            seq.token_ids.append(base + i)
+        elif event == "run" and not seq.num_placeholder_tokens:  # a verify round's accepted tokens
+            seq.token_ids.extend(base + 100 * i + j for j in range(7))
         elif event == "placeholder" and not seq.num_placeholder_tokens:
             seq.token_ids.append(0)
             seq.num_placeholder_tokens = 1
         elif event == "read back" and seq.num_placeholder_tokens:
-            seq.token_ids[-1] = 100 + i
+            seq.token_ids[-1] = base + i
             seq.num_placeholder_tokens = 0
         for n in {seq.num_generated_tokens, seq.num_generated_tokens - seq.num_placeholder_tokens}:
             assert request.output_array(n).tolist() == seq.token_ids[3 : 3 + n]
