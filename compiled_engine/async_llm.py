@@ -47,6 +47,7 @@ from typing import AsyncIterator, Callable
 from compiled_engine.engine import LLMEngine, validate_request
 from compiled_engine.llm import load_tokenizer
 from compiled_engine.outputs import RequestOutput, TokenLogprobs
+from compiled_engine.sampler import bad_word_ids
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.structured_output import GrammarCache
 from compiled_engine.tiny_model import ensure_tiny_model
@@ -288,6 +289,7 @@ class EngineProcess:
         self._deliver: Deliver | None = None
         self._dead = False
         self._grammars: GrammarCache | None = None  # structured outputs' specs checked here too (built on first use)
+        self._loaded_tokenizer = None  # the model's, for validate_request's checks (loaded on first use)
 
     @property
     def alive(self) -> bool:
@@ -301,12 +303,20 @@ class EngineProcess:
         info = self.info
         token_ids, params = validate_request(prompt_token_ids, params, max_model_len=info["max_model_len"],
                                              vocab_size=info["vocab_size"], has_tokenizer=info["has_tokenizer"])
-        if params.structured_outputs is not None:  # a spec xgrammar refuses is a bad request here, as in the engine
+        # What the engine checks with its tokenizer is a bad request here too: a spec xgrammar refuses, a bad word
+        # with a token past the model's vocabulary.
+        if params.structured_outputs is not None:
             if self._grammars is None:
-                tokenizer = load_tokenizer(self.model if self.model is not None else ensure_tiny_model())
-                self._grammars = GrammarCache(tokenizer, info["vocab_size"])
+                self._grammars = GrammarCache(self._tokenizer(), info["vocab_size"])
             self._grammars.compile(params.structured_outputs)
+        if params.bad_words is not None:
+            bad_word_ids(self._tokenizer(), params.bad_words, info["vocab_size"])
         return token_ids, params
+
+    def _tokenizer(self):
+        if self._loaded_tokenizer is None:
+            self._loaded_tokenizer = load_tokenizer(self.model if self.model is not None else ensure_tiny_model())
+        return self._loaded_tokenizer
 
     async def start(self, deliver: Deliver) -> None:
         self._deliver = deliver

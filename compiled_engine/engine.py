@@ -285,10 +285,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         bad_words = None
         if params.bad_words is not None:
-            bad_words = bad_word_ids(self.tokenizer, params.bad_words)
-            vocab = self.runtime.model_config.vocab_size
-            if any(not 0 <= t < vocab for word in bad_words for t in word):
-                raise ValueError(f"SamplingParams.bad_words: a word's token lies outside [0, {vocab})")
+            bad_words = bad_word_ids(self.tokenizer, params.bad_words, self.runtime.model_config.vocab_size)
         seq = self.runtime.new_sequence(token_ids)
         seq.length_limit = min(len(token_ids) + params.max_tokens, self.runtime.max_model_len)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)

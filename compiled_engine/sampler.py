@@ -211,9 +211,11 @@ def sampling_batch(requests: list[Request], device: torch.device, positions: int
     )
 
 
-def bad_word_ids(tokenizer, words: list[str]) -> list[tuple[int, ...]]:
+def bad_word_ids(tokenizer, words: list[str], vocab_size: int | None = None) -> list[tuple[int, ...]]:
     """The token sequences of ``SamplingParams.bad_words`` (vLLM's rule): each word stripped on the left, encoded
-    alone and after a space, the second kept where it starts with another token than the first and has as many."""
+    alone and after a space, the second kept where it starts with another token than the first and has as many.
+    ValueError for a word of no token or, given ``vocab_size`` (the model's), of a token the model does not have (a
+    tokenizer's added tokens may lie past it)."""
     sequences = []
     for word in words:
         alone = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
@@ -223,6 +225,10 @@ def bad_word_ids(tokenizer, words: list[str]) -> list[tuple[int, ...]]:
         sequences.append(alone)
         if spaced[0] != alone[0] and len(spaced) == len(alone):
             sequences.append(spaced)
+    outside = [t for word in sequences for t in word if vocab_size is not None and not 0 <= t < vocab_size]
+    if outside:
+        raise ValueError(f"SamplingParams.bad_words: token {outside[0]} of a word lies outside the model's vocabulary "
+                         f"[0, {vocab_size})")
     return sequences
 
 
@@ -239,7 +245,7 @@ def bad_word_ends(request: Request, extra=()) -> set[int]:
         m = len(word) - 1  # the output's last m tokens (only those: not a copy of the whole output a step)
         if m > generated:
             continue
-        tail = extra[len(extra) - m :] if m else []
+        tail = extra[max(0, len(extra) - m) :] if m else []  # (len(extra) - m < 0 would count from the end)
         if len(tail) < m:
             tail = seq.token_ids[end - (m - len(tail)) : end] + tail
         if tuple(tail) == word[:-1]:

@@ -138,6 +138,35 @@ def test_bad_words_need_a_tokenizer(tmp_path, tiny_path):
     assert not llm.engine.requests
 
 
+def test_a_word_past_the_models_vocabulary_is_refused_by_the_engine_and_the_servers_front_end(tmp_path, tiny_path):
+    """A tokenizer may hold more tokens than the model (added tokens): a bad word spelled with one is a ValueError
+    naming the field from the engine and from an engine process's front end (the server's 400), nothing queued."""
+    import shutil
+
+    from compiled_engine.async_llm import EngineProcess
+
+    shutil.copytree(tiny_path, tmp_path, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    tokenizer.add_tokens(["<extra>"])
+    tokenizer.save_pretrained(tmp_path)
+    vocab = 257  # the tiny model's: 256 bytes and EOS
+    assert AutoTokenizer.from_pretrained(tmp_path).encode("<extra>", add_special_tokens=False) == [vocab]
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64, max_num_seqs=1, enforce_eager=True)
+    assert llm.engine.runtime.model_config.vocab_size == vocab
+    for refuse in (lambda p: llm.engine.add_request(None, [1, 2, 3], p),
+                   lambda p: _front_end(EngineProcess(str(tmp_path), {}), vocab).validate_request([1, 2, 3], p)):
+        with pytest.raises(ValueError, match=r"SamplingParams\.bad_words: token 257 .* \[0, 257\)"):
+            refuse(SamplingParams(bad_words=["ok", "<extra>"]))
+        refuse(SamplingParams(bad_words=["ok"]))  # the model's own tokens pass
+    assert [r.params.bad_words for r in llm.engine.requests.values()] == [["ok"]]  # only the good one queued
+
+
+def _front_end(process, vocab: int):
+    """An engine process's front end as it stands once its process has reported its numbers (not started here)."""
+    process.info = {"max_model_len": 64, "vocab_size": vocab, "has_tokenizer": True}
+    return process
+
+
 @pytest.mark.parametrize("drafts", ["oracle", "wrong"])
 def test_verify_rows_match_the_drafts_before_them(tiny_path, cases, drafts):
     """MTP k = 2 with drafts overridden by the oracle's own continuation (each verified row p masks a word's last
