@@ -8,6 +8,9 @@
 #    3-6 -> 0-1. A/B/A (the switch `FULL_TILES` by sed) in the 97-matmul chain at 1 and 3 rows (run 145: 3 rows
 #    670.9 µs). Predicted: level at one row (latency-bound), -10 to -20 µs at 3 rows (issue-bound: 73% of issue slots
 #    busy at 4 rows, Nsight Compute), the share of the wide matmuls' ~5% fewer instructions.
+#  - then one pass of the chain's descent at 3 rows with FULL on: down (K = 3,584) keeps masks on its 2,048-wide
+#    tiles (the second chunk 1,536 of 2,048 live, its padding's multiply-adds still issued); whether a tile that
+#    divides K (512 x 7) now wins its role (`--passes 1`, ~1 minute).
 #  - its GPU tests first (the model's shapes take the new loops; ragged ones the masked ones).
 RUN=run154 source bench/device_env.sh || exit 1
 F=ops/triton/gemv_kernels.py
@@ -18,4 +21,5 @@ sed -i 's/^FULL_TILES = True$/FULL_TILES = False/' $F && grep -cx 'FULL_TILES = 
 TAIL=8 step chain_masked 90 python3 bench/gemv_chain.py --out $W/chain_masked --rows 1,3 --passes 0
 sed -i 's/^FULL_TILES = False$/FULL_TILES = True/' $F
 TAIL=8 step chain_full2 90 python3 bench/gemv_chain.py --out $W/chain_full2 --rows 1,3 --passes 0
+TAIL=30 step descent3 150 python3 bench/gemv_chain.py --out $W/descent3 --rows 3 --passes 1
 export_caches
