@@ -10,7 +10,10 @@
 #    busy at 4 rows, Nsight Compute), the share of the wide matmuls' ~5% fewer instructions.
 #  - then one pass of the chain's descent at 3 rows with FULL on: down (K = 3,584) keeps masks on its 2,048-wide
 #    tiles (the second chunk 1,536 of 2,048 live, its padding's multiply-adds still issued); whether a tile that
-#    divides K (512 x 7) now wins its role (`--passes 1`, ~1 minute).
+#    divides K (512 x 7) now wins its role (`--passes 1`, ~1 minute). In the batch-1 verify graph (run 149) the
+#    3-row excess over one row sits in the N = 1,024 roles: down 141.8 µs over 24 calls (5.9 a call, 3.4x its
+#    bytes' time) and out_proj / o_proj 83.0 (3.5, 3.5x), against ~104 and ~48 at one row; run 97's descent at 3
+#    rows found the rule's own tiles best, but that was before EXTRA_ROW and the norm apart.
 #  - its GPU tests first (the model's shapes take the new loops; ragged ones the masked ones).
 RUN=run154 source bench/device_env.sh || exit 1
 F=ops/triton/gemv_kernels.py
