@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ops.penalties import apply_penalties_op
 from ops.sample import sample_op, uniform_noise
 from ops.step import SamplingInputs
 from compiled_engine.request import Request
@@ -77,23 +78,14 @@ class Penalties:
 def apply_penalties_(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
     """The penalties applied to their rows of ``logits`` ``[B, V]`` fp32 (in place), as vLLM and OpenAI define them: a
     token in the prompt or the output has a positive logit divided by the repetition penalty and a negative one
-    multiplied by it; then a token generated c > 0 times loses frequency x c + presence."""
-    vocab = logits.shape[-1]
-    rows = logits.index_select(0, penalties.rows)
-    n, device = rows.shape[0], rows.device
-    ones = torch.ones(penalties.output_tokens.shape, dtype=torch.float32, device=device)
-    counts = torch.zeros(n, vocab + 1, dtype=torch.float32, device=device)
-    counts.scatter_add_(1, penalties.output_tokens, ones)
+    multiplied by it; then a token generated c > 0 times loses frequency x c + presence (``ce::apply_penalties_``,
+    ops/penalties.py)."""
+    output_tokens = penalties.output_tokens
     if penalties.last_tokens is not None:
-        counts.scatter_add_(1, penalties.last_tokens[:, None], torch.ones(n, 1, dtype=torch.float32, device=device))
-    seen = torch.zeros(n, vocab + 1, dtype=torch.bool, device=device)
-    seen.scatter_(1, penalties.prompt_tokens, True)
-    counts, seen = counts[:, :vocab], seen[:, :vocab]
-    generated = counts > 0
-    repetition = torch.where(seen | generated, penalties.repetition[:, None], 1.0)
-    rows = torch.where(rows > 0, rows / repetition, rows * repetition)
-    rows = rows - penalties.frequency[:, None] * counts - penalties.presence[:, None] * generated
-    return logits.index_copy_(0, penalties.rows, rows)
+        output_tokens = torch.cat([output_tokens, penalties.last_tokens[:, None]], dim=1)
+    apply_penalties_op(logits, penalties.rows, penalties.prompt_tokens, output_tokens, penalties.presence,
+                       penalties.frequency, penalties.repetition)
+    return logits
 
 
 @dataclass

@@ -20,12 +20,12 @@ Importing this package registers everything. Conventions shared by all ops:
 # importing the op modules registers their ops
 from ops import (  # noqa: F401
     activation, argmax, attention_decode, attention_prologue, conv1d, decode_inputs, delta_rule, flash_attention, gated_deltanet_decode,
-    gated_deltanet_verify, kv_cache, linear, logprobs, moe, norm, paged_attention, sample,
+    gated_deltanet_verify, kv_cache, linear, logprobs, moe, norm, paged_attention, penalties, sample,
 )
 from ops.library import NULL_BLOCK, NULL_SLOT
 
 __all__ = [
     "NULL_BLOCK", "NULL_SLOT", "activation", "argmax", "attention_decode", "attention_prologue", "conv1d", "decode_inputs", "delta_rule",
     "flash_attention", "gated_deltanet_decode", "gated_deltanet_verify", "kv_cache", "linear", "logprobs", "moe",
-    "norm", "paged_attention", "sample",
+    "norm", "paged_attention", "penalties", "sample",
 ]

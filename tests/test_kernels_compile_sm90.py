@@ -69,6 +69,14 @@ def test_sample_kernels_compile_for_sm90(logits, shift):
         _compile(sk._sample_reduce_kernel, sig, dict(ROW_PATH=row_path, CHUNKS_P=64, USE_PDL=True))
 
 
+def test_penalty_kernel_compiles_for_sm90():
+    from ops.triton import penalty_kernels as pk
+
+    sig = dict(logits=_ptr("fp32"), stride_row="i64", rows=_ptr("i64"), codes=_ptr("i32"), V="i32",
+               presence=_ptr("fp32"), frequency=_ptr("fp32"), repetition=_ptr("fp32"))
+    _compile(pk._apply_penalties_kernel, sig, dict(IN_PROMPT=pk.IN_PROMPT, BLOCK=pk.BLOCK))
+
+
 def test_moe_routing_kernels_compile_for_sm90():
     from ops.triton import moe_kernels as mk
 

@@ -35,7 +35,7 @@ def _child_checks() -> dict:
 
     from ops import (
         activation, attention_decode, attention_prologue, conv1d, decode_inputs, delta_rule, gated_deltanet_decode, kv_cache, layouts,
-        norm, paged_attention,
+        norm, paged_attention, penalties,
     )
     from ops.triton import (
         activation_kernels,
@@ -50,6 +50,7 @@ def _child_checks() -> dict:
         kv_cache_kernels,
         norm_kernels,
         paged_attention_kernels,
+        penalty_kernels,
     )
 
     torch.manual_seed(0)
@@ -359,6 +360,26 @@ def _child_checks() -> dict:
         configs = {str(c): c for c in (gemv_kernels.skinny_config(rows, n, k) for n, k in shapes)}
         return list(configs.values())
 
+    def check_apply_penalties(batch, vocab):
+        """ce::apply_penalties_'s kernel against its reference, bit for bit: penalised rows out of order with the others
+        left alone, repeated tokens, padded tables, a row with no tokens, logits of both signs, zeros and -inf (masked
+        tokens), a repetition penalty of 1; V past one block, its last block ragged."""
+        logits = torch.randn(batch, vocab + 3)[:, :vocab] * 4  # strided rows
+        logits[logits.abs() < 0.3] = 0.0
+        logits[0, ::7] = float("-inf")
+        rows = torch.tensor([2, 0, 3])
+        prompt = torch.randint(0, vocab, (3, 40))
+        output = torch.randint(0, 50, (3, 60))  # few distinct tokens: counts above 1
+        prompt[2], output[2] = vocab, vocab  # padding only: its row stays as it was
+        prompt[0, :10] = vocab
+        presence, frequency = torch.tensor([0.5, -1.25, 2.0]), torch.tensor([0.3, 1.5, -0.7])
+        repetition = torch.tensor([1.3, 1.0, 0.6])
+        got, want = logits.clone(), logits.clone()
+        penalty_kernels.apply_penalties_(got, rows, prompt, output, presence, frequency, repetition)
+        penalties.apply_penalties_reference(want, rows, prompt, output, presence, frequency, repetition)
+        assert torch.equal(got, want), (got - want).abs().nan_to_num().max()
+        assert torch.equal(got[1], logits[1]) and not torch.equal(got[0], logits[0])
+
     def check_rms_norm(tokens, heads, dim, gated, strided):
         """x (and gate) as the model passes them: strided views of a wider projection output when ``strided``."""
         if strided:  # a head's first half of a [T, H, 2D] row block (q of q_gate); the gate one slice of a wide row
@@ -605,6 +626,7 @@ def _child_checks() -> dict:
         **{f"gemm_full_tiles_gated_strided_m{m}": (lambda m=m: check_skinny_gemm(
             m, 32, 128, [(4, 32), (8, 128)], strided=True, gated=True, full=True)) for m in (1, 3)},
         "gemm_full_tiles_norm_m1": lambda: check_add_rms_norm_gemm(1, 32, 128, [(4, 32), (8, 128)]),
+        "apply_penalties": lambda: check_apply_penalties(5, penalty_kernels.BLOCK + 300),
     }
     results = {}
     for name, fn in checks.items():
@@ -699,6 +721,7 @@ CHECK_NAMES = [
     *[f"gemm_full_tiles_m{m}" for m in (1, 2, 3, 4)],
     *[f"gemm_full_tiles_gated_strided_m{m}" for m in (1, 3)],
     "gemm_full_tiles_norm_m1",
+    "apply_penalties",
 ]
 
 

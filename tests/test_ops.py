@@ -1062,6 +1062,12 @@ def _opcheck_cases():
              torch.tensor([1.0, 0.9, 0.5]), torch.tensor([0.0, 0.0, 0.1]), torch.tensor([1, 2, 3]),
              torch.tensor([4, 5, 6]), True, True),
         ),
+        "apply_penalties_": (  # rows 2 and 0 of 3, strided logits; padded token tables
+            ce.apply_penalties_.default,
+            (_randn(g, 3, 24)[:, 2:-2], torch.tensor([2, 0]), torch.tensor([[1, 3, 20], [5, 20, 20]]),
+             torch.tensor([[1, 1, 7], [4, 20, 20]]), torch.tensor([0.5, -0.5]), torch.tensor([0.25, 1.0]),
+             torch.tensor([1.2, 0.8])),
+        ),
         "gated_deltanet_verify": (  # 3 sequences (the last padding) x 2 positions; projected rows of wider rows
             ce.gated_deltanet_verify.default,
             (_randn(g, 6, 2 * Hk * K + 2 * Hv * V + 2 * Hv + 4)[:, 2:-2], _randn(g, 2 * Hk * K + Hv * V, W),

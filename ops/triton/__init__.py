@@ -20,6 +20,8 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
   decode_inputs_kernels     advance_decode_inputs (the decode graph's epilogue: greedy tokens, the next step's inputs)
   sample_kernels            sample (greedy / temperature / top-k / top-p / min-p: radix-select thresholds, then a
                             Gumbel-max draw with in-kernel splitmix64 noise; one launch per pass over (B, chunks))
+  penalty_kernels           apply_penalties_ (presence / frequency / repetition penalties: the rows' tokens as dense
+                            codes by two scatters, then one in-place pass over the penalised rows)
   norm_kernels              rms_norm (zero-centred or gated by silu, one pass per row, strided rows), add_rms_norm
                             (a layer's residual add + norm)
 
