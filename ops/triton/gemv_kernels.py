@@ -243,7 +243,10 @@ def _skinny_gemm_kernel(
         xv, up, rv, nw = _x_load(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_weight + ks, k_mask,
                                  GATED_X, NORM_X, FULL)
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k in range(0, K - BLOCK_K if FULL else K, BLOCK_K):
+        k_end = K
+        if FULL:
+            k_end = K - BLOCK_K
+        for k in range(0, k_end, BLOCK_K):
             ks += BLOCK_K
             k_mask = ks < K
             w_next = _load(w_rows + ks[None, :] * stride_w_k, n_mask[:, None] & k_mask[None, :], FULL)
@@ -302,7 +305,10 @@ def _skinny_gemm_kernel(
                 e_ptrs = e_row + ks[None, :] * stride_x_k
                 ev, eup, erv, enw = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False, FULL)
                 acc_e = tl.zeros([1, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
-            for k in range(0, K - BLOCK_K if FULL else K, BLOCK_K):
+            k_end = K
+            if FULL:
+                k_end = K - BLOCK_K
+            for k in range(0, k_end, BLOCK_K):
                 ks += BLOCK_K
                 k_mask = ks < K
                 w_next = _load(w_rows + ks[None, :] * stride_w_k, n_mask[:, None] & k_mask[None, :], FULL)
