@@ -54,6 +54,8 @@ class Request:
         """The first ``n`` output tokens as an int64 array (penalties fill a token table from it every step). The
         tokens read back are converted once and kept (a step converts only its new ones); a placeholder still in
         flight is converted each time, never kept (its position gets the real token later)."""
+        if n < 0:
+            raise ValueError(f"output_array: {n} output tokens")
         seq = self.seq
         start = seq.num_prompt_tokens
         settled = min(n, len(seq.token_ids) - seq.num_placeholder_tokens - start)

@@ -69,7 +69,7 @@ class Penalties:
     rows: torch.Tensor  # [P] int64: rows of the step's logits
     prompt_tokens: torch.Tensor  # [P, Lp] int64
     output_tokens: torch.Tensor  # [P, Lo] int64: the tokens generated so far (less ``last_tokens``, if given)
-    last_tokens: torch.Tensor | None  # [P] int64: each row's last generated token, where only the device has it
+    last_tokens: torch.Tensor | None  # [P] int64: each row's last output token, on the device only (V: none)
     presence: torch.Tensor  # [P] fp32
     frequency: torch.Tensor  # [P] fp32
     repetition: torch.Tensor  # [P] fp32
@@ -285,37 +285,43 @@ def logit_bias(requests: list[Request], device: torch.device) -> LogitBias | Non
 def penalties(requests: list[Request], device: torch.device, vocab: int, last_ids: torch.Tensor | None,
               extra: list[list[int]] | None = None) -> Penalties | None:
     """The penalised rows' tokens and penalties, in two uploads; None when no row has penalties. With
-    ``last_ids`` each row's last token comes from the device (it may still be in flight), the others from the
-    host; ``extra[row]``: tokens counted after the row's outputs (a verify row's drafts before it). The token table
-    is filled row by row in numpy from each request's arrays (its prompt converted once, its outputs as they are
-    read back: ``Request.prompt_array``, ``Request.output_array``): its size is the rows' tokens so far, rebuilt
-    every step, as vLLM's."""
+    ``last_ids`` (a decode step's input ids) each row's last token comes from the device (it may still be in
+    flight), the others from the host; a row that has generated nothing yet (its prompt's last token run as a decode
+    row) counts no output token. ``extra[row]``: tokens counted after the row's outputs (a verify row's drafts before
+    it). The token table is filled row by row in numpy from each request's arrays (its prompt converted once, its
+    outputs as they are read back: ``Request.prompt_array``, ``Request.output_array``): its size is the rows' tokens
+    so far, rebuilt every step, as vLLM's."""
     rows = [i for i, r in enumerate(requests) if r.params.penalized]
     if not rows:
         return None
-    cut = 1 if last_ids is not None else 0
+    generated = [requests[i].seq.num_generated_tokens for i in rows]
+    from_device = [last_ids is not None and g > 0 for g in generated]  # the last output token is last_ids'
     prompts = [requests[i].prompt_array() for i in rows]
-    outputs = [requests[i].output_array(requests[i].seq.num_generated_tokens - cut) for i in rows]
+    outputs = [requests[i].output_array(g - d) for i, g, d in zip(rows, generated, from_device)]
     extras = [extra[i] if extra is not None else [] for i in rows]
     n, lp = len(rows), max(map(len, prompts))
     lo = max(1, max(len(o) + len(e) for o, e in zip(outputs, extras)))
-    table = np.full((n, 1 + lp + lo), vocab, dtype=np.int64)
+    table = np.full((n, 2 + lp + lo), vocab, dtype=np.int64)
     table[:, 0] = rows
+    table[:, 1] = from_device
     for j, (prompt, output, more) in enumerate(zip(prompts, outputs, extras)):
-        table[j, 1 : 1 + len(prompt)] = prompt
-        table[j, 1 + lp : 1 + lp + len(output)] = output
+        table[j, 2 : 2 + len(prompt)] = prompt
+        table[j, 2 + lp : 2 + lp + len(output)] = output
         if more:
-            table[j, 1 + lp + len(output) : 1 + lp + len(output) + len(more)] = more
+            table[j, 2 + lp + len(output) : 2 + lp + len(output) + len(more)] = more
     int64 = upload(torch.from_numpy(table), device)
     params = [requests[i].params for i in rows]
     presence, frequency, repetition = upload_fields(
         [[p.presence_penalty for p in params], [p.frequency_penalty for p in params],
          [p.repetition_penalty for p in params]], torch.float32, device)
     row_ids = int64[:, 0]
+    last_tokens = None
+    if last_ids is not None:  # the padding id (not counted) for the rows without an output token
+        last_tokens = last_ids[row_ids] if all(from_device) else torch.where(int64[:, 1] > 0, last_ids[row_ids], vocab)
     return Penalties(
         rows=row_ids,
-        prompt_tokens=int64[:, 1 : 1 + lp],
-        output_tokens=int64[:, 1 + lp :],
-        last_tokens=None if last_ids is None else last_ids[row_ids],
+        prompt_tokens=int64[:, 2 : 2 + lp],
+        output_tokens=int64[:, 2 + lp :],
+        last_tokens=last_tokens,
         presence=presence, frequency=frequency, repetition=repetition,
     )

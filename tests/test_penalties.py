@@ -105,6 +105,8 @@ def test_output_array_follows_the_sequence(events, base):
             seq.num_placeholder_tokens = 0
         for n in {seq.num_generated_tokens, seq.num_generated_tokens - seq.num_placeholder_tokens}:
             assert request.output_array(n).tolist() == seq.token_ids[3 : 3 + n]
+    with pytest.raises(ValueError, match="-1 output tokens"):  # not a slice from the end of its buffer
+        request.output_array(-1)
 
 
 def test_apply_allowed_tokens_leaves_only_them():
@@ -196,17 +198,22 @@ def test_the_oracle_is_decided_and_the_penalties_change_the_output(tiny_path, or
 GPU = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("mode", ["sync", "overlap", "speculative", "compiled", pytest.param("cuda", marks=GPU),
-                                  pytest.param("cuda-speculative", marks=GPU)])
+@pytest.mark.parametrize("mode", ["sync", "overlap", "overlap-chunked", "speculative", "compiled",
+                                  pytest.param("cuda", marks=GPU), pytest.param("cuda-speculative", marks=GPU)])
 def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, monkeypatch):
     """Eight requests over two slots (later ones join running ones, so prompt chunks meet penalised decode rows), one
     without penalties or bias; each greedy output equals the oracle's over its decided tokens (on the GPU compiled and
     overlapped, with MTP drafts and without). And every token of a penalised request was drawn with exactly its prompt
     and its output before it counted (the tokens each ``apply_penalties_`` call saw, against the final output): one
-    call per token, none counting an in-flight placeholder, which a near-tie-free output alone could miss."""
+    call per token, none counting an in-flight placeholder, which a near-tie-free output alone could miss.
+    ``overlap-chunked``: prompt steps of at most 4 tokens, so the 9-token prompt's last token runs as a decode row (its
+    input, on the device, is a prompt token: no output token to count)."""
     on_gpu = mode.startswith("cuda")
     knobs = dict(device="cuda" if on_gpu else "cpu", dtype="float32", max_model_len=128, max_num_seqs=2,
-                 enforce_eager=mode in ("sync", "overlap", "speculative"), overlap_decode=mode != "sync")
+                 enforce_eager=mode in ("sync", "overlap", "overlap-chunked", "speculative"),
+                 overlap_decode=mode != "sync")
+    if mode == "overlap-chunked":
+        knobs["max_num_batched_tokens"] = 12
     if mode.endswith("speculative"):
         knobs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 2}
     llm = LLM(tiny_path, **knobs)
@@ -217,7 +224,7 @@ def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, mon
         last = [None] * len(penalties.rows) if penalties.last_tokens is None else penalties.last_tokens.tolist()
         for prompt, output, token in zip(penalties.prompt_tokens.tolist(), penalties.output_tokens.tolist(), last):
             seen.append(([t for t in prompt if t != vocab],
-                         [t for t in output if t != vocab] + ([] if token is None else [token])))
+                         [t for t in output if t != vocab] + ([] if token in (None, vocab) else [token])))
         return apply_penalties_(logits, penalties)
 
     monkeypatch.setattr(sampler, "apply_penalties_", recording)
