@@ -8,7 +8,7 @@ penalty and a negative one multiplied by it; then a token generated c > 0 times 
   (distinct rows); its token tables are padded with V (ignored). The other rows are left as they are.
 
 Why an op: the sampler applies penalties to every penalised row of every step, outside the decode graph; in plain
-torch that is some ten passes over ``[P, V]`` temporaries (V = 248,320 for Qwen3.5), the CUDA kernel
+torch that is some fifteen passes over ``[P, V]`` temporaries (V = 248,320 for Qwen3.5), the CUDA kernel
 (ops/triton/penalty_kernels.py) one pass after two scatters.
 """
 

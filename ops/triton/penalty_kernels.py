@@ -3,10 +3,10 @@
 The penalised rows' tokens become one dense int32 code per (row, token) first, in two torch scatters over a zeroed
 ``[P, V + 1]`` buffer: bit 30 set where the token is in the prompt, the low 30 bits its count in the output (column V
 takes the tables' padding). Then one pass over ``(P, V / BLOCK)`` programs reads each penalised row's logits and its
-codes and writes the penalised logits in place. The unfused torch form (the reference) makes and reads some ten
-``[P, V]`` temporaries (counts, masks, the repetition factors, each product); this reads the logits and the codes once
-and writes the logits once: ~16 bytes an element instead of ~70, ~1 GB less a step at 256 rows of Qwen3.5's
-vocabulary. The arithmetic is the reference's, operation for operation (division rounded to nearest), so the two
+codes and writes the penalised logits in place. The unfused torch form (the reference) makes and reads some fifteen
+``[P, V]`` temporaries (counts, masks, the repetition factors, each product and difference, the gathered rows): ~110
+bytes an element; this zeroes the codes, reads the logits and the codes once and writes the logits once: ~16, ~6 GB
+less a step at 256 rows of Qwen3.5's vocabulary. The arithmetic is the reference's, operation for operation (division rounded to nearest), so the two
 agree bit for bit.
 """
 

@@ -4,7 +4,7 @@
 #  - ce::apply_penalties_ (session 29): the penalised rows' tokens as dense int32 codes by two scatters, then one
 #    in-place Triton pass, against the torch reference on CUDA (the op's CUDA kernel swapped for its reference by
 #    sed), A/B/A in `bench sampling` with repetition_penalty 1.1 at 256 rows (two rounds: the warm one is the
-#    headline). By bytes: the reference makes and reads ~10 [P, V] fp32 temporaries (~110 bytes an element), the
+#    headline). By bytes: the reference makes and reads ~15 [P, V] temporaries (~110 bytes an element), the
 #    kernel ~16: at 256 penalised rows of 248,320 logits ~6 GB less a step, predicted -1 to -1.5 ms a decode step
 #    (greedy's ~3.7 ms; run 150's penalised decode steps 5.7 ms of wall each).
 #  - its GPU test first (bit-equal to the reference on Qwen3.5's vocabulary at 1 and 64 rows).
