@@ -6,8 +6,8 @@ takes the tables' padding). Then one pass over ``(P, V / BLOCK)`` programs reads
 codes and writes the penalised logits in place. The unfused torch form (the reference) makes and reads some fifteen
 ``[P, V]`` temporaries (counts, masks, the repetition factors, each product and difference, the gathered rows): ~110
 bytes an element; this zeroes the codes, reads the logits and the codes once and writes the logits once: ~16, ~6 GB
-less a step at 256 rows of Qwen3.5's vocabulary. The arithmetic is the reference's, operation for operation (division rounded to nearest), so the two
-agree bit for bit.
+less a step at 256 rows of Qwen3.5's vocabulary. The arithmetic is the reference's, operation for operation
+(division rounded to nearest, no FMA contraction), so the two agree bit for bit.
 """
 
 from __future__ import annotations
