@@ -206,8 +206,8 @@ def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, mon
     overlapped, with MTP drafts and without). And every token of a penalised request was drawn with exactly its prompt
     and its output before it counted (the tokens each ``apply_penalties_`` call saw, against the final output): one
     call per token, none counting an in-flight placeholder, which a near-tie-free output alone could miss.
-    ``overlap-chunked``: prompt steps of at most 4 tokens, so the 9-token prompt's last token runs as a decode row (its
-    input, on the device, is a prompt token: no output token to count)."""
+    ``overlap-chunked``: prompt steps of at most 12 tokens, so the second prompt's last token runs as a decode row
+    beside the first's (its input, on the device, is a prompt token: no output token to count)."""
     on_gpu = mode.startswith("cuda")
     knobs = dict(device="cuda" if on_gpu else "cpu", dtype="float32", max_model_len=128, max_num_seqs=2,
                  enforce_eager=mode in ("sync", "overlap", "overlap-chunked", "speculative"),
@@ -218,11 +218,14 @@ def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, mon
         knobs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 2}
     llm = LLM(tiny_path, **knobs)
     seen: list[tuple[list[int], list[int]]] = []  # (prompt, output so far) of each penalised row drawn
+    uncounted = []  # rows whose device token was not an output token (a prompt's last token as a decode row)
 
     def recording(logits, penalties):
         vocab = logits.shape[-1]
         last = [None] * len(penalties.rows) if penalties.last_tokens is None else penalties.last_tokens.tolist()
         for prompt, output, token in zip(penalties.prompt_tokens.tolist(), penalties.output_tokens.tolist(), last):
+            if token == vocab:
+                uncounted.append(prompt)
             seen.append(([t for t in prompt if t != vocab],
                          [t for t in output if t != vocab] + ([] if token in (None, vocab) else [token])))
         return apply_penalties_(logits, penalties)
@@ -240,6 +243,7 @@ def test_greedy_outputs_follow_the_penalised_logits(tiny_path, oracle, mode, mon
         drawn = sorted(len(output) for p, output in seen if p == prompt)
         assert drawn == (list(range(len(out.token_ids))) if SamplingParams(**kw).penalized else []), (prompt, drawn)
         assert all(output == out.token_ids[: len(output)] for p, output in seen if p == prompt), prompt
+    assert bool(uncounted) == (mode == "overlap-chunked"), uncounted  # the chunked mode met the case it is for
 
 
 def continuation_drafts(prompts: list[list[int]], outputs: list[list[int]], wrong: bool):
