@@ -378,7 +378,7 @@ def _child_checks() -> dict:
         penalty_kernels.apply_penalties_(got, rows, prompt, output, presence, frequency, repetition)
         penalties.apply_penalties_reference(want, rows, prompt, output, presence, frequency, repetition)
         assert torch.equal(got, want), (got - want).abs().nan_to_num().max()
-        assert torch.equal(got[1], logits[1]) and not torch.equal(got[0], logits[0])
+        assert torch.equal(got[1], logits[1]) and torch.equal(got[3], logits[3]) and not torch.equal(got[0], logits[0])
 
     def check_rms_norm(tokens, heads, dim, gated, strided):
         """x (and gate) as the model passes them: strided views of a wider projection output when ``strided``."""
