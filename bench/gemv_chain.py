@@ -6,8 +6,8 @@ the one before still runs, prefetch weights, and must then wait for its input. H
 on what it overlaps, so a config timed alone (as ``triton.autotune`` times it: one call, the L2 flushed, nothing
 before it) can be ranked wrongly. Here the 97 matmuls of a Qwen3.5-0.8B step run in model order in one CUDA graph,
 as the model calls them: in_proj / qkv and gate_up after the residual add + RMSNorm (in their prologue at one row,
-``add_rms_norm_skinny_gemm``; ce::add_rms_norm before them from two), out_proj / o_proj reading the first 2,048
-columns of the one before, down with the SiLU gate in its prologue, lm_head last, every layer with its own weights
+``add_rms_norm_skinny_gemm``; ce::add_rms_norm before them from two), gate_up writing the SiLU gate's output,
+out_proj / o_proj reading the first 2,048 columns of the one before, lm_head last, every layer with its own weights
 (1.5 GB: DRAM, not L2). The mixers' own kernels (GDN, attention) are not in the chain; it measures the matmuls' share
 of a step. The bound is the weights' bytes at the copy bandwidth, the same at every row count.
 
@@ -16,6 +16,9 @@ For each row count in ``--rows`` (1..GEMV_MAX_ROWS), the chain runs (µs a step 
     few-rows GEMV above), with the prologues as ce::linear runs them (the norm in the GEMV at one row, as
     ce::add_rms_norm before it from two), what ce::linear runs up to ``SKINNY_MAX_ROWS`` rows (ops/linear.py). Past
     it ce::linear runs cuBLAS; the rule's timing there says whether raising ``SKINNY_MAX_ROWS`` would pay;
+  * ``down prologue`` (up to GEMV_MAX_ROWS rows): the rule with the MLP's SiLU gate computed by down as it loads
+    its input (``ce::silu_mul_linear``'s GEMV) instead of by gate_up's programs as they write it (the rule's,
+    ``ce::add_rms_norm_linear_silu_mul``);
   * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear;
   * ``rule, lm_head GEMV`` (2..GEMV_MAX_ROWS rows): the rule with the vocabulary on the few-rows GEMV instead of the
     tensor-core loop (``gemv_kernels.DOT_VOCAB``); ``cuBLAS, lm_head dot`` (past SKINNY_MAX_ROWS): cuBLAS with the
@@ -148,26 +151,30 @@ class Chain:
             self.residual = rand(rows, self.s.hidden)
 
     def run(self, configs: dict | None, mode: str = "skinny") -> torch.Tensor:
-        """``mode``: "skinny" (``configs``: role -> config; the rule's where a role has none), "cublas", or
+        """``mode``: "skinny" (``configs``: role -> config; the rule's where a role has none), "skinny_down_prologue"
+        (the same with the SiLU gate in down's prologue instead of gate_up's epilogue), "cublas", or
         "cublas_dot_vocab" (cuBLAS but the lm_head, on the skinny GEMM's tensor-core loop)."""
         if mode.startswith("cublas"):
             return self._run_cublas(dot_vocab=mode == "cublas_dot_vocab")
         configs = configs or {}
         gemm = gemv_kernels.skinny_gemm
+        gate_in_down = mode == "skinny_down_prologue"
 
-        def norm_gemm(x, residual, norm_weight, weight, config):  # as ce::add_rms_norm_linear (ops/linear.py)
+        def norm_gemm(x, residual, norm_weight, weight, config, gated_out=False):  # as ops/linear.py's norm ops
             if norm_in_prologue(self.rows):
-                return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, EPS, weight, config)
+                return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, EPS, weight, config,
+                                                             gated_out=gated_out)
             summed, normed = torch.ops.ce.add_rms_norm(x, residual, norm_weight, EPS)
-            return gemm(normed, weight, config), summed
+            return gemm(normed, weight, config, gated_out=gated_out), summed
 
         h, r = self.hidden, self.residual
         out_k = self.roles["out_proj"][1]
         for layer in self.layers:
             y, r = norm_gemm(h, r, layer["norm_1"], layer["w_mix"], configs.get(layer["mixer"]))
             h = gemm(y[:, :out_k], layer["w_out"], configs.get("out_proj"))
-            g, r = norm_gemm(h, r, layer["norm_2"], layer["w_gate_up"], configs.get("mlp_gate_up"))
-            h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=True)
+            g, r = norm_gemm(h, r, layer["norm_2"], layer["w_gate_up"], configs.get("mlp_gate_up"),
+                             gated_out=not gate_in_down)
+            h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=gate_in_down)
         return gemm(h, self.w_lm, configs.get("lm_head"))
 
     def _run_cublas(self, dot_vocab: bool = False) -> torch.Tensor:
@@ -179,8 +186,8 @@ class Chain:
             for layer in self.layers:
                 y, r = torch.ops.ce.add_rms_norm_linear(h, r, layer["norm_1"], EPS, layer["w_mix"])
                 h = torch.ops.ce.linear(y[:, :out_k], layer["w_out"])
-                g, r = torch.ops.ce.add_rms_norm_linear(h, r, layer["norm_2"], EPS, layer["w_gate_up"])
-                h = torch.ops.ce.silu_mul_linear(g, layer["w_down"])
+                g, r = torch.ops.ce.add_rms_norm_linear_silu_mul(h, r, layer["norm_2"], EPS, layer["w_gate_up"])
+                h = torch.ops.ce.linear(g, layer["w_down"])
             if dot_vocab:
                 return gemv_kernels.skinny_gemm(h, self.w_lm, gemv_kernels.DOT_VOCAB)
             return torch.ops.ce.linear(h, self.w_lm)
@@ -222,13 +229,14 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     if rows <= gemv_kernels.GEMV_MAX_ROWS:
         rule = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k, *_) in chain.roles.items()}
         variants["rule"] = ("skinny", rule)
+        variants["down prologue"] = ("skinny_down_prologue", rule)  # the SiLU gate read by down, not gate_up's
     variants["cuBLAS"] = ("cublas", None)
     if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # the vocabulary's other path: the few-rows GEMV
         n, k = chain.roles["lm_head"][:2]
         variants["rule, lm_head GEMV"] = ("skinny", {**rule, "lm_head": gemv_kernels.gemv_rows_config(rows, n, k)})
     if rows > SKINNY_MAX_ROWS:  # ce::linear's cuBLAS, but the vocabulary on the tensor-core loop
         variants["cuBLAS, lm_head dot"] = ("cublas_dot_vocab", None)
-        variants["dot"] = ("skinny", dot_configs(chain.roles))  # every role on the tensor-core loop
+        variants["dot"] = ("skinny_down_prologue", dot_configs(chain.roles))  # every role on the tensor-core loop
     ours = "rule" if rows <= SKINNY_MAX_ROWS else "cuBLAS"  # what ce::linear runs at this row count
     results = {}
     rule_us = None
@@ -331,7 +339,7 @@ def main(argv=None) -> None:
         result["rows"][rows] = entry
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
-    labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "dot"]
+    labels = ["rule", "down prologue", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "dot"]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
     print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
     for rows, entry in result["rows"].items():

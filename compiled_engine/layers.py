@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from compiled_engine.distributed import TensorParallel
-from ops.linear import add_rms_norm_linear_op, silu_mul_linear
+from ops.linear import add_rms_norm_linear_op, add_rms_norm_linear_silu_mul_op, linear
 from ops.norm import add_rms_norm_op, rms_norm
 
 
@@ -43,6 +43,14 @@ class RMSNorm(nn.Module):
         """``(norm(residual + x) @ weight.T, residual + x)`` through ce::add_rms_norm_linear: at decode batch 1 one
         kernel, the norm in the projection's prologue (ops/linear.py)."""
         return add_rms_norm_linear_op(x, residual, self.weight, self.eps, weight)
+
+    def add_norm_gate_up(
+        self, x: torch.Tensor, residual: torch.Tensor, gate_up_weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(silu(gate) * up, residual + x)`` of ``norm(residual + x) @ gate_up_weight.T = [gate | up]`` through
+        ce::add_rms_norm_linear_silu_mul: at decode batches 1-4 the projection's programs write the activation
+        (ops/linear.py), so the MLP's down projection reads it with no prologue."""
+        return add_rms_norm_linear_silu_mul_op(x, residual, self.weight, self.eps, gate_up_weight)
 
 
 class GatedRMSNorm(nn.Module):
@@ -85,7 +93,7 @@ class MLP(nn.Module):
         self.gate_up_proj = empty_parameter(2 * self.intermediate_size, hidden_size)
         self.down_proj = empty_parameter(hidden_size, self.intermediate_size)
 
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The MLP after its gate_up projection (which the decoder layer fuses with the norm before it):
-        ``silu(gate) * up`` is computed by the down projection as it reads gate_up's ``[gate | up]`` rows."""
-        return self.tp.all_reduce(silu_mul_linear(gate_up, self.down_proj))
+    def down(self, activated: torch.Tensor) -> torch.Tensor:
+        """The MLP after its gate_up projection and activation (which the decoder layer fuses with the norm before
+        them: ``RMSNorm.add_norm_gate_up``): the down projection of ``silu(gate) * up``."""
+        return self.tp.all_reduce(linear(activated, self.down_proj))

@@ -53,7 +53,8 @@ class DecoderLayer(nn.Module):
         """Pre-norm residual layer, written with the residual stream carried apart (vLLM's form): ``hidden`` is the
         previous layer's MLP output, not yet added to ``residual`` (at the first layer: the embedding, and residual
         is None). Each residual add, the norm after it and the projection after that are one op
-        (ce::add_rms_norm_linear: one kernel at decode batch 1). Returns this layer's MLP output and the
+        (ce::add_rms_norm_linear: one kernel at decode batch 1; before the MLP with its activation,
+        ce::add_rms_norm_linear_silu_mul). Returns this layer's MLP output and the
         residual stream before it is added. A sparse MoE block's experts read the normed rows themselves, so there
         the norm is ce::add_rms_norm and the block makes its own projections."""
         if residual is None:
@@ -63,10 +64,10 @@ class DecoderLayer(nn.Module):
         if self.sparse:
             residual, normed = self.post_attention_layernorm.add_and_norm(self.mixer(projected, step), residual)
             return self.mlp(normed), residual
-        gate_up, residual = self.post_attention_layernorm.add_norm_linear(
+        activated, residual = self.post_attention_layernorm.add_norm_gate_up(
             self.mixer(projected, step), residual, self.mlp.gate_up_proj
         )
-        return self.mlp.down(gate_up), residual
+        return self.mlp.down(activated), residual
 
 
 class HybridModel(nn.Module):

@@ -16,6 +16,11 @@ op, where M is a plain int: a compiled graph with a symbolic batch size never gu
   projection after it. At one row the skinny GEMM's programs compute the norm themselves (one launch instead of two:
   at batch 1, 47 fewer launches a step); from two rows ``ce::add_rms_norm`` comes first, then the skinny GEMM up to
   ``SKINNY_MAX_ROWS`` rows and cuBLAS above.
+* ``ce::add_rms_norm_linear_silu_mul(x [M, K], residual [M, K], norm_weight [K], eps, weight [2I, K]) -> (out [M,
+  I], summed [M, K])``: the same with the MLP's activation after the projection, ``silu_mul(normed @ weight.T)``
+  (weight: the gate_up projection, ``[gate | up]`` rows). Up to ``SKINNY_MAX_ROWS`` rows the skinny GEMM's programs
+  each own matching gate and up rows and write ``silu(gate) * up`` (no activation kernel, and the down projection
+  after it reads I columns with no prologue); above, cuBLAS then ``ce::silu_mul``.
 * :func:`linear`, :func:`silu_mul_linear`: the model's entry points, for x of any leading shape.
 """
 
@@ -124,6 +129,36 @@ add_rms_norm_linear_op = define_op(
     reference=add_rms_norm_linear_reference,
     cuda=_add_rms_norm_linear_cuda,
     fake=_add_rms_norm_linear_fake,
+)
+
+
+def add_rms_norm_linear_silu_mul_reference(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out, summed = add_rms_norm_linear_reference(x, residual, norm_weight, eps, weight)
+    return silu_mul_reference(out), summed
+
+
+def _add_rms_norm_linear_silu_mul_cuda(x, residual, norm_weight, eps, weight):
+    if not (_skinny(x, weight) and weight.shape[0] % 2 == 0):
+        out, summed = _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight)
+        return silu_mul_op(out), summed
+    if norm_in_prologue(x.shape[0]) and residual.dtype == x.dtype and residual.stride(-1) == 1:
+        return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight, gated_out=True)
+    summed, normed = add_rms_norm_op(x, residual, norm_weight, eps)
+    return gemv_kernels.skinny_gemm(normed, weight, gated_out=True), summed
+
+
+def _add_rms_norm_linear_silu_mul_fake(x, residual, norm_weight, eps, weight):
+    return x.new_empty((x.shape[0], weight.shape[0] // 2)), x.new_empty(x.shape)
+
+
+add_rms_norm_linear_silu_mul_op = define_op(
+    "add_rms_norm_linear_silu_mul(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight) "
+    "-> (Tensor, Tensor)",
+    reference=add_rms_norm_linear_silu_mul_reference,
+    cuda=_add_rms_norm_linear_silu_mul_cuda,
+    fake=_add_rms_norm_linear_silu_mul_fake,
 )
 
 

@@ -107,8 +107,9 @@ def test_moe_expert_gemv_kernels_compile_for_sm90():
 def test_skinny_gemm_rule_compiles_for_sm90(rows):
     """ce::linear's skinny GEMM at every config the rule gives the model's weight shapes (N = 1,024 outputs of K =
     2,048 or 3,584, the wide K = 1,024 ones, the vocabulary), plain and with the SiLU gate (and at one row the norm
-    prologue), as ``_launch`` sets its constexprs: at 3 and 5 rows the power of two below and the last row apart
-    (``EXTRA_ROW``); without masks where the tiles are full (``FULL``: all but K = 3,584)."""
+    prologue), the wide ones with the SiLU gate in the epilogue too (``GATED_OUT``, the MLP's gate_up), as
+    ``_launch`` sets its constexprs: at 3 and 5 rows the power of two below and the last row apart (``EXTRA_ROW``);
+    without masks where the tiles are full (``FULL``: all but K = 3,584)."""
     from ops.triton import gemv_kernels as gk
 
     sig = dict(x=_ptr("bf16"), weight=_ptr("bf16"), out=_ptr("bf16"), M="i32", N="i32", K="i32",
@@ -120,10 +121,13 @@ def test_skinny_gemm_rule_compiles_for_sm90(rows):
         tiles = gk.row_tiles(rows, config)
         assert tiles["EXTRA_ROW"] == (rows in (3, 5) and not tiles["DOT"])
         assert gk.full_tiles(rows, n, k, config, tiles) == (k != 3584 and not tiles["DOT"])
-        for gated, norm in ((False, False), (True, False)) + (((False, True),) if rows == 1 else ()):
+        variants = [(False, False, False), (True, False, False)] + ([(False, True, False)] if rows == 1 else [])
+        if n == 8192:  # gate_up's kind
+            variants += [(False, rows == 1, True)]
+        for gated, norm, gated_out in variants:
             _compile(gk._skinny_gemm_kernel, sig,
                      dict(config.kwargs, **tiles, FULL=gk.full_tiles(rows, n, k, config, tiles), GATED_X=gated,
-                          NORM_X=norm, NORM_BLOCK=1024 if norm else 1,
+                          NORM_X=norm, GATED_OUT=gated_out, NORM_BLOCK=1024 if norm else 1,
                           USE_PDL=True, PREFETCH_L2=True),
                      num_warps=config.num_warps)
 

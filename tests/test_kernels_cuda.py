@@ -1384,6 +1384,42 @@ def test_add_rms_norm_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(captured_sum, eager_sum, atol=0, rtol=0)
 
 
+# Rows 1-3: our skinny GEMM writing silu(gate) * up (the norm in its prologue at one row; 3 rows as 2 + 1); 16:
+# ce::add_rms_norm, cuBLAS, ce::silu_mul.
+@pytest.mark.parametrize("rows", cases([1, 2, 3, 16], quick=[1, 3]))
+def test_add_rms_norm_linear_silu_mul_on_model_shapes(rows):
+    """The MLP's norm, gate_up projection and activation in one op: bit for bit the unfused ops (ce::add_rms_norm_linear
+    then ce::silu_mul: the same GEMV sums, rounded and activated as ce::silu_mul does), no activation kernel launched
+    up to SKINNY_MAX_ROWS rows; against float64 through the same roundings; replayed in a CUDA graph."""
+    n, k = LINEAR_SHAPES["mlp_gate_up"]
+    gen = _seeded(rows)
+    x, residual = _randn(gen, rows, k, dtype=torch.bfloat16, scale=3.0), _randn(gen, rows, k, dtype=torch.bfloat16)
+    norm_weight = _randn(gen, k, dtype=torch.bfloat16, scale=0.5)
+    weight = _randn(gen, n, k, dtype=torch.bfloat16, scale=k**-0.5)
+
+    def fused():
+        return torch.ops.ce.add_rms_norm_linear_silu_mul(x, residual, norm_weight, 1e-6, weight)
+
+    out, summed = fused()
+    assert out.shape == (rows, n // 2) and summed.shape == (rows, k)
+    gate_up, unfused_sum = torch.ops.ce.add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight)
+    torch.testing.assert_close(out, torch.ops.ce.silu_mul(gate_up), atol=0, rtol=0)
+    torch.testing.assert_close(summed, unfused_sum, atol=0, rtol=0)
+    launched = " ".join(_kernel_names(fused))
+    assert ("_silu_mul_kernel" in launched) == (rows > SKINNY_MAX_ROWS), launched
+    assert ("_skinny_gemm_kernel" in launched) == (rows <= SKINNY_MAX_ROWS), launched
+    gate, up = gate_up.double().chunk(2, dim=1)  # the projection's bf16 values, as the epilogue rounds them
+    _assert_close_relative(out, gate * torch.sigmoid(gate) * up, max_abs=5e-2, max_rel_norm=8e-3,
+                           what="add_rms_norm_linear_silu_mul")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_out, _ = fused()
+    x.copy_(_randn(gen, rows, k, dtype=torch.bfloat16, scale=3.0))
+    graph.replay()
+    torch.testing.assert_close(captured_out, fused()[0], atol=0, rtol=0)
+
+
 @QUICK
 def test_advance_decode_inputs_on_the_static_buffers():
     """On the decode graph's own buffers (graphs/static_inputs.py): the greedy tokens become the input ids, the
@@ -1712,6 +1748,13 @@ def _opcheck_cases():
                                          _randn(gen, 1024, dtype=bf16), 1e-6, _randn(gen, 7168, 1024, dtype=bf16))),
         "silu_mul_linear": (torch.ops.ce.silu_mul_linear.default,
                             (_randn(gen, 2, 2 * 3584, dtype=bf16), _randn(gen, 1024, 3584, dtype=bf16))),
+        "add_rms_norm_linear_silu_mul": (torch.ops.ce.add_rms_norm_linear_silu_mul.default,
+                                         (_randn(gen, 2, 1024, dtype=bf16), _randn(gen, 2, 1024, dtype=bf16),
+                                          _randn(gen, 1024, dtype=bf16), 1e-6, _randn(gen, 7168, 1024, dtype=bf16))),
+        "add_rms_norm_linear_silu_mul_one_row": (torch.ops.ce.add_rms_norm_linear_silu_mul.default,
+                                                 (_randn(gen, 1, 1024, dtype=bf16), _randn(gen, 1, 1024, dtype=bf16),
+                                                  _randn(gen, 1024, dtype=bf16), 1e-6,
+                                                  _randn(gen, 7168, 1024, dtype=bf16))),
         "rms_norm": (torch.ops.ce.rms_norm.default,
                      (_randn(gen, 5, 16, 256, dtype=bf16)[..., :128], _randn(gen, 128, dtype=bf16),
                       _randn(gen, 5, 16, 128, dtype=bf16), 1e-6, False)),
@@ -1736,7 +1779,7 @@ OPCHECK_NAMES = ["store_kv", "paged_attention_decode", "attention_decode", "atte
                  "causal_conv1d_decode", "gated_delta_rule_prefill", "gated_delta_rule_decode", "gated_deltanet_decode",
                  "linear", "rms_norm",
                  "silu_mul", "silu_mul_linear", "add_rms_norm", "add_rms_norm_linear", "add_rms_norm_linear_one_row",
-                 "argmax",
+                 "add_rms_norm_linear_silu_mul", "add_rms_norm_linear_silu_mul_one_row", "argmax",
                  "advance_decode_inputs", "sample"]
 
 
@@ -1765,6 +1808,8 @@ KERNEL_NAMES = {
     "add_rms_norm": "_add_rms_norm_kernel",
     "add_rms_norm_linear": "_skinny_gemm_kernel",  # after _add_rms_norm_kernel: 2 rows
     "add_rms_norm_linear_one_row": "_skinny_gemm_kernel",
+    "add_rms_norm_linear_silu_mul": "_skinny_gemm_kernel",  # after _add_rms_norm_kernel: 2 rows
+    "add_rms_norm_linear_silu_mul_one_row": "_skinny_gemm_kernel",
     "argmax": "_argmax_chunks_kernel",
     "sample": "_sample_final_kernel",
     "advance_decode_inputs": "_next_decode_inputs_kernel",

@@ -320,10 +320,13 @@ def _child_checks() -> dict:
         kw = config.kwargs
         return f"BLOCK_M {kw.get('BLOCK_M', '-')} {kw['BLOCK_N']}x{kw['BLOCK_K']}"
 
-    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False, gated=False, full=False):
+    def check_skinny_gemm(rows, n, k, configs, block_m=None, strided=False, gated=False, full=False,
+                          gated_out=False):
         """Each config (see gemm_config) against a float64 matmul. ``gated``: x is [gate | up] (2K wide) and the
-        matmul's input silu(gate) * up (ce::silu_mul_linear). ``full``: the launches must take the loops without
-        masks (every tile inside the tensors: ``full_tiles``), else they must mask (a ragged N or K)."""
+        matmul's input silu(gate) * up (ce::silu_mul_linear). ``gated_out``: the weight's N rows are [gate | up] and
+        the output silu(gate) * up of the product, N / 2 wide (ce::add_rms_norm_linear_silu_mul). ``full``: the
+        launches must take the loops without masks (every tile inside the tensors: ``full_tiles``), else they must
+        mask (a ragged N or K)."""
         width = 2 * k if gated else k
         x = torch.randn(rows, width) * (3.0 if gated else 1.0)
         weight = torch.randn(n, k) * k**-0.5
@@ -338,12 +341,15 @@ def _child_checks() -> dict:
             gate, up = x_in[:, :k], x_in[:, k:]
             x_in = gate * torch.sigmoid(gate) * up
         want = x_in @ weight.double().T
+        if gated_out:
+            gate, up = want.chunk(2, dim=1)
+            want = gate * torch.sigmoid(gate) * up
         for c in configs:
             config = gemm_config(c, block_m)
             tiles = gemv_kernels.row_tiles(rows, config)
             assert tiles["DOT"] or gemv_kernels.full_tiles(rows, n, k, config, tiles) == full, config_name(config)
-            got = gemv_kernels.skinny_gemm(x, weight, config, gated)
-            assert got.shape == (rows, n) and got.dtype == x.dtype
+            got = gemv_kernels.skinny_gemm(x, weight, config, gated, gated_out)
+            assert got.shape == (rows, n // 2 if gated_out else n) and got.dtype == x.dtype
             compare(f"skinny gemm {config_name(config)}", got.double(), want)
 
     # K = 75 in 3, 5 and 2 chunks, the last one ragged; BLOCK_N 16 and 32 over N = 37 (a ragged last block)
@@ -395,18 +401,23 @@ def _child_checks() -> dict:
         assert got.is_contiguous() and got.shape == x.shape
         compare("rms_norm", got, want)
 
-    def check_add_rms_norm_gemm(rows, n, k, configs):
+    def check_add_rms_norm_gemm(rows, n, k, configs, gated_out=False):
         """ce::add_rms_norm_linear's skinny GEMM: the sum exactly, the projection of the norm against float64 (x a
-        strided view, as the model's branch outputs can be)."""
+        strided view, as the model's branch outputs can be); ``gated_out``: with the SiLU gate after it, as
+        check_skinny_gemm's (ce::add_rms_norm_linear_silu_mul)."""
         x = torch.randn(rows, k + 6)[:, 3:-3] * 3.0
         residual = torch.randn(rows, k) * 3.0
         norm_weight = torch.randn(k) * 0.5
         weight = torch.randn(n, k) * k**-0.5
         want_sum, normed = norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)
         want = normed.double() @ weight.double().T
+        if gated_out:
+            gate, up = want.chunk(2, dim=1)
+            want = gate * torch.sigmoid(gate) * up
         for c in configs:
             config = gemm_config(c)
-            out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config)
+            out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight, config,
+                                                                gated_out)
             compare(f"add_rms_norm gemm sum {config_name(config)}", summed, want_sum)
             compare(f"add_rms_norm gemm {config_name(config)}", out.double(), want)
 
@@ -626,6 +637,20 @@ def _child_checks() -> dict:
         **{f"gemm_full_tiles_gated_strided_m{m}": (lambda m=m: check_skinny_gemm(
             m, 32, 128, [(4, 32), (8, 128)], strided=True, gated=True, full=True)) for m in (1, 3)},
         "gemm_full_tiles_norm_m1": lambda: check_add_rms_norm_gemm(1, 32, 128, [(4, 32), (8, 128)]),
+        # the SiLU gate in the epilogue (the weight's rows [gate | up]: 19 gate columns over BLOCK_N / 2 of 8 and
+        # 16, a ragged last block; K = 75 ragged) at 1-5 rows (3 and 5 as 4 + 1), with the norm prologue at one
+        # row; full tiles with NaN past x and the weight; the rule's configs on the model's gate_up shape kind
+        **{f"gemm_gated_out_m{m}": (lambda m=m: check_skinny_gemm(m, 38, 75, gemm_configs[:1] + [(32, 64)],
+                                                                  gated_out=True)) for m in (1, 2, 3, 4, 5)},
+        "gemm_gated_out_norm_m1": lambda: check_add_rms_norm_gemm(1, 38, 75, gemm_configs + [(2, 64)],
+                                                                  gated_out=True),
+        **{f"gemm_full_tiles_gated_out_m{m}": (lambda m=m: check_skinny_gemm(m, 32, 128, [(4, 32), (8, 128)],
+                                                                             full=True, gated_out=True))
+           for m in (1, 3)},
+        "gemm_full_tiles_gated_out_norm_m1": lambda: check_add_rms_norm_gemm(1, 32, 128, [(4, 32), (8, 128)],
+                                                                             gated_out=True),
+        **{f"gemm_rule_configs_gated_out_m{m}": (lambda m=m: check_skinny_gemm(
+            m, 40, 600, [gemv_kernels.skinny_config(m, 7168, 1024)], gated_out=True)) for m in (1, 2, 3)},
         "apply_penalties": lambda: check_apply_penalties(5, penalty_kernels.BLOCK + 300),
     }
     results = {}
@@ -721,6 +746,11 @@ CHECK_NAMES = [
     *[f"gemm_full_tiles_m{m}" for m in (1, 2, 3, 4)],
     *[f"gemm_full_tiles_gated_strided_m{m}" for m in (1, 3)],
     "gemm_full_tiles_norm_m1",
+    *[f"gemm_gated_out_m{m}" for m in (1, 2, 3, 4, 5)],
+    "gemm_gated_out_norm_m1",
+    *[f"gemm_full_tiles_gated_out_m{m}" for m in (1, 3)],
+    "gemm_full_tiles_gated_out_norm_m1",
+    *[f"gemm_rule_configs_gated_out_m{m}" for m in (1, 2, 3)],
     "apply_penalties",
 ]
 

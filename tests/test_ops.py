@@ -32,7 +32,7 @@ from ops import NULL_BLOCK, NULL_SLOT
 from ops import delta_rule as dr
 from ops.activation import silu_mul
 from ops.linear import SKINNY_MAX_ROWS, linear, silu_mul_linear
-from ops.linear import add_rms_norm_linear_op
+from ops.linear import add_rms_norm_linear_op, add_rms_norm_linear_silu_mul_op
 from ops.norm import rms_norm
 
 ce = torch.ops.ce
@@ -881,6 +881,30 @@ def test_add_rms_norm_linear_matches_float64(tokens, k, n, dtype, seed):
 
 
 @given(
+    tokens=st.integers(0, 9),
+    k=st.sampled_from([8, 48]),
+    half=st.integers(1, 20),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=SEEDS,
+)
+def test_add_rms_norm_linear_silu_mul_matches_float64(tokens, k, half, dtype, seed):
+    """ce::add_rms_norm_linear_silu_mul (residual add + norm + the MLP's gate_up projection + its activation): the
+    sum, and ``silu(gate) * up`` of the projection of the norm, against float64."""
+    g = _gen(seed)
+    x, residual = _randn(g, tokens, k, scale=3.0, dtype=dtype), _randn(g, tokens, k, scale=3.0, dtype=dtype)
+    norm_weight = _randn(g, k, scale=0.5, dtype=dtype)
+    weight = _randn(g, 2 * half, k, scale=k**-0.5, dtype=dtype)
+    out, summed = add_rms_norm_linear_silu_mul_op(x, residual, norm_weight, 1e-6, weight)
+    assert out.shape == (tokens, half) and summed.shape == (tokens, k) and out.dtype == summed.dtype == dtype
+    torch.testing.assert_close(summed.double(), x.double() + residual.double(), **_tol(dtype))
+    sd = summed.double()
+    normed = sd * torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + norm_weight.double())
+    gate, up = (normed @ weight.double().T).chunk(2, dim=-1)
+    torch.testing.assert_close(out.double(), gate * torch.sigmoid(gate) * up,
+                               **{key: 3 * v for key, v in _tol(dtype).items()})
+
+
+@given(
     lead=st.sampled_from([(), (1,), (3,), (2, 3), (0,)]),
     k=st.integers(1, 40),
     n=st.integers(1, 40),
@@ -1054,6 +1078,8 @@ def _opcheck_cases():
         "add_rms_norm": (ce.add_rms_norm.default, (_randn(g, 3, 8), _randn(g, 3, 8), _randn(g, 8), 1e-6)),
         "add_rms_norm_linear": (ce.add_rms_norm_linear.default,
                                 (_randn(g, 3, 8), _randn(g, 3, 8), _randn(g, 8), 1e-6, _randn(g, 5, 8))),
+        "add_rms_norm_linear_silu_mul": (ce.add_rms_norm_linear_silu_mul.default,
+                                         (_randn(g, 3, 8), _randn(g, 3, 8), _randn(g, 8), 1e-6, _randn(g, 6, 8))),
         "rms_norm": (ce.rms_norm.default, (_randn(g, 3, 2, 16)[..., :8], _randn(g, 8), _randn(g, 3, 2, 8), 1e-6, False)),
         "argmax": (ce.argmax.default, (_randn(g, 3, 40)[:, 4:],)),  # rows of a wider tensor
         "sample": (  # greedy, sampled with top-k / top-p / min-p; rows of a wider tensor

@@ -177,6 +177,27 @@ def fma_runs(acc, w, x, W_A: tl.constexpr, W_B: tl.constexpr, X_A: tl.constexpr,
     return acc
 
 
+@triton.jit
+def _epilogue(result, pid_n, N, dtype: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+              GATED_OUT: tl.constexpr):
+    """The program's outputs from its fp32 sums ``result`` [BLOCK_N, ROWS]: (values in ``dtype``, their columns,
+    the columns' mask). GATED_OUT: the sums are interleaved gate / up pairs (see the kernel); the values are
+    ``silu(gate) * up``, rounded as ``ce::silu_mul`` rounds a gate_up output (gate and up in ``dtype``, silu's
+    output in ``dtype``, then the product), BLOCK_N / 2 columns of an [M, N / 2] output."""
+    if GATED_OUT:
+        pairs = tl.reshape(result.to(dtype).to(tl.float32), [BLOCK_N // 2, 2, ROWS])
+        gate, up = tl.split(tl.permute(pairs, (0, 2, 1)))
+        activated = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+        values = (activated * up).to(dtype)
+        cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        c_mask = cols < N // 2
+    else:
+        values = result.to(dtype)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_mask = cols < N
+    return values, cols, c_mask
+
+
 @triton.jit(do_not_specialize=["M"])  # one compiled variant for every M of a BLOCK_M (else M == 1 is its own)
 def _skinny_gemm_kernel(
     x,
@@ -208,6 +229,7 @@ def _skinny_gemm_kernel(
     DOT: tl.constexpr = False,  # the tensor-core loop (BLOCK_M 8 or 16) instead of the few-rows GEMV
     EXTRA_ROW: tl.constexpr = False,  # the few-rows GEMV: M = BLOCK_M + 1, the last row in a tile of its own
     FULL: tl.constexpr = False,  # the GEMV loops: every tile lies inside x and the weight (``full_tiles``)
+    GATED_OUT: tl.constexpr = False,  # the weight's rows are [gate | up]; out is silu(gate) * up, N / 2 columns
 ):
     if USE_PDL:
         # The next kernel on the stream, if it is launched with PDL too, may start now: its weight loads overlap
@@ -217,9 +239,15 @@ def _skinny_gemm_kernel(
     if PREFETCH_L2:  # the whole (contiguous) weight, split over the first programs, before anything is waited for
         prefetch_l2_slab(weight, N * K * weight.dtype.element_ty.primitive_bitwidth // 8, pid_n, prefetch_programs)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    if GATED_OUT:
+        # The program's BLOCK_N weight rows are BLOCK_N / 2 gate rows and the matching up rows, interleaved (row 2i
+        # gate column j, row 2i + 1 up column j), so that its epilogue holds both factors of each of its outputs.
+        offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
+        n_mask = offs_n < N // 2
+        offs_n += (tl.arange(0, BLOCK_N) % 2) * (N // 2)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
-    n_mask = offs_n < N
     m_mask = offs_m < M
     w_rows = weight + offs_n.to(tl.int64)[:, None] * stride_w_n  # int64: N * K may pass 2**31 (large vocabularies)
     x_up = K * stride_x_k  # GATED_X: where the up half of an x row starts
@@ -333,11 +361,13 @@ def _skinny_gemm_kernel(
                     acc_e = fma_runs(acc_e, w, ef, 1, BLOCK_N, 1, 1, BLOCK_K // VEC)
             result = tl.trans(tl.sum(acc, axis=2))  # [BLOCK_N, BLOCK_M]
             if EXTRA_ROW:
-                tl.store(out + BLOCK_M * stride_o_m + offs_n[:, None] * stride_o_n,
-                         tl.trans(tl.sum(acc_e, axis=2)).to(out.dtype.element_ty), mask=n_mask[:, None])
+                values, cols, c_mask = _epilogue(tl.trans(tl.sum(acc_e, axis=2)), pid_n, N, out.dtype.element_ty,
+                                                 BLOCK_N, 1, GATED_OUT)
+                tl.store(out + BLOCK_M * stride_o_m + cols[:, None] * stride_o_n, values, mask=c_mask[:, None])
 
-    tl.store(out + offs_m[None, :] * stride_o_m + offs_n[:, None] * stride_o_n, result.to(out.dtype.element_ty),
-             mask=n_mask[:, None] & m_mask[None, :])
+    values, cols, c_mask = _epilogue(result, pid_n, N, out.dtype.element_ty, BLOCK_N, BLOCK_M, GATED_OUT)
+    tl.store(out + offs_m[None, :] * stride_o_m + cols[:, None] * stride_o_n, values,
+             mask=c_mask[:, None] & m_mask[None, :])
 
 
 def _config(block_n: int, block_k: int, num_warps: int, num_stages: int, block_m: int | None = None,
@@ -421,8 +451,10 @@ def skinny_gemm(
     weight: torch.Tensor,  # [N, K], same dtype as x
     config: triton.Config | None = None,
     gated: bool = False,
+    gated_out: bool = False,
 ) -> torch.Tensor:
-    """``x @ weight.T`` -> [M, N] in x's dtype, fp32 accumulation; ``gated``: ``silu_mul(x) @ weight.T``.
+    """``x @ weight.T`` -> [M, N] in x's dtype, fp32 accumulation; ``gated``: ``silu_mul(x) @ weight.T``;
+    ``gated_out``: ``silu_mul(x @ weight.T)`` -> [M, N / 2], the weight's rows ``[gate | up]`` (the MLP's gate_up).
 
     ``config`` runs one fixed configuration instead of the rule's: the interpreter tests and the benchmarks use it.
     Its ``BLOCK_M`` chooses the loop (1: the one-row GEMV; 2, 4, 8: the few-rows GEMV); a config without one runs at
@@ -430,7 +462,7 @@ def skinny_gemm(
     """
     if gated and x.shape[1] % 2:
         raise ValueError(f"a gated skinny_gemm takes x = [gate | up] with an even width, got {x.shape[1]}")
-    return _launch(x, weight, config, gated=gated)
+    return _launch(x, weight, config, gated=gated, gated_out=gated_out)
 
 
 def add_rms_norm_skinny_gemm(
@@ -440,9 +472,11 @@ def add_rms_norm_skinny_gemm(
     eps: float,
     weight: torch.Tensor,  # [N, K]
     config: triton.Config | None = None,
+    gated_out: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(residual + x) @ weight.T, residual + x)`` for one row: a decoder layer's residual add and norm in
-    the prologue of the matmul after them (``ce::add_rms_norm_linear`` at one row). Every program recomputes the row's
+    the prologue of the matmul after them (``ce::add_rms_norm_linear`` at one row; ``gated_out``: with the SiLU gate
+    as ``skinny_gemm``'s, ``ce::add_rms_norm_linear_silu_mul``). Every program recomputes the row's
     statistics from x and residual (a few KB read from L2 per program) instead of waiting for a separate norm
     kernel. From two rows that recomputation costs more than the hop (see the module docstring): ValueError."""
     rows, k = x.shape
@@ -453,7 +487,7 @@ def add_rms_norm_skinny_gemm(
         raise ValueError(f"add_rms_norm_skinny_gemm: residual must be [1, K] = {tuple(x.shape)} with unit stride "
                          f"along K and norm_weight [K]; got {tuple(residual.shape)}, {tuple(norm_weight.shape)}")
     summed = x.new_empty((rows, k))
-    out = _launch(x, weight, config, norm=(residual, norm_weight.contiguous(), eps, summed))
+    out = _launch(x, weight, config, norm=(residual, norm_weight.contiguous(), eps, summed), gated_out=gated_out)
     return out, summed
 
 
@@ -490,26 +524,31 @@ def full_tiles(rows: int, n: int, k: int, config: triton.Config, tiles: dict) ->
             and rows == tiles["BLOCK_M"] + tiles["EXTRA_ROW"])
 
 
-def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None) -> torch.Tensor:
+def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None,
+            gated_out: bool = False) -> torch.Tensor:
     rows, k = x.shape
     k = k // 2 if gated else k
     n = weight.shape[0]
+    if gated_out and n % 2:
+        raise ValueError(f"a gated_out skinny_gemm takes a weight of [gate | up] rows, an even number; got {n}")
     if config is None:
         config = skinny_config(rows, n, k)
     tiles = row_tiles(rows, config)
+    if gated_out and (tiles["DOT"] or config.kwargs["BLOCK_N"] % 2):
+        raise ValueError(f"gated_out runs the GEMV loops with an even BLOCK_N (gate and up rows in pairs), got "
+                         f"{config.kwargs} (num_warps {config.num_warps})")
     if norm is not None and tiles["BLOCK_M"] != 1:
         raise ValueError(f"add_rms_norm_skinny_gemm runs the one-row GEMV (BLOCK_M = 1), got a config with "
                          f"BLOCK_M = {tiles['BLOCK_M']}: from two rows the norm runs apart (ce::add_rms_norm, "
                          f"ops/linear.py)")
-    out = x.new_empty((rows, n))
+    out = x.new_empty((rows, n // 2 if gated_out else n))
     residual, norm_weight, eps, summed = norm if norm is not None else (x, x, 0.0, x)  # unused placeholders
     args = (x, weight, out, rows, n, k, *x.stride(), *weight.stride(), *out.stride(),
             residual, norm_weight, summed, residual.stride(0), eps)
     norm_block = min(triton.next_power_of_2(k), NORM_BLOCK_MAX) if norm is not None else 1
     grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]),)
-    flags = {**tiles, "FULL": full_tiles(rows, n, k, config, tiles), "GATED_X": gated, "NORM_X": norm is not None,
-             "NORM_BLOCK": norm_block, **pdl_flags(x),
-             **l2_prefetch_flags(weight, grid[0])}
+    flags = {**tiles, "FULL": full_tiles(rows, n, k, config, tiles), "GATED_X": gated, "GATED_OUT": gated_out,
+             "NORM_X": norm is not None, "NORM_BLOCK": norm_block, **pdl_flags(x), **l2_prefetch_flags(weight, grid[0])}
     launch = {key: v for key, v in config.all_kwargs().items() if key not in ("BLOCK_M", "DOT")}
     _skinny_gemm_kernel[grid](*args, **flags, **launch)
     return out
