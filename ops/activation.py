@@ -3,8 +3,9 @@
 Why an op: outside a compiled graph (every prefill step) the plain-torch form is two kernels (``silu`` writes a
 ``[T, I]`` tensor, the multiply reads it back) over the widest activations of the model (I = 3,584 for Qwen3.5-0.8B);
 the kernel reads gate and up once and writes the product once (measured together with ``ce::rms_norm``: bench/NOTES.md,
-"Norm and activation ops"). The model reaches it through ``ce::silu_mul_linear`` (ops/linear.py), whose skinny GEMM
-computes the activation itself at decode batch sizes and calls this op above them.
+"Norm and activation ops"). The model reaches it through ``ce::add_rms_norm_linear_silu_mul`` (a dense MLP's gate_up)
+and ``ce::silu_mul_linear`` (a sparse MoE block's shared expert), ops/linear.py, whose skinny GEMMs compute the
+activation themselves at decode batch sizes and call this op above them.
 
 * ``ce::silu_mul(gate_up [T, 2I]) -> [T, I]`` contiguous, in gate_up's dtype: gate is the first half of each row,
   up the second (the layout of the fused ``gate_up_proj``). Rows may be strided; the columns must be contiguous.

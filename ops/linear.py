@@ -8,9 +8,10 @@ and speculative verify steps of up to 4 rows) and cuBLAS from 5 rows on. It deci
 op, where M is a plain int: a compiled graph with a symbolic batch size never guards on it.
 
 * ``ce::linear(x [M, K], weight [N, K]) -> [M, N]`` in x's dtype;
-* ``ce::silu_mul_linear(gate_up [M, 2K], weight [N, K]) -> [M, N]``: ``silu_mul(gate_up) @ weight.T``, the MLP's
-  activation and down projection. Up to ``SKINNY_MAX_ROWS`` rows the skinny GEMM computes the activation as it
-  loads x (one launch instead of two: at batch 1, 24 fewer launches a step); above, ``ce::silu_mul`` then cuBLAS.
+* ``ce::silu_mul_linear(gate_up [M, 2K], weight [N, K]) -> [M, N]``: ``silu_mul(gate_up) @ weight.T``, an MLP's
+  activation and down projection where gate_up comes from a wider projection (a sparse MoE block's shared expert,
+  whose gate_up shares its matmul with the router). Up to ``SKINNY_MAX_ROWS`` rows the skinny GEMM computes the
+  activation as it loads x (one launch instead of two); above, ``ce::silu_mul`` then cuBLAS.
 * ``ce::add_rms_norm_linear(x [M, K], residual [M, K], norm_weight [K], eps, weight [N, K]) -> (out [M, N],
   summed [M, K])``: a decoder layer's residual add (``summed = residual + x``), its zero-centred RMSNorm and the
   projection after it. At one row the skinny GEMM's programs compute the norm themselves (one launch instead of two:

@@ -1,7 +1,8 @@
 """Triton kernel for ``ce::linear`` at one to four rows (decode): ``out[M, N] = x[M, K] @ weight[N, K]^T``.
 
 (and for its fused forms, ops/linear.py: ``ce::silu_mul_linear``, the same with ``silu(gate) * up`` computed from
-x = ``[gate | up]`` as it loads; ``ce::add_rms_norm_linear`` at one row, with a layer's residual add and RMSNorm.)
+x = ``[gate | up]`` as it loads; ``ce::add_rms_norm_linear`` at one row, with a layer's residual add and RMSNorm;
+``ce::add_rms_norm_linear_silu_mul``, the MLP's gate_up with ``silu(gate) * up`` computed from its own outputs.)
 
 Why: a decode step at batch 1-4 reads every weight once and does one to four multiply-adds per weight element, so
 its weight matmuls should run at memory bandwidth; cuBLAS picks kernels made for large M on these small matrices and
@@ -46,6 +47,10 @@ Design, for bandwidth:
     ops/linear.py. Every program recomputes its x chunk's prologue, so its cost grows with BLOCK_M x K per program:
     from two rows the norm's share (a pass over the whole rows for their statistics, then the normed values again in
     every chunk) outweighs the hop it saves, and ops/linear.py runs ``ce::add_rms_norm`` before the GEMV instead.
+  * an epilogue that saves the SiLU gate's recomputation: GATED_OUT, the MLP's gate_up projection (weight rows
+    ``[gate | up]``) with each program owning matching gate and up rows (interleaved in its tile), so it writes
+    ``silu(gate) * up`` itself, once per output, where GATED_X in down's prologue recomputed it in every one of
+    down's programs over the whole K (down's loop has half the instructions without it, Triton 3.9 for sm_90).
   * configs: by rule (``skinny_config``: ``gemv_config`` at one row, ``gemv_rows_config`` above), from the model's
     matmul chain timed as a decode step runs it (bench/gemv_chain.py), not by ``triton.autotune``, which times each
     call alone (the L2 flushed, nothing before it) and so ranks configs wrongly for a chain of PDL launches whose
