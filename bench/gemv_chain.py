@@ -80,14 +80,15 @@ WIDE_DOT = [(64, 128, 2, 3), (32, 128, 1, 3), (64, 256, 2, 2), (128, 128, 4, 3),
 NARROW_DOT = [(16, 256, 1, 3), (32, 128, 1, 3), (32, 256, 2, 3), (16, 128, 1, 4), (16, 512, 1, 2)]
 VOCAB_DOT = [(64, 128, 2, 3), (128, 128, 4, 3), (128, 64, 4, 4), (256, 64, 8, 3)]
 # Past SKINNY_MAX_ROWS, the chain with every role on the tensor-core loop (the descent's start there), per role kind
-DOT_START = {"norm": (32, 128, 1, 3), "plain": (16, 256, 1, 3), "gated": (16, 256, 1, 3)}
+DOT_START = {"norm": (32, 128, 1, 3), "plain": (16, 256, 1, 3)}
 
 # roles: name -> (prologue, one-row candidates, 2..GEMV_MAX_ROWS-row candidates, tensor-core candidates);
-# gdn_out_proj and attn_o_proj share a shape
+# gdn_out_proj and attn_o_proj share a shape; mlp_down's input is gate_up's activated output (its SiLU gate in
+# gate_up's epilogue: "plain"; the "down prologue" variant reads [gate | up] instead)
 ROLE_KINDS = {"gdn_in_proj": ("norm", WIDE, WIDE_ROWS, WIDE_DOT),
               "out_proj": ("plain", NARROW, NARROW_ROWS, NARROW_DOT),
               "mlp_gate_up": ("norm", WIDE, WIDE_ROWS, WIDE_DOT),
-              "mlp_down": ("gated", NARROW, NARROW_ROWS, NARROW_DOT),
+              "mlp_down": ("plain", NARROW, NARROW_ROWS, NARROW_DOT),
               "attn_qkv": ("norm", WIDE, WIDE_ROWS, WIDE_DOT),
               "lm_head": ("plain", VOCAB, VOCAB_ROWS, VOCAB_DOT)}
 

@@ -6,7 +6,8 @@ throughput, issue slots, warp stalls, instructions executed) at a given row coun
         --section InstructionStats --section Occupancy --section LaunchStats --csv --page details \\
         python3 bench/gemv_ncu.py --rows 4 [--cublas]
 
-The layer is a Gated-DeltaNet layer (in_proj and gate_up with the norm prologue, out_proj, down with the SiLU gate),
+The layer is a Gated-DeltaNet layer (in_proj and gate_up with the norm prologue, gate_up with the SiLU gate in its
+epilogue, out_proj, down; with ``--dot`` the gate in down's prologue, as the tensor-core loop has no epilogue),
 then the lm_head; warm-up runs of the same calls come first, outside the profiled range (the compiles). Every kernel
 runs alone under ncu (its replays flush the caches), without the PDL overlap of a step.
 """
@@ -36,7 +37,7 @@ def main(argv=None) -> None:
     shape.layers = 1  # the first layer, a Gated-DeltaNet one (full attention comes every fourth)
     chain = Chain(shape)
     chain.set_rows(args.rows)
-    mode = "cublas" if args.cublas else "skinny"
+    mode = "cublas" if args.cublas else "skinny_down_prologue" if args.dot else "skinny"
     configs = dot_configs(chain.roles) if args.dot else None
     for _ in range(3):  # compile and warm
         chain.run(configs, mode)
