@@ -1386,7 +1386,7 @@ def test_add_rms_norm_linear_on_model_shapes(name, rows):
 
 # Rows 1-3: our skinny GEMM writing silu(gate) * up (the norm in its prologue at one row; 3 rows as 2 + 1); 16:
 # ce::add_rms_norm, cuBLAS, ce::silu_mul.
-@pytest.mark.parametrize("rows", cases([1, 2, 3, 16], quick=[1, 3]))
+@pytest.mark.parametrize("rows", cases([(1,), (2,), (3,), (16,)], quick=[(1,), (3,)]))
 def test_add_rms_norm_linear_silu_mul_on_model_shapes(rows):
     """The MLP's norm, gate_up projection and activation in one op: bit for bit the unfused ops (ce::add_rms_norm_linear
     then ce::silu_mul: the same GEMV sums, rounded and activated as ce::silu_mul does), no activation kernel launched
