@@ -141,10 +141,11 @@ def add_rms_norm_linear_silu_mul_reference(
 
 
 def _add_rms_norm_linear_silu_mul_cuda(x, residual, norm_weight, eps, weight):
-    if not (_skinny(x, weight) and weight.shape[0] % 2 == 0):
+    rows, n = x.shape[0], weight.shape[0]
+    if not (_skinny(x, weight) and gemv_kernels.takes_gated_out(rows, n, x.shape[1])):
         out, summed = _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight)
         return silu_mul_op(out), summed
-    if norm_in_prologue(x.shape[0]) and residual.dtype == x.dtype and residual.stride(-1) == 1:
+    if norm_in_prologue(rows) and residual.dtype == x.dtype and residual.stride(-1) == 1:
         return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight, gated_out=True)
     summed, normed = add_rms_norm_op(x, residual, norm_weight, eps)
     return gemv_kernels.skinny_gemm(normed, weight, gated_out=True), summed

@@ -121,6 +121,8 @@ def test_skinny_gemm_rule_compiles_for_sm90(rows):
         tiles = gk.row_tiles(rows, config)
         assert tiles["EXTRA_ROW"] == (rows in (3, 5) and not tiles["DOT"])
         assert gk.full_tiles(rows, n, k, config, tiles) == (k != 3584 and not tiles["DOT"])
+        # the SiLU epilogue wherever the GEMV loops run (ops/linear.py falls back to ce::silu_mul elsewhere)
+        assert gk.takes_gated_out(rows, n, k) == (not tiles["DOT"]) and not gk.takes_gated_out(rows, n + 1, k)
         variants = [(False, False, False), (True, False, False)] + ([(False, True, False)] if rows == 1 else [])
         if n == 8192:  # gate_up's kind
             variants += [(False, rows == 1, True)]

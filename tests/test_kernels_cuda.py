@@ -36,7 +36,7 @@ from ops import (
     kv_cache, layouts, norm, paged_attention, penalties, sample,
 )
 from ops.linear import SKINNY_MAX_ROWS
-from ops.triton import sample_kernels
+from ops.triton import gemv_kernels, sample_kernels
 from tests import hf_models
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -1217,8 +1217,6 @@ def _check_skinny_configs(gen, rows, name, configs):
     """Each of ``configs`` on the model shape ``name`` at ``rows`` rows: plain, with the SiLU gate and (one row, the
     only place it runs) with the residual add + norm in the prologue, against float64 through the prologue's
     roundings (the sum exactly)."""
-    from ops.triton import gemv_kernels
-
     n, k = LINEAR_SHAPES[name]
     x, weight = _linear_inputs(gen, rows, n, k)
     gate_up = _randn(gen, rows, 2 * k, dtype=torch.bfloat16)
@@ -1240,8 +1238,6 @@ def test_linear_every_rule_config(rows):
     """The rule's config (gemv_kernels.skinny_config: the one-row GEMV at 1 row, the few-rows GEMV above; ce::linear
     runs it up to SKINNY_MAX_ROWS rows, bench/gemv_chain.py up to GEMV_MAX_ROWS) on a narrow and a wide model
     shape (_check_skinny_configs)."""
-    from ops.triton import gemv_kernels
-
     gen = _seeded(rows)
     for name in ("mlp_down", "gdn_in_proj"):
         _check_skinny_configs(gen, rows, name, [gemv_kernels.skinny_config(rows, *LINEAR_SHAPES[name])])
@@ -1252,8 +1248,6 @@ def test_linear_tensor_core_loop(rows):
     """The skinny GEMM's tensor-core loop (``DOT`` configs: x's rows padded to 8 or 16 as the mma's narrow side, the
     weight tile the wide one) on a narrow and a wide model shape (_check_skinny_configs): bench/gemv_chain.py's
     candidates."""
-    from ops.triton import gemv_kernels
-
     gen = _seeded(100 + rows)
     for name, configs in (("mlp_down", [(16, 256, 1, 3), (32, 128, 1, 3)]),
                           ("gdn_in_proj", [(64, 128, 2, 3), (64, 128, 4, 3), (64, 256, 2, 2)])):
@@ -1264,7 +1258,7 @@ def test_skinny_gemm_l2_prefetch():
     """The weight's L2 prefetch (ops/triton/l2_prefetch.py) is in the compiled GEMV where it is on, and changes no
     bit of the result: a hint, not a value (the same call with the l2_prefetch option off)."""
     from ops.options import use_options
-    from ops.triton import gemv_kernels, l2_prefetch
+    from ops.triton import l2_prefetch
 
     if not l2_prefetch.l2_prefetch_enabled():
         pytest.skip("no L2 prefetch here (pre-Hopper GPU or CE_L2_PREFETCH=0)")
@@ -1385,13 +1379,15 @@ def test_add_rms_norm_linear_on_model_shapes(name, rows):
 
 
 # Rows 1-3: our skinny GEMM writing silu(gate) * up (the norm in its prologue at one row; 3 rows as 2 + 1); 16:
-# ce::add_rms_norm, cuBLAS, ce::silu_mul.
-@pytest.mark.parametrize("rows", cases([(1,), (2,), (3,), (16,)], quick=[(1,), (3,)]))
-def test_add_rms_norm_linear_silu_mul_on_model_shapes(rows):
+# ce::add_rms_norm, cuBLAS, ce::silu_mul. A gate_up as wide as a vocabulary at 3 rows: the rule's tensor-core loop,
+# which has no epilogue, then ce::silu_mul.
+@pytest.mark.parametrize("n, rows", cases([(7168, 1), (7168, 2), (7168, 3), (7168, 16), (2 * 40000, 3)],
+                                          quick=[(7168, 1), (7168, 3)]))
+def test_add_rms_norm_linear_silu_mul_on_model_shapes(n, rows):
     """The MLP's norm, gate_up projection and activation in one op: bit for bit the unfused ops (ce::add_rms_norm_linear
     then ce::silu_mul: the same GEMV sums, rounded and activated as ce::silu_mul does), no activation kernel launched
-    up to SKINNY_MAX_ROWS rows; against float64 through the same roundings; replayed in a CUDA graph."""
-    n, k = LINEAR_SHAPES["mlp_gate_up"]
+    where the skinny GEMM's epilogue runs; against float64 through the same roundings; replayed in a CUDA graph."""
+    k = LINEAR_SHAPES["mlp_gate_up"][1]
     gen = _seeded(rows)
     x, residual = _randn(gen, rows, k, dtype=torch.bfloat16, scale=3.0), _randn(gen, rows, k, dtype=torch.bfloat16)
     norm_weight = _randn(gen, k, dtype=torch.bfloat16, scale=0.5)
@@ -1406,7 +1402,9 @@ def test_add_rms_norm_linear_silu_mul_on_model_shapes(rows):
     torch.testing.assert_close(out, torch.ops.ce.silu_mul(gate_up), atol=0, rtol=0)
     torch.testing.assert_close(summed, unfused_sum, atol=0, rtol=0)
     launched = " ".join(_kernel_names(fused))
-    assert ("_silu_mul_kernel" in launched) == (rows > SKINNY_MAX_ROWS), launched
+    epilogue = rows <= SKINNY_MAX_ROWS and gemv_kernels.takes_gated_out(rows, n, k)
+    assert epilogue == (n == 7168 and rows <= SKINNY_MAX_ROWS)
+    assert ("_silu_mul_kernel" in launched) == (not epilogue), launched
     assert ("_skinny_gemm_kernel" in launched) == (rows <= SKINNY_MAX_ROWS), launched
     gate, up = gate_up.double().chunk(2, dim=1)  # the projection's bf16 values, as the epilogue rounds them
     _assert_close_relative(out, gate * torch.sigmoid(gate) * up, max_abs=5e-2, max_rel_norm=8e-3,

@@ -529,6 +529,12 @@ def full_tiles(rows: int, n: int, k: int, config: triton.Config, tiles: dict) ->
             and rows == tiles["BLOCK_M"] + tiles["EXTRA_ROW"])
 
 
+def takes_gated_out(rows: int, n: int, k: int) -> bool:
+    """Whether the rule's config for ``rows`` rows of a [n, k] weight can write ``silu(gate) * up`` (``gated_out``):
+    an even n on the GEMV loops (the tensor-core loop, the vocabulary's at 3-4 rows, has no such epilogue)."""
+    return n % 2 == 0 and not row_tiles(rows, skinny_config(rows, n, k))["DOT"]
+
+
 def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None,
             gated_out: bool = False) -> torch.Tensor:
     rows, k = x.shape
