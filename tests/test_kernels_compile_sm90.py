@@ -109,7 +109,7 @@ def test_skinny_gemm_rule_compiles_for_sm90(rows):
     2,048 or 3,584, the wide K = 1,024 ones, the vocabulary), plain and with the SiLU gate (and at one row the norm
     prologue), the wide ones with the SiLU gate in the epilogue too (``GATED_OUT``, the MLP's gate_up), as
     ``_launch`` sets its constexprs: at 3 and 5 rows the power of two below and the last row apart (``EXTRA_ROW``);
-    without masks where the tiles are full (``FULL``: all but K = 3,584)."""
+    at one row without masks where the tiles are full (``FULL``: all but K = 3,584)."""
     from ops.triton import gemv_kernels as gk
 
     sig = dict(x=_ptr("bf16"), weight=_ptr("bf16"), out=_ptr("bf16"), M="i32", N="i32", K="i32",
@@ -120,7 +120,7 @@ def test_skinny_gemm_rule_compiles_for_sm90(rows):
         config = gk.skinny_config(rows, n, k)
         tiles = gk.row_tiles(rows, config)
         assert tiles["EXTRA_ROW"] == (rows in (3, 5) and not tiles["DOT"])
-        assert gk.full_tiles(rows, n, k, config, tiles) == (k != 3584 and not tiles["DOT"])
+        assert gk.full_tiles(rows, n, k, config, tiles) == (rows == 1 and k != 3584)
         # the SiLU epilogue wherever the GEMV loops run (ops/linear.py falls back to ce::silu_mul elsewhere)
         assert gk.takes_gated_out(rows, n, k) == (not tiles["DOT"]) and not gk.takes_gated_out(rows, n + 1, k)
         variants = [(False, False, False), (True, False, False)] + ([(False, True, False)] if rows == 1 else [])

@@ -36,10 +36,10 @@ Design, for bandwidth:
     into L2 before waiting (ops/triton/l2_prefetch.py); and the GEMV loops load their first weight chunk, which no
     earlier kernel writes, before waiting for the earlier kernels to finish and reading x, then issue every chunk's
     loads one iteration ahead of its use.
-  * full tiles (``full_tiles``: BLOCK_N divides N, BLOCK_K divides K, the rows fill the tile; the model's matmuls
-    but down): the GEMV loops load without masks, so an iteration spends no instructions on predicates and on
-    zeroing masked lanes' registers (~5% of a few-rows iteration's); the loop then stops a chunk short, since its
-    look-ahead would read past the row, and the last chunk's product follows it.
+  * full tiles at one row (``full_tiles``: BLOCK_N divides N, BLOCK_K divides K; the model's matmuls but down): the
+    one-row loop loads without masks, so an iteration spends no instructions on predicates and on zeroing masked
+    lanes' registers; the loop then stops a chunk short, since its look-ahead would read past the row, and the last
+    chunk's product follows it. The few-rows loop always masks.
   * prologues that save a launch each: GATED_X, the MLP's down projection reads ``silu(gate) * up`` straight from
     the gate_up output (``[gate | up]`` rows) instead of a separate ``ce::silu_mul`` launch (``ce::silu_mul_linear``);
     NORM_X (one row only), a layer's residual add and RMSNorm run in the prologue of the projection after them,
@@ -233,7 +233,7 @@ def _skinny_gemm_kernel(
     PREFETCH_L2: tl.constexpr,  # the weight is brought into L2 before the wait (ops/triton/l2_prefetch.py)
     DOT: tl.constexpr = False,  # the tensor-core loop (BLOCK_M 8 or 16) instead of the few-rows GEMV
     EXTRA_ROW: tl.constexpr = False,  # the few-rows GEMV: M = BLOCK_M + 1, the last row in a tile of its own
-    FULL: tl.constexpr = False,  # the GEMV loops: every tile lies inside x and the weight (``full_tiles``)
+    FULL: tl.constexpr = False,  # the one-row loop: every tile lies inside x and the weight (``full_tiles``)
     GATED_OUT: tl.constexpr = False,  # the weight's rows are [gate | up]; out is silu(gate) * up, N / 2 columns
 ):
     if USE_PDL:
@@ -310,7 +310,7 @@ def _skinny_gemm_kernel(
         ks = offs_k
         k_mask = ks < K
         if not DOT:
-            w = _load(w_rows + ks[None, :] * stride_w_k, n_mask[:, None] & k_mask[None, :], FULL)
+            w = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
         x_rows = x + offs_m[:, None] * stride_x_m
@@ -328,42 +328,33 @@ def _skinny_gemm_kernel(
             result = acc  # [BLOCK_N, BLOCK_M]
         else:
             # EXTRA_ROW: x's row BLOCK_M too, as a [1, BLOCK_K] tile with an accumulator of its own (three rows as
-            # two and one: no padded fourth row's multiply-adds and conversions). FULL: as at one row.
+            # two and one: no padded fourth row's multiply-adds and conversions).
             x_ptrs = x_rows + ks[None, :] * stride_x_k
             xv, up, rv, nw = _x_load(x_ptrs, m_mask[:, None] & k_mask[None, :], x_up, x_ptrs, x_ptrs, None, GATED_X,
-                                     False, FULL)
+                                     False, False)
             acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
             if EXTRA_ROW:
                 e_row = x + BLOCK_M * stride_x_m
                 e_ptrs = e_row + ks[None, :] * stride_x_k
-                ev, eup, erv, enw = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False, FULL)
+                ev, eup, erv, enw = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False, False)
                 acc_e = tl.zeros([1, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
-            k_end = K
-            if FULL:
-                k_end = K - BLOCK_K
-            for k in range(0, k_end, BLOCK_K):
+            for k in range(0, K, BLOCK_K):
                 ks += BLOCK_K
                 k_mask = ks < K
-                w_next = _load(w_rows + ks[None, :] * stride_w_k, n_mask[:, None] & k_mask[None, :], FULL)
+                w_next = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
                 x_ptrs = x_rows + ks[None, :] * stride_x_k
                 next_x = _x_load(x_ptrs, m_mask[:, None] & k_mask[None, :], x_up, x_ptrs, x_ptrs, None, GATED_X,
-                                 False, FULL)
+                                 False, False)
                 xf = _x_value(xv, up, rv, nw, 1.0, GATED_X, False).to(tl.float32)
                 acc = fma_runs(acc, w, xf, 1, BLOCK_N, BLOCK_M, 1, BLOCK_K // VEC)
                 if EXTRA_ROW:
                     e_ptrs = e_row + ks[None, :] * stride_x_k
-                    next_e = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False, FULL)
+                    next_e = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False, False)
                     ef = _x_value(ev, eup, erv, enw, 1.0, GATED_X, False).to(tl.float32)
                     acc_e = fma_runs(acc_e, w, ef, 1, BLOCK_N, 1, 1, BLOCK_K // VEC)
                     ev, eup, erv, enw = next_e
                 w = w_next
                 xv, up, rv, nw = next_x
-            if FULL:
-                xf = _x_value(xv, up, rv, nw, 1.0, GATED_X, False).to(tl.float32)
-                acc = fma_runs(acc, w, xf, 1, BLOCK_N, BLOCK_M, 1, BLOCK_K // VEC)
-                if EXTRA_ROW:
-                    ef = _x_value(ev, eup, erv, enw, 1.0, GATED_X, False).to(tl.float32)
-                    acc_e = fma_runs(acc_e, w, ef, 1, BLOCK_N, 1, 1, BLOCK_K // VEC)
             result = tl.trans(tl.sum(acc, axis=2))  # [BLOCK_N, BLOCK_M]
             if EXTRA_ROW:
                 values, cols, c_mask = _epilogue(tl.trans(tl.sum(acc_e, axis=2)), pid_n, N, out.dtype.element_ty,
@@ -516,17 +507,17 @@ def row_tiles(rows: int, config: triton.Config) -> dict:
     return {"DOT": dot, "BLOCK_M": block_m // 2 if extra_row else block_m, "EXTRA_ROW": extra_row}
 
 
-# Whether the GEMV loops drop their masks where every tile is full (``full_tiles``); off, they mask every load.
+# Whether the one-row GEMV loop drops its masks where every tile is full (``full_tiles``); off, it masks every load.
 FULL_TILES = True
 
 
 def full_tiles(rows: int, n: int, k: int, config: triton.Config, tiles: dict) -> bool:
-    """Whether a GEMV launch's tiles all lie inside x and the weight: BLOCK_N divides N, BLOCK_K divides K and the
-    rows fill BLOCK_M (with EXTRA_ROW's row past it). The model's matmuls all do but those with K = 3,584 (down), whose
-    2,048-wide chunks leave a ragged last one."""
+    """Whether a one-row GEMV launch's tiles all lie inside x and the weight: BLOCK_N divides N and BLOCK_K divides
+    K. The model's matmuls all do but those with K = 3,584 (down), whose 2,048-wide chunks leave a ragged last one.
+    The few-rows loop masks every load: unmasked, it was level at two rows and far slower at three (bench/NOTES.md)."""
     kw = config.kwargs
-    return (FULL_TILES and not tiles["DOT"] and n % kw["BLOCK_N"] == 0 and k % kw["BLOCK_K"] == 0
-            and rows == tiles["BLOCK_M"] + tiles["EXTRA_ROW"])
+    return (FULL_TILES and rows == 1 and tiles["BLOCK_M"] == 1 and n % kw["BLOCK_N"] == 0
+            and k % kw["BLOCK_K"] == 0)
 
 
 def takes_gated_out(rows: int, n: int, k: int) -> bool:
