@@ -1152,13 +1152,14 @@ def test_silu_mul_matches_reference_and_float64(rows, dtype):
 @pytest.mark.parametrize("penalised", cases([(1,), (64,)], quick=[(64,)]))
 def test_apply_penalties_equals_reference_at_the_models_vocabulary(penalised):
     """ce::apply_penalties_ on Qwen3.5's vocabulary: ``penalised`` rows of 96 out of order, prompts of 2,048 and
-    outputs of 512 tokens (padded, repeated), every penalty on: the CUDA kernel's logits equal the reference's bit for
-    bit, the other rows untouched."""
+    outputs of 512 tokens (padded, repeated), every penalty on, the rows and tokens views of one table as the sampler
+    uploads them: the CUDA kernel's logits equal the reference's bit for bit, the other rows untouched."""
     gen, vocab = _seeded(penalised), 248320
     logits = _randn(gen, 96, vocab, scale=4.0)
-    rows = torch.randperm(96, generator=gen, device=DEV)[:penalised]
-    prompt = torch.randint(0, vocab, (penalised, 2048), generator=gen, device=DEV)
-    output = torch.randint(0, 4096, (penalised, 512), generator=gen, device=DEV)
+    table = torch.cat([torch.randperm(96, generator=gen, device=DEV)[:penalised, None],
+                       torch.randint(0, vocab, (penalised, 2048), generator=gen, device=DEV),
+                       torch.randint(0, 4096, (penalised, 512), generator=gen, device=DEV)], dim=1)
+    rows, prompt, output = table[:, 0], table[:, 1:2049], table[:, 2049:]
     output[:, 400:] = vocab  # padding
     presence, frequency = _randn(gen, penalised), _randn(gen, penalised)
     repetition = torch.rand(penalised, generator=gen, device=DEV) + 0.5

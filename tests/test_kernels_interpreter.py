@@ -369,17 +369,17 @@ def _child_checks() -> dict:
     def check_apply_penalties(batch, vocab):
         """ce::apply_penalties_'s kernel against its reference, bit for bit: penalised rows out of order with the others
         left alone, repeated tokens, padded tables, a row with no tokens, logits of both signs, zeros and -inf (masked
-        tokens), a repetition penalty of 1; V past one block, its last block ragged."""
+        tokens), a repetition penalty of 1; V past one block, its last block ragged; the rows and the tokens as views of
+        one table and the penalties strided, as the sampler passes them."""
         logits = torch.randn(batch, vocab + 3)[:, :vocab] * 4  # strided rows
         logits[logits.abs() < 0.3] = 0.0
         logits[0, ::7] = float("-inf")
-        rows = torch.tensor([2, 0, 3])
-        prompt = torch.randint(0, vocab, (3, 40))
-        output = torch.randint(0, 50, (3, 60))  # few distinct tokens: counts above 1
+        table = torch.cat([torch.tensor([[2], [0], [3]]), torch.randint(0, vocab, (3, 40)),
+                           torch.randint(0, 50, (3, 60))], dim=1)  # rows | prompt | output (few distinct: counts > 1)
+        rows, prompt, output = table[:, 0], table[:, 1:41], table[:, 41:]
         prompt[2], output[2] = vocab, vocab  # padding only: its row stays as it was
         prompt[0, :10] = vocab
-        presence, frequency = torch.tensor([0.5, -1.25, 2.0]), torch.tensor([0.3, 1.5, -0.7])
-        repetition = torch.tensor([1.3, 1.0, 0.6])
+        presence, frequency, repetition = torch.tensor([[0.5, 0.3, 1.3], [-1.25, 1.5, 1.0], [2.0, -0.7, 0.6]]).T
         got, want = logits.clone(), logits.clone()
         penalty_kernels.apply_penalties_(got, rows, prompt, output, presence, frequency, repetition)
         penalties.apply_penalties_reference(want, rows, prompt, output, presence, frequency, repetition)

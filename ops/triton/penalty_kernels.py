@@ -21,20 +21,21 @@ IN_PROMPT = 1 << 30  # the code's prompt bit; the output count lives in the bits
 
 
 @triton.jit
-def _apply_penalties_kernel(logits, stride_row, rows, codes, V, presence, frequency, repetition,
-                            IN_PROMPT: tl.constexpr, BLOCK: tl.constexpr):
+def _apply_penalties_kernel(logits, stride_row, rows, stride_rows, codes, V, presence, stride_presence, frequency,
+                            stride_frequency, repetition, stride_repetition, IN_PROMPT: tl.constexpr,
+                            BLOCK: tl.constexpr):
     p = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < V
-    row_ptr = logits + tl.load(rows + p) * stride_row + cols
+    row_ptr = logits + tl.load(rows + p * stride_rows) * stride_row + cols
     x = tl.load(row_ptr, mask=mask, other=0.0)
     code = tl.load(codes + p * (V + 1) + cols, mask=mask, other=0)
     count = (code & (IN_PROMPT - 1)).to(tl.float32)
     generated = (count > 0).to(tl.float32)
-    r = tl.where(code != 0, tl.load(repetition + p), 1.0)
+    r = tl.where(code != 0, tl.load(repetition + p * stride_repetition), 1.0)
     x = tl.where(x > 0, tl.div_rn(x, r), x * r)
-    x = x - tl.load(frequency + p) * count
-    x = x - tl.load(presence + p) * generated
+    x = x - tl.load(frequency + p * stride_frequency) * count
+    x = x - tl.load(presence + p * stride_presence) * generated
     tl.store(row_ptr, x, mask=mask)
 
 
@@ -56,6 +57,8 @@ def apply_penalties_(logits: torch.Tensor, rows: torch.Tensor, prompt_tokens: to
         raise ValueError(f"apply_penalties_: logits must be fp32 with contiguous columns, got {logits.dtype} "
                          f"strides {logits.stride()}")
     codes = penalty_codes(prompt_tokens, output_tokens, vocab)
+    # every [P] input may be a strided view (the sampler's rows are a column of its uploaded token table)
     _apply_penalties_kernel[(rows.numel(), triton.cdiv(vocab, BLOCK))](
-        logits, logits.stride(0), rows, codes, vocab, presence, frequency, repetition, IN_PROMPT=IN_PROMPT,
-        BLOCK=BLOCK, num_warps=4, enable_fp_fusion=False)  # no FMA contraction: the reference's roundings
+        logits, logits.stride(0), rows, rows.stride(0), codes, vocab, presence, presence.stride(0), frequency,
+        frequency.stride(0), repetition, repetition.stride(0), IN_PROMPT=IN_PROMPT, BLOCK=BLOCK, num_warps=4,
+        enable_fp_fusion=False)  # no FMA contraction: the reference's roundings
