@@ -16,9 +16,6 @@ For each row count in ``--rows`` (1..GEMV_MAX_ROWS), the chain runs (µs a step 
     few-rows GEMV above), with the prologues as ce::linear runs them (the norm in the GEMV at one row, as
     ce::add_rms_norm before it from two), what ce::linear runs up to ``SKINNY_MAX_ROWS`` rows (ops/linear.py). Past
     it ce::linear runs cuBLAS; the rule's timing there says whether raising ``SKINNY_MAX_ROWS`` would pay;
-  * ``down prologue`` (up to GEMV_MAX_ROWS rows): the rule with the MLP's SiLU gate computed by down as it loads
-    its input (``ce::silu_mul_linear``'s GEMV) instead of by gate_up's programs as they write it (the rule's,
-    ``ce::add_rms_norm_linear_silu_mul``);
   * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear;
   * ``rule, lm_head GEMV`` (2..GEMV_MAX_ROWS rows): the rule with the vocabulary on the few-rows GEMV instead of the
     tensor-core loop (``gemv_kernels.DOT_VOCAB``); ``cuBLAS, lm_head dot`` (past SKINNY_MAX_ROWS): cuBLAS with the
@@ -84,7 +81,7 @@ DOT_START = {"norm": (32, 128, 1, 3), "plain": (16, 256, 1, 3)}
 
 # roles: name -> (prologue, one-row candidates, 2..GEMV_MAX_ROWS-row candidates, tensor-core candidates);
 # gdn_out_proj and attn_o_proj share a shape; mlp_down's input is gate_up's activated output (its SiLU gate in
-# gate_up's epilogue: "plain"; the "down prologue" variant reads [gate | up] instead)
+# gate_up's epilogue: "plain"; the "dot" variant, whose gate_up has no epilogue, reads [gate | up] instead)
 ROLE_KINDS = {"gdn_in_proj": ("norm", WIDE, WIDE_ROWS, WIDE_DOT),
               "out_proj": ("plain", NARROW, NARROW_ROWS, NARROW_DOT),
               "mlp_gate_up": ("norm", WIDE, WIDE_ROWS, WIDE_DOT),
@@ -230,7 +227,6 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     if rows <= gemv_kernels.GEMV_MAX_ROWS:
         rule = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k, *_) in chain.roles.items()}
         variants["rule"] = ("skinny", rule)
-        variants["down prologue"] = ("skinny_down_prologue", rule)  # the SiLU gate read by down, not gate_up's
     variants["cuBLAS"] = ("cublas", None)
     if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # the vocabulary's other path: the few-rows GEMV
         n, k = chain.roles["lm_head"][:2]
@@ -340,7 +336,7 @@ def main(argv=None) -> None:
         result["rows"][rows] = entry
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
-    labels = ["rule", "down prologue", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "dot"]
+    labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "dot"]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
     print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
     for rows, entry in result["rows"].items():
