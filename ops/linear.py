@@ -113,12 +113,18 @@ def norm_in_prologue(rows: int) -> bool:
     return rows == 1
 
 
-def _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight):
+def _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, silu_mul_out=False):
+    """``silu_mul_out`` (ce::add_rms_norm_linear_silu_mul): the output is ``silu(gate) * up`` of the projection's
+    ``[gate | up]`` halves, written by the skinny GEMM's epilogue where its config has one
+    (``gemv_kernels.takes_gated_out``), else by ce::silu_mul after it."""
     skinny = _skinny(x, weight)
+    gated_out = silu_mul_out and skinny and gemv_kernels.takes_gated_out(x.shape[0], weight.shape[0], x.shape[1])
     if skinny and norm_in_prologue(x.shape[0]) and residual.dtype == x.dtype and residual.stride(-1) == 1:
-        return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight)
-    summed, normed = add_rms_norm_op(x, residual, norm_weight, eps)
-    return (gemv_kernels.skinny_gemm(normed, weight) if skinny else F.linear(normed, weight)), summed
+        out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight, gated_out=gated_out)
+    else:
+        summed, normed = add_rms_norm_op(x, residual, norm_weight, eps)
+        out = gemv_kernels.skinny_gemm(normed, weight, gated_out=gated_out) if skinny else F.linear(normed, weight)
+    return (silu_mul_op(out) if silu_mul_out and not gated_out else out), summed
 
 
 def _add_rms_norm_linear_fake(x, residual, norm_weight, eps, weight):
@@ -141,14 +147,7 @@ def add_rms_norm_linear_silu_mul_reference(
 
 
 def _add_rms_norm_linear_silu_mul_cuda(x, residual, norm_weight, eps, weight):
-    rows, n = x.shape[0], weight.shape[0]
-    if not (_skinny(x, weight) and gemv_kernels.takes_gated_out(rows, n, x.shape[1])):
-        out, summed = _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight)
-        return silu_mul_op(out), summed
-    if norm_in_prologue(rows) and residual.dtype == x.dtype and residual.stride(-1) == 1:
-        return gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight, gated_out=True)
-    summed, normed = add_rms_norm_op(x, residual, norm_weight, eps)
-    return gemv_kernels.skinny_gemm(normed, weight, gated_out=True), summed
+    return _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, silu_mul_out=True)
 
 
 def _add_rms_norm_linear_silu_mul_fake(x, residual, norm_weight, eps, weight):

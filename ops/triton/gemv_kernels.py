@@ -105,6 +105,15 @@ def _x_load(x_ptrs, mask, up_offset, r_ptrs, nw_ptrs, nw_mask, GATED_X: tl.const
 
 
 @triton.jit
+def _silu_mul(gate, up, dtype: tl.constexpr):
+    """``silu(gate) * up`` in ``dtype`` from gate and up values in ``dtype``, rounded as ``ce::silu_mul`` rounds:
+    silu's output in ``dtype``, then the product."""
+    gate = gate.to(tl.float32)
+    activated = (gate * tl.sigmoid(gate)).to(dtype)
+    return (activated.to(tl.float32) * up.to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _x_value(xv, up, rv, nw, rstd, GATED_X: tl.constexpr, NORM_X: tl.constexpr):
     """x's values as the matmul consumes them, in x's dtype, from :func:`_x_load`'s loads.
 
@@ -114,9 +123,7 @@ def _x_value(xv, up, rv, nw, rstd, GATED_X: tl.constexpr, NORM_X: tl.constexpr):
     dtype, the norm in fp32, cast once); ``rstd`` and the norm weight ``nw`` (fp32) broadcast to x's tile.
     """
     if GATED_X:
-        gate = xv.to(tl.float32)
-        activated = (gate * tl.sigmoid(gate)).to(xv.dtype)
-        xv = (activated.to(tl.float32) * up.to(tl.float32)).to(xv.dtype)
+        xv = _silu_mul(xv, up, xv.dtype)
     if NORM_X:
         summed = (rv.to(tl.float32) + xv.to(tl.float32)).to(xv.dtype)
         xv = (summed.to(tl.float32) * rstd * (1.0 + nw)).to(xv.dtype)
@@ -190,10 +197,9 @@ def _epilogue(result, pid_n, N, dtype: tl.constexpr, BLOCK_N: tl.constexpr, ROWS
     ``silu(gate) * up``, rounded as ``ce::silu_mul`` rounds a gate_up output (gate and up in ``dtype``, silu's
     output in ``dtype``, then the product), BLOCK_N / 2 columns of an [M, N / 2] output."""
     if GATED_OUT:
-        pairs = tl.reshape(result.to(dtype).to(tl.float32), [BLOCK_N // 2, 2, ROWS])
+        pairs = tl.reshape(result.to(dtype), [BLOCK_N // 2, 2, ROWS])
         gate, up = tl.split(tl.permute(pairs, (0, 2, 1)))
-        activated = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
-        values = (activated * up).to(dtype)
+        values = _silu_mul(gate, up, dtype)
         cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         c_mask = cols < N // 2
     else:
