@@ -58,6 +58,13 @@ def _child_checks() -> dict:
     def compare(name, got, want):
         torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m: f"{name}: {m}")
 
+    def column(t, poison):
+        """``t`` [n] as the first column of an [n, 2] table whose second column holds ``poison``: a kernel that reads
+        it with unit stride gets poison (an index far out of bounds crashes the interpreter; a NaN shows)."""
+        table = torch.empty(t.shape[0], 2, dtype=t.dtype)
+        table[:, 0], table[:, 1] = t, poison
+        return table[:, 0]
+
     def paged_layout(num_seqs, context_lens, block_size, num_blocks):
         """Block tables over a random permutation of blocks 1.. (block 0 is the null block)."""
         max_blocks = max(1, max((c + block_size - 1) // block_size for c in context_lens))
@@ -77,6 +84,7 @@ def _child_checks() -> dict:
         v_cache = torch.randn(num_blocks, block_size, heads, dim)
         rows = torch.randperm(num_blocks * block_size - block_size)[:7] + block_size  # live rows, distinct
         rows[3] = 2  # a padding lane writes into the null block 0
+        rows = column(rows, 10**9)  # a strided view: the launcher must read it by its stride or copy it
         key, value = torch.randn(7, heads, dim), torch.randn(7, heads, dim)
         want_k, want_v = k_cache.clone(), v_cache.clone()
         kv_cache.store_kv_reference(key, value, want_k, want_v, rows)
@@ -92,7 +100,7 @@ def _child_checks() -> dict:
         v_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
         tables = paged_layout(len(context_lens), context_lens, block_size, num_blocks)
         q = torch.randn(len(context_lens), q_heads, dim)
-        lens = torch.tensor(context_lens, dtype=torch.int32)
+        lens = column(torch.tensor(context_lens, dtype=torch.int32), 10**6)
         scale = dim**-0.5
         want = paged_attention.paged_attention_decode_reference(q, k_cache, v_cache, tables, lens, scale)
         got = paged_attention_kernels.paged_attention_decode(
@@ -188,7 +196,7 @@ def _child_checks() -> dict:
 
     def check_conv_decode():
         channels, width, num_slots = 20, 4, 6
-        slots = torch.tensor([3, 0, 5, 1], dtype=torch.int32)  # one padding lane on the null slot
+        slots = column(torch.tensor([3, 0, 5, 1], dtype=torch.int32), 10**6)  # one padding lane on the null slot
         x = torch.randn(4, channels)
         weight = torch.randn(channels, width)
         state = torch.randn(num_slots, channels, width - 1)
@@ -254,12 +262,12 @@ def _child_checks() -> dict:
 
     def check_gdr_decode(k_heads, v_heads, dk, dv, block_v):
         batch, num_slots = 4, 7
-        slots = torch.tensor([5, 0, 2, 6], dtype=torch.int32)  # one padding lane on the null slot
+        slots = column(torch.tensor([5, 0, 2, 6], dtype=torch.int32), 10**6)  # one padding lane on the null slot
         q, k = torch.randn(batch, k_heads, dk), torch.randn(batch, k_heads, dk)
         v = torch.randn(batch, v_heads, dv)
         a, b = torch.randn(batch, v_heads) * 3, torch.randn(batch, v_heads) * 2
         a[0, 0] = 30.0  # softplus's linear branch
-        A_log, dt_bias = torch.randn(v_heads) * 0.5, torch.randn(v_heads)
+        A_log, dt_bias = column(torch.randn(v_heads) * 0.5, float("nan")), column(torch.randn(v_heads), float("nan"))
         state = torch.randn(num_slots, v_heads, dk, dv)
         want_state = state.clone()
         want = delta_rule.gated_delta_rule_decode_reference(q, k, v, a, b, A_log, dt_bias, want_state, slots)
@@ -282,6 +290,7 @@ def _child_checks() -> dict:
         num_slots = batch + 3
         slots = (torch.randperm(num_slots - 1)[:batch] + 1).to(torch.int32)
         slots[1] = slots[3] = 0
+        slots = column(slots, 10**6)
         sizes = layouts.gated_deltanet_split_sizes(k_heads, dk, v_heads, dv)
         channels = sum(sizes[:3])
         projected = torch.randn(batch, sum(sizes) + 9)[:, 4:-5]
@@ -289,8 +298,8 @@ def _child_checks() -> dict:
         projected[0, -v_heads] = 30.0  # a of lane 0's value head 0: softplus's linear branch
         conv_weight = torch.randn(channels, width) * 0.5
         conv_state = torch.randn(num_slots, channels, width - 1)
-        A_log, dt_bias = torch.randn(v_heads) * 0.5, torch.randn(v_heads)
-        norm_weight = torch.randn(dv)
+        A_log, dt_bias = column(torch.randn(v_heads) * 0.5, float("nan")), column(torch.randn(v_heads), float("nan"))
+        norm_weight = column(torch.randn(dv), float("nan"))
         rec_state = torch.randn(num_slots, v_heads, dk, dv)
         want_conv, want_rec = conv_state.clone(), rec_state.clone()
         args = (k_heads, dk, v_heads, dv, 1e-6)

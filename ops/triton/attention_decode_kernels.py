@@ -316,6 +316,8 @@ def attention_decode(
         part_sum = torch.empty_like(part_max)
     else:
         part_acc = part_max = part_sum = out  # never touched: the kernel writes `out` directly
+    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+    positions, context_lens, slot_mapping = positions.contiguous(), context_lens.contiguous(), slot_mapping.contiguous()
     _attention_decode_kernel[(batch, num_kv_heads, num_splits)](
         projected,
         q_norm_weight.contiguous(),  # [D] weights and inv_freq are read with unit stride (no-ops for parameters)

@@ -93,6 +93,9 @@ def attention_prologue(
     if tokens == 0:
         return q
     group = num_heads // num_kv_heads
+    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+    q_norm_weight, k_norm_weight = q_norm_weight.contiguous(), k_norm_weight.contiguous()
+    inv_freq, positions, slot_mapping = inv_freq.contiguous(), positions.contiguous(), slot_mapping.contiguous()
     _attention_prologue_kernel[(tokens, num_kv_heads)](
         projected,
         q_norm_weight,

@@ -191,6 +191,8 @@ def causal_conv1d_prefill(
     # An empty section's tensor may have no storage (a null pointer Triton refuses); no channel block writes it, so x
     # stands in for it.
     pointers = tuple(out if out.numel() else x for out in outs)
+    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+    cu_seqlens, state_slots = cu_seqlens.contiguous(), state_slots.contiguous()
     if num_tokens > 0:
         _conv_prefill_out_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(num_channels, block_c))](
             x,
@@ -339,6 +341,8 @@ def causal_conv1d_decode(
     out = x.new_empty(x.shape)  # contiguous, like the reference's output
     if batch == 0:
         return out
+    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+    state_slots = state_slots.contiguous()
     _conv_decode_kernel[(batch, triton.cdiv(num_channels, block_c))](
         x,
         weight,

@@ -81,6 +81,8 @@ def prefill_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias
     g = torch.empty(num_tokens, heads, dtype=torch.float32, device=a.device)
     beta = torch.empty_like(g)
     if num_tokens:
+        # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+        A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()
         _prefill_gates_kernel[(triton.cdiv(num_tokens, block_t),)](
             a, b, A_log, dt_bias, g, beta, num_tokens, *a.stride(), *b.stride(),
             HEADS=heads, HEADS_P=triton.next_power_of_2(heads), BLOCK_T=block_t, num_warps=4,
@@ -184,6 +186,8 @@ def gated_delta_rule_decode(
     if batch == 0:
         return out
     block_v = min(block_v, triton.next_power_of_2(dv))
+    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+    A_log, dt_bias, state_slots = A_log.contiguous(), dt_bias.contiguous(), state_slots.contiguous()
     _gdr_decode_kernel[(batch, num_v_heads, triton.cdiv(dv, block_v))](
         q,
         k,

@@ -408,7 +408,9 @@ def gated_deltanet_decode(
     out = torch.empty((batch, num_v_heads * head_v_dim), dtype=projected.dtype, device=projected.device)
     if batch == 0:
         return out
-    norm_weight = norm_weight.contiguous()  # [V]: a no-op for a parameter
+    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+    A_log, dt_bias, norm_weight = A_log.contiguous(), dt_bias.contiguous(), norm_weight.contiguous()
+    state_slots = state_slots.contiguous()
     _gated_deltanet_decode_kernel[(batch, num_k_heads, v_blocks if split_v else 1)](
         projected,
         conv_weight,
@@ -770,7 +772,9 @@ def gated_deltanet_verify(
     v_blocks = triton.cdiv(head_v_dim, block_v)
     split_norm = (default_split if split_norm is None else split_norm) and v_blocks > 1
     out = torch.empty((rows, value_dim), dtype=projected.dtype, device=projected.device)
-    norm_weight = norm_weight.contiguous()
+    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+    A_log, dt_bias, norm_weight = A_log.contiguous(), dt_bias.contiguous(), norm_weight.contiguous()
+    state_slots = state_slots.contiguous()
     _gated_deltanet_verify_kernel[(num_seqs, num_k_heads, v_blocks)](
         projected,
         conv_weight,
@@ -955,6 +959,8 @@ def gated_deltanet_commit(
     channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     block_v = min(block_v, triton.next_power_of_2(head_v_dim))
     v_blocks = triton.cdiv(head_v_dim, block_v)
+    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+    state_slots, num_accepted = state_slots.contiguous(), num_accepted.contiguous()
     _gated_deltanet_commit_kernel[(n, num_v_heads * v_blocks, layers)](
         _address_table(conv_states),
         _address_table(recurrent_states),

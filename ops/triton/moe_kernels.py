@@ -292,7 +292,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
         return moe_align_block_size(topk_ids, num_experts, block_m)
     sorted_rows, block_experts, num_padded = _align_outputs(num_rows, num_experts, block_m, topk_ids.device)
     length = sorted_rows.shape[0]
-    ids = topk_ids.reshape(-1).to(torch.int32)
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()  # read with unit stride
     _moe_align_kernel[(1,)](
         ids, sorted_rows, block_experts, num_padded, num_rows, num_experts, length, length // block_m,
         BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), CHUNK=32, num_warps=4,
@@ -422,7 +422,7 @@ def _experts(x, gate_up, down, topk_weights, top_k, sorted_rows, block_experts, 
     )
     routed = torch.empty((num_rows, hidden), dtype=torch.float32, device=x.device)
     _moe_down_kernel[(num_blocks, triton.cdiv(hidden, bn))](
-        act, down, routed, topk_weights.reshape(-1).float(), sorted_rows, block_experts, num_padded,
+        act, down, routed, topk_weights.reshape(-1).float().contiguous(), sorted_rows, block_experts, num_padded,
         num_rows, hidden, inter,
         act.stride(0), down.stride(0), down.stride(1), routed.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=warps,

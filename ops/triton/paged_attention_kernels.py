@@ -414,6 +414,8 @@ def paged_attention_decode(
         part_sum = torch.empty_like(part_max)
     else:
         part_acc = part_max = part_sum = out  # never touched: the kernel writes `out` directly
+    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+    context_lens = context_lens.contiguous()
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -610,6 +612,8 @@ def paged_attention_prefill(
     # no host sync; spare programs find an empty key range.
     grid_tiles = triton.cdiv(num_tokens, block_m) + num_seqs
 
+    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
+    cu_seqlens_q, context_lens = cu_seqlens_q.contiguous(), context_lens.contiguous()
     _paged_prefill_kernel[(grid_tiles, num_kv_heads)](
         q,
         k_cache,
