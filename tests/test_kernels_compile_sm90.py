@@ -72,8 +72,9 @@ def test_sample_kernels_compile_for_sm90(logits, shift):
 def test_penalty_kernel_compiles_for_sm90():
     from ops.triton import penalty_kernels as pk
 
-    sig = dict(logits=_ptr("fp32"), stride_row="i64", rows=_ptr("i64"), codes=_ptr("i32"), V="i32",
-               presence=_ptr("fp32"), frequency=_ptr("fp32"), repetition=_ptr("fp32"))
+    sig = dict(logits=_ptr("fp32"), stride_row="i64", rows=_ptr("i64"), stride_rows="i64", codes=_ptr("i32"),
+               V="i32", presence=_ptr("fp32"), stride_presence="i64", frequency=_ptr("fp32"), stride_frequency="i64",
+               repetition=_ptr("fp32"), stride_repetition="i64")
     _compile(pk._apply_penalties_kernel, sig, dict(IN_PROMPT=pk.IN_PROMPT, BLOCK=pk.BLOCK))
 
 
