@@ -520,7 +520,7 @@ FULL_TILES = True
 def full_tiles(rows: int, n: int, k: int, config: triton.Config, tiles: dict) -> bool:
     """Whether a one-row GEMV launch's tiles all lie inside x and the weight: BLOCK_N divides N and BLOCK_K divides
     K. The model's matmuls all do but those with K = 3,584 (down), whose 2,048-wide chunks leave a ragged last one.
-    The few-rows loop masks every load: unmasked, it was level at two rows and far slower at three (bench/NOTES.md)."""
+    The few-rows loop masks every load (its unmasked form lost: bench/NOTES.md, "Removed alternatives")."""
     kw = config.kwargs
     return (FULL_TILES and rows == 1 and tiles["BLOCK_M"] == 1 and n % kw["BLOCK_N"] == 0
             and k % kw["BLOCK_K"] == 0)
