@@ -25,7 +25,8 @@ a streaming server would. Definitions (SGLang's):
   * E2E = finished - arrival;
   * tok/s over the cell's wall time (the first ``add_request`` to the last output): output tok/s = generated tokens /
     wall, total tok/s = (prompt + generated tokens) / wall (SGLang's figure).
-p50 and p99 of each; SGLang's published values sit beside ours (compared only where the shape is theirs).
+p50 and p99 of each; SGLang's published values sit beside ours (compared only where the shape and the GPU, an H200,
+are theirs).
 
 Memory plan: the engine is built for ``max(concurrency)`` sequences of ``input_len + output_len`` tokens (unless
 ``--max-num-seqs`` / ``--max-model-len`` say otherwise). The result reports its KV capacity in tokens and how many
@@ -50,7 +51,7 @@ import traceback
 import torch
 
 from bench.bounds import decode_bound, workload_decode_bound
-from bench.common import PROMPT_TOKEN_CEILING, Context, distribution, ratio, save_plot
+from bench.common import PROMPT_TOKEN_CEILING, Context, device_info, distribution, ratio, save_plot
 
 DEFAULT_CONCURRENCY = (1, 16, 64, 256, 1024)
 
@@ -138,7 +139,8 @@ def run(
             "sglang": {"source": reference["source"], "input_len": reference["input_len"],
                        "output_len": reference["output_len"],
                        "cells": {str(k): v for k, v in reference["cells"].items()},
-                       "same_shape": (input_len, output_len) == (reference["input_len"], reference["output_len"])},
+                       "same_shape": (input_len, output_len) == (reference["input_len"], reference["output_len"]),
+                       "same_gpu": same_gpu(ctx)},
         }
     )
     for c, n in zip(levels, counts):
@@ -179,7 +181,7 @@ def _cell(ctx: Context, engine, plan: dict, mb, bw: float, vocab: int, c: int, n
     cell["bound"] = {"batch": batch, "context": step["context"], "tpot_ms": step["ms_per_step"],
                      "output_tok_s": whole["output_tok_s"]}
     cell["fraction_of_bound"] = cell["output_tok_s"] / whole["output_tok_s"]
-    cell["sglang"] = _sglang_cell(sglang_reference(ctx.model.name), c, input_len, output_len, cell)
+    cell["sglang"] = _sglang_cell(sglang_reference(ctx.model.name), c, input_len, output_len, cell, same_gpu(ctx))
     print(f"[bench] cookbook c={c}: {cell['total_tok_s']:.0f} tok/s in+out, TPOT p50 "
           f"{_fmt(cell['tpot_ms'].get('p50'), '.2f')} ms", file=sys.stderr, flush=True)
     return cell
@@ -325,16 +327,21 @@ def _step_kinds(engine) -> dict | None:
             "prefill_only": scheduler.num_prefill_steps - scheduler.num_mixed_steps}
 
 
-def _sglang_cell(reference: dict, c: int, input_len: int, output_len: int, cell: dict) -> dict | None:
+def same_gpu(ctx: Context) -> bool:
+    """Whether this run's GPU is the one SGLang's cells were measured on (an H200): the ratios need it."""
+    return "H200" in device_info(ctx.device)["name"]
+
+
+def _sglang_cell(reference: dict, c: int, input_len: int, output_len: int, cell: dict, gpu: bool) -> dict | None:
     """SGLang's published numbers for this concurrency, and ours / theirs (>1: ours larger -- better for tok/s,
-    worse for latencies). None where SGLang published no cell; the ratios only where the shape is theirs (and only
-    of the numbers they published)."""
+    worse for latencies). None where SGLang published no cell; the ratios only where the shape and the GPU (``gpu``)
+    are theirs (and only of the numbers they published)."""
     theirs = reference["cells"].get(c)
     if theirs is None:
         return None
     same = (input_len, output_len) == (reference["input_len"], reference["output_len"])
-    out = {**theirs, "same_shape": same}
-    if same:
+    out = {**theirs, "same_shape": same, "same_gpu": gpu}
+    if same and gpu:
         ours = {"ttft_ms_p50": cell["ttft_ms"].get("p50"), "tpot_ms_p50": cell["tpot_ms"].get("p50"),
                 "total_tok_s": cell["total_tok_s"]}
         out["ours_over_sglang"] = {key: ratio(value, theirs[key.removesuffix("_p50")])
@@ -349,11 +356,12 @@ def _fmt(value, spec: str) -> str:
 def summary_lines(head: str, r: dict) -> list[str]:
     """One line for the engine's memory plan, one per cell with SGLang's published number in brackets."""
     w, plan = r["workload"], r["memory_plan"]
-    same = r["sglang"]["same_shape"]
+    same, gpu = r["sglang"]["same_shape"], r["sglang"].get("same_gpu", True)  # results before the key: H200 runs
     lines = [f"{head} {w['input_len']} in / {w['output_len']} out, closed loop; engine: {plan['max_num_seqs']} "
              f"state slots, KV {_fmt(plan['kv_tokens'], ',')} tokens = {_fmt(plan['requests_fit_in_kv'], ',')} "
              f"requests of {plan['request_len']:,} at once | [bracketed: SGLang 0.5.16, H200, P50"
-             f"{'' if same else ', measured at 8192 in / 1024 out: NOT this shape'}]"]
+             f"{'' if same else ', measured at 8192 in / 1024 out: NOT this shape'}"
+             f"{'' if gpu else ', NOT this GPU'}]"]
     for cell in r["cells"]:
         c = cell["concurrency"]
         if "skipped" in cell or "error" in cell:
@@ -384,6 +392,7 @@ def _draw(plt, result: dict) -> None:
     xs = [c["concurrency"] for c in cells]
     theirs = {int(k): v for k, v in result["sglang"]["cells"].items()}
     label = "SGLang 0.5.16" + ("" if result["sglang"]["same_shape"] else " (8192/1024: not this shape)")
+    label += "" if result["sglang"].get("same_gpu", True) else " (H200: not this GPU)"
     for index, (key, ylabel) in enumerate((("tpot_ms", "TPOT p50 (ms)"), ("total_tok_s", "tok/s (input + output)"))):
         plt.subplot(1, 2, index + 1)
         ours = [c[key].get("p50") if key == "tpot_ms" else c[key] for c in cells]

@@ -184,13 +184,13 @@ def test_cookbook(smoke):
         assert positive(cell["bound"]["tpot_ms"]) and positive(cell["fraction_of_bound"])
         assert cell["bound"]["batch"] == c
     assert r["cells"][0]["sglang"] == {"recipe": "low-latency", "ttft_ms": 53, "tpot_ms": 1.07, "total_tok_s": 8003,
-                                       "same_shape": False}
+                                       "same_shape": False, "same_gpu": False}  # a CPU run: no ratios
     assert r["cells"][1]["sglang"] is None  # SGLang published no c=2 cell
     assert r["sglang"]["cells"]["16"]["total_tok_s"] == 74681 and r["sglang"]["cells"]["1024"]["tpot_ms"] == 39.01
     from bench.report import summary_lines
 
     text = "\n".join(summary_lines({"cookbook": r}))
-    assert "SGLang 0.5.16" in text and "NOT this shape" in text
+    assert "SGLang 0.5.16" in text and "NOT this shape" in text and "NOT this GPU" in text
     assert "[53]" in text and "[1.07]" in text and "[8,003]" in text  # beside our c=1 numbers
 
 
@@ -226,6 +226,21 @@ def test_serve(smoke):
     from bench.report import summary_lines
 
     assert "overhead" in "\n".join(summary_lines({"serve": r}))
+
+
+def test_cookbook_compares_with_sglang_only_on_its_shape_and_gpu():
+    """Ours over SGLang's published c=16 cell (8192 in / 1024 out on an H200) where the shape and the GPU are theirs;
+    on another shape or another GPU their numbers are shown without a ratio."""
+    from bench.cookbook import SGLANG, _sglang_cell
+
+    cell = {"ttft_ms": {"p50": 227.0}, "tpot_ms": {"p50": 2.94}, "total_tok_s": 37340.5}
+    got = _sglang_cell(SGLANG, 16, 8192, 1024, cell, gpu=True)["ours_over_sglang"]
+    assert got == pytest.approx({"ttft_ms_p50": 227.0 / 454, "tpot_ms_p50": 2.94 / 1.47, "total_tok_s": 0.5},
+                                rel=1e-4)
+    for shape, gpu in (((8192, 1024), False), ((4096, 1024), True)):
+        theirs = _sglang_cell(SGLANG, 16, *shape, cell, gpu=gpu)
+        assert "ours_over_sglang" not in theirs and theirs["tpot_ms"] == 1.47
+    assert _sglang_cell(SGLANG, 2, 8192, 1024, cell, gpu=True) is None  # no published c=2 cell
 
 
 def test_cookbook_request_counts_and_memory_plan():
