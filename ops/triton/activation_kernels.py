@@ -15,15 +15,23 @@ BLOCK = 1024
 
 
 @triton.jit
+def silu_mul_values(gate, up, dtype: tl.constexpr):
+    """``silu(gate) * up`` in ``dtype`` from gate and up values in ``dtype``, rounded as ``ce::silu_mul`` rounds:
+    silu's output in ``dtype``, then the product. Shared with the skinny GEMM's SiLU prologue and epilogue
+    (ops/triton/gemv_kernels.py), so the fused ops round as this one does."""
+    gate = gate.to(tl.float32)
+    activated = (gate * tl.sigmoid(gate)).to(dtype)
+    return (activated.to(tl.float32) * up.to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _silu_mul_kernel(gate_up, out, half, stride_row, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < half
-    gate = tl.load(gate_up + row * stride_row + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(gate_up + row * stride_row + half + cols, mask=mask, other=0.0).to(tl.float32)
-    dtype = out.dtype.element_ty
-    activated = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
-    tl.store(out + row * half + cols, (activated * up).to(dtype), mask=mask)
+    gate = tl.load(gate_up + row * stride_row + cols, mask=mask, other=0.0)
+    up = tl.load(gate_up + row * stride_row + half + cols, mask=mask, other=0.0)
+    tl.store(out + row * half + cols, silu_mul_values(gate, up, out.dtype.element_ty), mask=mask)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

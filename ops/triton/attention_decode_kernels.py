@@ -317,12 +317,14 @@ def attention_decode(
     else:
         part_acc = part_max = part_sum = out  # never touched: the kernel writes `out` directly
     # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    positions, context_lens, slot_mapping = positions.contiguous(), context_lens.contiguous(), slot_mapping.contiguous()
+    q_norm_weight, k_norm_weight = q_norm_weight.contiguous(), k_norm_weight.contiguous()
+    inv_freq, positions = inv_freq.contiguous(), positions.contiguous()
+    context_lens, slot_mapping = context_lens.contiguous(), slot_mapping.contiguous()
     _attention_decode_kernel[(batch, num_kv_heads, num_splits)](
         projected,
-        q_norm_weight.contiguous(),  # [D] weights and inv_freq are read with unit stride (no-ops for parameters)
-        k_norm_weight.contiguous(),
-        inv_freq.contiguous(),
+        q_norm_weight,
+        k_norm_weight,
+        inv_freq,
         positions,
         k_cache,
         v_cache,

@@ -64,6 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.triton.activation_kernels import silu_mul_values
 from ops.triton.l2_prefetch import l2_prefetch_flags, prefetch_l2_slab
 from ops.triton.pdl import pdl_flags
 
@@ -105,15 +106,6 @@ def _x_load(x_ptrs, mask, up_offset, r_ptrs, nw_ptrs, nw_mask, GATED_X: tl.const
 
 
 @triton.jit
-def _silu_mul(gate, up, dtype: tl.constexpr):
-    """``silu(gate) * up`` in ``dtype`` from gate and up values in ``dtype``, rounded as ``ce::silu_mul`` rounds:
-    silu's output in ``dtype``, then the product."""
-    gate = gate.to(tl.float32)
-    activated = (gate * tl.sigmoid(gate)).to(dtype)
-    return (activated.to(tl.float32) * up.to(tl.float32)).to(dtype)
-
-
-@triton.jit
 def _x_value(xv, up, rv, nw, rstd, GATED_X: tl.constexpr, NORM_X: tl.constexpr):
     """x's values as the matmul consumes them, in x's dtype, from :func:`_x_load`'s loads.
 
@@ -123,7 +115,7 @@ def _x_value(xv, up, rv, nw, rstd, GATED_X: tl.constexpr, NORM_X: tl.constexpr):
     dtype, the norm in fp32, cast once); ``rstd`` and the norm weight ``nw`` (fp32) broadcast to x's tile.
     """
     if GATED_X:
-        xv = _silu_mul(xv, up, xv.dtype)
+        xv = silu_mul_values(xv, up, xv.dtype)
     if NORM_X:
         summed = (rv.to(tl.float32) + xv.to(tl.float32)).to(xv.dtype)
         xv = (summed.to(tl.float32) * rstd * (1.0 + nw)).to(xv.dtype)
@@ -199,7 +191,7 @@ def _epilogue(result, pid_n, N, dtype: tl.constexpr, BLOCK_N: tl.constexpr, ROWS
     if GATED_OUT:
         pairs = tl.reshape(result.to(dtype), [BLOCK_N // 2, 2, ROWS])
         gate, up = tl.split(tl.permute(pairs, (0, 2, 1)))
-        values = _silu_mul(gate, up, dtype)
+        values = silu_mul_values(gate, up, dtype)
         cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         c_mask = cols < N // 2
     else:
