@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import torch
 from safetensors.torch import save_file
@@ -60,8 +61,9 @@ def ensure_tiny_model(path: str | None = None) -> str:
     if os.path.isfile(os.path.join(path, "model.safetensors")):
         return path
     os.makedirs(path, exist_ok=True)
-    tmp = path + ".partial"
-    os.makedirs(tmp, exist_ok=True)
+    # A folder of its own for each builder: test workers may build the same model at once, and every file lands
+    # by an atomic rename, so the last writer's identical copy wins.
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(path) + ".partial-", dir=os.path.dirname(path))
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(TINY_CONFIG, f, indent=2)
     save_file(tiny_weights(TINY_CONFIG), os.path.join(tmp, "model.safetensors"))

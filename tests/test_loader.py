@@ -269,3 +269,31 @@ def test_config_that_is_not_a_json_object_names_the_file(qwen3_5_text_untied_pat
     (folder / "config.json").write_text(text)
     with pytest.raises(ValueError, match=r"config\.json"):
         Runtime.from_pretrained(str(folder), device="cpu")
+
+
+def test_the_tiny_model_built_by_several_workers_at_once_is_whole(tmp_path):
+    """Parallel test workers each build the embedded tiny model into one cache folder; every build returns, and
+    the folder holds the deterministic weights (oracle: `tiny_weights` called here) and a config that loads."""
+    import threading
+
+    from compiled_engine.tiny_model import TINY_CONFIG, ensure_tiny_model, tiny_weights
+
+    path, errors = str(tmp_path / "tiny"), []
+
+    def build():
+        try:
+            ensure_tiny_model(path)
+        except Exception as e:  # noqa: BLE001 -- collected and asserted below
+            errors.append(e)
+
+    workers = [threading.Thread(target=build) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]  # no builder's partial folder is left behind
+    stored, expected = load_file(str(tmp_path / "tiny" / "model.safetensors")), tiny_weights(TINY_CONFIG)
+    assert stored.keys() == expected.keys()
+    assert all(torch.equal(stored[k], expected[k]) for k in expected)
+    assert Runtime.from_pretrained(path, device="cpu").model_config.vocab_size == TINY_CONFIG["vocab_size"]
