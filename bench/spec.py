@@ -9,12 +9,12 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
 * per k: an engine with ``speculative_config={"method": "mtp", "num_speculative_tokens": k}`` (greedy rounds
   compiled like the decode graph unless ``--enforce-eager``; prefill eager as always): output tok/s with the
   checkpoint's MTP head (and its acceptance: accepted / drafted), then with
-  a forced-acceptance drafter at each ``rates`` (``LLMEngine.draft_override``: the known greedy continuation of each
-  request, each draft right with that probability, else a wrong token). ``LLM`` overlaps its steps
-  (``overlap_decode``), so the MTP head's rounds chain (the next round launched from the device's results before
-  the host reads a round back: compiled_engine/engine.py ``_read_round``); a host override needs each round read
-  back first, so the forced runs do not chain: at acceptance 0 the ``mtp`` and ``forced_0`` rows are the same rounds
-  with and without chaining. The speed-up over
+  a forced-acceptance drafter at each ``rates`` (``LLMEngine.draft_script``: the known greedy continuation of each
+  request by position, each draft right with that probability, else a wrong token; a table on the device that
+  replaces the MTP head's drafts, speculative_config ``scripted_drafts``). ``LLM`` overlaps its steps
+  (``overlap_decode``), so rounds chain (the next round launched from the device's results before the host reads a
+  round back: compiled_engine/engine.py ``_read_round``), the forced ones as the MTP head's: the head still runs in
+  them, so a forced round costs what a head's round costs. The speed-up over
   the baseline (``speedup``: output tok/s, the prompt's step included; ``decode_speedup``: the baseline's TPOT p50
   over the run's, decoding alone: the prompt's step of a speculative engine also drafts, and at 128 new tokens an
   eager prompt step of tens of ms weighs on ``speedup``); and the step costs at that batch: ``verify_ms`` (the
@@ -24,7 +24,8 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
   on CUDA unless ``--enforce-eager``; the read-back included; ``chained_round_ms``: the period of rounds chained back
   to back, each launched before the one before it is read back, as the engine runs the MTP head's rounds, and
-  ``tokens_per_round`` over its ratio to the baseline's TPOT the forced curve's speed-up were its rounds chained; on
+  ``tokens_per_round`` over its ratio to the baseline's TPOT the speed-up that period predicts (a check on the forced
+  curve, which chains); on
   CUDA ``round_profile``: its kernels by category under torch.profiler, bench/step_profile.py; ``verify_graph_critical_path`` and ``round_critical_path``: the
   verify graph's and the captured round graph's kernels per name and grid, bench/latency.py's critical path),
   ``eager_decode_ms`` (an eager decode step of the
@@ -37,7 +38,7 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   ``disable_by_batch_size`` (speculative_config) that follows at each rate: the largest measured batch that pays.
 * ``auto_<rate>``: the forced runs again with the engine's drafting rule on (``auto_disable``,
   compiled_engine/drafting_rule.py: drafting stops where the engine's own timings say it does not pay), and
-  ``auto_mtp`` the MTP head's run with it (its rounds chain, the forced ones' do not); the other runs have it off
+  ``auto_mtp`` the MTP head's run with it; the other runs have it off
   (the engines are built with ``auto_disable`` so that their plain decode step is compiled too).
 
 ``-p spec.draft_vocab_size=N``: the speculative engines draft over the first N token ids only (speculative_config's
@@ -85,24 +86,20 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def oracle(references: dict[tuple, list[int]], prompt_len: int, rate: float, vocab: int, seed: int = 0):
-    """``draft_override``: each request's known greedy continuation (found by its prompt), each draft right with
-    probability ``rate``, else a token the continuation does not have there."""
-    rng = random.Random(seed)
-    by_request: dict[str, list[int]] = {}  # each request's continuation, found once (not by its prompt every round)
+def forced_script(references: dict[tuple, list[int]], prompt_len: int, rate: float, vocab: int, seed: int = 0):
+    """``draft_script``: each request's known greedy continuation (found by its prompt) by position, each draft right
+    with probability ``rate``, else a token the continuation does not have there; a request's coins are its own
+    (seeded by ``seed`` and its prompt), whichever chunk or slot asks."""
 
-    def override(request_id: str, token_ids: list[int], drafts: list[int]) -> list[int]:
-        ref = by_request.get(request_id)
-        if ref is None:
-            ref = by_request[request_id] = references[tuple(token_ids[:prompt_len])]
-        at = len(token_ids) - prompt_len
-        out = []
-        for j in range(len(drafts)):
-            right = ref[at + j] if at + j < len(ref) else 0
-            out.append(right if rng.random() < rate else (right + 1 + rng.randrange(vocab - 1)) % vocab)
-        return out
+    def script(request_id: str, prompt: list[int]) -> list[int]:
+        ref = references[tuple(prompt[:prompt_len])]
+        rng = random.Random(hash((seed, *prompt)))
+        # Position prompt_len + i holds ref[i]; ref[0] comes from the prompt's step, never from a draft.
+        drafts = [ref[i] if rng.random() < rate else (ref[i] + 1 + rng.randrange(vocab - 1)) % vocab
+                  for i in range(1, len(ref))]
+        return [-1] * (len(prompt) + 1) + drafts
 
-    return override
+    return script
 
 
 def run(
@@ -140,27 +137,28 @@ def run(
     per_k: dict[int, dict] = {}
     for k in ks:
         llm = ctx.llm(speculative_config={"method": "mtp", "num_speculative_tokens": k,
-                                          "draft_vocab_size": draft_vocab_size, "auto_disable": True})
+                                          "draft_vocab_size": draft_vocab_size, "auto_disable": True,
+                                          "scripted_drafts": True})
         per_k[k] = {}
         for b in batches:
             llm.engine.drafting_rule = None
-            llm.engine.draft_override = None
+            llm.engine.draft_script = None
             llm.generate(warmup[:b], greedy(8), use_tqdm=False)
             cell = {"mtp": _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], repeats)}
-            llm.engine.draft_override = oracle(references[b], prompt_len, 0.0, vocab, seed)  # every draft wrong
+            llm.engine.draft_script = forced_script(references[b], prompt_len, 0.0, vocab, seed)  # every draft wrong
             own = {tuple(p): o.token_ids for p, o in zip(
                 prompts[:b], llm.generate(prompts[:b], greedy(new_tokens), use_tqdm=False))}
             for rate in rates:
-                llm.engine.draft_override = oracle(own, prompt_len, rate, vocab, seed)
+                llm.engine.draft_script = forced_script(own, prompt_len, rate, vocab, seed)
                 cell[f"forced_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], repeats, own)
             for rate in rates:
-                llm.engine.draft_override = oracle(own, prompt_len, rate, vocab, seed)
+                llm.engine.draft_script = forced_script(own, prompt_len, rate, vocab, seed)
                 cell[f"auto_{rate:g}"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], repeats, own,
                                                    rule=True)
-            llm.engine.draft_override = None  # the MTP head's own drafts: its rounds chain
+            llm.engine.draft_script = None  # the MTP head's own drafts
             cell["auto_mtp"] = _spec_run(ctx, llm, prompts[:b], new_tokens, references[b], repeats, rule=True)
             llm.engine.drafting_rule = None
-            llm.engine.draft_override = None
+            llm.engine.draft_script = None
             base_tpot = baseline[b]["tpot_ms"]["p50"]
             for entry in cell.values():
                 entry["speedup"] = entry["output_tok_s"] / baseline[b]["output_tok_s"]
@@ -264,7 +262,7 @@ def _spec_run(ctx: Context, llm, prompts, new_tokens, references, repeats: int, 
     count of the (run, request) pairs that differ). ``rule``: each run with a fresh drafting rule, the last one's
     log reported."""
     engine = llm.engine
-    before = (engine.num_draft_tokens, engine.num_accepted_tokens, engine.num_verified_rows)
+    before = (engine.num_draft_tokens, engine.num_accepted_tokens, engine.num_verified_rows, engine.num_chained_rounds)
     k = engine.num_speculative_tokens
     fresh_rule = (lambda: setattr(engine, "drafting_rule", _LoggedRule(k))) if rule else None
     timed, runs = _timed(ctx, llm, prompts, new_tokens, repeats, fresh_rule)
@@ -274,7 +272,7 @@ def _spec_run(ctx: Context, llm, prompts, new_tokens, references, repeats: int, 
     mismatches = sum(o.token_ids != references[tuple(p)] for outputs in runs for p, o in zip(prompts, outputs))
     entry = {**timed, "acceptance": accepted / drafted if drafted else None,
              "tokens_per_round": (accepted + rounds) / rounds if rounds else None,
-             "outputs_differing_from_baseline": mismatches}
+             "chained_rounds": engine.num_chained_rounds - before[3], "outputs_differing_from_baseline": mismatches}
     rule = engine.drafting_rule
     if isinstance(rule, _LoggedRule):  # what the rule saw and decided, step by step
         entry["rule"] = {"rounds": sum(kind == "round" for kind, *_ in rule.log),

@@ -277,13 +277,17 @@ class SpeculativeConfig:
     only drafts of rarer tokens are lost. None: the whole vocabulary.
     ``auto_disable``: drafting turns itself off while it does not pay, judged from the engine's own measurements
     (the wall time of its verify rounds and plain steps, and the drafts accepted), and probes again now and then
-    (compiled_engine/drafting_rule.py). Outputs do not change with it; which steps draft then follows timing."""
+    (compiled_engine/drafting_rule.py). Outputs do not change with it; which steps draft then follows timing.
+    ``scripted_drafts``: a table on the device where a caller fixes a request's drafts by position
+    (``LLMEngine.draft_script``), in place of the MTP layer's (which still runs): the forced-acceptance drafter of
+    tests and bench/spec.py, whose rounds chain as the layer's do. One rank only."""
 
     method: str = "mtp"
     num_speculative_tokens: int = 1
     disable_by_batch_size: int | None = None
     draft_vocab_size: int | None = None
     auto_disable: bool = False
+    scripted_drafts: bool = False
 
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
@@ -292,13 +296,14 @@ class SpeculativeConfig:
         if value is None or isinstance(value, cls):
             config = value
         elif isinstance(value, dict):
-            known = ("method", "num_speculative_tokens", "disable_by_batch_size", "draft_vocab_size", "auto_disable")
+            known = ("method", "num_speculative_tokens", "disable_by_batch_size", "draft_vocab_size", "auto_disable",
+                     "scripted_drafts")
             unknown = sorted(set(value) - set(known))
             if unknown:
                 raise ValueError(f"speculative_config has unknown key(s) {unknown}; known: {', '.join(known)}")
             config = cls(value.get("method", "mtp"), value.get("num_speculative_tokens", 1),
                          value.get("disable_by_batch_size"), value.get("draft_vocab_size"),
-                         value.get("auto_disable", False))
+                         value.get("auto_disable", False), value.get("scripted_drafts", False))
         else:
             raise ValueError(f"speculative_config must be a dict or None, got {value!r}")
         if config is None:
@@ -315,10 +320,11 @@ class SpeculativeConfig:
         vocab = config.draft_vocab_size
         if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, numbers.Integral) or vocab < 1):
             raise ValueError(f"speculative_config draft_vocab_size must be an int >= 1 or None, got {vocab!r}")
-        if not isinstance(config.auto_disable, bool):
-            raise ValueError(f"speculative_config auto_disable must be a bool, got {config.auto_disable!r}")
+        for knob in ("auto_disable", "scripted_drafts"):
+            if not isinstance(getattr(config, knob), bool):
+                raise ValueError(f"speculative_config {knob} must be a bool, got {getattr(config, knob)!r}")
         return cls(config.method, int(k), None if limit is None else int(limit), None if vocab is None else int(vocab),
-                   config.auto_disable)
+                   config.auto_disable, config.scripted_drafts)
 
 
 @dataclass(frozen=True)

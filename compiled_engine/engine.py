@@ -195,6 +195,7 @@ class LLMEngine:
         kv_growth_reserve: float = 1.0,
         speculative_config: SpeculativeConfig | dict | None = None,
         draft_override=None,
+        draft_script=None,
         drafting_rule: DraftingRule | None = None,
     ):
         """``overlap_decode``: read each step's tokens back during the next step (``_step_overlapped``). Off here, so
@@ -204,8 +205,12 @@ class LLMEngine:
         dict) needs a runtime built with one, at most its ``num_speculative_tokens`` and its ``draft_vocab_size``.
         With speculative decoding ``overlap_decode`` applies to the plain decode steps of rows that do not draft,
         and chains fused verify rounds (``_read_round``). ``draft_override(request_id, token_ids, drafts) ->
-        drafts``: replaces the MTP layer's k drafts after each round (the MTP layer still runs): the bench's
-        forced-acceptance drafter. ``drafting_rule``: decides, step by step, whether drafting pays
+        drafts``: replaces the MTP layer's k drafts after each round (the MTP layer still runs; the round is read
+        back first, so rounds do not chain). ``draft_script(request_id, prompt_token_ids) -> drafts``: a request's
+        drafts by position (``drafts[p]`` for position p, -1 or past its end: the MTP layer's), written to the
+        device when its prompt runs (``Runtime.script_drafts``: a runtime built with speculative_config
+        ``scripted_drafts``), so rounds chain as with the layer's own: the bench's forced-acceptance drafter.
+        ``drafting_rule``: decides, step by step, whether drafting pays
         (compiled_engine/drafting_rule.py); by default one when the speculative config has ``auto_disable``."""
         self.runtime = runtime
         self.tokenizer = tokenizer
@@ -232,6 +237,9 @@ class LLMEngine:
             raise ValueError("drafting_rule needs speculative decoding (a speculative_config)")
         self.drafting_rule = drafting_rule
         self.draft_override = draft_override
+        if draft_script is not None and not runtime.scripted_drafts:
+            raise ValueError("draft_script needs a runtime built with speculative_config scripted_drafts=True")
+        self.draft_script = draft_script
         # Speculative decoding counters (cumulative): verify rows, drafts they scored, drafts accepted.
         self.num_verified_rows = 0
         self.num_draft_tokens = 0
@@ -465,6 +473,12 @@ class LLMEngine:
         of prompts that want their prompt logprobs run as plain prefill steps instead (``_launch``: every position's
         logits); their MTP layer's KV for those positions is not written and their first round verifies
         placeholders: their drafts, not their outputs, suffer."""
+        if self.draft_script is not None or self.runtime.scripted_drafts:
+            # Each chunk (a preempted sequence may come back in another state slot); no script: the MTP layer's.
+            for seq in seqs:
+                request = self._request_of_seq[seq.seq_id]
+                self.runtime.script_drafts(seq, [] if self.draft_script is None else self.draft_script(
+                    request.request_id, seq.token_ids[: seq.num_prompt_tokens]))
         wanted = [i for i, s in enumerate(seqs) if self._request_of_seq[s.seq_id].wants_prompt_logprobs()]
         if wanted:
             plain = ScheduledBatch(True, [seqs[i] for i in wanted], [counts[i] for i in wanted])

@@ -18,7 +18,8 @@ import torch
 from compiled_engine.cache import reset_state_slots
 from compiled_engine.config import SpeculativeConfig
 from compiled_engine.model import HybridModel
-from compiled_engine.speculative import RoundResults, SpeculativeRound, commit_and_draft, draft, fused_round
+from compiled_engine.speculative import (DraftScript, RoundResults, SpeculativeRound, commit_and_draft, draft,
+                                         fused_round)
 from ops.library import NULL_SLOT
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from graphs import DecodeGraphRunner, PrefillGraphs, eager_decode
@@ -47,6 +48,13 @@ class ModelExecutor:
         self.device = device
         self.workers = workers
         self.speculative_config = speculative_config
+        # speculative_config ``scripted_drafts``: drafts by position in place of the MTP layer's (Runtime.script_drafts)
+        self.draft_script: DraftScript | None = None
+        if speculative_config is not None and speculative_config.scripted_drafts:
+            if workers is not None or model.tp.world_size > 1:
+                raise ValueError("speculative_config scripted_drafts runs on one rank only")
+            self.draft_script = DraftScript(max_num_seqs + 1, max_model_len, speculative_config.num_speculative_tokens,
+                                            device)
         self.speculative_round: SpeculativeRound | None = None  # compile_rounds' (eager rounds until then)
         self._decode_fn: Callable[..., DecodeOutput] = self._decode_eager
         self.prefill_graphs: PrefillGraphs | None = None  # compile_prefill's captured prompt steps
@@ -178,7 +186,7 @@ class ModelExecutor:
         return self._on_every_rank(
             lambda workers: workers.send_draft(next_ids, rows, seq_rows, num_drafts),
             lambda: draft(self.model, step, hidden, next_ids, rows, seq_rows, num_drafts, self.block_size,
-                          self.draft_vocab))
+                          self.draft_vocab, self.draft_script))
 
     def accept(self, step: StepInputs, hidden: torch.Tensor, num_accepted: torch.Tensor,
                tokens: torch.Tensor) -> torch.Tensor:
@@ -187,7 +195,7 @@ class ModelExecutor:
         return self._on_every_rank(
             lambda workers: workers.send_accept(num_accepted, tokens),
             lambda: commit_and_draft(self.model, step, hidden, num_accepted, tokens, self.block_size,
-                                     self.draft_vocab))
+                                     self.draft_vocab, self.draft_script))
 
     def compile_rounds(self) -> SpeculativeRound:
         """Compile (on a single CUDA rank also capture) the fused rounds of every bucket, on every rank in lockstep;
@@ -198,7 +206,7 @@ class ModelExecutor:
         capture = self.device.type == "cuda" and self.model.tp.world_size == 1
         self.speculative_round = SpeculativeRound(
             self.model, self.speculative_config.num_speculative_tokens, self.block_size, self.max_num_seqs,
-            self.max_model_len, self.device, capture, self.draft_vocab)
+            self.max_model_len, self.device, capture, self.draft_vocab, self.draft_script)
         self.speculative_round.warmup()
         return self.speculative_round
 
@@ -232,7 +240,7 @@ class ModelExecutor:
             lambda workers: workers.send_round(step, num_drafts, sampling),
             lambda: fused_round(self.model, step.input_ids, step.positions, step.slot_mapping, step.block_tables,
                                 step.context_lens, step.state_slots, step.cu_seqlens, num_drafts, self.block_size,
-                                self.draft_vocab, sampling))
+                                self.draft_vocab, sampling, self.draft_script))
 
     def _decode_eager(self, step: StepInputs, sampling: SamplingInputs | None = None) -> DecodeOutput:
         return eager_decode(self.model, step, sampling)

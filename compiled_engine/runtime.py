@@ -480,6 +480,20 @@ class Runtime:
         self.caches.record_prefixes(seqs)
         return spec
 
+    @property
+    def scripted_drafts(self) -> bool:
+        """Whether drafts can be scripted by position (speculative_config ``scripted_drafts``: ``script_drafts``)."""
+        return self.executor.draft_script is not None
+
+    def script_drafts(self, seq: Sequence, drafts: Seq[int]) -> None:
+        """From now on ``seq``'s drafts for position p are ``drafts[p]`` where it has one (>= 0), the MTP layer's
+        elsewhere (compiled_engine/speculative.py ``DraftScript``); ``[]``: the layer's everywhere. Kept by the
+        sequence's state slot: write it after the slot is the sequence's and before its first drafts (its prompt's
+        last step drafts after it)."""
+        if self.executor.draft_script is None:
+            raise ValueError("scripted drafts need a runtime built with speculative_config scripted_drafts=True")
+        self.executor.draft_script.write(seq.state_slot, drafts)
+
     @torch.inference_mode()
     def draft_after_prefill(self, spec: SpeculativeStep, next_tokens: torch.Tensor) -> torch.Tensor:
         """Run the MTP layer over a ``prefill_for_drafts`` step and draft after every sequence whose tokens are all

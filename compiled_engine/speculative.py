@@ -155,6 +155,40 @@ def pack_verify_step(
     return dataclasses.replace(step, speculative=True)
 
 
+class DraftScript:
+    """Drafts fixed by position, in place of the MTP layer's: ``tokens[slot, p]`` is the draft for position p of the
+    sequence in state slot ``slot``, -1 where the MTP layer's draft stands. Tests and the bench's forced-acceptance
+    drafter (bench/spec.py) script a request's drafts here (``LLMEngine.draft_script``): a table on the device, read
+    inside a round, so rounds with scripted drafts chain as the MTP layer's do, where a host override
+    (``LLMEngine.draft_override``) needs each round read back first. The MTP layer still runs, so a round costs what
+    it costs with the layer's drafts. One rank only (speculative_config ``scripted_drafts``)."""
+
+    def __init__(self, num_slots: int, max_model_len: int, num_drafts: int, device: torch.device):
+        # A draft may be for a position up to max_model_len + k (a round at the length limit); columns past the table's
+        # last are clamped to it, which nothing scripts.
+        self.tokens = torch.full((num_slots, max_model_len + num_drafts + 2), -1, dtype=torch.long, device=device)
+
+    def write(self, slot: int, drafts: Seq[int]) -> None:
+        """Script the sequence in ``slot``: ``drafts[p]`` (-1: the MTP layer's) for each position p it covers; the
+        MTP layer's drafts past it."""
+        width = self.tokens.shape[1] - 1  # the last column stays -1: where clamped positions land
+        if slot == NULL_SLOT or not 0 < slot < self.tokens.shape[0]:
+            raise ValueError(f"state slot {slot} is not a sequence's (1..{self.tokens.shape[0] - 1})")
+        if len(drafts) > width:
+            raise ValueError(f"a draft script covers at most {width} positions, got {len(drafts)}")
+        row = torch.full((self.tokens.shape[1],), -1, dtype=torch.long)
+        row[: len(drafts)] = torch.as_tensor(list(drafts), dtype=torch.long)
+        self.tokens[slot].copy_(row)
+
+    def apply(self, drafts: torch.Tensor, slots: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """``drafts [D, k]`` (the MTP layer's) with each scripted one replaced: row n drafts for positions ``first[n]
+        ..first[n] + k - 1`` of the sequence in state slot ``slots[n]``."""
+        width = self.tokens.shape[1]
+        columns = (first[:, None] + torch.arange(drafts.shape[1], device=drafts.device)).clamp(max=width - 1)
+        scripted = self.tokens.view(-1)[slots.long()[:, None] * width + columns]
+        return torch.where(scripted >= 0, scripted, drafts)
+
+
 def draft(
     model: HybridModel,
     step: StepInputs,
@@ -165,6 +199,7 @@ def draft(
     num_drafts: int,
     block_size: int,
     draft_vocab: int | None = None,
+    script: DraftScript | None = None,
 ) -> torch.Tensor:
     """Greedy drafts ``[len(rows), num_drafts]`` int64, on the device (no host sync).
 
@@ -172,7 +207,8 @@ def draft(
     row's next token, ``[T]``), writing its KV there; ``rows`` are the rows to draft from (one per drafting sequence)
     and ``seq_rows`` their sequences' rows of ``step.block_tables``. Each further draft is a one-row MTP decode step
     at the next position, on the previous step's output. ``draft_vocab``: drafts among the first that many token ids
-    (SpeculativeConfig.draft_vocab_size; None: all)."""
+    (SpeculativeConfig.draft_vocab_size; None: all). ``script``: its drafts replace the layer's where it has them
+    (row ``rows[n]`` at position p holds the token before the next one, so its drafts are for p + 2 onwards)."""
     out = model.mtp_forward(next_ids, hidden, step)
     if rows.numel() == 0:  # only middle chunks of prompts: their MTP KV is all this step needed
         return rows.new_empty((0, num_drafts))
@@ -198,7 +234,10 @@ def draft(
             h = model.mtp_forward(tokens, h, decode)
             tokens = model.draft_tokens(h, draft_vocab)
             drafts.append(tokens)
-    return torch.stack(drafts, dim=1)
+    drafts = torch.stack(drafts, dim=1)
+    if script is not None:
+        drafts = script.apply(drafts, step.state_slots[seq_rows], step.positions[rows] + 2)
+    return drafts
 
 
 def accept_drafts(drafts: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,6 +297,7 @@ def fused_round(
     block_size: int,
     draft_vocab: int | None = None,
     sampling: tuple[torch.Tensor, ...] | None = None,
+    script: DraftScript | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A whole round, from a verify step's tensors (``pack_verify_step``): the target's verify step, each row's draw
     (the argmax; with ``sampling``, ``ce::sample``'s parameters ``(temperature, top_k, top_p, min_p, seeds,
@@ -272,19 +312,21 @@ def fused_round(
     logits = model.decode_logits(hidden)
     targets = (argmax_op(logits) if sampling is None else sample_op(logits, *sampling)).view(n, k + 1)
     accepted, tokens = accept_drafts(input_ids.view(n, k + 1)[:, 1:], targets)
-    return accepted, tokens, commit_and_draft(model, step, hidden, accepted, tokens, block_size, draft_vocab)
+    return accepted, tokens, commit_and_draft(model, step, hidden, accepted, tokens, block_size, draft_vocab, script)
 
 
 def commit_and_draft(model: HybridModel, step: StepInputs, hidden: torch.Tensor, num_accepted: torch.Tensor,
-                     tokens: torch.Tensor, block_size: int, draft_vocab: int | None = None) -> torch.Tensor:
+                     tokens: torch.Tensor, block_size: int, draft_vocab: int | None = None,
+                     script: DraftScript | None = None) -> torch.Tensor:
     """After a verify ``step`` (the target's ``hidden`` states of its rows) and acceptance: each linear layer's
     state pools take the state after each sequence's last accepted position, then the MTP layer drafts from the
-    target's next token (``tokens[n, num_accepted[n]]``). Returns the drafts ``[N, k]`` on the device."""
+    target's next token (``tokens[n, num_accepted[n]]``; ``script``'s drafts where it has them). Returns the drafts
+    ``[N, k]`` on the device."""
     n, k = tokens.shape[0], tokens.shape[1] - 1
     index = torch.arange(n, device=tokens.device)
     model.commit_verify(step.state_slots, num_accepted)
     return draft(model, step, hidden, tokens.reshape(-1), index * (k + 1) + num_accepted, index, k, block_size,
-                 draft_vocab)
+                 draft_vocab, script)
 
 
 class _PackedLayout(NamedTuple):
@@ -373,7 +415,7 @@ def pack_sampling_into(out: np.ndarray, sampling: SamplingInputs | None, num_row
 
 def fused_round_packed(
     model: HybridModel, packed: torch.Tensor, results: torch.Tensor, batch: int, num_drafts: int, block_size: int,
-    table_width: int, draft_vocab: int | None, sample: bool,
+    table_width: int, draft_vocab: int | None, sample: bool, script: DraftScript | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fused_round`` on the fields of a verify step of ``batch`` sequences packed into one int64 buffer
     (``_packed_layout``) and, when ``sample`` (a Python bool: each value is a graph of its own), the ``ce::sample``
@@ -395,6 +437,7 @@ def fused_round_packed(
         block_size,
         draft_vocab,
         sampling,
+        script,
     )
     # Plain in-place writes of a graph input: Inductor stores these rows straight into ``results`` (no copy of it),
     # so the captured graph itself writes the host memory; and the next round's step into ``packed``, where a
@@ -465,9 +508,11 @@ class SpeculativeRound:
     VARIANTS = (False, True)  # the ``sample`` values that get graphs
 
     def __init__(self, model: HybridModel, num_drafts: int, block_size: int, max_num_seqs: int, max_model_len: int,
-                 device: torch.device, capture: bool, draft_vocab: int | None = None):
+                 device: torch.device, capture: bool, draft_vocab: int | None = None,
+                 script: DraftScript | None = None):
         self.model = model
         self.draft_vocab = draft_vocab
+        self.script = script  # read by the graphs in place: the engine writes a request's row before its rounds
         # Block tables of one width: up to the furthest verified position.
         self.table_width = -(-(max_model_len + num_drafts) // block_size)
         self.num_drafts = num_drafts
@@ -488,7 +533,8 @@ class SpeculativeRound:
         host_results, self.results = host_visible((self.policy.max_size, 2 * num_drafts + 2), device)
         self._host_results = host_results.numpy()
         if capture:
-            for buffer in (self.packed, self.results):  # fixed addresses the graphs read or write in place
+            # Fixed addresses the graphs read or write in place
+            for buffer in (self.packed, self.results, *([script.tokens] if script is not None else [])):
                 torch._dynamo.mark_static_address(buffer)
         # Host staging, written through a numpy view made once (every torch call here is host time on the round's
         # critical path). Pinned when capturing: each captured graph copies it into ``packed`` as its first node, so
@@ -551,7 +597,7 @@ class SpeculativeRound:
 
     def _call(self, bucket: int, sample: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.fn(self.model, self.packed, self.results, bucket, self.num_drafts, self.block_size,
-                       self.table_width, self.draft_vocab, sample)
+                       self.table_width, self.draft_vocab, sample, self.script)
 
     def _length(self, bucket: int, sample: bool) -> int:
         """How much of the packed buffer a round of ``bucket`` reads: the step, and the sampling rows when it

@@ -689,7 +689,7 @@ def test_the_large_random_shapes():
 
 def test_spec(smoke):
     """Every speculative run's greedy output is the baseline's, the drafting rule's runs too; at forced acceptance 1
-    every draft is accepted (None: the rule drafted no round)."""
+    every draft is accepted (None: the rule drafted no round), and the forced rounds chain."""
     r = smoke[2]["spec"]
     assert r["baseline"] and r["speculative"] and r["rule"]
     assert all(len(entry["walls_s"]) == 2 for entry in r["baseline"].values())
@@ -708,6 +708,8 @@ def test_spec(smoke):
                 assert len(entry["walls_s"]) == 2 and entry["wall_s"] == max(entry["walls_s"])  # the slower middle
             assert cell["forced_1"]["acceptance"] == 1.0
             assert cell["forced_0"]["acceptance"] == 0.0
+            # The forced drafter's rounds chain as the MTP head's do (a script on the device, not a host override).
+            assert cell["forced_1"]["chained_rounds"] > 0 and cell["mtp"]["chained_rounds"] > 0
             assert cell["auto_0"]["acceptance"] in (0.0, None) and cell["auto_1"]["acceptance"] in (1.0, None)
             assert "rule" in cell["auto_mtp"]  # the MTP head's chained rounds with the rule (its log reported)
 

@@ -204,7 +204,8 @@ def test_moe_checkpoints_mtp_layer_is_sparse_and_lossless(build_hf_model, tmp_pa
                                  {"method": "mtp", "num_speculative_tokens": 1, "draft_vocab_size": 0},
                                  {"method": "mtp", "num_speculative_tokens": 1, "draft_vocab_size": 64.5},
                                  {"method": "mtp", "num_speculative_tokens": 1, "draft_vocab_size": 258},  # vocab 257
-                                 {"method": "mtp", "num_speculative_tokens": 1, "auto_disable": "yes"}])
+                                 {"method": "mtp", "num_speculative_tokens": 1, "auto_disable": "yes"},
+                                 {"method": "mtp", "num_speculative_tokens": 1, "scripted_drafts": 1}])
 def test_bad_speculative_config_raises(tiny_path, bad):
     with pytest.raises(ValueError, match="speculative_config"):
         Runtime.from_pretrained(tiny_path, device="cpu", speculative_config=bad)
@@ -375,6 +376,63 @@ def test_greedy_output_with_accepted_drafts_equals_non_speculative(tiny_path, gr
     assert [finished[i].token_ids for i in ids] == greedy_reference
     if rate == 1.0:  # every verify step accepts all k drafts: 1 prefill step, then 19 tokens in ceil(19/(k+1))
         assert steps == 1 + math.ceil(19 / (k + 1))
+
+
+def scripts(prompts: list[list[int]], continuations: list[list[int]], shift: int = 0):
+    """``draft_script``: each request's greedy continuation (found by its prompt) by position (``continuation[i]``
+    at position ``len(prompt) + i``), each token moved by ``shift`` (1: every draft wrong), -1 (the MTP layer's)
+    before it."""
+    by_prompt = {tuple(p): c for p, c in zip(prompts, continuations)}
+
+    def script(request_id: str, prompt: list[int]) -> list[int]:
+        return [-1] * len(prompt) + [(t + shift) % 257 for t in by_prompt[tuple(prompt)]]
+    return script
+
+
+def scripted_runtime(path: str, k: int, **knobs) -> Runtime:
+    return Runtime.from_pretrained(path, device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=6,
+                                   speculative_config={**spec(k), "scripted_drafts": True}, **knobs)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_scripted_drafts_are_the_rounds_drafts_and_their_rounds_chain(tiny_path, greedy_reference, overlap):
+    """A runtime built with ``scripted_drafts``: a request scripted with its greedy continuation (the plain run's)
+    accepts every draft, one scripted wrong accepts none, an unscripted one drafts with the MTP layer; every output
+    is the non-speculative greedy run's. Without overlap each round is one step (a prompt step, then 19 tokens in
+    ceil(19 / 3) rounds of k = 2 when all is accepted); with it the scripted rounds chain, as the MTP layer's do and
+    a host ``draft_override``'s cannot."""
+    ids = [f"r{i}" for i in range(len(PROMPTS))]
+    params = SamplingParams(temperature=0, max_tokens=20)
+    rt = scripted_runtime(tiny_path, k=2)
+    # Right: 7 rounds of 2 drafts; the 7th's second is for a position past the script (the layer's), the rest right.
+    for shift, accepted in ((0, (13, 14)), (1, (0, 0))):
+        engine = LLMEngine(rt, draft_script=scripts(PROMPTS, greedy_reference, shift), overlap_decode=overlap)
+        engine.add_request("r0", PROMPTS[0], params)
+        finished, steps = finish_all(engine)
+        assert finished["r0"].token_ids == greedy_reference[0]
+        assert accepted[0] <= engine.num_accepted_tokens <= accepted[1]
+        if not overlap:
+            assert steps == (1 + math.ceil(19 / 3) if shift == 0 else 20)
+        elif shift == 0:
+            assert engine.num_chained_rounds > 0
+    engine = LLMEngine(rt, overlap_decode=overlap)  # no script: the rows the runs above scripted are the layer's
+    for request_id, prompt in zip(ids, PROMPTS):
+        engine.add_request(request_id, prompt, params)
+    finished, _ = finish_all(engine)
+    assert [finished[i].token_ids for i in ids] == greedy_reference
+    layer = LLMEngine(runtime(tiny_path, k=2))
+    for request_id, prompt in zip(ids, PROMPTS):
+        layer.add_request(request_id, prompt, params)
+    finish_all(layer)
+    assert (engine.num_draft_tokens, engine.num_accepted_tokens) == (layer.num_draft_tokens, layer.num_accepted_tokens)
+
+
+def test_a_draft_script_needs_a_scripted_runtime(tiny_path):
+    with pytest.raises(ValueError, match="scripted_drafts"):
+        LLMEngine(runtime(tiny_path, k=2), draft_script=lambda request_id, prompt: [])
+    rt = scripted_runtime(tiny_path, k=1)
+    with pytest.raises(ValueError, match="state slot 0"):
+        rt.executor.draft_script.write(0, [1, 2])  # the null slot: padding rows read it
 
 
 def test_stop_strings_inside_accepted_runs_equal_non_speculative(tiny_path, greedy_reference):
@@ -845,6 +903,24 @@ def test_compiled_rounds_equal_non_speculative(tiny_path, draft_vocab):
               speculative_config={**spec(2), "draft_vocab_size": draft_vocab})
     assert llm.runtime.speculative_round is not None  # compiled rounds
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == reference
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_compiled_rounds_read_the_draft_script_in_place(tiny_path, greedy_reference, device):
+    """Compiled rounds (on a GPU also captured) read the draft script where the engine writes it, after they were
+    compiled: through ``LLM`` (rounds chained), a request scripted with its greedy continuation accepts all but at
+    most its last round's second draft (past the script), one scripted wrong accepts none, and both outputs are the
+    plain greedy run's."""
+    llm = LLM(tiny_path, device=device, dtype="float32", max_model_len=MAX_LEN, max_num_seqs=2, enforce_eager=False,
+              speculative_config={**spec(2), "scripted_drafts": True})
+    assert llm.runtime.speculative_round is not None  # compiled rounds
+    for shift, accepted in ((0, (13, 14)), (1, (0, 0))):
+        llm.engine.draft_script = scripts(PROMPTS, greedy_reference, shift)
+        before, chained = llm.engine.num_accepted_tokens, llm.engine.num_chained_rounds
+        out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
+        assert out[0].token_ids == greedy_reference[0]
+        assert accepted[0] <= llm.engine.num_accepted_tokens - before <= accepted[1]
+        assert llm.engine.num_chained_rounds > chained
 
 
 def test_compiled_round_results_are_the_host_rows_its_graph_wrote(tiny_path):
