@@ -51,7 +51,7 @@ class ModelExecutor:
         # speculative_config ``scripted_drafts``: drafts by position in place of the MTP layer's (Runtime.script_drafts)
         self.draft_script: DraftScript | None = None
         if speculative_config is not None and speculative_config.scripted_drafts:
-            if workers is not None or model.tp.world_size > 1:
+            if workers is not None or model.tp.world_size > 1:  # (Runtime.from_pretrained refuses it first)
                 raise ValueError("speculative_config scripted_drafts runs on one rank only")
             self.draft_script = DraftScript(max_num_seqs + 1, max_model_len, speculative_config.num_speculative_tokens,
                                             device)

@@ -215,6 +215,8 @@ class Runtime:
             runtime.load_report = report
             return runtime
         check_divisible(config, tensor_parallel_size)
+        if mtp and runtime_config.speculative_config.scripted_drafts:
+            raise ValueError("speculative_config scripted_drafts runs on one rank only (tensor_parallel_size=1)")
         if device.type == "cuda" and torch.cuda.device_count() < tensor_parallel_size:
             raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs that many GPUs; "
                              f"{torch.cuda.device_count()} visible")

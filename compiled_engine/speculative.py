@@ -178,7 +178,7 @@ class DraftScript:
             raise ValueError(f"a draft script covers at most {width} positions, got {len(drafts)}")
         row = torch.full((self.tokens.shape[1],), -1, dtype=torch.long)
         row[: len(drafts)] = torch.as_tensor(list(drafts), dtype=torch.long)
-        self.tokens[slot].copy_(row)
+        self.tokens[slot].copy_(row)  # a synchronous copy: scripts serve tests and benchmarks, written per prompt chunk
 
     def apply(self, drafts: torch.Tensor, slots: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """``drafts [D, k]`` (the MTP layer's) with each scripted one replaced: row n drafts for positions ``first[n]

@@ -433,6 +433,8 @@ def test_a_draft_script_needs_a_scripted_runtime(tiny_path):
     rt = scripted_runtime(tiny_path, k=1)
     with pytest.raises(ValueError, match="state slot 0"):
         rt.executor.draft_script.write(0, [1, 2])  # the null slot: padding rows read it
+    with pytest.raises(ValueError, match="one rank"):  # refused before any worker process starts
+        scripted_runtime(tiny_path, k=1, tensor_parallel_size=2)
 
 
 def test_stop_strings_inside_accepted_runs_equal_non_speculative(tiny_path, greedy_reference):
