@@ -397,7 +397,7 @@ def scripted_runtime(path: str, k: int, **knobs) -> Runtime:
 @pytest.mark.parametrize("overlap", [False, True])
 def test_scripted_drafts_are_the_rounds_drafts_and_their_rounds_chain(tiny_path, greedy_reference, overlap):
     """A runtime built with ``scripted_drafts``: a request scripted with its greedy continuation (the plain run's)
-    accepts every draft, one scripted wrong accepts none, an unscripted one drafts with the MTP layer; every output
+    accepts every scripted draft, one scripted wrong accepts none, an unscripted one drafts with the MTP layer; every output
     is the non-speculative greedy run's. Without overlap each round is one step (a prompt step, then 19 tokens in
     ceil(19 / 3) rounds of k = 2 when all is accepted); with it the scripted rounds chain, as the MTP layer's do and
     a host ``draft_override``'s cannot."""
