@@ -145,8 +145,11 @@ def run(
     )
     for c, n in zip(levels, counts):
         try:
-            cells.append(_cell(ctx, engine, plan, mb, bw, vocab, c, n, input_len, output_len, warmup_requests,
-                               warmup_output_len, seed))
+            cell = _cell(ctx, engine, plan, mb, bw, vocab, c, n, input_len, output_len, warmup_requests,
+                         warmup_output_len, seed)
+            if "skipped" not in cell:  # SGLang's cell beside ours
+                cell["sglang"] = _sglang_cell(reference, c, input_len, output_len, cell, result["sglang"]["same_gpu"])
+            cells.append(cell)
         except Exception as e:  # one cell failing (e.g. out of memory) must not lose the others
             print(f"[bench] cookbook c={c} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
             cells.append({"concurrency": c, "requests": n, "error": f"{type(e).__name__}: {e}"[:500],
@@ -160,7 +163,7 @@ def run(
 
 def _cell(ctx: Context, engine, plan: dict, mb, bw: float, vocab: int, c: int, n: int, input_len: int,
           output_len: int, warmup_requests: int, warmup_output_len: int, seed: int) -> dict:
-    """One concurrency: warm-up, the timed closed loop, its bound and SGLang's cell beside it."""
+    """One concurrency: warm-up, the timed closed loop and its bound (``run`` puts SGLang's cell beside it)."""
     cell = {"concurrency": c, "requests": n, "fits": c <= plan["requests_at_once"]}
     if plan["max_model_len"] and input_len + output_len > plan["max_model_len"]:
         cell["skipped"] = (f"{input_len} + {output_len} tokens do not fit max_model_len={plan['max_model_len']}: "
@@ -181,7 +184,6 @@ def _cell(ctx: Context, engine, plan: dict, mb, bw: float, vocab: int, c: int, n
     cell["bound"] = {"batch": batch, "context": step["context"], "tpot_ms": step["ms_per_step"],
                      "output_tok_s": whole["output_tok_s"]}
     cell["fraction_of_bound"] = cell["output_tok_s"] / whole["output_tok_s"]
-    cell["sglang"] = _sglang_cell(sglang_reference(ctx.model.name), c, input_len, output_len, cell, same_gpu(ctx))
     print(f"[bench] cookbook c={c}: {cell['total_tok_s']:.0f} tok/s in+out, TPOT p50 "
           f"{_fmt(cell['tpot_ms'].get('p50'), '.2f')} ms", file=sys.stderr, flush=True)
     return cell

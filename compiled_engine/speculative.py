@@ -172,7 +172,7 @@ class DraftScript:
         """Script the sequence in ``slot``: ``drafts[p]`` (-1: the MTP layer's) for each position p it covers; the
         MTP layer's drafts past it."""
         width = self.tokens.shape[1] - 1  # the last column stays -1: where clamped positions land
-        if slot == NULL_SLOT or not 0 < slot < self.tokens.shape[0]:
+        if not NULL_SLOT < slot < self.tokens.shape[0]:  # the null slot is row 0: padding rows read it
             raise ValueError(f"state slot {slot} is not a sequence's (1..{self.tokens.shape[0] - 1})")
         if len(drafts) > width:
             raise ValueError(f"a draft script covers at most {width} positions, got {len(drafts)}")
