@@ -519,18 +519,25 @@ def _conv_window(from_rows, from_state, weights, STATE_DTYPE: tl.constexpr, OUT_
 
 
 @triton.jit
-def _verify_value_loads(first_row, v_channels, v_state, v_mask, v_head, offs_v, stride_p_b, stride_p_c, stride_cs_k,
-                        A_START: tl.constexpr, B_START: tl.constexpr, Z_START: tl.constexpr, DV: tl.constexpr,
-                        WIDTH: tl.constexpr, WIDTH_P: tl.constexpr, POSITIONS: tl.constexpr, LOAD_Z: tl.constexpr):
-    """A value head's (its V block's) loads of every position of the verify rows: the v conv window's inputs, the
-    position's own v inputs (the history's copy), its a and b, and its z when ``LOAD_Z``; a tuple a position."""
-    loads = ()
-    for i in tl.static_range(POSITIONS):
-        loads = loads + (_window_loads(first_row, v_state, v_channels, v_mask, i, stride_p_b, stride_p_c, stride_cs_k,
-                                       WIDTH, WIDTH_P)
-                         + _value_row_loads(first_row + i * stride_p_b, v_channels, v_mask, v_head, offs_v, stride_p_c,
-                                            A_START, B_START, Z_START, DV, LOAD_Z),)
-    return loads
+def _position_loads(first_row, q_state, k_state, v_state, q_channels, k_channels, v_channels, k_mask, v_mask, v_head,
+                    offs_v, position, stride_p_b, stride_p_c, stride_cs_k, A_START: tl.constexpr,
+                    B_START: tl.constexpr, Z_START: tl.constexpr, DV: tl.constexpr, WIDTH: tl.constexpr,
+                    WIDTH_P: tl.constexpr, LOAD_Z: tl.constexpr):
+    """Every load of one position of the verify walk (one value head, one V block): the q / k / v conv windows'
+    inputs, the position's own q / k / v inputs (the history's copy), its a and b, and its z when ``LOAD_Z``."""
+    row = first_row + position * stride_p_b
+    q_rows, q_hist = _window_loads(first_row, q_state, q_channels, k_mask, position, stride_p_b, stride_p_c,
+                                   stride_cs_k, WIDTH, WIDTH_P)
+    k_rows, k_hist = _window_loads(first_row, k_state, k_channels, k_mask, position, stride_p_b, stride_p_c,
+                                   stride_cs_k, WIDTH, WIDTH_P)
+    v_rows, v_hist = _window_loads(first_row, v_state, v_channels, v_mask, position, stride_p_b, stride_p_c,
+                                   stride_cs_k, WIDTH, WIDTH_P)
+    x_q = tl.load(row + q_channels * stride_p_c, mask=k_mask, other=0.0)
+    x_k = tl.load(row + k_channels * stride_p_c, mask=k_mask, other=0.0)
+    # z not with V blocks (LOAD_Z false): the norm runs in a second launch
+    x_v, a_val, b_val, z = _value_row_loads(row, v_channels, v_mask, v_head, offs_v, stride_p_c, A_START, B_START,
+                                            Z_START, DV, LOAD_Z)
+    return q_rows, q_hist, k_rows, k_hist, v_rows, v_hist, x_q, x_k, x_v, a_val, b_val, z
 
 
 @triton.jit
@@ -670,93 +677,54 @@ def _gated_deltanet_verify_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # in_proj's output (projected) is read, and the history and out written, after this
 
-    # Every load of the key head's q and k (all positions) and of its first value head's v, a and b (and z), before
-    # any math or store: a load after a store stays after it (the compiler does not know they cannot alias).
-    qk_loads = ()
-    for i in tl.static_range(POSITIONS):
-        row = first_row + i * stride_p_b
-        qk_loads = qk_loads + (_window_loads(first_row, q_state, q_channels, k_mask, i, stride_p_b, stride_p_c,
-                                             stride_cs_k, WIDTH, WIDTH_P)
-                               + _window_loads(first_row, k_state, k_channels, k_mask, i, stride_p_b, stride_p_c,
-                                               stride_cs_k, WIDTH, WIDTH_P)
-                               + (tl.load(row + q_channels * stride_p_c, mask=k_mask, other=0.0),
-                                  tl.load(row + k_channels * stride_p_c, mask=k_mask, other=0.0)),)
-    v_loads = _verify_value_loads(first_row, first[1], first[2], v_mask, k_head * GROUP, offs_v, stride_p_b, stride_p_c,
-                                  stride_cs_k, A_START, B_START, Z_START, DV, WIDTH, WIDTH_P, POSITIONS, V_BLOCKS == 1)
-
-    # q and k of every position (conv, SiLU, l2norm; q scaled by K**-0.5), shared by the key head's value heads, and
-    # the closed form's scalars k_j . k_i (j < i) and k_j . q_i (j <= i), at flat index i * (i + 1) // 2 + j
-    qs = ()
-    ks = ()
-    for i in tl.static_range(POSITIONS):
-        q_rows, q_hist, k_rows, k_hist, x_q, x_k = qk_loads[i]
-        q = _conv_window(q_rows, q_hist, q_w, conv_dtype, dtype)
-        k = _conv_window(k_rows, k_hist, k_w, conv_dtype, dtype)
-        qs = qs + (q * tl.rsqrt(tl.sum(q * q, 0) + L2NORM_EPS) * scale,)
-        ks = ks + (k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS),)
-    kks = ()
-    kqs = ()
-    for i in tl.static_range(POSITIONS):
-        for j in tl.static_range(i + 1):
-            kks = kks + (tl.sum(ks[j] * ks[i], 0),)  # (j == i unused: it keeps the index)
-            kqs = kqs + (tl.sum(ks[j] * qs[i], 0),)
-
-    for h in tl.static_range(GROUP):
-        v_head = k_head * GROUP + h
-        if h == 0:
+    for j in tl.static_range(GROUP):
+        v_head = k_head * GROUP + j
+        if j == 0:
             s, v_channels, v_state, v_w, A_log_val, dt_bias_val = first
         else:
             s, v_channels, v_state, v_w, A_log_val, dt_bias_val = _verify_head_loads(
                 state, tile_mask, conv_rows, conv_weight, A_log, dt_bias, v_head, offs_k, offs_v, v_mask, stride_rs_h,
                 stride_rs_k, stride_rs_v, stride_cs_c, stride_w_c, stride_w_k, KEY_DIM, DV, WIDTH, WIDTH_P)
-            v_loads = _verify_value_loads(first_row, v_channels, v_state, v_mask, v_head, offs_v, stride_p_b,
-                                          stride_p_c, stride_cs_k, A_START, B_START, Z_START, DV, WIDTH, WIDTH_P,
-                                          POSITIONS, V_BLOCKS == 1)
-        # What the pool's state gives every position, independent reductions: S0^T k_i and S0^T q_i. Then the
-        # positions in turn on [BLOCK_V] vectors only, S_i = d_i S_{i-1} + k_i (x) u_i unrolled back to S0 (with
-        # D(j, i) = d_{j+1} ... d_i and c_i = d_0 ... d_i):
-        #     u_i = (v_i - c_i S0^T k_i - sum_{j<i} D(j, i) (k_j . k_i) u_j) beta_i
-        #     o_i = c_i S0^T q_i + sum_{j<=i} D(j, i) (k_j . q_i) u_j
-        s_ks = ()
-        s_qs = ()
+        # Unrolled, each position's loads issued before the previous position's math and stores: a load after a
+        # store stays after it (the compiler does not know they cannot alias), so in program order the walk would
+        # wait a round trip to memory a position.
+        loads = _position_loads(first_row, q_state, k_state, v_state, q_channels, k_channels, v_channels, k_mask,
+                                v_mask, v_head, offs_v, 0, stride_p_b, stride_p_c, stride_cs_k, A_START, B_START,
+                                Z_START, DV, WIDTH, WIDTH_P, V_BLOCKS == 1)
         for i in tl.static_range(POSITIONS):
-            s_ks = s_ks + (tl.sum(s * ks[i][:, None], 0),)
-            s_qs = s_qs + (tl.sum(s * qs[i][:, None], 0),)
-        decays = ()
-        us = ()
-        for i in tl.static_range(POSITIONS):
-            v_rows, v_hist, x_v, a_val, b_val, z = v_loads[i]
+            q_rows, q_hist, k_rows, k_hist, v_rows, v_hist, x_q, x_k, x_v, a_val, b_val, z = loads
+            if i + 1 < POSITIONS:
+                loads = _position_loads(first_row, q_state, k_state, v_state, q_channels, k_channels, v_channels,
+                                        k_mask, v_mask, v_head, offs_v, i + 1, stride_p_b, stride_p_c, stride_cs_k,
+                                        A_START, B_START, Z_START, DV, WIDTH, WIDTH_P, V_BLOCKS == 1)
+            entry = entries + i * stride_h_pos
+            q = _conv_window(q_rows, q_hist, q_w, conv_dtype, dtype)
+            k = _conv_window(k_rows, k_hist, k_w, conv_dtype, dtype)
             v = _conv_window(v_rows, v_hist, v_w, conv_dtype, dtype)
-            decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
-            decays = decays + (decay,)
-            # (j = i - 1 - jj spelt out: a name rebound to another constexpr each unrolled pass becomes a tensor)
-            back = tl.zeros_like(v)  # sum_{j<i} D(j, i) (k_j . k_i) u_j
-            o = tl.zeros_like(v)  # sum_{j<i} D(j, i) (k_j . q_i) u_j
-            carry = decay  # D(j, i) from j = i - 1 down; c_i after the loop
-            for jj in tl.static_range(i):
-                back += (carry * kks[i * (i + 1) // 2 + i - 1 - jj]) * us[i - 1 - jj]
-                o += (carry * kqs[i * (i + 1) // 2 + i - 1 - jj]) * us[i - 1 - jj]
-                carry = carry * decays[i - 1 - jj]
-            u = (v - carry * s_ks[i] - back) * beta
-            us = us + (u,)
-            o = o + carry * s_qs[i] + kqs[i * (i + 1) // 2 + i] * u
+            q = q * tl.rsqrt(tl.sum(q * q, 0) + L2NORM_EPS) * scale  # l2norm in fp32, q scaled by K**-0.5
+            k = k * tl.rsqrt(tl.sum(k * k, 0) + L2NORM_EPS)
 
-            entry = entries + i * stride_h_pos  # the history: v's conv inputs (the conv state's dtype), u, decay
+            decay, beta = decay_and_beta(a_val, b_val, A_log_val, dt_bias_val)
+            s = s * decay  # S *= exp(g)
+            u = (v - tl.sum(s * k[:, None], 0)) * beta  # u = (v - S^T k) beta
+            s = s + k[:, None] * u[None, :]  # S += k (x) u
+            o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
+            s = s.to(recurrent_state.dtype.element_ty).to(tl.float32)  # what the pool would hold after a decode step
+
+            # the history: the conv inputs (in the conv state's dtype, held in fp32), keys, update and decay
             tl.store(entry + v_channels, x_v.to(conv_dtype).to(tl.float32), mask=v_mask)
             tl.store(entry + UPDATES_AT + v_head * DV + offs_v, u, mask=v_mask)
             if v_block == 0:
                 tl.store(entry + DECAYS_AT + v_head, decay)
+                if j == 0:
+                    tl.store(entry + q_channels, x_q.to(conv_dtype).to(tl.float32), mask=k_mask)
+                    tl.store(entry + k_channels, x_k.to(conv_dtype).to(tl.float32), mask=k_mask)
+                    tl.store(entry + KEYS_AT + k_head * DK + offs_k, k, mask=k_mask)
+
             o = o.to(dtype).to(tl.float32)  # the delta-rule op's output, in v's dtype
             if V_BLOCKS == 1:  # the gated RMSNorm over V, rounded where the unfused path rounds (as in decode)
                 o = _gated_norm(o, tl.rsqrt(tl.sum(o * o, 0) / DV + eps), z, norm_w, dtype, ROUND_WEIGHT_PRODUCT)
             tl.store(out + (seq * POSITIONS + i) * VALUE_DIM + v_head * DV + offs_v, o.to(dtype), mask=v_mask)
-    if v_block == 0:  # the key head's share of the history: q and k's conv inputs and the normalised keys
-        for i in tl.static_range(POSITIONS):
-            entry = entries + i * stride_h_pos
-            _, _, _, _, x_q, x_k = qk_loads[i]
-            tl.store(entry + q_channels, x_q.to(conv_dtype).to(tl.float32), mask=k_mask)
-            tl.store(entry + k_channels, x_k.to(conv_dtype).to(tl.float32), mask=k_mask)
-            tl.store(entry + KEYS_AT + k_head * DK + offs_k, ks[i], mask=k_mask)
     if SPLIT_NORM:  # as the decode kernel's SPLIT_V: the barrier, the count's release, the last one norms
         tl.debug_barrier()  # every thread's parked outputs of this program before the count
         counter = counters + seq * NUM_K_HEADS + k_head
