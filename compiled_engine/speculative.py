@@ -545,10 +545,11 @@ class SpeculativeRound:
         # write again, once it has passed.
         self._done = torch.cuda.Event() if device.type == "cuda" else None
         # Chained rounds (``run_chained``): (bucket, sample) -> the graph without the staging copy, and two
-        # host buffers, used in turn, where a round's rows are kept before the chained round after it overwrites
-        # ``results`` (``keep``), each with the event recorded after its copy.
+        # host buffers (``host_visible``: a kernel writes them on a GPU), used in turn, where a round's rows are kept
+        # before the chained round after it overwrites ``results`` (``keep``), each with the event recorded after
+        # its copy.
         self._chained: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
-        self._kept = [torch.zeros(self.results.shape, dtype=torch.long, pin_memory=capture) for _ in range(2)]
+        self._kept = [host_visible(self.results.shape, device) for _ in range(2)]
         self._kept_ready = [torch.cuda.Event() if device.type == "cuda" else None for _ in range(2)]
         self._next_kept = 0
 
@@ -667,11 +668,14 @@ class SpeculativeRound:
             return results
         slot, self._next_kept = self._next_kept, 1 - self._next_kept
         n = len(results.host)
-        kept, ready = self._kept[slot], self._kept_ready[slot]
+        (kept, seen), ready = self._kept[slot], self._kept_ready[slot]
         if ready is None:  # on the CPU the round is done: copy now
             kept[:n] = torch.from_numpy(results.host)
         else:
-            kept[:n].copy_(self.results[:n], non_blocking=True)
+            # A kernel writes the rows from the round's device outputs, as the round's graph writes ``results``: a
+            # copy between two pinned host buffers (cudaMemcpyAsync host to host) runs synchronously with the host,
+            # which would wait there for the round in flight before launching the next (bench/NOTES.md, run 168).
+            torch.cat([results.num_accepted[:, None], results.tokens, results.drafts], dim=1, out=seen[:n])
             ready.record()
         return dataclasses.replace(results, host=kept[:n].numpy(), ready=ready)
 

@@ -7,6 +7,8 @@ of the rejection sampler); a seeded request's solo run (batch invariance).
 
 from __future__ import annotations
 
+import functools
+
 import math
 import random
 from types import SimpleNamespace
@@ -1124,6 +1126,47 @@ def test_drafting_rule_times_a_chained_round_from_one_read_to_the_next(tiny_path
     finish_all(engine)
     assert engine.num_chained_rounds >= 10
     assert len(rule.charges) >= engine.num_chained_rounds and set(rule.charges) == {1.0}
+
+
+@pytest.mark.gpu
+def test_chaining_a_round_does_not_wait_for_the_round_before(tiny_path):
+    """``Runtime.chain_round`` queues device work only: with the round in flight held back on the device (a sleep
+    kernel before it), the host keeps that round's rows and launches the next round and returns while the round is
+    still to run. Its kept rows, read after, are the round an eager runtime computes from the same sequence and
+    drafts, and the chained round's the eager round after it."""
+    def started(rt):
+        seq = rt.add_sequence(PROMPTS[0])
+        seq.token_ids.append(int(rt.prefill([seq]).argmax(dim=-1)[0]))
+        return seq
+
+    def advance(rt, spec_, rows):
+        rt.advance(spec_, [r[0] for r in rows], [r[1:4] for r in rows])
+        return [r[4:] for r in rows]
+
+    build = functools.partial(Runtime.from_pretrained, tiny_path, device="cuda", dtype="float32",
+                              max_model_len=MAX_LEN, max_num_seqs=1, speculative_config=spec(2))
+    eager = build(compile=False)
+    seq = started(eager)
+    want = []
+    drafts = [[7, 9]]
+    for _ in range(2):
+        spec_, results = eager.fused_round([seq], drafts)
+        want.append(results.rows())
+        drafts = advance(eager, spec_, want[-1])
+
+    compiled = build(compile=True)
+    assert compiled.executor.speculative_round.captured
+    seq = started(compiled)
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of the device's clock ahead of the round
+    spec_, results = compiled.fused_round([seq], [[7, 9]], chain_rounds=2)
+    round_done = torch.cuda.Event()
+    round_done.record()
+    assert compiled.can_chain(spec_)
+    kept, spec_, chained = compiled.chain_round(spec_, results)
+    assert not round_done.query(), "chain_round waited for the round before it"
+    assert kept.rows() == want[0]
+    advance(compiled, spec_, want[0])
+    assert chained.rows() == want[1]
 
 
 @pytest.mark.gpu
