@@ -177,10 +177,11 @@ class _RoundInFlight:
     start: float
 
 
-# Blocks reserved for this many more rounds past a round that may chain (Runtime.fused_round's chain_rounds): a chain
-# runs until the positions reach them, then one round reads back and packs again with new blocks. At k = 2 a round
-# advances at most 3 positions: 24 more, a block and a half of 16 a sequence.
-CHAIN_ROUNDS = 8
+# Blocks reserved for this many more rounds past a round that may chain (Runtime.fused_round's chain_rounds; a quarter
+# of them where all do not fit): a chain runs until the positions reach them, then one round reads back and packs
+# again with new blocks, ~0.4 ms of an idle GPU at batch 1 (bench/NOTES.md, run 169). At k = 2 a round advances at
+# most 3 positions: 96 more, six blocks of 16 a sequence, a break every ~40 rounds at forced acceptance 0.8.
+CHAIN_ROUNDS = 32
 
 
 class LLMEngine:

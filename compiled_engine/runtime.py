@@ -38,7 +38,7 @@ the same device work: ModelExecutor's speculative methods):
 
 Chained rounds overlap the host's read-back of one round with the next on the device:
 
-    spec, results = rt.fused_round([seq], drafts, chain_rounds=8)   # blocks for 8 more rounds, where free
+    spec, results = rt.fused_round([seq], drafts, chain_rounds=32)   # blocks for 32 more rounds (8), where free
     if rt.can_chain(spec):
         results, spec_next, next_results = rt.chain_round(spec, results)   # queued before reading `results`
     rt.advance(spec, ...results.rows()...); rt.advance(spec_next, ...next_results.rows()...)   # in order
@@ -580,16 +580,17 @@ class Runtime:
         or with ``sampling`` (``[N * (k+1)]`` per-row ``ce::sample`` parameters on the host, sequence by sequence;
         counters: each row's output index) the token ``ce::sample`` draws (compiled_engine/rejection_sampler.py). No
         min_tokens suppression here: such rounds take ``verify`` and the rejection sampler. ``chain_rounds``: blocks
-        for that many more rounds' positions are reserved too where free, so that rounds may chain after this one
-        (``chain_round``)."""
+        for that many more rounds' positions are reserved too where free (else for a quarter of them), so that rounds
+        may chain after this one (``chain_round``)."""
         k = self._check_verify(seqs, drafts)
         if sampling is not None and sampling.temperature.shape != (len(seqs) * (k + 1),):
             raise ValueError(f"sampling needs {len(seqs) * (k + 1)} rows (k + 1 a sequence), got "
                              f"{tuple(sampling.temperature.shape)}")
         counts = [k + 1] * len(seqs)
-        if not self._reserve_draft_blocks(seqs, counts, [k - 1 + chain_rounds * (k + 1)] * len(seqs), keep_free):
-            if chain_rounds:  # the rounds after it do not fit: this round's own draft positions may still
-                self._reserve_draft_blocks(seqs, counts, [k - 1] * len(seqs), keep_free)
+        # As many of the chain's rounds as fit (all, a quarter), else this round's own draft positions where free
+        for rounds in sorted({chain_rounds, chain_rounds // 4, 0}, reverse=True):
+            if self._reserve_draft_blocks(seqs, counts, [k - 1 + rounds * (k + 1)] * len(seqs), keep_free):
+                break
         # What a chained round may reach (can_chain); not worked out for rounds that do not chain.
         table_tokens = [len(s.block_table) * self.config.block_size for s in seqs] if chain_rounds else None
         n, compiled = len(seqs), self.executor.speculative_round
