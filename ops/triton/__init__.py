@@ -26,8 +26,9 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
   norm_kernels              rms_norm (zero-centred or gated by silu, one pass per row, strided rows), add_rms_norm
                             (a layer's residual add + norm)
 
-and two helpers: ``pdl``, programmatic dependent launch, the protocol the decode kernels follow (launch flags, when to
-wait); ``l2_prefetch``, the skinny GEMM's prefetch of its weight into L2 before that wait.
+and two helper modules: ``pdl``, programmatic dependent launch, the protocol the decode kernels follow (launch flags,
+when to wait); ``l2_prefetch``, the skinny GEMM's prefetch of its weight into L2 before that wait; and, here,
+``unit_stride`` for the launchers.
 
 Imports go one way: an op module (ops/<family>.py) imports its kernel module and registers the launcher as the op's
 CUDA kernel; a kernel module imports triton, torch, other kernel modules here, and the leaf modules below both
@@ -44,3 +45,11 @@ from __future__ import annotations
 import importlib.util
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def unit_stride(*vectors):
+    """The 1-D index and parameter vectors of a launch (slots, lengths, positions, norm weights, gates' parameters),
+    which its kernel reads with unit stride: each as it is, or a contiguous copy of a strided view. One vector
+    gives one tensor, several a tuple."""
+    kept = tuple(vector.contiguous() for vector in vectors)
+    return kept[0] if len(kept) == 1 else kept

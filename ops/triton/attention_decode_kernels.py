@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from ops.layouts import check_attention_decode_args
+from ops.triton import unit_stride
 from ops.triton.paged_attention_kernels import (
     LOG2E,
     NEG_BIG,
@@ -316,10 +317,8 @@ def attention_decode(
         part_sum = torch.empty_like(part_max)
     else:
         part_acc = part_max = part_sum = out  # never touched: the kernel writes `out` directly
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    q_norm_weight, k_norm_weight = q_norm_weight.contiguous(), k_norm_weight.contiguous()
-    inv_freq, positions = inv_freq.contiguous(), positions.contiguous()
-    context_lens, slot_mapping = context_lens.contiguous(), slot_mapping.contiguous()
+    q_norm_weight, k_norm_weight, inv_freq = unit_stride(q_norm_weight, k_norm_weight, inv_freq)
+    positions, context_lens, slot_mapping = unit_stride(positions, context_lens, slot_mapping)
     _attention_decode_kernel[(batch, num_kv_heads, num_splits)](
         projected,
         q_norm_weight,

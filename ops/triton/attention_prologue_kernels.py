@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.triton import unit_stride
 from ops.triton.attention_decode_kernels import _cos_sin, _norm_rope, _norm_weights, _rope_lanes, _store_kv_row
 
 
@@ -93,9 +94,8 @@ def attention_prologue(
     if tokens == 0:
         return q
     group = num_heads // num_kv_heads
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    q_norm_weight, k_norm_weight = q_norm_weight.contiguous(), k_norm_weight.contiguous()
-    inv_freq, positions, slot_mapping = inv_freq.contiguous(), positions.contiguous(), slot_mapping.contiguous()
+    q_norm_weight, k_norm_weight, inv_freq = unit_stride(q_norm_weight, k_norm_weight, inv_freq)
+    positions, slot_mapping = unit_stride(positions, slot_mapping)
     _attention_prologue_kernel[(tokens, num_kv_heads)](
         projected,
         q_norm_weight,

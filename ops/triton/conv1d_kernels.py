@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.triton import unit_stride
+
 # The binary search for each token's sequence takes at least this many steps (up to 512 sequences in a step), so the
 # kernel is compiled once, not once per power of two of the step's sequence count (each new variant would be compiled
 # in the middle of serving, stalling that step ~1 s). Nine steps over an L1-resident cu_seqlens cost next to nothing.
@@ -191,8 +193,7 @@ def causal_conv1d_prefill(
     # An empty section's tensor may have no storage (a null pointer Triton refuses); no channel block writes it, so x
     # stands in for it.
     pointers = tuple(out if out.numel() else x for out in outs)
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    cu_seqlens, state_slots = cu_seqlens.contiguous(), state_slots.contiguous()
+    cu_seqlens, state_slots = unit_stride(cu_seqlens, state_slots)
     if num_tokens > 0:
         _conv_prefill_out_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(num_channels, block_c))](
             x,
@@ -341,8 +342,7 @@ def causal_conv1d_decode(
     out = x.new_empty(x.shape)  # contiguous, like the reference's output
     if batch == 0:
         return out
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    state_slots = state_slots.contiguous()
+    state_slots = unit_stride(state_slots)
     _conv_decode_kernel[(batch, triton.cdiv(num_channels, block_c))](
         x,
         weight,

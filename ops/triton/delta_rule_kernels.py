@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ops.layouts import CHUNK_SIZE  # FLA's chunk length, the one host_chunk_indices (ops/delta_rule.py) tables
+from ops.triton import unit_stride
 
 # A prompt step of at most this many tokens (all its sequences together) runs FLA's recurrent form, longer ones its
 # chunked form (see the module docstring; the crossover: bench/NOTES.md, "Recurrent prefill").
@@ -81,8 +82,7 @@ def prefill_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias
     g = torch.empty(num_tokens, heads, dtype=torch.float32, device=a.device)
     beta = torch.empty_like(g)
     if num_tokens:
-        # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-        A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()
+        A_log, dt_bias = unit_stride(A_log, dt_bias)
         _prefill_gates_kernel[(triton.cdiv(num_tokens, block_t),)](
             a, b, A_log, dt_bias, g, beta, num_tokens, *a.stride(), *b.stride(),
             HEADS=heads, HEADS_P=triton.next_power_of_2(heads), BLOCK_T=block_t, num_warps=4,
@@ -186,8 +186,7 @@ def gated_delta_rule_decode(
     if batch == 0:
         return out
     block_v = min(block_v, triton.next_power_of_2(dv))
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    A_log, dt_bias, state_slots = A_log.contiguous(), dt_bias.contiguous(), state_slots.contiguous()
+    A_log, dt_bias, state_slots = unit_stride(A_log, dt_bias, state_slots)
     _gdr_decode_kernel[(batch, num_v_heads, triton.cdiv(dv, block_v))](
         q,
         k,

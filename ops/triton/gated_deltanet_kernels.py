@@ -72,7 +72,7 @@ from ops.layouts import (
     check_gated_deltanet_decode_args, check_gated_deltanet_verify_args, gated_deltanet_split_sizes,
 )
 from ops.library import DEVICE_BUFFERS
-from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels
+from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels, unit_stride
 from ops.triton.conv1d_kernels import conv_apply, conv_load, conv_step, store_history
 from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta
 from ops.triton.pdl import pdl_flags
@@ -408,9 +408,7 @@ def gated_deltanet_decode(
     out = torch.empty((batch, num_v_heads * head_v_dim), dtype=projected.dtype, device=projected.device)
     if batch == 0:
         return out
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    A_log, dt_bias, norm_weight = A_log.contiguous(), dt_bias.contiguous(), norm_weight.contiguous()
-    state_slots = state_slots.contiguous()
+    A_log, dt_bias, norm_weight, state_slots = unit_stride(A_log, dt_bias, norm_weight, state_slots)
     _gated_deltanet_decode_kernel[(batch, num_k_heads, v_blocks if split_v else 1)](
         projected,
         conv_weight,
@@ -772,9 +770,7 @@ def gated_deltanet_verify(
     v_blocks = triton.cdiv(head_v_dim, block_v)
     split_norm = (default_split if split_norm is None else split_norm) and v_blocks > 1
     out = torch.empty((rows, value_dim), dtype=projected.dtype, device=projected.device)
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    A_log, dt_bias, norm_weight = A_log.contiguous(), dt_bias.contiguous(), norm_weight.contiguous()
-    state_slots = state_slots.contiguous()
+    A_log, dt_bias, norm_weight, state_slots = unit_stride(A_log, dt_bias, norm_weight, state_slots)
     _gated_deltanet_verify_kernel[(num_seqs, num_k_heads, v_blocks)](
         projected,
         conv_weight,
@@ -959,8 +955,7 @@ def gated_deltanet_commit(
     channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     block_v = min(block_v, triton.next_power_of_2(head_v_dim))
     v_blocks = triton.cdiv(head_v_dim, block_v)
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    state_slots, num_accepted = state_slots.contiguous(), num_accepted.contiguous()
+    state_slots, num_accepted = unit_stride(state_slots, num_accepted)
     _gated_deltanet_commit_kernel[(n, num_v_heads * v_blocks, layers)](
         _address_table(conv_states),
         _address_table(recurrent_states),

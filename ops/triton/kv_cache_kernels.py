@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.triton import unit_stride
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -74,8 +76,7 @@ def store_kv(
     if num_tokens == 0:  # a zero-size grid is not a valid launch
         return
     _, block_size, num_heads, head_dim = k_cache.shape
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    slot_mapping = slot_mapping.contiguous()
+    slot_mapping = unit_stride(slot_mapping)
     _store_kv_kernel[(num_tokens,)](
         key,
         value,

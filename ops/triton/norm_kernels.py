@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.triton import unit_stride
 from ops.triton.pdl import pdl_flags
 
 ELEMENTS_PER_PROGRAM = 4096  # BLOCK_R x padded D: 4 rows of 1,024, 16 rows of 256, 32 rows of 128
@@ -82,7 +83,7 @@ def rms_norm(
     d_p = triton.next_power_of_2(dim)
     block_r = max(1, ELEMENTS_PER_PROGRAM // d_p)
     g = gate if gate is not None else x  # a placeholder pointer the GATED=False kernel never reads
-    weight = weight.contiguous()  # [D], read with unit stride: a copy only for a strided view
+    weight = unit_stride(weight)  # [D]
     _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
         x, g, weight, out, rows, heads, x.stride(0), x.stride(1), g.stride(0), g.stride(1), eps,
         D=dim, D_P=d_p, BLOCK_R=block_r, GATED=gate is not None, num_warps=4 if d_p * block_r <= 4096 else 8,
@@ -138,7 +139,7 @@ def add_rms_norm(
     if tokens == 0:
         return summed, out
     d_p = triton.next_power_of_2(dim)
-    weight = weight.contiguous()  # [D], read with unit stride: a copy only for a strided view
+    weight = unit_stride(weight)  # [D]
     _add_rms_norm_kernel[(tokens,)](
         x, residual, weight, summed, out, x.stride(0), residual.stride(0), eps,
         D=dim, D_P=d_p, num_warps=4 if d_p <= 2048 else 8, **pdl_flags(x),

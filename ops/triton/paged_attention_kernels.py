@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from ops.layouts import verify_cu_seqlens
+from ops.triton import unit_stride
 from ops.triton.pdl import pdl_flags
 
 
@@ -414,8 +415,7 @@ def paged_attention_decode(
         part_sum = torch.empty_like(part_max)
     else:
         part_acc = part_max = part_sum = out  # never touched: the kernel writes `out` directly
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    context_lens = context_lens.contiguous()
+    context_lens = unit_stride(context_lens)
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -612,8 +612,7 @@ def paged_attention_prefill(
     # no host sync; spare programs find an empty key range.
     grid_tiles = triton.cdiv(num_tokens, block_m) + num_seqs
 
-    # the 1-D index and parameter vectors are read with unit stride: a copy only for a strided view
-    cu_seqlens_q, context_lens = cu_seqlens_q.contiguous(), context_lens.contiguous()
+    cu_seqlens_q, context_lens = unit_stride(cu_seqlens_q, context_lens)
     _paged_prefill_kernel[(grid_tiles, num_kv_heads)](
         q,
         k_cache,
