@@ -38,7 +38,7 @@ the same device work: ModelExecutor's speculative methods):
 
 Chained rounds overlap the host's read-back of one round with the next on the device:
 
-    spec, results = rt.fused_round([seq], drafts, chain_rounds=32)   # blocks for 32 more rounds (8), where free
+    spec, results = rt.fused_round([seq], drafts, chain_rounds=32)   # blocks for 32 more rounds where free (else 8)
     if rt.can_chain(spec):
         results, spec_next, next_results = rt.chain_round(spec, results)   # queued before reading `results`
     rt.advance(spec, ...results.rows()...); rt.advance(spec_next, ...next_results.rows()...)   # in order
