@@ -1101,31 +1101,30 @@ def test_a_round_reserves_as_many_chain_rounds_as_fit(tiny_path):
     table then covers exactly that many positions (block arithmetic), and rounds may chain only with the room."""
     k, rounds = 2, 32
 
-    def table_after(keep_free: int | None) -> tuple[int, int, bool]:
+    def round_with(more: int | None) -> tuple[int, int, int, bool, int]:
+        """A round of a fresh sequence with ``more`` blocks to spare past keep_free (None: every free block):
+        (computed tokens, table blocks before the round, after it, can_chain, block size)."""
         rt = Runtime.from_pretrained(tiny_path, device="cpu", dtype="float32", max_model_len=MAX_LEN,
                                      max_num_seqs=1, speculative_config=spec(k))
         seq = rt.add_sequence(list(range(1, 21)))
         seq.token_ids.append(int(rt.prefill([seq]).argmax(dim=-1)[0]))
-        free = rt.caches.num_free_blocks
-        spec_, _ = rt.fused_round([seq], [[3, 4]], keep_free=free - keep_free if keep_free is not None else 0,
-                                  chain_rounds=rounds)
-        return seq.num_computed_tokens, len(seq.block_table), rt.can_chain(spec_), rt.config.block_size
+        held, free = len(seq.block_table), rt.caches.num_free_blocks
+        spec_, _ = rt.fused_round([seq], [[3, 4]], keep_free=0 if more is None else free - more, chain_rounds=rounds)
+        return seq.num_computed_tokens, held, len(seq.block_table), rt.can_chain(spec_), rt.config.block_size
 
-    computed, _, _, size = table_after(None)
+    computed, held, _, _, size = round_with(None)
 
     def blocks(positions: int) -> int:  # the blocks that hold the first `positions` positions
         return -(-positions // size)
 
     own = computed + k + 1 + k - 1  # the round's k + 1 verified positions and the k - 1 its drafts reach past them
     full, quarter = own + rounds * (k + 1), own + rounds // 4 * (k + 1)
-    assert blocks(full) > blocks(quarter) > blocks(own) >= blocks(computed + k + 1)  # the cases differ
-    assert table_after(None)[1:3] == (blocks(full), True)
-    # Room for the extra blocks the quarter needs (the table holds `computed` tokens' blocks already), not the full's
-    held = blocks(computed + 1)
-    assert table_after(blocks(quarter) - held)[1:3] == (blocks(quarter), True)
-    assert table_after(blocks(full) - held - 1)[1:3] == (blocks(quarter), True)
-    assert table_after(blocks(own) - held)[1] == blocks(own)
-    assert table_after(0)[1] == blocks(computed + k + 1)
+    assert blocks(full) > blocks(quarter) > blocks(own) >= blocks(computed + k + 1) >= held  # the cases differ
+    assert round_with(None)[2:4] == (blocks(full), True)
+    assert round_with(blocks(quarter) - held)[2:4] == (blocks(quarter), True)
+    assert round_with(blocks(full) - held - 1)[2:4] == (blocks(quarter), True)  # one block short of all 32
+    assert round_with(blocks(own) - held)[2] == blocks(own)
+    assert round_with(0)[2] == blocks(computed + k + 1)  # the verified positions only (they are not optional)
 
 
 def test_drafting_rule_times_a_chained_round_from_one_read_to_the_next(tiny_path, monkeypatch):
