@@ -8,7 +8,6 @@ of the rejection sampler); a seeded request's solo run (batch invariance).
 from __future__ import annotations
 
 import functools
-
 import math
 import random
 from types import SimpleNamespace
