@@ -249,3 +249,19 @@ def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps, 
         assert "W" not in state and "W" not in rows  # the pools and rows are read only
         assert not any(re.match(r"(@!?%\w+\s+)?st\.global", line) for line in lines[:wait])  # no store before it
         assert all(i > wait for i, line in enumerate(lines) if "atom." in line)  # the count after the wait
+
+
+def test_sass_stats_reports_a_verify_launch():
+    """bench/sass_stats.py, the offline count behind the GDN kernels' barrier figures in bench/NOTES.md: ptxas's
+    registers for one verify launch, and its SASS, where a 4-warp program's reductions over K (across warps) take
+    barriers that a 1-warp program's (shuffles within the warp) do not."""
+    from bench.sass_stats import compile_sm90, stats
+    from ops.triton import gated_deltanet_kernels as gk
+
+    common = dict(NUM_K_HEADS=16, NUM_V_HEADS=16, GROUP=1, DK=128, DV=128, WIDTH=4, WIDTH_P=4, BLOCK_K=128,
+                  ROUND_WEIGHT_PRODUCT=True, USE_PDL=True, BLOCK_HEAD=128, POSITIONS=2, BLOCK_V=32, V_BLOCKS=4,
+                  SPLIT_NORM=False)
+    four, one = (stats(compile_sm90(gk._gated_deltanet_verify_kernel, common, warps, {"history": "*fp32"}))
+                 for warps in (4, 1))
+    assert 0 < four["registers"] <= 255 and four["spill_bytes"] == 0 and four["instructions"] > 0
+    assert four["BAR"] > one["BAR"] + 20 and four["SHFL"] > 0
