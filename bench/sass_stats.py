@@ -7,6 +7,7 @@ specialises the unit strides, so the GPU's code differs in its loads but not in 
 
     python bench/sass_stats.py                      # the verify kernel at P = 3 and the decode kernel, the rule's launches
     python bench/sass_stats.py --verify 32:4:split:3 --verify 16:1:split:3 --decode 32:4:split
+    python bench/sass_stats.py --verify 16:1:split:3 --decode ""   # (an empty launch: none of that kernel)
 
 A launch is ``BLOCK_V:WARPS[:split][:POSITIONS]`` (BLOCK_V 128: whole heads); ``--group`` the value heads a key head.
 """
@@ -82,8 +83,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     from ops.triton import gated_deltanet_kernels as gk
 
-    verify = args.verify if args.verify is not None else ["32:4:split:3", "128:8:3", "64:4:3"]
-    decode = args.decode if args.decode is not None else ["32:4:split", "128:8", "32:4"]
+    verify = [t for t in args.verify if t] if args.verify is not None else ["32:4:split:3", "128:8:3", "64:4:3"]
+    decode = [t for t in args.decode if t] if args.decode is not None else ["32:4:split", "128:8", "32:4"]
     common = dict(NUM_K_HEADS=HEADS, NUM_V_HEADS=HEADS * args.group, GROUP=args.group, DK=DK, DV=DV, WIDTH=WIDTH,
                   BLOCK_K=DK, ROUND_WEIGHT_PRODUCT=True, USE_PDL=True, BLOCK_HEAD=DV)
     for text in verify:
