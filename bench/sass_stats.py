@@ -5,7 +5,7 @@ round trip behind a barrier, so the barrier count predicts more than the instruc
 167). Every stride is a runtime i64 here (tests/test_kernels_compile_sm90.py's ``GDN_SIG``); launched, Triton
 specialises the unit strides, so the GPU's code differs in its loads but not in its reductions.
 
-    python bench/sass_stats.py                      # the verify kernel at P = 3 and the decode kernel, the rule's launches
+    python bench/sass_stats.py   # the verify kernel at P = 3 and the decode kernel, at the rules' launches
     python bench/sass_stats.py --verify 32:4:split:3 --verify 16:1:split:3 --decode 32:4:split
     python bench/sass_stats.py --verify 16:1:split:3 --decode ""   # (an empty launch: none of that kernel)
 
@@ -44,7 +44,8 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, extra_sig: dict | None = 
     sig = _signature(fn, extra_sig or {})
     full = {name: "constexpr" if name in constexprs else sig[name] for name in names}
     source = ASTSource(fn=fn, signature=full, constexprs={(names.index(k),): v for k, v in constexprs.items()})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 64), options={"num_warps": num_warps, "enable_fp_fusion": True})  # (the JIT default)
+    options = {"num_warps": num_warps, "enable_fp_fusion": True}  # (the JIT's default)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 64), options=options)
 
 
 def stats(kernel) -> dict:
