@@ -179,8 +179,8 @@ class _RoundInFlight:
 
 # Blocks reserved for this many more rounds past a round that may chain (Runtime.fused_round's chain_rounds; a quarter
 # of them where all do not fit): a chain runs until the positions reach them, then one round reads back and packs
-# again with new blocks while the device idles (bench/NOTES.md, "Runs 167-169"). At k = 2 a round advances at most 3
-# positions: 96 more, six blocks of 16 a sequence.
+# again with new blocks while the device idles. At k = 2 a round advances at most 3 positions: 96 more, six blocks of
+# 16 a sequence.
 CHAIN_ROUNDS = 32
 
 

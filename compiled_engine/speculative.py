@@ -674,7 +674,7 @@ class SpeculativeRound:
         else:
             # A kernel writes the rows from the round's device outputs, as the round's graph writes ``results``: a
             # copy between two pinned host buffers (cudaMemcpyAsync host to host) runs synchronously with the host,
-            # which would wait there for the round in flight before launching the next (bench/NOTES.md, run 168).
+            # which would wait there for the round in flight, so the next round could not launch ahead of it.
             torch.cat([results.num_accepted[:, None], results.tokens, results.drafts], dim=1, out=seen[:n])
             ready.record()
         return dataclasses.replace(results, host=kept[:n].numpy(), ready=ready)
