@@ -31,7 +31,7 @@ step() {
     timeout --signal=INT "$limit" "$@" >"$W/$name.log" 2>&1
     echo "$name: exit $? at +$(( $(date +%s) - T0 ))s"
     grep -vE "Warn|warn|loading weights" "$W/$name.log" | tail -"${TAIL:-40}"
-    tar czf "$OUT/$RUN.tgz" -C "$W" .
+    tar czf "$OUT/${W##*/}.tgz" -C "$W" .
 }
 
 export_caches() {  # at most 3 parts of 15 MiB (the device tool returns 8 files, 16 MiB each)

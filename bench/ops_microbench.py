@@ -334,7 +334,7 @@ def run(args) -> dict:
             if positions == 3:  # whole heads, and each head's columns over programs (the norm a second launch, or
                 # by each key head's last program: split)
                 for block_v, warps, split in ((dv, 8, False), (64, 4, False), (32, 4, False), (16, 2, False),
-                                              (64, 4, True), (32, 4, True), (16, 2, True), (16, 1, True)):
+                                              (64, 4, True), (32, 4, True), (16, 2, True)):
                     us = timed(f"gated_deltanet_verify P=3 v{block_v} split={split} B={batch}",
                                lambda: gated_deltanet_kernels.gated_deltanet_verify(
                                    rows_p, weight, conv_state, A_log, dt_bias, norm_weight, state, slots, history, hk,
@@ -343,8 +343,7 @@ def run(args) -> dict:
                     note = (f"whole heads, {warps} warps, the norm in the kernel" if block_v == dv
                             else f"V blocks of {block_v} over programs, {warps} warps, "
                                  + ("the norm by each key head's last program" if split else "+ the norm kernel"))
-                    one_warp = " 1 warp" if warps == 1 else ""  # (beside the 2-warp row of the same block)
-                    add(f"  gated_deltanet_verify P=3 v{block_v}{' split' if split else ''}{one_warp}", batch, us,
+                    add(f"  gated_deltanet_verify P=3 v{block_v}{' split' if split else ''}", batch, us,
                         verify_bytes + history_bytes, "graph", note, num_warps=warps, block_v=block_v,
                         split_norm=split)
             us = timed(f"gated_deltanet_commit P={positions} B={batch}",
