@@ -258,21 +258,22 @@ def _skinny_gemm_kernel(
     if BLOCK_M == 1:
         # At one row this kernel is a chain of memory round trips, so every load is issued as early as it may be:
         # the first weight chunk before waiting for the earlier kernels (no kernel writes weights; with PDL they may
-        # still be running); after the wait the row's statistics in one pass over the whole row (NORM_BLOCK >= K);
-        # then each iteration issues the next chunk's weight and x loads before computing the current chunk.
-        # FULL: no masks, and the loop stops a chunk early (its look-ahead would read past the row); the last
-        # chunk's product follows it.
+        # still be running); after the wait the first x chunk's loads, then (NORM_X) the row's statistics in one
+        # pass over the whole row (NORM_BLOCK >= K), so that the chunk's loads are in flight with the pass's rather
+        # than issued after its reduction; then each iteration issues the next chunk's weight and x loads before
+        # computing the current chunk. FULL: no masks, and the loop stops a chunk early (its look-ahead would read
+        # past the row); the last chunk's product follows it.
         ks = offs_k
         k_mask = ks < K
         w = _load(w_rows + ks[None, :] * stride_w_k, n_mask[:, None] & k_mask[None, :], FULL)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()  # everything the previous kernels wrote (x) is visible from here on
+        xv, up, rv, nw = _x_load(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_weight + ks, k_mask,
+                                 GATED_X, NORM_X, FULL)
         rstd = 1.0
         if NORM_X:
             rstd = _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps,
                                   pid_n == 0, 1, NORM_BLOCK)
-        xv, up, rv, nw = _x_load(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_weight + ks, k_mask,
-                                 GATED_X, NORM_X, FULL)
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         k_end = K
         if FULL:
