@@ -73,7 +73,7 @@ from ops.layouts import (
 )
 from ops.library import DEVICE_BUFFERS
 from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels, unit_stride
-from ops.triton.conv1d_kernels import conv_apply, conv_load, conv_step, store_history
+from ops.triton.conv1d_kernels import conv_load, conv_step, store_history
 from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta
 from ops.triton.pdl import pdl_flags
 
@@ -213,6 +213,9 @@ def _gated_deltanet_decode_kernel(
     row = projected + seq * stride_p_b
     inputs = _tile_row_loads(row, first_v_head, first_block, stride_p_c, 2 * KEY_DIM, Z_START, B_START, A_START, DV,
                              BLOCK_V, V_BLOCKS == 1)
+    # q and k's new inputs with the first tile's: loaded after q's conv, k's would wait for its reduction's barrier
+    x_q = tl.load(row + q_channels * stride_p_c, mask=k_mask, other=0.0)
+    x_k = tl.load(row + k_channels * stride_p_c, mask=k_mask, other=0.0)
 
     for j in tl.static_range(GROUP):
         v_head = first_v_head + j
@@ -237,10 +240,8 @@ def _gated_deltanet_decode_kernel(
                                          A_START, DV, BLOCK_V, V_BLOCKS == 1)
             offs_v, v_mask, v_channels = _tile_columns(v_head, block, 2 * KEY_DIM, DV, BLOCK_V)
             if j + vb == 0:  # q and k of this key head, shared by its value heads: conv + SiLU, l2norm below
-                q, q_history = conv_apply(row, q_channels, k_mask, stride_p_c, q_hist, q_shifted, q_w_hist, q_w_new,
-                                          WIDTH, HIST_P)
-                k, k_history = conv_apply(row, k_channels, k_mask, stride_p_c, k_hist, k_shifted, k_w_hist, k_w_new,
-                                          WIDTH, HIST_P)
+                q, q_history = conv_step(x_q, q_hist, q_shifted, q_w_hist, q_w_new, WIDTH, HIST_P)
+                k, k_history = conv_step(x_k, k_hist, k_shifted, k_w_hist, k_w_new, WIDTH, HIST_P)
             v, v_history = conv_step(x_v, v_hist, v_shifted, v_w_hist, v_w_new, WIDTH, HIST_P)
             tl.debug_barrier()  # every conv-history read of these channels happens before any history write below
             if j + vb == 0:
