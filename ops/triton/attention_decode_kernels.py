@@ -25,7 +25,7 @@ A padding lane (context_len 0) attends to nothing and writes zeros; its owner st
 block its slot points at (padding lanes race there by design; nobody reads it).
 
 PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_wait``; at small batches
-(``EARLY_LOADS``) so are the step's inputs (context length, position, block table) and the split's first key and
+(``EARLY_LOADS``) so are the step's inputs (context length, position, cache slot, block table) and the split's first key and
 value tile: nothing in the step writes them before this kernel (the new token's row, which this kernel writes, is not
 in any split's cached slice), and there qkv_proj is the skinny GEMM, which launches this kernel early. The projected
 row is read after the wait. The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel
@@ -76,16 +76,24 @@ EARLY_LOADS_MAX_BATCH = 4
 
 
 @triton.jit
-def _norm_rope(row, offs, rows_mask, offs_d, d_mask, partner, rot_mask, w, w_partner, cos, sin, eps, stride_c,
-               HEAD_DIM: tl.constexpr, ROTARY_HALF: tl.constexpr, dtype: tl.constexpr):
-    """Zero-centred RMSNorm over D, then NeoX RoPE on the first ``2 * ROTARY_HALF`` channels, of the rows starting at
-    ``row + offs * stride_c`` ([R] element offsets) -> [R, HEAD_DIM_P] in ``dtype``, rounded as
-    ``rms_norm_reference`` then ``rotary_reference`` round (``cos``/``sin`` already in ``dtype``)."""
+def _norm_rope_loads(row, offs, rows_mask, offs_d, d_mask, partner, rot_mask, stride_c):
+    """The loads behind :func:`_norm_rope_values` of the rows starting at ``row + offs * stride_c`` ([R] element
+    offsets): each row's channels and its rotary channels' partners. Apart from the math, so that a kernel issues
+    every row's loads before the first row's reduction."""
     starts = row + offs[:, None] * stride_c
     x = tl.load(starts + offs_d[None, :] * stride_c, mask=rows_mask[:, None] & d_mask[None, :], other=0.0)
-    x = x.to(tl.float32)
     # The partner channel of each rotary channel, normalised by the same arithmetic: bitwise the value x_n[partner].
     xp = tl.load(starts + partner[None, :] * stride_c, mask=rows_mask[:, None] & rot_mask[None, :], other=0.0)
+    return x, xp
+
+
+@triton.jit
+def _norm_rope_values(x, xp, w, w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM: tl.constexpr,
+                      ROTARY_HALF: tl.constexpr, dtype: tl.constexpr):
+    """Zero-centred RMSNorm over D, then NeoX RoPE on the first ``2 * ROTARY_HALF`` channels, of rows loaded by
+    :func:`_norm_rope_loads` -> [R, HEAD_DIM_P] in ``dtype``, rounded as ``rms_norm_reference`` then
+    ``rotary_reference`` round (``cos``/``sin`` already in ``dtype``)."""
+    x = x.to(tl.float32)
     xp = xp.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)[:, None]
     xn = (x * rstd * (1.0 + w[None, :])).to(dtype).to(tl.float32)
@@ -106,7 +114,7 @@ def _rope_lanes(HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, ROTARY_HALF: t
 
 @triton.jit
 def _norm_weights(weight, offs_d, d_mask, partner, rot_mask):
-    """A q/k norm's weight at each lane and at its partner lane, fp32 (``_norm_rope``'s ``w``, ``w_partner``)."""
+    """A q/k norm's weight at each lane and at its partner lane, fp32 (``_norm_rope_values``' ``w``, ``w_partner``)."""
     return (tl.load(weight + offs_d, mask=d_mask, other=0.0).to(tl.float32),
             tl.load(weight + partner, mask=rot_mask, other=0.0).to(tl.float32))
 
@@ -194,11 +202,12 @@ def _attention_decode_kernel(
     if not EARLY_LOADS:
         if USE_PDL:
             tl.extra.cuda.gdc_wait()  # qkv_proj's output, the step inputs and the caches are read after this
-    # The step's inputs (context length, position, block table) and the keys and values of the cached positions are
-    # written before the step (host copies, the previous step's graph and attention) and by no kernel of the step
-    # before this one: with EARLY_LOADS they are read before the wait, while qkv_proj still runs.
+    # The step's inputs (context length, position, cache slot, block table) and the keys and values of the cached
+    # positions are written before the step (host copies, the previous step's graph and attention) and by no kernel
+    # of the step before this one: with EARLY_LOADS they are read before the wait, while qkv_proj still runs.
     context_len = tl.load(context_lens + seq)
     cos, sin = _cos_sin(tl.load(positions + seq), freq, dtype)
+    slot = tl.load(slot_mapping + seq).to(tl.int64)  # where the new token's k and v go
     # This split's slice of the cached context (the new token excluded), a whole number of tiles.
     cached = tl.maximum(context_len - 1, 0)
     per_split = tl.cdiv(tl.cdiv(cached, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -218,8 +227,17 @@ def _attention_decode_kernel(
     offs_g = tl.arange(0, GROUP_P)
     g_mask = offs_g < GROUP
     heads = kv_head * GROUP + offs_g
-    q = _norm_rope(row, heads * (2 * HEAD_DIM), g_mask, offs_d, d_mask, partner, rot_mask, q_w, q_w_partner, cos,
-                   sin, eps, stride_p_c, HEAD_DIM, ROTARY_HALF, dtype)
+    # Every load of the projected row at once: the query heads', and for the new token's owner its k and v (masked
+    # off elsewhere), which would otherwise each wait for the reduction before them.
+    owner = split == NUM_SPLITS - 1
+    one_row = tl.arange(0, 1)  # k and v as [1, HEAD_DIM_P] rows, broadcasting against the q rows
+    owner_row = one_row + split == NUM_SPLITS - 1  # [1]: owner as a mask (a scalar's would do, but not interpreted)
+    q_x, q_xp = _norm_rope_loads(row, heads * (2 * HEAD_DIM), g_mask, offs_d, d_mask, partner, rot_mask, stride_p_c)
+    k_x, k_xp = _norm_rope_loads(row, K_START + kv_head * HEAD_DIM + one_row, owner_row, offs_d, d_mask, partner,
+                                 rot_mask, stride_p_c)
+    v_new = tl.load(row + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c,
+                    mask=owner_row[:, None] & d_mask[None, :], other=0.0).to(v_cache.dtype.element_ty)
+    q = _norm_rope_values(q_x, q_xp, q_w, q_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF, dtype)
     if DOT_FP32:
         q = q.to(tl.float32)
     else:
@@ -229,14 +247,11 @@ def _attention_decode_kernel(
     l_i = tl.zeros([GROUP_P], dtype=tl.float32)
     acc = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
 
-    if split == NUM_SPLITS - 1:  # the owner of the new token
-        one_row = tl.arange(0, 1)  # k and v as [1, HEAD_DIM_P] rows, broadcasting against the q rows
-        k_new = _norm_rope(row, K_START + kv_head * HEAD_DIM + one_row, one_row < 1, offs_d, d_mask, partner,
-                           rot_mask, k_w, k_w_partner, cos, sin, eps, stride_p_c, HEAD_DIM, ROTARY_HALF, dtype)
+    if owner:  # the owner of the new token
+        k_new = _norm_rope_values(k_x, k_xp, k_w, k_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF,
+                                  dtype)
         k_new = k_new.to(k_cache.dtype.element_ty)
-        v_new = tl.load(row + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c, mask=d_mask[None, :],
-                        other=0.0).to(v_cache.dtype.element_ty)
-        _store_kv_row(k_cache, v_cache, tl.load(slot_mapping + seq).to(tl.int64), kv_head, k_new, v_new, offs_d,
+        _store_kv_row(k_cache, v_cache, slot, kv_head, k_new, v_new, offs_d,
                       d_mask, stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, stride_v_block,
                       stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
         if context_len > 0:

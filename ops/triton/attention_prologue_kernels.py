@@ -1,7 +1,7 @@
 """Triton kernel for ``ce::attention_prologue``: q and k normalised and rotated, k and v stored in the paged cache.
 
 Grid ``(T, Hkv)``: program (t, h) normalises and rotates the ``G = Hq / Hkv`` query heads of KV head h of token t
-(``_norm_rope``, the fused decode kernel's: the same roundings as the reference) and writes them to q, and does
+(``_norm_rope_values``, the fused decode kernel's: the same roundings as the reference) and writes them to q, and does
 the same for k, which it stores with v at ``slot_mapping[t]``. Memory-bound: each element is read and written once.
 """
 
@@ -12,7 +12,9 @@ import triton
 import triton.language as tl
 
 from ops.triton import unit_stride
-from ops.triton.attention_decode_kernels import _cos_sin, _norm_rope, _norm_weights, _rope_lanes, _store_kv_row
+from ops.triton.attention_decode_kernels import (
+    _cos_sin, _norm_rope_loads, _norm_rope_values, _norm_weights, _rope_lanes, _store_kv_row,
+)
 
 
 @triton.jit
@@ -60,17 +62,19 @@ def _attention_prologue_kernel(
     g_mask = offs_g < GROUP
     heads = kv_head * GROUP + offs_g
     q_w, q_w_partner = _norm_weights(q_norm_weight, offs_d, d_mask, partner, rot_mask)
-    q = _norm_rope(row, heads * (2 * HEAD_DIM), g_mask, offs_d, d_mask, partner, rot_mask, q_w, q_w_partner, cos, sin,
-                   eps, stride_p_c, HEAD_DIM, ROTARY_HALF, dtype)
+    k_w, k_w_partner = _norm_weights(k_norm_weight, offs_d, d_mask, partner, rot_mask)
+    slot = tl.load(slot_mapping + token).to(tl.int64)
+    # q's, k's and v's loads before either norm's reduction (after it, each would wait for the one before)
+    one_row = tl.arange(0, 1)  # k and v as [1, HEAD_DIM_P] rows
+    q_x, q_xp = _norm_rope_loads(row, heads * (2 * HEAD_DIM), g_mask, offs_d, d_mask, partner, rot_mask, stride_p_c)
+    k_x, k_xp = _norm_rope_loads(row, K_START + kv_head * HEAD_DIM + one_row, one_row < 1, offs_d, d_mask, partner,
+                                 rot_mask, stride_p_c)
+    v = tl.load(row + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c, mask=d_mask[None, :], other=0.0)
+    q = _norm_rope_values(q_x, q_xp, q_w, q_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF, dtype)
     tl.store(q_out + (token * NUM_Q_HEADS + heads[:, None]) * HEAD_DIM + offs_d[None, :], q,
              mask=g_mask[:, None] & d_mask[None, :])
-
-    one_row = tl.arange(0, 1)  # k and v as [1, HEAD_DIM_P] rows
-    k_w, k_w_partner = _norm_weights(k_norm_weight, offs_d, d_mask, partner, rot_mask)
-    k = _norm_rope(row, K_START + kv_head * HEAD_DIM + one_row, one_row < 1, offs_d, d_mask, partner, rot_mask, k_w,
-                   k_w_partner, cos, sin, eps, stride_p_c, HEAD_DIM, ROTARY_HALF, dtype)
-    v = tl.load(row + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c, mask=d_mask[None, :], other=0.0)
-    _store_kv_row(k_cache, v_cache, tl.load(slot_mapping + token).to(tl.int64), kv_head, k, v, offs_d, d_mask,
+    k = _norm_rope_values(k_x, k_xp, k_w, k_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF, dtype)
+    _store_kv_row(k_cache, v_cache, slot, kv_head, k, v, offs_d, d_mask,
                   stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, stride_v_block, stride_v_offset,
                   stride_v_head, stride_v_dim, BLOCK_SIZE)
 
