@@ -35,5 +35,20 @@ step() {
 }
 
 export_caches() {  # at most 3 parts of 15 MiB (the device tool returns 8 files, 16 MiB each)
+    prune_triton_cache /tmp/ce_triton
     mkdir -p "$OUT/cache" && tar czf - -C /tmp ce_triton ce_inductor | split -b 15m - "$OUT/cache/compile-cache.tgz."
+}
+
+# A cached Triton kernel loads from its binary and metadata; its intermediate forms (source, TTIR, TTGIR, LLVM IR) are
+# kept only for reading, and are most of the cache's bytes: dropped here, with the group files that list them. PTX
+# stays (a GPU test reads a kernel's PTX).
+prune_triton_cache() {
+    python3 - "$1" <<'PY'
+import json, pathlib, sys
+for group in pathlib.Path(sys.argv[1]).glob("*/__grp__*.json"):
+    children = json.loads(group.read_text())["child_paths"]
+    for name in [n for n in children if n.rsplit(".", 1)[-1] in ("source", "ttir", "ttgir", "llir")]:
+        pathlib.Path(children.pop(name)).unlink(missing_ok=True)
+    group.write_text(json.dumps({"child_paths": children}))
+PY
 }
