@@ -4,9 +4,11 @@
 # forced 0.8 ~1.65-1.7x, the H100's 1.627x; verify graph ~880-900 µs against run 149's 912.2, 1.31 decode graphs),
 # then run 142's cookbook + sweep on the tree with session 30's SiLU gate in gate_up's epilogue and FULL at one row.
 # Predicted from the H100's chain (runs 156 and 160): c1 TPOT ~0.73 ms (run 142: 0.75), the sweep's b1 ~54-55%
-# (53.7), b2-b4 +1 point.
+# (53.7), b2-b4 +1 point. Since session 34 the tree also has the early loads (run 173, H100: -3 to -8 µs a batch-1
+# decode graph), and bench spec times each configuration 3 times (its median: run 170's and 173's single baselines
+# were outliers).
 RUN=run163 source bench/device_env.sh || exit 1
-SPEC=(python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2 -p spec.rates=0,0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=1)
+SPEC=(python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2 -p spec.rates=0,0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=3)
 TAIL=10 step spec 200 "${SPEC[@]}" --out $W/spec
 TAIL=30 step bench 420 python3 -m bench cookbook,sweep --model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-model-len 9216 \
   --max-num-seqs 16 --no-mixed-steps -p cookbook.concurrency=1,16 -p sweep.batches=1,2,4,8,16 --out $W/bench
