@@ -19,15 +19,18 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
   over the run's, decoding alone: the prompt's step of a speculative engine also drafts, and at 128 new tokens an
   eager prompt step of tens of ms weighs on ``speedup``); and the step costs at that batch: ``verify_ms`` (the
   target's verify step: k+1 tokens a sequence, eager), ``verify_graph_ms`` (the same captured in a CUDA graph: GPU
-  time, against the baseline's ``decode_graph_ms``, a decode graph's replay: ``verify_graph_vs_decode_graph``, the issue's "verify step against a
-  decode step"),
+  time, against the baseline's ``decode_graph_ms``, a decode graph's replay: ``verify_graph_vs_decode_graph``, the
+  issue's "verify step against a decode step"), ``compiled_verify_graph_ms`` (the verify as a compiled round runs
+  it, under torch.compile like the decode graph it is held against, then captured:
+  ``compiled_verify_graph_vs_decode_graph``; with compiled rounds only),
   ``round_ms`` (a greedy round as the engine runs it: verify, acceptance, commit, MTP drafts, compiled and captured
   on CUDA unless ``--enforce-eager``; the read-back included; ``chained_round_ms``: the period of rounds chained back
   to back, each launched before the one before it is read back, as the engine runs the MTP head's rounds, and
   ``tokens_per_round`` over its ratio to the baseline's TPOT the speed-up that period predicts (a check on the forced
-  curve, which chains); on
-  CUDA ``round_profile``: its kernels by category under torch.profiler, bench/step_profile.py; ``verify_graph_critical_path`` and ``round_critical_path``: the
-  verify graph's and the captured round graph's kernels per name and grid, bench/latency.py's critical path),
+  curve, which chains); on CUDA ``round_profile``: its kernels by category under torch.profiler,
+  bench/step_profile.py; ``verify_graph_critical_path``, ``compiled_verify_graph_critical_path`` and
+  ``round_critical_path``: the verify graphs' and the captured round graph's kernels per name and grid,
+  bench/latency.py's critical path),
   ``eager_decode_ms`` (an eager decode step of the
   speculative runtime), their ratios to the baseline decode step; and ``round_vs_baseline_tpot``, the round against
   the baseline's TPOT p50 (the baseline engine overlaps a step's host work with the next step's GPU work, which
@@ -179,6 +182,8 @@ def run(
             decode_graph = baseline[b]["decode_graph_ms"]
             if costs["verify_graph_ms"] is not None and decode_graph is not None:
                 costs["verify_graph_vs_decode_graph"] = costs["verify_graph_ms"] / decode_graph
+            if costs["compiled_verify_graph_ms"] is not None and decode_graph is not None:
+                costs["compiled_verify_graph_vs_decode_graph"] = costs["compiled_verify_graph_ms"] / decode_graph
             cell["steps"] = costs
             per_k[k][b] = cell
     ctx.release_llm()
@@ -345,20 +350,28 @@ def _replay_ms(replay, iters: int) -> float:
 
 
 @torch.inference_mode()
-def _verify_graph(runtime, seqs, drafts, iters: int) -> tuple[float, dict]:
+def _verify_graph(runtime, seqs, drafts, iters: int, compiled: bool = False) -> tuple[float, dict]:
     """GPU time of a verify step alone (the target's forward of k+1 tokens a sequence and its logits' argmax, the
     work a round's verify does) captured into a CUDA graph of its own and replayed, in ms: the number to hold
     against a decode graph's replay (``decode_graph_ms``); and where that time goes, per kernel and grid
     (bench/latency.py's critical path). It writes KV at the verified positions and the linear layers' verify
-    history; the pools stay as they are."""
+    history; the pools stay as they are. Eager (``compiled`` False): the model's ops as they are, the logits' argmax
+    torch's. ``compiled``: the verify as a round runs it (compiled_engine/speculative.py ``fused_round``: the
+    decode logits and ``ce::argmax``) under ``torch.compile(fullgraph=True)``, as the round and the decode graph
+    it is held against are compiled, so that Inductor's kernels replace the eager elementwise ops."""
     from compiled_engine.speculative import pack_verify_step
+    from ops.argmax import argmax_op
 
     step = pack_verify_step(seqs, drafts, runtime.config.block_size, runtime.device)
     model = runtime.model
 
     def forward():
+        if compiled:
+            return argmax_op(model.decode_logits(model(step)))
         return model.compute_logits(model(step)).argmax(dim=-1)
 
+    if compiled:
+        forward = torch.compile(forward, fullgraph=True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # Triton's JIT and autotuning happen here, outside the capture
@@ -401,6 +414,9 @@ def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
                 round_s += done - verified
         single_gpu = ctx.device.type == "cuda" and runtime.model.tp.world_size == 1  # (as _decode_graph_ms)
         verify_graph, verify_path = _verify_graph(runtime, seqs, drafts, iters) if single_gpu else (None, None)
+        rounds_compiled = runtime.speculative_round is not None
+        compiled_verify, compiled_verify_path = (_verify_graph(runtime, seqs, drafts, iters, compiled=True)
+                                                 if single_gpu and rounds_compiled else (None, None))
         # Where a round's time goes: its kernels by category (CUDA; a few rounds more, each 1 to k+1 tokens).
         profile = profile_steps(ctx, one_round, iters, top=12) if ctx.device.type == "cuda" else None
         chained = _chained_round_ms(ctx, runtime, seqs, drafts, k, iters)
@@ -411,8 +427,10 @@ def _spec_step_ms(ctx: Context, runtime, prompts, k: int, iters: int) -> dict:
     finally:
         for seq in seqs:
             runtime.release(seq)
-    return {"verify_ms": verify_s / iters * 1e3, "verify_graph_ms": verify_graph, "round_ms": round_s / iters * 1e3,
-            "chained_round_ms": chained, "eager_decode_ms": eager, "round_profile": profile, "verify_graph_critical_path": verify_path,
+    return {"verify_ms": verify_s / iters * 1e3, "verify_graph_ms": verify_graph,
+            "compiled_verify_graph_ms": compiled_verify, "round_ms": round_s / iters * 1e3,
+            "chained_round_ms": chained, "eager_decode_ms": eager, "round_profile": profile,
+            "verify_graph_critical_path": verify_path, "compiled_verify_graph_critical_path": compiled_verify_path,
             "round_critical_path": round_path}
 
 
@@ -482,7 +500,9 @@ def summary_lines(head: str, r: dict) -> list[str]:
             mtp = cell["mtp"]
             acceptance = "-" if mtp["acceptance"] is None else f"{mtp['acceptance']:.2f}"
             graphed = cell["steps"].get("verify_graph_vs_decode_graph")
-            graphed = "" if graphed is None else f" (as graphs: {graphed:.2f})"
+            compiled = cell["steps"].get("compiled_verify_graph_vs_decode_graph")
+            graphed = ("" if graphed is None else f" (as graphs: {graphed:.2f}"
+                       + ("" if compiled is None else f", compiled as a round's: {compiled:.2f}") + ")")
             lines.append(f"{'':<11} k={k} batch {b}: MTP head {_speedups(mtp)} (acceptance {acceptance}) | forced "
                          f"acceptance {forced} | verify {cell['steps']['verify_vs_decode']:.2f}{graphed}, round "
                          f"{cell['steps']['round_vs_decode']:.2f} decode steps"
@@ -497,6 +517,8 @@ def summary_lines(head: str, r: dict) -> list[str]:
                 top = ", ".join(f"{name} {ms:.3f}" for name, ms in list(profile["gpu_ms_by_category"].items())[:4])
                 lines.append(f"{'':<11}   a round's GPU {profile['gpu_ms']:.3f} ms of {profile['wall_ms']:.3f} wall, "
                              f"{profile['kernels_per_step']:.0f} kernels: {top}")
-            for label, key in (("verify graph", "verify_graph_critical_path"), ("round graph", "round_critical_path")):
+            for label, key in (("verify graph", "verify_graph_critical_path"),
+                               ("compiled verify graph", "compiled_verify_graph_critical_path"),
+                               ("round graph", "round_critical_path")):
                 lines += critical_path_lines(cell["steps"].get(key), label, top=10, indent=13)
     return lines
