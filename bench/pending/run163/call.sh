@@ -6,7 +6,8 @@
 # Predicted from the H100's chain (runs 156 and 160): c1 TPOT ~0.73 ms (run 142: 0.75), the sweep's b1 ~54-55%
 # (53.7), b2-b4 +1 point. Since session 34 the tree also has the early loads (run 173, H100: -3 to -8 µs a batch-1
 # decode graph), and bench spec times each configuration 3 times (its median: run 170's and 173's single baselines
-# were outliers).
+# were outliers). Its spec step now also reports the verify compiled as a round runs it (run 174, H100: 1.241 decode
+# graphs against the eager graph's 1.268): predicted on this GPU ~1.25-1.27 against run 149's eager 1.31.
 RUN=run163 source bench/device_env.sh || exit 1
 SPEC=(python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2 -p spec.rates=0,0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=3)
 TAIL=10 step spec 200 "${SPEC[@]}" --out $W/spec
