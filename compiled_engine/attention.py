@@ -83,17 +83,17 @@ class FullAttention(nn.Module):
 
     def _unfused(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Prefill (varlen), verify, and decode with the flash-attn backend: norms, RoPE and the KV store in one op,
-        then attention, then the gate -> [T, Hq*D]."""
+        then attention, then the gate (the verify op's own) -> [T, Hq*D]."""
         tokens = projected.shape[0]
         q = torch.ops.ce.attention_prologue(
             projected, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.rotary.inv_freq, step.positions,
             self.k_cache, self.v_cache, step.slot_mapping, self.num_heads, self.num_kv_heads, self.head_dim,
         )
         gate = projected[:, : self.split_sizes[0]].view(tokens, self.num_heads, 2 * self.head_dim)[..., self.head_dim :]
-        if step.speculative and self.verify_op is not None:
-            attn = self.verify_op(q, self.k_cache, self.v_cache, step.context_lens, step.block_tables,
-                                  tokens // step.num_sequences, self.scale)
-        elif step.is_prefill:
+        if step.speculative and self.verify_op is not None:  # the gate in the op's last pass
+            return self.verify_op(q, self.k_cache, self.v_cache, step.context_lens, step.block_tables,
+                                  tokens // step.num_sequences, self.scale, gate).reshape(tokens, -1)
+        if step.is_prefill:
             attn = self.prefill_op(
                 q, self.k_cache, self.v_cache, step.cu_seqlens, step.context_lens, step.block_tables, self.scale
             )

@@ -9,7 +9,9 @@
 * ``paged_attention_verify``: a verify step of speculative decoding, prefill with the same number of new tokens
   (``rows_per_seq``: the last token and its drafts) for every sequence; by definition the prefill op on those
   lengths. Its own op so that the CUDA side may pick a kernel by the step's static shape (a few sequences: each row
-  as a decode query over its own prefix, the context split over many programs).
+  as a decode query over its own prefix, the context split over many programs). With ``gate`` it returns
+  ``attn * sigmoid(gate)``, the attention layer's output gate, in the kernels' last pass instead of a kernel of its
+  own after them.
 
 The references compute in fp32 and return the query dtype.
 """
@@ -121,18 +123,21 @@ def paged_attention_verify_reference(
     block_tables: torch.Tensor,  # [N, max_blocks] int32
     rows_per_seq: int,
     scale: float,
+    gate: torch.Tensor | None = None,  # [N * rows_per_seq, Hq, D], any strides
 ) -> torch.Tensor:
     cu_seqlens = verify_cu_seqlens(context_lens.shape[0], rows_per_seq, q.device)
-    return paged_attention_prefill_reference(q, k_cache, v_cache, cu_seqlens, context_lens, block_tables, scale)
+    attn = paged_attention_prefill_reference(q, k_cache, v_cache, cu_seqlens, context_lens, block_tables, scale)
+    # the model's unfused gate: the attention output and the sigmoid each in q's dtype, then their product
+    return attn if gate is None else attn * torch.sigmoid(gate)
 
 
-def _paged_attention_verify_fake(q, k_cache, v_cache, context_lens, block_tables, rows_per_seq, scale):
+def _paged_attention_verify_fake(q, k_cache, v_cache, context_lens, block_tables, rows_per_seq, scale, gate=None):
     return q.new_empty(q.shape)
 
 
 paged_attention_verify = define_op(
     "paged_attention_verify(Tensor q, Tensor k_cache, Tensor v_cache, Tensor context_lens, Tensor block_tables, "
-    "int rows_per_seq, float scale) -> Tensor",
+    "int rows_per_seq, float scale, Tensor? gate=None) -> Tensor",
     reference=paged_attention_verify_reference,
     cuda=paged_attention_kernels.paged_attention_verify if HAVE_TRITON else None,
     fake=_paged_attention_verify_fake,

@@ -217,12 +217,14 @@ def test_paged_attention_prefill_matches_reference(layout, block_size, dtype, nu
     num_seqs=st.integers(1, 8),
     rows=st.integers(1, 5),
     max_prefix=st.sampled_from([0, 64, 1000]),
+    gated=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
 @settings(max_examples=3, deadline=None, phases=PHASES)
-def test_paged_attention_verify_matches_reference(by_rows, num_seqs, rows, max_prefix, seed):
+def test_paged_attention_verify_matches_reference(by_rows, num_seqs, rows, max_prefix, gated, seed):
     """A verify step (``rows`` rows a sequence after its prefix) down either kernel (None: verify_by_rows' pick) at
-    the model's attention shape, against the reference (the prefill op's, on those lengths)."""
+    the model's attention shape, against the reference (the prefill op's, on those lengths); ``gated``: with the
+    attention layer's output gate (a strided view of its projection's rows) applied by the kernels."""
     from ops.triton import paged_attention_kernels
 
     gen = _seeded(seed)
@@ -232,9 +234,10 @@ def test_paged_attention_verify_matches_reference(by_rows, num_seqs, rows, max_p
     k_cache = _randn(gen, num_blocks, 16, hkv, d, dtype=torch.bfloat16)
     v_cache = _randn(gen, num_blocks, 16, hkv, d, dtype=torch.bfloat16)
     q = _randn(gen, num_seqs * rows, hq, d, dtype=torch.bfloat16)
+    gate = _randn(gen, num_seqs * rows, hq, 2 * d, dtype=torch.bfloat16)[..., d:] if gated else None
     lens = torch.tensor(context_lens, dtype=torch.int32, device=DEV)
-    want = paged_attention.paged_attention_verify_reference(q, k_cache, v_cache, lens, tables, rows, d**-0.5)
-    got = paged_attention_kernels.paged_attention_verify(q, k_cache, v_cache, lens, tables, rows, d**-0.5,
+    want = paged_attention.paged_attention_verify_reference(q, k_cache, v_cache, lens, tables, rows, d**-0.5, gate)
+    got = paged_attention_kernels.paged_attention_verify(q, k_cache, v_cache, lens, tables, rows, d**-0.5, gate,
                                                          by_rows=by_rows)
     torch.testing.assert_close(got, want, **TOL[torch.bfloat16])
 
@@ -1718,10 +1721,12 @@ def _opcheck_cases():
                                     (_randn(gen, 12, hq, d, dtype=bf16), k_cache, v_cache,
                                      torch.tensor([0, 10, 12], dtype=torch.int32, device=DEV),
                                      torch.tensor([40, 20], dtype=torch.int32, device=DEV), tables[:2], d**-0.5)),
-        # 2 sequences x 3 rows: few enough that the kernel runs each row as a decode query (verify_by_rows)
+        # 2 sequences x 3 rows: few enough that the kernel runs each row as a decode query (verify_by_rows); the
+        # output gate a strided view, as the attention layer passes it
         "paged_attention_verify": (torch.ops.ce.paged_attention_verify.default,
                                    (_randn(gen, 6, hq, d, dtype=bf16), k_cache, v_cache,
-                                    torch.tensor([40, 20], dtype=torch.int32, device=DEV), tables[:2], 3, d**-0.5)),
+                                    torch.tensor([40, 20], dtype=torch.int32, device=DEV), tables[:2], 3, d**-0.5,
+                                    _randn(gen, 6, hq, 2 * d, dtype=bf16)[..., d:])),
         "causal_conv1d_prefill": (torch.ops.ce.causal_conv1d_prefill.default,
                                   (_randn(gen, 40, channels, dtype=bf16), _randn(gen, channels, 4, dtype=bf16),
                                    _randn(gen, 4, channels, 3, dtype=bf16), cu, slots3,

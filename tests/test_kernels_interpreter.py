@@ -158,21 +158,29 @@ def _child_checks() -> dict:
         got = paged_attention_kernels.paged_attention_prefill(q, k_cache, v_cache, cu, lens, tables, scale, tile)
         compare("prefill out", got, want)
 
-    def check_verify(q_heads, kv_heads, dim, block_size, rows, by_rows, prefixes=(5, 0, 30)):
+    def check_verify(q_heads, kv_heads, dim, block_size, rows, by_rows, prefixes=(5, 0, 30), num_splits=None):
         """A verify step (``rows`` rows a sequence after its prefix) down either path: each row a decode query over
-        its own prefix, or the prefill kernel."""
+        its own prefix (``num_splits`` of the context, None: the rule's), or the prefill kernel; plain, and with the
+        output gate read through a strided view (applied by the split kernel, the reduce kernel or the prefill
+        kernel)."""
         context_lens = [p + rows for p in prefixes]
         num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 1
         k_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
         v_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
         tables = paged_layout(len(prefixes), context_lens, block_size, num_blocks)
         q = torch.randn(rows * len(prefixes), q_heads, dim)
+        gate = torch.randn(rows * len(prefixes), q_heads, 2 * dim)[..., dim:]
         lens = torch.tensor(context_lens, dtype=torch.int32)
         scale = dim**-0.5
-        want = paged_attention.paged_attention_verify_reference(q, k_cache, v_cache, lens, tables, rows, scale)
-        got = paged_attention_kernels.paged_attention_verify(q, k_cache, v_cache, lens, tables, rows, scale,
-                                                             by_rows=by_rows)
-        compare("verify out", got, want)
+        for g in (None, gate):
+            want = paged_attention.paged_attention_verify_reference(q, k_cache, v_cache, lens, tables, rows, scale, g)
+            if num_splits is None:
+                got = paged_attention_kernels.paged_attention_verify(q, k_cache, v_cache, lens, tables, rows, scale,
+                                                                     g, by_rows=by_rows)
+            else:  # the by-rows path (verify's when by_rows) at a given split count
+                got = paged_attention_kernels.paged_attention_decode(q, k_cache, v_cache, tables, lens, scale,
+                                                                     num_splits=num_splits, rows_per_seq=rows, gate=g)
+            compare("verify out" if g is None else "gated verify out", got, want)
 
     def check_conv_prefill(seq_lens, sections=(8, 4, 8)):
         channels, width = sum(sections), 4
@@ -572,6 +580,8 @@ def _child_checks() -> dict:
         "prefill_128_rows": lambda: check_prefill(4, 2, 16, 4, (70, 0, 3, 33), (0, 2, 37, 5),
                                                   paged_attention_kernels.PrefillTile(128, 16, 8, 3)),
         "verify_by_rows_gqa2_bs4": lambda: check_verify(4, 2, 16, 4, 3, by_rows=True),
+        "verify_by_rows_one_split": lambda: check_verify(4, 2, 16, 4, 3, by_rows=True, num_splits=1),
+        "verify_by_rows_three_splits": lambda: check_verify(4, 2, 16, 4, 3, by_rows=True, num_splits=3),
         "verify_by_rows_one_row": lambda: check_verify(3, 1, 32, 16, 1, by_rows=True),
         "verify_prefill_kernel_gqa2_bs4": lambda: check_verify(4, 2, 16, 4, 3, by_rows=False),
         "conv_prefill": lambda: check_conv_prefill([1, 0, 7, 2]),  # shorter and longer than W - 1, and empty
@@ -714,6 +724,8 @@ CHECK_NAMES = [
     "prefill_empty_runs",
     "prefill_128_rows",
     "verify_by_rows_gqa2_bs4",
+    "verify_by_rows_one_split",
+    "verify_by_rows_three_splits",
     "verify_by_rows_one_row",
     "verify_prefill_kernel_gqa2_bs4",
     "conv_prefill",

@@ -610,22 +610,27 @@ def test_paged_attention_prefill_matches_sdpa(seqs, padding, shapes, stale_tail,
     rows=st.integers(1, 5),
     shapes=ATTN_SHAPES,
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    gated=st.booleans(),
     seed=SEEDS,
 )
-def test_paged_attention_verify_matches_sdpa(cached, rows, shapes, dtype, seed):
+def test_paged_attention_verify_matches_sdpa(cached, rows, shapes, dtype, gated, seed):
     """A verify step: every sequence scores ``rows`` tokens (its last one and its drafts) after its cached prefix,
-    each attending causally to the prefix and the rows before it; GQA."""
+    each attending causally to the prefix and the rows before it; GQA. ``gated``: times the sigmoid of a gate read
+    through a strided view (the attention layer's, a slice of its projection's rows)."""
     Hkv, group, D, block_size = shapes
     g = _gen(seed)
     contexts = [c + rows for c in cached]
     k_cache, v_cache, tables, dense = _kv_setup(g, contexts, block_size, Hkv, D, dtype)
     q = _randn(g, rows * len(cached), Hkv * group, D, dtype=dtype)
+    gate = _randn(g, rows * len(cached), Hkv * group, 2 * D, dtype=dtype)[..., D:] if gated else None
     scale = 0.7 * D**-0.5
     out = ce.paged_attention_verify(q, k_cache, v_cache, torch.tensor(contexts, dtype=torch.int32), tables, rows,
-                                    scale)
+                                    scale, gate)
     assert out.shape == q.shape and out.dtype == dtype
     for i, (prefix, (k, v)) in enumerate(zip(cached, dense)):
         ref = _sdpa_oracle(q[i * rows : (i + 1) * rows], k, v, prefix, scale)
+        if gated:
+            ref = ref * torch.sigmoid(gate[i * rows : (i + 1) * rows].double())
         torch.testing.assert_close(out[i * rows : (i + 1) * rows].double(), ref, **_tol(dtype))
 
 

@@ -187,6 +187,7 @@ def _paged_decode_kernel(
     part_acc,  # [B, Hq, NUM_SPLITS, D] fp32 (unused when NUM_SPLITS == 1)
     part_max,  # [B, Hq, NUM_SPLITS] fp32
     part_sum,  # [B, Hq, NUM_SPLITS] fp32
+    gate_ptr,  # GATED: [B, Hq, D] by the strides below (the output is attn * sigmoid(gate)); else unused
     scale_log2,
     stride_q_b,
     stride_q_h,
@@ -204,6 +205,9 @@ def _paged_decode_kernel(
     stride_o_b,
     stride_o_h,
     stride_o_d,
+    stride_g_b,
+    stride_g_h,
+    stride_g_d,
     NUM_Q_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_P: tl.constexpr,
@@ -214,6 +218,7 @@ def _paged_decode_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_FP32: tl.constexpr,
     ROWS_PER_SEQ: tl.constexpr,  # query rows a sequence: 1 (decode), or a verify's k + 1 rows, each its own prefix
+    GATED: tl.constexpr = False,  # one split: the gate applied here (more: by the reduce kernel)
 ):
     seq = tl.program_id(0).to(tl.int64)  # the query row (q, out and the partials are by row)
     kv_head = tl.program_id(1)
@@ -254,10 +259,15 @@ def _paged_decode_kernel(
     if NUM_SPLITS == 1:
         # l_i == 0 only for a padding lane (context_len 0), whose acc is 0: write zeros, not 0/0.
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        mask = g_mask[:, None] & d_mask[None, :]
+        if GATED:
+            gate = tl.load(gate_ptr + seq * stride_g_b + heads[:, None] * stride_g_h + offs_d[None, :] * stride_g_d,
+                           mask=mask, other=0.0)
+            out = _sigmoid_gated(out, gate, out_ptr.dtype.element_ty)
         tl.store(
             out_ptr + seq * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :] * stride_o_d,
             out.to(out_ptr.dtype.element_ty),
-            mask=g_mask[:, None] & d_mask[None, :],
+            mask=mask,
         )
     else:
         _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, acc, g_mask, offs_d, d_mask,
@@ -384,12 +394,14 @@ def paged_attention_decode(
     num_warps: int = 4,
     query_rows: int | None = None,
     rows_per_seq: int = 1,
+    gate: torch.Tensor | None = None,  # [B, Hq, D], any strides
 ) -> torch.Tensor:
     """The op's CUDA kernel; ``num_splits``, ``block_n``, ``num_warps`` and ``query_rows`` override the defaults
     (``decode_num_splits``, ``_tile_n``, 4 warps, the query tile's rows: the GQA group rounded up to a power of two,
     as ce::attention_decode's; Triton pads the ``tl.dot``'s M side to the mma's 16 itself). ``rows_per_seq`` R: q's
     rows come R a sequence (a verify step's), row j of a sequence attending to its first ``context_len - R + j + 1``
-    tokens, each its own decode query; the tables and lengths are the sequences'."""
+    tokens, each its own decode query; the tables and lengths are the sequences'. ``gate``: returns ``attn *
+    sigmoid(gate)``, gated where the output is written (the one split's kernel, or the reduce kernel)."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     sequences = batch // rows_per_seq
@@ -416,6 +428,7 @@ def paged_attention_decode(
     else:
         part_acc = part_max = part_sum = out  # never touched: the kernel writes `out` directly
     context_lens = unit_stride(context_lens)
+    gate_or_out = out if gate is None else gate  # a placeholder pointer the GATED=False kernel never reads
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -426,12 +439,14 @@ def paged_attention_decode(
         part_acc,
         part_max,
         part_sum,
+        gate_or_out,
         scale * LOG2E,
         *q.stride(),
         *k_cache.stride(),
         *v_cache.stride(),
         *block_tables.stride(),
         *out.stride(),
+        *gate_or_out.stride(),
         NUM_Q_HEADS=num_q_heads,
         GROUP=group,
         GROUP_P=query_rows,
@@ -442,10 +457,11 @@ def paged_attention_decode(
         NUM_SPLITS=num_splits,
         DOT_FP32=_dot_fp32(q, k_cache),
         ROWS_PER_SEQ=rows_per_seq,
+        GATED=gate is not None and num_splits == 1,
         num_warps=num_warps,
     )
     if num_splits > 1:
-        reduce_splits(part_acc, part_max, part_sum, out)
+        reduce_splits(part_acc, part_max, part_sum, out, gate)
     return out
 
 
@@ -458,6 +474,7 @@ def _paged_prefill_kernel(
     context_lens,
     block_tables,
     out_ptr,
+    gate_ptr,  # GATED: [T, Hq, D] by the strides below (the output is attn * sigmoid(gate)); else unused
     num_seqs,
     scale_log2,
     stride_q_t,
@@ -476,6 +493,9 @@ def _paged_prefill_kernel(
     stride_o_t,
     stride_o_h,
     stride_o_d,
+    stride_g_t,
+    stride_g_h,
+    stride_g_d,
     GROUP: tl.constexpr,
     GROUP_P: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -485,6 +505,7 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,
     SEQS_P: tl.constexpr,  # next power of two >= N
     DOT_FP32: tl.constexpr,
+    GATED: tl.constexpr = False,
 ):
     # Tiles in reverse: a sequence's last tiles, which see the most keys, start first and the short ones fill the
     # tail of the grid.
@@ -549,10 +570,15 @@ def _paged_prefill_kernel(
                                   m_i, l_i, acc, scale_log2, position, BLOCK_SIZE, BLOCK_N, DOT_FP32, True)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    mask = row_mask[:, None] & d_mask[None, :]
+    if GATED:
+        gate = tl.load(gate_ptr + q_rows[:, None] * stride_g_t + heads[:, None] * stride_g_h
+                       + offs_d[None, :] * stride_g_d, mask=mask, other=0.0)
+        out = _sigmoid_gated(out, gate, out_ptr.dtype.element_ty)
     tl.store(
         out_ptr + q_rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :] * stride_o_d,
         out.to(out_ptr.dtype.element_ty),
-        mask=row_mask[:, None] & d_mask[None, :],
+        mask=mask,
     )
 
 
@@ -595,6 +621,7 @@ def paged_attention_prefill(
     block_tables: torch.Tensor,  # [N, max_blocks] int32
     scale: float,
     tile: PrefillTile | None = None,  # None: prefill_tile
+    gate: torch.Tensor | None = None,  # [T, Hq, D], any strides: the output is attn * sigmoid(gate)
 ) -> torch.Tensor:
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -613,6 +640,7 @@ def paged_attention_prefill(
     grid_tiles = triton.cdiv(num_tokens, block_m) + num_seqs
 
     cu_seqlens_q, context_lens = unit_stride(cu_seqlens_q, context_lens)
+    gate_or_out = out if gate is None else gate  # a placeholder pointer the GATED=False kernel never reads
     _paged_prefill_kernel[(grid_tiles, num_kv_heads)](
         q,
         k_cache,
@@ -621,6 +649,7 @@ def paged_attention_prefill(
         context_lens,
         block_tables,
         out,
+        gate_or_out,
         num_seqs,
         scale * LOG2E,
         *q.stride(),
@@ -628,6 +657,7 @@ def paged_attention_prefill(
         *v_cache.stride(),
         *block_tables.stride(),
         *out.stride(),
+        *gate_or_out.stride(),
         GROUP=group,
         GROUP_P=group_p,
         HEAD_DIM=head_dim,
@@ -637,6 +667,7 @@ def paged_attention_prefill(
         BLOCK_N=tile.block_n,
         SEQS_P=max(MIN_SEQS_P, triton.next_power_of_2(num_seqs)),
         DOT_FP32=dot_fp32,
+        GATED=gate is not None,
         num_warps=tile.num_warps,
         **({} if tile.num_stages is None else {"num_stages": tile.num_stages}),
     )
@@ -659,6 +690,7 @@ def paged_attention_verify(
     block_tables: torch.Tensor,  # [N, max_blocks] int32
     rows_per_seq: int,
     scale: float,
+    gate: torch.Tensor | None = None,  # [N * R, Hq, D], any strides: the output is attn * sigmoid(gate)
     by_rows: bool | None = None,  # None: verify_by_rows
 ) -> torch.Tensor:
     num_seqs = context_lens.shape[0]
@@ -666,6 +698,7 @@ def paged_attention_verify(
         by_rows = verify_by_rows(num_seqs, k_cache.shape[2], q.device)
     if by_rows:  # row j of a sequence holds position context_len - R + j: its causal prefix is that long + 1
         return paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                      rows_per_seq=rows_per_seq)
+                                      rows_per_seq=rows_per_seq, gate=gate)
     return paged_attention_prefill(q, k_cache, v_cache, verify_cu_seqlens(num_seqs, rows_per_seq, q.device),
-                                   context_lens, block_tables, scale, _verify_tile(q.shape[-1], _dot_fp32(q, k_cache)))
+                                   context_lens, block_tables, scale, _verify_tile(q.shape[-1], _dot_fp32(q, k_cache)),
+                                   gate=gate)
