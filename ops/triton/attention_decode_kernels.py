@@ -25,10 +25,10 @@ A padding lane (context_len 0) attends to nothing and writes zeros; its owner st
 block its slot points at (padding lanes race there by design; nobody reads it).
 
 PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_wait``; at small batches
-(``EARLY_LOADS``) so are the step's inputs (context length, position, cache slot, block table) and the split's first key and
-value tile: nothing in the step writes them before this kernel (the new token's row, which this kernel writes, is not
-in any split's cached slice), and there qkv_proj is the skinny GEMM, which launches this kernel early. The projected
-row is read after the wait. The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel
+(``EARLY_LOADS``) so are the step's inputs (context length, position, cache slot, block table) and the split's first
+key and value tile: nothing in the step writes them before this kernel (the new token's row, which this kernel writes,
+is not in any split's cached slice), and there qkv_proj is the skinny GEMM, which launches this kernel early. The
+projected row is read after the wait (the query's, and the owner's k and v, all before the first norm's reduction). The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel
 still runs.
 
 The query tile has ``GROUP_P`` rows: G rounded up to a power of two, not to the mma's 16 (Triton pads a ``tl.dot``'s
@@ -114,7 +114,7 @@ def _rope_lanes(HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, ROTARY_HALF: t
 
 @triton.jit
 def _norm_weights(weight, offs_d, d_mask, partner, rot_mask):
-    """A q/k norm's weight at each lane and at its partner lane, fp32 (``_norm_rope_values``' ``w``, ``w_partner``)."""
+    """A q/k norm's weight at each lane and at its partner lane, fp32 (``_norm_rope_values``' w, w_partner)."""
     return (tl.load(weight + offs_d, mask=d_mask, other=0.0).to(tl.float32),
             tl.load(weight + partner, mask=rot_mask, other=0.0).to(tl.float32))
 
@@ -251,9 +251,9 @@ def _attention_decode_kernel(
         k_new = _norm_rope_values(k_x, k_xp, k_w, k_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF,
                                   dtype)
         k_new = k_new.to(k_cache.dtype.element_ty)
-        _store_kv_row(k_cache, v_cache, slot, kv_head, k_new, v_new, offs_d,
-                      d_mask, stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, stride_v_block,
-                      stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
+        _store_kv_row(k_cache, v_cache, slot, kv_head, k_new, v_new, offs_d, d_mask, stride_k_block, stride_k_offset,
+                      stride_k_head, stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
+                      BLOCK_SIZE)
         if context_len > 0:
             # The first key this program sees: the running max is its score, the sum exp2(0) = 1, acc its value.
             m_i = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), 1) * scale_log2

@@ -74,9 +74,8 @@ def _attention_prologue_kernel(
     tl.store(q_out + (token * NUM_Q_HEADS + heads[:, None]) * HEAD_DIM + offs_d[None, :], q,
              mask=g_mask[:, None] & d_mask[None, :])
     k = _norm_rope_values(k_x, k_xp, k_w, k_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF, dtype)
-    _store_kv_row(k_cache, v_cache, slot, kv_head, k, v, offs_d, d_mask,
-                  stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, stride_v_block, stride_v_offset,
-                  stride_v_head, stride_v_dim, BLOCK_SIZE)
+    _store_kv_row(k_cache, v_cache, slot, kv_head, k, v, offs_d, d_mask, stride_k_block, stride_k_offset,
+                  stride_k_head, stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
 
 
 def attention_prologue(
