@@ -312,6 +312,41 @@ def test_attention_decode_matches_reference(batch, max_context, dtype, padding_f
     _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, dtype)
 
 
+@given(
+    # 1-16 sequences: each row a query of the decode kernel on an H100 / H200 (verify_by_rows); 40: the prologue and
+    # the verify's prefill kernel
+    num_seqs=st.sampled_from([1, 2, 8, 16, 40]),
+    rows=st.integers(2, 5),
+    max_prefix=st.sampled_from([0, 60, 1000]),
+    dtype=st.sampled_from([torch.bfloat16, torch.bfloat16, torch.float32]),
+    seed=st.integers(0, 2**31 - 1),
+)
+@settings(max_examples=6, deadline=None, phases=PHASES)
+def test_attention_decode_verify_rows_match_reference(num_seqs, rows, max_prefix, dtype, seed):
+    """The op over a verify step's rows (``rows`` a sequence after its cached prefix, at the model's attention shapes):
+    output and caches against the reference, the prologue, the verify attention and the gate unfused."""
+    gen = _seeded(seed)
+    hq, hkv, d = ATTN_LAYOUTS[0]
+    block_size = 16
+    prefixes = torch.randint(0, max_prefix + 1, (num_seqs,), generator=gen, device=DEV)
+    lens = (prefixes + rows).to(torch.int32)
+    num_blocks, tables = _paged_layout(gen, lens.tolist(), block_size, 2)
+    positions = (prefixes[:, None] + torch.arange(rows, device=DEV)[None, :]).reshape(-1)
+    seq_of_row = torch.arange(num_seqs, device=DEV).repeat_interleave(rows)
+    slots = (tables[seq_of_row, positions // block_size].long() * block_size + positions % block_size)
+    args = _attention_decode_args(gen, ATTN_LAYOUTS[0], None, lens.repeat_interleave(rows), block_size, num_blocks,
+                                  dtype)
+    args[5], args[8], args[9], args[10] = positions, slots, tables, lens  # by row, then by sequence
+    args.append(rows)
+    want_k, want_v = args[6].clone(), args[7].clone()
+    want = attention_decode.attention_decode_reference(*args[:6], want_k, want_v, *args[8:])
+    got = torch.ops.ce.attention_decode(*args)
+    assert got.shape == (num_seqs * rows, hq * d) and got.dtype == dtype and got.is_contiguous()
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    torch.testing.assert_close(args[6][1:], want_k[1:], **TOL[dtype])
+    torch.testing.assert_close(args[7][1:], want_v[1:], atol=0, rtol=0)
+
+
 @given(tokens=st.integers(1, 600), dtype=st.sampled_from([torch.bfloat16, torch.float32]),
        seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=3, deadline=None, phases=PHASES)

@@ -143,6 +143,38 @@ def _child_checks() -> dict:
         compare("attention decode k_cache", k_cache[1:], want_k[1:])
         compare("attention decode v_cache", v_cache[1:], want_v[1:])
 
+    def check_attention_verify(q_heads, kv_heads, dim, rotary_dim, block_size, rows, num_splits,
+                               prefixes=(0, 4, 17, 40), early_loads=None):
+        """The fused op over a verify step's rows (``rows`` a sequence, after each prefix: 0, one block's worth and
+        more), each a query of the decode kernel: output and caches (but the null block) against the reference (the
+        prologue, the verify attention and the gate, unfused)."""
+        context_lens = [p + rows for p in prefixes]
+        num_seqs = len(context_lens)
+        num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 2
+        k_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
+        v_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
+        tables = paged_layout(num_seqs, context_lens, block_size, num_blocks)
+        positions = torch.tensor([p + j for p in prefixes for j in range(rows)])
+        slots = torch.tensor([int(tables[i, pos // block_size]) * block_size + pos % block_size
+                              for i, p in enumerate(prefixes) for pos in range(p, p + rows)])
+        lens = torch.tensor(context_lens, dtype=torch.int32)
+        width = sum(layouts.attention_decode_split_sizes(q_heads, kv_heads, dim))
+        q_weight, k_weight = torch.randn(dim) * 0.5, torch.randn(dim) * 0.5
+        inv_freq = 1.0 / 100.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+        args = (q_weight, k_weight, 1e-6, inv_freq, positions)
+        heads = (q_heads, kv_heads, dim, dim**-0.5)
+        projected = torch.randn(num_seqs * rows, width + 9)[:, 4:-5]
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        want = attention_decode.attention_decode_reference(projected, *args, want_k, want_v, slots, tables, lens,
+                                                           *heads, rows)
+        got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables, lens,
+                                                        *heads, num_splits=num_splits, rows_per_seq=rows,
+                                                        early_loads=early_loads)
+        assert got.shape == (num_seqs * rows, q_heads * dim) and got.is_contiguous()
+        compare("attention verify out", got, want)
+        compare("attention verify k_cache", k_cache[1:], want_k[1:])
+        compare("attention verify v_cache", v_cache[1:], want_v[1:])
+
     def check_prefill(q_heads, kv_heads, dim, block_size, q_lens=(3, 0, 40, 1), prefixes=(5, 2, 9, 0), tile=None):
         # q_len 0: a sequence with no new tokens; 40 > one query tile. ``tile``: the op's own (fp32's) by default
         context_lens = [p + n for p, n in zip(prefixes, q_lens)]
@@ -565,6 +597,10 @@ def _child_checks() -> dict:
         "attention_decode_mha_full_rotary_split3": lambda: check_attention_decode(2, 2, 16, 16, 16, 3),
         "attention_decode_d24_contiguous_split1": lambda: check_attention_decode(3, 1, 24, 6, 4, 1, strided=False),
         "attention_decode_auto_splits": lambda: check_attention_decode(2, 1, 16, 8, 8, None),
+        "attention_verify_rows3_split1": lambda: check_attention_verify(4, 2, 16, 4, 4, 3, 1),
+        "attention_verify_rows3_split3": lambda: check_attention_verify(4, 2, 16, 4, 4, 3, 3),
+        "attention_verify_rows2_early_loads": lambda: check_attention_verify(8, 2, 32, 8, 16, 2, 2, early_loads=True),
+        "attention_verify_rows5_auto_splits": lambda: check_attention_verify(2, 1, 16, 16, 8, 5, None),
         "attention_decode_bs32_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16),
         # the step inputs and each split's first tile loaded before the PDL wait (small batches' default): empty
         # splits, one tile a split, and two (the first folded in apart from the loop)
@@ -716,6 +752,10 @@ CHECK_NAMES = [
     "attention_decode_mha_full_rotary_split3",
     "attention_decode_d24_contiguous_split1",
     "attention_decode_auto_splits",
+    "attention_verify_rows3_split1",
+    "attention_verify_rows3_split3",
+    "attention_verify_rows2_early_loads",
+    "attention_verify_rows5_auto_splits",
     "attention_decode_bs32_tile16_split2",
     "attention_decode_early_loads_split4",
     "attention_decode_early_loads_tile16_split2",

@@ -66,10 +66,12 @@ def _attention_prologue_kernel(
     slot = tl.load(slot_mapping + token).to(tl.int64)
     # q's, k's and v's loads before either norm's reduction (after it, each would wait for the one before)
     one_row = tl.arange(0, 1)  # k and v as [1, HEAD_DIM_P] rows
-    q_x, q_xp = _norm_rope_loads(row, heads * (2 * HEAD_DIM), g_mask, offs_d, d_mask, partner, rot_mask, stride_p_c)
-    k_x, k_xp = _norm_rope_loads(row, K_START + kv_head * HEAD_DIM + one_row, one_row < 1, offs_d, d_mask, partner,
-                                 rot_mask, stride_p_c)
+    q_x, q_xp = _norm_rope_loads(row + (heads * (2 * HEAD_DIM))[:, None] * stride_p_c, g_mask, offs_d, d_mask,
+                                 partner, rot_mask, stride_p_c)
+    k_x, k_xp = _norm_rope_loads(row + (K_START + kv_head * HEAD_DIM + one_row)[:, None] * stride_p_c, one_row < 1,
+                                 offs_d, d_mask, partner, rot_mask, stride_p_c)
     v = tl.load(row + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c, mask=d_mask[None, :], other=0.0)
+    cos, sin = cos[None, :], sin[None, :]
     q = _norm_rope_values(q_x, q_xp, q_w, q_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF, dtype)
     tl.store(q_out + (token * NUM_Q_HEADS + heads[:, None]) * HEAD_DIM + offs_d[None, :], q,
              mask=g_mask[:, None] & d_mask[None, :])
