@@ -17,6 +17,10 @@ online-softmax step, split count, partials and reduce kernel this reuses). Progr
     token into its softmax from registers, rounded to the cache dtype first, i.e. exactly what the reference reads
     back from the cache. No program reads a row another program of the launch writes, so there is no ordering to
     enforce. The owner does at most one token more than the others: no imbalance worth a smarter choice;
+  * a verify step (``ROWS_PER_SEQ`` R > 1: R rows a sequence, the grid's first axis by row): the cached positions
+    are the sequence's first ``context_len - R``, and the owner split of row j folds in the step's new tokens 0..j
+    (their k normalised and rotated from the projected rows, v read from them), so rows never read each other's
+    K/V from the cache either; the owner of the sequence's last row, which holds all R, stores them;
   * one split: normalise, multiply by ``sigmoid(gate)`` and store ``[B, Hq*D]``; more: store the partials, which
     the reduce kernel (launched with PDL, one program per query head) merges and gates. (Merging in the last split
     program of each group instead, behind an atomic counter, was measured slower: bench/NOTES.md, "Removed
