@@ -32,8 +32,8 @@ PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_w
 (``EARLY_LOADS``) so are the step's inputs (context length, position, cache slot, block table) and the split's first
 key and value tile: nothing in the step writes them before this kernel (the new token's row, which this kernel writes,
 is not in any split's cached slice), and there qkv_proj is the skinny GEMM, which launches this kernel early. The
-projected row is read after the wait (the query's, and the owner's k and v, all before the first norm's reduction). The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel
-still runs.
+projected row is read after the wait (the query's, and the owner's k and v, all before the first norm's reduction).
+The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel still runs.
 
 The query tile has ``GROUP_P`` rows: G rounded up to a power of two, not to the mma's 16 (Triton pads a ``tl.dot``'s
 M side itself), so the query's norm and RoPE, which run on every row of the tile, compute G rows' worth at the
@@ -143,19 +143,6 @@ def _store_kv_rows(k_cache, v_cache, slots, rows_mask, kv_head, k, v, offs_d, d_
              + offs_d[None, :] * stride_k_dim, k.to(k_cache.dtype.element_ty), mask=mask)
     tl.store(v_cache + (block * stride_v_block + offset * stride_v_offset)[:, None] + kv_head * stride_v_head
              + offs_d[None, :] * stride_v_dim, v.to(v_cache.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _store_kv_row(k_cache, v_cache, slot, kv_head, k, v, offs_d, d_mask, stride_k_block, stride_k_offset,
-                  stride_k_head, stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
-                  BLOCK_SIZE: tl.constexpr):
-    """One token's k and v ``[1, HEAD_DIM_P]`` of KV head ``kv_head`` into the paged caches at flat row ``slot``."""
-    block = slot // BLOCK_SIZE
-    offset = slot % BLOCK_SIZE
-    tl.store(k_cache + block * stride_k_block + offset * stride_k_offset + kv_head * stride_k_head
-             + offs_d[None, :] * stride_k_dim, k.to(k_cache.dtype.element_ty), mask=d_mask[None, :])
-    tl.store(v_cache + block * stride_v_block + offset * stride_v_offset + kv_head * stride_v_head
-             + offs_d[None, :] * stride_v_dim, v.to(v_cache.dtype.element_ty), mask=d_mask[None, :])
 
 
 @triton.jit
