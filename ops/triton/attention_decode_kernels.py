@@ -125,7 +125,8 @@ def _norm_weights(weight, offs_d, d_mask, partner, rot_mask):
 
 @triton.jit
 def _cos_sin(position, freq, dtype: tl.constexpr):
-    """RoPE's cos and sin at ``position`` for the lanes' frequencies, rounded to ``dtype`` as the reference casts them."""
+    """RoPE's cos and sin at ``position`` for the lanes' frequencies (broadcast: positions [R, 1] and frequencies
+    [1, D] give [R, D]), rounded to ``dtype`` as the reference casts them."""
     angle = position.to(tl.float32) * freq
     return tl.cos(angle).to(dtype).to(tl.float32), tl.sin(angle).to(dtype).to(tl.float32)
 
@@ -220,11 +221,14 @@ def _attention_decode_kernel(
     r_mask = offs_r < ROWS_PER_SEQ
     new_pos = tl.load(positions + seq * ROWS_PER_SEQ + offs_r, mask=r_mask, other=0)
     new_slots = tl.load(slot_mapping + seq * ROWS_PER_SEQ + offs_r, mask=r_mask, other=0).to(tl.int64)
-    new_angle = new_pos.to(tl.float32)[:, None] * freq[None, :]
-    new_cos = tl.cos(new_angle).to(dtype).to(tl.float32)  # [ROWS_P, HEAD_DIM_P], as _cos_sin rounds them
-    new_sin = tl.sin(new_angle).to(dtype).to(tl.float32)
+    new_cos, new_sin = _cos_sin(new_pos[:, None], freq[None, :], dtype)  # [ROWS_P, HEAD_DIM_P]
     context_len = tl.load(context_lens + seq)
-    cos, sin = _cos_sin(tl.load(positions + query), freq, dtype)
+    # This row's query rotates by its own row's angles (row j of the sequence's; one row: those themselves).
+    if ROWS_PER_SEQ == 1:
+        cos, sin = new_cos, new_sin
+    else:
+        cos = tl.sum(tl.where(offs_r[:, None] == j, new_cos, 0.0), 0)[None, :]
+        sin = tl.sum(tl.where(offs_r[:, None] == j, new_sin, 0.0), 0)[None, :]
     # This split's slice of the cached context (the new tokens excluded), a whole number of tiles.
     cached = tl.maximum(context_len - ROWS_PER_SEQ, 0)
     per_split = tl.cdiv(tl.cdiv(cached, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -257,8 +261,7 @@ def _attention_decode_kernel(
                                  partner, rot_mask, stride_p_c)
     v_new = tl.load(new_rows + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c,
                     mask=new_mask[:, None] & d_mask[None, :], other=0.0).to(v_cache.dtype.element_ty)
-    q = _norm_rope_values(q_x, q_xp, q_w, q_w_partner, cos[None, :], sin[None, :], eps, offs_d, rot_mask, HEAD_DIM,
-                          ROTARY_HALF, dtype)
+    q = _norm_rope_values(q_x, q_xp, q_w, q_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF, dtype)
     if DOT_FP32:
         q = q.to(tl.float32)
     else:
