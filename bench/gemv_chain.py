@@ -29,6 +29,7 @@ times over.
     python bench/gemv_chain.py --out DIR --rows 1,2,4,8 --passes 0   # rule against cuBLAS, under a minute
     python bench/gemv_chain.py --out DIR --rows 2,4 --passes 0 --profile   # and each one's time per kernel
     python bench/gemv_chain.py --out DIR [--rows 1]                  # the one-row descent (gemv_config's data)
+    python bench/gemv_chain.py --out DIR --rows 1,3 --passes 0 --flags READ_WORDS=0   # the rule, a switch flipped
 
 DIR/gemv_chain.json has every timing; written after each row count, so a run cut short keeps what it measured.
 """
@@ -190,20 +191,28 @@ class Chain:
                 return gemv_kernels.skinny_gemm(h, self.w_lm, gemv_kernels.DOT_VOCAB)
             return torch.ops.ce.linear(h, self.w_lm)
 
-    def graph(self, configs: dict | None, mode: str = "skinny") -> torch.cuda.CUDAGraph:
-        """The chain captured in a CUDA graph (compiled first, outside it)."""
-        self.run(configs, mode)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+    def graph(self, configs: dict | None, mode: str = "skinny", flags: dict | None = None) -> torch.cuda.CUDAGraph:
+        """The chain captured in a CUDA graph (compiled first, outside it); ``flags``: gemv_kernels' module switches
+        set to these values while it is compiled and captured (the launches read them)."""
+        saved = {name: getattr(gemv_kernels, name) for name in flags or {}}
+        try:
+            for name, value in (flags or {}).items():
+                setattr(gemv_kernels, name, value)
             self.run(configs, mode)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.run(configs, mode)
+        finally:
+            for name, value in saved.items():
+                setattr(gemv_kernels, name, value)
         return graph
 
-    def step_us(self, configs: dict | None, mode: str = "skinny") -> float:
+    def step_us(self, configs: dict | None, mode: str = "skinny", flags: dict | None = None) -> float:
         """Median µs of one CUDA-graph replay of the chain."""
         import triton.testing
 
-        return triton.testing.do_bench(self.graph(configs, mode).replay, warmup=10, rep=60,
+        return triton.testing.do_bench(self.graph(configs, mode, flags).replay, warmup=10, rep=60,
                                        return_mode="median") * 1e3
 
 
@@ -219,14 +228,18 @@ def profile(chain: Chain, configs: dict | None, mode: str, log, top: int = 8) ->
     return path
 
 
-def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = False) -> dict:
+def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = False,
+            flag_sets: list[dict] = ()) -> dict:
     """The rule and cuBLAS at ``rows`` rows (see the module docstring): label -> {"us", "frac_bound", configs} or an
-    error."""
+    error. ``flag_sets``: the rule again under each set of gemv_kernels switches (``--flags``)."""
     chain.set_rows(rows)
     variants = {}
     if rows <= gemv_kernels.GEMV_MAX_ROWS:
         rule = {role: gemv_kernels.skinny_config(rows, n, k) for role, (n, k, *_) in chain.roles.items()}
         variants["rule"] = ("skinny", rule)
+        for flags in flag_sets:
+            label = "rule, " + ",".join(f"{name}={value}" for name, value in flags.items())
+            variants[label] = ("skinny", rule, flags)
     variants["cuBLAS"] = ("cublas", None)
     if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # the vocabulary's other path: the few-rows GEMV
         n, k = chain.roles["lm_head"][:2]
@@ -237,10 +250,10 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     ours = "rule" if rows <= SKINNY_MAX_ROWS else "cuBLAS"  # what ce::linear runs at this row count
     results = {}
     rule_us = None
-    for label, (mode, configs) in variants.items():
+    for label, (mode, configs, *flags) in variants.items():
         start = time.time()
         try:
-            us = chain.step_us(configs, mode)
+            us = chain.step_us(configs, mode, *flags)
         except Exception as exc:  # noqa: BLE001 - a path that does not compile or fit: note it, go on
             results[label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}".replace("\n", " ")}
             log(f"M={rows:<2} {label:<28} {results[label]['error']}")
@@ -296,6 +309,17 @@ def descend(chain: Chain, rows: int, start: dict, passes: int, log, dot: bool = 
     return configs, best_us, timings
 
 
+def _flag_set(text: str) -> dict:
+    """``NAME=INT[,NAME=INT]`` -> {NAME: INT}, each NAME one of gemv_kernels' module switches."""
+    flags = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if not hasattr(gemv_kernels, name) or not value.lstrip("-").isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r}: want NAME=INT with NAME a gemv_kernels switch")
+        flags[name] = int(value)
+    return flags
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -306,6 +330,9 @@ def main(argv=None) -> None:
     parser.add_argument("--dot", action="store_true", help="the descent also tries the tensor-core candidates")
     parser.add_argument("--profile", action="store_true",
                         help="also the rule's and cuBLAS's chain per kernel (the profiler's critical path)")
+    parser.add_argument("--flags", action="append", type=_flag_set, default=[],
+                        help="NAME=INT[,NAME=INT]: the rule again with these gemv_kernels switches (e.g. READ_WORDS=0,"
+                             "GEMV_UNROLL=1); repeat for more sets")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_chain needs a CUDA device")
@@ -322,7 +349,7 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     log = lambda line: print(line, flush=True)  # noqa: E731
     for rows in args.rows:
-        entry = {"compare": compare(chain, rows, bound_us, log, args.profile)}
+        entry = {"compare": compare(chain, rows, bound_us, log, args.profile, args.flags)}
         if args.passes > 0:
             timed = {label: e for label, e in entry["compare"].items() if "_configs" in e}
             best = min(timed, key=lambda label: timed[label]["us"])  # the fastest skinny variant as the start
@@ -337,6 +364,8 @@ def main(argv=None) -> None:
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
     labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "dot"]
+    labels[1:1] = [label for label in next(iter(result["rows"].values()))["compare"] if label.startswith("rule, ")
+                   and label not in labels]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
     print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
     for rows, entry in result["rows"].items():

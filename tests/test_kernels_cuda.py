@@ -1293,6 +1293,36 @@ def test_linear_tensor_core_loop(rows):
         _check_skinny_configs(gen, rows, name, [gemv_kernels._config(*c, dot=True) for c in configs])
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_skinny_gemm_words_and_unroll_change_no_bit(rows, monkeypatch):
+    """From two rows the few-rows GEMV reads bf16 x and weights as int32 words of two values (``reads_words``) and
+    the GEMV loops run unrolled (``GEMV_UNROLL``): the same products summed in the same order as bf16 reads and a
+    loop not unrolled, so the same bits; and against float64. On a narrow and a wide model shape and gate_up's SiLU
+    epilogue; at one row (no words) the unroll alone, with the norm prologue too."""
+    gen = _seeded(200 + rows)
+    for name in ("mlp_down", "gdn_in_proj", "mlp_gate_up"):
+        n, k = LINEAR_SHAPES[name]
+        x, weight = _linear_inputs(gen, rows, n, k)
+        residual, norm_weight = _randn(gen, rows, k, dtype=torch.bfloat16), _randn(gen, k, dtype=torch.bfloat16)
+        gated_out = name == "mlp_gate_up"
+        tiles = gemv_kernels.row_tiles(rows, gemv_kernels.skinny_config(rows, n, k))
+        if tiles["DOT"]:
+            continue
+        assert gemv_kernels.reads_words(x, weight, False, tiles) == (rows > 1)
+        first = None
+        for words, unroll in ((True, gemv_kernels.GEMV_UNROLL), (False, gemv_kernels.GEMV_UNROLL), (False, 1)):
+            monkeypatch.setattr(gemv_kernels, "READ_WORDS", words)
+            monkeypatch.setattr(gemv_kernels, "GEMV_UNROLL", unroll)
+            got = [gemv_kernels.skinny_gemm(x, weight, gated_out=gated_out)]
+            if rows == 1:
+                got.append(gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight,
+                                                                 gated_out=gated_out)[0])
+            first = first or got
+            assert all(torch.equal(a, b) for a, b in zip(first, got)), (name, words, unroll)
+        if not gated_out:
+            _assert_linear_close(first[0], x, weight)
+
+
 def test_skinny_gemm_l2_prefetch():
     """The weight's L2 prefetch (ops/triton/l2_prefetch.py) is in the compiled GEMV where it is on, and changes no
     bit of the result: a hint, not a value (the same call with the l2_prefetch option off)."""

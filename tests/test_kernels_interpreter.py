@@ -401,6 +401,37 @@ def _child_checks() -> dict:
             assert got.shape == (rows, n // 2 if gated_out else n) and got.dtype == x.dtype
             compare(f"skinny gemm {config_name(config)}", got.double(), want)
 
+    def check_skinny_gemm_words(rows, n, k, configs, strided=False, gated_out=False):
+        """bf16 x and weights on the few-rows GEMV, read as int32 words of two values (``reads_words``), against a
+        float64 matmul of the same bf16 values (to bf16's rounding of the output), and bit for bit against the same
+        launch reading bf16 elements: the same products summed in the same order. ``strided``: x the first K columns
+        of a wider row block and weight rows with a row stride past K, both even (still words); the same slices one
+        element in (odd offsets) must fall back to bf16 reads."""
+        block = torch.randn(rows, k + 6, dtype=torch.bfloat16)
+        x = block[:, :k] if strided else block[:, :k].contiguous()
+        w_block = (torch.randn(n, k + 4) * k**-0.5).to(torch.bfloat16)
+        weight = w_block[:, :k] if strided else w_block[:, :k].contiguous()
+        want = x.double() @ weight.double().T
+        if gated_out:
+            gate, up = want.chunk(2, dim=1)
+            want = gate * torch.sigmoid(gate) * up
+        for c in configs:
+            config = gemm_config(c)
+            tiles = gemv_kernels.row_tiles(rows, config)
+            assert gemv_kernels.reads_words(x, weight, False, tiles), config_name(config)
+            assert not gemv_kernels.reads_words(block[:, 1:k + 1], weight, False, tiles)
+            assert not gemv_kernels.reads_words(x, w_block[:, 1:k + 1], False, tiles)
+            got = gemv_kernels.skinny_gemm(x, weight, config, gated_out=gated_out)
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=1e-2,
+                                       msg=lambda m: f"skinny gemm words {config_name(config)}: {m}")
+            gemv_kernels.READ_WORDS = False
+            try:
+                as_bf16 = gemv_kernels.skinny_gemm(x, weight, config, gated_out=gated_out)
+            finally:
+                gemv_kernels.READ_WORDS = True
+            assert torch.equal(got, as_bf16), f"words against bf16 reads, {config_name(config)}"
+
     # K = 75 in 3, 5 and 2 chunks, the last one ragged; BLOCK_N 16 and 32 over N = 37 (a ragged last block)
     gemm_configs = [(16, 32), (16, 16), (32, 64)]
     # the few-rows GEMV: BLOCK_N below and above BLOCK_M, one K chunk (128 >= 75) and several
@@ -707,6 +738,13 @@ def _child_checks() -> dict:
                                                                              gated_out=True),
         **{f"gemm_rule_configs_gated_out_m{m}": (lambda m=m: check_skinny_gemm(
             m, 40, 600, [gemv_kernels.skinny_config(m, 7168, 1024)], gated_out=True)) for m in (1, 2, 3)},
+        # bf16 on the few-rows GEMV, read as int32 words: 2-5 rows (3 and 5 as 2 + 1 and 4 + 1), K = 76 ragged in
+        # chunks of 32 and in one of 128 words' worth, N = 37 ragged; strided views; the SiLU epilogue; the rule's
+        **{f"gemm_words_m{m}": (lambda m=m: check_skinny_gemm_words(m, 37, 76, gemv_rows_configs + [(8, 64)],
+                                                                      strided=m == 3)) for m in (2, 3, 4, 5)},
+        "gemm_words_gated_out_m3": lambda: check_skinny_gemm_words(3, 38, 76, [(4, 64), (8, 128)], gated_out=True),
+        **{f"gemm_words_rule_configs_m{m}": (lambda m=m: check_skinny_gemm_words(m, 40, 600, rule_configs(m)[:2]))
+           for m in (2, 3)},
         "apply_penalties": lambda: check_apply_penalties(5, penalty_kernels.BLOCK + 300),
     }
     results = {}
