@@ -140,8 +140,12 @@ def test_skinny_gemm_rule_compiles_for_sm90(rows):
                               PREFETCH_L2=True, WORDS=words, UNROLL=gk.gemv_unroll(tiles))
             if words:
                 constexprs["BLOCK_K"] //= 2
-            _compile(gk._skinny_gemm_kernel, dict(sig, **(dict(x=_ptr("i32"), weight=_ptr("i32")) if words else {})),
-                     constexprs, num_warps=config.num_warps)
+            # at one row x loaded in the weight chunk's shape too (GEMV_X_TILE, where the warps split the rows)
+            split_rows = rows == 1 and config.kwargs["BLOCK_K"] < 8 * 32 * config.num_warps
+            for x_tile in (False, True) if split_rows else (False,):
+                _compile(gk._skinny_gemm_kernel,
+                         dict(sig, **(dict(x=_ptr("i32"), weight=_ptr("i32")) if words else {})),
+                         dict(constexprs, X_TILE=x_tile), num_warps=config.num_warps)
 
 
 # The Gated DeltaNet kernels' arguments but their constexprs: bf16 rows and weights, an fp32 state pool.

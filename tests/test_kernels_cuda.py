@@ -1295,10 +1295,11 @@ def test_linear_tensor_core_loop(rows):
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
 def test_skinny_gemm_words_and_unroll_change_no_bit(rows, monkeypatch):
-    """From two rows the few-rows GEMV reads bf16 x and weights as int32 words of two values (``reads_words``) and
-    the GEMV loops run unrolled (``GEMV_UNROLL``): the same products summed in the same order as bf16 reads and a
-    loop not unrolled, so the same bits; and against float64. On a narrow and a wide model shape and gate_up's SiLU
-    epilogue; at one row (no words) the unroll alone, with the norm prologue too."""
+    """From two rows the few-rows GEMV reads bf16 x and weights as int32 words of two values (``reads_words``), the
+    GEMV loops run unrolled (``GEMV_UNROLL``), and at one row x may load in the weight chunk's shape
+    (``GEMV_X_TILE``): the same products summed in the same order as bf16 reads, a loop not unrolled and x's own
+    layout, so the same bits; and against float64. On a narrow and a wide model shape and gate_up's SiLU epilogue;
+    at one row (no words) with the norm prologue too."""
     gen = _seeded(200 + rows)
     for name in ("mlp_down", "gdn_in_proj", "mlp_gate_up"):
         n, k = LINEAR_SHAPES[name]
@@ -1310,15 +1311,18 @@ def test_skinny_gemm_words_and_unroll_change_no_bit(rows, monkeypatch):
             continue
         assert gemv_kernels.reads_words(x, weight, False, tiles) == (rows > 1)
         first = None
-        for words, unroll in ((True, gemv_kernels.GEMV_UNROLL), (False, gemv_kernels.GEMV_UNROLL), (False, 1)):
+        unroll = gemv_kernels.GEMV_UNROLL
+        for words, unroll, x_tile in ((True, unroll, False), (False, unroll, False), (False, 1, False),
+                                      (True, unroll, True)):
             monkeypatch.setattr(gemv_kernels, "READ_WORDS", words)
             monkeypatch.setattr(gemv_kernels, "GEMV_UNROLL", unroll)
+            monkeypatch.setattr(gemv_kernels, "GEMV_X_TILE", x_tile)
             got = [gemv_kernels.skinny_gemm(x, weight, gated_out=gated_out)]
             if rows == 1:
                 got.append(gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight,
                                                                  gated_out=gated_out)[0])
             first = first or got
-            assert all(torch.equal(a, b) for a, b in zip(first, got)), (name, words, unroll)
+            assert all(torch.equal(a, b) for a, b in zip(first, got)), (name, words, unroll, x_tile)
         if not gated_out:
             _assert_linear_close(first[0], x, weight)
 

@@ -432,6 +432,18 @@ def _child_checks() -> dict:
                 gemv_kernels.READ_WORDS = True
             assert torch.equal(got, as_bf16), f"words against bf16 reads, {config_name(config)}"
 
+    def with_x_tile(check):
+        """``check`` with the one-row loop loading x in the weight chunk's shape (GEMV_X_TILE; the small configs'
+        BLOCK_K lies under their 4 warps' run along K, so every one-row launch takes it)."""
+        def run():
+            gemv_kernels.GEMV_X_TILE = True
+            try:
+                assert gemv_kernels.x_tile(gemm_config((16, 32)), {"BLOCK_M": 1})
+                check()
+            finally:
+                gemv_kernels.GEMV_X_TILE = False
+        return run
+
     # K = 75 in 3, 5 and 2 chunks, the last one ragged; BLOCK_N 16 and 32 over N = 37 (a ragged last block)
     gemm_configs = [(16, 32), (16, 16), (32, 64)]
     # the few-rows GEMV: BLOCK_N below and above BLOCK_M, one K chunk (128 >= 75) and several
@@ -738,6 +750,12 @@ def _child_checks() -> dict:
                                                                              gated_out=True),
         **{f"gemm_rule_configs_gated_out_m{m}": (lambda m=m: check_skinny_gemm(
             m, 40, 600, [gemv_kernels.skinny_config(m, 7168, 1024)], gated_out=True)) for m in (1, 2, 3)},
+        # x loaded in the weight chunk's shape at one row: plain, strided, gated, with the norm prologue, with the
+        # SiLU epilogue, full tiles
+        "gemm_x_tile_m1": with_x_tile(lambda: check_skinny_gemm(1, 37, 75, gemm_configs, strided=True)),
+        "gemm_x_tile_gated_m1": with_x_tile(lambda: check_skinny_gemm(1, 37, 75, gemm_configs, gated=True)),
+        "gemm_x_tile_norm_m1": with_x_tile(lambda: check_add_rms_norm_gemm(1, 38, 75, gemm_configs, gated_out=True)),
+        "gemm_x_tile_full_m1": with_x_tile(lambda: check_skinny_gemm(1, 32, 128, [(4, 32), (8, 128)], full=True)),
         # bf16 on the few-rows GEMV, read as int32 words: 2-5 rows (3 and 5 as 2 + 1 and 4 + 1), K = 76 ragged in
         # chunks of 32 and in one of 128 words' worth, N = 37 ragged; strided views; the SiLU epilogue; the rule's
         **{f"gemm_words_m{m}": (lambda m=m: check_skinny_gemm_words(m, 37, 76, gemv_rows_configs + [(8, 64)],
@@ -851,6 +869,13 @@ CHECK_NAMES = [
     *[f"gemm_full_tiles_gated_out_m{m}" for m in (1, 3)],
     "gemm_full_tiles_gated_out_norm_m1",
     *[f"gemm_rule_configs_gated_out_m{m}" for m in (1, 2, 3)],
+    "gemm_x_tile_m1",
+    "gemm_x_tile_gated_m1",
+    "gemm_x_tile_norm_m1",
+    "gemm_x_tile_full_m1",
+    *[f"gemm_words_m{m}" for m in (2, 3, 4, 5)],
+    "gemm_words_gated_out_m3",
+    *[f"gemm_words_rule_configs_m{m}" for m in (2, 3)],
     "apply_penalties",
 ]
 

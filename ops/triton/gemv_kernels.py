@@ -123,6 +123,27 @@ def _x_value(xv, up, rv, nw, rstd, GATED_X: tl.constexpr, NORM_X: tl.constexpr):
 
 
 @triton.jit
+def _x_columns(ks, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_TILE: tl.constexpr):
+    """The columns of x's chunk for the one-row loop: ``ks`` [BLOCK_K]; X_TILE: broadcast to the weight chunk's
+    [BLOCK_N, BLOCK_K], so that x's loads take the weight's layout and each thread loads the x values its weights
+    meet (repeated across the rows a thread holds, from L1), where a [BLOCK_K] load's layout differs from the weight
+    tile's wherever warps split N, and its values reach the tile through shared memory and barriers."""
+    if X_TILE:
+        return tl.broadcast_to(ks[None, :], [BLOCK_N, BLOCK_K])
+    else:
+        return ks
+
+
+@triton.jit
+def _as_tile(xv, X_TILE: tl.constexpr):
+    """x's chunk as a factor of the weight chunk's product: as it is if X_TILE, else [1, BLOCK_K]."""
+    if X_TILE:
+        return xv
+    else:
+        return xv[None, :]
+
+
+@triton.jit
 def _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps, write_summed,
                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     # BLOCK_K >= K (the GEMV path's NORM_BLOCK) makes this one pass: one round trip to memory, not one per chunk.
@@ -263,6 +284,7 @@ def _skinny_gemm_kernel(
     GATED_OUT: tl.constexpr = False,  # the weight's rows are [gate | up]; out is silu(gate) * up, N / 2 columns
     WORDS: tl.constexpr = False,  # the few-rows GEMV: x and the weight are bf16 pairs read as int32 words (see _launch)
     UNROLL: tl.constexpr = 1,  # the GEMV loops unrolled this many times
+    X_TILE: tl.constexpr = False,  # the one-row loop loads x's chunk in the weight chunk's shape (see _x_columns)
 ):
     if USE_PDL:
         # The next kernel on the stream, if it is launched with PDL too, may start now: its weight loads overlap
@@ -298,7 +320,9 @@ def _skinny_gemm_kernel(
         w = _load(w_rows + ks[None, :] * stride_w_k, n_mask[:, None] & k_mask[None, :], FULL)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()  # everything the previous kernels wrote (x) is visible from here on
-        xv, up, rv, nw = _x_load(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_weight + ks, k_mask,
+        xk = _x_columns(ks, BLOCK_N, BLOCK_K, X_TILE)
+        xk_mask = xk < K
+        xv, up, rv, nw = _x_load(x + xk * stride_x_k, xk_mask, x_up, residual + xk, norm_weight + xk, xk_mask,
                                  GATED_X, NORM_X, FULL)
         rstd = 1.0
         if NORM_X:
@@ -312,13 +336,15 @@ def _skinny_gemm_kernel(
             ks += BLOCK_K
             k_mask = ks < K
             w_next = _load(w_rows + ks[None, :] * stride_w_k, n_mask[:, None] & k_mask[None, :], FULL)
-            next_x = _x_load(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_weight + ks, k_mask, GATED_X,
+            xk = _x_columns(ks, BLOCK_N, BLOCK_K, X_TILE)
+            xk_mask = xk < K
+            next_x = _x_load(x + xk * stride_x_k, xk_mask, x_up, residual + xk, norm_weight + xk, xk_mask, GATED_X,
                              NORM_X, FULL)
-            acc += w.to(tl.float32) * _x_value(xv, up, rv, nw, rstd, GATED_X, NORM_X).to(tl.float32)[None, :]
+            acc += w.to(tl.float32) * _as_tile(_x_value(xv, up, rv, nw, rstd, GATED_X, NORM_X).to(tl.float32), X_TILE)
             w = w_next
             xv, up, rv, nw = next_x
         if FULL:
-            acc += w.to(tl.float32) * _x_value(xv, up, rv, nw, rstd, GATED_X, NORM_X).to(tl.float32)[None, :]
+            acc += w.to(tl.float32) * _as_tile(_x_value(xv, up, rv, nw, rstd, GATED_X, NORM_X).to(tl.float32), X_TILE)
         result = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
     else:
         # 2..16 rows, on one of two loops after the same start (the wait):
@@ -568,6 +594,20 @@ GEMV_UNROLL = 2
 GEMV_UNROLL_MAX_TILE_ROWS = 2
 
 
+# Whether the one-row loop loads x's chunks in the weight chunk's shape (the kernel's X_TILE, ``_x_columns``) where
+# its warps split N (``x_tile``).
+GEMV_X_TILE = False
+
+
+def x_tile(config: triton.Config, tiles: dict) -> bool:
+    """The kernel's X_TILE for a launch: GEMV_X_TILE, at one row, where the config's warps split the weight chunk's
+    rows (BLOCK_K under a 16-byte run a thread along K for each of its threads): there a [BLOCK_K] load of x takes
+    another layout than the chunk's. Where the threads spread along K only (the narrow configs), x's load already
+    takes the chunk's layout along K, and the tile would only repeat x's loads and conversions."""
+    return (GEMV_X_TILE and tiles["BLOCK_M"] == 1
+            and config.kwargs["BLOCK_K"] < VEC.value * 32 * config.num_warps)
+
+
 def gemv_unroll(tiles: dict) -> int:
     """The kernel's UNROLL for a launch's row tiles (``row_tiles``)."""
     return GEMV_UNROLL if tiles["BLOCK_M"] <= GEMV_UNROLL_MAX_TILE_ROWS else 1
@@ -615,7 +655,7 @@ def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None,
     grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]),)
     flags = {**tiles, "FULL": full_tiles(rows, n, k, config, tiles), "GATED_X": gated, "GATED_OUT": gated_out,
              "NORM_X": norm is not None, "NORM_BLOCK": norm_block, "WORDS": words,
-             "UNROLL": gemv_unroll(tiles),
+             "UNROLL": gemv_unroll(tiles), "X_TILE": x_tile(config, tiles),
              **pdl_flags(x), **l2_prefetch_flags(weight, grid[0])}
     _skinny_gemm_kernel[grid](*args, **flags, **launch)
     return out

@@ -8,8 +8,11 @@
 #     the loop at 2 rows 335 -> 301 instructions, 3 rows 435 -> 393) and the GEMV loops unrolled twice at tiles of
 #     1-2 rows (GEMV_UNROLL: no MOVs of the look-ahead's registers; with the words, 2 rows 263 and 3 rows 345 a
 #     chunk). Predicted in the 97-matmul chain: 1 row level to -10 µs, 2-3 rows -15 to -50 µs, 4 rows level.
-# (1) the GPU tests of both; (2) the chain at 1-4 rows: the rule (both on) against the words off, the unroll off,
-# both off (the tree before); (3) `bench spec` batch 1, k = 2, forced 0.8 on the whole tree, then without
+# (c) off by default, in the chain only: at one row, x's chunk loaded in the weight chunk's shape where the warps
+#     split N (gemv_kernels.GEMV_X_TILE: the wide configs; offline, 8 barriers and the shared-memory round trips of
+#     x a loop iteration gone, 120 -> 142 instructions). Predicted: level to -15 µs at one row.
+# (1) the GPU tests of all three; (2) the chain at 1-4 rows: the rule (both on) against the words off, the unroll
+# off, both off (the tree before), and with GEMV_X_TILE; (3) `bench spec` batch 1, k = 2, forced 0.8 on the whole tree, then without
 # fused.patch (`git apply -R`). Predicted: the round graph -40 to -70 µs against run 174's 1,172.4 (words and
 # fused), +25 to +35 without fused.patch.
 RUN=run177 source bench/device_env.sh || exit 1
@@ -18,7 +21,7 @@ git apply -R --check $P || { echo "the tree does not carry fused.patch"; exit 1;
 TAIL=8 step tests 170 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py -p no:cacheprovider \
   -k "attention_decode or paged_attention_verify or opcheck or linear or skinny or gemv or words"
 TAIL=40 step chain 140 python3 bench/gemv_chain.py --out $W/chain --rows 1,2,3,4 --passes 0 \
-  --flags READ_WORDS=0,GEMV_UNROLL=1 --flags READ_WORDS=0 --flags GEMV_UNROLL=1
+  --flags READ_WORDS=0,GEMV_UNROLL=1 --flags READ_WORDS=0 --flags GEMV_UNROLL=1 --flags GEMV_X_TILE=1
 SPEC=(python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2 -p spec.rates=0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=3)
 TAIL=16 step spec_all 150 "${SPEC[@]}" --out $W/spec_all
 git apply -R $P && echo "fused.patch reversed"
