@@ -8,7 +8,7 @@
 # decode graph), and bench spec times each configuration 3 times (its median: run 170's and 173's single baselines
 # were outliers). Its spec step now also reports the verify compiled as a round runs it (run 174, H100: 1.241 decode
 # graphs against the eager graph's 1.268): predicted on this GPU ~1.21-1.24 against run 149's eager 1.31, with the
-# verify attention now one fused kernel (run175 in bench/pending measures that on any GPU: predicted -25 to -35 µs a
+# verify attention now one fused kernel (run177 in bench/pending measures that on any GPU: predicted -25 to -35 µs a
 # round on the H100), forced 0.8 ~1.62-1.7x.
 RUN=run163 source bench/device_env.sh || exit 1
 # first the GPU tests of session 34's verify attention (ce::attention_decode over the verify's rows; the gate in the

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Any GPU; run175 and run176 in one call (the device lent little this session). Two changes never run on a GPU:
+# Any GPU; run175 and run176 (never run: no machine started) in one call. Three changes never run on a GPU:
 # (a) the verify step's attention fused (`fused.patch`: ce::attention_decode over R = k + 1 rows a sequence, each row
 #     a query of the decode kernel, the step's new tokens folded in from registers), on top of the verify attention's
 #     gate in its kernels (the tree without fused.patch). Predicted: the round graph -25 to -35 µs (run 174: ~12.3 µs
