@@ -36,6 +36,10 @@ Design, for bandwidth:
     into L2 before waiting (ops/triton/l2_prefetch.py); and the GEMV loops load their first weight chunk, which no
     earlier kernel writes, before waiting for the earlier kernels to finish and reading x, then issue every chunk's
     loads one iteration ahead of its use.
+  * instructions, where the GEMV is bound by issuing them (from two rows): bf16 x and weights are read as int32
+    words of two values (``reads_words``), each widened to fp32 by one shift or mask, where a bf16 tensor's values
+    first move out of their loaded registers; the loops run unrolled twice at tiles of 1-2 rows (``gemv_unroll``), so
+    the look-ahead's registers alternate between two sets instead of being copied every iteration.
   * full tiles at one row (``full_tiles``: BLOCK_N divides N, BLOCK_K divides K; the model's matmuls but down): the
     one-row loop loads without masks, so an iteration spends no instructions on predicates and on zeroing masked
     lanes' registers; the loop then stops a chunk short, since its look-ahead would read past the row, and the last
