@@ -309,7 +309,7 @@ def descend(chain: Chain, rows: int, start: dict, passes: int, log, dot: bool = 
     return configs, best_us, timings
 
 
-def _flag_set(text: str) -> dict:
+def flag_set(text: str) -> dict:
     """``NAME=INT[,NAME=INT]`` -> {NAME: INT}, each NAME one of gemv_kernels' module switches."""
     flags = {}
     for item in text.split(","):
@@ -330,7 +330,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dot", action="store_true", help="the descent also tries the tensor-core candidates")
     parser.add_argument("--profile", action="store_true",
                         help="also the rule's and cuBLAS's chain per kernel (the profiler's critical path)")
-    parser.add_argument("--flags", action="append", type=_flag_set, default=[],
+    parser.add_argument("--flags", action="append", type=flag_set, default=[],
                         help="NAME=INT[,NAME=INT]: the rule again with these gemv_kernels switches (e.g. READ_WORDS=0,"
                              "GEMV_UNROLL=1); repeat for more sets")
     args = parser.parse_args(argv)

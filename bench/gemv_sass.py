@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gemv_chain import _flag_set  # noqa: E402
+from bench.gemv_chain import flag_set  # noqa: E402
 from ops.triton import gemv_kernels as gk  # noqa: E402
 
 # The model's weight shapes by role ([N, K], Qwen3.5-0.8B) and whether the launch writes the SiLU gate's output.
@@ -100,7 +100,7 @@ def loop_stats(kernel) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[1, 2, 3, 4])
-    parser.add_argument("--flags", type=_flag_set, default={}, help="NAME=INT[,NAME=INT]: gemv_kernels switches")
+    parser.add_argument("--flags", type=flag_set, default={}, help="NAME=INT[,NAME=INT]: gemv_kernels switches")
     args = parser.parse_args(argv)
     for name, value in args.flags.items():
         setattr(gk, name, value)
