@@ -18,12 +18,12 @@
 RUN=run177 source bench/device_env.sh || exit 1
 P=bench/pending/run177/fused.patch
 git apply -R --check $P || { echo "the tree does not carry fused.patch"; exit 1; }
-TAIL=8 step tests 170 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py -p no:cacheprovider \
+TAIL=8 step tests 140 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py -p no:cacheprovider \
   -k "attention_decode or paged_attention_verify or opcheck or linear or skinny or gemv or words"
-TAIL=40 step chain 140 python3 bench/gemv_chain.py --out $W/chain --rows 1,2,3,4 --passes 0 \
+TAIL=40 step chain 120 python3 bench/gemv_chain.py --out $W/chain --rows 1,2,3,4 --passes 0 \
   --flags READ_WORDS=0,GEMV_UNROLL=1 --flags READ_WORDS=0 --flags GEMV_UNROLL=1 --flags GEMV_X_TILE=1
 SPEC=(python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2 -p spec.rates=0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=3)
-TAIL=16 step spec_all 150 "${SPEC[@]}" --out $W/spec_all
+TAIL=16 step spec_all 140 "${SPEC[@]}" --out $W/spec_all
 git apply -R $P && echo "fused.patch reversed"
-TAIL=16 step spec_gate 110 "${SPEC[@]}" --out $W/spec_gate
+TAIL=16 step spec_gate 100 "${SPEC[@]}" --out $W/spec_gate
 export_caches
