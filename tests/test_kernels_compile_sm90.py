@@ -8,6 +8,7 @@ each filter switch, the row path on and off) the way the GPU would.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 
 import pytest
@@ -105,13 +106,13 @@ def test_moe_expert_gemv_kernels_compile_for_sm90():
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
-def test_skinny_gemm_rule_compiles_for_sm90(rows):
+def test_skinny_gemm_rule_compiles_for_sm90(rows, monkeypatch):
     """ce::linear's skinny GEMM at every config the rule gives the model's weight shapes (N = 1,024 outputs of K =
     2,048 or 3,584, the wide K = 1,024 ones, the vocabulary), plain and with the SiLU gate (and at one row the norm
     prologue), the wide ones with the SiLU gate in the epilogue too (``GATED_OUT``, the MLP's gate_up), as
     ``_launch`` sets its constexprs: at 3 and 5 rows the power of two below and the last row apart (``EXTRA_ROW``);
-    at one row without masks where the tiles are full (``FULL``: all but K = 3,584); from two rows on the GEMV, x
-    and the weight read as int32 words (``WORDS``) but with the gate prologue."""
+    at one row without masks where the tiles are full (``FULL``: all but K = 3,584); from two rows on the GEMV, with
+    READ_WORDS, x and the weight read as int32 words (``WORDS``) but with the gate prologue."""
     import torch
 
     from ops.triton import gemv_kernels as gk
@@ -130,11 +131,14 @@ def test_skinny_gemm_rule_compiles_for_sm90(rows):
         variants = [(False, False, False), (True, False, False)] + ([(False, True, False)] if rows == 1 else [])
         if n == 8192:  # gate_up's kind
             variants += [(False, rows == 1, True)]
-        for gated, norm, gated_out in variants:
-            # bf16 pairs read as int32 words where the launcher reads them so (its K counts words)
+        for (gated, norm, gated_out), read_words in itertools.product(variants, (False, True)):
+            # with READ_WORDS, bf16 pairs read as int32 words where the launcher reads them so (its K counts words)
+            monkeypatch.setattr(gk, "READ_WORDS", read_words)
             x = torch.empty(rows, 2 * k if gated else k, dtype=torch.bfloat16, device="meta")
             words = gk.reads_words(x, torch.empty(n, k, dtype=torch.bfloat16, device="meta"), gated, tiles)
-            assert words == (rows > 1 and not tiles["DOT"] and not gated)
+            assert words == (read_words and rows > 1 and not tiles["DOT"] and not gated)
+            if read_words and not words:
+                continue  # the same launch as without the switch
             constexprs = dict(config.kwargs, **tiles, FULL=gk.full_tiles(rows, n, k, config, tiles), GATED_X=gated,
                               NORM_X=norm, GATED_OUT=gated_out, NORM_BLOCK=1024 if norm else 1, USE_PDL=True,
                               PREFETCH_L2=True, WORDS=words, UNROLL=gk.gemv_unroll(tiles))

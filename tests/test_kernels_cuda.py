@@ -1309,11 +1309,10 @@ def test_skinny_gemm_words_and_unroll_change_no_bit(rows, monkeypatch):
         tiles = gemv_kernels.row_tiles(rows, gemv_kernels.skinny_config(rows, n, k))
         if tiles["DOT"]:
             continue
+        monkeypatch.setattr(gemv_kernels, "READ_WORDS", True)
         assert gemv_kernels.reads_words(x, weight, False, tiles) == (rows > 1)
         first = None
-        unroll = gemv_kernels.GEMV_UNROLL
-        for words, unroll, x_tile in ((True, unroll, False), (False, unroll, False), (False, 1, False),
-                                      (True, unroll, True)):
+        for words, unroll, x_tile in ((True, 2, False), (False, 2, False), (False, 1, False), (True, 2, True)):
             monkeypatch.setattr(gemv_kernels, "READ_WORDS", words)
             monkeypatch.setattr(gemv_kernels, "GEMV_UNROLL", unroll)
             monkeypatch.setattr(gemv_kernels, "GEMV_X_TILE", x_tile)

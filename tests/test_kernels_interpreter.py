@@ -415,22 +415,23 @@ def _child_checks() -> dict:
         if gated_out:
             gate, up = want.chunk(2, dim=1)
             want = gate * torch.sigmoid(gate) * up
-        for c in configs:
-            config = gemm_config(c)
-            tiles = gemv_kernels.row_tiles(rows, config)
-            assert gemv_kernels.reads_words(x, weight, False, tiles), config_name(config)
-            assert not gemv_kernels.reads_words(block[:, 1:k + 1], weight, False, tiles)
-            assert not gemv_kernels.reads_words(x, w_block[:, 1:k + 1], False, tiles)
-            got = gemv_kernels.skinny_gemm(x, weight, config, gated_out=gated_out)
-            assert got.dtype == torch.bfloat16
-            torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=1e-2,
-                                       msg=lambda m: f"skinny gemm words {config_name(config)}: {m}")
-            gemv_kernels.READ_WORDS = False
-            try:
-                as_bf16 = gemv_kernels.skinny_gemm(x, weight, config, gated_out=gated_out)
-            finally:
+        try:
+            for c in configs:
+                config = gemm_config(c)
+                tiles = gemv_kernels.row_tiles(rows, config)
                 gemv_kernels.READ_WORDS = True
-            assert torch.equal(got, as_bf16), f"words against bf16 reads, {config_name(config)}"
+                assert gemv_kernels.reads_words(x, weight, False, tiles), config_name(config)
+                assert not gemv_kernels.reads_words(block[:, 1:k + 1], weight, False, tiles)
+                assert not gemv_kernels.reads_words(x, w_block[:, 1:k + 1], False, tiles)
+                got = gemv_kernels.skinny_gemm(x, weight, config, gated_out=gated_out)
+                assert got.dtype == torch.bfloat16
+                torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=1e-2,
+                                           msg=lambda m: f"skinny gemm words {config_name(config)}: {m}")
+                gemv_kernels.READ_WORDS = False
+                as_bf16 = gemv_kernels.skinny_gemm(x, weight, config, gated_out=gated_out)
+                assert torch.equal(got, as_bf16), f"words against bf16 reads, {config_name(config)}"
+        finally:
+            gemv_kernels.READ_WORDS = False  # the default (every check runs in this one child process)
 
     def with_x_tile(check):
         """``check`` with the one-row loop loading x in the weight chunk's shape (GEMV_X_TILE; the small configs'

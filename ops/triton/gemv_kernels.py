@@ -36,10 +36,11 @@ Design, for bandwidth:
     into L2 before waiting (ops/triton/l2_prefetch.py); and the GEMV loops load their first weight chunk, which no
     earlier kernel writes, before waiting for the earlier kernels to finish and reading x, then issue every chunk's
     loads one iteration ahead of its use.
-  * instructions, where the GEMV is bound by issuing them (from two rows): bf16 x and weights are read as int32
-    words of two values (``reads_words``), each widened to fp32 by one shift or mask, where a bf16 tensor's values
-    first move out of their loaded registers; the loops run unrolled twice at tiles of 1-2 rows (``gemv_unroll``), so
-    the look-ahead's registers alternate between two sets instead of being copied every iteration.
+  * instructions, where the GEMV is bound by issuing them (from two rows), behind switches that are off until
+    measured on a GPU: bf16 x and weights read as int32 words of two values (``reads_words``), each widened to fp32
+    by one shift or mask, where a bf16 tensor's values first move out of their loaded registers; the loops unrolled
+    twice at tiles of 1-2 rows (``gemv_unroll``), so that the look-ahead's registers alternate between two sets
+    instead of being copied every iteration.
   * full tiles at one row (``full_tiles``: BLOCK_N divides N, BLOCK_K divides K; the model's matmuls but down): the
     one-row loop loads without masks, so an iteration spends no instructions on predicates and on zeroing masked
     lanes' registers; the loop then stops a chunk short, since its look-ahead would read past the row, and the last
@@ -587,14 +588,15 @@ def takes_gated_out(rows: int, n: int, k: int) -> bool:
     return n % 2 == 0 and not row_tiles(rows, skinny_config(rows, n, k))["DOT"]
 
 
-# Whether the few-rows GEMV reads bf16 x and weights as int32 words of two values (``reads_words``).
-READ_WORDS = True
+# Whether the few-rows GEMV reads bf16 x and weights as int32 words of two values (``reads_words``). Off until
+# measured on a GPU (bench/NOTES.md, "Thirty-fifth session"), as are the unroll and the one-row x tile below.
+READ_WORDS = False
 # How many times the GEMV loops are unrolled, at tiles of up to GEMV_UNROLL_MAX_TILE_ROWS rows of x. A loop that
 # loads the next chunk while it computes this one carries the loaded registers into the next iteration; not
 # unrolled, ptxas may copy them there at the iteration's end (a MOV a register, each waiting for its load); unrolled
 # twice, the two iterations alternate between two sets of registers. At tiles of 4 rows the second set spills under
 # the 4-row configs' register cap (ptxas, sm_90).
-GEMV_UNROLL = 2
+GEMV_UNROLL = 1
 GEMV_UNROLL_MAX_TILE_ROWS = 2
 
 

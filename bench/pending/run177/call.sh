@@ -11,18 +11,21 @@
 # (c) off by default, in the chain only: at one row, x's chunk loaded in the weight chunk's shape where the warps
 #     split N (gemv_kernels.GEMV_X_TILE: the wide configs; offline, 8 barriers and the shared-memory round trips of
 #     x a loop iteration gone, 120 -> 142 instructions). Predicted: level to -15 µs at one row.
-# (1) the GPU tests of all three; (2) the chain at 1-4 rows: the rule (both on) against the words off, the unroll
-# off, both off (the tree before), and with GEMV_X_TILE; (3) `bench spec` batch 1, k = 2, forced 0.8 on the whole tree, then without
-# fused.patch (`git apply -R`). Predicted: the round graph -40 to -70 µs against run 174's 1,172.4 (words and
-# fused), +25 to +35 without fused.patch.
+# (b) and (c) are off in the tree (READ_WORDS = False, GEMV_UNROLL = 1, GEMV_X_TILE = False) until measured.
+# (1) the GPU tests of all three (each switch both ways); (2) the chain at 1-4 rows: the rule (the tree: all off)
+# against words and unroll on, each alone, and GEMV_X_TILE; (3) `bench spec` batch 1, k = 2, forced 0.8 with words
+# and unroll on (sed), then without fused.patch (`git apply -R`). Predicted: the round graph -40 to -70 µs against
+# run 174's 1,172.4 (words, unroll and fused), +25 to +35 without fused.patch.
 RUN=run177 source bench/device_env.sh || exit 1
 P=bench/pending/run177/fused.patch
 git apply -R --check $P || { echo "the tree does not carry fused.patch"; exit 1; }
 TAIL=8 step tests 140 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py -p no:cacheprovider \
   -k "attention_decode or paged_attention_verify or opcheck or linear or skinny or gemv or words"
 TAIL=40 step chain 120 python3 bench/gemv_chain.py --out $W/chain --rows 1,2,3,4 --passes 0 \
-  --flags READ_WORDS=0,GEMV_UNROLL=1 --flags READ_WORDS=0 --flags GEMV_UNROLL=1 --flags GEMV_X_TILE=1
+  --flags READ_WORDS=1,GEMV_UNROLL=2 --flags READ_WORDS=1 --flags GEMV_UNROLL=2 --flags GEMV_X_TILE=1
 SPEC=(python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2 -p spec.rates=0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=3)
+sed -i 's/^READ_WORDS = False/READ_WORDS = True/; s/^GEMV_UNROLL = 1$/GEMV_UNROLL = 2/' ops/triton/gemv_kernels.py
+grep -n "^READ_WORDS\|^GEMV_UNROLL =" ops/triton/gemv_kernels.py
 TAIL=16 step spec_all 140 "${SPEC[@]}" --out $W/spec_all
 git apply -R $P && echo "fused.patch reversed"
 TAIL=16 step spec_gate 100 "${SPEC[@]}" --out $W/spec_gate
