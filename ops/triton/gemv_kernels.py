@@ -463,11 +463,11 @@ GEMV_CONFIGS = [GEMV_NARROW, GEMV_NARROW_LONG_K, GEMV_WIDE, _config(4, 1024, 8, 
 
 
 # 2..GEMV_MAX_ROWS rows (ops/linear.py sends it up to 4): the few-rows GEMV. Narrow outputs (N <= GEMV_NARROW_N:
-# out_proj, o_proj, down) load whole 2,048-wide rows in one or two chunks, 4 columns a program (8 past K = 2,048: 128 programs
-# of two chunks); wide ones loop over K in 512-wide chunks of 8 columns with 2 warps, each chunk's loads issued one
-# iteration ahead (2-4x the programs of a whole-K tile, each with less in registers). Each weight element is read
-# once for all the rows, as at one row. The tiles come from bench/gemv_chain.py's descent at 2 rows; why 4 rows and
-# not more: bench/NOTES.md, "Skinny GEMM".
+# out_proj, o_proj, down) load whole 2,048-wide rows in one or two chunks, 4 columns a program (8 past K = 2,048: 128
+# programs of two chunks); wide ones loop over K in 512-wide chunks of 8 columns with 2 warps, each chunk's loads
+# issued one iteration ahead (2-4x the programs of a whole-K tile, each with less in registers). Each weight element
+# is read once for all the rows, as at one row. The tiles come from bench/gemv_chain.py's descent at 2 rows; why 4
+# rows and not more: bench/NOTES.md, "Skinny GEMM".
 def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
     """The few-rows GEMV's config at 2..GEMV_MAX_ROWS rows (BLOCK_M: rows rounded up to a power of two). BLOCK_K is
     VEC x 32 x num_warps, so that the threads spread along K only and x and the weight chunk share one layout (see
@@ -607,9 +607,10 @@ GEMV_X_TILE = False
 
 def x_tile(config: triton.Config, tiles: dict) -> bool:
     """The kernel's X_TILE for a launch: GEMV_X_TILE, at one row, where the config's warps split the weight chunk's
-    rows (BLOCK_K under a 16-byte run a thread along K for each of its threads): there a [BLOCK_K] load of x takes
-    another layout than the chunk's. Where the threads spread along K only (the narrow configs), x's load already
-    takes the chunk's layout along K, and the tile would only repeat x's loads and conversions."""
+    rows (BLOCK_K under VEC x 32 x num_warps: fewer columns than the threads' 16-byte runs along K cover): there a
+    [BLOCK_K] load of x takes another layout than the chunk's. Where the threads spread along K only (the narrow
+    configs), x's load already takes the chunk's layout along K, and the tile would only repeat x's loads and
+    conversions."""
     return (GEMV_X_TILE and tiles["BLOCK_M"] == 1
             and config.kwargs["BLOCK_K"] < VEC.value * 32 * config.num_warps)
 
