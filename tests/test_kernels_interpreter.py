@@ -757,8 +757,9 @@ def _child_checks() -> dict:
         "gemm_x_tile_gated_m1": with_x_tile(lambda: check_skinny_gemm(1, 37, 75, gemm_configs, gated=True)),
         "gemm_x_tile_norm_m1": with_x_tile(lambda: check_add_rms_norm_gemm(1, 38, 75, gemm_configs, gated_out=True)),
         "gemm_x_tile_full_m1": with_x_tile(lambda: check_skinny_gemm(1, 32, 128, [(4, 32), (8, 128)], full=True)),
-        # bf16 on the few-rows GEMV, read as int32 words: 2-5 rows (3 and 5 as 2 + 1 and 4 + 1), K = 76 ragged in
-        # chunks of 32 and in one of 128 words' worth, N = 37 ragged; strided views; the SiLU epilogue; the rule's
+        # bf16 on the few-rows GEMV, read as int32 words: 2-5 rows (3 and 5 as 2 + 1 and 4 + 1), K = 76 (ragged in
+        # chunks of 16, 32 and 64 values, and one chunk of 128), N = 37 ragged; strided views; the SiLU epilogue;
+        # the rule's configs
         **{f"gemm_words_m{m}": (lambda m=m: check_skinny_gemm_words(m, 37, 76, gemv_rows_configs + [(8, 64)],
                                                                       strided=m == 3)) for m in (2, 3, 4, 5)},
         "gemm_words_gated_out_m3": lambda: check_skinny_gemm_words(3, 38, 76, [(4, 64), (8, 128)], gated_out=True),
