@@ -13,11 +13,8 @@ and row strides (the model's shapes all are), so the loads vectorise as on the G
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gemv_chain import flag_set  # noqa: E402
+from bench.sass_stats import ptxas_report_and_sass  # noqa: E402
 from ops.triton import gemv_kernels as gk  # noqa: E402
 
 # The model's weight shapes by role ([N, K], Qwen3.5-0.8B) and whether the launch writes the SiLU gate's output.
@@ -69,16 +67,7 @@ def compile_launch(rows: int, n: int, k: int, gated_out: bool):
 
 def loop_stats(kernel) -> dict:
     """Registers, spill bytes, and the longest loop's instruction count and mix (SASS from nvdisasm)."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = get_ptxas(90).path
-    report = subprocess.run([ptxas, "-arch=sm_90a", "-v", "-o", os.devnull, "-"], input=kernel.asm["ptx"],
-                            capture_output=True, text=True).stderr
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(kernel.asm["cubin"])
-        cubin.flush()
-        sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "nvdisasm"), "-c", cubin.name],
-                              capture_output=True, text=True).stdout
+    report, sass = ptxas_report_and_sass(kernel)
     ops, labels = [], {}
     for line in sass.splitlines():
         if re.match(r"\s*\.L_x_\d+:", line):

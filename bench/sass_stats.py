@@ -48,19 +48,25 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, extra_sig: dict | None = 
     return triton.compile(source, target=GPUTarget("cuda", 90, 64), options=options)
 
 
-def stats(kernel) -> dict:
+def ptxas_report_and_sass(kernel) -> tuple[str, str]:
+    """ptxas's verbose report (registers, spills) for sm_90a and nvdisasm's SASS of a compiled Triton kernel."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     ptxas = get_ptxas(90).path
     report = subprocess.run([ptxas, "-arch=sm_90a", "-v", "-o", os.devnull, "-"], input=kernel.asm["ptx"],
                             capture_output=True, text=True).stderr
-    registers = re.search(r"Used (\d+) registers", report)
-    spills = re.search(r"(\d+) bytes spill stores", report)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
         cubin.flush()
         sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "nvdisasm"), "-c", cubin.name],
                               capture_output=True, text=True).stdout
+    return report, sass
+
+
+def stats(kernel) -> dict:
+    report, sass = ptxas_report_and_sass(kernel)
+    registers = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores", report)
     ops = Counter(m.group(2).split(".")[0] for line in sass.splitlines()
                   if (m := re.search(r"/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)))
     return {"registers": int(registers.group(1)) if registers else None,
