@@ -168,9 +168,29 @@ def test_eviction_under_a_small_budget(path, plain_llm):
     prompts = [random_tokens(rng, rng.randrange(60, 200)) for _ in range(6)]
     prompts += [prompts[0], prompts[3][:130], prompts[5]]
     expected = [o.token_ids for o in plain_llm.generate(prompts, GREEDY, use_tqdm=False)]
+    caches = llm.runtime.caches
+    blocks, prefix_cache = caches.blocks, caches.prefix_cache
+    evicted, snapshot_keys = [], set()
+    drop_snapshot, take_snapshot = blocks.on_evict, prefix_cache._take_snapshot
+
+    def count_eviction(block, content_hash):
+        evicted.append(block)
+        drop_snapshot(block, content_hash)
+
+    def count_snapshot(key, slot):
+        snapshot_keys.add(key)
+        take_snapshot(key, slot)
+
+    blocks.on_evict, prefix_cache._take_snapshot = count_eviction, count_snapshot
+    cached_tokens = []
     for _ in range(2):
-        assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
-    assert llm.runtime.caches.prefix_cache.num_snapshots == 1
+        outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert [o.token_ids for o in outputs] == expected
+        cached_tokens += [o.num_cached_tokens for o in outputs]
+    # The budget forced both kinds of eviction: indexed blocks were reused, and snapshots of more boundaries were
+    # taken than the one row holds; the cache still served prompts (a cache that never hits passes the rest).
+    assert evicted and len(snapshot_keys) > prefix_cache.num_snapshots == 1
+    assert sum(cached_tokens) > 0 and all(n % INTERVAL == 0 for n in cached_tokens)
     assert_clean(llm)
 
 
