@@ -4,19 +4,36 @@ from __future__ import annotations
 
 import pytest
 
+from compiled_engine import LLM, SamplingParams
 from compiled_engine.__main__ import main
+from compiled_engine.tiny_model import ensure_tiny_model
 
 
 def test_generate_with_the_embedded_default_model(tmp_path, monkeypatch, capsys):
+    """Oracle: LLM.generate on the same model with the SamplingParams the flags name (greedy, then seeded top-k and
+    top-p sampling); each printed output is that request's text, token count and finish reason, in prompt order."""
     monkeypatch.setenv("COMPILED_ENGINE_CACHE", str(tmp_path))
-    assert main(["generate", "--prompt", "Hello", "--prompt", "abc", "--max-tokens", "5", "--ignore-eos"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("(5 tokens, finish_reason=length)") == 2
-    assert "tokens/s" in out
-    # deterministic: the tiny model is built from a fixed seed, greedy decoding
-    assert main(["generate", "--prompt", "Hello", "--max-tokens", "5", "--ignore-eos"]) == 0
-    first_output = out.splitlines()[1]
-    assert capsys.readouterr().out.splitlines()[1] == first_output
+    prompts = ["Hello", "abc"]
+    cases = [([], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)),
+             (["--temperature", "1.5", "--top-k", "3", "--seed", "7"],
+              SamplingParams(temperature=1.5, top_k=3, seed=7, max_tokens=5, ignore_eos=True)),
+             (["--temperature", "1.5", "--top-p", "0.2", "--seed", "7"],
+              SamplingParams(temperature=1.5, top_p=0.2, seed=7, max_tokens=5, ignore_eos=True))]
+    printed = []
+    for flags, _ in cases:
+        args = ["generate", "--prompt", prompts[0], "--prompt", prompts[1], "--max-tokens", "5", "--ignore-eos"]
+        assert main(args + flags) == 0
+        out = capsys.readouterr().out
+        assert "tokens/s" in out
+        printed.append([line for line in out.splitlines() if line.startswith(("prompt:", "output:"))])
+    llm = LLM(ensure_tiny_model(), device="cpu")
+    for lines, (_, params) in zip(printed, cases):
+        expected = []
+        for prompt, o in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
+            expected += [f"prompt: {prompt!r}",
+                         f"output: {o.text!r}  ({len(o.token_ids)} tokens, finish_reason={o.finish_reason})"]
+        assert lines == expected
+    assert printed[0] != printed[1] != printed[2]  # the sampling flags reached the engine
 
 
 def test_generate_with_speculative_decoding_prints_the_same_outputs(tmp_path, monkeypatch, capsys):
