@@ -169,9 +169,11 @@ def sample_reference(
     if logits.dim() != 2 or logits.dtype not in KEY_SHIFT:
         raise ValueError(f"sample: logits must be [B, V] bf16/fp16/fp32, got {tuple(logits.shape)} {logits.dtype}")
     rows, vocab = logits.shape
-    greedy = torch.argmax(logits, dim=-1)
     if rows == 0:
-        return greedy
+        return torch.empty(0, dtype=torch.int64, device=logits.device)
+    if vocab == 0:
+        raise ValueError("sample: an empty row has no token")
+    greedy = torch.argmax(logits, dim=-1)
     kept, sampled = filtered_scaled_logits(logits, temperature, top_k, top_p, min_p, use_top_k, use_top_p)
     exponential = -log_ce(uniform_noise(seeds, counters, vocab))
     drawn = (kept - log_ce(exponential)).argmax(dim=-1)

@@ -420,6 +420,6 @@ def test_reference_handles_empty_batches_and_rejects_empty_rows():
     empty = torch.empty(0)
     out = ce.sample(torch.empty(0, 7), empty, empty.long(), empty, empty, empty.long(), empty.long())
     assert out.shape == (0,) and out.dtype == torch.int64
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="an empty row has no token"):
         sample_reference(torch.empty(2, 0), torch.ones(2), torch.zeros(2).long(), torch.ones(2), torch.zeros(2),
                          torch.zeros(2).long(), torch.zeros(2).long())
