@@ -158,18 +158,16 @@ def test_engine_stream_with_preemption_keeps_hf_greedy(build_hf_model, load_hf_m
         assert finals[rid].token_ids == hf_models.hf_greedy(model, tokens, 20), rid
 
 
-def test_compiled_decode_equals_eager(build_hf_model):
-    """The decode step with the MoE ops compiles with fullgraph=True (no graph break, no data-dependent shape)."""
+def test_compiled_decode_equals_hf(expectations):
+    """The decode step with the MoE ops compiles with fullgraph=True (no graph break, no data-dependent shape) and
+    gives HF's greedy tokens, batched."""
     from graphs import DecodeGraphRunner
 
-    path = str(build_hf_model("qwen3_5_moe_text"))
-    prompts = prompts_for(hf_models.QWEN3_5_MOE_VOCAB, (3, 17))
-    knobs = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2)
-    eager = LLM(path, enforce_eager=True, **knobs).generate(prompts, GREEDY, use_tqdm=False)
-    compiled_llm = LLM(path, enforce_eager=False, **knobs)
+    path, prompts, expected, _, _ = expectations("qwen3_5_moe_text")
+    compiled_llm = LLM(str(path), device="cpu", dtype="float32", enforce_eager=False, max_model_len=256,
+                       max_num_seqs=2)
     assert isinstance(compiled_llm.runtime.decode_fn, DecodeGraphRunner) and compiled_llm.runtime.decode_fn.fullgraph
-    compiled = compiled_llm.generate(prompts, GREEDY, use_tqdm=False)
-    assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]
+    assert [o.token_ids for o in compiled_llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
 
 
 @pytest.mark.parametrize("variant", ["qwen3_5_moe_conditional", "qwen3_next_moe"])  # fused and per-expert tensors
