@@ -410,12 +410,18 @@ def test_logprobs_over_http(live, solo_llm):
     for got, exp in zip(lp.token_logprobs, expected.logprobs):
         assert got == pytest.approx(exp.logprob, abs=1e-4)
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
-    r = live.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4,
-                                            temperature=0, logprobs=True, top_logprobs=2, extra_body=NO_EOS)
+    messages = [{"role": "user", "content": "x"}]
+    r = live.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
+                                            logprobs=True, top_logprobs=2, extra_body=NO_EOS)
+    tokenizer = live.server.tokenizer
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    expected = solo(solo_llm, prompt, 4, logprobs=2)
     content = r.choices[0].logprobs.content
-    assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)
-    assert all(c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
-    assert all(c.logprob <= c.top_logprobs[0].logprob + 1e-6 for c in content)
+    assert len(content) == len(expected.logprobs) == 4
+    for got, exp in zip(content, expected.logprobs):
+        assert got.logprob == pytest.approx(exp.logprob, abs=1e-4)
+        assert [t.logprob for t in got.top_logprobs] == pytest.approx([v for _, v in exp.top], abs=1e-4)
+        assert [t.token for t in got.top_logprobs] == [tokenizer.decode([t]) for t, _ in exp.top]
 
 
 def _stop_string(text: str, pick: int) -> str | None:
