@@ -76,11 +76,14 @@ def test_outputs_conform_and_end_with_the_grammar(llm):
     assert not llm.engine.requests and not llm.engine._adjusting
 
 
-def test_a_json_object_is_an_object(llm):
-    """``json_object`` (OpenAI's): an object, not any JSON value (the tiny model's open-ended one may run to
-    max_tokens: then its start is what can be checked)."""
-    params = SamplingParams(temperature=0.0, max_tokens=30, structured_outputs=SPECS["json_object"])
-    out = llm.generate("json: ", params, use_tqdm=False)[0]
+def test_a_json_object_is_an_object(llm, oracle):
+    """``json_object`` (OpenAI's): HF's float64 greedy tokens under a fresh matcher of an object's grammar, up to the
+    first near-tie; a finished output parses as an object (the tiny model's open-ended one may run to max_tokens)."""
+    prompt, expected, decided = oracle["json_object"]
+    assert decided >= 4
+    params = SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=SPECS["json_object"])
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert out.token_ids[:decided] == expected[:decided]
     assert out.text.lstrip().startswith("{")
     if out.finish_reason == "stop":
         assert conforms("json_object", out.text)
@@ -88,14 +91,15 @@ def test_a_json_object_is_an_object(llm):
 
 @pytest.fixture(scope="module")
 def oracle(tiny_path, tokenizer) -> dict[str, tuple[list[int], list[int], int]]:
-    """Per spec (a regex, a JSON schema): a prompt, HF's float64 greedy continuation with the tokens a fresh matcher
+    """Per spec (a regex, a JSON schema, json_object): a prompt, HF's float64 greedy continuation with the tokens a fresh matcher
     of the grammar does not allow at -inf, token by token, and how many of its tokens are decided (before the first
     step whose top two allowed logits lie within 1e-3)."""
     model = hf_models.load_hf(tiny_path).double()
     vocab = model.config.vocab_size
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab))
     grammars = {"regex": compiler.compile_regex(SPECS["regex"].regex),
-                "json": compiler.compile_json_schema(json.dumps(SCHEMA))}
+                "json": compiler.compile_json_schema(json.dumps(SCHEMA)),
+                "json_object": compiler.compile_json_schema('{"type": "object"}')}  # OpenAI's: any object
     prompt = tokenizer.encode("Data: ", add_special_tokens=False)
     results = {}
     for kind, grammar in grammars.items():
