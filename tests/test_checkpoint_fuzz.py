@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
+from compiled_engine.model import HybridModel
 from compiled_engine.runtime import Runtime
 
 VARIANTS = ("qwen3_5_text_tied", "qwen3_5_text_untied", "qwen3_next_dense")  # single-file checkpoints
@@ -45,15 +46,21 @@ def checkpoints(build_hf_model) -> dict[str, Path]:
 
 
 def assert_load_fails_naming(folder: Path, name: str, errors=(ValueError, FileNotFoundError)) -> None:
-    """Runtime.from_pretrained raises one of ``errors`` whose message names ``name``, and no Runtime survives it:
-    any Runtime constructed on the way (weakly tracked) is garbage once the exception is dropped."""
-    created, init = [], Runtime.__init__
+    """Runtime.from_pretrained raises one of ``errors`` whose message names ``name``, and nothing half-loaded
+    survives it: any model or Runtime constructed on the way (weakly tracked) is garbage once the exception is
+    dropped."""
+    created = []
 
-    def tracked_init(self, *args, **kwargs):
-        created.append(weakref.ref(self))
-        init(self, *args, **kwargs)
+    def tracking(cls):
+        init = cls.__init__
 
-    with mock.patch.object(Runtime, "__init__", tracked_init), pytest.raises(errors) as info:
+        def tracked_init(self, *args, **kwargs):
+            created.append(weakref.ref(self))
+            init(self, *args, **kwargs)
+
+        return mock.patch.object(cls, "__init__", tracked_init)
+
+    with tracking(HybridModel), tracking(Runtime), pytest.raises(errors) as info:
         Runtime.from_pretrained(str(folder), device="cpu", dtype="float32", max_model_len=64, num_kv_blocks=8)
     message = str(info.value)
     assert name in message, f"{name!r} not named in: {message}"
