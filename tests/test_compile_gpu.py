@@ -18,7 +18,6 @@ graphs) and most of the rest the first-use JIT of the Triton/FLA kernels; replay
 from __future__ import annotations
 
 import contextlib
-import time
 
 import pytest
 import torch
@@ -261,34 +260,22 @@ def test_stream_matches_solo_eager_runs(gpu_compiled, data):
             rt.release(seq)
 
 
-def test_no_recompile_and_replays_are_fast(gpu_compiled):
+def test_replays_across_buckets_never_recompile(gpu_compiled):
+    """Decode steps of every bucket, in and out of order, replay the captured graphs: no compile and no skipped
+    capture (their speed is the bench's: bench latency)."""
     rt, runner, _ = gpu_compiled
     stats0, skips0 = graph_stats(), skips()
     seqs = [rt.add_sequence([i + 1] * (i + 3)) for i in range(MAX_NUM_SEQS)]
     try:
         rt.prefill(seqs)
-        timings = {}
         for size in (1, 3, 8, 2, 5, 8, 1):
             for seq in seqs[:size]:
                 seq.token_ids.append(7)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
             rt.decode_step(seqs[:size])
-            torch.cuda.synchronize()
-            timings.setdefault(size, []).append(time.perf_counter() - t0)
-        for seq in seqs[:1]:
-            seq.token_ids.append(7)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        eager_decode_step(rt, seqs[:1])
-        torch.cuda.synchronize()
-        eager_ms = (time.perf_counter() - t0) * 1e3
     finally:
         for seq in seqs:
             rt.release(seq)
     assert graph_stats() == stats0 and skips() == skips0
-    replay_ms = {k: min(v) * 1e3 for k, v in timings.items()}
-    print(f"\nstep ms, replayed (incl. input copies + logits clone): {replay_ms}; eager batch 1: {eager_ms:.2f}")
 
 
 def test_runner_outputs_are_eager_decode_and_its_argmax(gpu_compiled):
