@@ -29,7 +29,7 @@ times over.
     python bench/gemv_chain.py --out DIR --rows 1,2,4,8 --passes 0   # rule against cuBLAS, under a minute
     python bench/gemv_chain.py --out DIR --rows 2,4 --passes 0 --profile   # and each one's time per kernel
     python bench/gemv_chain.py --out DIR [--rows 1]                  # the one-row descent (gemv_config's data)
-    python bench/gemv_chain.py --out DIR --rows 1,3 --passes 0 --flags READ_WORDS=0   # the rule, a switch flipped
+    python bench/gemv_chain.py --out DIR --rows 1,3 --passes 0 --flags FULL_TILES=0   # the rule, a switch flipped
 
 DIR/gemv_chain.json has every timing; written after each row count, so a run cut short keeps what it measured.
 """
@@ -331,8 +331,8 @@ def main(argv=None) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="also the rule's and cuBLAS's chain per kernel (the profiler's critical path)")
     parser.add_argument("--flags", action="append", type=flag_set, default=[],
-                        help="NAME=INT[,NAME=INT]: the rule again with these gemv_kernels switches (e.g. READ_WORDS=0,"
-                             "GEMV_UNROLL=1); repeat for more sets")
+                        help="NAME=INT[,NAME=INT]: the rule again with these gemv_kernels switches (e.g. FULL_TILES=0)"
+                             "; repeat for more sets")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_chain needs a CUDA device")

@@ -1,13 +1,12 @@
 """The skinny GEMM (ops/triton/gemv_kernels.py) compiled for the H100/H200 (sm_90a) on a CPU machine, no GPU, as its
 launcher would launch it on the model's weight shapes: per row count and role, the registers and spill bytes ptxas
-reports and the instructions of the kernel's main loop (its longest backward branch) a K chunk (the loop's count over
-its unroll), the most frequent of them. The
-GEMV loops are bound by issuing instructions from two rows up, so the loop's count predicts their time better than
-the whole kernel's. Compiled with the JIT's specialisations: unit strides along K and 16-divisible pointers, sizes
+reports and the instructions of the kernel's main loop (its longest backward branch, one K chunk an iteration), the
+most frequent of them. A count is a lead, not a time: the word reads took 10% of the 2-row loop's instructions
+and no time off it (bench/NOTES.md, "Runs 177-179"). Compiled with the JIT's specialisations: unit strides along K and 16-divisible pointers, sizes
 and row strides (the model's shapes all are), so the loads vectorise as on the GPU.
 
     python bench/gemv_sass.py --rows 1,2,3,4                     # the tree's switches
-    python bench/gemv_sass.py --rows 2,3 --flags READ_WORDS=0    # a gemv_kernels switch flipped (as gemv_chain.py's)
+    python bench/gemv_sass.py --rows 1 --flags FULL_TILES=0      # a gemv_kernels switch flipped (as gemv_chain.py's)
 """
 
 from __future__ import annotations
@@ -44,25 +43,19 @@ def compile_launch(rows: int, n: int, k: int, gated_out: bool):
 
     config = gk.skinny_config(rows, n, k)
     tiles = gk.row_tiles(rows, config)
-    x = torch.empty(rows, k, dtype=torch.bfloat16, device="meta")
-    words = gk.reads_words(x, torch.empty(n, k, dtype=torch.bfloat16, device="meta"), False, tiles)
     constexprs = {key: v for key, v in config.kwargs.items() if key not in ("BLOCK_M", "DOT")}
     constexprs.update(tiles, FULL=gk.full_tiles(rows, n, k, config, tiles), GATED_X=False, NORM_X=False,
-                      GATED_OUT=gated_out, NORM_BLOCK=1, USE_PDL=True, PREFETCH_L2=True, WORDS=words,
-                      UNROLL=gk.gemv_unroll(tiles), X_TILE=gk.x_tile(config, tiles), stride_x_k=1, stride_w_k=1,
-                      stride_o_n=1)
-    sig = dict(SIG, **(dict(x="*i32", weight="*i32") if words else {}))
-    if words:
-        constexprs["BLOCK_K"] //= 2
+                      GATED_OUT=gated_out, NORM_BLOCK=1, USE_PDL=True, PREFETCH_L2=True, stride_x_k=1,
+                      stride_w_k=1, stride_o_n=1)
     fn = gk._skinny_gemm_kernel
     names = fn.arg_names
-    source = ASTSource(fn=fn, signature={name: "constexpr" if name in constexprs else sig[name] for name in names},
+    source = ASTSource(fn=fn, signature={name: "constexpr" if name in constexprs else SIG[name] for name in names},
                        constexprs={(names.index(key),): v for key, v in constexprs.items()},
                        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in DIVISIBLE})
     options = {"num_warps": config.num_warps, "enable_fp_fusion": True}
     if config.maxnreg:
         options["maxnreg"] = config.maxnreg
-    return triton.compile(source, target=GPUTarget("cuda", 90, 64), options=options), config, tiles, words
+    return triton.compile(source, target=GPUTarget("cuda", 90, 64), options=options), config, tiles
 
 
 def loop_stats(kernel) -> dict:
@@ -95,16 +88,14 @@ def main(argv=None) -> None:
         setattr(gk, name, value)
     for rows in args.rows:
         for role, (n, k, gated_out) in ROLES.items():
-            kernel, config, tiles, words = compile_launch(rows, n, k, gated_out)
+            kernel, config, tiles = compile_launch(rows, n, k, gated_out)
             if tiles["DOT"]:
                 continue  # the tensor-core loop: not the GEMV's
             kw = config.kwargs
             tile = f"{tiles['BLOCK_M']}{'+1' if tiles['EXTRA_ROW'] else ''}x{kw['BLOCK_N']}x{kw['BLOCK_K']}"
             got = loop_stats(kernel)
-            unroll = gk.gemv_unroll(tiles)
-            print(f"rows {rows} {role:<8} {tile:<14} {config.num_warps}w {'words' if words else 'bf16':<5} "
-                  f"unroll {unroll}: {got['registers']} registers, {got['spill_bytes']} B spilled, "
-                  f"{got['loop'] / unroll:.0f} loop instructions a chunk {got['mix']}", flush=True)
+            print(f"rows {rows} {role:<8} {tile:<14} {config.num_warps}w: {got['registers']} registers, "
+                  f"{got['spill_bytes']} B spilled, {got['loop']} loop instructions a chunk {got['mix']}", flush=True)
 
 
 if __name__ == "__main__":

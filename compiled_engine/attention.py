@@ -2,9 +2,9 @@
 
 Per token: ``[q_h | gate_h]`` per head from the doubled q projection; q_norm/k_norm (zero-centred RMSNorm over
 head_dim) before partial RoPE; the new K/V are stored into the cache, then paged attention reads every cached
-token of the sequence; ``out = o_proj(attn * sigmoid(gate))``. With the "triton" backend, decode and speculative
-decoding's verify step (k + 1 rows a sequence) do everything between qkv_proj and o_proj in one op,
-``ce::attention_decode``; prefill and the flash-attn backend run the unfused ops.
+token of the sequence; ``out = o_proj(attn * sigmoid(gate))``. With the "triton" backend, decode does everything
+between qkv_proj and o_proj in one op, ``ce::attention_decode``; prefill, speculative decoding's verify step
+(``ce::paged_attention_verify``) and the flash-attn backend run the unfused ops.
 
 Mutates: ``k_cache`` and ``v_cache`` (this layer's buffers) at ``step.slot_mapping``.
 """
@@ -37,10 +37,12 @@ class FullAttention(nn.Module):
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
         self.tp = tp
         flash = backend == "flash_attn"
-        # Decode and verify steps: "triton" runs ce::attention_decode; "flash_attn" the unfused ops around flash-attn's
-        # decode kernel (a verify step: its prefill kernel).
+        # Decode: "triton" runs ce::attention_decode; "flash_attn" the unfused ops around flash-attn's decode kernel.
         self.fused_decode = not flash
         self.prefill_op = torch.ops.ce.flash_paged_attention_prefill if flash else torch.ops.ce.paged_attention_prefill
+        # A verify step (speculative decoding: the same rows for every sequence): its own op, whose kernel suits a
+        # few sequences' short queries ("triton"); flash-attn runs its prefill.
+        self.verify_op = None if flash else torch.ops.ce.paged_attention_verify
         self.num_heads = config.num_attention_heads // tp.world_size
         self.num_kv_heads = config.num_key_value_heads // tp.world_size
         self.head_dim = config.head_dim
@@ -65,31 +67,32 @@ class FullAttention(nn.Module):
 
     def forward(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """From the qkv_proj output ``[T, q_gate | k | v]`` to the o_proj output ``[T, hidden]``."""
-        if self.fused_decode and (step.speculative or not step.is_prefill):
+        if self.fused_decode and not step.is_prefill:
             gated = self._fused_decode(projected, step)
         else:
             gated = self._unfused(projected, step)
         return self.tp.all_reduce(linear(gated, self.o_proj))  # o_proj is row-parallel
 
     def _fused_decode(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        """One token a sequence, or a verify step's k + 1: norms, RoPE, KV store, paged attention and the gate in one
-        op -> [T, Hq*D]."""
+        """One token per sequence: norms, RoPE, KV store, paged attention and the gate in one op -> [B, Hq*D]."""
         return torch.ops.ce.attention_decode(
             projected, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.rotary.inv_freq, step.positions,
             self.k_cache, self.v_cache, step.slot_mapping, step.block_tables, step.context_lens, self.num_heads,
             self.num_kv_heads, self.head_dim, self.scale,
-            projected.shape[0] // step.num_sequences if step.speculative else 1,
         )
 
     def _unfused(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        """Prefill (varlen), and decode and verify steps with the flash-attn backend: norms, RoPE and the KV store in
-        one op, then attention, then the gate -> [T, Hq*D]."""
+        """Prefill (varlen), verify, and decode with the flash-attn backend: norms, RoPE and the KV store in one op,
+        then attention, then the gate (the verify op's own) -> [T, Hq*D]."""
         tokens = projected.shape[0]
         q = torch.ops.ce.attention_prologue(
             projected, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.rotary.inv_freq, step.positions,
             self.k_cache, self.v_cache, step.slot_mapping, self.num_heads, self.num_kv_heads, self.head_dim,
         )
         gate = projected[:, : self.split_sizes[0]].view(tokens, self.num_heads, 2 * self.head_dim)[..., self.head_dim :]
+        if step.speculative and self.verify_op is not None:  # the gate in the op's last pass
+            return self.verify_op(q, self.k_cache, self.v_cache, step.context_lens, step.block_tables,
+                                  tokens // step.num_sequences, self.scale, gate).reshape(tokens, -1)
         if step.is_prefill:
             attn = self.prefill_op(
                 q, self.k_cache, self.v_cache, step.cu_seqlens, step.context_lens, step.block_tables, self.scale

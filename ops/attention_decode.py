@@ -21,12 +21,6 @@ positions [B], k_cache, v_cache, slot_mapping [B], block_tables, context_lens [B
 * The result, contiguous in projected's dtype, is by definition the composition the model's unfused path computes,
   with its roundings: ``attention_prologue_reference`` (the zero-centred RMSNorm of q and k over D, RoPE, the K/V
   store: ops/attention_prologue.py), ``paged_attention_decode_reference``, then ``attn * sigmoid(gate)``.
-* ``rows_per_seq`` R > 1: a verify step of speculative decoding, R rows a sequence (its last token and its drafts,
-  at consecutive positions; ``positions`` and ``slot_mapping`` by row, ``block_tables`` and ``context_lens``, the
-  step's tokens included, by sequence), each row attending to its sequence's cached tokens and the step's rows up to
-  its own: the same composition with ``paged_attention_verify_reference``. On CUDA each row is a query of the decode
-  kernel, which folds the step's new tokens in from registers, while the sequences are few (ops/triton/
-  paged_attention_kernels.py ``verify_by_rows``); else the prologue kernel, then the verify's prefill kernel.
 """
 
 from __future__ import annotations
@@ -36,11 +30,11 @@ import torch
 from ops.attention_prologue import attention_prologue_reference
 from ops.layouts import check_attention_decode_args
 from ops.library import define_op
-from ops.paged_attention import paged_attention_decode_reference, paged_attention_verify_reference
+from ops.paged_attention import paged_attention_decode_reference
 from ops.triton import HAVE_TRITON
 
 if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
-    from ops.triton import attention_decode_kernels, attention_prologue_kernels, paged_attention_kernels
+    from ops.triton import attention_decode_kernels
 
 
 def attention_decode_reference(
@@ -59,52 +53,26 @@ def attention_decode_reference(
     num_kv_heads: int,
     head_dim: int,
     scale: float,
-    rows_per_seq: int = 1,
 ) -> torch.Tensor:
     check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     batch = projected.shape[0]
     q = attention_prologue_reference(projected, q_norm_weight, k_norm_weight, eps, inv_freq, positions, k_cache,
                                      v_cache, slot_mapping, num_heads, num_kv_heads, head_dim)
     gate = projected[:, : 2 * num_heads * head_dim].reshape(batch, num_heads, 2 * head_dim)[..., head_dim:]
-    if rows_per_seq > 1:
-        attn = paged_attention_verify_reference(q, k_cache, v_cache, context_lens, block_tables, rows_per_seq, scale)
-    else:
-        attn = paged_attention_decode_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
+    attn = paged_attention_decode_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
     return attn.reshape(batch, -1) * torch.sigmoid(gate.reshape(batch, -1))
 
 
-def _attention_decode_cuda(projected, q_norm_weight, k_norm_weight, eps, inv_freq, positions, k_cache, v_cache,
-                           slot_mapping, block_tables, context_lens, num_heads, num_kv_heads, head_dim, scale,
-                           rows_per_seq=1):
-    """The decode kernel, each row a query (decode, and a verify step of few sequences), or for a verify step of many
-    sequences the prologue kernel and the verify's prefill kernel, the gate in its last pass."""
-    if rows_per_seq > 1 and not paged_attention_kernels.verify_by_rows(projected.shape[0] // rows_per_seq,
-                                                                        num_kv_heads, projected.device):
-        check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
-        q = attention_prologue_kernels.attention_prologue(projected, q_norm_weight, k_norm_weight, eps, inv_freq,
-                                                          positions, k_cache, v_cache, slot_mapping, num_heads,
-                                                          num_kv_heads, head_dim)
-        gate = attention_decode_kernels.gate_view(projected, num_heads, head_dim)
-        attn = paged_attention_kernels.paged_attention_verify(q, k_cache, v_cache, context_lens, block_tables,
-                                                              rows_per_seq, scale, gate, by_rows=False)
-        return attn.view(projected.shape[0], num_heads * head_dim)
-    return attention_decode_kernels.attention_decode(projected, q_norm_weight, k_norm_weight, eps, inv_freq, positions,
-                                                     k_cache, v_cache, slot_mapping, block_tables, context_lens,
-                                                     num_heads, num_kv_heads, head_dim, scale,
-                                                     rows_per_seq=rows_per_seq)
-
-
 def _attention_decode_fake(projected, q_norm_weight, k_norm_weight, eps, inv_freq, positions, k_cache, v_cache,
-                           slot_mapping, block_tables, context_lens, num_heads, num_kv_heads, head_dim, scale,
-                           rows_per_seq=1):
+                           slot_mapping, block_tables, context_lens, num_heads, num_kv_heads, head_dim, scale):
     return projected.new_empty((projected.shape[0], num_heads * head_dim))
 
 
 attention_decode = define_op(
     "attention_decode(Tensor projected, Tensor q_norm_weight, Tensor k_norm_weight, float eps, Tensor inv_freq, "
     "Tensor positions, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
-    "Tensor context_lens, int num_heads, int num_kv_heads, int head_dim, float scale, int rows_per_seq=1) -> Tensor",
+    "Tensor context_lens, int num_heads, int num_kv_heads, int head_dim, float scale) -> Tensor",
     reference=attention_decode_reference,
-    cuda=_attention_decode_cuda if HAVE_TRITON else None,
+    cuda=attention_decode_kernels.attention_decode if HAVE_TRITON else None,
     fake=_attention_decode_fake,
 )

@@ -8,7 +8,6 @@ each filter switch, the row path on and off) the way the GPU would.
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import re
 
 import pytest
@@ -106,17 +105,12 @@ def test_moe_expert_gemv_kernels_compile_for_sm90():
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
-def test_skinny_gemm_rule_compiles_for_sm90(rows, monkeypatch):
+def test_skinny_gemm_rule_compiles_for_sm90(rows):
     """ce::linear's skinny GEMM at every config the rule gives the model's weight shapes (N = 1,024 outputs of K =
     2,048 or 3,584, the wide K = 1,024 ones, the vocabulary), plain and with the SiLU gate (and at one row the norm
     prologue), the wide ones with the SiLU gate in the epilogue too (``GATED_OUT``, the MLP's gate_up), as
     ``_launch`` sets its constexprs: at 3 and 5 rows the power of two below and the last row apart (``EXTRA_ROW``);
-    at one row without masks where the tiles are full (``FULL``: all but K = 3,584); with the tree's switches and
-    with them all on: then from two rows on the GEMV x and the weight read as int32 words (``WORDS``) but with the
-    gate prologue, the loops unrolled at tiles of 1-2 rows, and at one row x loaded in the weight's shape where the
-    warps split N."""
-    import torch
-
+    at one row without masks where the tiles are full (``FULL``: all but K = 3,584)."""
     from ops.triton import gemv_kernels as gk
 
     sig = dict(x=_ptr("bf16"), weight=_ptr("bf16"), out=_ptr("bf16"), M="i32", N="i32", K="i32",
@@ -133,22 +127,12 @@ def test_skinny_gemm_rule_compiles_for_sm90(rows, monkeypatch):
         variants = [(False, False, False), (True, False, False)] + ([(False, True, False)] if rows == 1 else [])
         if n == 8192:  # gate_up's kind
             variants += [(False, rows == 1, True)]
-        for (gated, norm, gated_out), switches_on in itertools.product(variants, (False, True)):
-            # the tree's switches, and all of them on (what run177 measures): bf16 pairs read as int32 words where
-            # the launcher reads them so (its K counts words), loops unrolled, at one row x in the weight's shape
-            for name, on, off in (("READ_WORDS", True, False), ("GEMV_UNROLL", 2, 1), ("GEMV_X_TILE", True, False)):
-                monkeypatch.setattr(gk, name, on if switches_on else off)
-            x = torch.empty(rows, 2 * k if gated else k, dtype=torch.bfloat16, device="meta")
-            words = gk.reads_words(x, torch.empty(n, k, dtype=torch.bfloat16, device="meta"), gated, tiles)
-            assert words == (switches_on and rows > 1 and not tiles["DOT"] and not gated)
-            constexprs = dict(config.kwargs, **tiles, FULL=gk.full_tiles(rows, n, k, config, tiles), GATED_X=gated,
-                              NORM_X=norm, GATED_OUT=gated_out, NORM_BLOCK=1024 if norm else 1, USE_PDL=True,
-                              PREFETCH_L2=True, WORDS=words, UNROLL=gk.gemv_unroll(tiles),
-                              X_TILE=gk.x_tile(config, tiles))
-            if words:
-                constexprs["BLOCK_K"] //= 2
-            _compile(gk._skinny_gemm_kernel, dict(sig, **(dict(x=_ptr("i32"), weight=_ptr("i32")) if words else {})),
-                     constexprs, num_warps=config.num_warps)
+        for gated, norm, gated_out in variants:
+            _compile(gk._skinny_gemm_kernel, sig,
+                     dict(config.kwargs, **tiles, FULL=gk.full_tiles(rows, n, k, config, tiles), GATED_X=gated,
+                          NORM_X=norm, GATED_OUT=gated_out, NORM_BLOCK=1024 if norm else 1,
+                          USE_PDL=True, PREFETCH_L2=True),
+                     num_warps=config.num_warps)
 
 
 # The Gated DeltaNet kernels' arguments but their constexprs: bf16 rows and weights, an fp32 state pool.

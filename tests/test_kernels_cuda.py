@@ -312,41 +312,6 @@ def test_attention_decode_matches_reference(batch, max_context, dtype, padding_f
     _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, dtype)
 
 
-@given(
-    # 1-16 sequences: each row a query of the decode kernel on an H100 / H200 (verify_by_rows); 40: the prologue and
-    # the verify's prefill kernel
-    num_seqs=st.sampled_from([1, 2, 8, 16, 40]),
-    rows=st.integers(2, 5),
-    max_prefix=st.sampled_from([0, 60, 1000]),
-    dtype=st.sampled_from([torch.bfloat16, torch.bfloat16, torch.float32]),
-    seed=st.integers(0, 2**31 - 1),
-)
-@settings(max_examples=6, deadline=None, phases=PHASES)
-def test_attention_decode_verify_rows_match_reference(num_seqs, rows, max_prefix, dtype, seed):
-    """The op over a verify step's rows (``rows`` a sequence after its cached prefix, at the model's attention shapes):
-    output and caches against the reference, the prologue, the verify attention and the gate unfused."""
-    gen = _seeded(seed)
-    hq, hkv, d = ATTN_LAYOUTS[0]
-    block_size = 16
-    prefixes = torch.randint(0, max_prefix + 1, (num_seqs,), generator=gen, device=DEV)
-    lens = (prefixes + rows).to(torch.int32)
-    num_blocks, tables = _paged_layout(gen, lens.tolist(), block_size, 2)
-    positions = (prefixes[:, None] + torch.arange(rows, device=DEV)[None, :]).reshape(-1)
-    seq_of_row = torch.arange(num_seqs, device=DEV).repeat_interleave(rows)
-    slots = (tables[seq_of_row, positions // block_size].long() * block_size + positions % block_size)
-    args = _attention_decode_args(gen, ATTN_LAYOUTS[0], None, lens.repeat_interleave(rows), block_size, num_blocks,
-                                  dtype)
-    args[5], args[8], args[9], args[10] = positions, slots, tables, lens  # by row, then by sequence
-    args.append(rows)
-    want_k, want_v = args[6].clone(), args[7].clone()
-    want = attention_decode.attention_decode_reference(*args[:6], want_k, want_v, *args[8:])
-    got = torch.ops.ce.attention_decode(*args)
-    assert got.shape == (num_seqs * rows, hq * d) and got.dtype == dtype and got.is_contiguous()
-    torch.testing.assert_close(got, want, **TOL[dtype])
-    torch.testing.assert_close(args[6][1:], want_k[1:], **TOL[dtype])
-    torch.testing.assert_close(args[7][1:], want_v[1:], atol=0, rtol=0)
-
-
 @given(tokens=st.integers(1, 600), dtype=st.sampled_from([torch.bfloat16, torch.float32]),
        seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=3, deadline=None, phases=PHASES)
@@ -1291,39 +1256,6 @@ def test_linear_tensor_core_loop(rows):
     for name, configs in (("mlp_down", [(16, 256, 1, 3), (32, 128, 1, 3)]),
                           ("gdn_in_proj", [(64, 128, 2, 3), (64, 128, 4, 3), (64, 256, 2, 2)])):
         _check_skinny_configs(gen, rows, name, [gemv_kernels._config(*c, dot=True) for c in configs])
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
-def test_skinny_gemm_words_and_unroll_change_no_bit(rows, monkeypatch):
-    """From two rows the few-rows GEMV reads bf16 x and weights as int32 words of two values (``reads_words``), the
-    GEMV loops run unrolled (``GEMV_UNROLL``), and at one row x may load in the weight chunk's shape
-    (``GEMV_X_TILE``): the same products summed in the same order as bf16 reads, a loop not unrolled and x's own
-    layout, so the same bits; and against float64. On a narrow and a wide model shape and gate_up's SiLU epilogue;
-    at one row (no words) with the norm prologue too."""
-    gen = _seeded(200 + rows)
-    for name in ("mlp_down", "gdn_in_proj", "mlp_gate_up"):
-        n, k = LINEAR_SHAPES[name]
-        x, weight = _linear_inputs(gen, rows, n, k)
-        residual, norm_weight = _randn(gen, rows, k, dtype=torch.bfloat16), _randn(gen, k, dtype=torch.bfloat16)
-        gated_out = name == "mlp_gate_up"
-        tiles = gemv_kernels.row_tiles(rows, gemv_kernels.skinny_config(rows, n, k))
-        if tiles["DOT"]:
-            continue
-        monkeypatch.setattr(gemv_kernels, "READ_WORDS", True)
-        assert gemv_kernels.reads_words(x, weight, False, tiles) == (rows > 1)
-        first = None
-        for words, unroll, x_tile in ((True, 2, False), (False, 2, False), (False, 1, False), (True, 2, True)):
-            monkeypatch.setattr(gemv_kernels, "READ_WORDS", words)
-            monkeypatch.setattr(gemv_kernels, "GEMV_UNROLL", unroll)
-            monkeypatch.setattr(gemv_kernels, "GEMV_X_TILE", x_tile)
-            got = [gemv_kernels.skinny_gemm(x, weight, gated_out=gated_out)]
-            if rows == 1:
-                got.append(gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, 1e-6, weight,
-                                                                 gated_out=gated_out)[0])
-            first = first or got
-            assert all(torch.equal(a, b) for a, b in zip(first, got)), (name, words, unroll, x_tile)
-        if not gated_out:
-            _assert_linear_close(first[0], x, weight)
 
 
 def test_skinny_gemm_l2_prefetch():

@@ -143,38 +143,6 @@ def _child_checks() -> dict:
         compare("attention decode k_cache", k_cache[1:], want_k[1:])
         compare("attention decode v_cache", v_cache[1:], want_v[1:])
 
-    def check_attention_verify(q_heads, kv_heads, dim, rotary_dim, block_size, rows, num_splits,
-                               prefixes=(0, 4, 17, 40), early_loads=None):
-        """The fused op over a verify step's rows (``rows`` a sequence, after each prefix: 0, one block's worth and
-        more), each a query of the decode kernel: output and caches (but the null block) against the reference (the
-        prologue, the verify attention and the gate, unfused)."""
-        context_lens = [p + rows for p in prefixes]
-        num_seqs = len(context_lens)
-        num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 2
-        k_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
-        v_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
-        tables = paged_layout(num_seqs, context_lens, block_size, num_blocks)
-        positions = torch.tensor([p + j for p in prefixes for j in range(rows)])
-        slots = torch.tensor([int(tables[i, pos // block_size]) * block_size + pos % block_size
-                              for i, p in enumerate(prefixes) for pos in range(p, p + rows)])
-        lens = torch.tensor(context_lens, dtype=torch.int32)
-        width = sum(layouts.attention_decode_split_sizes(q_heads, kv_heads, dim))
-        q_weight, k_weight = torch.randn(dim) * 0.5, torch.randn(dim) * 0.5
-        inv_freq = 1.0 / 100.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
-        args = (q_weight, k_weight, 1e-6, inv_freq, positions)
-        heads = (q_heads, kv_heads, dim, dim**-0.5)
-        projected = torch.randn(num_seqs * rows, width + 9)[:, 4:-5]
-        want_k, want_v = k_cache.clone(), v_cache.clone()
-        want = attention_decode.attention_decode_reference(projected, *args, want_k, want_v, slots, tables, lens,
-                                                           *heads, rows)
-        got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables, lens,
-                                                        *heads, num_splits=num_splits, rows_per_seq=rows,
-                                                        early_loads=early_loads)
-        assert got.shape == (num_seqs * rows, q_heads * dim) and got.is_contiguous()
-        compare("attention verify out", got, want)
-        compare("attention verify k_cache", k_cache[1:], want_k[1:])
-        compare("attention verify v_cache", v_cache[1:], want_v[1:])
-
     def check_prefill(q_heads, kv_heads, dim, block_size, q_lens=(3, 0, 40, 1), prefixes=(5, 2, 9, 0), tile=None):
         # q_len 0: a sequence with no new tokens; 40 > one query tile. ``tile``: the op's own (fp32's) by default
         context_lens = [p + n for p, n in zip(prefixes, q_lens)]
@@ -401,50 +369,6 @@ def _child_checks() -> dict:
             assert got.shape == (rows, n // 2 if gated_out else n) and got.dtype == x.dtype
             compare(f"skinny gemm {config_name(config)}", got.double(), want)
 
-    def check_skinny_gemm_words(rows, n, k, configs, strided=False, gated_out=False):
-        """bf16 x and weights on the few-rows GEMV, read as int32 words of two values (``reads_words``), against a
-        float64 matmul of the same bf16 values (to bf16's rounding of the output), and bit for bit against the same
-        launch reading bf16 elements: the same products summed in the same order. ``strided``: x the first K columns
-        of a wider row block and weight rows with a row stride past K, both even (still words); the same slices one
-        element in (odd offsets) must fall back to bf16 reads."""
-        block = torch.randn(rows, k + 6, dtype=torch.bfloat16)
-        x = block[:, :k] if strided else block[:, :k].contiguous()
-        w_block = (torch.randn(n, k + 4) * k**-0.5).to(torch.bfloat16)
-        weight = w_block[:, :k] if strided else w_block[:, :k].contiguous()
-        want = x.double() @ weight.double().T
-        if gated_out:
-            gate, up = want.chunk(2, dim=1)
-            want = gate * torch.sigmoid(gate) * up
-        try:
-            for c in configs:
-                config = gemm_config(c)
-                tiles = gemv_kernels.row_tiles(rows, config)
-                gemv_kernels.READ_WORDS = True
-                assert gemv_kernels.reads_words(x, weight, False, tiles), config_name(config)
-                assert not gemv_kernels.reads_words(block[:, 1:k + 1], weight, False, tiles)
-                assert not gemv_kernels.reads_words(x, w_block[:, 1:k + 1], False, tiles)
-                got = gemv_kernels.skinny_gemm(x, weight, config, gated_out=gated_out)
-                assert got.dtype == torch.bfloat16
-                torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=1e-2,
-                                           msg=lambda m: f"skinny gemm words {config_name(config)}: {m}")
-                gemv_kernels.READ_WORDS = False
-                as_bf16 = gemv_kernels.skinny_gemm(x, weight, config, gated_out=gated_out)
-                assert torch.equal(got, as_bf16), f"words against bf16 reads, {config_name(config)}"
-        finally:
-            gemv_kernels.READ_WORDS = False  # the default (every check runs in this one child process)
-
-    def with_x_tile(check):
-        """``check`` with the one-row loop loading x in the weight chunk's shape (GEMV_X_TILE; the small configs'
-        BLOCK_K lies under their 4 warps' run along K, so every one-row launch takes it)."""
-        def run():
-            gemv_kernels.GEMV_X_TILE = True
-            try:
-                assert gemv_kernels.x_tile(gemm_config((16, 32)), {"BLOCK_M": 1})
-                check()
-            finally:
-                gemv_kernels.GEMV_X_TILE = False
-        return run
-
     # K = 75 in 3, 5 and 2 chunks, the last one ragged; BLOCK_N 16 and 32 over N = 37 (a ragged last block)
     gemm_configs = [(16, 32), (16, 16), (32, 64)]
     # the few-rows GEMV: BLOCK_N below and above BLOCK_M, one K chunk (128 >= 75) and several
@@ -641,10 +565,6 @@ def _child_checks() -> dict:
         "attention_decode_mha_full_rotary_split3": lambda: check_attention_decode(2, 2, 16, 16, 16, 3),
         "attention_decode_d24_contiguous_split1": lambda: check_attention_decode(3, 1, 24, 6, 4, 1, strided=False),
         "attention_decode_auto_splits": lambda: check_attention_decode(2, 1, 16, 8, 8, None),
-        "attention_verify_rows3_split1": lambda: check_attention_verify(4, 2, 16, 4, 4, 3, 1),
-        "attention_verify_rows3_split3": lambda: check_attention_verify(4, 2, 16, 4, 4, 3, 3),
-        "attention_verify_rows2_early_loads": lambda: check_attention_verify(8, 2, 32, 8, 16, 2, 2, early_loads=True),
-        "attention_verify_rows5_auto_splits": lambda: check_attention_verify(2, 1, 16, 16, 8, 5, None),
         "attention_decode_bs32_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16),
         # the step inputs and each split's first tile loaded before the PDL wait (small batches' default): empty
         # splits, one tile a split, and two (the first folded in apart from the loop)
@@ -751,20 +671,6 @@ def _child_checks() -> dict:
                                                                              gated_out=True),
         **{f"gemm_rule_configs_gated_out_m{m}": (lambda m=m: check_skinny_gemm(
             m, 40, 600, [gemv_kernels.skinny_config(m, 7168, 1024)], gated_out=True)) for m in (1, 2, 3)},
-        # x loaded in the weight chunk's shape at one row: plain, strided, gated, with the norm prologue, with the
-        # SiLU epilogue, full tiles
-        "gemm_x_tile_m1": with_x_tile(lambda: check_skinny_gemm(1, 37, 75, gemm_configs, strided=True)),
-        "gemm_x_tile_gated_m1": with_x_tile(lambda: check_skinny_gemm(1, 37, 75, gemm_configs, gated=True)),
-        "gemm_x_tile_norm_m1": with_x_tile(lambda: check_add_rms_norm_gemm(1, 38, 75, gemm_configs, gated_out=True)),
-        "gemm_x_tile_full_m1": with_x_tile(lambda: check_skinny_gemm(1, 32, 128, [(4, 32), (8, 128)], full=True)),
-        # bf16 on the few-rows GEMV, read as int32 words: 2-5 rows (3 and 5 as 2 + 1 and 4 + 1), K = 76 (ragged in
-        # chunks of 16, 32 and 64 values, and one chunk of 128), N = 37 ragged; strided views; the SiLU epilogue;
-        # the rule's configs
-        **{f"gemm_words_m{m}": (lambda m=m: check_skinny_gemm_words(m, 37, 76, gemv_rows_configs + [(8, 64)],
-                                                                      strided=m == 3)) for m in (2, 3, 4, 5)},
-        "gemm_words_gated_out_m3": lambda: check_skinny_gemm_words(3, 38, 76, [(4, 64), (8, 128)], gated_out=True),
-        **{f"gemm_words_rule_configs_m{m}": (lambda m=m: check_skinny_gemm_words(m, 40, 600, rule_configs(m)[:2]))
-           for m in (2, 3)},
         "apply_penalties": lambda: check_apply_penalties(5, penalty_kernels.BLOCK + 300),
     }
     results = {}
@@ -810,10 +716,6 @@ CHECK_NAMES = [
     "attention_decode_mha_full_rotary_split3",
     "attention_decode_d24_contiguous_split1",
     "attention_decode_auto_splits",
-    "attention_verify_rows3_split1",
-    "attention_verify_rows3_split3",
-    "attention_verify_rows2_early_loads",
-    "attention_verify_rows5_auto_splits",
     "attention_decode_bs32_tile16_split2",
     "attention_decode_early_loads_split4",
     "attention_decode_early_loads_tile16_split2",
@@ -871,13 +773,6 @@ CHECK_NAMES = [
     *[f"gemm_full_tiles_gated_out_m{m}" for m in (1, 3)],
     "gemm_full_tiles_gated_out_norm_m1",
     *[f"gemm_rule_configs_gated_out_m{m}" for m in (1, 2, 3)],
-    "gemm_x_tile_m1",
-    "gemm_x_tile_gated_m1",
-    "gemm_x_tile_norm_m1",
-    "gemm_x_tile_full_m1",
-    *[f"gemm_words_m{m}" for m in (2, 3, 4, 5)],
-    "gemm_words_gated_out_m3",
-    *[f"gemm_words_rule_configs_m{m}" for m in (2, 3)],
     "apply_penalties",
 ]
 

@@ -17,10 +17,6 @@ online-softmax step, split count, partials and reduce kernel this reuses). Progr
     token into its softmax from registers, rounded to the cache dtype first, i.e. exactly what the reference reads
     back from the cache. No program reads a row another program of the launch writes, so there is no ordering to
     enforce. The owner does at most one token more than the others: no imbalance worth a smarter choice;
-  * a verify step (``ROWS_PER_SEQ`` R > 1: R rows a sequence, the grid's first axis by row): the cached positions
-    are the sequence's first ``context_len - R``, and the owner split of row j folds in the step's new tokens 0..j
-    (their k normalised and rotated from the projected rows, v read from them), so rows never read each other's
-    K/V from the cache either; the owner of the sequence's last row, which holds all R, stores them;
   * one split: normalise, multiply by ``sigmoid(gate)`` and store ``[B, Hq*D]``; more: store the partials, which
     the reduce kernel (launched with PDL, one program per query head) merges and gates. (Merging in the last split
     program of each group instead, behind an atomic counter, was measured slower: bench/NOTES.md, "Removed
@@ -32,8 +28,8 @@ PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_w
 (``EARLY_LOADS``) so are the step's inputs (context length, position, cache slot, block table) and the split's first
 key and value tile: nothing in the step writes them before this kernel (the new token's row, which this kernel writes,
 is not in any split's cached slice), and there qkv_proj is the skinny GEMM, which launches this kernel early. The
-projected row is read after the wait (the query's, and the owner's k and v, all before the first norm's reduction).
-The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel still runs.
+projected row is read after the wait (the query's, and the owner's k and v, all before the first norm's reduction). The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel
+still runs.
 
 The query tile has ``GROUP_P`` rows: G rounded up to a power of two, not to the mma's 16 (Triton pads a ``tl.dot``'s
 M side itself), so the query's norm and RoPE, which run on every row of the tile, compute G rows' worth at the
@@ -80,10 +76,11 @@ EARLY_LOADS_MAX_BATCH = 4
 
 
 @triton.jit
-def _norm_rope_loads(starts, rows_mask, offs_d, d_mask, partner, rot_mask, stride_c):
-    """The loads behind :func:`_norm_rope_values` of the rows starting at ``starts`` ([R, 1] pointers): each row's
-    channels and its rotary channels' partners. Apart from the math, so that a kernel issues every row's loads before
-    the first row's reduction."""
+def _norm_rope_loads(row, offs, rows_mask, offs_d, d_mask, partner, rot_mask, stride_c):
+    """The loads behind :func:`_norm_rope_values` of the rows starting at ``row + offs * stride_c`` ([R] element
+    offsets): each row's channels and its rotary channels' partners. Apart from the math, so that a kernel issues
+    every row's loads before the first row's reduction."""
+    starts = row + offs[:, None] * stride_c
     x = tl.load(starts + offs_d[None, :] * stride_c, mask=rows_mask[:, None] & d_mask[None, :], other=0.0)
     # The partner channel of each rotary channel, normalised by the same arithmetic: bitwise the value x_n[partner].
     xp = tl.load(starts + partner[None, :] * stride_c, mask=rows_mask[:, None] & rot_mask[None, :], other=0.0)
@@ -95,15 +92,14 @@ def _norm_rope_values(x, xp, w, w_partner, cos, sin, eps, offs_d, rot_mask, HEAD
                       ROTARY_HALF: tl.constexpr, dtype: tl.constexpr):
     """Zero-centred RMSNorm over D, then NeoX RoPE on the first ``2 * ROTARY_HALF`` channels, of rows loaded by
     :func:`_norm_rope_loads` -> [R, HEAD_DIM_P] in ``dtype``, rounded as ``rms_norm_reference`` then
-    ``rotary_reference`` round (``cos``/``sin`` already in ``dtype``: [1, HEAD_DIM_P] for rows at one position, or
-    [R, HEAD_DIM_P], a position a row)."""
+    ``rotary_reference`` round (``cos``/``sin`` already in ``dtype``)."""
     x = x.to(tl.float32)
     xp = xp.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)[:, None]
     xn = (x * rstd * (1.0 + w[None, :])).to(dtype).to(tl.float32)
     xpn = (xp * rstd * (1.0 + w_partner[None, :])).to(dtype).to(tl.float32)
     rotated_half = tl.where(offs_d < ROTARY_HALF, -1.0, 1.0)[None, :] * xpn  # [-x2 | x1]
-    rotated = (xn * cos).to(dtype).to(tl.float32) + (rotated_half * sin).to(dtype).to(tl.float32)
+    rotated = (xn * cos[None, :]).to(dtype).to(tl.float32) + (rotated_half * sin[None, :]).to(dtype).to(tl.float32)
     return tl.where(rot_mask[None, :], rotated, xn).to(dtype)
 
 
@@ -125,25 +121,22 @@ def _norm_weights(weight, offs_d, d_mask, partner, rot_mask):
 
 @triton.jit
 def _cos_sin(position, freq, dtype: tl.constexpr):
-    """RoPE's cos and sin at ``position`` for the lanes' frequencies (broadcast: positions [R, 1] and frequencies
-    [1, D] give [R, D]), rounded to ``dtype`` as the reference casts them."""
+    """RoPE's cos and sin at ``position`` for the lanes' frequencies, rounded to ``dtype`` as the reference casts them."""
     angle = position.to(tl.float32) * freq
     return tl.cos(angle).to(dtype).to(tl.float32), tl.sin(angle).to(dtype).to(tl.float32)
 
 
 @triton.jit
-def _store_kv_rows(k_cache, v_cache, slots, rows_mask, kv_head, k, v, offs_d, d_mask, stride_k_block,
-                   stride_k_offset, stride_k_head, stride_k_dim, stride_v_block, stride_v_offset, stride_v_head,
-                   stride_v_dim, BLOCK_SIZE: tl.constexpr):
-    """Tokens' k and v ``[R, HEAD_DIM_P]`` of KV head ``kv_head`` into the paged caches at flat rows ``slots`` [R]
-    (int64), the rows of ``rows_mask`` only."""
-    block = slots // BLOCK_SIZE
-    offset = slots % BLOCK_SIZE
-    mask = rows_mask[:, None] & d_mask[None, :]
-    tl.store(k_cache + (block * stride_k_block + offset * stride_k_offset)[:, None] + kv_head * stride_k_head
-             + offs_d[None, :] * stride_k_dim, k.to(k_cache.dtype.element_ty), mask=mask)
-    tl.store(v_cache + (block * stride_v_block + offset * stride_v_offset)[:, None] + kv_head * stride_v_head
-             + offs_d[None, :] * stride_v_dim, v.to(v_cache.dtype.element_ty), mask=mask)
+def _store_kv_row(k_cache, v_cache, slot, kv_head, k, v, offs_d, d_mask, stride_k_block, stride_k_offset,
+                  stride_k_head, stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
+                  BLOCK_SIZE: tl.constexpr):
+    """One token's k and v ``[1, HEAD_DIM_P]`` of KV head ``kv_head`` into the paged caches at flat row ``slot``."""
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    tl.store(k_cache + block * stride_k_block + offset * stride_k_offset + kv_head * stride_k_head
+             + offs_d[None, :] * stride_k_dim, k.to(k_cache.dtype.element_ty), mask=d_mask[None, :])
+    tl.store(v_cache + block * stride_v_block + offset * stride_v_offset + kv_head * stride_v_head
+             + offs_d[None, :] * stride_v_dim, v.to(v_cache.dtype.element_ty), mask=d_mask[None, :])
 
 
 @triton.jit
@@ -189,8 +182,6 @@ def _attention_decode_kernel(
     DOT_FP32: tl.constexpr,
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py
     EARLY_LOADS: tl.constexpr,  # the step's inputs and the first key tile read before the PDL wait
-    ROWS_PER_SEQ: tl.constexpr = 1,  # query rows a sequence: 1 (decode), or a verify's k + 1
-    ROWS_P: tl.constexpr = 1,  # ROWS_PER_SEQ rounded up to a power of two
 ):
     K_START = 2 * NUM_Q_HEADS * HEAD_DIM  # [q_gate | k | v]
     V_START = K_START + NUM_KV_HEADS * HEAD_DIM
@@ -198,13 +189,11 @@ def _attention_decode_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
     offs_d, d_mask, rot_mask, partner = _rope_lanes(HEAD_DIM, HEAD_DIM_P, ROTARY_HALF)
-    query = tl.program_id(0).to(tl.int64)  # the query row: row j of sequence `seq`'s ROWS_PER_SEQ rows
-    seq = query // ROWS_PER_SEQ
-    j = query % ROWS_PER_SEQ
+    seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     dtype = out.dtype.element_ty
-    row = projected + query * stride_p_b
+    row = projected + seq * stride_p_b
     bt_row = block_tables + seq * stride_bt_b
     # Weights (constant during a step): read before the wait.
     q_w, q_w_partner = _norm_weights(q_norm_weight, offs_d, d_mask, partner, rot_mask)
@@ -213,24 +202,14 @@ def _attention_decode_kernel(
     if not EARLY_LOADS:
         if USE_PDL:
             tl.extra.cuda.gdc_wait()  # qkv_proj's output, the step inputs and the caches are read after this
-    # The step's inputs (context length, positions, cache slots, block table) and the keys and values of the cached
+    # The step's inputs (context length, position, cache slot, block table) and the keys and values of the cached
     # positions are written before the step (host copies, the previous step's graph and attention) and by no kernel
     # of the step before this one: with EARLY_LOADS they are read before the wait, while qkv_proj still runs.
-    # The sequence's new tokens (its rows' k and v: one, or a verify's k + 1) at their positions and cache slots.
-    offs_r = tl.arange(0, ROWS_P)
-    r_mask = offs_r < ROWS_PER_SEQ
-    new_pos = tl.load(positions + seq * ROWS_PER_SEQ + offs_r, mask=r_mask, other=0)
-    new_slots = tl.load(slot_mapping + seq * ROWS_PER_SEQ + offs_r, mask=r_mask, other=0).to(tl.int64)
-    new_cos, new_sin = _cos_sin(new_pos[:, None], freq[None, :], dtype)  # [ROWS_P, HEAD_DIM_P]
     context_len = tl.load(context_lens + seq)
-    # This row's query rotates by its own row's angles (row j of the sequence's; one row: those themselves).
-    if ROWS_PER_SEQ == 1:
-        cos, sin = new_cos, new_sin
-    else:
-        cos = tl.sum(tl.where(offs_r[:, None] == j, new_cos, 0.0), 0)[None, :]
-        sin = tl.sum(tl.where(offs_r[:, None] == j, new_sin, 0.0), 0)[None, :]
-    # This split's slice of the cached context (the new tokens excluded), a whole number of tiles.
-    cached = tl.maximum(context_len - ROWS_PER_SEQ, 0)
+    cos, sin = _cos_sin(tl.load(positions + seq), freq, dtype)
+    slot = tl.load(slot_mapping + seq).to(tl.int64)  # where the new token's k and v go
+    # This split's slice of the cached context (the new token excluded), a whole number of tiles.
+    cached = tl.maximum(context_len - 1, 0)
     per_split = tl.cdiv(tl.cdiv(cached, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, cached)
@@ -248,19 +227,16 @@ def _attention_decode_kernel(
     offs_g = tl.arange(0, GROUP_P)
     g_mask = offs_g < GROUP
     heads = kv_head * GROUP + offs_g
-    # Every load of the projected rows at once: the query heads' of this row, and for the owner of the new tokens
-    # (the last split) the k and v of its sequence's new tokens up to this row's (masked off elsewhere), which would
-    # otherwise each wait for the reduction before them. (Each scalar condition enters a mask as a vector:
-    # ``offs_r * 0 + split``; the interpreter takes no scalar in a mask's ``&``.)
+    # Every load of the projected row at once: the query heads', and for the new token's owner its k and v (masked
+    # off elsewhere), which would otherwise each wait for the reduction before them.
     owner = split == NUM_SPLITS - 1
-    new_mask = (offs_r <= j) & (offs_r * 0 + split == NUM_SPLITS - 1)  # the new tokens this program folds in
-    new_rows = projected + (seq * ROWS_PER_SEQ + offs_r)[:, None] * stride_p_b
-    q_x, q_xp = _norm_rope_loads(row + (heads * (2 * HEAD_DIM))[:, None] * stride_p_c, g_mask, offs_d, d_mask,
-                                 partner, rot_mask, stride_p_c)
-    k_x, k_xp = _norm_rope_loads(new_rows + (K_START + kv_head * HEAD_DIM) * stride_p_c, new_mask, offs_d, d_mask,
-                                 partner, rot_mask, stride_p_c)
-    v_new = tl.load(new_rows + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c,
-                    mask=new_mask[:, None] & d_mask[None, :], other=0.0).to(v_cache.dtype.element_ty)
+    one_row = tl.arange(0, 1)  # k and v as [1, HEAD_DIM_P] rows, broadcasting against the q rows
+    owner_row = one_row + split == NUM_SPLITS - 1  # [1]: owner as a mask (a scalar's would do, but not interpreted)
+    q_x, q_xp = _norm_rope_loads(row, heads * (2 * HEAD_DIM), g_mask, offs_d, d_mask, partner, rot_mask, stride_p_c)
+    k_x, k_xp = _norm_rope_loads(row, K_START + kv_head * HEAD_DIM + one_row, owner_row, offs_d, d_mask, partner,
+                                 rot_mask, stride_p_c)
+    v_new = tl.load(row + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c,
+                    mask=owner_row[:, None] & d_mask[None, :], other=0.0).to(v_cache.dtype.element_ty)
     q = _norm_rope_values(q_x, q_xp, q_w, q_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF, dtype)
     if DOT_FP32:
         q = q.to(tl.float32)
@@ -271,25 +247,18 @@ def _attention_decode_kernel(
     l_i = tl.zeros([GROUP_P], dtype=tl.float32)
     acc = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
 
-    if owner:  # the owner of the new tokens
-        k_new = _norm_rope_values(k_x, k_xp, k_w, k_w_partner, new_cos, new_sin, eps, offs_d, rot_mask, HEAD_DIM,
-                                  ROTARY_HALF, dtype)
-        k_new = k_new.to(k_cache.dtype.element_ty)  # [ROWS_P, HEAD_DIM_P]
-        # The sequence's last row's owner, which holds all its new tokens, stores them (no program of the launch
-        # reads them back: each folds its new tokens from registers).
-        stores = r_mask & (offs_r * 0 + j == ROWS_PER_SEQ - 1)
-        _store_kv_rows(k_cache, v_cache, new_slots, stores, kv_head, k_new, v_new, offs_d, d_mask, stride_k_block,
-                       stride_k_offset, stride_k_head, stride_k_dim, stride_v_block, stride_v_offset, stride_v_head,
-                       stride_v_dim, BLOCK_SIZE)
+    if owner:  # the owner of the new token
+        k_new = _norm_rope_values(k_x, k_xp, k_w, k_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF,
+                                  dtype)
+        k_new = k_new.to(k_cache.dtype.element_ty)
+        _store_kv_row(k_cache, v_cache, slot, kv_head, k_new, v_new, offs_d, d_mask, stride_k_block, stride_k_offset,
+                      stride_k_head, stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim,
+                      BLOCK_SIZE)
         if context_len > 0:
-            # The first keys this program sees: the running max is their largest score (for one new token: its
-            # score, the sum exp2(0) = 1 and acc its value).
-            scores = tl.sum(q.to(tl.float32)[:, None, :] * k_new.to(tl.float32)[None, :, :], 2) * scale_log2
-            scores = tl.where(new_mask[None, :], scores, NEG_BIG)
-            m_i = tl.max(scores, 1)
-            p = tl.exp2(scores - m_i[:, None])
-            l_i = tl.sum(p, 1)
-            acc = acc + tl.sum(p[:, :, None] * v_new.to(tl.float32)[None, :, :], 1)
+            # The first key this program sees: the running max is its score, the sum exp2(0) = 1, acc its value.
+            m_i = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), 1) * scale_log2
+            l_i = tl.full([GROUP_P], 1.0, dtype=tl.float32)
+            acc = acc + v_new.to(tl.float32)
 
     first = start
     if EARLY_LOADS:
@@ -307,10 +276,10 @@ def _attention_decode_kernel(
         mask = g_mask[:, None] & d_mask[None, :]
         gate = tl.load(row + (heads[:, None] * (2 * HEAD_DIM) + HEAD_DIM + offs_d[None, :]) * stride_p_c, mask=mask,
                        other=0.0)
-        tl.store(out + query * (NUM_Q_HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :],
+        tl.store(out + seq * (NUM_Q_HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :],
                  _sigmoid_gated(attn, gate, dtype), mask=mask)
     else:
-        _store_partials(part_acc, part_max, part_sum, query, heads, split, m_i, l_i, acc, g_mask, offs_d, d_mask,
+        _store_partials(part_acc, part_max, part_sum, seq, heads, split, m_i, l_i, acc, g_mask, offs_d, d_mask,
                         NUM_Q_HEADS, HEAD_DIM, NUM_SPLITS)
 
 
@@ -334,15 +303,13 @@ def attention_decode(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
-    rows_per_seq: int = 1,
     early_loads: bool | None = None,
     query_rows: int | None = None,
 ) -> torch.Tensor:
     """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n``,
     ``num_warps``, ``num_stages``, ``early_loads`` and ``query_rows`` override the defaults (the paged decode kernel's
-    split count and key tile, 4 warps, Triton's default stages, early loads up to ``EARLY_LOADS_MAX_BATCH`` rows,
-    the query tile's rows: the GQA group rounded up to a power of two). ``rows_per_seq`` R > 1: a verify step's rows,
-    R a sequence (``paged_attention_verify``'s layout), each a query of the kernel."""
+    split count and key tile, 4 warps, Triton's default stages, early loads up to ``EARLY_LOADS_MAX_BATCH`` sequences,
+    the query tile's rows: the GQA group rounded up to a power of two)."""
     check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     group = num_heads // num_kv_heads
     if query_rows is None:
@@ -350,9 +317,6 @@ def attention_decode(
     elif query_rows < group or query_rows & (query_rows - 1):
         raise ValueError(f"query_rows must be a power of two >= the GQA group ({group}), got {query_rows}")
     batch = projected.shape[0]
-    if batch % rows_per_seq or min(context_lens.shape[0], block_tables.shape[0]) < batch // rows_per_seq:
-        raise ValueError(f"attention_decode: {batch} rows, {rows_per_seq} a sequence, for {context_lens.shape[0]} "
-                         f"context lengths and {block_tables.shape[0]} block tables")
     out = torch.empty((batch, num_heads * head_dim), dtype=projected.dtype, device=projected.device)
     if batch == 0:
         return out
@@ -403,21 +367,14 @@ def attention_decode(
         NUM_SPLITS=num_splits,
         EARLY_LOADS=batch <= EARLY_LOADS_MAX_BATCH if early_loads is None else early_loads,
         DOT_FP32=dot_fp32,
-        ROWS_PER_SEQ=rows_per_seq,
-        ROWS_P=triton.next_power_of_2(rows_per_seq),
         num_warps=num_warps,
         **({} if num_stages is None else {"num_stages": num_stages}),
         **pdl_flags(projected),
     )
     if num_splits > 1:
-        reduce_splits(part_acc, part_max, part_sum, out.view(batch, num_heads, head_dim),
-                      gate_view(projected, num_heads, head_dim), use_pdl=True)
+        # gate_h of each row: D channels at offset (2h + 1) * D of projected, as a [B, Hq, D] view (no copy)
+        stride_b, stride_c = projected.stride()
+        gate = projected.as_strided((batch, num_heads, head_dim), (stride_b, 2 * head_dim * stride_c, stride_c),
+                                    projected.storage_offset() + head_dim * stride_c)
+        reduce_splits(part_acc, part_max, part_sum, out.view(batch, num_heads, head_dim), gate, use_pdl=True)
     return out
-
-
-def gate_view(projected: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
-    """gate_h of each row: D channels at offset (2h + 1) * D of projected, as a [B, Hq, D] view (no copy)."""
-    stride_b, stride_c = projected.stride()
-    return projected.as_strided((projected.shape[0], num_heads, head_dim),
-                                (stride_b, 2 * head_dim * stride_c, stride_c),
-                                projected.storage_offset() + head_dim * stride_c)

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ops.triton import unit_stride
 from ops.triton.attention_decode_kernels import (
-    _cos_sin, _norm_rope_loads, _norm_rope_values, _norm_weights, _rope_lanes, _store_kv_rows,
+    _cos_sin, _norm_rope_loads, _norm_rope_values, _norm_weights, _rope_lanes, _store_kv_row,
 )
 
 
@@ -63,22 +63,19 @@ def _attention_prologue_kernel(
     heads = kv_head * GROUP + offs_g
     q_w, q_w_partner = _norm_weights(q_norm_weight, offs_d, d_mask, partner, rot_mask)
     k_w, k_w_partner = _norm_weights(k_norm_weight, offs_d, d_mask, partner, rot_mask)
+    slot = tl.load(slot_mapping + token).to(tl.int64)
     # q's, k's and v's loads before either norm's reduction (after it, each would wait for the one before)
     one_row = tl.arange(0, 1)  # k and v as [1, HEAD_DIM_P] rows
-    slot = tl.load(slot_mapping + token + one_row).to(tl.int64)  # [1]
-    q_x, q_xp = _norm_rope_loads(row + (heads * (2 * HEAD_DIM))[:, None] * stride_p_c, g_mask, offs_d, d_mask,
-                                 partner, rot_mask, stride_p_c)
-    k_x, k_xp = _norm_rope_loads(row + (K_START + kv_head * HEAD_DIM + one_row)[:, None] * stride_p_c, one_row < 1,
-                                 offs_d, d_mask, partner, rot_mask, stride_p_c)
+    q_x, q_xp = _norm_rope_loads(row, heads * (2 * HEAD_DIM), g_mask, offs_d, d_mask, partner, rot_mask, stride_p_c)
+    k_x, k_xp = _norm_rope_loads(row, K_START + kv_head * HEAD_DIM + one_row, one_row < 1, offs_d, d_mask, partner,
+                                 rot_mask, stride_p_c)
     v = tl.load(row + (V_START + kv_head * HEAD_DIM + offs_d[None, :]) * stride_p_c, mask=d_mask[None, :], other=0.0)
-    cos, sin = cos[None, :], sin[None, :]
     q = _norm_rope_values(q_x, q_xp, q_w, q_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF, dtype)
     tl.store(q_out + (token * NUM_Q_HEADS + heads[:, None]) * HEAD_DIM + offs_d[None, :], q,
              mask=g_mask[:, None] & d_mask[None, :])
     k = _norm_rope_values(k_x, k_xp, k_w, k_w_partner, cos, sin, eps, offs_d, rot_mask, HEAD_DIM, ROTARY_HALF, dtype)
-    _store_kv_rows(k_cache, v_cache, slot, one_row < 1, kv_head, k, v, offs_d, d_mask, stride_k_block,
-                   stride_k_offset, stride_k_head, stride_k_dim, stride_v_block, stride_v_offset, stride_v_head,
-                   stride_v_dim, BLOCK_SIZE)
+    _store_kv_row(k_cache, v_cache, slot, kv_head, k, v, offs_d, d_mask, stride_k_block, stride_k_offset,
+                  stride_k_head, stride_k_dim, stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE)
 
 
 def attention_prologue(

@@ -36,11 +36,6 @@ Design, for bandwidth:
     into L2 before waiting (ops/triton/l2_prefetch.py); and the GEMV loops load their first weight chunk, which no
     earlier kernel writes, before waiting for the earlier kernels to finish and reading x, then issue every chunk's
     loads one iteration ahead of its use.
-  * instructions, where the GEMV is bound by issuing them (from two rows), behind switches that are off until
-    measured on a GPU: bf16 x and weights read as int32 words of two values (``reads_words``), each widened to fp32
-    by one shift or mask, where a bf16 tensor's values first move out of their loaded registers; the loops unrolled
-    twice at tiles of 1-2 rows (``gemv_unroll``), so that the look-ahead's registers alternate between two sets
-    instead of being copied every iteration.
   * full tiles at one row (``full_tiles``: BLOCK_N divides N, BLOCK_K divides K; the model's matmuls but down): the
     one-row loop loads without masks, so an iteration spends no instructions on predicates and on zeroing masked
     lanes' registers; the loop then stops a chunk short, since its look-ahead would read past the row, and the last
@@ -128,27 +123,6 @@ def _x_value(xv, up, rv, nw, rstd, GATED_X: tl.constexpr, NORM_X: tl.constexpr):
 
 
 @triton.jit
-def _x_columns(ks, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_TILE: tl.constexpr):
-    """The columns of x's chunk for the one-row loop: ``ks`` [BLOCK_K]; X_TILE: broadcast to the weight chunk's
-    [BLOCK_N, BLOCK_K], so that x's loads take the weight's layout and each thread loads the x values its weights
-    meet (repeated across the rows a thread holds, from L1), where a [BLOCK_K] load's layout differs from the weight
-    tile's wherever warps split N, and its values reach the tile through shared memory and barriers."""
-    if X_TILE:
-        return tl.broadcast_to(ks[None, :], [BLOCK_N, BLOCK_K])
-    else:
-        return ks
-
-
-@triton.jit
-def _as_tile(xv, X_TILE: tl.constexpr):
-    """x's chunk as a factor of the weight chunk's product: as it is if X_TILE, else [1, BLOCK_K]."""
-    if X_TILE:
-        return xv
-    else:
-        return xv[None, :]
-
-
-@triton.jit
 def _residual_rstd(x, residual, summed, M, K, stride_x_m, stride_x_k, stride_r_m, eps, write_summed,
                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     # BLOCK_K >= K (the GEMV path's NORM_BLOCK) makes this one pass: one round trip to memory, not one per chunk.
@@ -186,44 +160,16 @@ def _eighths(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _word_eighths(t, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr):
-    """:func:`_eighths` of bf16 values read as int32 words of two (A x B x C x 4 words, each thread holding whole runs
-    of 4 along its last axis), as fp32 in the same order. A bf16 is the upper half of the fp32 it widens to, so a
-    word's low value (the even element) is the word shifted left by 16 and its high value the word masked: one
-    instruction a value, where widening a bf16 tensor's elements first repacks them out of the loaded words."""
-    t0, t1 = tl.split(tl.reshape(t, [A, B, C, 2, 2]))  # words 0, 2 and words 1, 3 of each run
-    w0, w2 = tl.split(t0)
-    w1, w3 = tl.split(t1)
-    return (_low_bf16(w0), _low_bf16(w2), _low_bf16(w1), _low_bf16(w3),  # elements 0, 4, 2, 6
-            _high_bf16(w0), _high_bf16(w2), _high_bf16(w1), _high_bf16(w3))  # 1, 5, 3, 7: _eighths' order
-
-
-@triton.jit
-def _low_bf16(words):
-    return (words << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _high_bf16(words):
-    return (words & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def fma_runs(acc, w, x, W_A: tl.constexpr, W_B: tl.constexpr, X_A: tl.constexpr, X_B: tl.constexpr,
-             C: tl.constexpr, WORDS: tl.constexpr = False):
+             C: tl.constexpr):
     """``acc`` [A, B, C] plus the sums over each run of VEC (8) contiguous K elements of ``w`` (viewed [W_A, W_B, C *
     VEC]) times ``x`` (viewed [X_A, X_B, C * VEC]), broadcast to [A, B]: one FMA a product. A ``tl.sum`` of the
     [.., VEC] products may compile to a multiply each and a tree of adds, with the products live in registers: more
     instructions and registers a chunk, what a loop's cost grows with at several rows (bench/NOTES.md, "Runs
-    63-66"). WORDS: ``w`` and ``x`` are bf16 pairs read as int32 words (runs of VEC / 2 words; ``_word_eighths``),
-    summed in the same order as their bf16 form, so to the same fp32 sums."""
+    63-66")."""
     tl.static_assert(VEC == 8)
-    if WORDS:
-        w0, w1, w2, w3, w4, w5, w6, w7 = _word_eighths(w, W_A, W_B, C)
-        x0, x1, x2, x3, x4, x5, x6, x7 = _word_eighths(x, X_A, X_B, C)
-    else:
-        w0, w1, w2, w3, w4, w5, w6, w7 = _eighths(w.to(tl.float32), W_A, W_B, C)
-        x0, x1, x2, x3, x4, x5, x6, x7 = _eighths(x.to(tl.float32), X_A, X_B, C)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _eighths(w.to(tl.float32), W_A, W_B, C)
+    x0, x1, x2, x3, x4, x5, x6, x7 = _eighths(x.to(tl.float32), X_A, X_B, C)
     acc += w0 * x0
     acc += w1 * x1
     acc += w2 * x2
@@ -287,9 +233,6 @@ def _skinny_gemm_kernel(
     EXTRA_ROW: tl.constexpr = False,  # the few-rows GEMV: M = BLOCK_M + 1, the last row in a tile of its own
     FULL: tl.constexpr = False,  # the one-row loop: every tile lies inside x and the weight (``full_tiles``)
     GATED_OUT: tl.constexpr = False,  # the weight's rows are [gate | up]; out is silu(gate) * up, N / 2 columns
-    WORDS: tl.constexpr = False,  # the few-rows GEMV: x and the weight are bf16 pairs read as int32 words (see _launch)
-    UNROLL: tl.constexpr = 1,  # the GEMV loops unrolled this many times
-    X_TILE: tl.constexpr = False,  # the one-row loop loads x's chunk in the weight chunk's shape (see _x_columns)
 ):
     if USE_PDL:
         # The next kernel on the stream, if it is launched with PDL too, may start now: its weight loads overlap
@@ -325,9 +268,7 @@ def _skinny_gemm_kernel(
         w = _load(w_rows + ks[None, :] * stride_w_k, n_mask[:, None] & k_mask[None, :], FULL)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()  # everything the previous kernels wrote (x) is visible from here on
-        xk = _x_columns(ks, BLOCK_N, BLOCK_K, X_TILE)
-        xk_mask = xk < K
-        xv, up, rv, nw = _x_load(x + xk * stride_x_k, xk_mask, x_up, residual + xk, norm_weight + xk, xk_mask,
+        xv, up, rv, nw = _x_load(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_weight + ks, k_mask,
                                  GATED_X, NORM_X, FULL)
         rstd = 1.0
         if NORM_X:
@@ -337,19 +278,17 @@ def _skinny_gemm_kernel(
         k_end = K
         if FULL:
             k_end = K - BLOCK_K
-        for k in tl.range(0, k_end, BLOCK_K, loop_unroll_factor=UNROLL):
+        for k in range(0, k_end, BLOCK_K):
             ks += BLOCK_K
             k_mask = ks < K
             w_next = _load(w_rows + ks[None, :] * stride_w_k, n_mask[:, None] & k_mask[None, :], FULL)
-            xk = _x_columns(ks, BLOCK_N, BLOCK_K, X_TILE)
-            xk_mask = xk < K
-            next_x = _x_load(x + xk * stride_x_k, xk_mask, x_up, residual + xk, norm_weight + xk, xk_mask, GATED_X,
+            next_x = _x_load(x + ks * stride_x_k, k_mask, x_up, residual + ks, norm_weight + ks, k_mask, GATED_X,
                              NORM_X, FULL)
-            acc += w.to(tl.float32) * _as_tile(_x_value(xv, up, rv, nw, rstd, GATED_X, NORM_X).to(tl.float32), X_TILE)
+            acc += w.to(tl.float32) * _x_value(xv, up, rv, nw, rstd, GATED_X, NORM_X).to(tl.float32)[None, :]
             w = w_next
             xv, up, rv, nw = next_x
         if FULL:
-            acc += w.to(tl.float32) * _as_tile(_x_value(xv, up, rv, nw, rstd, GATED_X, NORM_X).to(tl.float32), X_TILE)
+            acc += w.to(tl.float32) * _x_value(xv, up, rv, nw, rstd, GATED_X, NORM_X).to(tl.float32)[None, :]
         result = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
     else:
         # 2..16 rows, on one of two loops after the same start (the wait):
@@ -392,28 +331,26 @@ def _skinny_gemm_kernel(
             x_ptrs = x_rows + ks[None, :] * stride_x_k
             xv, up, rv, nw = _x_load(x_ptrs, m_mask[:, None] & k_mask[None, :], x_up, x_ptrs, x_ptrs, None, GATED_X,
                                      False, False)
-            RUN: tl.constexpr = VEC // 2 if WORDS else VEC  # a thread's run along K: one 16-byte load
-            tl.static_assert(not (WORDS and GATED_X), "the gate's prologue computes x in its own dtype")
-            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // RUN], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
             if EXTRA_ROW:
                 e_row = x + BLOCK_M * stride_x_m
                 e_ptrs = e_row + ks[None, :] * stride_x_k
                 ev, eup, erv, enw = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False, False)
-                acc_e = tl.zeros([1, BLOCK_N, BLOCK_K // RUN], dtype=tl.float32)
-            for k in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
+                acc_e = tl.zeros([1, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
                 ks += BLOCK_K
                 k_mask = ks < K
                 w_next = tl.load(w_rows + ks[None, :] * stride_w_k, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
                 x_ptrs = x_rows + ks[None, :] * stride_x_k
                 next_x = _x_load(x_ptrs, m_mask[:, None] & k_mask[None, :], x_up, x_ptrs, x_ptrs, None, GATED_X,
                                  False, False)
-                xf = _x_value(xv, up, rv, nw, 1.0, GATED_X, False)
-                acc = fma_runs(acc, w, xf, 1, BLOCK_N, BLOCK_M, 1, BLOCK_K // RUN, WORDS)
+                xf = _x_value(xv, up, rv, nw, 1.0, GATED_X, False).to(tl.float32)
+                acc = fma_runs(acc, w, xf, 1, BLOCK_N, BLOCK_M, 1, BLOCK_K // VEC)
                 if EXTRA_ROW:
                     e_ptrs = e_row + ks[None, :] * stride_x_k
                     next_e = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False, False)
-                    ef = _x_value(ev, eup, erv, enw, 1.0, GATED_X, False)
-                    acc_e = fma_runs(acc_e, w, ef, 1, BLOCK_N, 1, 1, BLOCK_K // RUN, WORDS)
+                    ef = _x_value(ev, eup, erv, enw, 1.0, GATED_X, False).to(tl.float32)
+                    acc_e = fma_runs(acc_e, w, ef, 1, BLOCK_N, 1, 1, BLOCK_K // VEC)
                     ev, eup, erv, enw = next_e
                 w = w_next
                 xv, up, rv, nw = next_x
@@ -462,12 +399,12 @@ GEMV_CONFIGS = [GEMV_NARROW, GEMV_NARROW_LONG_K, GEMV_WIDE, _config(4, 1024, 8, 
                 _config(32, 256, 8, 3)]
 
 
-# 2..GEMV_MAX_ROWS rows (ops/linear.py sends it up to 4): the few-rows GEMV. Narrow outputs (N <= GEMV_NARROW_N:
-# out_proj, o_proj, down) load whole 2,048-wide rows in one or two chunks, 4 columns a program (8 past K = 2,048: 128
-# programs of two chunks); wide ones loop over K in 512-wide chunks of 8 columns with 2 warps, each chunk's loads
-# issued one iteration ahead (2-4x the programs of a whole-K tile, each with less in registers). Each weight element
-# is read once for all the rows, as at one row. The tiles come from bench/gemv_chain.py's descent at 2 rows; why 4
-# rows and not more: bench/NOTES.md, "Skinny GEMM".
+# 2..GEMV_MAX_ROWS rows (ops/linear.py sends it up to 4): the few-rows GEMV. Narrow outputs (N <= GEMV_NARROW_N: out_proj,
+# o_proj, down) load whole 2,048-wide rows in one or two chunks, 4 columns a program (8 past K = 2,048: 128 programs
+# of two chunks); wide ones loop over K in 512-wide chunks of 8 columns with 2 warps, each chunk's loads issued one
+# iteration ahead (2-4x the programs of a whole-K tile, each with less in registers). Each weight element is read
+# once for all the rows, as at one row. The tiles come from bench/gemv_chain.py's descent at 2 rows; why 4 rows and
+# not more: bench/NOTES.md, "Skinny GEMM".
 def gemv_rows_config(rows: int, n: int, k: int) -> triton.Config:
     """The few-rows GEMV's config at 2..GEMV_MAX_ROWS rows (BLOCK_M: rows rounded up to a power of two). BLOCK_K is
     VEC x 32 x num_warps, so that the threads spread along K only and x and the weight chunk share one layout (see
@@ -588,50 +525,6 @@ def takes_gated_out(rows: int, n: int, k: int) -> bool:
     return n % 2 == 0 and not row_tiles(rows, skinny_config(rows, n, k))["DOT"]
 
 
-# Whether the few-rows GEMV reads bf16 x and weights as int32 words of two values (``reads_words``). Off until
-# measured on a GPU (bench/NOTES.md, "Thirty-fifth session"), as are the unroll and the one-row x tile below.
-READ_WORDS = False
-# How many times the GEMV loops are unrolled, at tiles of up to GEMV_UNROLL_MAX_TILE_ROWS rows of x. A loop that
-# loads the next chunk while it computes this one carries the loaded registers into the next iteration; not
-# unrolled, ptxas may copy them there at the iteration's end (a MOV a register, each waiting for its load); unrolled
-# twice, the two iterations alternate between two sets of registers. At tiles of 4 rows the second set spills under
-# the 4-row configs' register cap (ptxas, sm_90).
-GEMV_UNROLL = 1
-GEMV_UNROLL_MAX_TILE_ROWS = 2
-
-
-# Whether the one-row loop loads x's chunks in the weight chunk's shape (the kernel's X_TILE, ``_x_columns``) where
-# its warps split N (``x_tile``).
-GEMV_X_TILE = False
-
-
-def x_tile(config: triton.Config, tiles: dict) -> bool:
-    """The kernel's X_TILE for a launch: GEMV_X_TILE, at one row, where the config's warps split the weight chunk's
-    rows (BLOCK_K under VEC x 32 x num_warps: fewer columns than the threads' 16-byte runs along K cover): there a
-    [BLOCK_K] load of x takes another layout than the chunk's. Where the threads spread along K only (the narrow
-    configs), x's load already takes the chunk's layout along K, and the tile would only repeat x's loads and
-    conversions."""
-    return (GEMV_X_TILE and tiles["BLOCK_M"] == 1
-            and config.kwargs["BLOCK_K"] < VEC.value * 32 * config.num_warps)
-
-
-def gemv_unroll(tiles: dict) -> int:
-    """The kernel's UNROLL for a launch's row tiles (``row_tiles``)."""
-    return GEMV_UNROLL if tiles["BLOCK_M"] <= GEMV_UNROLL_MAX_TILE_ROWS else 1
-
-
-def reads_words(x: torch.Tensor, weight: torch.Tensor, gated: bool, tiles: dict) -> bool:
-    """Whether a launch runs the few-rows GEMV on bf16 pairs read as int32 words (the kernel's WORDS): its
-    conversions to fp32 take one instruction a value instead of about two (``_word_eighths``), on the loop that
-    issues BLOCK_M multiply-adds a weight element and is bound by issuing them. It needs bf16 x and weights whose
-    rows are whole words: unit stride along K, an even K, even row strides and offsets (``Tensor.view(torch.int32)``);
-    and x as the matmul's input (no gate prologue, which computes in bf16)."""
-    return (READ_WORDS and tiles["BLOCK_M"] > 1 and not tiles["DOT"] and not gated
-            and x.dtype == weight.dtype == torch.bfloat16
-            and all(t.stride(1) == 1 and t.shape[1] % 2 == 0 and t.stride(0) % 2 == 0 and t.storage_offset() % 2 == 0
-                    for t in (x, weight)))
-
-
 def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None,
             gated_out: bool = False) -> torch.Tensor:
     rows, k = x.shape
@@ -651,18 +544,12 @@ def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None,
                          f"ops/linear.py)")
     out = x.new_empty((rows, n // 2 if gated_out else n))
     residual, norm_weight, eps, summed = norm if norm is not None else (x, x, 0.0, x)  # unused placeholders
-    launch = {key: v for key, v in config.all_kwargs().items() if key not in ("BLOCK_M", "DOT")}
-    words = reads_words(x, weight, gated, tiles)
-    if words:  # the kernel sees [.., K / 2] int32 matrices: K, BLOCK_K and the row strides count words
-        x, weight, k = x.view(torch.int32), weight.view(torch.int32), k // 2
-        launch["BLOCK_K"] //= 2
     args = (x, weight, out, rows, n, k, *x.stride(), *weight.stride(), *out.stride(),
             residual, norm_weight, summed, residual.stride(0), eps)
     norm_block = min(triton.next_power_of_2(k), NORM_BLOCK_MAX) if norm is not None else 1
     grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]),)
     flags = {**tiles, "FULL": full_tiles(rows, n, k, config, tiles), "GATED_X": gated, "GATED_OUT": gated_out,
-             "NORM_X": norm is not None, "NORM_BLOCK": norm_block, "WORDS": words,
-             "UNROLL": gemv_unroll(tiles), "X_TILE": x_tile(config, tiles),
-             **pdl_flags(x), **l2_prefetch_flags(weight, grid[0])}
+             "NORM_X": norm is not None, "NORM_BLOCK": norm_block, **pdl_flags(x), **l2_prefetch_flags(weight, grid[0])}
+    launch = {key: v for key, v in config.all_kwargs().items() if key not in ("BLOCK_M", "DOT")}
     _skinny_gemm_kernel[grid](*args, **flags, **launch)
     return out

@@ -7,15 +7,11 @@
 # (53.7), b2-b4 +1 point. Since session 34 the tree also has the early loads (run 173, H100: -3 to -8 µs a batch-1
 # decode graph), and bench spec times each configuration 3 times (its median: run 170's and 173's single baselines
 # were outliers). Its spec step now also reports the verify compiled as a round runs it (run 174, H100: 1.241 decode
-# graphs against the eager graph's 1.268): predicted on this GPU ~1.21-1.24 against run 149's eager 1.31, with the
-# verify attention now one fused kernel (run177 in bench/pending measures that on any GPU: predicted -25 to -35 µs a
-# round on the H100), forced 0.8 ~1.62-1.7x.
+# graphs against the eager graph's 1.268; run 179, H100: 1.218 with the verify attention unfused, which stays):
+# predicted on this GPU ~1.20-1.24 against run 149's eager 1.31, forced 0.8 ~1.62-1.7x. The kernels' GPU tests ran
+# on an H100 in runs 177-178; the steps' limits fit one 600-s call with the tar after each.
 RUN=run163 source bench/device_env.sh || exit 1
-# first the GPU tests of session 34's verify attention (ce::attention_decode over the verify's rows; the gate in the
-# verify's prefill kernel), which spec then runs
-TAIL=4 step tests 120 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py -p no:cacheprovider \
-  -k "attention_decode or paged_attention_verify"
 SPEC=(python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2 -p spec.rates=0,0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=3)
-TAIL=10 step spec 200 "${SPEC[@]}" --out $W/spec
-TAIL=30 step bench 420 python3 -m bench cookbook,sweep --model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-model-len 9216 \
+TAIL=10 step spec 180 "${SPEC[@]}" --out $W/spec
+TAIL=30 step bench 380 python3 -m bench cookbook,sweep --model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-model-len 9216 \
   --max-num-seqs 16 --no-mixed-steps -p cookbook.concurrency=1,16 -p sweep.batches=1,2,4,8,16 --out $W/bench
