@@ -85,7 +85,7 @@ class Placement:
 class LoadReport:
     loaded: list[str] = field(default_factory=list)
     skipped_visual: list[str] = field(default_factory=list)
-    mtp_tensors: dict[str, str] = field(default_factory=dict)  # name -> file, for a later MTP feature
+    mtp_tensors: dict[str, str] = field(default_factory=dict)  # name -> file: the MTP layer's (loaded where asked)
     tied_lm_head: bool = False
 
 

@@ -110,10 +110,6 @@ class PrefixCache:
         return sum(t.numel() * t.element_size() for t in self.recurrent + self.conv)
 
     # --------------------------------------------------------------------------------------------- hashing
-    def block_hashes(self, seq: Sequence, num_tokens: int) -> list[bytes]:
-        """Chained hashes of the full blocks within the first ``num_tokens`` tokens (memoised on the sequence)."""
-        return self._hashes(seq, num_tokens // self.block_size)[: num_tokens // self.block_size]
-
     def _hashes(self, seq: Sequence, full: int) -> list[bytes]:
         """``seq.block_hashes``, extended to at least ``full`` blocks (not copied: it may be longer)."""
         hashes = seq.block_hashes

@@ -48,11 +48,6 @@ class ScheduledBatch:
     # placeholder token.
     num_decode: int = 0
 
-    @property
-    def is_mixed(self) -> bool:
-        """A prefill step that also carries decode rows."""
-        return self.is_prefill and self.num_decode > 0
-
 
 class Scheduler:
     def __init__(
@@ -94,10 +89,6 @@ class Scheduler:
         self.num_decode_steps = 0
         self.num_prefill_tokens = 0
         self.num_held_back = 0
-
-    def add(self, seq: Sequence) -> None:
-        seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
 
     def schedule(self) -> ScheduledBatch | None:
         if self.mixed_steps:
