@@ -12,7 +12,10 @@
 # $OUT/cache, to be copied into .cecache here.
 T0=$(date +%s)
 if ! python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; then
-    echo "the wheels in .whl did not install (carry .whl; its download command is in bench/NOTES.md)"
+    echo "the wheels in .whl did not install: carry .whl, made here by"
+    echo "  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\"
+    echo "    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl fla-core einops"
+    echo "  (add fastapi uvicorn uvloop httptools prometheus-client httpx pytest-xdist execnet for the server's runs)"
     return 1
 fi
 export PYTHONPATH=$PWD:/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} PYTHONUNBUFFERED=1 CE_NO_SHRINK=1
