@@ -29,6 +29,8 @@ def render_chat(tokenizer, messages, *, add_generation_prompt: bool = True,
     ValueError for a malformed message, a folder without a tokenizer, or a template that refuses the messages."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("chat needs the checkpoint's tokenizer and its chat template: this model folder has none")
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+        raise ValueError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError(f"a conversation must be a non-empty list of messages, got {messages!r}")
     rendered = []

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import os
 from typing import Sequence as Seq
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -30,7 +32,26 @@ from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
-Prompt = str | Seq[int]
+# vLLM's prompt forms: text, token ids, or a TextPrompt / TokensPrompt dict.
+Prompt = str | Seq[int] | dict
+PROMPT_FORMS = "a string, a list of token ids, {'prompt': str} or {'prompt_token_ids': [ids]}"
+
+
+def is_token_id(value) -> bool:
+    """An int of any kind (Python, numpy, a 0-d integer tensor), not a bool: what Runtime.validate_prompt takes."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.dtype.is_floating_point and not value.dtype.is_complex \
+            and value.dtype != torch.bool
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def is_single_prompt(prompts) -> bool:
+    """Whether ``generate``'s argument is one prompt rather than a list of them."""
+    if isinstance(prompts, (str, dict)):
+        return True
+    if isinstance(prompts, (np.ndarray, torch.Tensor)):
+        return prompts.ndim == 1
+    return isinstance(prompts, (list, tuple)) and bool(prompts) and all(is_token_id(t) for t in prompts)
 
 
 def load_tokenizer(path: str):
@@ -137,12 +158,21 @@ class LLM:
         prompts = self._normalise_prompts(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
+        elif isinstance(sampling_params, (list, tuple)):
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        else:
+            params = [sampling_params]
+        bad = [p for p in params if not isinstance(p, SamplingParams)]
+        if bad:
+            raise ValueError(f"sampling_params must be a SamplingParams or a list of them, got {type(bad[0]).__name__}")
+        # Checked copies (dataclasses.replace runs SamplingParams.validate): fields set after construction (n = 0, a
+        # string seed) fail here, naming the field, before any is used; the caller's objects are left as they are.
+        copies = {id(p): dataclasses.replace(p) for p in params}
+        params = [copies[id(p)] for p in params]
         # A prompt's completions are consecutive requests: completion j of prompt i is request starts[i] + j.
-        token_lists = [self._encode(p) for p in prompts]
+        token_lists = [self._encode(p, i) for i, p in enumerate(prompts)]
         starts, requests = [], []
         for tokens, p in zip(token_lists, params):
             starts.append(len(requests))
@@ -186,7 +216,10 @@ class LLM:
         OpenAI's text parts) or a list of them, each rendered by the checkpoint's chat template
         (compiled_engine/chat.py; ``chat_template_kwargs`` go to the template, e.g. ``{"enable_thinking": False}``)
         and generated as ``generate`` does: one finished RequestOutput per conversation, in order."""
-        if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], dict):
+        if not isinstance(messages, (list, tuple)):
+            raise ValueError(f"messages must be a conversation (a list of {{'role', 'content'}} dicts) or a list of "
+                             f"conversations, got {type(messages).__name__}")
+        if messages and isinstance(messages[0], dict):
             conversations = [messages]
         else:
             conversations = list(messages)
@@ -203,20 +236,27 @@ class LLM:
                 self.engine.abort_request(request_id)
 
     def _normalise_prompts(self, prompts) -> list[Prompt]:
-        if isinstance(prompts, str) or (
-            isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts)
-        ):
+        if is_single_prompt(prompts):
             return [prompts]
-        prompts = list(prompts)
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be {PROMPT_FORMS}, or a list of these; got {type(prompts).__name__}")
         if not prompts:
             raise ValueError("no prompts given")
-        return prompts
+        return list(prompts)
 
-    def _encode(self, prompt: Prompt) -> list[int]:
+    def _encode(self, prompt: Prompt, index: int = 0) -> list[int]:
+        """Prompt ``index``'s token ids (their types and range are the engine's to check)."""
+        if isinstance(prompt, dict):
+            keys = set(prompt)
+            if keys not in ({"prompt"}, {"prompt_token_ids"}):
+                raise ValueError(f"prompt {index}: a prompt dict takes one key, 'prompt' or 'prompt_token_ids', got "
+                                 f"{sorted(keys)}")
+            prompt = prompt.get("prompt", prompt.get("prompt_token_ids"))
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model folder has no tokenizer: pass prompts as lists of token ids")
             return self.tokenizer.encode(prompt, add_special_tokens=False)
-        if not isinstance(prompt, (list, tuple)):
-            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        return list(prompt)
+        if isinstance(prompt, (list, tuple)) or (isinstance(prompt, (np.ndarray, torch.Tensor)) and prompt.ndim == 1):
+            return list(prompt)
+        hint = " (one prompt's token ids must all be ints)" if is_token_id(prompt) else ""
+        raise ValueError(f"prompt {index} must be {PROMPT_FORMS}, got {type(prompt).__name__}{hint}")

@@ -78,9 +78,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
+    """None: CUDA where torch sees a GPU, else the CPU; else ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (or such a
+    torch.device). Anything else raises ValueError naming ``device``."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    given = device
+    try:
+        device = torch.device(device) if isinstance(device, (str, torch.device)) else None
+    except RuntimeError:  # an unknown device string
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {given!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but torch sees no CUDA device")
     return device

@@ -8,6 +8,8 @@ request leaves the engine serving the others with unchanged output.
 * requests: empty / over-long prompt, token id out of range or not an integer (numpy and 0-d torch ints are ids,
   bools are not), every SamplingParams field out of its range or of the wrong type, stop token ids out of the
   vocabulary, duplicate request id, unknown id for abort; a temperature below 1e-5 is greedy;
+* LLM.generate and LLM.chat: vLLM's prompt forms (TokensPrompt dicts, one prompt as an array) work; prompts, params,
+  messages, chat_template_kwargs and devices of the wrong form are named, params changed after construction too;
 * a stream with every kind of bad call in the middle still finishes the good requests with HF's greedy tokens
   (and seeded sampled ones with their solo tokens), and leaves no block or slot behind.
 """
@@ -24,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from compiled_engine import Runtime, SamplingParams
 from compiled_engine.config import RuntimeConfig
-from compiled_engine.runtime import resolve_dtype
+from compiled_engine.runtime import resolve_device, resolve_dtype
 from tests import hf_models
 from tests.test_engine import GREEDY, MODEL, VOCAB, assert_clean, drain, hf_greedy, make_llm, prompt
 
@@ -330,6 +332,76 @@ def test_generate_rejects_bad_input_before_queueing(llm, load_hf_model):
     assert_clean(engine)
     outs = llm.generate([[1, 2], [3, 4]], params, use_tqdm=False)
     assert [o.token_ids for o in outs] == [hf_greedy(load_hf_model, p, 3) for p in ([1, 2], [3, 4])]
+
+
+def test_generate_takes_vllms_prompt_forms(llm, load_hf_model):
+    """vLLM's prompt forms give the plain token list's output (HF's greedy tokens): a TokensPrompt dict, alone and in
+    a list, and one prompt as a numpy array, a tensor or a list of numpy ints (not a batch of one-token prompts)."""
+    ids = prompt(9, 3)
+    expected = hf_greedy(load_hf_model, ids, 3)
+    params = SamplingParams(max_tokens=3, **GREEDY)
+    for prompts in ({"prompt_token_ids": ids}, np.array(ids), torch.tensor(ids), [np.int64(t) for t in ids]):
+        assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == [expected], type(prompts)
+    outs = llm.generate([{"prompt_token_ids": ids}, ids], params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [expected, expected]
+
+
+def test_generate_names_bad_prompts_and_params_and_queues_nothing(llm, load_hf_model):
+    """Prompts and sampling params of the wrong form, and params made invalid after construction, raise ValueError
+    naming what is wrong before anything is queued; the caller's params are left as they were; the LLM serves on."""
+    params = SamplingParams(max_tokens=3, **GREEDY)
+    zero_n = SamplingParams(max_tokens=3, **GREEDY)
+    zero_n.n = 0
+    text_seed = SamplingParams(max_tokens=3, **GREEDY)
+    text_seed.seed = "x"
+    for prompts, sampling, match in (
+        (5, params, "prompts must be a string, a list of token ids"),
+        (None, params, "got NoneType"),
+        (b"hi", params, "got bytes"),
+        ([1, "a"], params, "prompt 0 must be .* got int .one prompt's token ids must all be ints"),
+        ({"prompt_ids": [1, 2]}, params, r"prompt 0: a prompt dict takes one key.*\['prompt_ids'\]"),
+        ({"prompt": "x", "prompt_token_ids": [1]}, params, "takes one key"),
+        ([[1, 2]], {"temperature": 0}, "sampling_params must be a SamplingParams or a list of them, got dict"),
+        ([[1, 2]], [None], "got NoneType"),
+        ([[1, 2]], 5, "got int"),
+        ([[1, 2]], zero_n, "SamplingParams.n"),
+        ([[1, 2]], text_seed, "SamplingParams.seed"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            llm.generate(prompts, sampling, use_tqdm=False)
+        assert_clean(llm.engine)
+    assert zero_n.n == 0 and text_seed.seed == "x"  # checked copies, not the caller's objects
+    outs = llm.generate([[1, 2]], params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf_greedy(load_hf_model, [1, 2], 3)]
+
+
+@pytest.mark.parametrize("device", ["tpu", "meta", 5, "cuda:x"])
+def test_a_device_other_than_cpu_or_cuda_is_named(device):
+    with pytest.raises(ValueError, match=r"device must be 'cpu', 'cuda' or 'cuda:N', got"):
+        resolve_device(device)
+
+
+def test_chat_names_bad_messages_and_template_kwargs(tmp_path, monkeypatch):
+    """LLM.chat on the embedded model (its byte tokenizer has a chat template): a conversation that is not a list,
+    and chat_template_kwargs that are not a dict, raise ValueError naming them; a good call's prompt is the
+    template's rendering (HF's apply_chat_template), generated as generate does."""
+    from compiled_engine import LLM
+    from compiled_engine.tiny_model import ensure_tiny_model
+
+    monkeypatch.setenv("COMPILED_ENGINE_CACHE", str(tmp_path))
+    chat_llm = LLM(ensure_tiny_model(), device="cpu", max_model_len=128)
+    messages = [{"role": "user", "content": "hi"}]
+    params = SamplingParams(max_tokens=3, **GREEDY)
+    for call, match in ((lambda: chat_llm.chat(None, params), "messages must be a conversation"),
+                        (lambda: chat_llm.chat(messages, params, chat_template_kwargs=5),
+                         "chat_template_kwargs must be a dict, got int")):
+        with pytest.raises(ValueError, match=match):
+            call()
+    tokenizer = chat_llm.tokenizer
+    ids = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                           add_special_tokens=False)
+    assert ([o.token_ids for o in chat_llm.chat(messages, params, use_tqdm=False)]
+            == [o.token_ids for o in chat_llm.generate([ids], params, use_tqdm=False)])
 
 
 def test_integer_ids_of_any_kind_give_the_int_prompt_tokens(llm, load_hf_model):
