@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import numbers
 import os
+from collections.abc import Iterable
 from typing import Sequence as Seq
 
 import numpy as np
@@ -158,7 +159,7 @@ class LLM:
         prompts = self._normalise_prompts(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
-        elif isinstance(sampling_params, (list, tuple)):
+        elif isinstance(sampling_params, Iterable) and not isinstance(sampling_params, (str, bytes, dict)):
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
@@ -238,11 +239,12 @@ class LLM:
     def _normalise_prompts(self, prompts) -> list[Prompt]:
         if is_single_prompt(prompts):
             return [prompts]
-        if not isinstance(prompts, (list, tuple)):
+        if not isinstance(prompts, Iterable) or isinstance(prompts, (bytes, bytearray)):
             raise ValueError(f"prompts must be {PROMPT_FORMS}, or a list of these; got {type(prompts).__name__}")
+        prompts = list(prompts)
         if not prompts:
             raise ValueError("no prompts given")
-        return list(prompts)
+        return prompts
 
     def _encode(self, prompt: Prompt, index: int = 0) -> list[int]:
         """Prompt ``index``'s token ids (their types and range are the engine's to check)."""

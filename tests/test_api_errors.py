@@ -336,13 +336,16 @@ def test_generate_rejects_bad_input_before_queueing(llm, load_hf_model):
 
 def test_generate_takes_vllms_prompt_forms(llm, load_hf_model):
     """vLLM's prompt forms give the plain token list's output (HF's greedy tokens): a TokensPrompt dict, alone and in
-    a list, and one prompt as a numpy array, a tensor or a list of numpy ints (not a batch of one-token prompts)."""
+    a list, one prompt as a numpy array, a tensor or a list of numpy ints (not a batch of one-token prompts), and
+    prompts and params as any iterables."""
     ids = prompt(9, 3)
     expected = hf_greedy(load_hf_model, ids, 3)
     params = SamplingParams(max_tokens=3, **GREEDY)
     for prompts in ({"prompt_token_ids": ids}, np.array(ids), torch.tensor(ids), [np.int64(t) for t in ids]):
         assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == [expected], type(prompts)
     outs = llm.generate([{"prompt_token_ids": ids}, ids], params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [expected, expected]
+    outs = llm.generate(iter([ids, {"prompt_token_ids": ids}]), iter([params, params]), use_tqdm=False)  # iterables
     assert [o.token_ids for o in outs] == [expected, expected]
 
 
