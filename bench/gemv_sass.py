@@ -2,8 +2,8 @@
 launcher would launch it on the model's weight shapes: per row count and role, the registers and spill bytes ptxas
 reports and the instructions of the kernel's main loop (its longest backward branch, one K chunk an iteration), the
 most frequent of them. A count is a lead, not a time: the word reads took 10% of the 2-row loop's instructions
-and no time off it (bench/NOTES.md, "Runs 177-179"). Compiled with the JIT's specialisations: unit strides along K and 16-divisible pointers, sizes
-and row strides (the model's shapes all are), so the loads vectorise as on the GPU.
+and no time off it (bench/NOTES.md, "Runs 177-179"). Compiled with the JIT's specialisations: unit strides along K
+and 16-divisible pointers, sizes and row strides (the model's shapes all are), so the loads vectorise as on the GPU.
 
     python bench/gemv_sass.py --rows 1,2,3,4                     # the tree's switches
     python bench/gemv_sass.py --rows 1 --flags FULL_TILES=0      # a gemv_kernels switch flipped (as gemv_chain.py's)
@@ -16,8 +16,6 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
