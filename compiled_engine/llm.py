@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import numbers
 import os
 from collections.abc import Iterable
 from typing import Sequence as Seq
@@ -29,7 +28,7 @@ from compiled_engine.memory_plan import default_max_num_batched_tokens
 from compiled_engine.outputs import RequestOutput
 from compiled_engine.runtime import Runtime, resolve_device
 from compiled_engine.tiny_model import ensure_tiny_model
-from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
+from compiled_engine.sampling_params import RequestOutputKind, SamplingParams, as_token_id
 
 logger = logging.getLogger(__name__)
 
@@ -38,21 +37,13 @@ Prompt = str | Seq[int] | dict
 PROMPT_FORMS = "a string, a list of token ids, {'prompt': str} or {'prompt_token_ids': [ids]}"
 
 
-def is_token_id(value) -> bool:
-    """An int of any kind (Python, numpy, a 0-d integer tensor), not a bool: what Runtime.validate_prompt takes."""
-    if isinstance(value, torch.Tensor):
-        return value.dim() == 0 and not value.dtype.is_floating_point and not value.dtype.is_complex \
-            and value.dtype != torch.bool
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
 def is_single_prompt(prompts) -> bool:
     """Whether ``generate``'s argument is one prompt rather than a list of them."""
     if isinstance(prompts, (str, dict)):
         return True
     if isinstance(prompts, (np.ndarray, torch.Tensor)):
         return prompts.ndim == 1
-    return isinstance(prompts, (list, tuple)) and bool(prompts) and all(is_token_id(t) for t in prompts)
+    return isinstance(prompts, (list, tuple)) and bool(prompts) and all(as_token_id(t) is not None for t in prompts)
 
 
 def load_tokenizer(path: str):
@@ -260,5 +251,5 @@ class LLM:
             return self.tokenizer.encode(prompt, add_special_tokens=False)
         if isinstance(prompt, (list, tuple)) or (isinstance(prompt, (np.ndarray, torch.Tensor)) and prompt.ndim == 1):
             return list(prompt)
-        hint = " (one prompt's token ids must all be ints)" if is_token_id(prompt) else ""
+        hint = " (one prompt's token ids must all be ints)" if as_token_id(prompt) is not None else ""
         raise ValueError(f"prompt {index} must be {PROMPT_FORMS}, got {type(prompt).__name__}{hint}")
