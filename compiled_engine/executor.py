@@ -9,6 +9,7 @@ decides those, compiled_engine.step packs them into a StepInputs).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Callable, Iterable
@@ -103,14 +104,18 @@ class ModelExecutor:
 
     def compile_prefill(self, buckets: Iterable[int]) -> PrefillGraphs | None:
         """Capture the prompt step of 2 sequences (one and its padding) at each token count of ``buckets``; later
-        prompt steps of that shape replay it (``execute``). One rank only. None where ``buckets`` is empty."""
+        prompt steps of that shape replay it (``execute``, ``forward_keeping_hidden``), and with speculative decoding
+        the drafts after it as well (``draft``). One rank only. None where ``buckets`` is empty."""
         if self.workers is not None or self.model.tp.world_size > 1:
             raise ValueError("captured prompt steps run on one rank only")
         buckets = tuple(buckets)
         if not buckets:
             return None
+        drafter = None
+        if self.speculative_config is not None:  # the prompt step's MTP pass and drafts, captured with it
+            drafter = functools.partial(self._draft_local, num_drafts=self.speculative_config.num_speculative_tokens)
         graphs = PrefillGraphs(self.model, buckets, -(-self.max_model_len // self.block_size), self.block_size,
-                               self.device)
+                               self.device, drafter)
         start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         graphs.capture()
         self.reset_state_slots([NULL_SLOT])  # the captures' warm-up steps ran on the null slot
@@ -174,6 +179,8 @@ class ModelExecutor:
                                    lambda: self._forward_keeping_hidden(step, all_logits))
 
     def _forward_keeping_hidden(self, step: StepInputs, all_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if not all_logits and self.prefill_graphs is not None and self.prefill_graphs.covers(step):
+            return self.prefill_graphs.forward_keeping_hidden(step)
         hidden = self.model(step)
         if self.model.tp.rank > 0:  # a worker: rank 0's SpeculativeStep holds its own
             self.kept = (step, hidden)
@@ -183,10 +190,18 @@ class ModelExecutor:
               seq_rows: torch.Tensor, num_drafts: int) -> torch.Tensor:
         """``speculative.draft`` on every rank, after ``forward_keeping_hidden`` of ``step`` (whose ``hidden`` this
         rank passes): drafts ``[len(rows), num_drafts]`` on the device."""
-        return self._on_every_rank(
-            lambda workers: workers.send_draft(next_ids, rows, seq_rows, num_drafts),
-            lambda: draft(self.model, step, hidden, next_ids, rows, seq_rows, num_drafts, self.block_size,
-                          self.draft_vocab, self.draft_script))
+        def run() -> torch.Tensor:
+            graphs = self.prefill_graphs
+            if graphs is not None and graphs.covers_draft(step, rows):
+                return graphs.draft(step, hidden, next_ids, rows, seq_rows)
+            return self._draft_local(step, hidden, next_ids, rows, seq_rows, num_drafts)
+
+        return self._on_every_rank(lambda workers: workers.send_draft(next_ids, rows, seq_rows, num_drafts), run)
+
+    def _draft_local(self, step: StepInputs, hidden: torch.Tensor, next_ids: torch.Tensor, rows: torch.Tensor,
+                     seq_rows: torch.Tensor, num_drafts: int) -> torch.Tensor:
+        return draft(self.model, step, hidden, next_ids, rows, seq_rows, num_drafts, self.block_size,
+                     self.draft_vocab, self.draft_script)
 
     def accept(self, step: StepInputs, hidden: torch.Tensor, num_accepted: torch.Tensor,
                tokens: torch.Tensor) -> torch.Tensor:

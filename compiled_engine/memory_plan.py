@@ -181,8 +181,8 @@ def measure_activation_peak(
 ) -> int:
     """Peak bytes of the largest prefill (max_num_batched_tokens tokens) and decode (max_num_seqs) steps (and
     verify steps of max_num_seqs sequences with speculative decoding), plus, with ``captured_prefill_tokens``, the
-    peak of a prompt step of that many tokens alone: the captured prompt steps' memory pool (graphs/prefill_graph.py)
-    holds it for good, apart from what eager steps allocate.
+    peak of a prompt step of that many tokens alone (and its MTP pass, with speculative decoding): the captured
+    prompt steps' memory pool (graphs/prefill_graph.py) holds it for good, apart from what eager steps allocate.
 
     The steps run on a 2-block KV cache with every token routed to the null block and every sequence to the
     null slot: the numbers are garbage, the memory traffic and allocation pattern are real. They are packed by
@@ -223,7 +223,10 @@ def measure_activation_peak(
         baseline = torch.cuda.memory_allocated(device)
         half = captured_prefill_tokens // 2
         captured = step([half, captured_prefill_tokens - half], True)
-        model.compute_logits(model(captured)[captured.last_token_indices()])
+        hidden = model(captured)
+        model.compute_logits(hidden[captured.last_token_indices()])
+        if config.speculative_config is not None:  # the drafts' graph: the MTP layer over the step's rows
+            model.mtp_forward(captured.input_ids, hidden, captured)
         torch.cuda.synchronize(device)
         peak += torch.cuda.max_memory_allocated(device) - baseline
     reset_state_slot(model, NULL_SLOT)

@@ -138,12 +138,12 @@ class Runtime:
         self.dtype = dtype
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         mirror = workers.send_snapshot if workers is not None else None
-        # Captured prompt steps (ModelExecutor.compile_prefill): one rank, no speculative engine (its prompt steps also
-        # draft: prefill_for_drafts), not flash-attn (its varlen call reads the longest sequence on the host).
+        # Captured prompt steps (ModelExecutor.compile_prefill; with speculative decoding, the drafts after them too):
+        # one rank, not flash-attn (its varlen call reads the longest sequence on the host).
         self._prefill_buckets = (
             prefill_buckets(config.max_prefill_capture_tokens, config.max_num_batched_tokens, self.max_model_len)
             if compile and workers is None and model.tp.world_size == 1 and device.type == "cuda"
-            and config.speculative_config is None and config.attention_backend == "triton" else ())
+            and config.attention_backend == "triton" else ())
         self.cache_config, prefix_cache = allocate_caches(model, config, self.max_model_len, device, dtype, mirror,
                                                           max(self._prefill_buckets, default=0))
         self.executor = ModelExecutor(model, config.block_size, config.max_num_seqs, self.max_model_len, device,
@@ -333,15 +333,18 @@ class Runtime:
         counts = [s.num_uncomputed_tokens for s in seqs] if num_tokens is None else list(num_tokens)
         # One sequence's step replays a captured prompt step (ModelExecutor.compile_prefill): padded to its bucket's
         # tokens by a padding sequence, whose logits row is dropped.
-        graphs = self.executor.prefill_graphs
-        bucket = (graphs.bucket(counts[0]) if graphs is not None and len(seqs) == 1 and not all_logits
-                  and device_input_ids is None else None)
+        bucket = self._prefill_bucket(seqs, counts) if not all_logits and device_input_ids is None else None
         step = self.build_step(seqs, counts, is_prefill=True, pad_to=bucket)
         if device_input_ids is not None:
             step.input_ids[indices] = tokens  # the step's own fresh copy of its ids; queued before the step runs
         logits = self.executor.execute(step, all_logits)
         self.caches.record_prefixes(seqs)
         return logits if bucket is None else logits[: len(seqs)]
+
+    def _prefill_bucket(self, seqs: Seq[Sequence], counts: Seq[int]) -> int | None:
+        """The captured prompt step's bucket that a prompt step of ``seqs`` can replay (one sequence), or None."""
+        graphs = self.executor.prefill_graphs
+        return graphs.bucket(counts[0]) if graphs is not None and len(seqs) == 1 and counts else None
 
     @torch.inference_mode()
     def decode_step(self, seqs: Seq[Sequence], *, input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -484,9 +487,9 @@ class Runtime:
         done = [start + n == len(s.token_ids) for s, start, n in zip(seqs, starts, counts)]
         if all(n >= 1 for n in counts):  # bad counts are build_step's to report
             self._reserve_draft_blocks(seqs, counts, [k - 1 if d else 0 for d in done])
-        step = self.build_step(seqs, counts, is_prefill=True)
+        step = self.build_step(seqs, counts, is_prefill=True, pad_to=self._prefill_bucket(seqs, counts))
         hidden, logits = self.executor.forward_keeping_hidden(step, all_logits=False)
-        spec = SpeculativeStep(list(seqs), step, hidden, starts, counts, logits, done)
+        spec = SpeculativeStep(list(seqs), step, hidden, starts, counts, logits[: len(seqs)], done)
         self.caches.record_prefixes(seqs)
         return spec
 
@@ -522,6 +525,7 @@ class Runtime:
             else:
                 ids.extend(seq.token_ids[start + 1 : start + n + 1])
             row += n
+        ids.extend([0] * (spec.step.input_ids.shape[0] - row))  # a captured step's padding rows
         packed = upload(torch.tensor(ids + last_rows + done, dtype=torch.long), self.device)
         t, d = len(ids), len(done)
         next_ids = packed[:t].clone()

@@ -5,6 +5,11 @@
     graphs.capture()                  # every bucket, largest first
     logits = graphs(step)             # a prefill StepInputs of 2 sequences and a bucket's tokens -> fp32 [2, vocab]
 
+    # speculative decoding's prompt step, whose MTP pass drafts after it (compiled_engine/speculative.py ``draft``)
+    graphs = PrefillGraphs(model, buckets, ..., drafter=partial(draft, model, num_drafts=k, ...))
+    hidden, logits = graphs.forward_keeping_hidden(step)                 # [bucket, H], fp32 [2, vocab]
+    drafts = graphs.draft(step, hidden, next_ids, rows, seq_rows)        # the one drafting sequence's [1, k]
+
 Why: a prompt step is host work as much as GPU work. Eager, it launches ~590 kernels from Python one by one: on an
 H200 the first token of a prompt of up to 512 tokens came ~16 ms after its arrival and of 1,024-4,096 tokens ~30 ms,
 where the step's GPU work takes a few ms; captured, 2.9 ms at 16 tokens, 4.3 at 512, 5.8 at 1,024, 15.8 at 4,096
@@ -25,14 +30,22 @@ time. The chunked form sizes its grid from its chunk table's length, which depen
 runtime pads a bucket's table to one length with skip rows (``ops.delta_rule.host_chunk_indices``), and the table is
 data copied in like the other fields. FLA memoises what it derives from the int64 offsets on their tensor's
 identity, so the capture hands it a view of its own, not the warm-up's: the derivation is recorded in the graph and
-recomputed at every replay. Buckets stop at ``RuntimeConfig.max_prefill_capture_tokens`` (8,192 by default: an
-8,192-token prompt's step took 37 ms eager on an H200 of which ~27 were GPU work, and the graphs' memory pool, the
-largest step's activations held for good, grows with it).
+recomputed at every replay.
+
+With a ``drafter`` (speculative decoding) each bucket has a second graph: the MTP layer's pass over the step's rows
+and the drafts after its first sequence's last row, on the hidden states the prompt graph leaves in a buffer and
+the next tokens the caller samples in between (``draft``): a speculative prompt step is two replays, where eager it
+is the prompt step's launches and the MTP pass's. The prompt graph is the same step, but for the copy of its hidden
+states into that buffer.
+
+Buckets stop at ``RuntimeConfig.max_prefill_capture_tokens`` (8,192 by default: an 8,192-token prompt's step took
+37 ms eager on an H200 of which ~27 were GPU work, and the graphs' memory pool, the largest step's activations held
+for good, grows with it).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -65,7 +78,7 @@ class PrefillGraphs:
     reads their first ``bucket`` rows) and one memory pool (captured largest first, the smaller graphs reuse it)."""
 
     def __init__(self, model: nn.Module, buckets: Sequence[int], max_blocks_per_seq: int, block_size: int,
-                 device: torch.device):
+                 device: torch.device, drafter: Drafter | None = None):
         if not buckets or min(buckets) < 1:
             raise ValueError(f"need token buckets >= 1, got {list(buckets)}")
         self.model = model
@@ -84,6 +97,16 @@ class PrefillGraphs:
         self.chunk_indices = torch.zeros(max_chunk_rows(rows, n), 2, dtype=torch.long, device=self.device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}  # each graph's output buffer
+        # Speculative decoding: the drafts' graph of each bucket, their inputs (the prompt graph writes ``hidden``;
+        # the drafting sequence's last row and its row of the block tables) and outputs
+        self.drafter = drafter
+        self.hidden: torch.Tensor | None = None  # [rows, H], made by the first (largest) bucket's warm-up
+        self.next_ids = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.draft_rows = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.draft_seq_rows = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._draft_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._drafts: dict[int, torch.Tensor] = {}
+        self._loaded: StepInputs | None = None  # the step whose fields the input buffers hold
 
     def bucket(self, num_tokens: int) -> int | None:
         """The smallest bucket that holds ``num_tokens`` tokens, or None."""
@@ -97,6 +120,11 @@ class PrefillGraphs:
                 and bucket in self._graphs and step.block_tables.shape[1] <= self.block_tables.shape[1]
                 and step.chunk_indices is not None and step.chunk_indices.shape[0] == _chunk_rows(bucket))
 
+    def covers_draft(self, step: StepInputs, rows: torch.Tensor) -> bool:
+        """Whether the drafts after ``step`` (a step ``covers`` holds for) from ``rows`` can replay a captured graph:
+        one drafting sequence, the step's first (the padding never drafts)."""
+        return self.drafter is not None and rows.shape == (1,) and self.covers(step)
+
     def _step(self, bucket: int) -> StepInputs:
         """The bucket's step on the buffers. Its int64 offsets are a new view on every call: FLA memoises on their
         identity, and a capture must record its own derivation, not reuse the warm-up's (see the module docstring)."""
@@ -107,7 +135,15 @@ class PrefillGraphs:
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         hidden = self.model(step)
+        if self.drafter is not None:
+            if self.hidden is None:  # the largest bucket's warm-up, before any capture
+                self.hidden = hidden.new_zeros(self.input_ids.shape[0], hidden.shape[1])
+            self.hidden[: hidden.shape[0]].copy_(hidden)
         return self.model.compute_logits(hidden[step.last_token_indices()])
+
+    def _draft(self, step: StepInputs) -> torch.Tensor:
+        bucket = step.input_ids.shape[0]
+        return self.drafter(step, self.hidden[:bucket], self.next_ids[:bucket], self.draft_rows, self.draft_seq_rows)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -130,11 +166,45 @@ class PrefillGraphs:
             with torch.cuda.graph(graph, pool=pool):
                 self._logits[bucket] = self._forward(self._step(bucket))  # a step of its own: see _step
             self._graphs[bucket] = graph
+            if self.drafter is not None:  # from the first sequence's last row, on the padding's hidden states
+                self.draft_rows.fill_(bucket // 2 - 1)
+                self.draft_seq_rows.zero_()
+                self._draft(self._step(bucket))
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._drafts[bucket] = self._draft(self._step(bucket))
+                self._draft_graphs[bucket] = graph
+        self._loaded = None
         torch.cuda.synchronize(self.device)
 
     def __call__(self, step: StepInputs) -> torch.Tensor:
         """Replay the graph of ``step``'s bucket on ``step`` (``covers`` must hold): fp32 logits ``[2, vocab]`` of
         each sequence's last token, a tensor of the caller's own (the graph's buffer is copied)."""
+        self._load(step)
+        return self._replay(step.input_ids.shape[0]).clone()
+
+    def forward_keeping_hidden(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``self(step)`` with a drafter: ``(hidden [bucket, H], logits)``, both the caller's own tensors."""
+        logits = self(step)
+        return self.hidden[: step.input_ids.shape[0]].clone(), logits
+
+    def draft(self, step: StepInputs, hidden: torch.Tensor, next_ids: torch.Tensor, rows: torch.Tensor,
+              seq_rows: torch.Tensor) -> torch.Tensor:
+        """The drafter's drafts ``[1, k]`` after ``step`` (``covers_draft`` must hold) from its ``hidden`` states
+        (``forward_keeping_hidden``'s), ``next_ids`` ``[bucket]`` (each row's next token), the drafting row
+        ``rows`` and its row of the block tables ``seq_rows``: the bucket's drafts graph replayed, its output copied."""
+        bucket = step.input_ids.shape[0]
+        if self._loaded is not step:  # another step replayed in between
+            self._load(step)
+        self.hidden[:bucket].copy_(hidden)
+        self.next_ids[:bucket].copy_(next_ids)
+        self.draft_rows.copy_(rows)
+        self.draft_seq_rows.copy_(seq_rows)
+        return self._replay_draft(bucket).clone()
+
+    def _load(self, step: StepInputs) -> None:
+        """Copy ``step``'s fields into the input buffers."""
         bucket = step.input_ids.shape[0]
         width = step.block_tables.shape[1]
         self.input_ids[:bucket].copy_(step.input_ids)
@@ -147,12 +217,21 @@ class PrefillGraphs:
         self.cu_seqlens.copy_(step.cu_seqlens)
         self.cu_seqlens_long.copy_(step.cu_seqlens_long)
         self.chunk_indices[: _chunk_rows(bucket)].copy_(step.chunk_indices)
-        return self._replay(bucket).clone()
+        self._loaded = step
 
     def _replay(self, bucket: int) -> torch.Tensor:
         """Run the bucket's step on the buffers as they are; returns its logits buffer."""
         self._graphs[bucket].replay()
         return self._logits[bucket]
+
+    def _replay_draft(self, bucket: int) -> torch.Tensor:
+        """Run the bucket's drafts on the buffers as they are; returns its drafts buffer."""
+        self._draft_graphs[bucket].replay()
+        return self._drafts[bucket]
+
+
+# (step, hidden [T, H], next_ids [T], rows [D], seq_rows [D]) -> drafts [D, k]: speculative decoding's ``draft``
+Drafter = Callable[[StepInputs, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _chunk_rows(bucket: int) -> int:

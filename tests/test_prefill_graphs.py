@@ -9,12 +9,16 @@ row); on the GPU the real capture and replay, marked ``gpu``.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compiled_engine.runtime import Runtime
+from compiled_engine.speculative import draft
+from compiled_engine.tiny_model import ensure_tiny_model
 from graphs import PrefillGraphs, prefill_buckets
 
 BUCKETS = (16, 32, 64)
@@ -34,11 +38,15 @@ class EagerPrefillGraphs(PrefillGraphs):
         self.replays.append(bucket)
         return self._forward(self._step(bucket))
 
+    def _replay_draft(self, bucket: int) -> torch.Tensor:
+        self.replays.append(-bucket)  # negative: the bucket's drafts
+        return self._draft(self._step(bucket))
 
-def _runtime(path, device: str, max_model_len: int = 128) -> Runtime:
+
+def _runtime(path, device: str, max_model_len: int = 128, **knobs) -> Runtime:
     return Runtime.from_pretrained(str(path), device=device, dtype="float32", compile=False,
                                    max_model_len=max_model_len, max_num_seqs=4,
-                                   num_kv_blocks=max(64, 2 * max_model_len // 8), block_size=8)
+                                   num_kv_blocks=max(64, 2 * max_model_len // 8), block_size=8, **knobs)
 
 
 def _states(rt: Runtime, slot: int) -> list[torch.Tensor]:
@@ -95,6 +103,90 @@ def test_padded_prompt_steps_equal_unpadded_ones(cpu_pair, data):
     for got, want in zip(got_states, want_states):
         torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
     assert got_tokens == want_tokens
+
+
+# ---------------------------------------------------------------------------- speculative decoding's prompt steps
+K = 3  # drafts
+
+
+@pytest.fixture(scope="module")
+def mtp_path(tmp_path_factory) -> str:
+    return ensure_tiny_model(str(tmp_path_factory.mktemp("tiny") / "model"))  # the tiny default carries mtp.*
+
+
+def _drafting_run(rt: Runtime, prompt: list[int], chunks: list[int]):
+    """``prompt`` in ``chunks`` through speculative decoding's prompt steps, each chunk's drafts (after the last one:
+    the prompt's next token, its argmax) and the MTP layer's KV at the prompt's positions: (each chunk's logits, the
+    drafts, that KV, the linear layers' states after the prompt)."""
+    seq = rt.add_sequence(prompt)
+    logits, drafts = [], []
+    with torch.inference_mode():
+        for n in chunks:
+            spec = rt.prefill_for_drafts([seq], [n])
+            logits.append(spec.logits)
+            drafts.append(rt.draft_after_prefill(spec, spec.logits.argmax(dim=-1)))
+    attention = rt.model.mtp.layers[0].self_attn
+    rows = torch.tensor([seq.block_table[p // 8] * 8 + p % 8 for p in range(len(prompt))])
+    kv = [cache.view(-1, *cache.shape[2:])[rows].clone() for cache in (attention.k_cache, attention.v_cache)]
+    states = _states(rt, seq.state_slot)
+    rt.release(seq)
+    return logits, drafts, kv, states
+
+
+def _assert_drafting_runs_equal(got, want) -> None:
+    for got_list, want_list in zip(got[:1] + got[2:], want[:1] + want[2:]):  # logits, KV, states
+        for g, w in zip(got_list, want_list):
+            torch.testing.assert_close(g, w, atol=1e-3, rtol=1e-3)
+    assert [d.tolist() for d in got[1]] == [d.tolist() for d in want[1]]
+
+
+@pytest.fixture(scope="module")
+def cpu_drafting_pair(mtp_path):
+    padded, plain = (_runtime(mtp_path, "cpu", speculative_config={"method": "mtp", "num_speculative_tokens": K})
+                     for _ in range(2))
+    drafter = functools.partial(draft, padded.model, num_drafts=K, block_size=8)
+    graphs = EagerPrefillGraphs(padded.model, BUCKETS, max_blocks_per_seq=16, block_size=8, device="cpu",
+                                drafter=drafter)
+    graphs.capture()
+    padded.executor.prefill_graphs = graphs
+    return padded, plain, graphs
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_padded_drafting_prompt_steps_equal_unpadded_ones(cpu_drafting_pair, data):
+    """Speculative decoding's prompt steps of 1-90 tokens, in one chunk or two: a chunk of at most 64 tokens runs
+    padded to its bucket and, where it completes the prompt, drafts from the drafts' graph; the logits, the K drafts,
+    the MTP layer's KV at every prompt position and the linear states equal an unpadded runtime's, which runs
+    everything eagerly."""
+    padded, plain, graphs = cpu_drafting_pair
+    length = data.draw(st.integers(1, 90), label="length")
+    first = data.draw(st.integers(1, length), label="first chunk")
+    chunks = [first] + ([length - first] if first < length else [])
+    prompt = [(11 * i + 5) % 200 + 1 for i in range(length)]
+    graphs.replays.clear()
+    got = _drafting_run(padded, prompt, chunks)
+    want = _drafting_run(plain, prompt, chunks)
+    last = len(chunks) - 1
+    assert graphs.replays == [r for i, n in enumerate(chunks) if n <= BUCKETS[-1]
+                              for r in (graphs.bucket(n), -graphs.bucket(n))[: 2 if i == last else 1]]
+    assert [tuple(d.shape) for d in got[1]] == [(0, K)] * last + [(1, K)]
+    _assert_drafting_runs_equal(got, want)
+
+
+def test_drafts_after_another_prompt_step_replayed_in_between(cpu_drafting_pair):
+    """Two prompts' steps, then each one's drafts: the drafts' graph takes the first step's fields and hidden states
+    back into its buffers, and both drafts equal those of prompts run one at a time."""
+    padded, plain, graphs = cpu_drafting_pair
+    prompts = [[(3 * i + 1) % 200 + 1 for i in range(20)], [(7 * i + 2) % 200 + 1 for i in range(40)]]
+    want = [_drafting_run(plain, p, [len(p)])[1][0] for p in prompts]
+    seqs = [padded.add_sequence(p) for p in prompts]
+    with torch.inference_mode():
+        specs = [padded.prefill_for_drafts([seq]) for seq in seqs]
+        got = [padded.draft_after_prefill(s, s.logits.argmax(dim=-1)) for s in specs]
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
+    for seq in seqs:
+        padded.release(seq)
 
 
 def test_prefill_buckets_stop_at_every_limit():
