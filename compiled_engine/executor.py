@@ -111,11 +111,8 @@ class ModelExecutor:
         buckets = tuple(buckets)
         if not buckets:
             return None
-        drafter = None
-        if self.speculative_config is not None:  # the prompt step's MTP pass and drafts, captured with it
-            drafter = functools.partial(self._draft_local, num_drafts=self.speculative_config.num_speculative_tokens)
         graphs = PrefillGraphs(self.model, buckets, -(-self.max_model_len // self.block_size), self.block_size,
-                               self.device, drafter)
+                               self.device, self.prompt_drafter())
         start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         graphs.capture()
         self.reset_state_slots([NULL_SLOT])  # the captures' warm-up steps ran on the null slot
@@ -197,6 +194,13 @@ class ModelExecutor:
             return self._draft_local(step, hidden, next_ids, rows, seq_rows, num_drafts)
 
         return self._on_every_rank(lambda workers: workers.send_draft(next_ids, rows, seq_rows, num_drafts), run)
+
+    def prompt_drafter(self) -> Callable[..., torch.Tensor] | None:
+        """With speculative decoding, what drafts after a prompt step (``draft`` with this executor's k, draft
+        vocabulary and script) for the captured prompt steps (graphs.prefill_graph.Drafter); else None."""
+        if self.speculative_config is None:
+            return None
+        return functools.partial(self._draft_local, num_drafts=self.speculative_config.num_speculative_tokens)
 
     def _draft_local(self, step: StepInputs, hidden: torch.Tensor, next_ids: torch.Tensor, rows: torch.Tensor,
                      seq_rows: torch.Tensor, num_drafts: int) -> torch.Tensor:

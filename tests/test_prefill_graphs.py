@@ -9,15 +9,12 @@ row); on the GPU the real capture and replay, marked ``gpu``.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compiled_engine.runtime import Runtime
-from compiled_engine.speculative import draft
 from compiled_engine.tiny_model import ensure_tiny_model
 from graphs import PrefillGraphs, prefill_buckets
 
@@ -125,7 +122,7 @@ def _drafting_run(rt: Runtime, prompt: list[int], chunks: list[int]):
             spec = rt.prefill_for_drafts([seq], [n])
             logits.append(spec.logits)
             drafts.append(rt.draft_after_prefill(spec, spec.logits.argmax(dim=-1)))
-    attention = rt.model.mtp.layers[0].self_attn
+    attention = rt.model.mtp.attention
     rows = torch.tensor([seq.block_table[p // 8] * 8 + p % 8 for p in range(len(prompt))])
     kv = [cache.view(-1, *cache.shape[2:])[rows].clone() for cache in (attention.k_cache, attention.v_cache)]
     states = _states(rt, seq.state_slot)
@@ -142,11 +139,10 @@ def _assert_drafting_runs_equal(got, want) -> None:
 
 @pytest.fixture(scope="module")
 def cpu_drafting_pair(mtp_path):
-    padded, plain = (_runtime(mtp_path, "cpu", speculative_config={"method": "mtp", "num_speculative_tokens": K})
-                     for _ in range(2))
-    drafter = functools.partial(draft, padded.model, num_drafts=K, block_size=8)
+    config = {"method": "mtp", "num_speculative_tokens": K, "scripted_drafts": True}
+    padded, plain = (_runtime(mtp_path, "cpu", speculative_config=config) for _ in range(2))
     graphs = EagerPrefillGraphs(padded.model, BUCKETS, max_blocks_per_seq=16, block_size=8, device="cpu",
-                                drafter=drafter)
+                                drafter=padded.executor.prompt_drafter())
     graphs.capture()
     padded.executor.prefill_graphs = graphs
     return padded, plain, graphs
@@ -187,6 +183,25 @@ def test_drafts_after_another_prompt_step_replayed_in_between(cpu_drafting_pair)
     assert [g.tolist() for g in got] == [w.tolist() for w in want]
     for seq in seqs:
         padded.release(seq)
+
+
+def test_padded_drafting_prompt_steps_read_the_draft_script(cpu_drafting_pair):
+    """A scripted sequence's drafts after its prompt (speculative_config ``scripted_drafts``: bench spec's forced
+    acceptance) come from the drafts' graph as the script has them, where the script covers them, and as the
+    unpadded runtime drafts them (the MTP layer's) where it does not."""
+    padded, plain, graphs = cpu_drafting_pair
+    prompt = [(13 * i + 4) % 200 + 1 for i in range(30)]
+    script = [-1] * 32 + [7, -1, 9]  # the drafts for positions 32 and 34 (the prompt's next token is position 30)
+    drafts = []
+    for rt in (padded, plain):
+        seq = rt.add_sequence(prompt)
+        rt.script_drafts(seq, script)
+        with torch.inference_mode():
+            spec = rt.prefill_for_drafts([seq])
+            drafts.append(rt.draft_after_prefill(spec, spec.logits.argmax(dim=-1))[0].tolist())
+        rt.script_drafts(seq, [])
+        rt.release(seq)
+    assert drafts[0] == drafts[1] and drafts[0][1] == 7 and graphs.replays[-1] == -32
 
 
 def test_prefill_buckets_stop_at_every_limit():
@@ -266,3 +281,32 @@ def test_captured_chunked_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied
         for got, want in zip(got_states, want_states):
             torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
         assert got_tokens == want_tokens, (length, chunks)
+
+
+@pytest.mark.gpu
+def test_captured_drafting_prompt_steps_equal_eager_ones_on_gpu(mtp_path, monkeypatch):
+    """The real capture of speculative decoding's prompt steps and their drafts: prompts of 1-90 tokens (bucket
+    edges, a second chunk continuing a first) give the eager runtime's logits, drafts, MTP KV and states; every
+    chunk of at most 64 tokens replays its bucket's prompt graph, and a completing one its drafts' graph. The eager
+    runtime takes the chunked delta rule too, as the graphs do (see the test above)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from ops.triton import delta_rule_kernels
+
+    monkeypatch.setattr(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", 0)
+    config = {"method": "mtp", "num_speculative_tokens": K}
+    captured, plain = (_runtime(mtp_path, "cuda", speculative_config=config) for _ in range(2))
+    graphs = captured.executor.compile_prefill(BUCKETS)
+    assert graphs is not None and tuple(graphs._draft_graphs) == BUCKETS[::-1]
+    replays = []
+    replay, replay_draft = graphs._replay, graphs._replay_draft
+    graphs._replay = lambda bucket: replays.append(bucket) or replay(bucket)
+    graphs._replay_draft = lambda bucket: replays.append(-bucket) or replay_draft(bucket)
+    for length, chunks in [(1, [1]), (15, [15]), (16, [16]), (17, [17]), (64, [64]), (70, [6, 64]), (90, [30, 60])]:
+        replays.clear()
+        prompt = [(5 * i + 2) % 200 + 1 for i in range(length)]
+        got = _drafting_run(captured, prompt, chunks)
+        want = _drafting_run(plain, prompt, chunks)
+        assert replays == [r for i, n in enumerate(chunks) if n <= BUCKETS[-1]
+                           for r in (graphs.bucket(n), -graphs.bucket(n))[: 2 if i == len(chunks) - 1 else 1]]
+        _assert_drafting_runs_equal(got, want)
