@@ -67,13 +67,20 @@ def _run(rt: Runtime, prompt: list[int], chunks: list[int], decode_steps: int):
     return logits, states, tokens
 
 
-@pytest.fixture(scope="module")
-def cpu_pair(qwen3_5_text_tied_path):
-    padded, plain = _runtime(qwen3_5_text_tied_path, "cpu"), _runtime(qwen3_5_text_tied_path, "cpu")
-    graphs = EagerPrefillGraphs(padded.model, BUCKETS, max_blocks_per_seq=16, block_size=8, device="cpu")
+def _padded_pair(path, **knobs) -> tuple[Runtime, Runtime, EagerPrefillGraphs]:
+    """Two CPU runtimes on ``path``: the first's prompt steps of one sequence run padded on EagerPrefillGraphs (with
+    the executor's drafter under speculative decoding), the second's unpadded."""
+    padded, plain = _runtime(path, "cpu", **knobs), _runtime(path, "cpu", **knobs)
+    graphs = EagerPrefillGraphs(padded.model, BUCKETS, max_blocks_per_seq=16, block_size=8, device="cpu",
+                                drafter=padded.executor.prompt_drafter())
     graphs.capture()
     padded.executor.prefill_graphs = graphs
     return padded, plain, graphs
+
+
+@pytest.fixture(scope="module")
+def cpu_pair(qwen3_5_text_tied_path):
+    return _padded_pair(qwen3_5_text_tied_path)
 
 
 @settings(max_examples=12, deadline=None)
@@ -137,15 +144,17 @@ def _assert_drafting_runs_equal(got, want) -> None:
     assert [d.tolist() for d in got[1]] == [d.tolist() for d in want[1]]
 
 
+def _drafting_replays(graphs: PrefillGraphs, chunks: list[int]) -> list[int]:
+    """The replays of ``chunks`` run through ``_drafting_run``: each chunk's bucket that has one, and after the last
+    chunk (the one that drafts) its drafts' (negative)."""
+    return [r for i, n in enumerate(chunks) if graphs.bucket(n) is not None
+            for r in (graphs.bucket(n), -graphs.bucket(n))[: 2 if i == len(chunks) - 1 else 1]]
+
+
 @pytest.fixture(scope="module")
 def cpu_drafting_pair(mtp_path):
-    config = {"method": "mtp", "num_speculative_tokens": K, "scripted_drafts": True}
-    padded, plain = (_runtime(mtp_path, "cpu", speculative_config=config) for _ in range(2))
-    graphs = EagerPrefillGraphs(padded.model, BUCKETS, max_blocks_per_seq=16, block_size=8, device="cpu",
-                                drafter=padded.executor.prompt_drafter())
-    graphs.capture()
-    padded.executor.prefill_graphs = graphs
-    return padded, plain, graphs
+    return _padded_pair(mtp_path, speculative_config={"method": "mtp", "num_speculative_tokens": K,
+                                                      "scripted_drafts": True})
 
 
 @settings(max_examples=10, deadline=None)
@@ -163,10 +172,8 @@ def test_padded_drafting_prompt_steps_equal_unpadded_ones(cpu_drafting_pair, dat
     graphs.replays.clear()
     got = _drafting_run(padded, prompt, chunks)
     want = _drafting_run(plain, prompt, chunks)
-    last = len(chunks) - 1
-    assert graphs.replays == [r for i, n in enumerate(chunks) if n <= BUCKETS[-1]
-                              for r in (graphs.bucket(n), -graphs.bucket(n))[: 2 if i == last else 1]]
-    assert [tuple(d.shape) for d in got[1]] == [(0, K)] * last + [(1, K)]
+    assert graphs.replays == _drafting_replays(graphs, chunks)
+    assert [tuple(d.shape) for d in got[1]] == [(0, K)] * (len(chunks) - 1) + [(1, K)]
     _assert_drafting_runs_equal(got, want)
 
 
@@ -307,6 +314,5 @@ def test_captured_drafting_prompt_steps_equal_eager_ones_on_gpu(mtp_path, monkey
         prompt = [(5 * i + 2) % 200 + 1 for i in range(length)]
         got = _drafting_run(captured, prompt, chunks)
         want = _drafting_run(plain, prompt, chunks)
-        assert replays == [r for i, n in enumerate(chunks) if n <= BUCKETS[-1]
-                           for r in (graphs.bucket(n), -graphs.bucket(n))[: 2 if i == len(chunks) - 1 else 1]]
+        assert replays == _drafting_replays(graphs, chunks)
         _assert_drafting_runs_equal(got, want)
