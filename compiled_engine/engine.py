@@ -532,8 +532,8 @@ class LLMEngine:
         k = self.num_speculative_tokens
         # A row without drafts (it decoded plainly) verifies placeholders, its last token k times: like any drafts
         # they cannot change the output, and the round's MTP pass drafts for the row's next round. (A 1-token prefill
-        # chunk drafts too, but as an eager prefill step: tens of ms on an H200, where a round takes ~1.5 ms:
-        # bench/NOTES.md "Runs 67-70".) Placeholders are not counted as drafts.
+        # chunk drafts too, but as a prefill step: tens of ms eager on an H200 (bench/NOTES.md "Runs 67-70"), ~3 ms
+        # replayed for one sequence, where a round takes ~1.5 ms.) Placeholders are not counted as drafts.
         drafted = [r.drafts is not None for r in requests]
         proposals = [r.drafts[:k] if r.drafts is not None else [r.seq.token_ids[-1]] * k for r in requests]
         n = len(seqs)
