@@ -138,13 +138,14 @@ def _drafting_run(rt: Runtime, prompt: list[int], chunks: list[int]):
 
 
 def _assert_drafting_runs_equal(got, want) -> None:
-    # Within 1e-3 of each tensor's largest value: on a GPU, fp32 matmuls of other row counts round apart in their
+    assert [d.tolist() for d in got[1]] == [d.tolist() for d in want[1]]  # the drafts
+    # Within 5e-3 of each tensor's largest value: on a GPU, fp32 matmuls of other row counts round apart in their
     # last bits, and the Triton dots that follow (FLA's chunked delta rule, the attention) round their inputs to TF32
-    # (on an H100: 1.7e-3 on logits of up to ~7; a wrong row or state is off by the values' own size)
+    # (on an H100: logits 1.7e-3 apart at values up to ~7, one MTP key 5.0e-3 at up to ~3.2); a wrong row or state
+    # is off by the values' own size
     for got_list, want_list in zip(got[:1] + got[2:], want[:1] + want[2:]):  # logits, KV, states
         for g, w in zip(got_list, want_list):
-            torch.testing.assert_close(g, w, atol=1e-3 * float(w.abs().max()), rtol=1e-3)
-    assert [d.tolist() for d in got[1]] == [d.tolist() for d in want[1]]
+            torch.testing.assert_close(g, w, atol=5e-3 * float(w.abs().max()), rtol=1e-3)
 
 
 def _drafting_replays(graphs: PrefillGraphs, chunks: list[int]) -> list[int]:
