@@ -215,6 +215,32 @@ def test_padded_drafting_prompt_steps_read_the_draft_script(cpu_drafting_pair):
     assert drafts[0] == drafts[1] and drafts[0][1] == 7 and graphs.replays[-1] == -32
 
 
+def test_engine_on_padded_drafting_prompt_steps_equals_non_speculative(cpu_drafting_pair, mtp_path):
+    """LLMEngine with MTP on the padded prompt steps (prompts of 3-80 tokens: one alone in its step, several in one,
+    one past the buckets) emits the greedy tokens of a non-speculative unpadded runtime, and its prompt steps of one
+    sequence replayed their buckets' drafts."""
+    from compiled_engine.engine import LLMEngine
+    from compiled_engine.sampling_params import SamplingParams
+
+    padded, _, graphs = cpu_drafting_pair
+    prompts = [[(17 * i + j) % 200 + 1 for i in range(n)] for j, n in enumerate([3, 20, 40, 64, 80])]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outputs = {}
+    for name, rt in [("spec", padded), ("plain", _runtime(mtp_path, "cpu"))]:
+        engine = LLMEngine(rt, max_num_batched_tokens=64)  # a step of at most 64 tokens: prompts one or two a step
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, params)
+        graphs.replays.clear()
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    outputs[name, out.request_id] = out.outputs[0].token_ids
+        if name == "spec":
+            assert any(r < 0 for r in graphs.replays), graphs.replays
+    for i in range(len(prompts)):
+        assert outputs["spec", str(i)] == outputs["plain", str(i)], i
+
+
 def test_prefill_buckets_stop_at_every_limit():
     """Powers of two from 16 to LARGE_BUCKET_STEP, then every LARGE_BUCKET_STEP tokens; none past the capture limit,
     the step budget or max_model_len."""
