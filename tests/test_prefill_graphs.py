@@ -217,17 +217,26 @@ def test_padded_drafting_prompt_steps_read_the_draft_script(cpu_drafting_pair):
 
 def test_engine_on_padded_drafting_prompt_steps_equals_non_speculative(cpu_drafting_pair, mtp_path):
     """LLMEngine with MTP on the padded prompt steps (prompts of 3-80 tokens: one alone in its step, several in one,
-    one past the buckets) emits the greedy tokens of a non-speculative unpadded runtime, and its prompt steps of one
-    sequence replayed their buckets' drafts."""
+    one past the buckets) emits the greedy tokens of a non-speculative runtime, its prompt steps of one sequence
+    replayed their buckets' drafts, and every draft it made equals the same engine's on unpadded steps."""
     from compiled_engine.engine import LLMEngine
     from compiled_engine.sampling_params import SamplingParams
 
-    padded, _, graphs = cpu_drafting_pair
+    padded, plain, graphs = cpu_drafting_pair
     prompts = [[(17 * i + j) % 200 + 1 for i in range(n)] for j, n in enumerate([3, 20, 40, 64, 80])]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    outputs = {}
-    for name, rt in [("spec", padded), ("plain", _runtime(mtp_path, "cpu"))]:
-        engine = LLMEngine(rt, max_num_batched_tokens=64)  # a step of at most 64 tokens: prompts one or two a step
+    outputs, drafts = {}, {"padded": [], "unpadded": []}
+
+    def recorder(seen: list):  # a draft_override that keeps each request's drafts as they come
+        def record(request_id, token_ids, proposed):
+            seen.append((request_id, len(token_ids), list(proposed)))
+            return proposed
+        return record
+
+    for name, rt in [("padded", padded), ("unpadded", plain), ("non-speculative", _runtime(mtp_path, "cpu"))]:
+        # A step of at most 64 tokens: prompts one or two a step
+        engine = LLMEngine(rt, max_num_batched_tokens=64,
+                           draft_override=recorder(drafts[name]) if name in drafts else None)
         for i, prompt in enumerate(prompts):
             engine.add_request(str(i), prompt, params)
         graphs.replays.clear()
@@ -235,10 +244,11 @@ def test_engine_on_padded_drafting_prompt_steps_equals_non_speculative(cpu_draft
             for out in engine.step():
                 if out.finished:
                     outputs[name, out.request_id] = out.outputs[0].token_ids
-        if name == "spec":
+        if name == "padded":
             assert any(r < 0 for r in graphs.replays), graphs.replays
     for i in range(len(prompts)):
-        assert outputs["spec", str(i)] == outputs["plain", str(i)], i
+        assert outputs["padded", str(i)] == outputs["unpadded", str(i)] == outputs["non-speculative", str(i)], i
+    assert drafts["padded"] == drafts["unpadded"] and len(drafts["padded"]) > len(prompts)
 
 
 def test_prefill_buckets_stop_at_every_limit():
