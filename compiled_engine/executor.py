@@ -176,8 +176,9 @@ class ModelExecutor:
                                    lambda: self._forward_keeping_hidden(step, all_logits))
 
     def _forward_keeping_hidden(self, step: StepInputs, all_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        if not all_logits and self.prefill_graphs is not None and self.prefill_graphs.covers(step):
-            return self.prefill_graphs.forward_keeping_hidden(step)
+        graphs = self.prefill_graphs
+        if not all_logits and graphs is not None and graphs.drafter is not None and graphs.covers(step):
+            return graphs.forward_keeping_hidden(step)
         hidden = self.model(step)
         if self.model.tp.rank > 0:  # a worker: rank 0's SpeculativeStep holds its own
             self.kept = (step, hidden)
