@@ -479,9 +479,10 @@ def _decode_loop(ctx: Context, runtime, seqs, iters: int) -> float:
 
 def _speedups(entry: dict) -> str:
     """``1.21x`` (output tok/s over the baseline's, the prompt's step included) and, after a slash, the decode-only
-    speed-up (the baseline's TPOT p50 over the run's) where known."""
+    speed-up (the baseline's TPOT p50 over the run's) where known; then the TTFT p50 in brackets."""
     decode = entry.get("decode_speedup")
-    return f"{entry['speedup']:.2f}x" + ("" if decode is None else f"/{decode:.2f}x")
+    return (f"{entry['speedup']:.2f}x" + ("" if decode is None else f"/{decode:.2f}x")
+            + f" (TTFT {entry['ttft_ms']['p50']:.1f} ms)")
 
 
 def summary_lines(head: str, r: dict) -> list[str]:
@@ -489,7 +490,8 @@ def summary_lines(head: str, r: dict) -> list[str]:
     (output tok/s / TPOT: ``_speedups``), and the verify step's cost in decode steps; then the baseline per batch."""
     lines = []
     for b, base in r["baseline"].items():
-        lines.append(f"{head} batch {b}: baseline {base['output_tok_s']:.1f} tok/s, decode step {base['decode_ms']:.3f} ms")
+        lines.append(f"{head} batch {b}: baseline {base['output_tok_s']:.1f} tok/s, TTFT {base['ttft_ms']['p50']:.1f} ms, "
+                     f"decode step {base['decode_ms']:.3f} ms")
     lines.append(f"{'':<11} drafting pays up to batch (by forced acceptance): {r['rule']['disable_by_batch_size']}")
     for k, cells in r["speculative"].items():
         for b, cell in cells.items():
@@ -503,7 +505,7 @@ def summary_lines(head: str, r: dict) -> list[str]:
             compiled = cell["steps"].get("compiled_verify_graph_vs_decode_graph")
             graphed = ("" if graphed is None else f" (as graphs: {graphed:.2f}"
                        + ("" if compiled is None else f", compiled as a round's: {compiled:.2f}") + ")")
-            lines.append(f"{'':<11} k={k} batch {b}: MTP head {_speedups(mtp)} (acceptance {acceptance}) | forced "
+            lines.append(f"{'':<11} k={k} batch {b}: MTP head {_speedups(mtp)}, acceptance {acceptance} | forced "
                          f"acceptance {forced} | verify {cell['steps']['verify_vs_decode']:.2f}{graphed}, round "
                          f"{cell['steps']['round_vs_decode']:.2f} decode steps"
                          + (f" ({cell['steps']['round_vs_baseline_tpot']:.2f} baseline TPOTs)"
