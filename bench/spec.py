@@ -490,8 +490,8 @@ def summary_lines(head: str, r: dict) -> list[str]:
     (output tok/s / TPOT: ``_speedups``), and the verify step's cost in decode steps; then the baseline per batch."""
     lines = []
     for b, base in r["baseline"].items():
-        lines.append(f"{head} batch {b}: baseline {base['output_tok_s']:.1f} tok/s, TTFT {base['ttft_ms']['p50']:.1f} ms, "
-                     f"decode step {base['decode_ms']:.3f} ms")
+        lines.append(f"{head} batch {b}: baseline {base['output_tok_s']:.1f} tok/s, TTFT {base['ttft_ms']['p50']:.1f} "
+                     f"ms, decode step {base['decode_ms']:.3f} ms")
     lines.append(f"{'':<11} drafting pays up to batch (by forced acceptance): {r['rule']['disable_by_batch_size']}")
     for k, cells in r["speculative"].items():
         for b, cell in cells.items():

@@ -116,8 +116,9 @@ class ModelExecutor:
         start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         graphs.capture()
         self.reset_state_slots([NULL_SLOT])  # the captures' warm-up steps ran on the null slot
-        logger.info("captured %d prompt steps of %d..%d tokens in %.2f s; %.2f GiB more reserved", len(buckets),
-                    min(buckets), max(buckets), time.perf_counter() - start,
+        logger.info("captured %d prompt steps of %d..%d tokens%s in %.2f s; %.2f GiB more reserved", len(buckets),
+                    min(buckets), max(buckets), " with their drafts" if graphs.drafter else "",
+                    time.perf_counter() - start,
                     (torch.cuda.memory_reserved(self.device) - reserved) / 2**30)
         self.prefill_graphs = graphs
         return graphs
