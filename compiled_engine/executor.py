@@ -117,7 +117,7 @@ class ModelExecutor:
         graphs.capture()
         self.reset_state_slots([NULL_SLOT])  # the captures' warm-up steps ran on the null slot
         logger.info("captured %d prompt steps of %d..%d tokens%s in %.2f s; %.2f GiB more reserved", len(buckets),
-                    min(buckets), max(buckets), " with their drafts" if graphs.drafter else "",
+                    min(buckets), max(buckets), " with their drafts" if graphs.drafter is not None else "",
                     time.perf_counter() - start,
                     (torch.cuda.memory_reserved(self.device) - reserved) / 2**30)
         self.prefill_graphs = graphs
