@@ -335,7 +335,8 @@ def test_captured_drafting_prompt_steps_equal_eager_ones_on_gpu(mtp_path, monkey
     """The real capture of speculative decoding's prompt steps and their drafts: prompts of 1-90 tokens (bucket
     edges, a second chunk continuing a first) give the eager runtime's logits, drafts, MTP KV and states; every
     chunk of at most 64 tokens replays its bucket's prompt graph, and a completing one its drafts' graph. The eager
-    runtime takes the chunked delta rule too, as the graphs do (see the test above)."""
+    runtime takes the chunked delta rule too, as the graphs do (as in
+    test_captured_prompt_steps_equal_eager_ones_on_gpu)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     from ops.triton import delta_rule_kernels
