@@ -192,12 +192,13 @@ class PrefillGraphs:
     def draft(self, step: StepInputs, hidden: torch.Tensor, next_ids: torch.Tensor, rows: torch.Tensor,
               seq_rows: torch.Tensor) -> torch.Tensor:
         """The drafter's drafts ``[1, k]`` after ``step`` (``covers_draft`` must hold) from its ``hidden`` states
-        (``forward_keeping_hidden``'s), ``next_ids`` ``[bucket]`` (each row's next token), the drafting row
-        ``rows`` and its row of the block tables ``seq_rows``: the bucket's drafts graph replayed, its output copied."""
+        (``forward_keeping_hidden``'s: while ``step`` was the last replayed, the buffer still holds them), ``next_ids``
+        ``[bucket]`` (each row's next token), the drafting row ``rows`` and its row of the block tables
+        ``seq_rows``: the bucket's drafts graph replayed, its output copied."""
         bucket = step.input_ids.shape[0]
-        if self._loaded is not step:  # another step replayed in between
+        if self._loaded is not step:  # another step replayed in between: its fields and hidden states back in
             self._load(step)
-        self.hidden[:bucket].copy_(hidden)
+            self.hidden[:bucket].copy_(hidden)
         self.next_ids[:bucket].copy_(next_ids)
         self.draft_rows.copy_(rows)
         self.draft_seq_rows.copy_(seq_rows)

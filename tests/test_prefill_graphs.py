@@ -78,6 +78,13 @@ def _padded_pair(path, **knobs) -> tuple[Runtime, Runtime, EagerPrefillGraphs]:
     return padded, plain, graphs
 
 
+def _draw_chunks(data) -> tuple[int, list[int]]:
+    """A prompt length of 1-90 tokens and its chunks: one, or two (the second continuing the first)."""
+    length = data.draw(st.integers(1, 90), label="length")
+    first = data.draw(st.integers(1, length), label="first chunk")
+    return length, [first] + ([length - first] if first < length else [])
+
+
 @pytest.fixture(scope="module")
 def cpu_pair(qwen3_5_text_tied_path):
     return _padded_pair(qwen3_5_text_tied_path)
@@ -91,9 +98,7 @@ def test_padded_prompt_steps_equal_unpadded_ones(cpu_pair, data):
     size included), the rest unpadded; the logits, the linear layers' states after the prompt and 6 greedy decode
     tokens equal the unpadded runtime's."""
     padded, plain, graphs = cpu_pair
-    length = data.draw(st.integers(1, 90), label="length")
-    first = data.draw(st.integers(1, length), label="first chunk")
-    chunks = [first] + ([length - first] if first < length else [])
+    length, chunks = _draw_chunks(data)
     prompt = [(7 * i + 3) % 50 + 1 for i in range(length)]
     graphs.replays.clear()
     got_logits, got_states, got_tokens = _run(padded, prompt, chunks, 6)
@@ -169,9 +174,7 @@ def test_padded_drafting_prompt_steps_equal_unpadded_ones(cpu_drafting_pair, dat
     the MTP layer's KV at every prompt position and the linear states equal an unpadded runtime's, which runs
     everything eagerly."""
     padded, plain, graphs = cpu_drafting_pair
-    length = data.draw(st.integers(1, 90), label="length")
-    first = data.draw(st.integers(1, length), label="first chunk")
-    chunks = [first] + ([length - first] if first < length else [])
+    length, chunks = _draw_chunks(data)
     prompt = [(11 * i + 5) % 200 + 1 for i in range(length)]
     graphs.replays.clear()
     got = _drafting_run(padded, prompt, chunks)
