@@ -30,6 +30,7 @@ times over.
     python bench/gemv_chain.py --out DIR --rows 2,4 --passes 0 --profile   # and each one's time per kernel
     python bench/gemv_chain.py --out DIR [--rows 1]                  # the one-row descent (gemv_config's data)
     python bench/gemv_chain.py --out DIR --rows 1,3 --passes 0 --flags FULL_TILES=0   # the rule, a switch flipped
+    python bench/gemv_chain.py --out DIR --rows 3 --passes 1 --roles mlp_down,out_proj   # those roles' tiles only
 
 DIR/gemv_chain.json has every timing; written after each row count, so a run cut short keeps what it measured.
 """
@@ -274,9 +275,11 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     return results
 
 
-def descend(chain: Chain, rows: int, start: dict, passes: int, log, dot: bool = False) -> tuple[dict, float, list]:
+def descend(chain: Chain, rows: int, start: dict, passes: int, log, dot: bool = False,
+            only: list[str] | None = None) -> tuple[dict, float, list]:
     """Coordinate descent over the roles' candidates at ``rows`` rows: (configs, µs a step, every timing). ``dot``:
-    the tensor-core candidates, besides the GEMV's (up to GEMV_MAX_ROWS rows)."""
+    the tensor-core candidates, besides the GEMV's (up to GEMV_MAX_ROWS rows); ``only``: the roles it varies (else
+    every one)."""
     chain.set_rows(rows)
     configs = dict(start)
     best_us = chain.step_us(configs)
@@ -284,6 +287,8 @@ def descend(chain: Chain, rows: int, start: dict, passes: int, log, dot: bool = 
     log(f"M={rows} start: {best_us:.1f} µs a step")
     for p in range(1, passes + 1):
         for role, (n, k, prologue, one_row, more_rows, dots) in chain.roles.items():
+            if only and role not in only:
+                continue
             if rows == 1:
                 candidates = [_config(*c) for c in one_row]
             elif rows <= gemv_kernels.GEMV_MAX_ROWS:
@@ -328,6 +333,8 @@ def main(argv=None) -> None:
                              f"{gemv_kernels.GEMV_MAX_ROWS}), comma-separated")
     parser.add_argument("--passes", type=int, default=2, help="coordinate-descent passes per row count (0: none)")
     parser.add_argument("--dot", action="store_true", help="the descent also tries the tensor-core candidates")
+    parser.add_argument("--roles", type=lambda v: v.split(","), default=None,
+                        help=f"the roles the descent varies, comma-separated (default: all of {', '.join(ROLE_KINDS)})")
     parser.add_argument("--profile", action="store_true",
                         help="also the rule's and cuBLAS's chain per kernel (the profiler's critical path)")
     parser.add_argument("--flags", action="append", type=flag_set, default=[],
@@ -336,6 +343,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_chain needs a CUDA device")
+    if args.roles and not set(args.roles) <= set(ROLE_KINDS):
+        raise SystemExit(f"--roles takes roles of {', '.join(ROLE_KINDS)}, got {', '.join(args.roles)}")
     if not all(1 <= r <= gemv_kernels.DOT_MAX_ROWS for r in args.rows):
         raise SystemExit(f"--rows takes row counts 1..{gemv_kernels.DOT_MAX_ROWS}")
     start_time = time.time()
@@ -353,7 +362,8 @@ def main(argv=None) -> None:
         if args.passes > 0:
             timed = {label: e for label, e in entry["compare"].items() if "_configs" in e}
             best = min(timed, key=lambda label: timed[label]["us"])  # the fastest skinny variant as the start
-            configs, best_us, timings = descend(chain, rows, timed[best]["_configs"], args.passes, log, args.dot)
+            configs, best_us, timings = descend(chain, rows, timed[best]["_configs"], args.passes, log, args.dot,
+                                              args.roles)
             entry["best"] = {"configs": {role: config_tuple(c) for role, c in configs.items()}, "us": round(best_us, 2)}
             entry["timings"] = timings
             for role, c in entry["best"]["configs"].items():
