@@ -11,7 +11,7 @@
 # predicted on this GPU ~1.20-1.24 against run 149's eager 1.31, forced 0.8 ~1.62-1.7x. The kernels' GPU tests ran
 # on an H100 in runs 177-178; the steps' limits fit one 600-s call with the tar after each.
 RUN=run163 source bench/device_env.sh || exit 1
-SPEC=(python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2,3 -p spec.rates=0,0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=3)
-TAIL=10 step spec 260 "${SPEC[@]}" --out $W/spec
-TAIL=30 step bench 320 python3 -m bench cookbook,sweep --model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-model-len 9216 \
+SPEC=(python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2,3 -p spec.rates=0.8 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=3)
+TAIL=12 step spec 240 "${SPEC[@]}" --out $W/spec
+TAIL=30 step bench 330 python3 -m bench cookbook,sweep --model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-model-len 9216 \
   --max-num-seqs 16 --no-mixed-steps -p cookbook.concurrency=1,16 -p sweep.batches=1,2,4,8,16 --out $W/bench
