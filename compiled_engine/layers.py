@@ -48,8 +48,8 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor, gate_up_weight: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(silu(gate) * up, residual + x)`` of ``norm(residual + x) @ gate_up_weight.T = [gate | up]`` through
-        ce::add_rms_norm_linear_silu_mul: at decode batches 1-4 the projection's programs write the activation
-        (ops/linear.py), so the MLP's down projection reads it with no prologue."""
+        ce::add_rms_norm_linear_silu_mul: up to 5 rows (decode batches 1-4, small verify steps) the projection's
+        programs write the activation (ops/linear.py), so the MLP's down projection reads it with no prologue."""
         return add_rms_norm_linear_silu_mul_op(x, residual, self.weight, self.eps, gate_up_weight)
 
 

@@ -3,8 +3,8 @@
 Why an op of our own rather than ``F.linear``: at decode batch sizes the weight matmuls are bound by reading the
 weights, and cuBLAS picks poor kernels for a handful of rows on these small matrices (bench/NOTES.md, "Skinny
 GEMM"). The CUDA kernel runs our Triton skinny GEMM (ops/triton/gemv_kernels.py: a one-row and a few-rows GEMV, and
-for the vocabulary's matmul at 3-4 rows a tensor-core loop) up to ``SKINNY_MAX_ROWS`` = 4 rows (decode batches 1-4,
-and speculative verify steps of up to 4 rows) and cuBLAS from 5 rows on. It decides at run time, inside the opaque
+for the vocabulary's matmul from 3 rows a tensor-core loop) up to ``SKINNY_MAX_ROWS`` = 5 rows (decode batches 1-4,
+and speculative verify steps of up to 5 rows) and cuBLAS from 6 rows on. It decides at run time, inside the opaque
 op, where M is a plain int: a compiled graph with a symbolic batch size never guards on it.
 
 * ``ce::linear(x [M, K], weight [N, K]) -> [M, N]`` in x's dtype;
@@ -39,12 +39,13 @@ from ops.triton import HAVE_TRITON
 if HAVE_TRITON:  # else cuBLAS serves every matmul (ops/triton/__init__.py)
     from ops.triton import gemv_kernels
 
-# Rows up to which the Triton skinny GEMM runs instead of cuBLAS: the decode buckets 1-4, where its GEMV paths read the
-# weights faster than cuBLAS's kernels do (a step's 97 matmuls: 0.56 against 0.94 ms at one row, 0.62 against 0.97 at
-# two, 0.89 / 0.90 against 0.96 / 1.02 at three / four). Past 4 rows cuBLAS (with the norm and the activation as
-# kernels of their own) was faster than every path of ours that was measured (bench/NOTES.md, "Skinny GEMM" and
-# "Removed alternatives"). At most gemv_kernels.GEMV_MAX_ROWS, the most rows the kernel takes.
-SKINNY_MAX_ROWS = 4
+# Rows up to which the Triton skinny GEMM runs instead of cuBLAS: the decode buckets 1-4 and the 5 rows of a batch-1
+# verify at k = 4, where its GEMV paths read the weights faster than cuBLAS's kernels do (a step's 97 matmuls on an
+# H100: 0.67 against 1.00 ms at one row, 0.72 / 0.77 / 0.82 / 0.87 against 0.93-1.00 at two to five rows, five as
+# 4 + 1). From 6 rows cuBLAS (with the norm and the activation as kernels of their own) was faster than every path of
+# ours that was measured (bench/NOTES.md, "Skinny GEMM" and "Removed alternatives"). At most
+# gemv_kernels.GEMV_MAX_ROWS, the most rows the kernel takes.
+SKINNY_MAX_ROWS = 5
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
 
 

@@ -1186,12 +1186,12 @@ def _assert_linear_close(got, x, weight):
     _assert_close_relative(got, want, max_abs=2e-2, max_rel_norm=4e-3, what=f"linear {tuple(weight.shape)}")
 
 
-# Rows 1 (the one-row GEMV), 2 and 3 (the few-rows GEMV; from 3 the vocabulary on the tensor-core loop), configs by
-# rule (gemv_kernels.skinny_config; test_linear_every_rule_config tries each one), and 16 (past SKINNY_MAX_ROWS:
-# cuBLAS, against the same float64).
+# Rows 1 (the one-row GEMV), 2, 3 and 5 (the few-rows GEMV, 3 and 5 as a power of two + 1; from 3 the vocabulary on
+# the tensor-core loop), configs by rule (gemv_kernels.skinny_config; test_linear_every_rule_config tries each one),
+# and 16 (past SKINNY_MAX_ROWS: cuBLAS, against the same float64).
 # Quick: the GEMV with the L2 prefetch, and two rows on an N = 1,024 matrix.
 @pytest.mark.parametrize("name, rows", cases(
-    [(name, rows) for name in LINEAR_SHAPES for rows in (1, 2, 3, 16)],
+    [(name, rows) for name in LINEAR_SHAPES for rows in (1, 2, 3, 5, 16)],
     quick=[("gdn_in_proj", 1), ("gdn_out_proj", 2)],
 ))
 def test_linear_skinny_gemm_on_model_shapes(name, rows):
@@ -1344,10 +1344,10 @@ def test_silu_mul_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(out, torch.ops.ce.silu_mul_linear(graph_inputs, weight), atol=0, rtol=0)
 
 
-# Row 1: the one-row GEMV with the norm in its prologue; 2 and 3: ce::add_rms_norm + the few-rows GEMV; 16:
+# Row 1: the one-row GEMV with the norm in its prologue; 2, 3 and 5: ce::add_rms_norm + the few-rows GEMV; 16:
 # ce::add_rms_norm + cuBLAS.
 @pytest.mark.parametrize("name, rows", cases(
-    [(name, rows) for name in ("gdn_in_proj", "mlp_gate_up", "attn_qkv") for rows in (1, 2, 3, 16)],
+    [(name, rows) for name in ("gdn_in_proj", "mlp_gate_up", "attn_qkv") for rows in (1, 2, 3, 5, 16)],
     quick=[("attn_qkv", 1), ("attn_qkv", 3)],
 ))
 def test_add_rms_norm_linear_on_model_shapes(name, rows):
@@ -1382,10 +1382,10 @@ def test_add_rms_norm_linear_on_model_shapes(name, rows):
     torch.testing.assert_close(captured_sum, eager_sum, atol=0, rtol=0)
 
 
-# Rows 1-3: our skinny GEMM writing silu(gate) * up (the norm in its prologue at one row; 3 rows as 2 + 1); 16:
-# ce::add_rms_norm, cuBLAS, ce::silu_mul. A gate_up as wide as a vocabulary at 3 rows: the rule's tensor-core loop,
-# which has no epilogue, then ce::silu_mul.
-@pytest.mark.parametrize("n, rows", cases([(7168, 1), (7168, 2), (7168, 3), (7168, 16), (2 * 40000, 3)],
+# Rows 1-3 and 5: our skinny GEMM writing silu(gate) * up (the norm in its prologue at one row; 3 and 5 rows as a
+# power of two + 1); 16: ce::add_rms_norm, cuBLAS, ce::silu_mul. A gate_up as wide as a vocabulary at 3 rows: the
+# rule's tensor-core loop, which has no epilogue, then ce::silu_mul.
+@pytest.mark.parametrize("n, rows", cases([(7168, 1), (7168, 2), (7168, 3), (7168, 5), (7168, 16), (2 * 40000, 3)],
                                           quick=[(7168, 1), (7168, 3)]))
 def test_add_rms_norm_linear_silu_mul_on_model_shapes(n, rows):
     """The MLP's norm, gate_up projection and activation in one op: bit for bit the unfused ops (ce::add_rms_norm_linear

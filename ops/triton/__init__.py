@@ -11,7 +11,7 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
   delta_rule_kernels        gated_delta_rule_decode (our kernel, state pool in place), gated_delta_rule_prefill (FLA)
   gated_deltanet_kernels    gated_deltanet_decode (conv + delta rule + gated norm of a decode step, one launch)
   gemv_kernels              skinny_gemm, add_rms_norm_skinny_gemm (linear, silu_mul_linear,
-                            add_rms_norm_linear_silu_mul's gate_up at 1-4 rows, add_rms_norm_linear at one row: a
+                            add_rms_norm_linear_silu_mul's gate_up at 1-5 rows, add_rms_norm_linear at one row: a
                             one-row and a few-rows GEMV, configs by rule)
   moe_kernels               fused_moe (a sparse MoE layer's routed experts: two grouped GEMMs over the rows
                             sorted by expert, the activation fused into the first), moe_align (that sort in one

@@ -69,7 +69,7 @@ from ops.triton.pdl import pdl_flags
 
 
 # Batches whose step inputs and first key tile are read before the PDL wait. That pays only where the kernel before,
-# qkv_proj, launches this one early: the skinny GEMM does (up to ops/linear.py's SKINNY_MAX_ROWS = 4 rows); cuBLAS
+# qkv_proj, launches this one early: the skinny GEMM does (up to ops/linear.py's SKINNY_MAX_ROWS rows); cuBLAS
 # does not, and there the first tile held in registers through the query's norm and RoPE made the step slower
 # (bench/NOTES.md, "Runs 117-120").
 EARLY_LOADS_MAX_BATCH = 4

@@ -6,7 +6,7 @@ x = ``[gate | up]`` as it loads; ``ce::add_rms_norm_linear`` at one row, with a 
 
 Why: a decode step at batch 1-4 reads every weight once and does one to four multiply-adds per weight element, so
 its weight matmuls should run at memory bandwidth; cuBLAS picks kernels made for large M on these small matrices and
-is slower there. Past 4 rows ops/linear.py sends the matmuls to cuBLAS: at 5, 6, 8 and 16 rows it beat the
+is slower there. Past 5 rows ops/linear.py sends the matmuls to cuBLAS: at 6, 7, 8 and 16 rows it beat the
 few-rows GEMV and the tensor-core and autotuned paths this module had for 2..16 rows (bench/NOTES.md, "Skinny GEMM"
 and "Removed alternatives", has the measurements behind these choices).
 
@@ -22,14 +22,14 @@ Design, for bandwidth:
         reduced once after the loop (no cross-thread reduction inside it);
       - a few rows (BLOCK_M = 2..GEMV_MAX_ROWS): the same GEMV with the BLOCK_M rows of x beside the weights in every
         thread; BLOCK_M multiply-adds per weight element, and registers that grow with BLOCK_M x BLOCK_N, hence
-        the row ceiling. ops/linear.py runs it at 2-4 rows; the bench and the tests also run it up to the ceiling.
+        the row ceiling. ops/linear.py runs it at 2-5 rows; the bench and the tests also run it up to the ceiling.
         Tiles are powers of two, so 3 rows (a k = 2 verify's) run as 2 + 1 (``EXTRA_ROW``: the last row in a
         tile of its own) rather than as 4 with a padded row's multiply-adds and conversions (the instruction
         counts: bench/NOTES.md, "The next GPU session").
     The third runs on tensor cores (DOT; BLOCK_M 8 or 16, up to DOT_MAX_ROWS rows): the product as weight @ x^T, the
     weight tile the mma's wide side, Triton's pipelined loop. It issues a fraction of an instruction per weight
     element where the few-rows GEMV issues several, which pays where the GEMV is bound by issuing them: the
-    vocabulary's matmul at 3-4 rows (``DOT_VOCAB``). Only the GEMV loops load before the PDL wait.
+    vocabulary's matmul from 3 rows (``DOT_VOCAB``). Only the GEMV loops load before the PDL wait.
   * latency, not only bandwidth: most of these matrices are 4-17 MB, 1-4 µs of DRAM time, and a launch, its
     ramp-up and its tail cost as much again. Three things hide some of it. Programmatic dependent launch
     (ops/triton/pdl.py): the kernel lets the next one start at once; the first programs prefetch the whole weight
@@ -399,7 +399,7 @@ GEMV_CONFIGS = [GEMV_NARROW, GEMV_NARROW_LONG_K, GEMV_WIDE, _config(4, 1024, 8, 
                 _config(32, 256, 8, 3)]
 
 
-# 2..GEMV_MAX_ROWS rows (ops/linear.py sends it up to 4): the few-rows GEMV. Narrow outputs (N <= GEMV_NARROW_N: out_proj,
+# 2..GEMV_MAX_ROWS rows (ops/linear.py: up to 5): the few-rows GEMV. Narrow outputs (N <= GEMV_NARROW_N: out_proj,
 # o_proj, down) load whole 2,048-wide rows in one or two chunks, 4 columns a program (8 past K = 2,048: 128 programs
 # of two chunks); wide ones loop over K in 512-wide chunks of 8 columns with 2 warps, each chunk's loads issued one
 # iteration ahead (2-4x the programs of a whole-K tile, each with less in registers). Each weight element is read
@@ -521,7 +521,7 @@ def full_tiles(rows: int, n: int, k: int, config: triton.Config, tiles: dict) ->
 
 def takes_gated_out(rows: int, n: int, k: int) -> bool:
     """Whether the rule's config for ``rows`` rows of a [n, k] weight can write ``silu(gate) * up`` (``gated_out``):
-    an even n on the GEMV loops (the tensor-core loop, the vocabulary's at 3-4 rows, has no such epilogue)."""
+    an even n on the GEMV loops (the tensor-core loop, the vocabulary's from 3 rows, has no such epilogue)."""
     return n % 2 == 0 and not row_tiles(rows, skinny_config(rows, n, k))["DOT"]
 
 
