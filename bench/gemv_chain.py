@@ -156,8 +156,6 @@ class Chain:
         "cublas_dot_vocab" (cuBLAS but the lm_head, on the skinny GEMM's tensor-core loop)."""
         if mode.startswith("cublas"):
             return self._run_cublas(dot_vocab=mode == "cublas_dot_vocab")
-        if mode == "norm_partials":
-            return self._run_norm_partials(configs or {})
         configs = configs or {}
         gemm = gemv_kernels.skinny_gemm
         gate_in_down = mode == "skinny_down_prologue"
@@ -178,25 +176,6 @@ class Chain:
                              gated_out=not gate_in_down)
             h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=gate_in_down)
         return gemm(h, self.w_lm, configs.get("lm_head"))
-
-    def _run_norm_partials(self, configs: dict) -> torch.Tensor:
-        """The rule's chain (2..GEMV_MAX_ROWS rows) with no norm kernel: out_proj and down add the residual in their
-        epilogue and store each program's sum of squares (``residual_stats_skinny_gemm``); in_proj / qkv and gate_up
-        take each row's statistics from those partials as they load x (``norm_stats_skinny_gemm``). The first
-        layer's sum and its one partial a row come from torch (two small kernels where the rule runs one norm)."""
-        gemm = gemv_kernels.skinny_gemm
-        out_k = self.roles["out_proj"][1]
-        s = self.residual + self.hidden
-        partials = s.float().square().sum(dim=1, keepdim=True)
-        for layer in self.layers:
-            y = gemv_kernels.norm_stats_skinny_gemm(s, partials, layer["norm_1"], EPS, layer["w_mix"],
-                                                    configs.get(layer["mixer"]))
-            s, partials = gemv_kernels.residual_stats_skinny_gemm(y[:, :out_k], layer["w_out"], s,
-                                                                  configs.get("out_proj"))
-            g = gemv_kernels.norm_stats_skinny_gemm(s, partials, layer["norm_2"], EPS, layer["w_gate_up"],
-                                                    configs.get("mlp_gate_up"), gated_out=True)
-            s, partials = gemv_kernels.residual_stats_skinny_gemm(g, layer["w_down"], s, configs.get("mlp_down"))
-        return gemm(s, self.w_lm, configs.get("lm_head"))
 
     def _run_cublas(self, dot_vocab: bool = False) -> torch.Tensor:
         from ops.options import use_options
@@ -263,8 +242,6 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
             label = "rule, " + ",".join(f"{name}={value}" for name, value in flags.items())
             variants[label] = ("skinny", rule, flags)
     variants["cuBLAS"] = ("cublas", None)
-    if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # no norm kernel: the statistics from the producers' partials
-        variants["rule, norm partials"] = ("norm_partials", rule)
     if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # the vocabulary's other path: the few-rows GEMV
         n, k = chain.roles["lm_head"][:2]
         variants["rule, lm_head GEMV"] = ("skinny", {**rule, "lm_head": gemv_kernels.gemv_rows_config(rows, n, k)})

@@ -201,18 +201,6 @@ def _epilogue(result, pid_n, N, dtype: tl.constexpr, BLOCK_N: tl.constexpr, ROWS
     return values, cols, c_mask
 
 
-@triton.jit
-def _add_residual_store_squares(values, residual_rows, cols, c_mask, rows, r_mask, partials, stride_part, pid_n):
-    """RESIDUAL_STATS: ``residual + values`` ([BLOCK_N, R] in values' dtype, rounded as the model's residual add
-    rounds), and each of its R rows' sum of squares over the program's columns stored to ``partials[row, pid_n]``."""
-    mask = c_mask[:, None] & r_mask[None, :]
-    r = tl.load(residual_rows + cols[:, None], mask=mask, other=0.0)
-    summed = (values.to(tl.float32) + r.to(tl.float32)).to(values.dtype)
-    sf = tl.where(mask, summed.to(tl.float32), 0.0)
-    tl.store(partials + rows * stride_part + pid_n, tl.sum(sf * sf, axis=0), mask=r_mask)
-    return summed
-
-
 @triton.jit(do_not_specialize=["M"])  # one compiled variant for every M of a BLOCK_M (else M == 1 is its own)
 def _skinny_gemm_kernel(
     x,
@@ -245,12 +233,6 @@ def _skinny_gemm_kernel(
     EXTRA_ROW: tl.constexpr = False,  # the few-rows GEMV: M = BLOCK_M + 1, the last row in a tile of its own
     FULL: tl.constexpr = False,  # the one-row loop: every tile lies inside x and the weight (``full_tiles``)
     GATED_OUT: tl.constexpr = False,  # the weight's rows are [gate | up]; out is silu(gate) * up, N / 2 columns
-    partials=None,  # RESIDUAL_STATS / NORM_STATS: fp32 [M, stride_part], a sum of squares per (row, producer program)
-    stride_part=0,
-    num_partials=0,  # NORM_STATS: how many of a row's partials to sum (the producer's programs)
-    RESIDUAL_STATS: tl.constexpr = False,  # few rows: out = residual + x @ W^T, each program's sum of squares stored
-    NORM_STATS: tl.constexpr = False,  # few rows: the input is the norm of x (a sum) from the producer's partials
-    PART_BLOCK: tl.constexpr = 1,  # NORM_STATS: next_power_of_2(num_partials)
 ):
     if USE_PDL:
         # The next kernel on the stream, if it is launched with PDL too, may start now: its weight loads overlap
@@ -273,7 +255,6 @@ def _skinny_gemm_kernel(
     w_rows = weight + offs_n.to(tl.int64)[:, None] * stride_w_n  # int64: N * K may pass 2**31 (large vocabularies)
     x_up = K * stride_x_k  # GATED_X: where the up half of an x row starts
 
-    tl.static_assert(not (NORM_STATS and BLOCK_M == 1), "NORM_STATS runs on the few-rows GEMV")
     if BLOCK_M == 1:
         # At one row this kernel is a chain of memory round trips, so every load is issued as early as it may be:
         # the first weight chunk before waiting for the earlier kernels (no kernel writes weights; with PDL they may
@@ -325,7 +306,6 @@ def _skinny_gemm_kernel(
         #   multiply-adds and its conversions. The weight is prefetched into L2 before the wait (PREFETCH_L2);
         #   Triton's pipeliner issues the chunks' loads after it.
         tl.static_assert(not NORM_X, "the norm prologue runs at one row only (ops/linear.py: apart from two rows)")
-        tl.static_assert(not (NORM_STATS and DOT), "NORM_STATS runs on the few-rows GEMV")
         ks = offs_k
         k_mask = ks < K
         if not DOT:
@@ -333,15 +313,6 @@ def _skinny_gemm_kernel(
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
         x_rows = x + offs_m[:, None] * stride_x_m
-        if NORM_STATS:  # each row's rstd from the producer's partial sums of squares: no pass over the rows
-            offs_p = tl.arange(0, PART_BLOCK)
-            p_mask = offs_p < num_partials
-            squares = tl.load(partials + offs_m[:, None] * stride_part + offs_p[None, :],
-                              mask=m_mask[:, None] & p_mask[None, :], other=0.0)
-            rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)[:, None]  # [BLOCK_M, 1]
-            if EXTRA_ROW:
-                e_squares = tl.load(partials + BLOCK_M * stride_part + offs_p, mask=p_mask, other=0.0)
-                e_rstd = tl.rsqrt(tl.sum(e_squares, axis=0) / K + eps)
         if DOT:
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for k in range(0, K, BLOCK_K):
@@ -366,8 +337,6 @@ def _skinny_gemm_kernel(
                 e_ptrs = e_row + ks[None, :] * stride_x_k
                 ev, eup, erv, enw = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False, False)
                 acc_e = tl.zeros([1, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
-            if NORM_STATS:
-                w_norm = tl.load(norm_weight + ks[None, :], mask=k_mask[None, :], other=0.0)
             for k in range(0, K, BLOCK_K):
                 ks += BLOCK_K
                 k_mask = ks < K
@@ -375,40 +344,23 @@ def _skinny_gemm_kernel(
                 x_ptrs = x_rows + ks[None, :] * stride_x_k
                 next_x = _x_load(x_ptrs, m_mask[:, None] & k_mask[None, :], x_up, x_ptrs, x_ptrs, None, GATED_X,
                                  False, False)
-                xv = _x_value(xv, up, rv, nw, 1.0, GATED_X, False)
-                if NORM_STATS:  # rounded as ce::add_rms_norm rounds its output; the next chunk's weight loaded first
-                    w_norm_next = tl.load(norm_weight + ks[None, :], mask=k_mask[None, :], other=0.0)
-                    scale = 1.0 + w_norm.to(tl.float32)
-                    xv = (xv.to(tl.float32) * rstd * scale).to(xv.dtype)
-                xf = xv.to(tl.float32)
+                xf = _x_value(xv, up, rv, nw, 1.0, GATED_X, False).to(tl.float32)
                 acc = fma_runs(acc, w, xf, 1, BLOCK_N, BLOCK_M, 1, BLOCK_K // VEC)
                 if EXTRA_ROW:
                     e_ptrs = e_row + ks[None, :] * stride_x_k
                     next_e = _x_load(e_ptrs, k_mask[None, :], x_up, e_ptrs, e_ptrs, None, GATED_X, False, False)
-                    ev = _x_value(ev, eup, erv, enw, 1.0, GATED_X, False)
-                    if NORM_STATS:
-                        ev = (ev.to(tl.float32) * e_rstd * scale).to(ev.dtype)
-                    ef = ev.to(tl.float32)
+                    ef = _x_value(ev, eup, erv, enw, 1.0, GATED_X, False).to(tl.float32)
                     acc_e = fma_runs(acc_e, w, ef, 1, BLOCK_N, 1, 1, BLOCK_K // VEC)
                     ev, eup, erv, enw = next_e
                 w = w_next
                 xv, up, rv, nw = next_x
-                if NORM_STATS:
-                    w_norm = w_norm_next
             result = tl.trans(tl.sum(acc, axis=2))  # [BLOCK_N, BLOCK_M]
             if EXTRA_ROW:
                 values, cols, c_mask = _epilogue(tl.trans(tl.sum(acc_e, axis=2)), pid_n, N, out.dtype.element_ty,
                                                  BLOCK_N, 1, GATED_OUT)
-                if RESIDUAL_STATS:
-                    values = _add_residual_store_squares(values, residual + BLOCK_M * stride_r_m, cols, c_mask,
-                                                         tl.full([1], BLOCK_M, tl.int32), tl.full([1], True, tl.int1),
-                                                         partials, stride_part, pid_n)
                 tl.store(out + BLOCK_M * stride_o_m + cols[:, None] * stride_o_n, values, mask=c_mask[:, None])
 
     values, cols, c_mask = _epilogue(result, pid_n, N, out.dtype.element_ty, BLOCK_N, BLOCK_M, GATED_OUT)
-    if RESIDUAL_STATS:
-        values = _add_residual_store_squares(values, residual + offs_m[None, :] * stride_r_m, cols, c_mask, offs_m,
-                                             m_mask, partials, stride_part, pid_n)
     tl.store(out + offs_m[None, :] * stride_o_m + cols[:, None] * stride_o_n, values,
              mask=c_mask[:, None] & m_mask[None, :])
 
@@ -573,26 +525,8 @@ def takes_gated_out(rows: int, n: int, k: int) -> bool:
     return n % 2 == 0 and not row_tiles(rows, skinny_config(rows, n, k))["DOT"]
 
 
-def residual_stats_skinny_gemm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                               config: triton.Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(residual + x @ weight.T, partials)`` on 2..GEMV_MAX_ROWS rows: the sum rounded to x's dtype (as the model's
-    residual add), and ``partials`` fp32 [M, P], each of the P programs' sum of squares of the sum over its columns,
-    for :func:`norm_stats_skinny_gemm` (an experiment, bench/gemv_chain.py's ``norm partials``)."""
-    return _launch(x, weight, config, residual_stats=residual)
-
-
-def norm_stats_skinny_gemm(summed: torch.Tensor, partials: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                           weight: torch.Tensor, config: triton.Config | None = None,
-                           gated_out: bool = False) -> torch.Tensor:
-    """``rms_norm(summed) @ weight.T`` (zero-centred, ``(1 + norm_weight)``) on 2..GEMV_MAX_ROWS rows, each row's
-    statistics the sum of its ``partials`` (from :func:`residual_stats_skinny_gemm`) instead of a pass over the row;
-    ``gated_out`` as ``skinny_gemm``'s."""
-    return _launch(summed, weight, config, gated_out=gated_out, norm_stats=(partials, norm_weight, eps))
-
-
 def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None,
-            gated_out: bool = False, residual_stats: torch.Tensor | None = None,
-            norm_stats: tuple | None = None) -> torch.Tensor:
+            gated_out: bool = False) -> torch.Tensor:
     rows, k = x.shape
     k = k // 2 if gated else k
     n = weight.shape[0]
@@ -608,33 +542,14 @@ def _launch(x, weight, config, gated: bool = False, norm: tuple | None = None,
         raise ValueError(f"add_rms_norm_skinny_gemm runs the one-row GEMV (BLOCK_M = 1), got a config with "
                          f"BLOCK_M = {tiles['BLOCK_M']}: from two rows the norm runs apart (ce::add_rms_norm, "
                          f"ops/linear.py)")
-    if (residual_stats is not None or norm_stats is not None) and (tiles["DOT"] or rows < 2 or gated):
-        raise ValueError("the norm-statistics variants run the few-rows GEMV (2..GEMV_MAX_ROWS rows, no gated x)")
     out = x.new_empty((rows, n // 2 if gated_out else n))
     residual, norm_weight, eps, summed = norm if norm is not None else (x, x, 0.0, x)  # unused placeholders
-    grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]),)
-    partials, num_partials = x, 0  # unused placeholder
-    if residual_stats is not None:
-        if residual_stats.shape != (rows, n) or residual_stats.stride(1) != 1:
-            raise ValueError(f"residual must be [M, N] = {(rows, n)} with unit stride along N")
-        residual = residual_stats
-        partials = torch.empty((rows, grid[0]), dtype=torch.float32, device=x.device)
-    if norm_stats is not None:
-        partials, norm_weight, eps = norm_stats
-        num_partials = partials.shape[1]
-        if partials.shape[0] != rows or partials.stride(1) != 1 or norm_weight.shape != (k,):
-            raise ValueError(f"partials must be [M, P] with unit stride and norm_weight [K]; got "
-                             f"{tuple(partials.shape)}, {tuple(norm_weight.shape)}")
     args = (x, weight, out, rows, n, k, *x.stride(), *weight.stride(), *out.stride(),
             residual, norm_weight, summed, residual.stride(0), eps)
     norm_block = min(triton.next_power_of_2(k), NORM_BLOCK_MAX) if norm is not None else 1
+    grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]),)
     flags = {**tiles, "FULL": full_tiles(rows, n, k, config, tiles), "GATED_X": gated, "GATED_OUT": gated_out,
-             "NORM_X": norm is not None, "NORM_BLOCK": norm_block, **pdl_flags(x), **l2_prefetch_flags(weight, grid[0]),
-             "RESIDUAL_STATS": residual_stats is not None, "NORM_STATS": norm_stats is not None,
-             "PART_BLOCK": triton.next_power_of_2(max(num_partials, 1))}
+             "NORM_X": norm is not None, "NORM_BLOCK": norm_block, **pdl_flags(x), **l2_prefetch_flags(weight, grid[0])}
     launch = {key: v for key, v in config.all_kwargs().items() if key not in ("BLOCK_M", "DOT")}
-    _skinny_gemm_kernel[grid](*args, partials=partials, stride_part=partials.stride(0), num_partials=num_partials,
-                              **flags, **launch)
-    if residual_stats is not None:
-        return out, partials
+    _skinny_gemm_kernel[grid](*args, **flags, **launch)
     return out
