@@ -1,4 +1,4 @@
-"""Triton kernel for ``ce::linear`` at one to five rows (decode, small verify steps): ``out[M, N] = x[M, K] @ weight[N, K]^T``.
+"""Triton kernel for ``ce::linear`` at one to five rows (decode, verify): ``out[M, N] = x[M, K] @ weight[N, K]^T``.
 
 (and for its fused forms, ops/linear.py: ``ce::silu_mul_linear``, the same with ``silu(gate) * up`` computed from
 x = ``[gate | up]`` as it loads; ``ce::add_rms_norm_linear`` at one row, with a layer's residual add and RMSNorm;
