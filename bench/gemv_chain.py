@@ -64,8 +64,10 @@ WIDE = [(8, 256, 4, 4), (4, 512, 4, 3), (8, 512, 4, 3), (4, 1024, 4, 2), (8, 102
         (2, 1024, 4, 2), (16, 1024, 8, 1)]
 VOCAB = [(8, 256, 4, 4), (8, 512, 4, 3), (16, 256, 4, 3), (4, 1024, 4, 2), (32, 256, 8, 3)]
 # 2..GEMV_MAX_ROWS-row descent candidates (BLOCK_N, BLOCK_K, num_warps, num_stages) for the few-rows GEMV, BLOCK_M
-# from the row count as the rule sets it. BLOCK_K is 256 x num_warps (see gemv_kernels); entries are skipped where
-# BLOCK_M x BLOCK_N > 32 (they spill: ~8 registers a thread per output).
+# from the row count as the rule sets it. BLOCK_K is 256 x num_warps (see gemv_kernels); entries are skipped where the
+# tile's rows x BLOCK_N > 40 (they spill: ~8 registers a thread per output); a tile's rows are BLOCK_M, or BLOCK_M / 2
+# + 1 where the launch runs the last row apart (``EXTRA_ROW``: 5 rows as 4 + 1, whose 4 + 1 x 8 compiles to 165-190
+# registers and no spill for sm_90a, where the rule's 8 x 4 budget gives it 4 columns).
 # The 1- and 2-warp entries: programs that loop over K = 1,024 in 2-4 chunks (each chunk's loads issued one
 # iteration ahead, as the one-row rule's 8 x 256 does) instead of one or two 1,024-wide chunks; at 4 warps the wide
 # roles' 4 x 1,024 tiles make N / 4 programs that each load once (1.5 waves of 64-register programs for in_proj).
@@ -102,6 +104,13 @@ def roles(s: Shape) -> dict[str, tuple[int, int, str, list, list, list]]:
 def rows_config(rows: int, candidate: tuple) -> triton.Config:
     """A 2..GEMV_MAX_ROWS-row candidate as a config, with the BLOCK_M the rule gives ``rows``."""
     return _config(*candidate, block_m=max(2, triton.next_power_of_2(rows)))
+
+
+def tile_rows(rows: int, config: triton.Config) -> int:
+    """The rows of x a program of ``config`` holds at ``rows`` rows: its BLOCK_M, or BLOCK_M / 2 + 1 with the extra
+    row (gemv_kernels.row_tiles)."""
+    tiles = gemv_kernels.row_tiles(rows, config)
+    return tiles["BLOCK_M"] + tiles["EXTRA_ROW"]
 
 
 def dot_configs(roles_: dict) -> dict:
@@ -293,7 +302,7 @@ def descend(chain: Chain, rows: int, start: dict, passes: int, log, dot: bool = 
                 candidates = [_config(*c) for c in one_row]
             elif rows <= gemv_kernels.GEMV_MAX_ROWS:
                 candidates = [c for c in map(functools.partial(rows_config, rows), more_rows)
-                              if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 32]
+                              if tile_rows(rows, c) * c.kwargs["BLOCK_N"] <= 40]
             else:
                 candidates = []
             if dot and rows > 1:
