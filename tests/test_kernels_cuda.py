@@ -1314,9 +1314,9 @@ def test_linear_replays_in_cuda_graph():
             _assert_linear_close(out, x, weight)
 
 
-# Rows 1 and 2: our skinny GEMM (the one-row and the few-rows GEMV); 16: ce::silu_mul + cuBLAS.
+# Rows 1, 2 and 5: our skinny GEMM (the one-row and the few-rows GEMV, 5 as 4 + 1); 16: ce::silu_mul + cuBLAS.
 @pytest.mark.parametrize("name, rows", cases(
-    [(name, rows) for name in ("mlp_down", "tp2_mlp_down") for rows in (1, 2, 16)],
+    [(name, rows) for name in ("mlp_down", "tp2_mlp_down") for rows in (1, 2, 5, 16)],
     quick=[("mlp_down", 1)],
 ))
 def test_silu_mul_linear_on_model_shapes(name, rows):

@@ -647,7 +647,7 @@ def _child_checks() -> dict:
         **{f"gemm_rule_configs_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m)))
            for m in (2, 3, 5, 8)},
         **{f"gemm_rule_configs_gated_m{m}": (lambda m=m: check_skinny_gemm(m, 40, 600, rule_configs(m), gated=True))
-           for m in (1, 2, 3)},
+           for m in (1, 2, 3, 5)},
         "gemm_rule_configs_norm_m1": lambda: check_add_rms_norm_gemm(1, 40, 600, rule_configs(1)),
         # full tiles (N = 32, K = 128): the one-row loop without masks, a chunk short, the last chunk's product after
         # it; K in 4 chunks and in one (the loop runs no iteration); plain, gated, strided; at 3 rows (2 + 1) the
@@ -670,7 +670,7 @@ def _child_checks() -> dict:
         "gemm_full_tiles_gated_out_norm_m1": lambda: check_add_rms_norm_gemm(1, 32, 128, [(4, 32), (8, 128)],
                                                                              gated_out=True),
         **{f"gemm_rule_configs_gated_out_m{m}": (lambda m=m: check_skinny_gemm(
-            m, 40, 600, [gemv_kernels.skinny_config(m, 7168, 1024)], gated_out=True)) for m in (1, 2, 3)},
+            m, 40, 600, [gemv_kernels.skinny_config(m, 7168, 1024)], gated_out=True)) for m in (1, 2, 3, 5)},
         "apply_penalties": lambda: check_apply_penalties(5, penalty_kernels.BLOCK + 300),
     }
     results = {}
@@ -763,7 +763,7 @@ CHECK_NAMES = [
     *[f"gemm_dot_m{m}" for m in (1, 3, 8, 13, 16)],
     *[f"gemm_dot_gated_m{m}" for m in (3, 16)],
     *[f"gemm_rule_configs_m{m}" for m in (2, 3, 5, 8)],
-    *[f"gemm_rule_configs_gated_m{m}" for m in (1, 2, 3)],
+    *[f"gemm_rule_configs_gated_m{m}" for m in (1, 2, 3, 5)],
     "gemm_rule_configs_norm_m1",
     *[f"gemm_full_tiles_m{m}" for m in (1, 3)],
     "gemm_full_tiles_gated_strided_m1",
@@ -772,7 +772,7 @@ CHECK_NAMES = [
     "gemm_gated_out_norm_m1",
     *[f"gemm_full_tiles_gated_out_m{m}" for m in (1, 3)],
     "gemm_full_tiles_gated_out_norm_m1",
-    *[f"gemm_rule_configs_gated_out_m{m}" for m in (1, 2, 3)],
+    *[f"gemm_rule_configs_gated_out_m{m}" for m in (1, 2, 3, 5)],
     "apply_penalties",
 ]
 

@@ -8,3 +8,7 @@
 # beyond ~5 µs, gemv_rows_config gives EXTRA_ROW tiles the columns of their real rows, then `bench spec` k = 4.
 RUN=run190 source bench/device_env.sh || exit 1
 TAIL=40 step chain5 150 python3 bench/gemv_chain.py --out $W/chain5 --rows 5 --passes 1
+# Then ce::silu_mul_linear's GPU test with its 5-row case (the MoE shared expert's down at 4 + 1 rows; added after
+# run 188, checked in the interpreter only).
+TAIL=6 step tests 60 python3 -m pytest -q -m gpu tests/test_kernels_cuda.py -k "silu_mul_linear_on_model_shapes" \
+  -p no:cacheprovider
