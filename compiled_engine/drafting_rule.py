@@ -27,9 +27,11 @@ a round that does not pay loses a fraction of a step, a stop that should not hav
 - Drafting, once on (from the start, or when a probe's rows say it pays), runs at least ``memory_rows / 4`` drafted
   rows before a may stop it: a stop on fewer is mostly noise. A probe whose rows say drafting does not pay ends at
   once, so where it clearly does not pay the probes stay one round with drafts each. With ``num_drafts`` (k) known,
-  that floor also yields to an optimistic estimate: the rows seen plus ``OPTIMISM_ROWS`` more that accepted all k
-  drafts. Where even that does not pay (acceptance near 0: after 3 rows at k = 2 on an H200's batch-1 costs) drafting
-  stops at once, instead of paying ``memory_rows / 4`` rounds that cannot pay at every start.
+  that floor also yields to an optimistic estimate: a per-draft acceptance p from the rows seen (each counted as
+  accepting as many of its drafts as their sum allows) plus ``OPTIMISM_DRAFTS`` more accepted drafts, read as
+  p + p^2 + ... + p^k drafts a row. Where even that does not pay (acceptance near 0) drafting stops at once, instead
+  of paying ``memory_rows / 4`` rounds that cannot pay at every start. The prior counts drafts, not rows of k drafts,
+  so it does not grow with k: a larger k, whose rounds cost more, stops no later than a smaller one.
 
 Decisions follow wall-clock time, so which steps draft can differ between runs; the tokens cannot: a verified row
 emits what plain decoding emits (greedy, or a seeded request's draw).
@@ -47,7 +49,7 @@ class DraftingRule:
     ``memory_rows``: how many recent rows the acceptance estimate remembers (1: the last round's alone).
     ``num_drafts``: the drafts a row verifies (k; None: unknown, no optimistic stop)."""
 
-    OPTIMISM_ROWS = 4  # rows of k accepted drafts added to the evidence for the optimistic estimate
+    OPTIMISM_DRAFTS = 4  # accepted drafts added to the evidence for the optimistic estimate
 
     def __init__(self, probe_interval: int = 64, smoothing: float = 0.25,
                  clock: Callable[[], float] = time.perf_counter, memory_rows: int = 64,
@@ -92,11 +94,15 @@ class DraftingRule:
         return False
 
     def _hopeless(self, plain_s: float, round_s: float) -> bool:
-        """Whether drafting would not pay even if ``OPTIMISM_ROWS`` more rows accepted every draft."""
-        if self.num_drafts is None:
+        """Whether drafting would not pay even at an optimistic per-draft acceptance: the rows seen, each counted as
+        accepting as many of its drafts as their sum allows, plus ``OPTIMISM_DRAFTS`` more accepted drafts."""
+        k = self.num_drafts
+        if k is None:
             return False
-        prior = self.OPTIMISM_ROWS
-        optimistic = (self._accepted_sum + prior * self.num_drafts) / (self._drafted_sum + prior)
+        accepted = self._accepted_sum + self.OPTIMISM_DRAFTS
+        rejected = max(0.0, self._drafted_sum - self._accepted_sum / k)  # rows that stopped short of k: the fewest
+        p = accepted / (accepted + rejected)
+        optimistic = sum(p ** i for i in range(1, k + 1))  # drafts a row accepts when each is accepted with p
         return (1.0 + optimistic) * plain_s <= round_s
 
     def record_round(self, rows: int, seconds: float, drafted_rows: int, accepted_drafts: int) -> None:

@@ -723,13 +723,25 @@ def test_drafting_rule_follows_the_break_even_through_acceptance_noise(acceptanc
 
 
 def test_drafting_rule_knowing_k_stops_at_once_where_drafting_cannot_pay():
-    """At acceptance 0, one row a round (the costs above, k = 2: drafting pays only above 1.5 / 0.72 - 1 = 1.08 drafts
-    a row), a rule that knows k stops once even 4 more rows accepting both drafts would not lift the estimate past
-    that (8 / (r + 4) < 1.08: r >= 4 rows, a little more as rows age) instead of drafting the floor's memory_rows / 4 =
-    16 rows first: of the first 64 steps (before the first probe) at most 5 draft, 2 of them the rounds that measure
-    a round's cost (the first measurement is dropped); without k, 17."""
-    [steps] = rule_on_a_synthetic_stream(DraftingRule(num_drafts=2), [(0.0, 64)], 1, 2, 1.5, 0.72)
-    assert 4 <= sum(steps) <= 5 and not any(steps[8:])
+    """At acceptance 0, one row a round, a rule that knows k stops once even an optimistic per-draft acceptance,
+    p = 4 / (4 + r) after r rows that accepted nothing (4 accepted drafts of prior), would not pay:
+    (1 + p + ... + p^k) * plain <= round. It does not draft the floor's memory_rows / 4 = 16 rows first. With a
+    round costing more at each larger k, as a verify of more rows does, a larger k stops no later. Without k the rule
+    drafts 17 of the first 64 steps."""
+    plain_s = 0.80
+    round_s = {1: 0.98, 2: 1.16, 3: 1.33, 4: 1.50}
+    drafted = {}
+    for k, cost in round_s.items():
+        rows_to_stop = next(r for r in range(1, 64)
+                            if (1 + sum((4 / (4 + r)) ** i for i in range(1, k + 1))) * plain_s <= cost)
+        [steps] = rule_on_a_synthetic_stream(DraftingRule(num_drafts=k), [(0.0, 64)], 1, k, cost, plain_s)
+        drafted[k] = sum(steps)
+        # two rounds measure a round's cost before the first decision (the first measurement is dropped); rows
+        # aging between decisions (1/64 of their weight a row decoded) add about one row in eight
+        assert rows_to_stop <= drafted[k] <= rows_to_stop + 2 + rows_to_stop // 8, (k, rows_to_stop, drafted[k])
+        # rounds, plain steps that measure a plain step's cost, rounds until the stop, then plain steps to the probe
+        assert steps == [True] * 2 + [False] * 2 + [True] * (drafted[k] - 2) + [False] * (62 - drafted[k]), k
+    assert drafted[1] >= drafted[2] >= drafted[3] >= drafted[4] and drafted[4] < 16, drafted
     [steps] = rule_on_a_synthetic_stream(DraftingRule(), [(0.0, 64)], 1, 2, 1.5, 0.72)
     assert sum(steps) == 17
 
