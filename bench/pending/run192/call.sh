@@ -3,14 +3,8 @@
 # (1) `bench spec` batch 1, forced 0.8, k = 2, 3, 4 and the MTP head under the drafting rule (9d216e1). Predicted from
 # the H100 (run 191: 1.61x / 1.66x / 1.70x output tok/s; the rule at acceptance 0 0.96-0.98x): a little lower on the
 # H200, whose faster memory leaves a round's hops a larger share (run 149: 1.36x where the H100 then gave ~1.45x).
-# (2) The 97-matmul chain at 16 and 8 rows with cuBLAS's workspace at torch's default and at none
-# (CUBLAS_WORKSPACE_CONFIG=:0:0): at 16 rows cuBLAS runs split-K with a separate reduce kernel (48 µs of c16's step,
-# run 121); without a workspace it must reduce in place or not split. Predicted: level to -48 µs at 16 rows, or worse
-# where the narrow roles (N = 1,024) lose their split.
+# (2), the chain at 16 and 8 rows without a workspace, ran on an H100 (run 192: level) and left this call.
 RUN=run192 source bench/device_env.sh || exit 1
 TAIL=16 step spec 330 python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 \
   --max-num-seqs 1 --max-model-len 512 -p spec.batches=1 -p spec.ks=2,3,4 -p spec.rates=0.8 -p spec.step_iters=10 \
   -p spec.draft_vocab_size=32768 -p spec.repeats=2 --out $W/spec
-TAIL=12 step chain 90 python3 bench/gemv_chain.py --out $W/chain --rows 16,8 --passes 0 --profile
-TAIL=12 CUBLAS_WORKSPACE_CONFIG=:0:0 step chain_noworkspace 90 python3 bench/gemv_chain.py --out $W/chain_nows \
-  --rows 16,8 --passes 0 --profile
