@@ -296,11 +296,14 @@ class LLMEngine:
         if params.bad_words is not None:
             bad_words = bad_word_ids(self.tokenizer, params.bad_words, self.runtime.model_config.vocab_size)
         seq = self.runtime.new_sequence(token_ids)
-        seq.length_limit = min(len(token_ids) + params.max_tokens, self.runtime.max_model_len)
+        seq.length_limit = self.runtime.max_model_len
+        if params.max_tokens is not None:
+            seq.length_limit = min(len(token_ids) + params.max_tokens, seq.length_limit)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(62)
         request = Request(request_id, seq, params, seed, stop_ids, list(token_ids))
-        if self.tokenizer is not None and (params.stop or params.output_kind is not RequestOutputKind.FINAL_ONLY):
+        if self.tokenizer is not None and params.detokenize and (
+                params.stop or params.output_kind is not RequestOutputKind.FINAL_ONLY):
             request.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
                                                          skip_special_tokens=params.skip_special_tokens,
                                                          include_stop=params.include_stop_str_in_output)
@@ -1025,7 +1028,8 @@ class LLMEngine:
 
     def _reaches_length(self, request: Request, generated: int) -> bool:
         """Whether ``generated`` tokens finish the request by length (max_tokens or max_model_len)."""
-        return generated >= request.params.max_tokens or (
+        max_tokens = request.params.max_tokens
+        return (max_tokens is not None and generated >= max_tokens) or (
             request.seq.num_prompt_tokens + generated >= self.runtime.max_model_len
         )
 
@@ -1060,7 +1064,7 @@ class LLMEngine:
         text = None
         if request.detokenizer is not None:
             text = request.detokenizer.output_text(finished)
-        elif finished and self.tokenizer is not None:
+        elif finished and self.tokenizer is not None and request.params.detokenize:
             shown = generated if request.shows_last_token_text() else generated[:-1]
             text = self.tokenizer.decode(shown, skip_special_tokens=request.params.skip_special_tokens)
         return RequestOutput(

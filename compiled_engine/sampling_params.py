@@ -104,7 +104,7 @@ class SamplingParams:
     top_p: float = 1.0  # nucleus: keep the smallest set of tokens whose probability reaches top_p; in (0, 1]
     top_k: int = 0  # keep the k most likely tokens; 0 (or -1) = all
     min_p: float = 0.0  # drop tokens less likely than min_p * (probability of the most likely token); in [0, 1]
-    max_tokens: int = 16  # generated tokens at most
+    max_tokens: int | None = 16  # generated tokens at most; None: up to max_model_len (vLLM's)
     min_tokens: int = 0  # EOS and stop tokens are suppressed until this many tokens are generated
     # Finish when one of these is generated: it ends token_ids, its text is not in the output text (vLLM's default).
     stop_token_ids: list[int] | None = None
@@ -142,6 +142,9 @@ class SamplingParams:
     # The stop string, or the stop token's (EOS's) text, that finished the request is kept in the text (vLLM's).
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True  # special tokens' text left out of the output text (vLLM's default)
+    # False: tokens only, no text (vLLM's; ``out.outputs[j].text`` is ""): the engine runs no detokenizer for the
+    # request. Stop strings need the text, so they need True.
+    detokenize: bool = True
 
     def __post_init__(self):
         self.validate()
@@ -155,7 +158,7 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
             setattr(self, name, float(value))
-        optional = ("seed", "logprobs", "prompt_logprobs", "truncate_prompt_tokens")
+        optional = ("seed", "logprobs", "prompt_logprobs", "truncate_prompt_tokens", "max_tokens")
         for name in ("top_k", "max_tokens", "min_tokens", "n") + optional:
             value = getattr(self, name)
             if value is None and name in optional:
@@ -186,7 +189,7 @@ class SamplingParams:
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("top_k", self.top_k >= 0, "must be a non-negative int (0 = off)"),
             ("min_p", 0 <= self.min_p <= 1, "must be in [0, 1]"),
-            ("max_tokens", self.max_tokens >= 1, "must be an int >= 1"),
+            ("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be None or an int >= 1"),
             ("min_tokens", 0 <= self.min_tokens, "must be an int >= 0"),
             ("output_kind", isinstance(self.output_kind, RequestOutputKind), "must be a RequestOutputKind"),
             ("seed", self.seed is None or -(2**63) <= self.seed < 2**63,
@@ -194,6 +197,7 @@ class SamplingParams:
             ("ignore_eos", isinstance(self.ignore_eos, bool), "must be a bool"),
             ("include_stop_str_in_output", isinstance(self.include_stop_str_in_output, bool), "must be a bool"),
             ("skip_special_tokens", isinstance(self.skip_special_tokens, bool), "must be a bool"),
+            ("detokenize", isinstance(self.detokenize, bool), "must be a bool"),
             ("structured_outputs",
              self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
              "must be None or a StructuredOutputsParams"),
@@ -211,8 +215,10 @@ class SamplingParams:
         for field_name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"SamplingParams.{field_name} {rule}, got {getattr(self, field_name)!r}")
-        if self.min_tokens > self.max_tokens:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"SamplingParams.min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        if self.stop and not self.detokenize:
+            raise ValueError("SamplingParams.stop needs detokenize=True: stop strings are matched on the output text")
 
     def for_completion(self, index: int) -> "SamplingParams":
         """The params of completion ``index`` (0 to n - 1) of a prompt, one request's (vLLM's parallel-sampling

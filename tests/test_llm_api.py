@@ -1,7 +1,8 @@
-"""The rest of vLLM's offline API on the embedded tiny default model (CPU): ``SamplingParams.n``, ``LLM.chat`` and
-``SamplingParams.prompt_logprobs``.
+"""The rest of vLLM's offline API on the embedded tiny default model (CPU): ``SamplingParams.n``, ``LLM.chat``,
+``max_tokens=None``, ``detokenize=False`` and ``SamplingParams.prompt_logprobs``.
 
-Oracles: solo runs of each completion with its seed (vLLM's seed + j); HF transformers' own
+Oracles: solo runs of each completion with its seed (vLLM's seed + j); a run asking for exactly the tokens that fill
+max_model_len; a detokenizing run of the same seeded request and the tokenizer's decode; HF transformers' own
 ``apply_chat_template(..., tokenize=True)`` for a conversation's prompt tokens; HF's float64 log-softmax of the
 checkpoint's logits over a prompt for its prompt logprobs.
 """
@@ -13,7 +14,7 @@ import random
 import pytest
 import torch
 
-from compiled_engine import LLM, SamplingParams
+from compiled_engine import LLM, RequestOutputKind, SamplingParams
 from compiled_engine import engine as engine_module
 from tests import hf_models
 # The embedded tiny default checkpoint, its tokenizer and a 4-slot LLM over it; greedy params, the logprob tolerance.
@@ -114,6 +115,45 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(llm):
     assert (out.prompt_token_ids, out.token_ids) == (long[-20:], solo.token_ids)
     short = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
     assert short.prompt_token_ids == [5, 6, 7]
+
+
+def test_max_tokens_none_generates_up_to_max_model_len(llm):
+    """vLLM's ``max_tokens=None``: the request generates until its prompt and output fill max_model_len (256), the
+    same tokens as a run asking for exactly that many; the caller's params keep None. min_tokens needs no
+    max_tokens then."""
+    prompt = [11, 12, 13, 14, 15]
+    params = SamplingParams(max_tokens=None, min_tokens=3, **GREEDY)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    exact = llm.generate([prompt], SamplingParams(max_tokens=256 - len(prompt), **GREEDY), use_tqdm=False)[0]
+    assert len(out.token_ids) == 256 - len(prompt) and out.outputs[0].finish_reason == "length"
+    assert out.token_ids == exact.token_ids
+    assert params.max_tokens is None
+    with pytest.raises(ValueError, match="SamplingParams.max_tokens must be None or an int >= 1"):
+        SamplingParams(max_tokens=0)
+
+
+def test_detokenize_false_returns_the_same_tokens_without_text(llm, tokenizer):
+    """vLLM's ``detokenize=False``: the tokens a detokenizing run of the same request generates, an empty text
+    (``LLM.generate``) and no text in any of the engine's streamed outputs; stop strings need the text, so they
+    raise ValueError with it (vLLM's rule)."""
+    sampled = dict(temperature=0.8, seed=5, max_tokens=10, ignore_eos=True)
+    with_text = llm.generate(["Hello world"], SamplingParams(**sampled), use_tqdm=False)[0]
+    tokens_only = llm.generate(["Hello world"], SamplingParams(detokenize=False, **sampled), use_tqdm=False)[0]
+    assert tokens_only.token_ids == with_text.token_ids
+    assert with_text.text == tokenizer.decode(with_text.token_ids, skip_special_tokens=True)
+    assert tokens_only.outputs[0].text == ""
+    engine = llm.engine
+    engine.add_request("streamed", tokenizer.encode("Hello world", add_special_tokens=False),
+                       SamplingParams(detokenize=False, output_kind=RequestOutputKind.CUMULATIVE, **sampled))
+    streamed = []
+    while engine.has_unfinished_requests():
+        streamed += [out for out in engine.step() if out.request_id == "streamed"]
+    assert streamed[-1].finished and streamed[-1].token_ids == with_text.token_ids
+    assert all(out.text is None for out in streamed)
+    with pytest.raises(ValueError, match="SamplingParams.stop needs detokenize=True"):
+        SamplingParams(stop=["\n"], detokenize=False)
+    with pytest.raises(ValueError, match="SamplingParams.detokenize must be a bool"):
+        SamplingParams(detokenize="no")
 
 
 # --------------------------------------------------------------------------------------------------------------
