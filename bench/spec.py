@@ -51,6 +51,10 @@ Workload: ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` gree
 wall time (``walls_s`` has them all): a run's tok/s carries its prompt step, eager and host-bound, whose time moves
 from one run to the next.
 
+Each finished (k, batch) cell prints its runs' ``speedup/decode_speedup`` on stderr and rewrites spec.json with every
+cell so far, marked ``"partial": true``, so a run cut at a device call's time limit keeps them; the complete result
+(rule, bounds, fractions) replaces it at the end.
+
 With random weights the MTP head's acceptance says nothing about a real checkpoint: the forced-acceptance curve is
 the result. The outputs of every speculative run are checked against the baseline's (greedy: token for token).
 
@@ -167,7 +171,8 @@ def run(
                 entry["speedup"] = entry["output_tok_s"] / baseline[b]["output_tok_s"]
                 tpot = entry["tpot_ms"]["p50"]
                 entry["decode_speedup"] = base_tpot / tpot if tpot and base_tpot else None
-            done = ", ".join(f"{name} {entry['speedup']:.2f}x" for name, entry in cell.items())
+            done = ", ".join(f"{name} {entry['speedup']:.2f}x/{entry['decode_speedup'] or 0:.2f}x"
+                             for name, entry in cell.items())
             print(f"[bench] spec k={k} batch {b}: {done}", file=sys.stderr, flush=True)
             costs = _spec_step_ms(ctx, llm.runtime, prompts[:b], k, step_iters)
             decode = baseline[b]["decode_ms"]
@@ -186,6 +191,8 @@ def run(
                 costs["compiled_verify_graph_vs_decode_graph"] = costs["compiled_verify_graph_ms"] / decode_graph
             cell["steps"] = costs
             per_k[k][b] = cell
+            # Every finished cell on disk at once: a run cut at its time limit keeps them (spec.json, "partial").
+            ctx.write("spec", {**ctx.metadata("spec"), "partial": True, "baseline": baseline, "speculative": per_k})
     ctx.release_llm()
 
     rule = {}
