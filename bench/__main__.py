@@ -189,7 +189,7 @@ def run(names, modules, kwargs, args, argv) -> int:
             if fn.__name__ == "run_hf":  # our numbers stand; only the comparison is missing
                 results[name].update({"hf_error": message, "hf_traceback": trace})
             else:
-                results[name] = {"scenario": name, "error": message, "traceback": trace}
+                results[name] = {**ctx.partial(name), "scenario": name, "error": message, "traceback": trace}
             ctx.write(name, results[name])
 
     try:

@@ -90,6 +90,7 @@ class Context:
         self.model: ModelSpec = resolve_model(opts.model, self.device)
         self.model_config = ModelConfig.from_pretrained(self.model.path)
         self.out_dir = Path(opts.out) if opts.out else None
+        self._partials: dict[str, dict] = {}  # scenario -> its last write, where that was partial (``write``)
         self.need_seqs, self.need_len = 1, 1
         self._llm = None
         self._llm_key: tuple | None = None
@@ -264,9 +265,16 @@ class Context:
         }
 
     def write(self, scenario: str, result: dict) -> Path | None:
+        """``result`` as ``scenario``'s JSON. One marked ``"partial": true`` (bench spec writes one after each finished
+        cell) is also kept here: a scenario that then fails keeps it beside its error (``partial``)."""
+        self._partials[scenario] = result if result.get("partial") else {}
         if self.out_dir is None:
             return None
         return write_json(self.out_dir / f"{scenario}.json", result)
+
+    def partial(self, scenario: str) -> dict:
+        """The partial result ``scenario`` last wrote in this process, if its last write was one; else {}."""
+        return self._partials.get(scenario, {})
 
 
 # ---------------------------------------------------------------------------------------------------- metadata

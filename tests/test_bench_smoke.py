@@ -397,6 +397,34 @@ def test_hf_alone_beside_an_earlier_run_of_ours(smoke, tmp_path, monkeypatch):
         main(["throughput", "--device", "cpu", "--ours-from", str(smoke[1]), "--out", str(tmp_path / "x")])
 
 
+def test_spec_cut_short_keeps_its_finished_cells(tmp_path, monkeypatch):
+    """A spec run that fails after its first (k, batch) cell: spec.json holds the error and that cell, as the partial
+    file written after it had it (the cell's runs and speed-ups), not the error alone."""
+    import bench.spec
+
+    measured = bench.spec._spec_step_ms
+    calls = []
+
+    def second_cell_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("cut after the first cell")
+        return measured(*args, **kwargs)
+
+    monkeypatch.setattr(bench.spec, "_spec_step_ms", second_cell_fails)
+    monkeypatch.setenv("COMPILED_ENGINE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "spec-cut"
+    rc = main(["spec", "--device", "cpu", "--bandwidth-mib", "8", "-p", "spec.batches=1,2", "-p", "spec.ks=1",
+               "-p", "spec.rates=1", "-p", "spec.prompt_len=8", "-p", "spec.new_tokens=6", "-p", "spec.step_iters=2",
+               "-p", "spec.repeats=1", "--out", str(out)])
+    r = json.loads((out / "spec.json").read_text())
+    assert rc != 0 and "cut after the first cell" in r["error"] and r["partial"]
+    assert list(r["speculative"]["1"]) == ["1"]
+    cell = r["speculative"]["1"]["1"]
+    assert positive(cell["forced_1"]["output_tok_s"]) and positive(cell["steps"]["round_ms"])
+    assert set(r["baseline"]) == {"1", "2"}
+
+
 def test_prefix(smoke):
     r = smoke[2]["prefix"]
     assert positive(r["off"]["output_tok_s"])
