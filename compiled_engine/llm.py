@@ -111,6 +111,11 @@ class LLM:
             mixed_steps=mixed_steps, kv_growth_reserve=kv_growth_reserve,
         )
 
+    def get_tokenizer(self):
+        """The checkpoint's tokenizer (HF transformers'), as vLLM's ``LLM.get_tokenizer``; None for a model folder
+        without one (prompts are then token ids)."""
+        return self.tokenizer
+
     def close(self) -> None:
         """Stop tensor-parallel workers, if any."""
         self.runtime.close()

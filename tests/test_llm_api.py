@@ -1,8 +1,9 @@
 """The rest of vLLM's offline API on the embedded tiny default model (CPU): ``SamplingParams.n``, ``LLM.chat``,
-``max_tokens=None``, ``detokenize=False`` and ``SamplingParams.prompt_logprobs``.
+``LLM.get_tokenizer``, ``max_tokens=None``, ``detokenize=False`` and ``SamplingParams.prompt_logprobs``.
 
 Oracles: solo runs of each completion with its seed (vLLM's seed + j); a run asking for exactly the tokens that fill
-max_model_len; a detokenizing run of the same seeded request and the tokenizer's decode; HF transformers' own
+max_model_len; a detokenizing run of the same seeded request and the tokenizer's decode; HF's AutoTokenizer over
+the checkpoint's folder; HF transformers' own
 ``apply_chat_template(..., tokenize=True)`` for a conversation's prompt tokens; HF's float64 log-softmax of the
 checkpoint's logits over a prompt for its prompt logprobs.
 """
@@ -97,6 +98,19 @@ def test_bad_conversations_raise_value_errors(llm, messages, match):
     with pytest.raises(ValueError, match=match):
         llm.chat(messages, use_tqdm=False)
     assert not llm.engine.requests
+
+
+def test_get_tokenizer_is_the_checkpoints(llm, tiny_path):
+    """vLLM's ``LLM.get_tokenizer``: the checkpoint's tokenizer, as HF's AutoTokenizer loads it from the folder: the
+    same ids for a text and the same rendered chat prompt."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(tiny_path)
+    text = "Hello world, again"
+    assert llm.get_tokenizer().encode(text) == hf.encode(text)
+    messages = [{"role": "user", "content": text}]
+    assert (llm.get_tokenizer().apply_chat_template(messages, tokenize=False)
+            == hf.apply_chat_template(messages, tokenize=False))
 
 
 def test_chat_needs_a_tokenizer(llm, monkeypatch):
