@@ -25,7 +25,15 @@ def message_content(content: Any, where: str) -> str | None:
 
 def render_chat(tokenizer, messages, *, add_generation_prompt: bool = True,
                 chat_template_kwargs: dict | None = None) -> list[int]:
-    """The prompt token ids of one conversation: a list of ``{"role": str, "content": ...}`` messages. Raises
+    """The prompt token ids of one conversation: its ``render_chat_text``, encoded without special tokens added."""
+    text = render_chat_text(tokenizer, messages, add_generation_prompt=add_generation_prompt,
+                            chat_template_kwargs=chat_template_kwargs)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def render_chat_text(tokenizer, messages, *, add_generation_prompt: bool = True,
+                     chat_template_kwargs: dict | None = None) -> str:
+    """The prompt text of one conversation: a list of ``{"role": str, "content": ...}`` messages. Raises
     ValueError for a malformed message, a folder without a tokenizer, or a template that refuses the messages."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("chat needs the checkpoint's tokenizer and its chat template: this model folder has none")
@@ -39,8 +47,7 @@ def render_chat(tokenizer, messages, *, add_generation_prompt: bool = True,
             raise ValueError(f"message {i} must be a dict with a string 'role', got {message!r}")
         rendered.append({**message, "content": message_content(message.get("content"), f"message {i}")})
     try:
-        text = tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt, tokenize=False,
+        return tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt, tokenize=False,
                                              **(chat_template_kwargs or {}))
     except Exception as error:  # a template's own checks (roles, order) raise anything
         raise ValueError(f"the chat template refused the messages: {error}") from None
-    return tokenizer.encode(text, add_special_tokens=False)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from compiled_engine.chat import render_chat
+from compiled_engine.chat import render_chat_text
 from compiled_engine.engine import LLMEngine
 from compiled_engine.memory_plan import default_max_num_batched_tokens
 from compiled_engine.outputs import RequestOutput
@@ -44,6 +44,14 @@ def is_single_prompt(prompts) -> bool:
     if isinstance(prompts, (np.ndarray, torch.Tensor)):
         return prompts.ndim == 1
     return isinstance(prompts, (list, tuple)) and bool(prompts) and all(as_token_id(t) is not None for t in prompts)
+
+
+def prompt_text(prompt: Prompt) -> str | None:
+    """A prompt's text where it was given as text (a string or ``{'prompt': str}``), else None: vLLM's
+    ``RequestOutput.prompt``."""
+    if isinstance(prompt, dict):
+        prompt = prompt.get("prompt")
+    return prompt if isinstance(prompt, str) else None
 
 
 def load_tokenizer(path: str):
@@ -194,9 +202,10 @@ class LLM:
             self._abort_all()
             raise
         outputs = []
-        for start, p in zip(starts, params):
+        for prompt, start, p in zip(prompts, starts, params):
             out = results[ids[start]]
             out.more_outputs = [results[ids[start + j]].completion(j) for j in range(1, p.n)]
+            out.prompt = prompt_text(prompt)
             outputs.append(out)
         return outputs
 
@@ -222,8 +231,9 @@ class LLM:
             conversations = list(messages)
         if not conversations:
             raise ValueError("no conversations given")
-        prompts = [render_chat(self.tokenizer, conversation, add_generation_prompt=add_generation_prompt,
-                               chat_template_kwargs=chat_template_kwargs) for conversation in conversations]
+        # The rendered text is the prompt (generate encodes it as render_chat would), so outputs carry it (vLLM's).
+        prompts = [render_chat_text(self.tokenizer, conversation, add_generation_prompt=add_generation_prompt,
+                                    chat_template_kwargs=chat_template_kwargs) for conversation in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _abort_all(self) -> None:

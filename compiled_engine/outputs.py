@@ -52,6 +52,7 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finished_time: float | None = None
+    prompt: str | None = None  # the prompt's text where LLM.generate / LLM.chat was given text (vLLM's), else None
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -1,5 +1,5 @@
 """The rest of vLLM's offline API on the embedded tiny default model (CPU): ``SamplingParams.n``, ``LLM.chat``,
-``LLM.get_tokenizer``, ``max_tokens=None``, ``detokenize=False`` and ``SamplingParams.prompt_logprobs``.
+``LLM.get_tokenizer``, ``RequestOutput.prompt``, ``max_tokens=None``, ``detokenize=False`` and ``SamplingParams.prompt_logprobs``.
 
 Oracles: solo runs of each completion with its seed (vLLM's seed + j); a run asking for exactly the tokens that fill
 max_model_len; a detokenizing run of the same seeded request and the tokenizer's decode; HF's AutoTokenizer over
@@ -111,6 +111,23 @@ def test_get_tokenizer_is_the_checkpoints(llm, tiny_path):
     messages = [{"role": "user", "content": text}]
     assert (llm.get_tokenizer().apply_chat_template(messages, tokenize=False)
             == hf.apply_chat_template(messages, tokenize=False))
+
+
+def test_outputs_carry_the_prompt_text_they_were_given(llm, tiny_path):
+    """vLLM's ``RequestOutput.prompt``: the text of a prompt given as text (a string, ``{"prompt": ...}``, the chat
+    template's rendering of a conversation, as HF's tokenizer renders it), None for token ids; the prompt's token ids
+    are the text's, encoded by HF's tokenizer."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(tiny_path)
+    params = SamplingParams(max_tokens=2, **GREEDY)
+    outs = llm.generate(["Hello there", {"prompt": "abc"}, [5, 6, 7], {"prompt_token_ids": [8, 9]}], params,
+                        use_tqdm=False)
+    assert [out.prompt for out in outs] == ["Hello there", "abc", None, None]
+    assert outs[0].prompt_token_ids == hf.encode("Hello there", add_special_tokens=False)
+    messages = [{"role": "user", "content": "Hi"}]
+    [chat] = llm.chat(messages, params, use_tqdm=False)
+    assert chat.prompt == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def test_chat_needs_a_tokenizer(llm, monkeypatch):
