@@ -40,10 +40,9 @@ if HAVE_TRITON:  # else cuBLAS serves every matmul (ops/triton/__init__.py)
     from ops.triton import gemv_kernels
 
 # Rows up to which the Triton skinny GEMM runs instead of cuBLAS: the decode buckets 1-4 and the 5 rows of a batch-1
-# verify at k = 4, where its GEMV paths read the weights faster than cuBLAS's kernels do (a step's 97 matmuls on an
-# H100: 0.67 against 1.00 ms at one row, 0.72 / 0.77 / 0.82 / 0.87 against 0.93-1.00 at two to five rows, five as
-# 4 + 1). From 6 rows cuBLAS (with the norm and the activation as kernels of their own) was faster than every path of
-# ours that was measured (bench/NOTES.md, "Skinny GEMM" and "Removed alternatives"). At most
+# verify at k = 4 (as 4 + 1), where its GEMV paths read the weights faster than cuBLAS's kernels do. From 6 rows
+# cuBLAS (with the norm and the activation as kernels of their own) was faster than every path of ours that was
+# measured (bench/NOTES.md, "Skinny GEMM" and "Removed alternatives", has the figures). At most
 # gemv_kernels.GEMV_MAX_ROWS, the most rows the kernel takes.
 SKINNY_MAX_ROWS = 5
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)  # served models; fp32 ones (the exactness tests) keep cuBLAS
