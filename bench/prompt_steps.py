@@ -1,0 +1,120 @@
+"""What a prompt step of several sequences costs against one of one sequence: the case for capturing them.
+
+    python3 bench/prompt_steps.py --model qwen3.5-0.8b --out /tmp/prompt_steps
+
+A step of one sequence replays a captured prompt step (graphs/prefill_graph.py); a step of several runs eagerly,
+its ~590 kernels launched one by one from Python. Several sequences share a step when prompts arrive together, and
+in every mixed step (``mixed_steps``, the default): a new prompt's chunk beside the running requests' decode rows.
+For each shape ``P x T + D`` (P new prompts of T tokens and D decode rows, each row one token of a sequence that
+already holds ``--context`` tokens) this times ``Runtime.prefill`` on that step, wall ms from the call to its logits
+on the host (median of ``--repeats``), beside the captured step of one sequence of the same total tokens and the
+decode graph of D rows: an eager step of several sequences costs its launches where the captured one costs its GPU
+work. CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import Context, Options, random_prompt
+
+# (new prompts, tokens each, decode rows)
+DEFAULT_SHAPES = "1x256+15,1x1024+15,1x256+63,1x2048+63,4x128+0,16x64+0,2x1024+0"
+
+
+def _parse(shape: str) -> tuple[int, int, int]:
+    prompts, rest = shape.split("x")
+    tokens, rows = rest.split("+")
+    return int(prompts), int(tokens), int(rows)
+
+
+def _wall_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def _shape(runtime, prompts: int, tokens: int, rows: int, context: int, repeats: int, rng: random.Random) -> dict:
+    vocab = runtime.model_config.vocab_size
+    decoding = [runtime.add_sequence(random_prompt(rng, context, vocab)) for _ in range(rows)]
+    try:
+        for seq in decoding:
+            runtime.prefill([seq])
+            seq.token_ids.append(rng.randrange(vocab))
+
+        def mixed():
+            fresh = [runtime.add_sequence(random_prompt(rng, tokens, vocab)) for _ in range(prompts)]
+            try:
+                runtime.prefill([*fresh, *decoding], [tokens] * prompts + [1] * rows).argmax(-1).tolist()
+            finally:
+                for seq in fresh:
+                    runtime.release(seq)
+            for seq in decoding:
+                seq.token_ids.append(rng.randrange(vocab))
+
+        def single():
+            seq = runtime.add_sequence(random_prompt(rng, prompts * tokens + rows, vocab))
+            try:
+                runtime.prefill([seq]).argmax(-1).tolist()
+            finally:
+                runtime.release(seq)
+
+        def decode():
+            runtime.decode(decoding).tokens.tolist()
+            for seq in decoding:
+                seq.token_ids.append(rng.randrange(vocab))
+
+        for fn in (mixed, single):
+            fn()  # compiles / autotunes outside the timing
+        row = {"shape": f"{prompts}x{tokens}+{rows}", "tokens": prompts * tokens + rows,
+               "eager_step_ms": _wall_ms(mixed, repeats), "captured_one_sequence_ms": _wall_ms(single, repeats)}
+        if rows:
+            decode()
+            row["decode_graph_ms"] = _wall_ms(decode, repeats)
+        return row
+    finally:
+        for seq in decoding:
+            runtime.release(seq)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen3.5-0.8b")
+    p.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated PxT+D")
+    p.add_argument("--context", type=int, default=512, help="tokens each decode row's sequence holds")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run (no graphs there)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    shapes = [_parse(s) for s in args.shapes.split(",")]
+    ctx = Context(Options(model=args.model, device=args.device, dtype="bfloat16" if args.device == "cuda" else "float32"))
+    ctx.require(max(p + r for p, _, r in shapes), max(args.context + 4 * args.repeats + 64,
+                                                     max(p * t + r for p, t, r in shapes) + 64))
+    runtime = ctx.llm().runtime
+    rng = random.Random(0)
+    rows = [_shape(runtime, *s, args.context, args.repeats, rng) for s in shapes]
+    print(f"{'shape':>12} {'tokens':>7} {'eager ms':>9} {'captured 1-seq ms':>18} {'decode graph ms':>16}")
+    for r in rows:
+        print(f"{r['shape']:>12} {r['tokens']:7d} {r['eager_step_ms']:9.2f} {r['captured_one_sequence_ms']:18.2f} "
+              f"{r.get('decode_graph_ms', float('nan')):16.3f}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "prompt_steps.json").write_text(json.dumps({"context": args.context, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
