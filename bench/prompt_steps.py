@@ -9,7 +9,14 @@ For each shape ``P x T + D`` (P new prompts of T tokens and D decode rows, each 
 already holds ``--context`` tokens) this times ``Runtime.prefill`` on that step, wall ms from the call to its logits
 on the host (median of ``--repeats``), beside the captured step of one sequence of the same total tokens and the
 decode graph of D rows: an eager step of several sequences costs its launches where the captured one costs its GPU
-work. CUDA only.
+work.
+
+``--serve C``: then what it does to a served stream. A closed loop keeps C requests in flight through
+``LLMEngine.add_request`` / ``step`` (``--requests`` in all, one more as each finishes), prompts of ``--input-len``
+tokens, greedy outputs of a length drawn uniformly from [``--output-len`` / 2, 3 ``--output-len`` / 2] (ignore_eos),
+so that requests finish and arrive one at a time, each arrival's prompt in a mixed step beside the others' decode
+rows. It reports output tok/s, TTFT and ITL (the gap between a request's successive tokens) at p50 / p99, and the
+steps by kind. ``--max-prefill-capture-seqs 1`` gives the engine that captures steps of one sequence only.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import Context, Options, random_prompt
+from bench.common import Context, Options, percentile, random_prompt
 
 # (new prompts, tokens each, decode rows)
 DEFAULT_SHAPES = "1x256+15,1x1024+15,1x256+63,1x2048+63,4x128+0,16x64+0,2x1024+0"
@@ -90,6 +97,55 @@ def _shape(runtime, prompts: int, tokens: int, rows: int, context: int, repeats:
             runtime.release(seq)
 
 
+def _serve(llm, concurrency: int, requests: int, input_len: int, output_len: int, seed: int) -> dict:
+    from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
+
+    engine = llm.engine
+    rng = random.Random(seed)
+    vocab = engine.runtime.model_config.vocab_size
+    prompts = [random_prompt(rng, input_len, vocab) for _ in range(requests)]
+    lengths = [rng.randint(max(1, output_len // 2), output_len * 3 // 2) for _ in range(requests)]
+    times: dict[str, list[float]] = {}
+    sent: dict[str, float] = {}
+    submitted = finished = steps = 0
+
+    def submit() -> None:
+        nonlocal submitted
+        rid = str(submitted)
+        params = SamplingParams(temperature=0.0, max_tokens=lengths[submitted], ignore_eos=True,
+                                output_kind=RequestOutputKind.CUMULATIVE)
+        sent[rid] = time.perf_counter()
+        engine.add_request(rid, prompts[submitted], params)
+        times[rid] = []
+        submitted += 1
+
+    kinds = engine.scheduler
+    before = (kinds.num_decode_steps, kinds.num_mixed_steps, kinds.num_prefill_steps)
+    start = time.perf_counter()
+    while submitted < min(concurrency, requests):
+        submit()
+    while finished < requests:
+        outputs = engine.step()
+        now = time.perf_counter()
+        steps += 1
+        for out in outputs:
+            times[out.request_id].extend([now] * len(out.new_token_ids))
+            if out.finished:
+                finished += 1
+                if submitted < requests:
+                    submit()
+    wall = time.perf_counter() - start
+    ttft = [(t[0] - sent[rid]) * 1e3 for rid, t in times.items()]
+    itl = [(b - a) * 1e3 for t in times.values() for a, b in zip(t, t[1:])]
+    after = (kinds.num_decode_steps, kinds.num_mixed_steps, kinds.num_prefill_steps)
+    return {"concurrency": concurrency, "requests": requests, "input_len": input_len, "output_len": output_len,
+            "output_tok_s": sum(lengths) / wall, "wall_s": wall, "engine_steps": steps,
+            "ttft_ms": {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99)},
+            "itl_ms": {"p50": percentile(itl, 50), "p99": percentile(itl, 99), "max": max(itl)},
+            "steps": {"decode": after[0] - before[0], "mixed": after[1] - before[1],
+                      "prefill_only": (after[2] - after[1]) - (before[2] - before[1])}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3.5-0.8b")
@@ -97,23 +153,42 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512, help="tokens each decode row's sequence holds")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (no graphs there)")
+    p.add_argument("--max-prefill-capture-seqs", type=int, default=None, help="the engine's (default: its own)")
+    p.add_argument("--serve", type=int, default=0, help="also a served stream at this concurrency (0: none)")
+    p.add_argument("--requests", type=int, default=128)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     shapes = [_parse(s) for s in args.shapes.split(",")]
-    ctx = Context(Options(model=args.model, device=args.device, dtype="bfloat16" if args.device == "cuda" else "float32"))
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    ctx = Context(Options(model=args.model, device=args.device, dtype=dtype,
+                          max_prefill_capture_seqs=args.max_prefill_capture_seqs))
     ctx.require(max(p + r for p, _, r in shapes), max(args.context + 4 * args.repeats + 64,
                                                      max(p * t + r for p, t, r in shapes) + 64))
-    runtime = ctx.llm().runtime
+    if args.serve:
+        ctx.require(args.serve, args.input_len + args.output_len * 3 // 2 + 16)
+    llm = ctx.llm()
+    runtime = llm.runtime
     rng = random.Random(0)
     rows = [_shape(runtime, *s, args.context, args.repeats, rng) for s in shapes]
     print(f"{'shape':>12} {'tokens':>7} {'eager ms':>9} {'captured 1-seq ms':>18} {'decode graph ms':>16}")
     for r in rows:
         print(f"{r['shape']:>12} {r['tokens']:7d} {r['eager_step_ms']:9.2f} {r['captured_one_sequence_ms']:18.2f} "
               f"{r.get('decode_graph_ms', float('nan')):16.3f}")
+    served = None
+    if args.serve:
+        served = _serve(llm, args.serve, args.requests, args.input_len, args.output_len, seed=1)
+        print(f"served c={served['concurrency']}: {served['output_tok_s']:.0f} output tok/s, TTFT p50/p99 "
+              f"{served['ttft_ms']['p50']:.1f} / {served['ttft_ms']['p99']:.1f} ms, ITL p50/p99/max "
+              f"{served['itl_ms']['p50']:.2f} / {served['itl_ms']['p99']:.2f} / {served['itl_ms']['max']:.2f} ms, "
+              f"steps {served['steps']}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "prompt_steps.json").write_text(json.dumps({"context": args.context, "rows": rows}, indent=1))
+        (out / "prompt_steps.json").write_text(json.dumps(
+            {"context": args.context, "max_prefill_capture_seqs": args.max_prefill_capture_seqs, "rows": rows,
+             "served": served}, indent=1))
 
 
 if __name__ == "__main__":

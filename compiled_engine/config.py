@@ -342,9 +342,11 @@ class RuntimeConfig:
     prefix_snapshot_interval: int = 512  # tokens between linear-state snapshots (multiple of block_size and 64)
     num_prefix_snapshots: int = 64  # snapshot pool size (each holds one sequence's state of every linear layer)
     attention_backend: str = "triton"  # or "flash_attn" where installed (block_size a multiple of 256)
-    # The largest prompt step (of one sequence) replayed from a captured CUDA graph (graphs/prefill_graph.py) when the
-    # runtime compiles; 0: every prompt step runs eagerly.
+    # The largest prompt step (in tokens, and in sequences: prompts together, a mixed step's decode rows) replayed
+    # from a captured CUDA graph (graphs/prefill_graph.py) when the runtime compiles; 0 tokens: every prompt step
+    # runs eagerly. Sequences past max_num_seqs are never captured.
     max_prefill_capture_tokens: int = 8192
+    max_prefill_capture_seqs: int = 256
     # Speculative decoding with the checkpoint's MTP layer: None (off), {"method": "mtp", "num_speculative_tokens": k}
     # or a SpeculativeConfig; validate() makes it a SpeculativeConfig (or None).
     speculative_config: SpeculativeConfig | dict | None = None
@@ -358,7 +360,8 @@ class RuntimeConfig:
         ``state_dtype`` a ``torch.dtype``. Then ranges.
         """
         for name in ("max_num_seqs", "block_size", "max_num_batched_tokens", "prefix_snapshot_interval",
-                     "num_prefix_snapshots", "max_model_len", "num_kv_blocks", "max_prefill_capture_tokens"):
+                     "num_prefix_snapshots", "max_model_len", "num_kv_blocks", "max_prefill_capture_tokens",
+                     "max_prefill_capture_seqs"):
             value = getattr(self, name)
             if value is None and name in ("max_model_len", "num_kv_blocks"):
                 continue
@@ -389,6 +392,8 @@ class RuntimeConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_prefill_capture_tokens < 0:
             raise ValueError(f"max_prefill_capture_tokens must be >= 0, got {self.max_prefill_capture_tokens}")
+        if self.max_prefill_capture_seqs < 1:
+            raise ValueError(f"max_prefill_capture_seqs must be >= 1, got {self.max_prefill_capture_seqs}")
         if self.attention_backend not in ("triton", "flash_attn"):
             raise ValueError(f"attention_backend must be 'triton' or 'flash_attn', got {self.attention_backend!r}")
         if self.state_dtype not in (torch.float32, torch.bfloat16):

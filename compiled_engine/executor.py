@@ -102,23 +102,24 @@ class ModelExecutor:
         self._decode_fn = runner
         return runner
 
-    def compile_prefill(self, buckets: Iterable[int]) -> PrefillGraphs | None:
-        """Capture the prompt step of 2 sequences (one and its padding) at each token count of ``buckets``; later
-        prompt steps of that shape replay it (``execute``, ``forward_keeping_hidden``), and with speculative decoding
-        the drafts after it as well (``draft``). One rank only. None where ``buckets`` is empty."""
+    def compile_prefill(self, buckets: Iterable[int], max_sequences: int = 1) -> PrefillGraphs | None:
+        """Capture the prompt step at each token count of ``buckets`` and each sequence bucket up to
+        ``max_sequences`` (graphs/prefill_graph.py; with speculative decoding one sequence only); later prompt and
+        mixed steps of those shapes replay them (``execute``, ``forward_keeping_hidden``), and with speculative
+        decoding the drafts after them as well (``draft``). One rank only. None where ``buckets`` is empty."""
         if self.workers is not None or self.model.tp.world_size > 1:
             raise ValueError("captured prompt steps run on one rank only")
         buckets = tuple(buckets)
         if not buckets:
             return None
         graphs = PrefillGraphs(self.model, buckets, -(-self.max_model_len // self.block_size), self.block_size,
-                               self.device, self.prompt_drafter())
+                               self.device, self.prompt_drafter(), max_sequences)
         start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         graphs.capture()
         self.reset_state_slots([NULL_SLOT])  # the captures' warm-up steps ran on the null slot
-        logger.info("captured %d prompt steps of %d..%d tokens%s in %.2f s; %.2f GiB more reserved", len(buckets),
-                    min(buckets), max(buckets), " with their drafts" if graphs.drafter is not None else "",
-                    time.perf_counter() - start,
+        logger.info("captured %d prompt steps of %d..%d tokens in 1..%d sequences%s in %.2f s; %.2f GiB more reserved",
+                    len(graphs.keys), min(buckets), max(buckets), graphs.sequence_buckets[-1],
+                    " with their drafts" if graphs.drafter is not None else "", time.perf_counter() - start,
                     (torch.cuda.memory_reserved(self.device) - reserved) / 2**30)
         self.prefill_graphs = graphs
         return graphs

@@ -98,11 +98,12 @@ def allocate_caches(
     dtype: torch.dtype,
     snapshot_mirror: Callable[[str, int, int], None] | None = None,
     captured_prefill_tokens: int = 0,
+    captured_prefill_seqs: int = 1,
 ) -> tuple[CacheConfig, PrefixCache | None]:
     """Allocate this rank's caches as buffers of the model's layers (state pools, KV cache) and the prefix cache's
     snapshot pool; returns the sizes settled on and the prefix cache (None when prefix caching is off).
-    ``captured_prefill_tokens``: the largest prompt step the runtime will capture (0: none), whose graphs' memory
-    pool the plan leaves room for.
+    ``captured_prefill_tokens`` / ``captured_prefill_seqs``: the largest prompt step the runtime will capture (0
+    tokens: none), whose graphs' memory pool and logits buffer the plan leaves room for.
 
     Every tensor-parallel rank calls this with the same config; the KV plan takes the smallest rank's.
     ``snapshot_mirror``: rank 0's prefix cache repeats each snapshot copy on the other ranks through it.
@@ -118,7 +119,7 @@ def allocate_caches(
             device, dtype, config.state_dtype, mirror=snapshot_mirror,
         )
     num_kv_blocks = config.num_kv_blocks or plan_kv_blocks(model, config, max_model_len, device, dtype,
-                                                           captured_prefill_tokens)
+                                                           captured_prefill_tokens, captured_prefill_seqs)
     blocks_for_one = math.ceil(max_model_len / config.block_size)
     if blocks_for_one > num_kv_blocks - 1:
         raise ValueError(
@@ -137,7 +138,7 @@ def allocate_caches(
 
 def plan_kv_blocks(
     model: HybridModel, config: RuntimeConfig, max_model_len: int, device: torch.device, dtype: torch.dtype,
-    captured_prefill_tokens: int = 0,
+    captured_prefill_tokens: int = 0, captured_prefill_seqs: int = 1,
 ) -> int:
     """KV blocks from the memory left after weights, state pools and the measured activation peak (with the captured
     prompt steps' pool: ``measure_activation_peak``).
@@ -151,7 +152,8 @@ def plan_kv_blocks(
         return wanted
     if device.type != "cuda":
         return max(2, min(wanted, CPU_KV_CACHE_BYTES // block_bytes))
-    peak = measure_activation_peak(model, config, max_model_len, device, dtype, captured_prefill_tokens)
+    peak = measure_activation_peak(model, config, max_model_len, device, dtype, captured_prefill_tokens,
+                                   captured_prefill_seqs)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     budget = total * config.gpu_memory_utilization - (total - free) - peak
@@ -177,12 +179,13 @@ def _padding_step(lengths: list[int], is_prefill: bool, block_size: int, device:
 @torch.inference_mode()
 def measure_activation_peak(
     model: HybridModel, config: RuntimeConfig, max_model_len: int, device: torch.device, dtype: torch.dtype,
-    captured_prefill_tokens: int = 0,
+    captured_prefill_tokens: int = 0, captured_prefill_seqs: int = 1,
 ) -> int:
     """Peak bytes of the largest prefill (max_num_batched_tokens tokens) and decode (max_num_seqs) steps (and
     verify steps of max_num_seqs sequences with speculative decoding), plus, with ``captured_prefill_tokens``, the
-    peak of a prompt step of that many tokens alone (and its MTP pass, with speculative decoding): the captured
-    prompt steps' memory pool (graphs/prefill_graph.py) holds it for good, apart from what eager steps allocate.
+    peak of a prompt step of that many tokens in ``captured_prefill_seqs`` sequences and a padding one alone (and its
+    MTP pass, with speculative decoding) and the graphs' logits buffer: the captured prompt steps' memory pool
+    (graphs/prefill_graph.py) holds them for good, apart from what eager steps allocate.
 
     The steps run on a 2-block KV cache with every token routed to the null block and every sequence to the
     null slot: the numbers are garbage, the memory traffic and allocation pattern are real. They are packed by
@@ -218,16 +221,18 @@ def measure_activation_peak(
         model.compute_logits(model(verify))
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - baseline
-    if captured_prefill_tokens:  # as PrefillGraphs captures it: the bucket's tokens in 2 sequences
+    if captured_prefill_tokens:  # as PrefillGraphs captures its largest key, plus its logits buffer
         torch.cuda.reset_peak_memory_stats(device)
         baseline = torch.cuda.memory_allocated(device)
         half = captured_prefill_tokens // 2
-        captured = step([half, captured_prefill_tokens - half], True)
+        captured = step([half] + [0] * (captured_prefill_seqs - 1) + [captured_prefill_tokens - half], True)
         hidden = model(captured)
-        model.compute_logits(hidden[captured.last_token_indices()])
+        logits = model.compute_logits(hidden[captured.last_token_indices()])
+        logits_buffer = torch.empty_like(logits)  # PrefillGraphs.logits, held beside the pool
         if config.speculative_config is not None:  # the drafts' graph: the MTP layer over the step's rows
             model.mtp_forward(captured.input_ids, hidden, captured)
         torch.cuda.synchronize(device)
         peak += torch.cuda.max_memory_allocated(device) - baseline
+        del logits, logits_buffer
     reset_state_slot(model, NULL_SLOT)
     return peak

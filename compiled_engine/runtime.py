@@ -140,12 +140,16 @@ class Runtime:
         mirror = workers.send_snapshot if workers is not None else None
         # Captured prompt steps (ModelExecutor.compile_prefill; with speculative decoding, the drafts after them too):
         # one rank, not flash-attn (its varlen call reads the longest sequence on the host).
+        # Steps of several sequences too, up to max_prefill_capture_seqs, but for speculative decoding's (one sequence).
         self._prefill_buckets = (
             prefill_buckets(config.max_prefill_capture_tokens, config.max_num_batched_tokens, self.max_model_len)
             if compile and workers is None and model.tp.world_size == 1 and device.type == "cuda"
             and config.attention_backend == "triton" else ())
-        self.cache_config, prefix_cache = allocate_caches(model, config, self.max_model_len, device, dtype, mirror,
-                                                          max(self._prefill_buckets, default=0))
+        self._prefill_sequences = (1 if config.speculative_config is not None
+                                   else min(config.max_prefill_capture_seqs, config.max_num_seqs))
+        self.cache_config, prefix_cache = allocate_caches(
+            model, config, self.max_model_len, device, dtype, mirror, max(self._prefill_buckets, default=0),
+            self._prefill_sequences)
         self.executor = ModelExecutor(model, config.block_size, config.max_num_seqs, self.max_model_len, device,
                                       workers, config.speculative_config)
         self.caches = CacheManager(self.cache_config, self.executor.reset_state_slots, prefix_cache)
@@ -162,15 +166,15 @@ class Runtime:
         """Compile (and capture) what decodes, on every rank: the decode step, or with speculative decoding the
         rounds (decode rows become verify rounds), and the decode step too where plain decode steps still run:
         ``disable_by_batch_size`` sends large batches to it, ``auto_disable`` the steps where drafting does not pay.
-        Then the prompt steps of one sequence, captured per token bucket, where ``__init__`` chose buckets (and the
-        memory plan left room for them)."""
+        Then the prompt and mixed steps, captured per token bucket and sequence bucket, where ``__init__`` chose
+        buckets (and the memory plan left room for them)."""
         config = self.speculative_config
         if config is not None:
             self.executor.compile_rounds()
         if config is None or config.disable_by_batch_size or config.auto_disable:
             self.compile_decode()
         if self._prefill_buckets:  # chosen with the memory plan (__init__)
-            self.executor.compile_prefill(self._prefill_buckets)
+            self.executor.compile_prefill(self._prefill_buckets, self._prefill_sequences)
 
     @property
     def speculative_round(self) -> SpeculativeRound | None:
@@ -331,9 +335,9 @@ class Runtime:
                                  f"{tuple(indices.shape)} {indices.dtype} on {indices.device} and "
                                  f"{tuple(tokens.shape)} {tokens.dtype} on {tokens.device}")
         counts = [s.num_uncomputed_tokens for s in seqs] if num_tokens is None else list(num_tokens)
-        # One sequence's step replays a captured prompt step (ModelExecutor.compile_prefill): padded to its bucket's
-        # tokens by a padding sequence, whose logits row is dropped.
-        bucket = self._prefill_bucket(seqs, counts) if not all_logits and device_input_ids is None else None
+        # The step replays a captured prompt step (ModelExecutor.compile_prefill) where one holds it: padded to its
+        # key's tokens and sequences by padding sequences, whose logits rows are dropped.
+        bucket = self._prefill_bucket(seqs, counts) if not all_logits else None
         step = self.build_step(seqs, counts, is_prefill=True, pad_to=bucket)
         if device_input_ids is not None:
             step.input_ids[indices] = tokens  # the step's own fresh copy of its ids; queued before the step runs
@@ -341,10 +345,11 @@ class Runtime:
         self.caches.record_prefixes(seqs)
         return logits if bucket is None else logits[: len(seqs)]
 
-    def _prefill_bucket(self, seqs: Seq[Sequence], counts: Seq[int]) -> int | None:
-        """The captured prompt step's bucket that a prompt step of ``seqs`` can replay (one sequence), or None."""
+    def _prefill_bucket(self, seqs: Seq[Sequence], counts: Seq[int]) -> tuple[int, int] | None:
+        """The key (tokens, sequences) of the captured prompt step that a prompt step of ``seqs`` can replay, or
+        None."""
         graphs = self.executor.prefill_graphs
-        return graphs.bucket(counts[0]) if graphs is not None and len(seqs) == 1 and counts else None
+        return graphs.bucket(sum(counts), len(seqs)) if graphs is not None and seqs and counts else None
 
     @torch.inference_mode()
     def decode_step(self, seqs: Seq[Sequence], *, input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -386,12 +391,13 @@ class Runtime:
 
     def build_step(
         self, seqs: Seq[Sequence], counts: Seq[int], is_prefill: bool, device: torch.device | None = None,
-        pad_to: int | None = None,
+        pad_to: tuple[int, int] | None = None,
     ) -> StepInputs:
         """Check the step, reserve KV blocks for its new tokens, and pack its metadata into tensors on ``device``
-        (the runtime's by default); the sequences' computed-token counts move on by ``counts``. ``pad_to``: a prefill
-        step packed with one more sequence after them, a padding one (``PaddingSequence``: the null slot and block)
-        of the tokens that make ``pad_to`` in all (none, if they already do).
+        (the runtime's by default); the sequences' computed-token counts move on by ``counts``. ``pad_to`` = (tokens,
+        sequences): a prefill step packed with padding sequences after them (``PaddingSequence``: the null slot and
+        block), empty ones up to ``sequences``, then one of the tokens that make ``tokens`` in all (empty, if they
+        already do): a captured step's shape (graphs/prefill_graph.py).
 
         A decode step computes exactly one token of each sequence; a prefill step 1..all of its uncomputed ones.
         Raises ValueError, before anything changes, for: counts not one per sequence, a sequence twice, a sequence of
@@ -433,15 +439,19 @@ class Runtime:
                 if min(new) < 0 or max(new) >= vocab:
                     bad = next(t for t in new if not 0 <= t < vocab)
                     raise ValueError(f"sequence {seq.seq_id}: token id {bad!r} is out of range [0, {vocab})")
-        if pad_to is not None and not (is_prefill and sum(counts) <= pad_to):
-            raise ValueError(f"pad_to={pad_to} needs a prefill step of at most that many tokens, got {sum(counts)}")
+        if pad_to is not None and not (is_prefill and sum(counts) <= pad_to[0] and len(seqs) <= pad_to[1]):
+            raise ValueError(f"pad_to={pad_to} needs a prefill step of at most that many tokens and sequences, got "
+                             f"{sum(counts)} tokens in {len(seqs)}")
         self.caches.reserve_blocks(seqs, counts)
         block_size = self.config.block_size
         packed, packed_counts, chunk_rows = seqs, counts, None
         if pad_to is not None:
-            padding = pad_to - sum(counts)
-            packed, packed_counts = [*seqs, PaddingSequence(padding, block_size)], [*counts, padding]
-            chunk_rows = max_chunk_rows(pad_to, len(packed))  # one table length for every step of this shape
+            tokens, sequences = pad_to
+            empty = sequences - len(seqs)
+            padding = tokens - sum(counts)
+            packed = [*seqs, *[PaddingSequence(0, block_size)] * empty, PaddingSequence(padding, block_size)]
+            packed_counts = [*counts, *[0] * empty, padding]
+            chunk_rows = max_chunk_rows(tokens, len(packed))  # one table length for every step of this shape
         step = pack_step(packed, packed_counts, is_prefill, block_size, device or self.device, chunk_rows,
                          self.caches.block_tables)
         for seq, n in zip(seqs, counts):

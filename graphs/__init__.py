@@ -8,15 +8,14 @@ Modules: ``buckets`` (which batch sizes get a graph), ``static_inputs`` (fixed-a
 ``decode_graph`` (DecodeGraphRunner). The runner knows the model only as a module whose forward takes a StepInputs
 (``compiled_engine.step``) and which has ``decode_logits``; it imports nothing else of compiled_engine. Who builds
 it: ``compiled_engine.executor.ModelExecutor.compile_decode``. Prefill is not compiled (bench/NOTES.md, "Prefill
-compile", has the measurement and the reasons), but a prompt step of one sequence is captured as it runs
-eagerly, one CUDA graph per token bucket (``prefill_graph``: PrefillGraphs, built by
-``ModelExecutor.compile_prefill``). docs/ARCHITECTURE.md,
-"Compile and capture", states the rules a graph depends on.
+compile", has the measurement and the reasons), but a prompt or mixed step is captured as it runs
+eagerly, one CUDA graph per token bucket and sequence bucket (``prefill_graph``: PrefillGraphs, built by
+``ModelExecutor.compile_prefill``). docs/ARCHITECTURE.md, "Compile and capture", states the rules a graph depends on.
 """
 
 from graphs.buckets import BucketPolicy, bucket_for, default_bucket_sizes
 from graphs.decode_graph import DecodeGraphRunner, decode_forward, eager_decode, expected_compiles
-from graphs.prefill_graph import PrefillGraphs, prefill_buckets
+from graphs.prefill_graph import PrefillGraphs, prefill_buckets, sequence_buckets
 from graphs.static_inputs import StaticDecodeInputs, StaticSamplingInputs
 
 __all__ = [
@@ -31,4 +30,5 @@ __all__ = [
     "default_bucket_sizes",
     "expected_compiles",
     "prefill_buckets",
+    "sequence_buckets",
 ]

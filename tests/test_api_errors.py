@@ -85,6 +85,8 @@ BAD_KNOBS = [
     (dict(attention_backend=None), "attention_backend"),
     (dict(max_prefill_capture_tokens=-1), "max_prefill_capture_tokens"),
     (dict(max_prefill_capture_tokens=512.0), "max_prefill_capture_tokens"),
+    (dict(max_prefill_capture_seqs=0), "max_prefill_capture_seqs"),
+    (dict(max_prefill_capture_seqs=4.0), "max_prefill_capture_seqs"),
 ]
 
 

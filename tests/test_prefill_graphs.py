@@ -1,5 +1,6 @@
-"""Captured prompt steps (graphs/prefill_graph.py): a prompt step of one sequence, padded to its bucket by a
-padding sequence on the null slot and block and replayed, computes what the unpadded eager step computes.
+"""Captured prompt steps (graphs/prefill_graph.py): a prompt step of one sequence or several (prompts together, a
+mixed step's decode rows), padded to its key by padding sequences on the null slot and block and replayed, computes
+what the unpadded eager step computes.
 
 The oracle is a second runtime on the same checkpoint that runs every step unpadded and eagerly (a solo run). On the
 CPU the padding is checked through ``Runtime.prefill`` with a stand-in for the graphs that runs the padded step
@@ -29,15 +30,15 @@ class EagerPrefillGraphs(PrefillGraphs):
         self.replays: list[int] = []
 
     def capture(self) -> None:
-        self._graphs = dict.fromkeys(self.buckets)
+        self._graphs = dict.fromkeys(self.keys)
 
-    def _replay(self, bucket: int) -> torch.Tensor:
-        self.replays.append(bucket)
-        return self._forward(self._step(bucket))
+    def _replay(self, key: tuple[int, int]) -> torch.Tensor:
+        self.replays.append(key)
+        return self._forward(self._step(key))
 
-    def _replay_draft(self, bucket: int) -> torch.Tensor:
-        self.replays.append(-bucket)  # negative: the bucket's drafts
-        return self._draft(self._step(bucket))
+    def _replay_draft(self, key: tuple[int, int]) -> torch.Tensor:
+        self.replays.append(("drafts", key))
+        return self._draft(self._step(key))
 
 
 def _runtime(path, device: str, max_model_len: int = 128, **knobs) -> Runtime:
@@ -114,6 +115,139 @@ def test_padded_prompt_steps_equal_unpadded_ones(cpu_pair, data):
     assert got_tokens == want_tokens
 
 
+# ------------------------------------------------------------------------------------ steps of several sequences
+def _several_run(rt: Runtime, prompts: list[list[int]], decode_rows: list[bool], decode_steps: int = 4):
+    """One prefill step of every prompt's sequence, after the ones marked in ``decode_rows`` computed their prompt
+    alone and became decode rows (one new token each), as LLMEngine's overlapped mixed steps run them: the host holds
+    a placeholder (0) for that token and the step takes it from ``device_input_ids``. Then greedy decode steps of all.
+    Returns (the step's logits, each sequence's linear states after it, the decoded tokens)."""
+    seqs = [rt.add_sequence(p) for p in prompts]
+    indices, tokens = [], []
+    for seq, row in zip(seqs, decode_rows):
+        if row:
+            rt.prefill([seq])
+            seq.token_ids.append(0)  # the placeholder
+    offset = 0
+    for seq, row in zip(seqs, decode_rows):
+        if row:
+            indices.append(offset)
+            tokens.append(len(seq.token_ids) * 3 % 50 + 1)
+        offset += seq.num_uncomputed_tokens
+    device_ids = (torch.tensor(indices, dtype=torch.long, device=rt.device),
+                  torch.tensor(tokens, dtype=torch.long, device=rt.device)) if indices else None
+    logits = rt.prefill(seqs, device_input_ids=device_ids)
+    for seq, token in zip([s for s, row in zip(seqs, decode_rows) if row], tokens):
+        seq.token_ids[-1] = token  # read back, as the engine does
+    states = [_states(rt, seq.state_slot) for seq in seqs]
+    decoded = []
+    for seq, row in zip(seqs, logits):
+        seq.token_ids.append(int(row.argmax()))
+    for _ in range(decode_steps):
+        step_tokens = rt.decode_step(seqs).argmax(dim=-1).tolist()
+        decoded.append(step_tokens)
+        for seq, token in zip(seqs, step_tokens):
+            seq.token_ids.append(token)
+    for seq in seqs:
+        rt.release(seq)
+    return logits, states, decoded
+
+
+def _assert_several_runs_equal(got, want, tol: float) -> None:
+    assert got[0].shape == want[0].shape
+    torch.testing.assert_close(got[0], want[0], atol=tol, rtol=tol)
+    for got_states, want_states in zip(got[1], want[1]):
+        for g, w in zip(got_states, want_states):
+            torch.testing.assert_close(g, w, atol=tol, rtol=tol)
+    assert got[2] == want[2]
+
+
+@pytest.fixture(scope="module")
+def cpu_several(qwen3_5_text_tied_path):
+    padded, plain = _runtime(qwen3_5_text_tied_path, "cpu"), _runtime(qwen3_5_text_tied_path, "cpu")
+    graphs = EagerPrefillGraphs(padded.model, BUCKETS, max_blocks_per_seq=16, block_size=8, device="cpu",
+                                max_sequences=4)
+    graphs.capture()
+    padded.executor.prefill_graphs = graphs
+    return padded, plain, graphs
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_padded_steps_of_several_sequences_equal_unpadded_ones(cpu_several, data):
+    """Steps of 1-4 sequences, each a new prompt of 1-16 tokens or a decode row (its prompt computed, one token
+    new, taken from the device as overlapped mixed steps pass it): the step replays the key of its tokens and
+    sequences (16 | 32 | 64 tokens, 1 | 4 sequences), padded with empty sequences and a padding one; its logits, every
+    sequence's linear states after it and 4 greedy decode steps after it equal the unpadded runtime's."""
+    padded, plain, graphs = cpu_several
+    n = data.draw(st.integers(1, 4), label="sequences")
+    lengths = data.draw(st.lists(st.integers(1, 16), min_size=n, max_size=n), label="prompt lengths")
+    decode_rows = data.draw(st.lists(st.booleans(), min_size=n, max_size=n), label="decode rows")
+    prompts = [[(7 * i + 3 * j) % 50 + 1 for i in range(length)] for j, length in enumerate(lengths)]
+    graphs.replays.clear()
+    got = _several_run(padded, prompts, decode_rows)
+    step_tokens = sum(1 if row else length for length, row in zip(lengths, decode_rows))
+    seqs_bucket = 1 if n == 1 else 4
+    assert graphs.replays[-1] == (next(b for b in BUCKETS if b >= max(step_tokens, seqs_bucket)), seqs_bucket)
+    want = _several_run(plain, prompts, decode_rows)
+    _assert_several_runs_equal(got, want, 1e-3)
+
+
+@pytest.mark.parametrize("overlap_decode", [False, True])
+def test_engine_mixed_steps_on_padded_steps_equal_unpadded_ones(cpu_several, overlap_decode):
+    """LLMEngine's mixed steps (requests arriving while others decode, prompts of 3-40 tokens, 64-token steps) on
+    the padded steps of several sequences emit the greedy tokens of the same engine on unpadded steps; with
+    ``overlap_decode`` the decode rows' tokens reach the padded steps from the device."""
+    from compiled_engine.engine import LLMEngine
+    from compiled_engine.sampling_params import SamplingParams
+
+    padded, plain, graphs = cpu_several
+    prompts = [[(13 * i + j) % 50 + 1 for i in range(n)] for j, n in enumerate([3, 40, 9, 17])]
+    outputs = {}
+    for name, rt in [("padded", padded), ("unpadded", plain)]:
+        engine = LLMEngine(rt, max_num_batched_tokens=64, overlap_decode=overlap_decode)
+        graphs.replays.clear()
+        for i, prompt in enumerate(prompts):  # one arrival every 3 steps
+            engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=8 + 2 * i, ignore_eos=True))
+            for _ in range(3):
+                for out in engine.step():
+                    if out.finished:
+                        outputs[name, out.request_id] = out.outputs[0].token_ids
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    outputs[name, out.request_id] = out.outputs[0].token_ids
+        if name == "padded":
+            assert any(key[1] == 4 for key in graphs.replays), graphs.replays  # the mixed steps replayed
+    for i in range(len(prompts)):
+        assert outputs["padded", str(i)] == outputs["unpadded", str(i)], i
+        assert len(outputs["padded", str(i)]) == 8 + 2 * i
+
+
+def test_sequence_buckets_grow_four_fold_to_the_limit():
+    from graphs import sequence_buckets
+
+    assert sequence_buckets(1) == (1,)
+    assert sequence_buckets(4) == (1, 4)
+    assert sequence_buckets(5) == (1, 4, 5)
+    assert sequence_buckets(256) == (1, 4, 16, 64, 256)
+    assert sequence_buckets(100) == (1, 4, 16, 64, 100)
+    with pytest.raises(ValueError):
+        sequence_buckets(0)
+
+
+def test_keys_hold_a_token_a_sequence_and_pick_the_smallest_graph():
+    """Every sequence bucket at every token bucket of at least that many tokens; a step takes the smallest key that
+    holds its tokens and its sequences."""
+    graphs = PrefillGraphs(torch.nn.Identity(), (16, 32, 64), max_blocks_per_seq=4, block_size=8, device="cpu",
+                           max_sequences=20)
+    assert graphs.sequence_buckets == (1, 4, 16, 20)
+    assert graphs.keys == ((16, 1), (16, 4), (16, 16), (32, 1), (32, 4), (32, 16), (32, 20), (64, 1), (64, 4),
+                           (64, 16), (64, 20))
+    assert graphs.bucket(1) == (16, 1) and graphs.bucket(17) == (32, 1) and graphs.bucket(65) is None
+    assert graphs.bucket(3, 2) == (16, 4) and graphs.bucket(17, 5) == (32, 16) and graphs.bucket(17, 17) == (32, 20)
+    assert graphs.bucket(33, 17) == (64, 20) and graphs.bucket(10, 21) is None and graphs.bucket(64, 16) == (64, 16)
+
+
 # ---------------------------------------------------------------------------- speculative decoding's prompt steps
 K = 3  # drafts
 
@@ -157,7 +291,7 @@ def _drafting_replays(graphs: PrefillGraphs, chunks: list[int]) -> list[int]:
     """The replays of ``chunks`` run through ``_drafting_run``: each chunk's bucket that has one, and after the last
     chunk (the one that drafts) its drafts' (negative)."""
     return [r for i, n in enumerate(chunks) if graphs.bucket(n) is not None
-            for r in (graphs.bucket(n), -graphs.bucket(n))[: 2 if i == len(chunks) - 1 else 1]]
+            for r in (graphs.bucket(n), ("drafts", graphs.bucket(n)))[: 2 if i == len(chunks) - 1 else 1]]
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +349,7 @@ def test_padded_drafting_prompt_steps_read_the_draft_script(cpu_drafting_pair):
             drafts.append(rt.draft_after_prefill(spec, spec.logits.argmax(dim=-1))[0].tolist())
         rt.script_drafts(seq, [])
         rt.release(seq)
-    assert drafts[0] == drafts[1] and drafts[0][1] == 7 and graphs.replays[-1] == -32
+    assert drafts[0] == drafts[1] and drafts[0][1] == 7 and graphs.replays[-1] == ("drafts", (32, 1))
 
 
 def test_engine_on_padded_drafting_prompt_steps_equals_non_speculative(cpu_drafting_pair, mtp_path):
@@ -248,7 +382,7 @@ def test_engine_on_padded_drafting_prompt_steps_equals_non_speculative(cpu_draft
                 if out.finished:
                     outputs[name, out.request_id] = out.outputs[0].token_ids
         if name == "padded":
-            assert any(r < 0 for r in graphs.replays), graphs.replays
+            assert any(r[0] == "drafts" for r in graphs.replays), graphs.replays
     for i in range(len(prompts)):
         assert outputs["padded", str(i)] == outputs["unpadded", str(i)] == outputs["non-speculative", str(i)], i
     assert drafts["padded"] == drafts["unpadded"] and len(drafts["padded"]) > len(prompts)
@@ -287,7 +421,7 @@ def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path, m
     captured.prefill([live])
     before = _states(captured, live.state_slot)
     graphs = captured.executor.compile_prefill(BUCKETS)
-    assert graphs is not None and tuple(graphs._graphs) == BUCKETS[::-1]
+    assert graphs is not None and tuple(graphs._graphs) == tuple((b, 1) for b in BUCKETS[::-1])
     for got, want in zip(_states(captured, live.state_slot), before):
         assert torch.equal(got, want)
     captured.release(live)
@@ -313,12 +447,12 @@ def test_captured_chunked_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied
     buckets = (1024, 2048)
     captured, plain = (_runtime(qwen3_5_text_tied_path, "cuda", 4096) for _ in range(2))
     graphs = captured.executor.compile_prefill(buckets)
-    assert graphs is not None and tuple(graphs._graphs) == buckets[::-1]
+    assert graphs is not None and tuple(graphs._graphs) == tuple((b, 1) for b in buckets[::-1])
     cases = [(600, [600]), (1024, [1024]), (1088, [1088]), (1500, [1500]), (2048, [2048]), (2000, [700, 1300])]
     for length, chunks in cases:
         replays = []
         replay = graphs._replay
-        graphs._replay = lambda bucket: replays.append(bucket) or replay(bucket)
+        graphs._replay = lambda key: replays.append(key) or replay(key)
         prompt = [(5 * i + 2) % 50 + 1 for i in range(length)]
         try:
             got_logits, got_states, got_tokens = _run(captured, prompt, chunks, 4)
@@ -331,6 +465,34 @@ def test_captured_chunked_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied
         for got, want in zip(got_states, want_states):
             torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
         assert got_tokens == want_tokens, (length, chunks)
+
+
+@pytest.mark.gpu
+def test_captured_steps_of_several_sequences_equal_eager_ones_on_gpu(qwen3_5_text_tied_path, monkeypatch):
+    """The real capture of steps of several sequences: prompts together and mixed steps (decode rows whose token
+    comes from the device), 1-4 sequences, replay their (tokens, sequences) key and give the eager runtime's logits,
+    states and greedy continuation (the eager runtime on the chunked delta rule too, as the graphs)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from ops.triton import delta_rule_kernels
+
+    monkeypatch.setattr(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", 0)
+    captured, plain = _runtime(qwen3_5_text_tied_path, "cuda"), _runtime(qwen3_5_text_tied_path, "cuda")
+    graphs = captured.executor.compile_prefill(BUCKETS, 4)
+    assert graphs is not None and set(graphs._graphs) == {(b, s) for b in BUCKETS for s in (1, 4)}
+    replays = []
+    replay = graphs._replay
+    graphs._replay = lambda key: replays.append(key) or replay(key)
+    cases = [([5, 9], [False, False]), ([12, 30, 1], [False, True, True]), ([16] * 4, [True] * 4),
+             ([3, 40, 7, 2], [True, False, False, True]), ([60, 4], [False, False]), ([20, 20, 20], [True] * 3)]
+    for lengths, decode_rows in cases:
+        prompts = [[(5 * i + 3 * j) % 50 + 1 for i in range(n)] for j, n in enumerate(lengths)]
+        replays.clear()
+        got = _several_run(captured, prompts, decode_rows)
+        step_tokens = sum(1 if row else n for n, row in zip(lengths, decode_rows))
+        assert replays[-1] == graphs.bucket(step_tokens, len(lengths)), (lengths, decode_rows, replays)
+        want = _several_run(plain, prompts, decode_rows)
+        _assert_several_runs_equal(got, want, 1e-3)
 
 
 @pytest.mark.gpu
@@ -348,11 +510,11 @@ def test_captured_drafting_prompt_steps_equal_eager_ones_on_gpu(mtp_path, monkey
     config = {"method": "mtp", "num_speculative_tokens": K}
     captured, plain = (_runtime(mtp_path, "cuda", speculative_config=config) for _ in range(2))
     graphs = captured.executor.compile_prefill(BUCKETS)
-    assert graphs is not None and tuple(graphs._draft_graphs) == BUCKETS[::-1]
+    assert graphs is not None and tuple(graphs._draft_graphs) == tuple((b, 1) for b in BUCKETS[::-1])
     replays = []
     replay, replay_draft = graphs._replay, graphs._replay_draft
-    graphs._replay = lambda bucket: replays.append(bucket) or replay(bucket)
-    graphs._replay_draft = lambda bucket: replays.append(-bucket) or replay_draft(bucket)
+    graphs._replay = lambda key: replays.append(key) or replay(key)
+    graphs._replay_draft = lambda key: replays.append(("drafts", key)) or replay_draft(key)
     for length, chunks in [(1, [1]), (15, [15]), (16, [16]), (17, [17]), (64, [64]), (70, [6, 64]), (90, [30, 60])]:
         replays.clear()
         prompt = [(5 * i + 2) % 200 + 1 for i in range(length)]
