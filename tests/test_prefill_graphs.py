@@ -153,11 +153,11 @@ def _several_run(rt: Runtime, prompts: list[list[int]], decode_rows: list[bool],
 
 
 def _assert_several_runs_equal(got, want, tol: float) -> None:
+    """Logits and states within ``tol`` of each tensor's largest value (see ``_assert_drafting_runs_equal`` for why
+    the GPU's differ by more than the CPU's), the decoded tokens equal."""
     assert got[0].shape == want[0].shape
-    torch.testing.assert_close(got[0], want[0], atol=tol, rtol=tol)
-    for got_states, want_states in zip(got[1], want[1]):
-        for g, w in zip(got_states, want_states):
-            torch.testing.assert_close(g, w, atol=tol, rtol=tol)
+    for g, w in [(got[0], want[0])] + [pair for states in zip(got[1], want[1]) for pair in zip(*states)]:
+        torch.testing.assert_close(g, w, atol=tol * float(w.abs().max()), rtol=1e-3)
     assert got[2] == want[2]
 
 
@@ -189,7 +189,7 @@ def test_padded_steps_of_several_sequences_equal_unpadded_ones(cpu_several, data
     seqs_bucket = 1 if n == 1 else 4
     assert graphs.replays[-1] == (next(b for b in BUCKETS if b >= max(step_tokens, seqs_bucket)), seqs_bucket)
     want = _several_run(plain, prompts, decode_rows)
-    _assert_several_runs_equal(got, want, 1e-3)
+    _assert_several_runs_equal(got, want, 1e-4)
 
 
 @pytest.mark.parametrize("overlap_decode", [False, True])
@@ -492,7 +492,7 @@ def test_captured_steps_of_several_sequences_equal_eager_ones_on_gpu(qwen3_5_tex
         step_tokens = sum(1 if row else n for n, row in zip(lengths, decode_rows))
         assert replays[-1] == graphs.bucket(step_tokens, len(lengths)), (lengths, decode_rows, replays)
         want = _several_run(plain, prompts, decode_rows)
-        _assert_several_runs_equal(got, want, 1e-3)
+        _assert_several_runs_equal(got, want, 5e-3)
 
 
 @pytest.mark.gpu
