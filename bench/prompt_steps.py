@@ -168,8 +168,12 @@ def main() -> None:
                                                      max(p * t + r for p, t, r in shapes) + 64))
     if args.serve:
         ctx.require(args.serve, args.input_len + args.output_len * 3 // 2 + 16)
+    start = time.perf_counter()
     llm = ctx.llm()
     runtime = llm.runtime
+    graphs = runtime.executor.prefill_graphs
+    keys = [] if graphs is None else sorted(graphs.keys)
+    print(f"engine built in {time.perf_counter() - start:.1f} s; captured prompt steps (tokens, sequences): {keys}")
     rng = random.Random(0)
     rows = [_shape(runtime, *s, args.context, args.repeats, rng) for s in shapes]
     print(f"{'shape':>12} {'tokens':>7} {'eager ms':>9} {'captured 1-seq ms':>18} {'decode graph ms':>16}")
@@ -187,8 +191,8 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "prompt_steps.json").write_text(json.dumps(
-            {"context": args.context, "max_prefill_capture_seqs": args.max_prefill_capture_seqs, "rows": rows,
-             "served": served}, indent=1))
+            {"context": args.context, "max_prefill_capture_seqs": args.max_prefill_capture_seqs,
+             "captured_keys": keys, "rows": rows, "served": served}, indent=1))
 
 
 if __name__ == "__main__":

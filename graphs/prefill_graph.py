@@ -72,8 +72,10 @@ SEQUENCE_BUCKET_GROWTH = 4  # sequence buckets 1, 4, 16, 64, ...
 def prefill_buckets(max_tokens: int, max_num_batched_tokens: int, max_model_len: int) -> tuple[int, ...]:
     """The token buckets of the captured prompt steps: powers of two from 16 to ``LARGE_BUCKET_STEP``, then every
     ``LARGE_BUCKET_STEP`` tokens; none past ``max_tokens`` (``RuntimeConfig.max_prefill_capture_tokens``), the step
-    budget or ``max_model_len`` (the padding's positions stay inside it)."""
-    largest = min(max_tokens, max_num_batched_tokens, max_model_len)
+    budget or twice ``max_model_len``: a step of several sequences may hold more tokens than one sequence, and the
+    capture's step (two halves) and a step's padding sequence (less than the bucket below, or ``LARGE_BUCKET_STEP``)
+    stay within ``max_model_len`` tokens (their positions inside it)."""
+    largest = min(max_tokens, max_num_batched_tokens, 2 * max_model_len)
     buckets, b = [], SMALLEST_BUCKET
     while b <= largest:
         buckets.append(b)
@@ -104,6 +106,9 @@ class PrefillGraphs:
                  device: torch.device, drafter: Drafter | None = None, max_sequences: int = 1):
         if not buckets or min(buckets) < 1:
             raise ValueError(f"need token buckets >= 1, got {list(buckets)}")
+        if max(buckets) > 2 * max_blocks_per_seq * block_size:
+            raise ValueError(f"token buckets past twice a sequence's blocks ({max_blocks_per_seq} of {block_size}): "
+                             f"{list(buckets)}")
         if drafter is not None and max_sequences != 1:
             raise ValueError(f"a drafter's prompt steps hold one sequence, got max_sequences={max_sequences}")
         self.model = model
@@ -112,6 +117,7 @@ class PrefillGraphs:
         # Every sequence bucket at every token bucket that holds one token a sequence
         self.keys: tuple[Key, ...] = tuple((t, s) for t in self.buckets for s in self.sequence_buckets if s <= t)
         self.device = torch.device(device)
+        self._max_len = max_blocks_per_seq * block_size  # the most tokens a padding sequence may hold
         self._null_row = NULL_BLOCK * block_size  # the null block's first KV row
         rows, n = self.buckets[-1], self.sequence_buckets[-1] + 1
         self.input_ids = torch.zeros(rows, dtype=torch.long, device=self.device)
@@ -137,11 +143,13 @@ class PrefillGraphs:
         self._loaded: StepInputs | None = None  # the step whose fields the input buffers hold
 
     def bucket(self, num_tokens: int, num_sequences: int = 1) -> Key | None:
-        """The smallest key that holds a step of ``num_tokens`` tokens in ``num_sequences`` sequences, or None."""
+        """The smallest key that holds a step of ``num_tokens`` tokens in ``num_sequences`` sequences (its padding
+        sequence within a sequence's blocks), or None."""
         seqs = next((s for s in self.sequence_buckets if s >= num_sequences), None)
-        if seqs is None:
+        tokens = next((t for t in self.buckets if t >= max(num_tokens, seqs or 0)), None)
+        if seqs is None or tokens is None or tokens - num_tokens > self._max_len:
             return None
-        return next(((t, seqs) for t in self.buckets if t >= max(num_tokens, seqs)), None)
+        return tokens, seqs
 
     def covers(self, step: StepInputs) -> bool:
         """Whether ``step`` can replay a captured graph: a prefill step of a key's shape (its sequences and a padding

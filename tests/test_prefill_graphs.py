@@ -246,6 +246,9 @@ def test_keys_hold_a_token_a_sequence_and_pick_the_smallest_graph():
     assert graphs.bucket(1) == (16, 1) and graphs.bucket(17) == (32, 1) and graphs.bucket(65) is None
     assert graphs.bucket(3, 2) == (16, 4) and graphs.bucket(17, 5) == (32, 16) and graphs.bucket(17, 17) == (32, 20)
     assert graphs.bucket(33, 17) == (64, 20) and graphs.bucket(10, 21) is None and graphs.bucket(64, 16) == (64, 16)
+    # A padding sequence holds at most a sequence's blocks (32 tokens here): 17 tokens in a bucket of 64 would need 47
+    sparse = PrefillGraphs(torch.nn.Identity(), (16, 64), max_blocks_per_seq=4, block_size=8, device="cpu")
+    assert sparse.bucket(16) == (16, 1) and sparse.bucket(17) is None and sparse.bucket(40) == (64, 1)
 
 
 # ---------------------------------------------------------------------------- speculative decoding's prompt steps
@@ -390,18 +393,19 @@ def test_engine_on_padded_drafting_prompt_steps_equals_non_speculative(cpu_draft
 
 def test_prefill_buckets_stop_at_every_limit():
     """Powers of two from 16 to LARGE_BUCKET_STEP, then every LARGE_BUCKET_STEP tokens; none past the capture limit,
-    the step budget or max_model_len."""
+    the step budget or twice max_model_len."""
     from graphs.prefill_graph import LARGE_BUCKET_STEP
 
     step = LARGE_BUCKET_STEP
     short = tuple(2**i for i in range(4, 30) if 2**i <= step)
     assert prefill_buckets(8192, 16384, 9216) == short + tuple(range(2 * step, 8192 + 1, step))
-    assert prefill_buckets(8192, 16384, 3 * step + 5) == short + (2 * step, 3 * step)
+    assert prefill_buckets(8192, 16384, 3 * step + 5) == short + tuple(range(2 * step, 6 * step + 1, step))
     assert prefill_buckets(3 * step + 5, 16384, 9216) == short + (2 * step, 3 * step)
     assert prefill_buckets(8192, step - 1, 9216) == short[:-1]
     assert prefill_buckets(8192, 100, 9216) == (16, 32, 64)
-    assert prefill_buckets(8192, 16384, 40) == (16, 32)
-    assert prefill_buckets(8192, 16384, 15) == ()
+    assert prefill_buckets(8192, 16384, 40) == (16, 32, 64)
+    assert prefill_buckets(8192, 16384, 15) == (16,)
+    assert prefill_buckets(8192, 16384, 7) == ()
     assert prefill_buckets(0, 16384, 9216) == ()
 
 
