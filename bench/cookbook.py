@@ -231,15 +231,17 @@ def memory_plan(engine: dict, request_len: int) -> dict:
             "requests_at_once": max(1, min(max_num_seqs, fit))}
 
 
-def serve(ctx: Context, engine, prompts: list[list[int]], output_len: int, concurrency: int, tag: str) -> dict:
+def serve(ctx: Context, engine, prompts: list[list[int]], output_len: int | list[int], concurrency: int,
+          tag: str) -> dict:
     """The closed loop: ``concurrency`` requests in flight through ``engine.add_request`` / ``step`` until all of
-    ``prompts`` are done; every request's tokens are checked to be exactly ``output_len``."""
+    ``prompts`` are done; every request's tokens are checked to be exactly ``output_len`` (one for every request, or
+    each its own)."""
     from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 
     if engine.has_unfinished_requests():
         raise RuntimeError("the engine has unfinished requests: a cell needs it to itself")
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True,
-                            output_kind=RequestOutputKind.CUMULATIVE)
+    lengths = output_len if isinstance(output_len, list) else [output_len] * len(prompts)
+    wanted: dict[str, int] = {}  # request id -> its output length
     preemptions = getattr(getattr(engine, "scheduler", None), "num_preemptions", None)
     kinds_before = _step_kinds(engine)
     arrivals: dict[str, list[float]] = {}  # request id -> client time of each of its tokens
@@ -249,6 +251,9 @@ def serve(ctx: Context, engine, prompts: list[list[int]], output_len: int, concu
     def submit() -> None:
         nonlocal submitted
         request_id = f"{tag}-r{submitted}"
+        wanted[request_id] = lengths[submitted]
+        params = SamplingParams(temperature=0.0, max_tokens=lengths[submitted], ignore_eos=True,
+                                output_kind=RequestOutputKind.CUMULATIVE)
         engine.add_request(request_id, prompts[submitted], params)
         arrivals[request_id] = []
         submitted += 1
@@ -283,17 +288,17 @@ def serve(ctx: Context, engine, prompts: list[list[int]], output_len: int, concu
     ctx.sync()
     wall = time.perf_counter() - start
 
-    wrong = {rid: (len(o.token_ids), len(arrivals[rid]), o.finish_reason) for rid, o in finals.items()
-             if len(o.token_ids) != output_len or len(arrivals[rid]) != output_len}
+    wrong = {rid: (wanted[rid], len(o.token_ids), len(arrivals[rid]), o.finish_reason) for rid, o in finals.items()
+             if not len(o.token_ids) == len(arrivals[rid]) == wanted[rid]}
     if wrong:
-        raise RuntimeError(f"{tag}: {len(wrong)} requests did not get exactly {output_len} tokens "
-                           f"(final, streamed, reason): {dict(list(wrong.items())[:4])}")
+        raise RuntimeError(f"{tag}: {len(wrong)} requests did not get exactly their output length "
+                           f"(wanted, final, streamed, reason): {dict(list(wrong.items())[:4])}")
     ttft, tpot, e2e, itl = [], [], [], []
     for rid, out in finals.items():
         ttft.append(out.first_token_time - out.arrival_time)
         e2e.append(out.finished_time - out.arrival_time)
-        if output_len > 1:
-            tpot.append((out.finished_time - out.first_token_time) / (output_len - 1))
+        if wanted[rid] > 1:
+            tpot.append((out.finished_time - out.first_token_time) / (wanted[rid] - 1))
         times = arrivals[rid]
         itl += [b - a for a, b in zip(times, times[1:])]
     generated = sum(len(o.token_ids) for o in finals.values())

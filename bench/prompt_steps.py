@@ -15,7 +15,8 @@ work.
 ``LLMEngine.add_request`` / ``step`` (``--requests`` in all, one more as each finishes), prompts of ``--input-len``
 tokens, greedy outputs of a length drawn uniformly from [``--output-len`` / 2, 3 ``--output-len`` / 2] (ignore_eos),
 so that requests finish and arrive one at a time, each arrival's prompt in a mixed step beside the others' decode
-rows. It reports output tok/s, TTFT and ITL (the gap between a request's successive tokens) at p50 / p99, and the
+rows (bench/cookbook.py's ``serve`` loop, each request's output length its own). It reports what that loop
+measures: output tok/s, TTFT, TPOT and ITL (the gap between a request's successive tokens) at p50 / p99, and the
 steps by kind. ``--max-prefill-capture-seqs 1`` gives the engine that captures steps of one sequence only.
 """
 
@@ -30,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from bench.common import Context, Options, percentile, random_prompt
+from bench.common import Context, Options, random_prompt
+from bench.cookbook import serve
 
 # (new prompts, tokens each, decode rows)
 DEFAULT_SHAPES = "1x256+15,1x1024+15,1x256+63,1x2048+63,4x128+0,16x64+0,2x1024+0"
@@ -97,53 +99,15 @@ def _shape(runtime, prompts: int, tokens: int, rows: int, context: int, repeats:
             runtime.release(seq)
 
 
-def _serve(llm, concurrency: int, requests: int, input_len: int, output_len: int, seed: int) -> dict:
-    from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
-
-    engine = llm.engine
+def _serve(ctx: Context, llm, concurrency: int, requests: int, input_len: int, output_len: int, seed: int) -> dict:
+    """The served stream: bench/cookbook.py's closed loop, with each request's output length its own."""
     rng = random.Random(seed)
-    vocab = engine.runtime.model_config.vocab_size
+    vocab = llm.runtime.model_config.vocab_size
     prompts = [random_prompt(rng, input_len, vocab) for _ in range(requests)]
     lengths = [rng.randint(max(1, output_len // 2), output_len * 3 // 2) for _ in range(requests)]
-    times: dict[str, list[float]] = {}
-    sent: dict[str, float] = {}
-    submitted = finished = steps = 0
-
-    def submit() -> None:
-        nonlocal submitted
-        rid = str(submitted)
-        params = SamplingParams(temperature=0.0, max_tokens=lengths[submitted], ignore_eos=True,
-                                output_kind=RequestOutputKind.CUMULATIVE)
-        sent[rid] = time.perf_counter()
-        engine.add_request(rid, prompts[submitted], params)
-        times[rid] = []
-        submitted += 1
-
-    kinds = engine.scheduler
-    before = (kinds.num_decode_steps, kinds.num_mixed_steps, kinds.num_prefill_steps)
-    start = time.perf_counter()
-    while submitted < min(concurrency, requests):
-        submit()
-    while finished < requests:
-        outputs = engine.step()
-        now = time.perf_counter()
-        steps += 1
-        for out in outputs:
-            times[out.request_id].extend([now] * len(out.new_token_ids))
-            if out.finished:
-                finished += 1
-                if submitted < requests:
-                    submit()
-    wall = time.perf_counter() - start
-    ttft = [(t[0] - sent[rid]) * 1e3 for rid, t in times.items()]
-    itl = [(b - a) * 1e3 for t in times.values() for a, b in zip(t, t[1:])]
-    after = (kinds.num_decode_steps, kinds.num_mixed_steps, kinds.num_prefill_steps)
+    cell = serve(ctx, llm.engine, prompts, lengths, concurrency, tag=f"prompt-steps-c{concurrency}")
     return {"concurrency": concurrency, "requests": requests, "input_len": input_len, "output_len": output_len,
-            "output_tok_s": sum(lengths) / wall, "wall_s": wall, "engine_steps": steps,
-            "ttft_ms": {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99)},
-            "itl_ms": {"p50": percentile(itl, 50), "p99": percentile(itl, 99), "max": max(itl)},
-            "steps": {"decode": after[0] - before[0], "mixed": after[1] - before[1],
-                      "prefill_only": (after[2] - after[1]) - (before[2] - before[1])}}
+            **{k: v for k, v in cell.items() if not k.endswith("_per_request")}}
 
 
 def main() -> None:
@@ -182,11 +146,11 @@ def main() -> None:
               f"{r.get('decode_graph_ms', float('nan')):16.3f}")
     served = None
     if args.serve:
-        served = _serve(llm, args.serve, args.requests, args.input_len, args.output_len, seed=1)
+        served = _serve(ctx, llm, args.serve, args.requests, args.input_len, args.output_len, seed=1)
+        ttft, itl = served["ttft_ms"], served["itl_ms"]
         print(f"served c={served['concurrency']}: {served['output_tok_s']:.0f} output tok/s, TTFT p50/p99 "
-              f"{served['ttft_ms']['p50']:.1f} / {served['ttft_ms']['p99']:.1f} ms, ITL p50/p99/max "
-              f"{served['itl_ms']['p50']:.2f} / {served['itl_ms']['p99']:.2f} / {served['itl_ms']['max']:.2f} ms, "
-              f"steps {served['steps']}")
+              f"{ttft['p50']:.1f} / {ttft['p99']:.1f} ms, ITL p50/p99 {itl['p50']:.2f} / {itl['p99']:.2f} ms, "
+              f"steps {served['step_kinds']}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
