@@ -1,15 +1,17 @@
-"""What a prompt step of several sequences costs against one of one sequence: the case for capturing them.
+"""What a prompt step of several sequences costs against one of one sequence, and what capturing them does.
 
     python3 bench/prompt_steps.py --model qwen3.5-0.8b --out /tmp/prompt_steps
+    python3 bench/prompt_steps.py --model qwen3.5-0.8b --max-prefill-capture-seqs 1 --out /tmp/one_seq   # the A side
 
-A step of one sequence replays a captured prompt step (graphs/prefill_graph.py); a step of several runs eagerly,
-its ~590 kernels launched one by one from Python. Several sequences share a step when prompts arrive together, and
-in every mixed step (``mixed_steps``, the default): a new prompt's chunk beside the running requests' decode rows.
-For each shape ``P x T + D`` (P new prompts of T tokens and D decode rows, each row one token of a sequence that
-already holds ``--context`` tokens) this times ``Runtime.prefill`` on that step, wall ms from the call to its logits
-on the host (median of ``--repeats``), beside the captured step of one sequence of the same total tokens and the
-decode graph of D rows: an eager step of several sequences costs its launches where the captured one costs its GPU
-work.
+Several sequences share a step when prompts arrive together, and in every mixed step (``mixed_steps``, the
+default): a new prompt's chunk beside the running requests' decode rows. The runtime replays a captured graph for
+such a step up to ``max_prefill_capture_seqs`` sequences (graphs/prefill_graph.py); past that, or with
+``--max-prefill-capture-seqs 1``, the step runs eagerly, its ~590 kernels launched one by one from Python. For each
+shape ``P x T + D`` (P new prompts of T tokens and D decode rows, each row one token of a sequence that already holds
+``--context`` tokens) this times ``Runtime.prefill`` on that step as the engine would run it (``step ms``: wall ms
+from the call to its logits on the host, median of ``--repeats``), beside the step of one sequence of the same total
+tokens (captured, where a bucket holds it) and the decode graph of D rows: an eager step costs its launches where a
+captured one costs its GPU work.
 
 ``--serve C``: then what it does to a served stream. A closed loop keeps C requests in flight through
 ``LLMEngine.add_request`` / ``step`` (``--requests`` in all, one more as each finishes), prompts of ``--input-len``
@@ -89,7 +91,7 @@ def _shape(runtime, prompts: int, tokens: int, rows: int, context: int, repeats:
         for fn in (mixed, single):
             fn()  # compiles / autotunes outside the timing
         row = {"shape": f"{prompts}x{tokens}+{rows}", "tokens": prompts * tokens + rows,
-               "eager_step_ms": _wall_ms(mixed, repeats), "captured_one_sequence_ms": _wall_ms(single, repeats)}
+               "step_ms": _wall_ms(mixed, repeats), "one_sequence_ms": _wall_ms(single, repeats)}
         if rows:
             decode()
             row["decode_graph_ms"] = _wall_ms(decode, repeats)
@@ -140,9 +142,9 @@ def main() -> None:
     print(f"engine built in {time.perf_counter() - start:.1f} s; captured prompt steps (tokens, sequences): {keys}")
     rng = random.Random(0)
     rows = [_shape(runtime, *s, args.context, args.repeats, rng) for s in shapes]
-    print(f"{'shape':>12} {'tokens':>7} {'eager ms':>9} {'captured 1-seq ms':>18} {'decode graph ms':>16}")
+    print(f"{'shape':>12} {'tokens':>7} {'step ms':>9} {'one sequence ms':>16} {'decode graph ms':>16}")
     for r in rows:
-        print(f"{r['shape']:>12} {r['tokens']:7d} {r['eager_step_ms']:9.2f} {r['captured_one_sequence_ms']:18.2f} "
+        print(f"{r['shape']:>12} {r['tokens']:7d} {r['step_ms']:9.2f} {r['one_sequence_ms']:16.2f} "
               f"{r.get('decode_graph_ms', float('nan')):16.3f}")
     served = None
     if args.serve:
