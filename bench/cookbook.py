@@ -291,8 +291,8 @@ def serve(ctx: Context, engine, prompts: list[list[int]], output_len: int | list
     wrong = {rid: (wanted[rid], len(o.token_ids), len(arrivals[rid]), o.finish_reason) for rid, o in finals.items()
              if not len(o.token_ids) == len(arrivals[rid]) == wanted[rid]}
     if wrong:
-        raise RuntimeError(f"{tag}: {len(wrong)} requests did not get exactly their output length "
-                           f"(wanted, final, streamed, reason): {dict(list(wrong.items())[:4])}")
+        raise RuntimeError(f"{tag}: {len(wrong)} requests did not get exactly the tokens they asked for "
+                           f"(asked, final, streamed, reason): {dict(list(wrong.items())[:4])}")
     ttft, tpot, e2e, itl = [], [], [], []
     for rid, out in finals.items():
         ttft.append(out.first_token_time - out.arrival_time)

@@ -315,8 +315,11 @@ def test_cookbook_closed_loop_keeps_c_in_flight():
     assert cell["total_tok_s"] == pytest.approx(30 / cell["wall_s"])
     queued = FakeEngine(slots=1)
     assert serve(ctx, queued, prompts[:3], 3, concurrency=3, tag="q")["in_flight_max"] == 3
-    with pytest.raises(RuntimeError, match="exactly 4 tokens"):  # an engine that stops short is caught
-        serve(ctx, FakeEngine(slots=8, short=True), prompts[:1], 4, concurrency=1, tag="short")
+    with pytest.raises(RuntimeError, match=r"exactly the tokens they asked for .*\(4, 3, 3, 'length'\)"):
+        serve(ctx, FakeEngine(slots=8, short=True), prompts[:1], 4, concurrency=1, tag="short")  # stops short
+    # Each request its own output length: 2 + 5 + 3 tokens, their TPOTs over their own lengths
+    lengths = serve(ctx, FakeEngine(slots=8), prompts[:3], [2, 5, 3], concurrency=3, tag="l")
+    assert lengths["output_tokens"] == 10 and lengths["itl_ms"]["n"] == 1 + 4 + 2 and lengths["tpot_ms"]["n"] == 3
     broken = FakeEngine(slots=8, fail_at=2)
     with pytest.raises(RuntimeError, match="step failed"):
         serve(ctx, broken, prompts, 3, concurrency=2, tag="b")
