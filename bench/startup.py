@@ -8,6 +8,8 @@ Inside the child, timed with synchronised perf_counter:
   * load_s: ``Runtime.from_pretrained`` (config, weights to the device, cache allocation);
   * compile_capture_s: ``Runtime.compile_decode`` (inside ``from_pretrained``) -- torch.compile of the decode step and the warm-up/capture of every
     bucket's CUDA graph (0 with enforce_eager);
+  * capture_prefill_s: ``ModelExecutor.compile_prefill`` (inside ``from_pretrained``) -- the warm-up and capture of
+    every prompt-step key (graphs/prefill_graph.py; 0 where none is captured), and ``prefill_keys``, how many;
   * first_generate_s: the first ``generate`` (a short prompt, a few tokens): lazy JIT work (Triton prefill kernels,
     autotuning) lands here; second_generate_s: the same again, for contrast;
   * to_first_token_s: process start -> the first generate's end. The parent also records the subprocess wall time.
@@ -61,6 +63,8 @@ def run(
         "max_model_len": length,
         "max_num_batched_tokens": ctx.opts.max_num_batched_tokens,
         "num_kv_blocks": ctx.opts.num_kv_blocks,
+        "max_prefill_capture_tokens": ctx.opts.max_prefill_capture_tokens,
+        "max_prefill_capture_seqs": ctx.opts.max_prefill_capture_seqs,
         "prompt_len": prompt_len,
         "new_tokens": new_tokens,
     }
@@ -93,7 +97,8 @@ def _result(ctx, cache_dir: str, child_args: dict, phases: dict) -> dict:
     result.update(
         {
             "workload": {k: child_args[k] for k in ("prompt_len", "new_tokens", "enforce_eager", "max_num_seqs",
-                                                     "max_model_len")},
+                                                     "max_model_len", "max_prefill_capture_tokens",
+                                                     "max_prefill_capture_seqs")},
             "cache_dir": cache_dir,
             "cold": phases["cold"],
             "warm": phases["warm"],
@@ -136,6 +141,7 @@ def child(args: dict) -> dict:
     import torch
 
     import compiled_engine.llm as llm_module
+    from compiled_engine.executor import ModelExecutor
     from compiled_engine.runtime import Runtime
     from compiled_engine.sampling_params import SamplingParams
 
@@ -145,15 +151,26 @@ def child(args: dict) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    timings = {"import_s": time.perf_counter() - t0, "compile_capture_s": 0.0}
+    timings = {"import_s": time.perf_counter() - t0, "compile_capture_s": 0.0, "capture_prefill_s": 0.0,
+               "prefill_keys": 0}
     original_load, original_compile = Runtime.from_pretrained.__func__, Runtime.compile_decode
+    original_prefill = ModelExecutor.compile_prefill
 
     def timed_from_pretrained(cls, *a, **k):
         start = time.perf_counter()
         runtime = original_load(cls, *a, **k)
         sync()
-        timings["load_s"] = time.perf_counter() - start - timings["compile_capture_s"]
+        timings["load_s"] = (time.perf_counter() - start - timings["compile_capture_s"]
+                             - timings["capture_prefill_s"])
         return runtime
+
+    def timed_prefill(self, *a, **k):
+        start = time.perf_counter()
+        graphs = original_prefill(self, *a, **k)
+        sync()
+        timings["capture_prefill_s"] += time.perf_counter() - start
+        timings["prefill_keys"] = 0 if graphs is None else len(graphs.keys)
+        return graphs
 
     def timed_compile(self, *a, **k):
         start = time.perf_counter()
@@ -164,10 +181,12 @@ def child(args: dict) -> dict:
 
     Runtime.from_pretrained = classmethod(timed_from_pretrained)
     Runtime.compile_decode = timed_compile
+    ModelExecutor.compile_prefill = timed_prefill
     kwargs = {k: args[k] for k in ("device", "dtype", "enforce_eager", "max_num_seqs", "max_model_len",
                                    "max_num_batched_tokens")}
-    if args.get("num_kv_blocks"):
-        kwargs["num_kv_blocks"] = args["num_kv_blocks"]
+    for knob in ("num_kv_blocks", "max_prefill_capture_tokens", "max_prefill_capture_seqs"):
+        if args.get(knob) is not None:
+            kwargs[knob] = args[knob]
     start = time.perf_counter()
     llm = llm_module.LLM(args["model"], **kwargs)
     sync()

@@ -449,6 +449,7 @@ def test_startup(smoke):
         for key in ("import_s", "load_s", "first_generate_s", "to_first_token_s", "process_wall_s"):
             assert positive(p[key]), (phase, key)
         assert p["compiled"] is False  # the CPU runs eager
+        assert p["capture_prefill_s"] == 0 and p["prefill_keys"] == 0  # and captures no prompt step
     assert positive(r["bound"]["checkpoint_bytes"])
 
 
