@@ -27,7 +27,7 @@ class EagerPrefillGraphs(PrefillGraphs):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.replays: list[int] = []
+        self.replays: list[tuple] = []  # each replay's key, ("drafts", key) for a drafts graph
 
     def capture(self) -> None:
         self._graphs = dict.fromkeys(self.keys)
