@@ -46,11 +46,11 @@ def _parse(shape: str) -> tuple[int, int, int]:
     return int(prompts), int(tokens), int(rows)
 
 
-def _wall_ms(fn, repeats: int) -> float:
+def _wall_ms(ctx: Context, fn, repeats: int) -> float:
+    """Median wall ms of ``fn`` (which reads its result back to the host), the device idle before each call."""
     times = []
     for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        ctx.sync()
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
@@ -58,7 +58,8 @@ def _wall_ms(fn, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def _shape(runtime, prompts: int, tokens: int, rows: int, context: int, repeats: int, rng: random.Random) -> dict:
+def _shape(ctx: Context, runtime, prompts: int, tokens: int, rows: int, context: int, repeats: int,
+           rng: random.Random) -> dict:
     vocab = runtime.model_config.vocab_size
     decoding = [runtime.add_sequence(random_prompt(rng, context, vocab)) for _ in range(rows)]
     try:
@@ -91,10 +92,10 @@ def _shape(runtime, prompts: int, tokens: int, rows: int, context: int, repeats:
         for fn in (mixed, single):
             fn()  # compiles / autotunes outside the timing
         row = {"shape": f"{prompts}x{tokens}+{rows}", "tokens": prompts * tokens + rows,
-               "step_ms": _wall_ms(mixed, repeats), "one_sequence_ms": _wall_ms(single, repeats)}
+               "step_ms": _wall_ms(ctx, mixed, repeats), "one_sequence_ms": _wall_ms(ctx, single, repeats)}
         if rows:
             decode()
-            row["decode_graph_ms"] = _wall_ms(decode, repeats)
+            row["decode_graph_ms"] = _wall_ms(ctx, decode, repeats)
         return row
     finally:
         for seq in decoding:
@@ -141,7 +142,7 @@ def main() -> None:
     keys = [] if graphs is None else sorted(graphs.keys)
     print(f"engine built in {time.perf_counter() - start:.1f} s; captured prompt steps (tokens, sequences): {keys}")
     rng = random.Random(0)
-    rows = [_shape(runtime, *s, args.context, args.repeats, rng) for s in shapes]
+    rows = [_shape(ctx, runtime, *s, args.context, args.repeats, rng) for s in shapes]
     print(f"{'shape':>12} {'tokens':>7} {'step ms':>9} {'one sequence ms':>16} {'decode graph ms':>16}")
     for r in rows:
         print(f"{r['shape']:>12} {r['tokens']:7d} {r['step_ms']:9.2f} {r['one_sequence_ms']:16.2f} "
