@@ -2,8 +2,9 @@
 
 A decode batch of N sequences runs the graph of the smallest bucket >= N; lanes N..bucket-1 are padding. Every
 bucket costs a compile + capture at start-up and a graph's worth of memory, and every padding lane costs a wasted
-lane of compute and state traffic, so the sizes are dense where batches are small (where a step is launch-bound
-and a single extra lane is a large fraction of the work) and sparser as they grow:
+lane of compute (its recurrent state, the bulk of a lane's bytes, the decode ops skip), so the sizes are dense
+where batches are small (where a step is launch-bound and a single extra lane is a large fraction of the work) and
+sparser as they grow:
 
     1, 2, 4, 8,  16, 24, 32 (step 8),  48 ... 128 (step 16),  160 ... 256 (step 32),  320, 384, ... (step 64)
 

@@ -19,7 +19,9 @@ Inputs are the raw post-conv projections; the ops apply, in fp32 (docs/ARCHITECT
   table has one length for every step of its shape, and FLA's kernels pass over a chunk past its sequence's end.
   The reference checks that both equal what they summarise. ``graphed`` (a captured step: launches cost nothing)
   changes nothing in the result either: the CUDA kernel then takes the form of least GPU time.
-* ``gated_delta_rule_decode``: one token per sequence, reading and writing ``state`` in place by slot.
+* ``gated_delta_rule_decode``: one token per sequence, reading and writing ``state`` in place by slot. A lane at
+  the null slot (``ops.library.NULL_SLOT``) is a padding lane of a bucketed batch: its state reads as zeros and is
+  not written back, so padding moves none of the state's bytes (1 MiB a lane and layer at Qwen3.5-0.8B's shape).
 
 The pool is fp32 by default (bf16 allowed); outputs have v's dtype.
 """
@@ -32,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ops.layouts import CHUNK_SIZE
-from ops.library import define_op
+from ops.library import NULL_SLOT, define_op
 from ops.triton import HAVE_TRITON
 
 if HAVE_TRITON:  # else the references serve CUDA too (ops/triton/__init__.py)
@@ -217,11 +219,12 @@ def gated_delta_rule_decode_reference(
 ) -> torch.Tensor:
     qn, kn, g, beta = prepare_inputs(q, k, a, b, A_log, dt_bias, v.shape[1])
     slots = state_slots.long()
-    s = state[slots].float() * g.exp()[:, :, None, None]  # [B, Hv, K, V]
+    live = slots != NULL_SLOT  # padding lanes: a zero state, nothing written
+    s = torch.where(live[:, None, None, None], state[slots].float(), 0.0) * g.exp()[:, :, None, None]  # [B, Hv, K, V]
     u = (v.float() - torch.einsum("bhkv,bhk->bhv", s, kn)) * beta[:, :, None]
     s = s + kn[:, :, :, None] * u[:, :, None, :]
     out = torch.einsum("bhkv,bhk->bhv", s, qn)
-    state.index_copy_(0, slots, s.to(state.dtype))
+    state.index_copy_(0, slots[live], s[live].to(state.dtype))
     return out.to(v.dtype)
 
 

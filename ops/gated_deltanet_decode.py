@@ -11,7 +11,9 @@ norm_weight [V], recurrent_state [S, Hv, K, V], state_slots [B], Hk, K, Hv, V, e
 * ``projected`` is the in_proj output row of each sequence, ``[q (Hk*K) | k (Hk*K) | v (Hv*V) | z (Hv*V) | b (Hv) |
   a (Hv)]`` (compiled_engine/gated_deltanet.py), so ``P = 2*Hk*K + 2*Hv*V + 2*Hv``; it may have any strides (rows
   of a wider buffer, say: the kernel reads it by offset, no copy). ``C = 2*Hk*K + Hv*V`` (the q|k|v channels).
-* Both pools are written in place at the rows ``state_slots`` (padding lanes point at the null slot 0).
+* Both pools are written in place at the rows ``state_slots``. Padding lanes point at the null slot 0: there
+  the recurrent state reads as zeros and is not written (``gated_delta_rule_decode``'s rule: a padding lane
+  moves none of its bytes), while the conv history, a few KiB a lane, is read and written as any slot's.
 * The result, contiguous in projected's dtype, is by definition the composition of the unfused references with
   their roundings: ``causal_conv1d_decode_reference`` on the q|k|v channels (output in projected's dtype), then
   ``gated_delta_rule_decode_reference`` (output in v's dtype), then the gated ``rms_norm_reference`` with ``z``,

@@ -493,10 +493,11 @@ def test_gated_delta_rule_decode_matches_reference(batch, layout, dtype, state_d
     want_state = state.clone()
     want = delta_rule.gated_delta_rule_decode_reference(q, k, v, a, b, A_log, dt_bias, want_state, slots)
     got = torch.ops.ce.gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, state, slots)
-    torch.testing.assert_close(got[:batch], want[:batch], **TOL[dtype])
+    torch.testing.assert_close(got, want, **TOL[dtype])  # padding lanes too: from a zero state
     # fp32 state math in both; a bf16 pool may round a tie the other way (one bf16 ulp)
     state_tol = dict(atol=1e-4, rtol=1e-4) if state_dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(state[1:], want_state[1:], **state_tol)
+    assert torch.equal(state[0], want_state[0]), "a padding lane wrote the null slot's state"
 
 
 @given(batch=st.integers(1, 256), seed=st.integers(0, 2**31 - 1))
@@ -562,10 +563,13 @@ def _gated_deltanet_lanes(gen, layout, batch):
 
 
 def _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec):
-    """Pools but the null slot. The conv state is a shifted copy: exact. The recurrent state: the kernel's and the
+    """Pools but the null slot's conv history (padding lanes race on it). The conv state is a shifted copy: exact.
+    The recurrent state: the kernel's and the
     reference's bf16 conv outputs may round a tie apart (fp32 sums in another order), moving a state column by
     ~1e-3; a bf16 pool may also round a tie the other way (one ulp)."""
     torch.testing.assert_close(conv_state[1:], want_conv[1:], atol=0, rtol=0)
+    # Padding lanes neither read nor write a recurrent state: the null slot's is as it was, in both
+    assert torch.equal(rec_state[0], want_rec[0]), "a padding lane wrote the null slot's recurrent state"
     fp32_pool = rec_state.dtype == torch.float32
     _assert_close_relative(rec_state[1:], want_rec[1:], max_abs=1e-2 if fp32_pool else 2e-2,
                            max_rel_norm=3e-4 if fp32_pool else 2e-3, what="recurrent state")
@@ -767,6 +771,8 @@ def _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec):
     tie apart at one position moves every later state a little, so the recurrent state gets 2-3x the one-step
     bounds. The conv state is the inputs themselves: exact."""
     torch.testing.assert_close(conv_state[1:], want_conv[1:], atol=0, rtol=0)
+    # Padding lanes neither read nor write a recurrent state: the null slot's is as it was, in both
+    assert torch.equal(rec_state[0], want_rec[0]), "a padding lane wrote the null slot's recurrent state"
     fp32_pool = rec_state.dtype == torch.float32
     _assert_close_relative(rec_state[1:], want_rec[1:], max_abs=2e-2 if fp32_pool else 4e-2,
                            max_rel_norm=1e-3 if fp32_pool else 5e-3, what="recurrent state")

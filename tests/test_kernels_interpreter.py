@@ -309,7 +309,7 @@ def _child_checks() -> dict:
         A_log, dt_bias = column(torch.randn(v_heads) * 0.5, float("nan")), column(torch.randn(v_heads), float("nan"))
         norm_weight = column(torch.randn(dv), float("nan"))
         rec_state = torch.randn(num_slots, v_heads, dk, dv)
-        want_conv, want_rec = conv_state.clone(), rec_state.clone()
+        want_conv, want_rec, original_rec = conv_state.clone(), rec_state.clone(), rec_state.clone()
         args = (k_heads, dk, v_heads, dv, 1e-6)
         for _ in range(repeats):  # steps on the same rows; the last step's output is compared
             want = gated_deltanet_decode.gated_deltanet_decode_reference(
@@ -325,6 +325,8 @@ def _child_checks() -> dict:
         compare("gated deltanet decode out", got[live], want[live])
         compare("gated deltanet decode conv state", conv_state[1:], want_conv[1:])
         compare("gated deltanet decode recurrent state", rec_state[1:], want_rec[1:])
+        # Padding lanes neither read nor write the null slot's recurrent state (its conv history they may race on)
+        assert torch.equal(rec_state[0], original_rec[0]), "a padding lane wrote the null slot's recurrent state"
 
     def gemm_config(c, block_m=None):
         """A (block_n, block_k) tuple as a config with ``block_m`` (None: the launch takes BLOCK_M from the row

@@ -254,7 +254,8 @@ def test_gated_delta_rule_prefill_then_continue_equals_one_prefill(prefix, steps
 @given(batch=st.integers(1, 4), padding=st.integers(0, 3), heads=HEADS, qk_scale=QK_SCALES, seed=SEEDS,
        pool_dtype=st.sampled_from([torch.float32, torch.bfloat16]))
 def test_gated_delta_rule_decode_matches_oracle(batch, padding, heads, qk_scale, seed, pool_dtype):
-    """One decode step ≡ the float64 oracle from each slot's state; padding lanes write only the null slot."""
+    """One decode step ≡ the float64 oracle from each slot's state; a padding lane (the null slot) ≡ the oracle from
+    a zero state, and writes no state at all, the null slot's included."""
     Hk, r = heads
     Hv, K, V = r * Hk, 16, 32
     g = _gen(seed)
@@ -265,12 +266,15 @@ def test_gated_delta_rule_decode_matches_oracle(batch, padding, heads, qk_scale,
     before = pool.clone()
     out = ce.gated_delta_rule_decode(**x, state=pool, state_slots=slots)
     assert out.shape == x["v"].shape and out.dtype == x["v"].dtype
-    _assert_rows_unchanged(before, pool, slots.tolist())
+    _assert_rows_unchanged(before, pool, slots[:batch].tolist())
     for i, slot in enumerate(slots[:batch].tolist()):
         o_ref, s_ref = _delta_oracle(**_split(x, i, i + 1), state=before[slot])
         torch.testing.assert_close(out[i : i + 1].double(), o_ref, atol=1e-5, rtol=1e-5)
         tol = dict(atol=1e-5, rtol=1e-5) if pool_dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(pool[slot], s_ref.to(pool_dtype), **tol)
+    for i in range(batch, batch + padding):
+        o_ref, _ = _delta_oracle(**_split(x, i, i + 1), state=torch.zeros_like(before[NULL_SLOT]))
+        torch.testing.assert_close(out[i : i + 1].double(), o_ref, atol=1e-5, rtol=1e-5)
 
 
 def test_gated_delta_rule_matches_hf_torch_kernels():
@@ -442,7 +446,8 @@ def test_causal_conv1d_prefill_then_decode_equals_one_prefill(prefix, steps, pad
 def test_gated_deltanet_decode_matches_oracles(batch, padding, heads, strided, seed, pool_dtype):
     """ce::gated_deltanet_decode ≡ the float64 oracles composed on the in_proj row [q | k | v | z | b | a]:
     silu(F.conv1d) over [history, x] on the q|k|v channels, the delta-rule oracle, then the gated norm's formula
-    with z (docs/ARCHITECTURE.md "Model math"); the conv state shifts by one; padding lanes write only the null slot."""
+    with z (docs/ARCHITECTURE.md "Model math"); the conv state shifts by one; padding lanes write only the null slot's
+    conv history, never a recurrent state."""
     Hk, r = heads
     Hv, K, V, W = r * Hk, 8, 16, 4
     key_dim, value_dim = Hk * K, Hv * V
@@ -464,7 +469,7 @@ def test_gated_deltanet_decode_matches_oracles(batch, padding, heads, strided, s
                                    Hk, K, Hv, V, 1e-6)
     assert out.shape == (batch + padding, value_dim) and out.dtype == projected.dtype
     _assert_rows_unchanged(conv_before, conv_pool, slots.tolist())
-    _assert_rows_unchanged(rec_before, rec_pool, slots.tolist())
+    _assert_rows_unchanged(rec_before, rec_pool, slots[:batch].tolist())
     for i, slot in enumerate(slots[:batch].tolist()):
         x = projected[i : i + 1]
         mixed = _conv_oracle(conv_before[slot], x[:, :C], conv_weight)  # [1, C] float64

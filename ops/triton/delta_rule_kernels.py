@@ -6,7 +6,8 @@ writes the pool IN PLACE at ``state[state_slots[b]]``; a gather -> kernel -> sca
 traffic. Everything else is fused into the same pass: q/k l2norm, the K**-0.5 scale, g from A_log/dt_bias/a,
 beta from b, and the GQA-style head mapping (value head j reads key head j // (Hv / Hk)). Grid
 ``(batch, value head, V tiles)``; each program owns a ``[K, BLOCK_V]`` state tile, so no two programs touch the
-same state element (except padding lanes, which all point at the null slot 0 that nobody reads).
+same state element. Padding lanes (the null slot 0) neither read nor write it: their loads and stores are masked
+off, the state taken as zeros (the op's rule).
 
 Prefill is FLA's gated delta rule (varlen, ``cu_seqlens``, grouped value heads natively), called only here, inside
 the opaque op, because FLA's entry points are ``torch.compiler.disable``d. Two of its forms, by the step's token
@@ -29,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ops import library
 from ops.layouts import CHUNK_SIZE  # FLA's chunk length, the one host_chunk_indices (ops/delta_rule.py) tables
 from ops.triton import unit_stride
 
@@ -36,6 +38,7 @@ from ops.triton import unit_stride
 # chunked form (see the module docstring; the crossover: bench/NOTES.md, "Recurrent prefill").
 RECURRENT_PREFILL_MAX_TOKENS = 512
 L2NORM_EPS = tl.constexpr(1e-6)  # ops.delta_rule.L2NORM_EPS
+NULL_SLOT = tl.constexpr(library.NULL_SLOT)  # padding lanes' slot: its state is neither read nor written
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch.nn.functional.softplus's default: softplus(x) = x above it
 
 
@@ -154,7 +157,8 @@ def _gdr_decode_kernel(
     slot = tl.load(state_slots + seq).to(tl.int64)
     tile = (state + slot * stride_s_slot + v_head * stride_s_h + offs_k[:, None] * stride_s_k
             + offs_v[None, :] * stride_s_v)
-    mask = k_mask[:, None] & v_mask[None, :]
+    live_rows = (slot != NULL_SLOT).to(tl.int32) * DK  # a padding lane: none (a zero state, not written)
+    mask = (offs_k < live_rows)[:, None] & v_mask[None, :]
     s = tl.load(tile, mask=mask, other=0.0).to(tl.float32) * decay  # S *= exp(g)
     u = (v_vec - tl.sum(s * k_vec[:, None], 0)) * beta  # u = (v - S^T k) beta
     s = s + k_vec[:, None] * u[None, :]  # S += k (x) u

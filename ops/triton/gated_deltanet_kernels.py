@@ -14,7 +14,9 @@ value head j reads key head j // G, repeat_interleave), and those value heads' `
     programs share the q and k channels);
   * recurrent state: each ``[K, V]`` tile is read and written by one program only, and its store depends on
     ``u = (v - S^T k) * beta``, a reduction over the whole loaded tile, so every read precedes every write;
-  * padding lanes all point at the null slot 0 and race with each other there by design: nobody reads slot 0.
+  * padding lanes all point at the null slot 0: their recurrent state is neither read (zeros) nor written (the
+    op's rule: a padding lane moves none of its 1 MiB a layer), and their conv history writes race with each other
+    there by design: nobody reads slot 0 but padding lanes.
 Each program computes q and k once (conv + SiLU + l2norm) and reuses them for its G value heads, which it walks in
 turn (``tl.static_range``): per head, S *= exp(g); u = (v - S^T k) * beta; S += k (x) u; o = S^T q; store S; then
 the gated RMSNorm of o over V with ``silu(z)`` and the shared weight, stored at ``out[b, j*V:(j+1)*V]``. Every
@@ -74,7 +76,7 @@ from ops.layouts import (
 from ops.library import DEVICE_BUFFERS
 from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels, unit_stride
 from ops.triton.conv1d_kernels import conv_load, conv_step, store_history
-from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta
+from ops.triton.delta_rule_kernels import L2NORM_EPS, NULL_SLOT, decay_and_beta
 from ops.triton.pdl import pdl_flags
 
 # The decode launch by batch size, first match wins: (most sequences, the fused kernel's V tile or None for whole heads
@@ -194,6 +196,7 @@ def _gated_deltanet_decode_kernel(
     slot = tl.load(state_slots + seq).to(tl.int64)
     conv_rows = conv_state + slot * stride_cs_slot
     state_heads = recurrent_state + slot * stride_rs_slot + offs_k[:, None] * stride_rs_k
+    state_mask = offs_k < (slot != NULL_SLOT).to(tl.int32) * DK  # the state tiles' rows: none for a padding lane
     q_channels = k_head * DK + offs_k
     k_channels = KEY_DIM + k_head * DK + offs_k
     q_rows = conv_rows + q_channels * stride_cs_c
@@ -205,7 +208,7 @@ def _gated_deltanet_decode_kernel(
     first_v_head = k_head * GROUP
     offs_v = tl.arange(0, BLOCK_V)
     norm_w = tl.load(norm_weight + offs_v, mask=offs_v < DV, other=0.0).to(tl.float32)  # V_BLOCKS == 1: the whole head
-    pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, first_v_head, first_block,
+    pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, state_mask, first_v_head, first_block,
                             stride_w_c, stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h, stride_rs_v, 2 * KEY_DIM, DV,
                             BLOCK_V, WIDTH, HIST_P)
     if USE_PDL:
@@ -223,7 +226,7 @@ def _gated_deltanet_decode_kernel(
         for vb in tl.static_range(WALK_BLOCKS):
             block = first_block + vb
             if j + vb > 0 and not PREFETCH:  # this tile's loads, after the previous tile's stores
-                pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, v_head, block,
+                pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, state_mask, v_head, block,
                                         stride_w_c, stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h, stride_rs_v,
                                         2 * KEY_DIM, DV, BLOCK_V, WIDTH, HIST_P)
                 inputs = _tile_row_loads(row, v_head, block, stride_p_c, 2 * KEY_DIM, Z_START, B_START, A_START, DV,
@@ -233,7 +236,7 @@ def _gated_deltanet_decode_kernel(
             if PREFETCH and (vb + 1 < WALK_BLOCKS or j + 1 < GROUP):  # the next tile's loads now: see the docstring
                 next_head = v_head + (vb + 1) // WALK_BLOCKS
                 next_block = first_block + (vb + 1) % WALK_BLOCKS
-                pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, next_head,
+                pool = _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, state_mask, next_head,
                                         next_block, stride_w_c, stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h,
                                         stride_rs_v, 2 * KEY_DIM, DV, BLOCK_V, WIDTH, HIST_P)
                 inputs = _tile_row_loads(row, next_head, next_block, stride_p_c, 2 * KEY_DIM, Z_START, B_START,
@@ -258,7 +261,7 @@ def _gated_deltanet_decode_kernel(
             s = s + k[:, None] * u[None, :]  # S += k (x) u
             o = tl.sum(s * q[:, None], 0)  # o = S^T q, after the update
             tl.store(state_heads + v_head * stride_rs_h + offs_v[None, :] * stride_rs_v,
-                     s.to(recurrent_state.dtype.element_ty), mask=k_mask[:, None] & v_mask[None, :])
+                     s.to(recurrent_state.dtype.element_ty), mask=state_mask[:, None] & v_mask[None, :])
             o = o.to(dtype).to(tl.float32)  # the delta-rule op's output, in v's dtype
             if V_BLOCKS == 1:  # the whole head in registers: the gated norm right here
                 y = _gated_norm(o, tl.rsqrt(tl.sum(o * o, 0) / DV + eps), z, norm_w, dtype, ROUND_WEIGHT_PRODUCT)
@@ -315,15 +318,15 @@ def _tile_columns(v_head, v_block, V_START: tl.constexpr, DV: tl.constexpr, BLOC
 
 
 @triton.jit
-def _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, k_mask, v_head, v_block, stride_w_c,
+def _tile_pool_loads(conv_weight, conv_rows, state_heads, A_log, dt_bias, state_mask, v_head, v_block, stride_w_c,
                      stride_w_k, stride_cs_c, stride_cs_k, stride_rs_h, stride_rs_v, V_START: tl.constexpr,
                      DV: tl.constexpr, BLOCK_V: tl.constexpr, WIDTH: tl.constexpr, HIST_P: tl.constexpr):
     """The loads of one tile of the decode walk that need nothing of in_proj's (ops/triton/pdl.py): the state tile
-    (fp32), the conv history and weights of its v-channels (:func:`conv_load`), and the value head's A_log and
-    dt_bias."""
+    (fp32; its rows ``state_mask``, none for a padding lane), the conv history and weights of its v-channels
+    (:func:`conv_load`), and the value head's A_log and dt_bias."""
     offs_v, v_mask, v_channels = _tile_columns(v_head, v_block, V_START, DV, BLOCK_V)
     s = tl.load(state_heads + v_head * stride_rs_h + offs_v[None, :] * stride_rs_v,
-                mask=k_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
+                mask=state_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
     v_hist, v_shifted, v_w_hist, v_w_new = conv_load(conv_weight, conv_rows + v_channels * stride_cs_c, v_channels,
                                                      v_mask, stride_w_c, stride_w_k, stride_cs_k, WIDTH, HIST_P)
     return s, v_hist, v_shifted, v_w_hist, v_w_new, tl.load(A_log + v_head), tl.load(dt_bias + v_head)
