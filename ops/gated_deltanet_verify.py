@@ -69,8 +69,11 @@ def gated_deltanet_verify_reference(
     keys_at, updates_at, decays_at, _ = gated_deltanet_history_offsets(num_k_heads, head_k_dim, num_v_heads,
                                                                        head_v_dim)
     slots = state_slots.long()
-    conv, recurrent = conv_state[slots], recurrent_state[slots]  # copies: the pools stay as they are
-    rows = torch.arange(n, dtype=torch.int32, device=projected.device)
+    # Copies of the sequences' pool rows (the pools stay as they are), as rows 1..n of scratch pools: row 0 is the
+    # null slot, which the decode reference treats as a padding lane's (a zero recurrent state, never written).
+    conv, recurrent = torch.cat([conv_state[:1], conv_state[slots]]), torch.cat([recurrent_state[:1],
+                                                                                recurrent_state[slots]])
+    rows = torch.arange(1, n + 1, dtype=torch.int32, device=projected.device)
     per_position = projected.view(n, positions, -1)
     outputs = []
     for i in range(positions):
@@ -81,7 +84,7 @@ def gated_deltanet_verify_reference(
             [key_dim, key_dim, value_dim], dim=-1)
         _, kn, g, beta = prepare_inputs(q.reshape(n, num_k_heads, head_k_dim), k.reshape(n, num_k_heads, head_k_dim),
                                         a, b, A_log, dt_bias, num_v_heads)
-        s = recurrent.float() * g.exp()[:, :, None, None]
+        s = recurrent[1:].float() * g.exp()[:, :, None, None]
         u = (v.reshape(n, num_v_heads, head_v_dim).float() - torch.einsum("bhkv,bhk->bhv", s, kn)) * beta[:, :, None]
         group = num_v_heads // num_k_heads
         history[:n, i, :channels] = mixed_qkv.to(conv_state.dtype).float()
