@@ -219,12 +219,13 @@ def gated_delta_rule_decode_reference(
 ) -> torch.Tensor:
     qn, kn, g, beta = prepare_inputs(q, k, a, b, A_log, dt_bias, v.shape[1])
     slots = state_slots.long()
-    live = slots != NULL_SLOT  # padding lanes: a zero state, nothing written
-    s = torch.where(live[:, None, None, None], state[slots].float(), 0.0) * g.exp()[:, :, None, None]  # [B, Hv, K, V]
+    live = (slots != NULL_SLOT)[:, None, None, None]  # padding lanes: a zero state, their slot left as it was
+    before = state[slots]
+    s = torch.where(live, before.float(), 0.0) * g.exp()[:, :, None, None]  # [B, Hv, K, V]
     u = (v.float() - torch.einsum("bhkv,bhk->bhv", s, kn)) * beta[:, :, None]
     s = s + kn[:, :, :, None] * u[:, :, None, :]
     out = torch.einsum("bhkv,bhk->bhv", s, qn)
-    state.index_copy_(0, slots[live], s[live].to(state.dtype))
+    state.index_copy_(0, slots, torch.where(live, s.to(state.dtype), before))  # no host sync: a graph may hold it
     return out.to(v.dtype)
 
 
