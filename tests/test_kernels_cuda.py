@@ -771,8 +771,6 @@ def _assert_committed_states_close(conv_state, want_conv, rec_state, want_rec):
     tie apart at one position moves every later state a little, so the recurrent state gets 2-3x the one-step
     bounds. The conv state is the inputs themselves: exact."""
     torch.testing.assert_close(conv_state[1:], want_conv[1:], atol=0, rtol=0)
-    # Padding lanes neither read nor write a recurrent state: the null slot's is as it was, in both
-    assert torch.equal(rec_state[0], want_rec[0]), "a padding lane wrote the null slot's recurrent state"
     fp32_pool = rec_state.dtype == torch.float32
     _assert_close_relative(rec_state[1:], want_rec[1:], max_abs=2e-2 if fp32_pool else 4e-2,
                            max_rel_norm=1e-3 if fp32_pool else 5e-3, what="recurrent state")
