@@ -53,6 +53,14 @@ def gates(a, b, A_log, dt_bias):
 
 
 @triton.jit
+def state_rows(offs_k, slot, DK: tl.constexpr):
+    """The rows ``offs_k`` of a state tile that a lane at ``slot`` reads and writes: those below DK, none on the null
+    slot (a padding lane: its state taken as zeros, not written). Written as a row count rather than ``mask & (slot !=
+    NULL_SLOT)``, which the interpreter rejects (a block and a scalar bool). Shared with the fused decode kernel."""
+    return offs_k < (slot != NULL_SLOT).to(tl.int32) * DK
+
+
+@triton.jit
 def decay_and_beta(a, b, A_log, dt_bias):
     """``exp(g)`` and ``beta`` (:func:`gates`). Shared with the fused decode kernel
     (ops/triton/gated_deltanet_kernels.py)."""
@@ -157,8 +165,7 @@ def _gdr_decode_kernel(
     slot = tl.load(state_slots + seq).to(tl.int64)
     tile = (state + slot * stride_s_slot + v_head * stride_s_h + offs_k[:, None] * stride_s_k
             + offs_v[None, :] * stride_s_v)
-    live_rows = (slot != NULL_SLOT).to(tl.int32) * DK  # a padding lane: none (a zero state, not written)
-    mask = (offs_k < live_rows)[:, None] & v_mask[None, :]
+    mask = state_rows(offs_k, slot, DK)[:, None] & v_mask[None, :]  # a padding lane: none (zeros, not written)
     s = tl.load(tile, mask=mask, other=0.0).to(tl.float32) * decay  # S *= exp(g)
     u = (v_vec - tl.sum(s * k_vec[:, None], 0)) * beta  # u = (v - S^T k) beta
     s = s + k_vec[:, None] * u[None, :]  # S += k (x) u

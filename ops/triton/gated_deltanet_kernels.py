@@ -76,7 +76,7 @@ from ops.layouts import (
 from ops.library import DEVICE_BUFFERS
 from ops.triton import conv1d_kernels, delta_rule_kernels, norm_kernels, unit_stride
 from ops.triton.conv1d_kernels import conv_load, conv_step, store_history
-from ops.triton.delta_rule_kernels import L2NORM_EPS, NULL_SLOT, decay_and_beta
+from ops.triton.delta_rule_kernels import L2NORM_EPS, decay_and_beta, state_rows
 from ops.triton.pdl import pdl_flags
 
 # The decode launch by batch size, first match wins: (most sequences, the fused kernel's V tile or None for whole heads
@@ -196,7 +196,7 @@ def _gated_deltanet_decode_kernel(
     slot = tl.load(state_slots + seq).to(tl.int64)
     conv_rows = conv_state + slot * stride_cs_slot
     state_heads = recurrent_state + slot * stride_rs_slot + offs_k[:, None] * stride_rs_k
-    state_mask = offs_k < (slot != NULL_SLOT).to(tl.int32) * DK  # the state tiles' rows: none for a padding lane
+    state_mask = state_rows(offs_k, slot, DK)  # the state tiles' rows: none for a padding lane
     q_channels = k_head * DK + offs_k
     k_channels = KEY_DIM + k_head * DK + offs_k
     q_rows = conv_rows + q_channels * stride_cs_c
