@@ -2,7 +2,8 @@
 
 Grid (rows, column blocks); each program reads BLOCK columns of the gate and of the up half of one row and writes
 them once. The silu is computed in fp32 and rounded to the output dtype before the multiply, as the reference
-(``F.silu`` on a bf16 tensor, then a bf16 multiply) rounds.
+(``F.silu`` on a bf16 tensor, then a bf16 multiply) rounds. Where cuBLAS runs the down projection after it, the
+kernel can bring that matmul's weight into L2 (``prefetch``: ops/triton/l2_prefetch.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from ops.triton.l2_prefetch import l2_prefetch_flags, prefetch_l2_slab
 
 BLOCK = 1024
 
@@ -25,7 +28,11 @@ def silu_mul_values(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(gate_up, out, half, stride_row, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_up, out, half, stride_row, prefetch, prefetch_bytes, prefetch_programs, BLOCK: tl.constexpr,
+                     PREFETCH_L2: tl.constexpr):
+    if PREFETCH_L2:  # the next matmul's weight, split over the first prefetch_programs rows' first programs
+        if tl.program_id(1) == 0:
+            prefetch_l2_slab(prefetch, prefetch_bytes, tl.program_id(0), prefetch_programs)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < half
@@ -34,7 +41,9 @@ def _silu_mul_kernel(gate_up, out, half, stride_row, BLOCK: tl.constexpr):
     tl.store(out + row * half + cols, silu_mul_values(gate, up, out.dtype.element_ty), mask=mask)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+    """``prefetch``: a weight to bring into L2 while the kernel runs (the down projection's, where cuBLAS runs it); a
+    hint, dropped where bulk prefetches cannot run or the weight does not suit (``l2_prefetch_flags``)."""
     rows, width = gate_up.shape
     if width % 2:
         raise ValueError(f"silu_mul needs an even number of columns (gate | up), got {width}")
@@ -44,5 +53,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows, half), dtype=gate_up.dtype, device=gate_up.device)
     if rows == 0 or half == 0:
         return out
-    _silu_mul_kernel[(rows, triton.cdiv(half, BLOCK))](gate_up, out, half, gate_up.stride(0), BLOCK=BLOCK, num_warps=4)
+    prefetch_flags = l2_prefetch_flags(prefetch, rows)
+    prefetch = prefetch if prefetch_flags["PREFETCH_L2"] else out  # a placeholder pointer, never read
+    _silu_mul_kernel[(rows, triton.cdiv(half, BLOCK))](
+        gate_up, out, half, gate_up.stride(0), prefetch, prefetch.numel() * prefetch.element_size(),
+        BLOCK=BLOCK, num_warps=4, **prefetch_flags,
+    )
     return out

@@ -9,6 +9,10 @@ while the kernel before is still running) split the weight into that many contig
 each one into L2 (``cp.async.bulk.prefetch.L2``: one instruction per 64 KB, issued by one thread, nothing waited for).
 After the wait the kernel's loads hit L2 instead of DRAM.
 
+cuBLAS, which runs the matmuls from 6 rows, neither launches early nor prefetches. There the kernel before the
+matmul (the residual add + norm, the MLP's activation: ops/linear.py) prefetches the matmul's weight as it starts, so
+the weight streams from DRAM while that kernel runs and cuBLAS launches.
+
 A prefetch is a hint: it changes no value, only where a later load finds its data. Hopper or newer (sm_90: the
 bulk prefetch instruction), CUDA only (the interpreter cannot run inline PTX); the ``l2_prefetch`` option
 (ops/options.py, ``CE_L2_PREFETCH=0``) turns it off.
@@ -55,13 +59,15 @@ def _device_facts(index: int) -> tuple[int, int]:
     return props.multi_processor_count, getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES
 
 
-def l2_prefetch_flags(weight: torch.Tensor, programs: int) -> dict:
+def l2_prefetch_flags(weight: torch.Tensor | None, programs: int) -> dict:
     """Launch arguments of a kernel of ``programs`` programs with the :func:`prefetch_l2_slab` prologue for
     ``weight``: its ``PREFETCH_L2`` constexpr and ``prefetch_programs`` (how many programs, the first ones and at
     most one per SM, share the prefetch). On where :func:`l2_prefetch_enabled` and ``weight`` is one contiguous,
-    16-byte aligned CUDA buffer of at most half the L2."""
+    16-byte aligned CUDA buffer of at most half the L2 (off for None)."""
     off = {"PREFETCH_L2": False, "prefetch_programs": 1}
-    if not (l2_prefetch_enabled() and weight.is_cuda and weight.is_contiguous() and weight.data_ptr() % 16 == 0):
+    if weight is None or not l2_prefetch_enabled():
+        return off
+    if not (weight.is_cuda and weight.is_contiguous() and weight.data_ptr() % 16 == 0):
         return off
     index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
     sms, l2_bytes = _device_facts(index)
