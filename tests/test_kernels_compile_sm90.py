@@ -142,7 +142,7 @@ def test_norm_and_activation_prefetch_compiles_for_sm90():
     from ops.triton import norm_kernels as nk
 
     sig = dict(x=_ptr("bf16"), residual=_ptr("bf16"), weight=_ptr("bf16"), summed=_ptr("bf16"), out=_ptr("bf16"),
-               stride_x="i64", stride_r="i64", eps="fp32", prefetch=_ptr("bf16"), prefetch_bytes="i64",
+               rows="i32", stride_x="i64", stride_r="i64", eps="fp32", prefetch=_ptr("bf16"), prefetch_bytes="i64",
                prefetch_programs="i32")
     for prefetch in (True, False):
         constexprs = dict(D=1024, D_P=1024, USE_PDL=True, PREFETCH_L2=prefetch)
@@ -152,7 +152,7 @@ def test_norm_and_activation_prefetch_compiles_for_sm90():
             assert body.index("cp.async.bulk.prefetch.L2") < body.index("griddepcontrol.wait")
         else:
             assert "cp.async.bulk.prefetch.L2" not in ptx
-    sig = dict(gate_up=_ptr("bf16"), out=_ptr("bf16"), half="i32", stride_row="i64", prefetch=_ptr("bf16"),
+    sig = dict(gate_up=_ptr("bf16"), out=_ptr("bf16"), rows="i32", half="i32", stride_row="i64", prefetch=_ptr("bf16"),
                prefetch_bytes="i64", prefetch_programs="i32")
     for prefetch in (True, False):
         ptx = _compile(ak._silu_mul_kernel, sig, dict(BLOCK=ak.BLOCK, PREFETCH_L2=prefetch)).asm["ptx"]

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton.l2_prefetch import l2_prefetch_flags, prefetch_l2_slab
+from ops.triton.l2_prefetch import prefetch_l2_slab, spread_prefetch
 
 BLOCK = 1024
 
@@ -28,14 +28,14 @@ def silu_mul_values(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(gate_up, out, half, stride_row, prefetch, prefetch_bytes, prefetch_programs, BLOCK: tl.constexpr,
-                     PREFETCH_L2: tl.constexpr):
-    if PREFETCH_L2:  # the next matmul's weight, split over the first prefetch_programs rows' first programs
-        if tl.program_id(1) == 0:
-            prefetch_l2_slab(prefetch, prefetch_bytes, tl.program_id(0), prefetch_programs)
+def _silu_mul_kernel(gate_up, out, rows, half, stride_row, prefetch, prefetch_bytes, prefetch_programs,
+                     BLOCK: tl.constexpr, PREFETCH_L2: tl.constexpr):
+    if PREFETCH_L2:  # the next matmul's weight; rows past ``rows`` only prefetch (spread_prefetch)
+        program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        prefetch_l2_slab(prefetch, prefetch_bytes, program, prefetch_programs)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < half
+    mask = cols < half * (row < rows).to(tl.int32)  # a count, not block & scalar (the interpreter rejects that)
     gate = tl.load(gate_up + row * stride_row + cols, mask=mask, other=0.0)
     up = tl.load(gate_up + row * stride_row + half + cols, mask=mask, other=0.0)
     tl.store(out + row * half + cols, silu_mul_values(gate, up, out.dtype.element_ty), mask=mask)
@@ -53,10 +53,11 @@ def silu_mul(gate_up: torch.Tensor, prefetch: torch.Tensor | None = None) -> tor
     out = torch.empty((rows, half), dtype=gate_up.dtype, device=gate_up.device)
     if rows == 0 or half == 0:
         return out
-    prefetch_flags = l2_prefetch_flags(prefetch, rows)
+    blocks = triton.cdiv(half, BLOCK)
+    programs, prefetch_flags = spread_prefetch(prefetch, rows * blocks)
     prefetch = prefetch if prefetch_flags["PREFETCH_L2"] else out  # a placeholder pointer, never read
-    _silu_mul_kernel[(rows, triton.cdiv(half, BLOCK))](
-        gate_up, out, half, gate_up.stride(0), prefetch, prefetch.numel() * prefetch.element_size(),
+    _silu_mul_kernel[(triton.cdiv(programs, blocks), blocks)](
+        gate_up, out, rows, half, gate_up.stride(0), prefetch, prefetch.numel() * prefetch.element_size(),
         BLOCK=BLOCK, num_warps=4, **prefetch_flags,
     )
     return out

@@ -77,6 +77,19 @@ def l2_prefetch_flags(weight: torch.Tensor | None, programs: int) -> dict:
     return {"PREFETCH_L2": True, "prefetch_programs": min(sms, programs)}
 
 
+def spread_prefetch(weight: torch.Tensor | None, programs: int) -> tuple[int, dict]:
+    """(grid, launch arguments) of a kernel of ``programs`` programs that prefetches ``weight`` for the kernel after
+    it: at least one program per SM, the extra ones prefetching only. An SM issues its slab's pieces at its own pace
+    (the issuing thread stalls when its queue is full), so a norm over 16 rows prefetching a 17 MB weight from 16
+    SMs outlasts its own work several times over; one slab per SM keeps the kernel short."""
+    flags = l2_prefetch_flags(weight, programs)
+    if not flags["PREFETCH_L2"]:
+        return programs, flags
+    index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
+    grid = max(programs, _device_facts(index)[0])
+    return grid, l2_prefetch_flags(weight, grid)
+
+
 @triton.jit
 def _bulk_prefetch_l2(address, nbytes):
     """One ``cp.async.bulk.prefetch.L2`` of ``nbytes`` (a multiple of 16) from ``address`` (16-byte aligned), issued by

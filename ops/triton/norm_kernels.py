@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ops.triton import unit_stride
-from ops.triton.l2_prefetch import l2_prefetch_flags, prefetch_l2_slab
+from ops.triton.l2_prefetch import prefetch_l2_slab, spread_prefetch
 from ops.triton.pdl import pdl_flags
 
 ELEMENTS_PER_PROGRAM = 4096  # BLOCK_R x padded D: 4 rows of 1,024, 16 rows of 256, 32 rows of 128
@@ -101,6 +101,7 @@ def _add_rms_norm_kernel(
     weight,
     summed,  # contiguous [rows, D]: residual + x
     out,  # contiguous [rows, D]: the zero-centred norm of summed
+    rows,  # programs past it only prefetch (spread_prefetch)
     stride_x,
     stride_r,
     eps,
@@ -118,7 +119,7 @@ def _add_rms_norm_kernel(
         prefetch_l2_slab(prefetch, prefetch_bytes, tl.program_id(0), prefetch_programs)
     row = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, D_P)
-    d_mask = d < D
+    d_mask = d < D * (row < rows).to(tl.int32)  # a count, not block & scalar (the interpreter rejects that)
     w = tl.load(weight + d, mask=d_mask, other=0.0).to(tl.float32)  # a weight: no earlier kernel writes it
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -151,10 +152,10 @@ def add_rms_norm(
         return summed, out
     d_p = triton.next_power_of_2(dim)
     weight = unit_stride(weight)  # [D]
-    prefetch_flags = l2_prefetch_flags(prefetch, tokens)
+    grid, prefetch_flags = spread_prefetch(prefetch, tokens)
     prefetch = prefetch if prefetch_flags["PREFETCH_L2"] else weight  # a placeholder pointer, never read
-    _add_rms_norm_kernel[(tokens,)](
-        x, residual, weight, summed, out, x.stride(0), residual.stride(0), eps,
+    _add_rms_norm_kernel[(grid,)](
+        x, residual, weight, summed, out, tokens, x.stride(0), residual.stride(0), eps,
         prefetch, prefetch.numel() * prefetch.element_size(),
         D=dim, D_P=d_p, num_warps=4 if d_p <= 2048 else 8, **pdl_flags(x), **prefetch_flags,
     )
