@@ -16,8 +16,7 @@ For each row count in ``--rows`` (1..GEMV_MAX_ROWS), the chain runs (µs a step 
     few-rows GEMV above), with the prologues as ce::linear runs them (the norm in the GEMV at one row, as
     ce::add_rms_norm before it from two), what ce::linear runs up to ``SKINNY_MAX_ROWS`` rows (ops/linear.py). Past
     it ce::linear runs cuBLAS; the rule's timing there says whether raising ``SKINNY_MAX_ROWS`` would pay;
-  * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, each prefetching
-    the next weight into L2, then F.linear; ``cuBLAS, no L2 prefetch``: the same without the prefetches;
+  * ``cuBLAS``: ce::linear's other path (``CE_SKINNY_GEMM=0``): ce::add_rms_norm / ce::silu_mul, then F.linear;
   * ``rule, lm_head GEMV`` (2..GEMV_MAX_ROWS rows): the rule with the vocabulary on the few-rows GEMV instead of the
     tensor-core loop (``gemv_kernels.DOT_VOCAB``); ``cuBLAS, lm_head dot`` (past SKINNY_MAX_ROWS): cuBLAS with the
     vocabulary on the tensor-core loop; ``dot`` (past SKINNY_MAX_ROWS): every role on the tensor-core loop
@@ -165,7 +164,7 @@ class Chain:
         (the same with the SiLU gate in down's prologue instead of gate_up's epilogue), "cublas", or
         "cublas_dot_vocab" (cuBLAS but the lm_head, on the skinny GEMM's tensor-core loop)."""
         if mode.startswith("cublas"):
-            return self._run_cublas(dot_vocab=mode == "cublas_dot_vocab", prefetch=mode != "cublas_no_prefetch")
+            return self._run_cublas(dot_vocab=mode == "cublas_dot_vocab")
         configs = configs or {}
         gemm = gemv_kernels.skinny_gemm
         gate_in_down = mode == "skinny_down_prologue"
@@ -187,20 +186,16 @@ class Chain:
             h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=gate_in_down)
         return gemm(h, self.w_lm, configs.get("lm_head"))
 
-    def _run_cublas(self, dot_vocab: bool = False, prefetch: bool = True) -> torch.Tensor:
-        """``prefetch``: the norm and activation kernels prefetch the next matmul's weight into L2 (ops/linear.py;
-        the ``l2_prefetch`` option)."""
+    def _run_cublas(self, dot_vocab: bool = False) -> torch.Tensor:
         from ops.options import use_options
 
         h, r = self.hidden, self.residual
         out_k = self.roles["out_proj"][1]
-        # ce::linear's cuBLAS path, its separate norm and activation kernels
-        with use_options(skinny_gemm=False, l2_prefetch=prefetch):
+        with use_options(skinny_gemm=False):  # ce::linear's cuBLAS path, its separate norm and activation kernels
             for layer in self.layers:
                 y, r = torch.ops.ce.add_rms_norm_linear(h, r, layer["norm_1"], EPS, layer["w_mix"])
                 h = torch.ops.ce.linear(y[:, :out_k], layer["w_out"])
-                g, r = torch.ops.ce.add_rms_norm_linear_silu_mul(h, r, layer["norm_2"], EPS, layer["w_gate_up"],
-                                                                 layer["w_down"])
+                g, r = torch.ops.ce.add_rms_norm_linear_silu_mul(h, r, layer["norm_2"], EPS, layer["w_gate_up"])
                 h = torch.ops.ce.linear(g, layer["w_down"])
             if dot_vocab:
                 return gemv_kernels.skinny_gemm(h, self.w_lm, gemv_kernels.DOT_VOCAB)
@@ -256,7 +251,6 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
             label = "rule, " + ",".join(f"{name}={value}" for name, value in flags.items())
             variants[label] = ("skinny", rule, flags)
     variants["cuBLAS"] = ("cublas", None)
-    variants["cuBLAS, no L2 prefetch"] = ("cublas_no_prefetch", None)
     if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # the vocabulary's other path: the few-rows GEMV
         n, k = chain.roles["lm_head"][:2]
         variants["rule, lm_head GEMV"] = ("skinny", {**rule, "lm_head": gemv_kernels.gemv_rows_config(rows, n, k)})
@@ -388,7 +382,7 @@ def main(argv=None) -> None:
         result["rows"][rows] = entry
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
-    labels = ["rule", "cuBLAS", "cuBLAS, no L2 prefetch", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "dot"]
+    labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "dot"]
     labels[1:1] = [label for label in next(iter(result["rows"].values()))["compare"] if label.startswith("rule, ")
                    and label not in labels]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)

@@ -45,13 +45,12 @@ class RMSNorm(nn.Module):
         return add_rms_norm_linear_op(x, residual, self.weight, self.eps, weight)
 
     def add_norm_gate_up(
-        self, x: torch.Tensor, residual: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor
+        self, x: torch.Tensor, residual: torch.Tensor, gate_up_weight: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(silu(gate) * up, residual + x)`` of ``norm(residual + x) @ gate_up_weight.T = [gate | up]`` through
         ce::add_rms_norm_linear_silu_mul: up to 5 rows (decode batches 1-4, small verify steps) the projection's
-        programs write the activation (ops/linear.py), so the MLP's down projection reads it with no prologue.
-        ``down_weight``, that projection's weight, is only prefetched into L2 (above 5 rows, ahead of cuBLAS)."""
-        return add_rms_norm_linear_silu_mul_op(x, residual, self.weight, self.eps, gate_up_weight, down_weight)
+        programs write the activation (ops/linear.py), so the MLP's down projection reads it with no prologue."""
+        return add_rms_norm_linear_silu_mul_op(x, residual, self.weight, self.eps, gate_up_weight)
 
 
 class GatedRMSNorm(nn.Module):

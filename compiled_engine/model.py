@@ -65,7 +65,7 @@ class DecoderLayer(nn.Module):
             residual, normed = self.post_attention_layernorm.add_and_norm(self.mixer(projected, step), residual)
             return self.mlp(normed), residual
         activated, residual = self.post_attention_layernorm.add_norm_gate_up(
-            self.mixer(projected, step), residual, self.mlp.gate_up_proj, self.mlp.down_proj
+            self.mixer(projected, step), residual, self.mlp.gate_up_proj
         )
         return self.mlp.down(activated), residual
 

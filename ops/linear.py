@@ -17,16 +17,11 @@ op, where M is a plain int: a compiled graph with a symbolic batch size never gu
   projection after it. At one row the skinny GEMM's programs compute the norm themselves (one launch instead of two:
   at batch 1, 47 fewer launches a step); from two rows ``ce::add_rms_norm`` comes first, then the skinny GEMM up to
   ``SKINNY_MAX_ROWS`` rows and cuBLAS above.
-* ``ce::add_rms_norm_linear_silu_mul(x [M, K], residual [M, K], norm_weight [K], eps, weight [2I, K], next_weight
-  [N, I] or None) -> (out [M, I], summed [M, K])``: the same with the MLP's activation after the projection,
-  ``silu_mul(normed @ weight.T)`` (weight: the gate_up projection, ``[gate | up]`` rows). Up to ``SKINNY_MAX_ROWS``
-  rows the skinny GEMM's programs each own matching gate and up rows and write ``silu(gate) * up`` (no activation
-  kernel, and the down projection after it reads I columns with no prologue); above, cuBLAS then ``ce::silu_mul``.
-  ``next_weight``, the down projection's weight, changes no value: see the prefetch below.
-
-The skinny GEMM brings its weight into L2 before it waits for its input (ops/triton/l2_prefetch.py). cuBLAS's
-kernels do not, nor do they launch early, so where cuBLAS runs a matmul the kernel before it in these ops (the norm,
-the activation) prefetches the matmul's weight instead: the weight streams from DRAM during the hop.
+* ``ce::add_rms_norm_linear_silu_mul(x [M, K], residual [M, K], norm_weight [K], eps, weight [2I, K]) -> (out [M,
+  I], summed [M, K])``: the same with the MLP's activation after the projection, ``silu_mul(normed @ weight.T)``
+  (weight: the gate_up projection, ``[gate | up]`` rows). Up to ``SKINNY_MAX_ROWS`` rows the skinny GEMM's programs
+  each own matching gate and up rows and write ``silu(gate) * up`` (no activation kernel, and the down projection
+  after it reads I columns with no prologue); above, cuBLAS then ``ce::silu_mul``.
 * :func:`linear`, :func:`silu_mul_linear`: the model's entry points, for x of any leading shape.
 """
 
@@ -42,7 +37,7 @@ from ops.options import current_options
 from ops.triton import HAVE_TRITON
 
 if HAVE_TRITON:  # else cuBLAS serves every matmul (ops/triton/__init__.py)
-    from ops.triton import activation_kernels, gemv_kernels, norm_kernels
+    from ops.triton import gemv_kernels
 
 # Rows up to which the Triton skinny GEMM runs instead of cuBLAS: the decode buckets 1-4 and the 5 rows of a batch-1
 # verify at k = 4 (as 4 + 1), where its GEMV paths read the weights faster than cuBLAS's kernels do. From 6 rows
@@ -71,23 +66,6 @@ def _linear_cuda(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)  # cuBLAS (and its error messages for mismatched inputs)
 
 
-def _add_rms_norm_before_cublas(x, residual, norm_weight, eps, weight):
-    """ce::add_rms_norm ahead of cuBLAS's matmul of ``weight``. cuBLAS's kernels neither launch early (PDL) nor
-    prefetch, so the norm kernel brings ``weight`` into L2 as it starts (ops/triton/l2_prefetch.py): the weight
-    streams from DRAM while the norm runs and cuBLAS launches, hops in which the DRAM would idle."""
-    if HAVE_TRITON:
-        return norm_kernels.add_rms_norm(x, residual, norm_weight, eps, prefetch=weight)
-    return add_rms_norm_op(x, residual, norm_weight, eps)
-
-
-def _silu_mul_before_cublas(gate_up, weight):
-    """ce::silu_mul ahead of cuBLAS's matmul of ``weight``, prefetching it as :func:`_add_rms_norm_before_cublas`
-    does. ``weight`` None: no matmul follows in this op (nothing prefetched)."""
-    if HAVE_TRITON:
-        return activation_kernels.silu_mul(gate_up, prefetch=weight)
-    return silu_mul_op(gate_up)
-
-
 def _linear_fake(x, weight):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
@@ -107,7 +85,7 @@ def silu_mul_linear_reference(gate_up: torch.Tensor, weight: torch.Tensor) -> to
 def _silu_mul_linear_cuda(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if _skinny(gate_up, weight) and gate_up.shape[1] == 2 * weight.shape[1]:
         return gemv_kernels.skinny_gemm(gate_up, weight, gated=True)
-    return F.linear(_silu_mul_before_cublas(gate_up, weight), weight)
+    return F.linear(silu_mul_op(gate_up), weight)
 
 
 silu_mul_linear_op = define_op(
@@ -135,24 +113,18 @@ def norm_in_prologue(rows: int) -> bool:
     return rows == 1
 
 
-def _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, silu_mul_out=False, next_weight=None):
+def _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, silu_mul_out=False):
     """``silu_mul_out`` (ce::add_rms_norm_linear_silu_mul): the output is ``silu(gate) * up`` of the projection's
     ``[gate | up]`` halves, written by the skinny GEMM's epilogue where its config has one
-    (``gemv_kernels.takes_gated_out``), else by ce::silu_mul after it, which then prefetches ``next_weight`` (the
-    down projection's) into L2 where cuBLAS runs the matmuls."""
+    (``gemv_kernels.takes_gated_out``), else by ce::silu_mul after it."""
     skinny = _skinny(x, weight)
     gated_out = silu_mul_out and skinny and gemv_kernels.takes_gated_out(x.shape[0], weight.shape[0], x.shape[1])
     if skinny and norm_in_prologue(x.shape[0]) and residual.dtype == x.dtype and residual.stride(-1) == 1:
         out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight, gated_out=gated_out)
-    elif skinny:  # the skinny GEMM prefetches its own weight, launched early behind the norm
-        summed, normed = add_rms_norm_op(x, residual, norm_weight, eps)
-        out = gemv_kernels.skinny_gemm(normed, weight, gated_out=gated_out)
     else:
-        summed, normed = _add_rms_norm_before_cublas(x, residual, norm_weight, eps, weight)
-        out = F.linear(normed, weight)
-    if silu_mul_out and not gated_out:
-        out = _silu_mul_before_cublas(out, None if skinny else next_weight)
-    return out, summed
+        summed, normed = add_rms_norm_op(x, residual, norm_weight, eps)
+        out = gemv_kernels.skinny_gemm(normed, weight, gated_out=gated_out) if skinny else F.linear(normed, weight)
+    return (silu_mul_op(out) if silu_mul_out and not gated_out else out), summed
 
 
 def _add_rms_norm_linear_fake(x, residual, norm_weight, eps, weight):
@@ -168,26 +140,23 @@ add_rms_norm_linear_op = define_op(
 
 
 def add_rms_norm_linear_silu_mul_reference(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    next_weight: torch.Tensor | None = None,
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``next_weight`` (the down projection's weight, read by the matmul after this op) changes no value: the CUDA
-    path prefetches it into L2."""
     out, summed = add_rms_norm_linear_reference(x, residual, norm_weight, eps, weight)
     return silu_mul_reference(out), summed
 
 
-def _add_rms_norm_linear_silu_mul_cuda(x, residual, norm_weight, eps, weight, next_weight=None):
-    return _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, silu_mul_out=True, next_weight=next_weight)
+def _add_rms_norm_linear_silu_mul_cuda(x, residual, norm_weight, eps, weight):
+    return _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, silu_mul_out=True)
 
 
-def _add_rms_norm_linear_silu_mul_fake(x, residual, norm_weight, eps, weight, next_weight=None):
+def _add_rms_norm_linear_silu_mul_fake(x, residual, norm_weight, eps, weight):
     return x.new_empty((x.shape[0], weight.shape[0] // 2)), x.new_empty(x.shape)
 
 
 add_rms_norm_linear_silu_mul_op = define_op(
-    "add_rms_norm_linear_silu_mul(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight, "
-    "Tensor? next_weight=None) -> (Tensor, Tensor)",
+    "add_rms_norm_linear_silu_mul(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight) "
+    "-> (Tensor, Tensor)",
     reference=add_rms_norm_linear_silu_mul_reference,
     cuda=_add_rms_norm_linear_silu_mul_cuda,
     fake=_add_rms_norm_linear_silu_mul_fake,

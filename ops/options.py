@@ -14,9 +14,7 @@ Each field has an environment variable, read once by :meth:`KernelOptions.from_e
   pdl           CE_PDL           1 / 0 (also on, off, true, ...)  on: programmatic dependent launch of the decode
                                                                   kernels where the GPU has it (ops/triton/pdl.py)
   l2_prefetch   CE_L2_PREFETCH   whole / 0 (or any of the above)  on: the skinny GEMM prefetches its weight into L2
-                                                                  before its PDL wait, and the norm / activation
-                                                                  kernel before a cuBLAS matmul prefetches that
-                                                                  matmul's (ops/triton/l2_prefetch.py)
+                                                                  before its PDL wait (ops/triton/l2_prefetch.py)
   skinny_gemm   CE_SKINNY_GEMM   1 / 0                            on: 1-2-row bf16/fp16 matmuls run our Triton skinny
                                                                   GEMM (ops/linear.py); off sends them to cuBLAS
   cuda_graphs   CE_CUDA_GRAPHS   runner / trees                   runner: who captures and replays the decode graphs

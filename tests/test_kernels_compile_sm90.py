@@ -135,30 +135,6 @@ def test_skinny_gemm_rule_compiles_for_sm90(rows):
                      num_warps=config.num_warps)
 
 
-def test_norm_and_activation_prefetch_compiles_for_sm90():
-    """The kernels before a cuBLAS matmul (ops/linear.py) with and without the prefetch of its weight: the norm's
-    prefetch is issued before its PDL wait (the weight is constant; the input is not), the activation's at all."""
-    from ops.triton import activation_kernels as ak
-    from ops.triton import norm_kernels as nk
-
-    sig = dict(x=_ptr("bf16"), residual=_ptr("bf16"), weight=_ptr("bf16"), summed=_ptr("bf16"), out=_ptr("bf16"),
-               rows="i32", stride_x="i64", stride_r="i64", eps="fp32", prefetch=_ptr("bf16"), prefetch_bytes="i64",
-               prefetch_programs="i32")
-    for prefetch in (True, False):
-        constexprs = dict(D=1024, D_P=1024, USE_PDL=True, PREFETCH_L2=prefetch)
-        ptx = _compile(nk._add_rms_norm_kernel, sig, constexprs).asm["ptx"]
-        body = ptx[ptx.index("griddepcontrol.launch_dependents"):]
-        if prefetch:
-            assert body.index("cp.async.bulk.prefetch.L2") < body.index("griddepcontrol.wait")
-        else:
-            assert "cp.async.bulk.prefetch.L2" not in ptx
-    sig = dict(gate_up=_ptr("bf16"), out=_ptr("bf16"), rows="i32", half="i32", stride_row="i64", prefetch=_ptr("bf16"),
-               prefetch_bytes="i64", prefetch_programs="i32")
-    for prefetch in (True, False):
-        ptx = _compile(ak._silu_mul_kernel, sig, dict(BLOCK=ak.BLOCK, PREFETCH_L2=prefetch)).asm["ptx"]
-        assert ("cp.async.bulk.prefetch.L2" in ptx) == prefetch
-
-
 # The Gated DeltaNet kernels' arguments but their constexprs: bf16 rows and weights, an fp32 state pool.
 GDN_SIG = dict(projected=_ptr("bf16"), conv_weight=_ptr("bf16"), conv_state=_ptr("bf16"), A_log=_ptr("fp32"),
                dt_bias=_ptr("fp32"), norm_weight=_ptr("bf16"), recurrent_state=_ptr("fp32"), state_slots=_ptr("i32"),

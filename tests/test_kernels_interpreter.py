@@ -11,7 +11,6 @@ its rule may choose among them).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -464,33 +463,19 @@ def _child_checks() -> dict:
             else:
                 raise AssertionError(f"add_rms_norm_skinny_gemm ran at {rows} rows with {config}")
 
-    @contextlib.contextmanager
-    def extra_programs(module, count):
-        """The launch a prefetching kernel gets (``spread_prefetch``: programs past the rows, which only prefetch),
-        ``count`` more programs, without the prefetch itself (inline PTX: GPU only): they must write nothing."""
-        spread = module.spread_prefetch
-        module.spread_prefetch = lambda weight, programs: (programs + count, {"PREFETCH_L2": False,
-                                                                              "prefetch_programs": 1})
-        try:
-            yield
-        finally:
-            module.spread_prefetch = spread
-
-    def check_add_rms_norm(tokens, dim, strided, extra=0):
+    def check_add_rms_norm(tokens, dim, strided):
         x, residual = torch.randn(tokens, dim) * 3.0, torch.randn(tokens, dim) * 3.0
         if strided:  # rows of a wider tensor
             x = torch.randn(tokens, dim + 7)[:, 7:] * 3.0
         weight = torch.randn(dim)
         want_sum, want_norm = norm.add_rms_norm_reference(x, residual, weight, 1e-6)
-        with extra_programs(norm_kernels, extra):
-            got_sum, got_norm = norm_kernels.add_rms_norm(x, residual, weight, 1e-6)
+        got_sum, got_norm = norm_kernels.add_rms_norm(x, residual, weight, 1e-6)
         compare("add_rms_norm sum", got_sum, want_sum)
         compare("add_rms_norm norm", got_norm, want_norm)
 
-    def check_silu_mul(rows, half, strided, extra=0):
+    def check_silu_mul(rows, half, strided):
         gate_up = torch.randn(rows, 2 * half + 6)[:, 3:-3] if strided else torch.randn(rows, 2 * half)
-        with extra_programs(activation_kernels, extra):
-            got = activation_kernels.silu_mul(gate_up)
+        got = activation_kernels.silu_mul(gate_up)
         assert got.is_contiguous() and got.shape == (rows, half)
         compare("silu_mul", got, activation.silu_mul_reference(gate_up))
 
@@ -562,9 +547,6 @@ def _child_checks() -> dict:
         "add_rms_norm_no_rows": lambda: check_add_rms_norm(0, 16, strided=False),
         "silu_mul_strided_rows": lambda: check_silu_mul(4, 40, strided=True),
         "silu_mul_no_rows": lambda: check_silu_mul(0, 8, strided=False),
-        # launched as when they prefetch the next matmul's weight: programs past the rows
-        "add_rms_norm_prefetch_programs": lambda: check_add_rms_norm(3, 48, strided=False, extra=5),
-        "silu_mul_prefetch_programs": lambda: check_silu_mul(3, 1100, strided=False, extra=3),
         # rows not a multiple of BLOCK_R, D not a power of two, H = 1 (layer norms) and H > 1 (per-head norms)
         "rms_norm_zero_centred": lambda: check_rms_norm(7, 1, 48, gated=False, strided=False),
         "rms_norm_strided_heads": lambda: check_rms_norm(5, 3, 32, gated=False, strided=True),
@@ -720,8 +702,6 @@ CHECK_NAMES = [
     "add_rms_norm_no_rows",
     "silu_mul_strided_rows",
     "silu_mul_no_rows",
-    "add_rms_norm_prefetch_programs",
-    "silu_mul_prefetch_programs",
     "rms_norm_zero_centred",
     "rms_norm_strided_heads",
     "rms_norm_gated_strided",

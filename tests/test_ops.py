@@ -904,8 +904,7 @@ def test_add_rms_norm_linear_silu_mul_matches_float64(tokens, k, half, dtype, se
     x, residual = _randn(g, tokens, k, scale=3.0, dtype=dtype), _randn(g, tokens, k, scale=3.0, dtype=dtype)
     norm_weight = _randn(g, k, scale=0.5, dtype=dtype)
     weight = _randn(g, 2 * half, k, scale=k**-0.5, dtype=dtype)
-    down = _randn(g, k, half, scale=half**-0.5, dtype=dtype)  # the next matmul's weight: a prefetch hint, no value
-    out, summed = add_rms_norm_linear_silu_mul_op(x, residual, norm_weight, 1e-6, weight, down)
+    out, summed = add_rms_norm_linear_silu_mul_op(x, residual, norm_weight, 1e-6, weight)
     assert out.shape == (tokens, half) and summed.shape == (tokens, k) and out.dtype == summed.dtype == dtype
     torch.testing.assert_close(summed.double(), x.double() + residual.double(), **_tol(dtype))
     sd = summed.double()

@@ -27,8 +27,7 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
                             (a layer's residual add + norm)
 
 and two helper modules: ``pdl``, programmatic dependent launch, the protocol the decode kernels follow (launch flags,
-when to wait); ``l2_prefetch``, the prefetch of a weight into L2 (the skinny GEMM's own before that wait, the norm
-and activation kernels' of the cuBLAS matmul after them); and, here,
+when to wait); ``l2_prefetch``, the skinny GEMM's prefetch of its weight into L2 before that wait; and, here,
 ``unit_stride`` for the launchers.
 
 Imports go one way: an op module (ops/<family>.py) imports its kernel module and registers the launcher as the op's

@@ -2,8 +2,7 @@
 
 Grid (rows, column blocks); each program reads BLOCK columns of the gate and of the up half of one row and writes
 them once. The silu is computed in fp32 and rounded to the output dtype before the multiply, as the reference
-(``F.silu`` on a bf16 tensor, then a bf16 multiply) rounds. Where cuBLAS runs the down projection after it, the
-kernel can bring that matmul's weight into L2 (``prefetch``: ops/triton/l2_prefetch.py).
+(``F.silu`` on a bf16 tensor, then a bf16 multiply) rounds.
 """
 
 from __future__ import annotations
@@ -11,8 +10,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from ops.triton.l2_prefetch import prefetch_l2_slab, spread_prefetch
 
 BLOCK = 1024
 
@@ -28,22 +25,16 @@ def silu_mul_values(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(gate_up, out, rows, half, stride_row, prefetch, prefetch_bytes, prefetch_programs,
-                     BLOCK: tl.constexpr, PREFETCH_L2: tl.constexpr):
-    if PREFETCH_L2:  # the next matmul's weight; rows past ``rows`` only prefetch (spread_prefetch)
-        program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        prefetch_l2_slab(prefetch, prefetch_bytes, program, prefetch_programs)
+def _silu_mul_kernel(gate_up, out, half, stride_row, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < half * (row < rows).to(tl.int32)  # a count, not block & scalar (the interpreter rejects that)
+    mask = cols < half
     gate = tl.load(gate_up + row * stride_row + cols, mask=mask, other=0.0)
     up = tl.load(gate_up + row * stride_row + half + cols, mask=mask, other=0.0)
     tl.store(out + row * half + cols, silu_mul_values(gate, up, out.dtype.element_ty), mask=mask)
 
 
-def silu_mul(gate_up: torch.Tensor, prefetch: torch.Tensor | None = None) -> torch.Tensor:
-    """``prefetch``: a weight to bring into L2 while the kernel runs (the down projection's, where cuBLAS runs it); a
-    hint, dropped where bulk prefetches cannot run or the weight does not suit (``l2_prefetch_flags``)."""
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows, width = gate_up.shape
     if width % 2:
         raise ValueError(f"silu_mul needs an even number of columns (gate | up), got {width}")
@@ -53,11 +44,5 @@ def silu_mul(gate_up: torch.Tensor, prefetch: torch.Tensor | None = None) -> tor
     out = torch.empty((rows, half), dtype=gate_up.dtype, device=gate_up.device)
     if rows == 0 or half == 0:
         return out
-    blocks = triton.cdiv(half, BLOCK)
-    programs, prefetch_flags = spread_prefetch(prefetch, rows * blocks)
-    prefetch = prefetch if prefetch_flags["PREFETCH_L2"] else out  # a placeholder pointer, never read
-    _silu_mul_kernel[(triton.cdiv(programs, blocks), blocks)](
-        gate_up, out, rows, half, gate_up.stride(0), prefetch, prefetch.numel() * prefetch.element_size(),
-        BLOCK=BLOCK, num_warps=4, **prefetch_flags,
-    )
+    _silu_mul_kernel[(rows, triton.cdiv(half, BLOCK))](gate_up, out, half, gate_up.stride(0), BLOCK=BLOCK, num_warps=4)
     return out

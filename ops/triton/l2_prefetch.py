@@ -9,10 +9,6 @@ while the kernel before is still running) split the weight into that many contig
 each one into L2 (``cp.async.bulk.prefetch.L2``: one instruction per 64 KB, issued by one thread, nothing waited for).
 After the wait the kernel's loads hit L2 instead of DRAM.
 
-cuBLAS, which runs the matmuls from 6 rows, neither launches early nor prefetches. There the kernel before the
-matmul (the residual add + norm, the MLP's activation: ops/linear.py) prefetches the matmul's weight as it starts, so
-the weight streams from DRAM while that kernel runs and cuBLAS launches.
-
 A prefetch is a hint: it changes no value, only where a later load finds its data. Hopper or newer (sm_90: the
 bulk prefetch instruction), CUDA only (the interpreter cannot run inline PTX); the ``l2_prefetch`` option
 (ops/options.py, ``CE_L2_PREFETCH=0``) turns it off.
@@ -59,15 +55,13 @@ def _device_facts(index: int) -> tuple[int, int]:
     return props.multi_processor_count, getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES
 
 
-def l2_prefetch_flags(weight: torch.Tensor | None, programs: int) -> dict:
+def l2_prefetch_flags(weight: torch.Tensor, programs: int) -> dict:
     """Launch arguments of a kernel of ``programs`` programs with the :func:`prefetch_l2_slab` prologue for
     ``weight``: its ``PREFETCH_L2`` constexpr and ``prefetch_programs`` (how many programs, the first ones and at
     most one per SM, share the prefetch). On where :func:`l2_prefetch_enabled` and ``weight`` is one contiguous,
-    16-byte aligned CUDA buffer of at most half the L2 (off for None)."""
+    16-byte aligned CUDA buffer of at most half the L2."""
     off = {"PREFETCH_L2": False, "prefetch_programs": 1}
-    if weight is None or not l2_prefetch_enabled():
-        return off
-    if not (weight.is_cuda and weight.is_contiguous() and weight.data_ptr() % 16 == 0):
+    if not (l2_prefetch_enabled() and weight.is_cuda and weight.is_contiguous() and weight.data_ptr() % 16 == 0):
         return off
     index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
     sms, l2_bytes = _device_facts(index)
@@ -75,19 +69,6 @@ def l2_prefetch_flags(weight: torch.Tensor | None, programs: int) -> dict:
     if nbytes % 16 or nbytes > l2_bytes // 2:
         return off
     return {"PREFETCH_L2": True, "prefetch_programs": min(sms, programs)}
-
-
-def spread_prefetch(weight: torch.Tensor | None, programs: int) -> tuple[int, dict]:
-    """(grid, launch arguments) of a kernel of ``programs`` programs that prefetches ``weight`` for the kernel after
-    it: at least one program per SM, the extra ones prefetching only. An SM issues its slab's pieces at its own pace
-    (the issuing thread stalls when its queue is full), so a norm over 16 rows prefetching a 17 MB weight from 16
-    SMs outlasts its own work several times over; one slab per SM keeps the kernel short."""
-    flags = l2_prefetch_flags(weight, programs)
-    if not flags["PREFETCH_L2"]:
-        return programs, flags
-    index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
-    grid = max(programs, _device_facts(index)[0])
-    return grid, l2_prefetch_flags(weight, grid)
 
 
 @triton.jit

@@ -3,9 +3,7 @@ rounding points.
 
 ``add_rms_norm`` is the decoder layers' residual add and the norm after it, one program per token row, launched with
 PDL (ops/triton/pdl.py): in a batch-1 decode step it sits between two weight matmuls, and the matmul after it can
-start loading its weights while it runs. Where cuBLAS runs the matmul after it (from 6 rows: ops/linear.py), which
-neither launches early nor prefetches, the norm kernel can bring that matmul's weight into L2 instead
-(``prefetch``: ops/triton/l2_prefetch.py), so the weight streams from DRAM while the norm runs and cuBLAS launches.
+start loading its weights while it runs.
 
 Rows are the ``T x H`` vectors of length D of ``x [T, H, D]``; row r is (t, h) = (r // H, r % H), so x and gate may be
 strided views over T and H (a head's slice of a fused projection's output) without a copy. Each program normalises
@@ -19,7 +17,6 @@ import triton
 import triton.language as tl
 
 from ops.triton import unit_stride
-from ops.triton.l2_prefetch import prefetch_l2_slab, spread_prefetch
 from ops.triton.pdl import pdl_flags
 
 ELEMENTS_PER_PROGRAM = 4096  # BLOCK_R x padded D: 4 rows of 1,024, 16 rows of 256, 32 rows of 128
@@ -101,25 +98,18 @@ def _add_rms_norm_kernel(
     weight,
     summed,  # contiguous [rows, D]: residual + x
     out,  # contiguous [rows, D]: the zero-centred norm of summed
-    rows,  # programs past it only prefetch (spread_prefetch)
     stride_x,
     stride_r,
     eps,
-    prefetch,  # PREFETCH_L2: the next matmul's weight, contiguous, prefetch_bytes long
-    prefetch_bytes,
-    prefetch_programs,  # PREFETCH_L2: how many programs (the first ones) share its L2 prefetch
     D: tl.constexpr,
     D_P: tl.constexpr,
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py
-    PREFETCH_L2: tl.constexpr,  # ops/triton/l2_prefetch.py
 ):
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    if PREFETCH_L2:  # a weight: no kernel writes it, so before the wait
-        prefetch_l2_slab(prefetch, prefetch_bytes, tl.program_id(0), prefetch_programs)
     row = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, D_P)
-    d_mask = d < D * (row < rows).to(tl.int32)  # a count, not block & scalar (the interpreter rejects that)
+    d_mask = d < D
     w = tl.load(weight + d, mask=d_mask, other=0.0).to(tl.float32)  # a weight: no earlier kernel writes it
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -135,10 +125,8 @@ def _add_rms_norm_kernel(
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, prefetch: torch.Tensor | None = None
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``prefetch``: a weight to bring into L2 while the norm runs (the next matmul's, where cuBLAS runs it); a hint,
-    dropped where bulk prefetches cannot run or the weight does not suit (``l2_prefetch_flags``)."""
     if x.dim() != 2 or residual.shape != x.shape or weight.shape != (x.shape[1],) or residual.dtype != x.dtype:
         raise ValueError(f"add_rms_norm: x and residual must be [T, D] of one dtype and weight [D]; got x "
                          f"{tuple(x.shape)} {x.dtype}, residual {tuple(residual.shape)} {residual.dtype}, "
@@ -152,11 +140,8 @@ def add_rms_norm(
         return summed, out
     d_p = triton.next_power_of_2(dim)
     weight = unit_stride(weight)  # [D]
-    grid, prefetch_flags = spread_prefetch(prefetch, tokens)
-    prefetch = prefetch if prefetch_flags["PREFETCH_L2"] else weight  # a placeholder pointer, never read
-    _add_rms_norm_kernel[(grid,)](
-        x, residual, weight, summed, out, tokens, x.stride(0), residual.stride(0), eps,
-        prefetch, prefetch.numel() * prefetch.element_size(),
-        D=dim, D_P=d_p, num_warps=4 if d_p <= 2048 else 8, **pdl_flags(x), **prefetch_flags,
+    _add_rms_norm_kernel[(tokens,)](
+        x, residual, weight, summed, out, x.stride(0), residual.stride(0), eps,
+        D=dim, D_P=d_p, num_warps=4 if d_p <= 2048 else 8, **pdl_flags(x),
     )
     return summed, out
