@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-config", type=json.loads, default=None, metavar="JSON",
                    help='LLM(speculative_config=...) for every scenario\'s engine, e.g. '
                         '\'{"method": "mtp", "num_speculative_tokens": 2}\' (the spec scenario builds its own)')
+    p.add_argument("--state-dtype", default=None, choices=["float32", "bfloat16"],
+                   help="LLM(state_dtype=...): the recurrent state pool's dtype (default: LLM's, float32; bfloat16 "
+                        "halves the state's bytes, as vLLM's --mamba-ssm-cache-dtype and SGLang's --mamba-ssm-dtype)")
     p.add_argument("--bandwidth-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 cuda, 64 cpu)")
     p.add_argument("--hf-limit", type=int, default=None, help="HF runs only the first N requests of a workload")
     p.add_argument("--hf-batch-size", type=int, default=64, help="HF pad-left batch size")
@@ -168,7 +171,7 @@ def run(names, modules, kwargs, args, argv) -> int:
         max_prefill_capture_seqs=args.max_prefill_capture_seqs,
         tensor_parallel_size=args.tensor_parallel_size, enable_prefix_caching=args.enable_prefix_caching,
         overlap_decode=args.overlap_decode, mixed_steps=args.mixed_steps, kv_growth_reserve=args.kv_growth_reserve,
-        speculative_config=args.speculative_config,
+        speculative_config=args.speculative_config, state_dtype=args.state_dtype,
         bandwidth_mib=args.bandwidth_mib, hf_limit=args.hf_limit, hf_batch_size=args.hf_batch_size,
         hf_max_time=args.hf_max_time, argv=argv,
     )

@@ -55,6 +55,7 @@ class Options:
     mixed_steps: bool = True  # LLM(mixed_steps=...) for every scenario's engine (LLM's default)
     kv_growth_reserve: float | None = None  # LLM(kv_growth_reserve=...); default: LLM's
     speculative_config: dict | None = None  # LLM(speculative_config=...) for every scenario's engine
+    state_dtype: str | None = None  # LLM(state_dtype=...): the recurrent state pool's; default: LLM's (float32)
     bandwidth_mib: int | None = None  # copy buffer size; default 1024 on CUDA, 64 on CPU
     hf_limit: int | None = None  # HF runs at most this many requests of a workload (throughput, prefix)
     hf_batch_size: int = 64  # HF pad-left batch size
@@ -138,6 +139,8 @@ class Context:
             kwargs["tensor_parallel_size"] = self.opts.tensor_parallel_size
         if self.opts.speculative_config is not None:
             kwargs["speculative_config"] = self.opts.speculative_config
+        if self.opts.state_dtype is not None:
+            kwargs["state_dtype"] = getattr(torch, self.opts.state_dtype)
         return {**kwargs, **extra}
 
     def llm(self, **extra):

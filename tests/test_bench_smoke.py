@@ -367,6 +367,22 @@ def test_throughput(smoke):
     assert positive(r["ratio_vs_hf"]["same_requests"]) and positive(r["ratio_vs_hf"]["full_workload_vs_hf_subset"])
 
 
+def test_throughput_with_a_bf16_state_pool(smoke, tmp_path, monkeypatch):
+    """``--state-dtype bfloat16`` reaches the engine (its state pool's dtype, in the report) and the bound (the
+    recurrent state's bytes half the float32 run's), and the workload still completes."""
+    monkeypatch.setenv("COMPILED_ENGINE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "bf16-state"
+    rc = main(["throughput", "--device", "cpu", "--state-dtype", "bfloat16", "--max-num-seqs", "4",
+               "--max-model-len", "64", "--bandwidth-mib", "8", "-p", "throughput.num_requests=4", "-p", "min_len=4",
+               "-p", "max_len=8", "--out", str(out)])
+    assert rc == 0
+    r = json.loads((out / "throughput.json").read_text())
+    fp32 = smoke[2]["throughput"]
+    assert fp32["engine"]["state_dtype"] == "float32" and r["engine"]["state_dtype"] == "bfloat16"
+    assert 2 * r["model"]["recurrent_state_bytes"] == fp32["model"]["recurrent_state_bytes"] > 0
+    assert r["ours"]["requests"] == 4 and r["ours"]["output_tokens"] == r["workload"]["output_tokens"]
+
+
 def test_hf_alone_beside_an_earlier_run_of_ours(smoke, tmp_path, monkeypatch):
     """``--ours-from``: HF runs the throughput workload's subset beside our side read from the smoke run's JSON; our
     engine is never built (Context.llm raises here), and the ratios divide the earlier run's numbers."""
