@@ -24,6 +24,9 @@ for choosing the configs on the GPU.
     python bench/ops_microbench.py --out results/          # table on stdout, JSON in results/ops_microbench.json
     python bench/ops_microbench.py --out results/ --sweep  # also sweep the decode kernels' tile sizes
     python bench/ops_microbench.py --out results/ --batches "" --sweep  # only the linear rows and their configs
+
+``--state-dtype bfloat16``: the Gated DeltaNet rows on a bf16 state pool (``LLM(state_dtype=torch.bfloat16)``), its
+bytes counted at 2 an element.
 """
 
 from __future__ import annotations
@@ -258,16 +261,17 @@ def run(args) -> dict:
 
         # --- gated delta rule decode: the in-place state update (the batch-256 target)
         hk, hv, dk, dv = s.linear_k_heads, s.linear_v_heads, s.key_dim, s.value_dim
-        state = rand(batch + 1, hv, dk, dv, dtype=torch.float32, scale=0.1)
+        state_dtype = getattr(torch, args.state_dtype)
+        state = rand(batch + 1, hv, dk, dv, dtype=state_dtype, scale=0.1)
         A_log, dt_bias = rand(hv, dtype=torch.float32, scale=0.5), rand(hv, dtype=torch.float32)
         lq, lk = rand(batch, hk, dk), rand(batch, hk, dk)
         lv, la, lb = rand(batch, hv, dv), rand(batch, hv), rand(batch, hv)
-        rec_bytes = 2 * batch * hv * dk * dv * 4
+        rec_bytes = 2 * batch * hv * dk * dv * state.element_size()
         act_bytes = (2 * batch * hk * dk + 2 * batch * hv * dv + 2 * batch * hv) * bf16
         us = timed(f"gated_delta_rule_decode B={batch}",
                      lambda: torch.ops.ce.gated_delta_rule_decode(lq, lk, lv, la, lb, A_log, dt_bias, state, slots),
                      graph=True)
-        add("gated_delta_rule_decode", batch, us, rec_bytes + act_bytes, "graph", "fp32 state, in place")
+        add("gated_delta_rule_decode", batch, us, rec_bytes + act_bytes, "graph", f"{args.state_dtype} state, in place")
         if args.sweep and batch == max(args.batches):
             for block_v in (8, 16, 32, 64, 128):
                 for warps in (1, 2, 4, 8):
@@ -496,6 +500,8 @@ def main(argv=None) -> None:
     parser.add_argument("--linear-v-heads", type=int, default=16,
                         help="value heads of the linear layers (16 key heads): 32 times the G = 2 kernels of "
                              "Qwen3-Next / Qwen3.5-35B (the rest of the shape stays 0.8B's)")
+    parser.add_argument("--state-dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the recurrent state pool's dtype in the Gated DeltaNet rows (LLM's state_dtype)")
     parser.add_argument("--sweep", action="store_true", help="also sweep decode tile sizes and skinny GEMM configs")
     parser.add_argument("--skip", type=lambda s: set(s.split(",")), default=set(),
                         help="comma-separated ops to leave out (e.g. gated_delta_rule_prefill: FLA autotunes; "
