@@ -71,8 +71,8 @@ def gated_deltanet_verify_reference(
     slots = state_slots.long()
     # Copies of the sequences' pool rows (the pools stay as they are), as rows 1..n of scratch pools: row 0 is the
     # null slot, which the decode reference treats as a padding lane's (a zero recurrent state, never written).
-    conv, recurrent = torch.cat([conv_state[:1], conv_state[slots]]), torch.cat([recurrent_state[:1],
-                                                                                recurrent_state[slots]])
+    conv = torch.cat([conv_state[:1], conv_state[slots]])
+    recurrent = torch.cat([recurrent_state[:1], recurrent_state[slots]])
     rows = torch.arange(1, n + 1, dtype=torch.int32, device=projected.device)
     per_position = projected.view(n, positions, -1)
     outputs = []

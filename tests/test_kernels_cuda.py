@@ -564,9 +564,8 @@ def _gated_deltanet_lanes(gen, layout, batch):
 
 def _assert_gated_deltanet_states_close(conv_state, want_conv, rec_state, want_rec):
     """Pools but the null slot's conv history (padding lanes race on it). The conv state is a shifted copy: exact.
-    The recurrent state: the kernel's and the
-    reference's bf16 conv outputs may round a tie apart (fp32 sums in another order), moving a state column by
-    ~1e-3; a bf16 pool may also round a tie the other way (one ulp)."""
+    The recurrent state: the kernel's and the reference's bf16 conv outputs may round a tie apart (fp32 sums in
+    another order), moving a state column by ~1e-3; a bf16 pool may also round a tie the other way (one ulp)."""
     torch.testing.assert_close(conv_state[1:], want_conv[1:], atol=0, rtol=0)
     # Padding lanes neither read nor write a recurrent state: the null slot's is as it was, in both
     assert torch.equal(rec_state[0], want_rec[0]), "a padding lane wrote the null slot's recurrent state"
