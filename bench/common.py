@@ -55,7 +55,7 @@ class Options:
     mixed_steps: bool = True  # LLM(mixed_steps=...) for every scenario's engine (LLM's default)
     kv_growth_reserve: float | None = None  # LLM(kv_growth_reserve=...); default: LLM's
     speculative_config: dict | None = None  # LLM(speculative_config=...) for every scenario's engine
-    state_dtype: str | None = None  # LLM(state_dtype=...): the recurrent state pool's; default: LLM's (float32)
+    state_dtype: str | None = None  # LLM(state_dtype=...): the recurrent state pool's; default: the checkpoint's
     bandwidth_mib: int | None = None  # copy buffer size; default 1024 on CUDA, 64 on CPU
     hf_limit: int | None = None  # HF runs at most this many requests of a workload (throughput, prefix)
     hf_batch_size: int = 64  # HF pad-left batch size

@@ -27,7 +27,7 @@ import json
 import math
 import numbers
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -39,6 +39,7 @@ QWEN3_NEXT_MOE_DEFAULTS = dict(num_experts=512, num_experts_per_tok=10, moe_inte
                                shared_expert_intermediate_size=512, decoder_sparse_step=1, norm_topk_prob=True)
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
+SSM_DTYPES = ("float32", "bfloat16", "float16")  # config.json's mamba_ssm_dtype
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
     moe_layers: tuple[int, ...] = ()  # the layers whose MLP is the sparse MoE block
+    mamba_ssm_dtype: str = "float32"  # the recurrent state's dtype the checkpoint asks for (Qwen3.5: float32)
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     # Derived sizes used by the layers and the pools.
@@ -91,6 +93,12 @@ class ModelConfig:
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """The recurrent state pool's dtype by default (``RuntimeConfig.state_dtype`` None): ``mamba_ssm_dtype``.
+        float16, which the state kernels do not take, runs as float32 (more precise than asked, never less)."""
+        return torch.bfloat16 if self.mamba_ssm_dtype == "bfloat16" else torch.float32
 
     @property
     def full_attention_layers(self) -> list[int]:
@@ -166,6 +174,9 @@ class ModelConfig:
         hidden_act = text.get("hidden_act", "silu")
         if not isinstance(hidden_act, str):
             raise ValueError(f"config field 'hidden_act' must be a string, got {hidden_act!r}")
+        ssm_dtype = text.get("mamba_ssm_dtype", "float32")
+        if ssm_dtype not in SSM_DTYPES:
+            raise ValueError(f"config field 'mamba_ssm_dtype' must be one of {SSM_DTYPES}, got {ssm_dtype!r}")
         moe = _moe_fields(model_type, text, num_layers, size)
         dense_needed = len(moe.get("moe_layers", ())) < num_layers
         intermediate = size("intermediate_size") if dense_needed or "intermediate_size" in text else 0
@@ -191,6 +202,7 @@ class ModelConfig:
             max_position_embeddings=size("max_position_embeddings", 32768, required=False),
             eos_token_ids=eos_ids,
             hidden_act=hidden_act,
+            mamba_ssm_dtype=ssm_dtype,
             **moe,
             raw=raw,
         )
@@ -336,7 +348,7 @@ class RuntimeConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None  # overrides the memory plan
     gpu_memory_utilization: float = 0.9
-    state_dtype: torch.dtype = torch.float32
+    state_dtype: torch.dtype | None = None  # recurrent state pool; default: the checkpoint's (ModelConfig.state_dtype)
     max_num_batched_tokens: int = 8192  # the largest prefill step: sizes the activation peak of the memory plan
     enable_prefix_caching: bool = False
     prefix_snapshot_interval: int = 512  # tokens between linear-state snapshots (multiple of block_size and 64)
@@ -357,7 +369,7 @@ class RuntimeConfig:
         Types first (vLLM's rule for ints): an int option takes any ``numbers.Integral`` (Python or numpy ints,
         normalised here to ``int``) but not a bool, float or string; ``gpu_memory_utilization`` any finite real;
         ``enable_prefix_caching`` a bool only (not ``"true"``/``1``); ``attention_backend`` a string;
-        ``state_dtype`` a ``torch.dtype``. Then ranges.
+        ``state_dtype`` a ``torch.dtype`` or None. Then ranges.
         """
         for name in ("max_num_seqs", "block_size", "max_num_batched_tokens", "prefix_snapshot_interval",
                      "num_prefix_snapshots", "max_model_len", "num_kv_blocks", "max_prefill_capture_tokens",
@@ -376,7 +388,7 @@ class RuntimeConfig:
             raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if not isinstance(self.attention_backend, str):
             raise ValueError(f"attention_backend must be a string, got {self.attention_backend!r}")
-        if not isinstance(self.state_dtype, torch.dtype):
+        if self.state_dtype is not None and not isinstance(self.state_dtype, torch.dtype):
             raise ValueError(f"state_dtype must be a torch.dtype (float32 or bfloat16), got {self.state_dtype!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
@@ -396,6 +408,10 @@ class RuntimeConfig:
             raise ValueError(f"max_prefill_capture_seqs must be >= 1, got {self.max_prefill_capture_seqs}")
         if self.attention_backend not in ("triton", "flash_attn"):
             raise ValueError(f"attention_backend must be 'triton' or 'flash_attn', got {self.attention_backend!r}")
-        if self.state_dtype not in (torch.float32, torch.bfloat16):
+        if self.state_dtype not in (None, torch.float32, torch.bfloat16):
             raise ValueError(f"state_dtype must be float32 or bfloat16, got {self.state_dtype}")
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+
+    def for_model(self, model: ModelConfig) -> RuntimeConfig:
+        """These knobs with the defaults that come from the checkpoint filled in: ``state_dtype``."""
+        return self if self.state_dtype is not None else replace(self, state_dtype=model.state_dtype)

@@ -108,6 +108,9 @@ def allocate_caches(
     Every tensor-parallel rank calls this with the same config; the KV plan takes the smallest rank's.
     ``snapshot_mirror``: rank 0's prefix cache repeats each snapshot copy on the other ranks through it.
     """
+    if config.state_dtype is None and model.config.mamba_ssm_dtype == "float16":
+        logger.warning("the checkpoint asks for a float16 recurrent state (mamba_ssm_dtype); its pool is float32")
+    config = config.for_model(model.config)
     num_slots = config.max_num_seqs + 1  # + the null slot
     allocate_state_pools(model, num_slots, device, dtype, config.state_dtype)
     if config.speculative_config is not None:  # a verify step's per-position states, before the KV plan too
@@ -128,9 +131,10 @@ def allocate_caches(
         )
     allocate_kv_cache(model, num_kv_blocks, config.block_size, device, dtype)
     logger.info(
-        "KV cache: %d blocks of %d tokens (%d tokens); %d state slots; concurrency limit %d sequences "
-        "of max_model_len=%d",
+        "KV cache: %d blocks of %d tokens (%d tokens); %d state slots (%s recurrent state); concurrency limit %d "
+        "sequences of max_model_len=%d",
         num_kv_blocks - 1, config.block_size, (num_kv_blocks - 1) * config.block_size, config.max_num_seqs,
+        str(config.state_dtype).removeprefix("torch."),
         min(config.max_num_seqs, (num_kv_blocks - 1) // blocks_for_one), max_model_len,
     )
     return CacheConfig(config.block_size, num_kv_blocks, num_slots, config.state_dtype), prefix_cache

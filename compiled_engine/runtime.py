@@ -127,6 +127,7 @@ class Runtime:
         compile and capture what decodes now (``compile_steps``; a tensor-parallel runtime does it once its
         workers are ready)."""
         config.validate()
+        config = config.for_model(model.config)
         draft_vocab = config.speculative_config.draft_vocab_size if config.speculative_config else None
         if draft_vocab is not None and draft_vocab > model.config.vocab_size:
             raise ValueError(f"speculative_config draft_vocab_size={draft_vocab} exceeds the model's vocab_size "

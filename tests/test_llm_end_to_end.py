@@ -1,9 +1,11 @@
-"""LLM end to end on CPU along the paths users take: compiled decode, and a bf16 recurrent-state pool."""
+"""LLM end to end on CPU along the paths users take: compiled decode, and the recurrent-state pool's dtype."""
 
 from __future__ import annotations
 
+import json
 import random
 
+import pytest
 import torch
 
 from compiled_engine import LLM, Runtime, SamplingParams
@@ -55,6 +57,36 @@ def test_bf16_recurrent_state_pool_stays_close_to_fp32(qwen3_5_text_untied_path)
     reference, low = logits[torch.float32], logits[torch.bfloat16]
     relative = ((low - reference).norm() / reference.norm()).item()
     assert 0 < relative < 2e-2  # not identical (the pool really is bf16), but within bf16 rounding
+
+
+def _with_config_field(src, dst, **fields):
+    """A copy of the checkpoint folder ``src`` (its other files linked) whose config.json has ``fields`` set."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (dst / f.name).symlink_to(f)
+    (dst / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()), **fields}))
+    return dst
+
+
+@pytest.mark.parametrize("asked, pool", [("bfloat16", torch.bfloat16), ("float32", torch.float32),
+                                         ("float16", torch.float32)])
+def test_the_state_pool_defaults_to_the_checkpoints_mamba_ssm_dtype(qwen3_5_text_untied_path, tmp_path, asked, pool):
+    """config.json's mamba_ssm_dtype sets the recurrent state pool by default (float16, which the
+    kernels do not take, as float32); state_dtype= overrides it."""
+    path = _with_config_field(qwen3_5_text_untied_path, tmp_path / "checkpoint", mamba_ssm_dtype=asked)
+    for knob, expected in (({}, pool), ({"state_dtype": torch.float32}, torch.float32),
+                           ({"state_dtype": torch.bfloat16}, torch.bfloat16)):
+        rt = Runtime.from_pretrained(str(path), device="cpu", dtype="float32", max_model_len=64, max_num_seqs=2,
+                                     **knob)
+        pools = {l.mixer.recurrent_state.dtype for l in rt.model.layers if l.layer_type == "linear_attention"}
+        assert pools == {expected} and rt.config.state_dtype == expected, (asked, knob, pools)
+
+
+def test_a_mamba_ssm_dtype_the_runtime_does_not_know_is_named(qwen3_5_text_untied_path, tmp_path):
+    path = _with_config_field(qwen3_5_text_untied_path, tmp_path / "checkpoint", mamba_ssm_dtype="int8")
+    with pytest.raises(ValueError, match="mamba_ssm_dtype.*int8"):
+        Runtime.from_pretrained(str(path), device="cpu", dtype="float32", max_model_len=64)
 
 
 def test_a_model_without_attention_layers(tmp_path):
