@@ -27,7 +27,9 @@ way): ``sequences - n`` empty ones, then one of the remaining tokens (empty too 
 results go to rows nobody reads, and every op computes each sequence apart from the others (an empty sequence has
 no tokens to compute). Any step of that shape may replay the graph: it is a function of the step's tensors only.
 Sequence buckets grow four-fold (1, 4, 16, 64, ...: ``sequence_buckets``): an empty sequence costs a program that
-returns at once and a logits row, where each bucket is a graph per token bucket to capture at start-up.
+returns at once and a logits row, and in each linear layer FLA's read and write of its initial and final state (1
+MiB each at Qwen3.5-0.8B's shape; the pool's null slot is neither read nor written), where each bucket is a graph
+per token bucket to capture at start-up.
 
 What makes a step capturable: every op sizes its grid from shapes and reads each sequence's lengths, slots and
 tables from tensors, and nothing reads a device value on the host (tests/test_kernels_cuda.py checks that an eager

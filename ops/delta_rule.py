@@ -7,7 +7,9 @@ Inputs are the raw post-conv projections; the ops apply, in fp32 (docs/ARCHITECT
   per token, state S [Hv, K, V]:  S *= exp(g);  u = (v - S^T k) * beta;  S += k (x) u;  o = S^T q
 
 * ``gated_delta_rule_prefill``: varlen tokens packed by ``cu_seqlens``; sequence n starts from
-  ``state[state_slots[n]]`` (zeroed when the slot was allocated) and its final state is written back there.
+  ``state[state_slots[n]]`` (zeroed when the slot was allocated) and its final state is written back there. A
+  sequence at the null slot (a captured step's padding) starts from a zero state and writes none back, as decode's
+  padding lanes.
   The reference is the chunked (WY) form with 64-token chunks, the same function FLA's chunk kernel computes.
   Two optional arguments change nothing in the result; they spare the CUDA kernel (FLA) host work per call:
   ``cu_seqlens_long``, the same offsets as int64, and ``chunk_indices`` (:func:`host_chunk_indices`), FLA's table
@@ -168,11 +170,11 @@ def gated_delta_rule_prefill_reference(
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     for i, slot in enumerate(state_slots.tolist()):
         start, end = bounds[i], bounds[i + 1]
-        o, final = chunked_reference(
-            qn[start:end], kn[start:end], v[start:end], g[start:end], beta[start:end], state[slot].float()
-        )
+        initial = state[slot].float() if slot != NULL_SLOT else state.new_zeros(state.shape[1:], dtype=torch.float32)
+        o, final = chunked_reference(qn[start:end], kn[start:end], v[start:end], g[start:end], beta[start:end], initial)
         out[start:end] = o
-        state[slot] = final.to(state.dtype)
+        if slot != NULL_SLOT:
+            state[slot] = final.to(state.dtype)
     return out.to(v.dtype)
 
 

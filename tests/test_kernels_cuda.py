@@ -841,10 +841,14 @@ def test_gated_delta_rule_prefill_matches_reference(form, num_seqs, max_len, see
     layout = LINEAR_LAYOUTS[0]
     hk, hv, dk, dv = layout
     num_slots = num_seqs + 2
-    slots = _live_slots(gen, num_seqs, num_slots)
-    seq_lens = torch.randint(1, max_len + 1, (num_seqs,), generator=gen, device=DEV)
+    # a captured step's padding after the sequences, on the null slot: empty ones, then one with tokens (its state
+    # starts from zeros, whatever the null slot's random row holds, and is not written back)
+    slots = torch.cat([_live_slots(gen, num_seqs, num_slots), torch.zeros(3, dtype=torch.int32, device=DEV)])
+    seq_lens = torch.randint(1, max_len + 1, (num_seqs + 3,), generator=gen, device=DEV)
+    seq_lens[num_seqs: num_seqs + 2] = 0
     if num_seqs > 2:
         seq_lens[1] = 0  # a sequence with no tokens this step keeps its state
+    num_seqs += 3
     cu = torch.zeros(num_seqs + 1, dtype=torch.int32, device=DEV)
     cu[1:] = seq_lens.cumsum(0)
     q, k, v, a, b, A_log, dt_bias = _gdr_inputs(gen, int(cu[-1]), layout, torch.bfloat16)
@@ -857,6 +861,7 @@ def test_gated_delta_rule_prefill_matches_reference(form, num_seqs, max_len, see
     # FLA's chunked kernel keeps q/k/w/u in bf16 between its stages; the reference is fp32 throughout.
     _assert_close_relative(got, want, max_abs=6e-2, max_rel_norm=1.5e-2, what="prefill output")
     _assert_close_relative(state, want_state, max_abs=6e-2, max_rel_norm=1.5e-2, what="prefill final state")
+    assert torch.equal(state[0], want_state[0]), "the padding wrote the null slot"
 
 
 @pytest.mark.parametrize("layout, dtype, state_dtype, max_abs, max_rel", [
@@ -868,15 +873,16 @@ def test_gated_delta_rule_prefill_matches_reference(form, num_seqs, max_len, see
 def test_gated_delta_rule_prefill_fp32_and_bf16_pool(layout, dtype, state_dtype, max_abs, max_rel):
     """fp32 activations (tight) and a bf16 state pool, one fixed case each."""
     gen = _seeded(7)
-    cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32, device=DEV)
-    slots = torch.tensor([3, 1, 4], dtype=torch.int32, device=DEV)
-    q, k, v, a, b, A_log, dt_bias = _gdr_inputs(gen, 200, layout, dtype)
+    cu = torch.tensor([0, 70, 71, 200, 200, 213], dtype=torch.int32, device=DEV)
+    slots = torch.tensor([3, 1, 4, 0, 0], dtype=torch.int32, device=DEV)  # padding on the null slot: empty, 13 tokens
+    q, k, v, a, b, A_log, dt_bias = _gdr_inputs(gen, 213, layout, dtype)
     state = _randn(gen, 5, layout[1], layout[2], layout[3], dtype=state_dtype, scale=0.3)
     want_state = state.clone()
     want = delta_rule.gated_delta_rule_prefill_reference(q, k, v, a, b, A_log, dt_bias, want_state, cu, slots)
     got = torch.ops.ce.gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, cu, slots)
     _assert_close_relative(got, want, max_abs=max_abs, max_rel_norm=max_rel, what=f"{dtype} output")
     _assert_close_relative(state, want_state, max_abs=max_abs, max_rel_norm=max_rel, what=f"{state_dtype} state")
+    assert torch.equal(state[0], want_state[0]), "the padding wrote the null slot"
 
 
 def _fla_fields(cu: torch.Tensor, num_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -247,13 +247,18 @@ def _child_checks() -> dict:
         compare("prefill gates g", g, want_g)
         compare("prefill gates beta", beta, want_beta)
 
-    def check_gdr_prefill_recurrent(k_heads, v_heads, dk, dv, seq_lens):
+    def check_gdr_prefill_recurrent(k_heads, v_heads, dk, dv, seq_lens, padding=()):
         """The prefill op's short-step form (FLA's recurrent kernel, ``RECURRENT_PREFILL_MAX_TOKENS``) against the
         float reference: sequences with and without tokens (a zero-length one keeps its state), grouped value heads,
-        q and k read as strided slices of wider rows (as the layer's projection hands them over)."""
+        q and k read as strided slices of wider rows (as the layer's projection hands them over). ``padding``: the
+        lengths of sequences on the null slot after them (a zero state, none written back: the whole pool compared,
+        the null slot's random row included)."""
+        seq_lens = list(seq_lens) + list(padding)
         assert sum(seq_lens) <= delta_rule_kernels.RECURRENT_PREFILL_MAX_TOKENS  # the recurrent form runs
         tokens, num_slots = sum(seq_lens), len(seq_lens) + 2
-        slots = torch.randperm(num_slots - 1)[: len(seq_lens)].to(torch.int32) + 1  # slot 0 is the null slot
+        live = len(seq_lens) - len(padding)
+        slots = torch.randperm(num_slots - 1)[:live].to(torch.int32) + 1  # slot 0 is the null slot
+        slots = torch.cat([slots, torch.zeros(len(padding), dtype=torch.int32)])
         cu = torch.tensor([0, *torch.tensor(seq_lens).cumsum(0).tolist()], dtype=torch.int32)
         rows = torch.randn(tokens, 2 * k_heads * dk + 3)
         q = rows[:, : k_heads * dk].view(tokens, k_heads, dk)
@@ -593,6 +598,8 @@ def _child_checks() -> dict:
         "prefill_gates": check_prefill_gates,
         "delta_prefill_recurrent_hv_eq_hk": lambda: check_gdr_prefill_recurrent(2, 2, 16, 32, [5, 0, 23, 1]),
         "delta_prefill_recurrent_hv_2x_hk": lambda: check_gdr_prefill_recurrent(2, 4, 32, 16, [9, 40, 0]),
+        # a captured step's padding: empty sequences, then one with the bucket's remaining tokens
+        "delta_prefill_recurrent_padding": lambda: check_gdr_prefill_recurrent(2, 4, 32, 16, [9, 3], (0, 0, 7)),
         "attention_prologue_gqa4_partial_rotary": lambda: check_attention_prologue(8, 2, 16, 8),
         "attention_prologue_gqa3_d24_full_rotary": lambda: check_attention_prologue(3, 1, 24, 24),
         "delta_decode_hv_eq_hk": lambda: check_gdr_decode(2, 2, 16, 32, 16),
@@ -737,6 +744,7 @@ CHECK_NAMES = [
     "prefill_gates",
     "delta_prefill_recurrent_hv_eq_hk",
     "delta_prefill_recurrent_hv_2x_hk",
+    "delta_prefill_recurrent_padding",
     "attention_prologue_gqa4_partial_rotary",
     "attention_prologue_gqa3_d24_full_rotary",
     "delta_decode_hv_eq_hk",

@@ -145,7 +145,7 @@ def test_chunked_reference_equals_recurrent_reference(length, heads, K, V, qk_sc
 
 @given(
     lengths=st.lists(LENGTHS, min_size=1, max_size=4),
-    padding=st.integers(0, 2),
+    padding=st.lists(st.integers(0, 5), max_size=3),
     heads=HEADS,
     qk_scale=QK_SCALES,
     seed=SEEDS,
@@ -154,22 +154,28 @@ def test_chunked_reference_equals_recurrent_reference(length, heads, K, V, qk_sc
 def test_gated_delta_rule_prefill_varlen(lengths, padding, heads, qk_scale, seed, pool_dtype):
     """Packed varlen prefill ≡ the float64 oracle per sequence ≡ each sequence alone; pool rows outside untouched.
 
-    Zero-length padding lanes point at the null slot and change nothing.
+    Padding sequences (``padding``: their lengths, empty or not) point at the null slot: each ≡ the oracle from a zero
+    state, whatever the null slot holds, and none writes the pool.
     """
     Hk, r = heads
     Hv, K, V = r * Hk, 16, 32
     g = _gen(seed)
-    all_lengths = lengths + [0] * padding
+    all_lengths = lengths + padding
     x = _delta_inputs(g, sum(all_lengths), Hk, Hv, K, V, qk_scale=qk_scale)
     num_slots = len(lengths) + 3
-    pool = _randn(g, num_slots, Hv, K, V, scale=0.5, dtype=pool_dtype)
-    slots = torch.cat([_live_slots(g, len(lengths), num_slots), torch.full((padding,), NULL_SLOT, dtype=torch.int32)])
+    pool = _randn(g, num_slots, Hv, K, V, scale=0.5, dtype=pool_dtype)  # the null slot's row too: not zeros
+    slots = torch.cat([_live_slots(g, len(lengths), num_slots),
+                       torch.full((len(padding),), NULL_SLOT, dtype=torch.int32)])
     cu = _cu_seqlens(all_lengths)
     before = pool.clone()
     out = ce.gated_delta_rule_prefill(**x, state=pool, cu_seqlens=cu, state_slots=slots)
     assert out.shape == x["v"].shape and out.dtype == x["v"].dtype
     _assert_rows_unchanged(before, pool, slots[: len(lengths)].tolist())
-    assert torch.equal(before[NULL_SLOT], pool[NULL_SLOT])  # zero-length lanes: nothing to write
+    assert torch.equal(before[NULL_SLOT], pool[NULL_SLOT])  # padding writes nothing
+    for i in range(len(lengths), len(all_lengths)):
+        s, e = cu[i].item(), cu[i + 1].item()
+        o_ref, _ = _delta_oracle(**_split(x, s, e), state=torch.zeros_like(before[NULL_SLOT]))
+        torch.testing.assert_close(out[s:e].double(), o_ref, atol=1e-4, rtol=1e-4)
     tol = dict(atol=1e-4, rtol=1e-4) if pool_dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     for i, slot in enumerate(slots[: len(lengths)].tolist()):
         s, e = cu[i].item(), cu[i + 1].item()

@@ -244,7 +244,6 @@ def gated_delta_rule_prefill(
 ) -> torch.Tensor:
     if v.shape[0] == 0 or state_slots.shape[0] == 0:  # no tokens: every state stays as it is
         return v.new_empty(v.shape)
-    slots = state_slots.long()
     g, beta = prefill_gates(a, b, A_log, dt_bias)
     # FLA memoises what it derives from cu_seqlens (chunk offsets; chunk indices when not given) on the identity of
     # the tensor object (fla.utils.tensor_cache, `is`, last 4 calls). The dispatcher hands this function the
@@ -254,15 +253,58 @@ def gated_delta_rule_prefill(
     cu = cu_seqlens_long if cu_seqlens_long is not None else cu_seqlens.to(torch.long, copy=True)
     inputs = (q.to(v.dtype).unsqueeze(0), k.to(v.dtype).unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0),
               beta.unsqueeze(0))
-    initial = state[slots]  # gathered copy: prefill is compute-bound, the copy is cheap here
+    initial = state.new_empty((state_slots.shape[0], *state.shape[1:]))
+    copy_state_rows(state, initial, state_slots, cu_seqlens, gather=True)
     # A shape, not a value: no sync, and the same choice on every rank.
     if v.shape[0] <= RECURRENT_PREFILL_MAX_TOKENS and not graphed:
         o, final = _fla_recurrent_forward(*inputs, initial_state=initial, cu_seqlens=cu)
     else:
         # chunk_indices None: FLA derives them on the device (~12 launches and a host sync)
         o, final = _fla_chunk_forward(*inputs, initial_state=initial, cu_seqlens=cu, chunk_indices=chunk_indices)
-    state.index_copy_(0, slots, final.to(state.dtype))
+    copy_state_rows(final, state, state_slots, cu_seqlens, gather=False)
     return o[0].to(v.dtype)
+
+
+STATE_ROWS_BLOCK = 8192  # elements a program copies: 32 programs a 1-MiB fp32 row at Qwen3.5-0.8B's shape
+
+
+@triton.jit
+def _state_rows_kernel(src, dst, slots, cu_seqlens, row_size, stride_src, stride_dst, GATHER: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """One block of one sequence's state row between the pool and the step's ``[N, row]`` buffer: GATHER, the pool's
+    row at the sequence's slot into the buffer; else the buffer's row into the pool at its slot, cast to the pool's
+    dtype. A sequence at the null slot (a captured step's padding) neither reads nor writes the pool: it is gathered
+    as zeros when it has tokens, and left as the buffer holds it when it has none (FLA only copies such a sequence's
+    initial state to its final one, which nothing reads)."""
+    seq = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < row_size
+    slot = tl.load(slots + seq).to(tl.int64)
+    seq = seq.to(tl.int64)
+    if slot != NULL_SLOT:
+        if GATHER:
+            tl.store(dst + seq * stride_dst + offs, tl.load(src + slot * stride_src + offs, mask=mask), mask=mask)
+        else:
+            values = tl.load(src + seq * stride_src + offs, mask=mask)
+            tl.store(dst + slot * stride_dst + offs, values.to(dst.dtype.element_ty), mask=mask)
+    elif GATHER:
+        if tl.load(cu_seqlens + seq + 1) > tl.load(cu_seqlens + seq):
+            tl.store(dst + seq * stride_dst + offs, tl.zeros([BLOCK], dst.dtype.element_ty), mask=mask)
+
+
+def copy_state_rows(src: torch.Tensor, dst: torch.Tensor, state_slots: torch.Tensor, cu_seqlens: torch.Tensor,
+                    gather: bool) -> None:
+    """``gather``: ``dst[n] = src[state_slots[n]]`` (src the pool); else ``dst[state_slots[n]] = src[n]`` (dst the
+    pool). Null-slot sequences as ``_state_rows_kernel`` says: a captured prompt step's padding sequences (1 MiB of
+    state each and layer at Qwen3.5-0.8B's shape) are not written into the buffer nor read out of it, as
+    ``state[slots]`` / ``index_copy_`` did."""
+    if not (src[0].is_contiguous() and dst[0].is_contiguous()):
+        raise ValueError("copy_state_rows: each state row must be contiguous")
+    row_size = src[0].numel()
+    state_slots, cu_seqlens = unit_stride(state_slots, cu_seqlens)
+    grid = (state_slots.shape[0], triton.cdiv(row_size, STATE_ROWS_BLOCK))
+    _state_rows_kernel[grid](src, dst, state_slots, cu_seqlens, row_size, src.stride(0), dst.stride(0),
+                             GATHER=gather, BLOCK=STATE_ROWS_BLOCK)
 
 
 def _fla_recurrent_forward(q, k, v, g, beta, initial_state, cu_seqlens):
