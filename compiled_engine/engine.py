@@ -536,7 +536,7 @@ class LLMEngine:
         # A row without drafts (it decoded plainly) verifies placeholders, its last token k times: like any drafts
         # they cannot change the output, and the round's MTP pass drafts for the row's next round. (A 1-token prefill
         # chunk drafts too, but as a prefill step: tens of ms eager on an H200 (bench/NOTES.md "Runs 67-70"), ~3 ms
-        # replayed for one sequence, where a round takes ~1.5 ms.) Placeholders are not counted as drafts.
+        # replayed, where a round takes ~1.5 ms.) Placeholders are not counted as drafts.
         drafted = [r.drafts is not None for r in requests]
         proposals = [r.drafts[:k] if r.drafts is not None else [r.seq.token_ids[-1]] * k for r in requests]
         n = len(seqs)

@@ -104,9 +104,9 @@ class ModelExecutor:
 
     def compile_prefill(self, buckets: Iterable[int], max_sequences: int = 1) -> PrefillGraphs | None:
         """Capture the prompt step at each token count of ``buckets`` and each sequence bucket up to
-        ``max_sequences`` (graphs/prefill_graph.py; with speculative decoding one sequence only); later prompt and
-        mixed steps of those shapes replay them (``execute``, ``forward_keeping_hidden``), and with speculative
-        decoding the drafts after them as well (``draft``). One rank only. None where ``buckets`` is empty."""
+        ``max_sequences`` (graphs/prefill_graph.py); later prompt and mixed steps of those shapes replay them
+        (``execute``, ``forward_keeping_hidden``), and with speculative decoding the drafts after them as well
+        (``draft``). One rank only. None where ``buckets`` is empty."""
         if self.workers is not None or self.model.tp.world_size > 1:
             raise ValueError("captured prompt steps run on one rank only")
         buckets = tuple(buckets)

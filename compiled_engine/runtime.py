@@ -141,13 +141,12 @@ class Runtime:
         mirror = workers.send_snapshot if workers is not None else None
         # Captured prompt steps (ModelExecutor.compile_prefill; with speculative decoding, the drafts after them too):
         # one rank, not flash-attn (its varlen call reads the longest sequence on the host).
-        # Steps of several sequences too, up to max_prefill_capture_seqs, but for speculative decoding's (one sequence).
+        # Steps of several sequences too, up to max_prefill_capture_seqs (with speculative decoding, with their drafts).
         self._prefill_buckets = (
             prefill_buckets(config.max_prefill_capture_tokens, config.max_num_batched_tokens, self.max_model_len)
             if compile and workers is None and model.tp.world_size == 1 and device.type == "cuda"
             and config.attention_backend == "triton" else ())
-        self._prefill_sequences = (1 if config.speculative_config is not None
-                                   else min(config.max_prefill_capture_seqs, config.max_num_seqs))
+        self._prefill_sequences = min(config.max_prefill_capture_seqs, config.max_num_seqs)
         self.cache_config, prefix_cache = allocate_caches(
             model, config, self.max_model_len, device, dtype, mirror, max(self._prefill_buckets, default=0),
             self._prefill_sequences)

@@ -70,7 +70,7 @@ _round_ids = itertools.count()
 @dataclass
 class SpeculativeStep:
     """A step of speculative decoding between its target forward and its drafts: the sequences, the packed step (a
-    prompt step of one sequence: padded to its captured bucket), the target's hidden states of every row of it
+    prompt step: padded to its captured key), the target's hidden states of every row of it
     ``[T, H]``, (a prefill step) each sequence's computed-token count before the step, its tokens in it, the step's
     fp32 logits (a prefill step's: of each sequence's last row; a verify step's: of every row), and (a prefill step)
     which sequences it computed completely."""

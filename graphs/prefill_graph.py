@@ -6,10 +6,10 @@
     key = graphs.bucket(num_tokens, num_sequences)   # (tokens, sequences) of the smallest graph that holds the step
     logits = graphs(step)             # a prefill StepInputs of the key's shape -> fp32 [sequences + 1, vocab]
 
-    # speculative decoding's prompt step (one sequence), whose MTP pass drafts after it (speculative.py ``draft``)
-    graphs = PrefillGraphs(model, buckets, ..., drafter=partial(draft, model, num_drafts=k, ...))
-    hidden, logits = graphs.forward_keeping_hidden(step)                 # [bucket, H], fp32 [2, vocab]
-    drafts = graphs.draft(step, hidden, next_ids, rows, seq_rows)        # the one drafting sequence's [1, k]
+    # speculative decoding's prompt step, whose MTP pass drafts after it (speculative.py ``draft``)
+    graphs = PrefillGraphs(model, buckets, ..., drafter=partial(draft, model, num_drafts=k, ...), max_sequences=...)
+    hidden, logits = graphs.forward_keeping_hidden(step)                 # [bucket, H], fp32 [sequences + 1, vocab]
+    drafts = graphs.draft(step, hidden, next_ids, rows, seq_rows)        # the D drafting sequences' [D, k]
 
 Why: a prompt step is host work as much as GPU work. Eager, it launches ~590 kernels from Python one by one: on an
 H200 the first token of a prompt of up to 512 tokens came ~16 ms after its arrival and of 1,024-4,096 tokens ~30 ms,
@@ -42,11 +42,12 @@ the capture hands it a view of its own, not the warm-up's: the derivation is rec
 every replay. Every graph writes its logits into one buffer outside the graphs' pool (``__call__`` copies them out):
 a buffer a graph would keep for good, and the pool would hold one ``[sequences + 1, vocab]`` fp32 tensor per key.
 
-With a ``drafter`` (speculative decoding; one sequence a graph) each bucket has a second graph: the MTP layer's pass
-over the step's rows and the drafts after its first sequence's last row, on the hidden states the prompt graph
-leaves in a buffer and the next tokens the caller samples in between (``draft``): a speculative prompt step is two
-replays, where eager it is the prompt step's launches and the MTP pass's. The prompt graph is the same step, but for
-the copy of its hidden states into that buffer.
+With a ``drafter`` (speculative decoding) each key has a second graph: the MTP layer's pass over the step's rows and
+the drafts after the last rows of as many sequences as the key holds, on the hidden states the prompt graph leaves in
+a buffer and the next tokens the caller samples in between (``draft``): a speculative prompt step is two replays,
+where eager it is the prompt step's launches and the MTP pass's. The sequences that draft (those whose prompt the
+step completes) take the first draft rows; the rest draft from row 0 into the padding sequence's null blocks, and
+their drafts are dropped. The prompt graph is the same step, but for the copy of its hidden states into that buffer.
 
 Token buckets stop at ``RuntimeConfig.max_prefill_capture_tokens`` (8,192 by default: an 8,192-token prompt's step
 took 37 ms eager on an H200 of which ~27 were GPU work, and the graphs' memory pool, the largest step's activations
@@ -111,8 +112,6 @@ class PrefillGraphs:
         if max(buckets) > 2 * max_blocks_per_seq * block_size:
             raise ValueError(f"token buckets past twice a sequence's blocks ({max_blocks_per_seq} of {block_size}): "
                              f"{list(buckets)}")
-        if drafter is not None and max_sequences != 1:
-            raise ValueError(f"a drafter's prompt steps hold one sequence, got max_sequences={max_sequences}")
         self.model = model
         self.buckets = tuple(sorted(set(buckets)))
         self.sequence_buckets = sequence_buckets(max_sequences)
@@ -138,8 +137,8 @@ class PrefillGraphs:
         self.drafter = drafter
         self.hidden: torch.Tensor | None = None  # [rows, H], made by the first (largest) bucket's warm-up
         self.next_ids = torch.zeros(rows, dtype=torch.long, device=self.device)
-        self.draft_rows = torch.zeros(1, dtype=torch.long, device=self.device)
-        self.draft_seq_rows = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.draft_rows = torch.zeros(n - 1, dtype=torch.long, device=self.device)
+        self.draft_seq_rows = torch.zeros(n - 1, dtype=torch.long, device=self.device)
         self._draft_graphs: dict[Key, torch.cuda.CUDAGraph] = {}
         self._drafts: dict[Key, torch.Tensor] = {}
         self._loaded: StepInputs | None = None  # the step whose fields the input buffers hold
@@ -162,9 +161,9 @@ class PrefillGraphs:
                 and step.chunk_indices is not None and step.chunk_indices.shape[0] == _chunk_rows(key))
 
     def covers_draft(self, step: StepInputs, rows: torch.Tensor) -> bool:
-        """Whether the drafts after ``step`` (a step ``covers`` holds for) from ``rows`` can replay a captured graph:
-        one drafting sequence, the step's first (the padding never drafts)."""
-        return self.drafter is not None and rows.shape == (1,) and self.covers(step)
+        """Whether the drafts after ``step`` (a step ``covers`` holds for) from ``rows`` (one row each of 1 to the
+        key's sequences: the padding never drafts) can replay a captured graph."""
+        return self.drafter is not None and 1 <= rows.shape[0] <= _key(step)[1] and self.covers(step)
 
     def _step(self, key: Key) -> StepInputs:
         """The key's step on the buffers. Its int64 offsets are a new view on every call: FLA memoises on their
@@ -189,8 +188,9 @@ class PrefillGraphs:
         return out
 
     def _draft(self, step: StepInputs) -> torch.Tensor:
-        tokens = step.input_ids.shape[0]
-        return self.drafter(step, self.hidden[:tokens], self.next_ids[:tokens], self.draft_rows, self.draft_seq_rows)
+        tokens, rows = step.input_ids.shape[0], _key(step)[1]
+        return self.drafter(step, self.hidden[:tokens], self.next_ids[:tokens], self.draft_rows[:rows],
+                            self.draft_seq_rows[:rows])
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -242,18 +242,20 @@ class PrefillGraphs:
 
     def draft(self, step: StepInputs, hidden: torch.Tensor, next_ids: torch.Tensor, rows: torch.Tensor,
               seq_rows: torch.Tensor) -> torch.Tensor:
-        """The drafter's drafts ``[1, k]`` after ``step`` (``covers_draft`` must hold) from its ``hidden`` states
+        """The drafter's drafts ``[D, k]`` after ``step`` (``covers_draft`` must hold) from its ``hidden`` states
         (``forward_keeping_hidden``'s: while ``step`` was the last replayed, the buffer still holds them), ``next_ids``
-        ``[tokens]`` (each row's next token), the drafting row ``rows`` and its row of the block tables
-        ``seq_rows``: the key's drafts graph replayed, its output copied."""
-        tokens = step.input_ids.shape[0]
+        ``[tokens]`` (each row's next token), the D drafting rows ``rows`` and their rows of the block tables
+        ``seq_rows``: the key's drafts graph replayed, its first D drafts copied."""
+        tokens, key, d = step.input_ids.shape[0], _key(step), rows.shape[0]
         if self._loaded is not step:  # another step replayed in between: its fields and hidden states back in
             self._load(step)
             self.hidden[:tokens].copy_(hidden)
         self.next_ids[:tokens].copy_(next_ids)
-        self.draft_rows.copy_(rows)
-        self.draft_seq_rows.copy_(seq_rows)
-        return self._replay_draft(_key(step)).clone()
+        self.draft_rows[:d].copy_(rows)
+        self.draft_seq_rows[:d].copy_(seq_rows)
+        self.draft_rows[d : key[1]].fill_(0)  # the rest draft from row 0 into the padding sequence's null blocks
+        self.draft_seq_rows[d : key[1]].fill_(key[1])
+        return self._replay_draft(key)[:d].clone()
 
     def _load(self, step: StepInputs) -> None:
         """Copy ``step``'s fields into the input buffers."""

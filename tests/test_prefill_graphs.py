@@ -68,12 +68,12 @@ def _run(rt: Runtime, prompt: list[int], chunks: list[int], decode_steps: int):
     return logits, states, tokens
 
 
-def _padded_pair(path, **knobs) -> tuple[Runtime, Runtime, EagerPrefillGraphs]:
-    """Two CPU runtimes on ``path``: the first's prompt steps of one sequence run padded on EagerPrefillGraphs (with
-    the executor's drafter under speculative decoding), the second's unpadded."""
+def _padded_pair(path, max_sequences: int = 1, **knobs) -> tuple[Runtime, Runtime, EagerPrefillGraphs]:
+    """Two CPU runtimes on ``path``: the first's prompt steps of up to ``max_sequences`` sequences run padded on
+    EagerPrefillGraphs (with the executor's drafter under speculative decoding), the second's unpadded."""
     padded, plain = _runtime(path, "cpu", **knobs), _runtime(path, "cpu", **knobs)
     graphs = EagerPrefillGraphs(padded.model, BUCKETS, max_blocks_per_seq=16, block_size=8, device="cpu",
-                                drafter=padded.executor.prompt_drafter())
+                                drafter=padded.executor.prompt_drafter(), max_sequences=max_sequences)
     graphs.capture()
     padded.executor.prefill_graphs = graphs
     return padded, plain, graphs
@@ -299,8 +299,8 @@ def _drafting_replays(graphs: PrefillGraphs, chunks: list[int]) -> list[int]:
 
 @pytest.fixture(scope="module")
 def cpu_drafting_pair(mtp_path):
-    return _padded_pair(mtp_path, speculative_config={"method": "mtp", "num_speculative_tokens": K,
-                                                      "scripted_drafts": True})
+    return _padded_pair(mtp_path, max_sequences=4, speculative_config={"method": "mtp", "num_speculative_tokens": K,
+                                                                       "scripted_drafts": True})
 
 
 @settings(max_examples=10, deadline=None)
@@ -318,6 +318,45 @@ def test_padded_drafting_prompt_steps_equal_unpadded_ones(cpu_drafting_pair, dat
     want = _drafting_run(plain, prompt, chunks)
     assert graphs.replays == _drafting_replays(graphs, chunks)
     assert [tuple(d.shape) for d in got[1]] == [(0, K)] * (len(chunks) - 1) + [(1, K)]
+    _assert_drafting_runs_equal(got, want)
+
+
+def _several_drafting_run(rt: Runtime, prompts: list[list[int]], counts: list[int]):
+    """One speculative prompt step of ``counts[i]`` tokens of each prompt's sequence, then the drafts after those it
+    completes: (the step's logits, the drafts, the MTP layer's KV at the computed positions, each sequence's linear
+    states)."""
+    seqs = [rt.add_sequence(p) for p in prompts]
+    with torch.inference_mode():
+        spec = rt.prefill_for_drafts(seqs, counts)
+        drafts = rt.draft_after_prefill(spec, spec.logits.argmax(dim=-1))
+    attention = rt.model.mtp.attention
+    rows = torch.tensor([s.block_table[p // 8] * 8 + p % 8 for s, n in zip(seqs, counts) for p in range(n)])
+    kv = [cache.view(-1, *cache.shape[2:])[rows].clone() for cache in (attention.k_cache, attention.v_cache)]
+    states = [t for s in seqs for t in _states(rt, s.state_slot)]
+    for seq in seqs:
+        rt.release(seq)
+    return [spec.logits], [drafts], kv, states
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_padded_drafting_steps_of_several_sequences_equal_unpadded_ones(cpu_drafting_pair, data):
+    """Speculative prompt steps of 2-4 sequences of 1-16 tokens, each completing its prompt or computing a first
+    chunk of it: the step replays its key (4 sequences) and, where one or more prompts complete, the key's drafts
+    graph, whose rows past theirs draft into the padding; the logits, the drafts of the completed prompts (in order),
+    the MTP layer's KV at every computed position and the linear states equal an unpadded runtime's."""
+    padded, plain, graphs = cpu_drafting_pair
+    n = data.draw(st.integers(2, 4), label="sequences")
+    lengths = data.draw(st.lists(st.integers(1, 16), min_size=n, max_size=n), label="prompt lengths")
+    counts = [data.draw(st.integers(1, length), label="tokens this step") for length in lengths]
+    prompts = [[(11 * i + 7 * j) % 200 + 1 for i in range(length)] for j, length in enumerate(lengths)]
+    graphs.replays.clear()
+    got = _several_drafting_run(padded, prompts, counts)
+    want = _several_drafting_run(plain, prompts, counts)
+    key = graphs.bucket(sum(counts), n)
+    completed = sum(c == length for c, length in zip(counts, lengths))
+    assert key[1] == 4 and graphs.replays == [key] + ([("drafts", key)] if completed else [])
+    assert got[1][0].shape == (completed, K)
     _assert_drafting_runs_equal(got, want)
 
 
@@ -357,8 +396,8 @@ def test_padded_drafting_prompt_steps_read_the_draft_script(cpu_drafting_pair):
 
 def test_engine_on_padded_drafting_prompt_steps_equals_non_speculative(cpu_drafting_pair, mtp_path):
     """LLMEngine with MTP on the padded prompt steps (prompts of 3-80 tokens: one alone in its step, several in one,
-    one past the buckets) emits the greedy tokens of a non-speculative runtime, its prompt steps of one sequence
-    replayed their buckets' drafts, and every draft it made equals the same engine's on unpadded steps."""
+    one past the buckets) emits the greedy tokens of a non-speculative runtime, its prompt steps replayed their keys'
+    drafts, and every draft it made equals the same engine's on unpadded steps."""
     from compiled_engine.engine import LLMEngine
     from compiled_engine.sampling_params import SamplingParams
 
@@ -525,4 +564,35 @@ def test_captured_drafting_prompt_steps_equal_eager_ones_on_gpu(mtp_path, monkey
         got = _drafting_run(captured, prompt, chunks)
         want = _drafting_run(plain, prompt, chunks)
         assert replays == _drafting_replays(graphs, chunks)
+        _assert_drafting_runs_equal(got, want)
+
+
+@pytest.mark.gpu
+def test_captured_drafting_steps_of_several_sequences_equal_eager_ones_on_gpu(mtp_path, monkeypatch):
+    """The real capture of speculative prompt steps of several sequences with their drafts: steps of 2-4 sequences,
+    some completing their prompts and some not, replay their key's prompt graph and drafts graph and give the eager
+    runtime's logits, drafts, MTP KV and states."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from ops.triton import delta_rule_kernels
+
+    monkeypatch.setattr(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", 0)
+    config = {"method": "mtp", "num_speculative_tokens": K}
+    captured, plain = (_runtime(mtp_path, "cuda", speculative_config=config) for _ in range(2))
+    graphs = captured.executor.compile_prefill(BUCKETS, max_sequences=4)
+    assert graphs is not None and (BUCKETS[0], 4) in graphs._draft_graphs
+    replays = []
+    replay, replay_draft = graphs._replay, graphs._replay_draft
+    graphs._replay = lambda key: replays.append(key) or replay(key)
+    graphs._replay_draft = lambda key: replays.append(("drafts", key)) or replay_draft(key)
+    # (prompt lengths, tokens this step): all complete; one of three a first chunk; none completes; a 4th drafts last
+    for lengths, counts in [([5, 9], [5, 9]), ([12, 3, 20], [12, 2, 20]), ([8, 8], [4, 7]), ([1, 30, 2, 16],
+                                                                                             [1, 10, 2, 16])]:
+        replays.clear()
+        prompts = [[(5 * i + 3 * j) % 200 + 1 for i in range(n)] for j, n in enumerate(lengths)]
+        got = _several_drafting_run(captured, prompts, counts)
+        want = _several_drafting_run(plain, prompts, counts)
+        key = graphs.bucket(sum(counts), len(counts))
+        completed = sum(c == n for c, n in zip(counts, lengths))
+        assert replays == [key] + ([("drafts", key)] if completed else []), (lengths, counts)
         _assert_drafting_runs_equal(got, want)
