@@ -1,0 +1,1 @@
+RUN=run212 source bench/device_env.sh && TAIL=4 step spec_b64 400 python3 -m bench spec --model qwen3.5-0.8b-confident --device cuda --dtype bfloat16 --max-model-len 512 -p spec.ks=2 -p spec.rates=0.8,1.0 -p spec.step_iters=10 -p spec.draft_vocab_size=32768 -p spec.repeats=2 --max-num-seqs 64 -p spec.batches=64 --out $W/spec_b64
