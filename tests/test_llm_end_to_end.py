@@ -72,14 +72,15 @@ def _with_config_field(src, dst, **fields):
 @pytest.mark.parametrize("asked, pool", [("bfloat16", torch.bfloat16), ("float32", torch.float32),
                                          ("float16", torch.float32)])
 def test_the_state_pool_defaults_to_the_checkpoints_mamba_ssm_dtype(qwen3_5_text_untied_path, tmp_path, asked, pool):
-    """config.json's mamba_ssm_dtype sets the recurrent state pool by default (float16, which the
-    kernels do not take, as float32); state_dtype= overrides it."""
+    """config.json's mamba_ssm_dtype sets the recurrent state pool by default (float16, which the kernels do not take,
+    as float32); state_dtype= overrides it."""
     path = _with_config_field(qwen3_5_text_untied_path, tmp_path / "checkpoint", mamba_ssm_dtype=asked)
     for knob, expected in (({}, pool), ({"state_dtype": torch.float32}, torch.float32),
                            ({"state_dtype": torch.bfloat16}, torch.bfloat16)):
         rt = Runtime.from_pretrained(str(path), device="cpu", dtype="float32", max_model_len=64, max_num_seqs=2,
                                      **knob)
-        pools = {l.mixer.recurrent_state.dtype for l in rt.model.layers if l.layer_type == "linear_attention"}
+        pools = {layer.mixer.recurrent_state.dtype for layer in rt.model.layers
+                 if layer.layer_type == "linear_attention"}
         assert pools == {expected} and rt.config.state_dtype == expected, (asked, knob, pools)
 
 
