@@ -1,5 +1,5 @@
 #!/bin/bash
-# Any GPU (~5 min). Session 43's speculative prompt steps of several sequences (cff45d7), what run 211 did not run:
+# Any GPU (~9 min; run214 is its second call, on the same warm machine). Session 43's speculative prompt steps of several sequences (cff45d7), what run 211 did not run:
 # test_speculative.py's GPU tests (compiled rounds with prompt steps of two sequences replayed with their drafts, ==
 # the eager non-speculative output; run 211-212's `bench spec` at batch 8 and 64 already gave outputs equal to the
 # baseline's), then what the drafts graphs cost at start-up: `bench startup` with speculative decoding (k = 2) on a
@@ -12,4 +12,4 @@ TAIL=8 step spec_gpu_tests 200 python3 -m pytest -q -m gpu tests/test_speculativ
 COMMON=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 64 --max-model-len 9216
   --speculative-config '{"method": "mtp", "num_speculative_tokens": 2}')
 TAIL=20 step startup_one_seq 290 python3 -m bench startup "${COMMON[@]}" --max-prefill-capture-seqs 1 --out $W/one_seq
-TAIL=20 step startup_several 290 python3 -m bench startup "${COMMON[@]}" --out $W/several
+# the second half, with the several-sequence keys, is run214's
