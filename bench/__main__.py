@@ -62,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='LLM(speculative_config=...) for every scenario\'s engine, e.g. '
                         '\'{"method": "mtp", "num_speculative_tokens": 2}\' (the spec scenario builds its own)')
     p.add_argument("--state-dtype", default=None, choices=["float32", "bfloat16"],
-                   help="LLM(state_dtype=...): the recurrent state pool's dtype (default: the checkpoint's mamba_ssm_dtype, float32 "
-                        "when it names none; bfloat16 "
-                        "halves the state's bytes, as vLLM's --mamba-ssm-cache-dtype and SGLang's --mamba-ssm-dtype)")
+                   help="LLM(state_dtype=...): the recurrent state pool's dtype (default: the checkpoint's "
+                        "mamba_ssm_dtype, float32 when it names none; bfloat16 halves the state's bytes, as vLLM's "
+                        "--mamba-ssm-cache-dtype and SGLang's --mamba-ssm-dtype)")
     p.add_argument("--bandwidth-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 cuda, 64 cpu)")
     p.add_argument("--hf-limit", type=int, default=None, help="HF runs only the first N requests of a workload")
     p.add_argument("--hf-batch-size", type=int, default=64, help="HF pad-left batch size")

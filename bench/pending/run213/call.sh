@@ -1,5 +1,6 @@
 #!/bin/bash
-# Any GPU (~9 min; run214 is its second call, on the same warm machine). Session 43's speculative prompt steps of several sequences (cff45d7), what run 211 did not run:
+# Any GPU (~9 min; run214 is its second call, on the same warm machine). Session 43's speculative prompt steps of
+# several sequences (cff45d7), what run 211 did not run:
 # test_speculative.py's GPU tests (compiled rounds with prompt steps of two sequences replayed with their drafts, ==
 # the eager non-speculative output; run 211-212's `bench spec` at batch 8 and 64 already gave outputs equal to the
 # baseline's), then what the drafts graphs cost at start-up: `bench startup` with speculative decoding (k = 2) on a
