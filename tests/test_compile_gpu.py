@@ -337,3 +337,40 @@ def test_greedy_feedback_in_place_equals_host_fed_tokens(gpu_compiled, monkeypat
     assert runs[True][0] == runs[False][0]
     assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
     assert in_place[:6] == [False] + [True] * 5 and not any(in_place[6:]), in_place
+
+
+def test_side_prefetch_graphs_run_the_prefetches_and_equal_eager_decode(qwen3_5_text_tied_path):
+    """With the ``side_prefetch`` option the captured decode graphs fork a second stream at each norm op, which
+    prefetches the next matmuls' weights into L2 (ops/triton/l2_prefetch.py; fp32 weights take cuBLAS at every row
+    count, so every layer forks): the replay really runs the prefetch kernels, the capture joins the stream (else
+    capturing raises), and the logits equal eager decode's, step after step."""
+    from ops.options import use_options
+    from ops.triton.l2_prefetch import bulk_prefetch_supported
+
+    if not torch.cuda.is_available() or not bulk_prefetch_supported():
+        pytest.skip("needs a CUDA device with bulk L2 prefetches (sm_90+)")
+    rt = Runtime.from_pretrained(str(qwen3_5_text_tied_path), device="cuda", dtype="float32", compile=False,
+                                 max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, num_kv_blocks=NUM_KV_BLOCKS,
+                                 block_size=BLOCK_SIZE)
+    seqs = [rt.add_sequence([(7 * i + j) % 50 + 1 for j in range(n)]) for i, n in enumerate((5, 17, 40, 9, 33, 12))]
+    rt.prefill(seqs)
+    with use_options(side_prefetch=True):
+        runner = rt.compile_decode(buckets=(8,))
+    for step_index, token in enumerate((9, 2, 6)):
+        for seq in seqs:
+            seq.token_ids.append(token)
+        with torch.inference_mode():
+            step = rt.build_step(seqs, [1] * len(seqs), is_prefill=False)
+            before = snapshot(rt.model)
+            eager = rt.model.compute_logits(rt.model(step))
+            restore(rt.model, before)
+            if step_index == 0:
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    compiled = runner(step)
+                    torch.cuda.synchronize()
+                kernels = [event.key for event in prof.key_averages()]
+                assert any("_prefetch_kernel" in name for name in kernels), kernels
+            else:
+                compiled = runner(step)
+        assert_logits_close(compiled.logits.float(), eager)
+        assert_same_greedy(compiled.tokens, eager)
