@@ -7,7 +7,7 @@
 # option off then on (step_paths).
 RUN=run216 source bench/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
-TAIL=30 step chain 170 python3 bench/gemv_chain.py --out $W/chain --rows 1,8,16 --passes 0 --side 16:1,16:2:2,32:2:2
+TAIL=30 step chain 150 python3 bench/gemv_chain.py --out $W/chain --rows 1,8,16 --passes 0 --side 16:1,16:2:2
 TAIL=8 step side_test 150 python3 -m pytest -q -m gpu tests/test_compile_gpu.py -k side_prefetch -p no:cacheprovider
 PATHS=(python3 bench/step_paths.py --batches 8,16 --context 8192 --max-model-len 9216 --top 12)
 TAIL=16 step paths_off 170 env CE_SIDE_PREFETCH=0 "${PATHS[@]}" --out $W/paths_off
