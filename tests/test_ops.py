@@ -920,46 +920,6 @@ def test_add_rms_norm_linear_silu_mul_matches_float64(tokens, k, half, dtype, se
                                **{key: 3 * v for key, v in _tol(dtype).items()})
 
 
-@pytest.mark.parametrize("batch", [1, 7])
-def test_each_norm_op_names_the_next_two_matmuls_weights_for_the_side_prefetch(qwen3_5_text_tied_path, batch):
-    """The decoder layers' norm ops (ce::add_rms_norm_linear, ce::add_rms_norm_linear_silu_mul) name, as their
-    ``prefetch`` weights, those of the two matmuls the step runs after theirs, in the order it really runs them
-    (recorded from every matmul op of a decode step), the lm_head excepted. Prefetching changes no value, so a wrong
-    list would only show as a slower step: this is its check."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from compiled_engine import Runtime
-
-    matmuls = {ce.linear.default: 1, ce.silu_mul_linear.default: 1, ce.add_rms_norm_linear.default: 4,
-               ce.add_rms_norm_linear_silu_mul.default: 4}  # op -> its weight's argument index
-
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []  # (weight, prefetch or None)
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in matmuls:
-                prefetch = args[5] if len(args) > 5 else (kwargs or {}).get("prefetch")
-                self.calls.append((args[matmuls[func]], prefetch if func.name().startswith("ce::add_rms") else None))
-            return func(*args, **(kwargs or {}))
-
-    rt = Runtime.from_pretrained(str(qwen3_5_text_tied_path), device="cpu", dtype="float32", max_model_len=64,
-                                 max_num_seqs=8)
-    seqs = [rt.add_sequence([i + 1, i + 2]) for i in range(batch)]
-    rt.prefill(seqs)
-    for seq in seqs:
-        seq.token_ids.append(3)
-    with torch.inference_mode(), Record() as record:
-        rt.model(rt.build_step(seqs, [1] * batch, is_prefill=False))
-    weights = [w for w, _ in record.calls]
-    named = [(i, prefetch) for i, (_, prefetch) in enumerate(record.calls) if prefetch is not None]
-    assert len(named) == 2 * len(rt.model.layers) - 1  # every norm op but the first layer's input norm (no residual)
-    for i, prefetch in named:
-        want = [w for w in weights[i + 1 : i + 3] if w is not rt.model.lm_head]
-        assert len(prefetch) == len(want) and all(a is b for a, b in zip(prefetch, want)), i
-
-
 @given(
     lead=st.sampled_from([(), (1,), (3,), (2, 3), (0,)]),
     k=st.integers(1, 40),
