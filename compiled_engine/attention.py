@@ -65,11 +65,6 @@ class FullAttention(nn.Module):
         """The input projection's weight: the decoder layer runs that projection, fused with the norm before it."""
         return self.qkv_proj
 
-    @property
-    def output_weight(self) -> nn.Parameter:
-        """The output projection's weight (the decoder layer names it for the side stream's L2 prefetch)."""
-        return self.o_proj
-
     def forward(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """From the qkv_proj output ``[T, q_gate | k | v]`` to the o_proj output ``[T, hidden]``."""
         if self.fused_decode and not step.is_prefill:

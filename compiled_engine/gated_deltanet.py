@@ -66,11 +66,6 @@ class GatedDeltaNet(nn.Module):
         """The input projection's weight: the decoder layer runs that projection, fused with the norm before it."""
         return self.in_proj
 
-    @property
-    def output_weight(self) -> nn.Parameter:
-        """The output projection's weight (the decoder layer names it for the side stream's L2 prefetch)."""
-        return self.out_proj
-
     def forward(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """From the in_proj output ``[T, P]`` to the out_proj output ``[T, hidden]``."""
         if step.speculative:

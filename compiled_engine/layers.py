@@ -38,22 +38,19 @@ class RMSNorm(nn.Module):
         return add_rms_norm_op(x, residual, self.weight, self.eps)
 
     def add_norm_linear(
-        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, prefetch: list[torch.Tensor] = ()
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(norm(residual + x) @ weight.T, residual + x)`` through ce::add_rms_norm_linear: at decode batch 1 one
-        kernel, the norm in the projection's prologue (ops/linear.py). ``prefetch``: the weights of the matmuls after
-        it, for the side stream's L2 prefetch (a hint: values never depend on it)."""
-        return add_rms_norm_linear_op(x, residual, self.weight, self.eps, weight, list(prefetch))
+        kernel, the norm in the projection's prologue (ops/linear.py)."""
+        return add_rms_norm_linear_op(x, residual, self.weight, self.eps, weight)
 
     def add_norm_gate_up(
-        self, x: torch.Tensor, residual: torch.Tensor, gate_up_weight: torch.Tensor,
-        prefetch: list[torch.Tensor] = (),
+        self, x: torch.Tensor, residual: torch.Tensor, gate_up_weight: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(silu(gate) * up, residual + x)`` of ``norm(residual + x) @ gate_up_weight.T = [gate | up]`` through
         ce::add_rms_norm_linear_silu_mul: up to 5 rows (decode batches 1-4, small verify steps) the projection's
-        programs write the activation (ops/linear.py), so the MLP's down projection reads it with no prologue.
-        ``prefetch``: as ``add_norm_linear``'s."""
-        return add_rms_norm_linear_silu_mul_op(x, residual, self.weight, self.eps, gate_up_weight, list(prefetch))
+        programs write the activation (ops/linear.py), so the MLP's down projection reads it with no prologue."""
+        return add_rms_norm_linear_silu_mul_op(x, residual, self.weight, self.eps, gate_up_weight)
 
 
 class GatedRMSNorm(nn.Module):

@@ -48,8 +48,7 @@ class DecoderLayer(nn.Module):
         return self.linear_attn if self.layer_type == LINEAR_ATTENTION else self.self_attn
 
     def forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor | None, step: StepInputs,
-        next_weight: torch.Tensor | None = None,
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, step: StepInputs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-norm residual layer, written with the residual stream carried apart (vLLM's form): ``hidden`` is the
         previous layer's MLP output, not yet added to ``residual`` (at the first layer: the embedding, and residual
@@ -57,23 +56,16 @@ class DecoderLayer(nn.Module):
         (ce::add_rms_norm_linear: one kernel at decode batch 1; before the MLP with its activation,
         ce::add_rms_norm_linear_silu_mul). Returns this layer's MLP output and the
         residual stream before it is added. A sparse MoE block's experts read the normed rows themselves, so there
-        the norm is ce::add_rms_norm and the block makes its own projections.
-
-        Each of the two norm ops names the weights of the two matmuls after it (``next_weight``: the next layer's
-        input projection) for the side stream's L2 prefetch (ops/linear.py): hints, values never depend on them."""
-        dense = not self.sparse
+        the norm is ce::add_rms_norm and the block makes its own projections."""
         if residual is None:
             residual, projected = hidden, linear(self.input_layernorm(hidden), self.mixer.input_weight)
         else:
-            after = [self.mixer.output_weight] + ([self.mlp.gate_up_proj] if dense else [])
-            projected, residual = self.input_layernorm.add_norm_linear(hidden, residual, self.mixer.input_weight,
-                                                                       after)
-        if not dense:
+            projected, residual = self.input_layernorm.add_norm_linear(hidden, residual, self.mixer.input_weight)
+        if self.sparse:
             residual, normed = self.post_attention_layernorm.add_and_norm(self.mixer(projected, step), residual)
             return self.mlp(normed), residual
-        after = [self.mlp.down_proj] + ([next_weight] if next_weight is not None else [])
         activated, residual = self.post_attention_layernorm.add_norm_gate_up(
-            self.mixer(projected, step), residual, self.mlp.gate_up_proj, after
+            self.mixer(projected, step), residual, self.mlp.gate_up_proj
         )
         return self.mlp.down(activated), residual
 
@@ -106,8 +98,8 @@ class HybridModel(nn.Module):
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` of the step's new tokens, after the final norm."""
         hidden, residual = self.embed(step.input_ids), None
-        for layer, after in zip(self.layers, [*self.layers[1:], None]):
-            hidden, residual = layer(hidden, residual, step, after.mixer.input_weight if after is not None else None)
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, step)
         return self.norm.add_and_norm(hidden, residual)[1]
 
     def mtp_forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, step: StepInputs) -> torch.Tensor:

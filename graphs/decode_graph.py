@@ -53,7 +53,6 @@ from graphs.buckets import BucketPolicy
 from graphs.static_inputs import StaticDecodeInputs, StaticSamplingInputs
 from ops.decode_inputs import advance_decode_inputs
 from ops.library import OPS, prepare_device
-from ops.linear import side_prefetch_scope
 from ops.options import CUDA_GRAPH_CAPTURES, current_options
 
 logger = logging.getLogger(__name__)
@@ -374,7 +373,7 @@ class DecodeGraphRunner:
         if self.capture == "runner":
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool), self._stance(), side_prefetch_scope(self.device):
+            with torch.cuda.graph(graph, pool=self._pool), self._stance():
                 outputs = self._call_compiled(bucket, sample)
             self._graphs[bucket, sample] = (graph, outputs)
             self._replay(bucket, sample)

@@ -12,24 +12,20 @@ op, where M is a plain int: a compiled graph with a symbolic batch size never gu
   activation and down projection where gate_up comes from a wider projection (a sparse MoE block's shared expert,
   whose gate_up shares its matmul with the router). Up to ``SKINNY_MAX_ROWS`` rows the skinny GEMM computes the
   activation as it loads x (one launch instead of two); above, ``ce::silu_mul`` then cuBLAS.
-* ``ce::add_rms_norm_linear(x [M, K], residual [M, K], norm_weight [K], eps, weight [N, K], prefetch [W]) ->
-  (out [M, N], summed [M, K])``: a decoder layer's residual add (``summed = residual + x``), its zero-centred RMSNorm
-  and the projection after it. At one row the skinny GEMM's programs compute the norm themselves (one launch instead
-  of two: at batch 1, 47 fewer launches a step); from two rows ``ce::add_rms_norm`` comes first, then the skinny GEMM
-  up to ``SKINNY_MAX_ROWS`` rows and cuBLAS above. ``prefetch``: the weights of the matmuls that follow it, which on
-  cuBLAS's path a side stream brings into L2 while this op runs (ops/triton/l2_prefetch.py ``side_prefetch``: in the
-  captured decode graphs, with the ``side_prefetch`` option); values never depend on it.
-* ``ce::add_rms_norm_linear_silu_mul(x [M, K], residual [M, K], norm_weight [K], eps, weight [2I, K], prefetch [W])
-  -> (out [M, I], summed [M, K])``: the same with the MLP's activation after the projection, ``silu_mul(normed @
-  weight.T)`` (weight: the gate_up projection, ``[gate | up]`` rows). Up to ``SKINNY_MAX_ROWS`` rows the skinny
-  GEMM's programs each own matching gate and up rows and write ``silu(gate) * up`` (no activation kernel, and the down
-  projection after it reads I columns with no prologue); above, cuBLAS then ``ce::silu_mul``.
+* ``ce::add_rms_norm_linear(x [M, K], residual [M, K], norm_weight [K], eps, weight [N, K]) -> (out [M, N],
+  summed [M, K])``: a decoder layer's residual add (``summed = residual + x``), its zero-centred RMSNorm and the
+  projection after it. At one row the skinny GEMM's programs compute the norm themselves (one launch instead of two:
+  at batch 1, 47 fewer launches a step); from two rows ``ce::add_rms_norm`` comes first, then the skinny GEMM up to
+  ``SKINNY_MAX_ROWS`` rows and cuBLAS above.
+* ``ce::add_rms_norm_linear_silu_mul(x [M, K], residual [M, K], norm_weight [K], eps, weight [2I, K]) -> (out [M,
+  I], summed [M, K])``: the same with the MLP's activation after the projection, ``silu_mul(normed @ weight.T)``
+  (weight: the gate_up projection, ``[gate | up]`` rows). Up to ``SKINNY_MAX_ROWS`` rows the skinny GEMM's programs
+  each own matching gate and up rows and write ``silu(gate) * up`` (no activation kernel, and the down projection
+  after it reads I columns with no prologue); above, cuBLAS then ``ce::silu_mul``.
 * :func:`linear`, :func:`silu_mul_linear`: the model's entry points, for x of any leading shape.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +38,6 @@ from ops.triton import HAVE_TRITON
 
 if HAVE_TRITON:  # else cuBLAS serves every matmul (ops/triton/__init__.py)
     from ops.triton import gemv_kernels
-    from ops.triton import l2_prefetch
-    from ops.triton.l2_prefetch import side_prefetch
 
 # Rows up to which the Triton skinny GEMM runs instead of cuBLAS: the decode buckets 1-4 and the 5 rows of a batch-1
 # verify at k = 4 (as 4 + 1), where its GEMV paths read the weights faster than cuBLAS's kernels do. From 6 rows
@@ -103,8 +97,7 @@ silu_mul_linear_op = define_op(
 
 
 def add_rms_norm_linear_reference(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    prefetch: list[torch.Tensor] | None = None,
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     summed, normed = add_rms_norm_reference(x, residual, norm_weight, eps)
     return F.linear(normed, weight), summed
@@ -120,14 +113,11 @@ def norm_in_prologue(rows: int) -> bool:
     return rows == 1
 
 
-def _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, prefetch=None, silu_mul_out=False):
+def _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, silu_mul_out=False):
     """``silu_mul_out`` (ce::add_rms_norm_linear_silu_mul): the output is ``silu(gate) * up`` of the projection's
     ``[gate | up]`` halves, written by the skinny GEMM's epilogue where its config has one
-    (``gemv_kernels.takes_gated_out``), else by ce::silu_mul after it. ``prefetch``: on cuBLAS's path, the side
-    stream's weights (the skinny GEMM prefetches its own weight before its PDL wait instead)."""
+    (``gemv_kernels.takes_gated_out``), else by ce::silu_mul after it."""
     skinny = _skinny(x, weight)
-    if not skinny and HAVE_TRITON:
-        side_prefetch(prefetch or ())
     gated_out = silu_mul_out and skinny and gemv_kernels.takes_gated_out(x.shape[0], weight.shape[0], x.shape[1])
     if skinny and norm_in_prologue(x.shape[0]) and residual.dtype == x.dtype and residual.stride(-1) == 1:
         out, summed = gemv_kernels.add_rms_norm_skinny_gemm(x, residual, norm_weight, eps, weight, gated_out=gated_out)
@@ -137,13 +127,12 @@ def _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, prefetch=No
     return (silu_mul_op(out) if silu_mul_out and not gated_out else out), summed
 
 
-def _add_rms_norm_linear_fake(x, residual, norm_weight, eps, weight, prefetch=None):
+def _add_rms_norm_linear_fake(x, residual, norm_weight, eps, weight):
     return x.new_empty((x.shape[0], weight.shape[0])), x.new_empty(x.shape)
 
 
 add_rms_norm_linear_op = define_op(
-    "add_rms_norm_linear(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight, "
-    "Tensor[]? prefetch=None) -> (Tensor, Tensor)",
+    "add_rms_norm_linear(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight) -> (Tensor, Tensor)",
     reference=add_rms_norm_linear_reference,
     cuda=_add_rms_norm_linear_cuda,
     fake=_add_rms_norm_linear_fake,
@@ -151,34 +140,27 @@ add_rms_norm_linear_op = define_op(
 
 
 def add_rms_norm_linear_silu_mul_reference(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    prefetch: list[torch.Tensor] | None = None,
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, summed = add_rms_norm_linear_reference(x, residual, norm_weight, eps, weight)
     return silu_mul_reference(out), summed
 
 
-def _add_rms_norm_linear_silu_mul_cuda(x, residual, norm_weight, eps, weight, prefetch=None):
-    return _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, prefetch, silu_mul_out=True)
+def _add_rms_norm_linear_silu_mul_cuda(x, residual, norm_weight, eps, weight):
+    return _add_rms_norm_linear_cuda(x, residual, norm_weight, eps, weight, silu_mul_out=True)
 
 
-def _add_rms_norm_linear_silu_mul_fake(x, residual, norm_weight, eps, weight, prefetch=None):
+def _add_rms_norm_linear_silu_mul_fake(x, residual, norm_weight, eps, weight):
     return x.new_empty((x.shape[0], weight.shape[0] // 2)), x.new_empty(x.shape)
 
 
 add_rms_norm_linear_silu_mul_op = define_op(
-    "add_rms_norm_linear_silu_mul(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight, "
-    "Tensor[]? prefetch=None) -> (Tensor, Tensor)",
+    "add_rms_norm_linear_silu_mul(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight) "
+    "-> (Tensor, Tensor)",
     reference=add_rms_norm_linear_silu_mul_reference,
     cuda=_add_rms_norm_linear_silu_mul_cuda,
     fake=_add_rms_norm_linear_silu_mul_fake,
 )
-
-
-def side_prefetch_scope(device: torch.device) -> contextlib.AbstractContextManager:
-    """Where a CUDA graph is captured: the block within which the norm ops' ``prefetch`` weights go to a side stream,
-    joined on exit (ops/triton/l2_prefetch.py ``side_prefetch_scope``); without Triton, an empty block."""
-    return l2_prefetch.side_prefetch_scope(device) if HAVE_TRITON else contextlib.nullcontext()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -17,13 +17,10 @@ Each field has an environment variable, read once by :meth:`KernelOptions.from_e
                                                                   before its PDL wait (ops/triton/l2_prefetch.py)
   skinny_gemm   CE_SKINNY_GEMM   1 / 0                            on: 1-2-row bf16/fp16 matmuls run our Triton skinny
                                                                   GEMM (ops/linear.py); off sends them to cuBLAS
-  side_prefetch CE_SIDE_PREFETCH 1 / 0                            off: in the captured decode graphs, a side stream
-                                                                  prefetches the next weights of cuBLAS's matmuls into
-                                                                  L2 (ops/triton/l2_prefetch.py)
   cuda_graphs   CE_CUDA_GRAPHS   runner / trees                   runner: who captures and replays the decode graphs
                                                                   (graphs/decode_graph.py)
 
-When a change takes effect: ``pdl``, ``l2_prefetch``, ``skinny_gemm`` and ``side_prefetch`` are read each time a kernel is launched (and
+When a change takes effect: ``pdl``, ``l2_prefetch`` and ``skinny_gemm`` are read each time a kernel is launched (and
 the launch flags select the compiled variant), ``cuda_graphs`` when a ``DecodeGraphRunner`` is built. A CUDA graph
 keeps the launches it recorded, so change options before compiling and capturing the decode graphs: a graph captured
 earlier goes on replaying the old choice. The value is per process: tensor-parallel worker processes read their own
@@ -52,11 +49,10 @@ class KernelOptions:
     pdl: bool = True  # CE_PDL
     l2_prefetch: bool = True  # CE_L2_PREFETCH
     skinny_gemm: bool = True  # CE_SKINNY_GEMM
-    side_prefetch: bool = False  # CE_SIDE_PREFETCH
     cuda_graphs: str = "runner"  # CE_CUDA_GRAPHS: one of CUDA_GRAPH_CAPTURES
 
     def __post_init__(self):
-        for field in ("pdl", "l2_prefetch", "skinny_gemm", "side_prefetch"):
+        for field in ("pdl", "l2_prefetch", "skinny_gemm"):
             if not isinstance(getattr(self, field), bool):
                 raise TypeError(f"KernelOptions.{field} must be a bool, got {getattr(self, field)!r}")
         if self.cuda_graphs not in CUDA_GRAPH_CAPTURES:
@@ -73,7 +69,6 @@ class KernelOptions:
             pdl=_flag(env, "CE_PDL", default.pdl),
             l2_prefetch=_flag(env, "CE_L2_PREFETCH", default.l2_prefetch, on=("whole",)),
             skinny_gemm=_flag(env, "CE_SKINNY_GEMM", default.skinny_gemm),
-            side_prefetch=_flag(env, "CE_SIDE_PREFETCH", default.side_prefetch),
             cuda_graphs=_choice(env, "CE_CUDA_GRAPHS", default.cuda_graphs, CUDA_GRAPH_CAPTURES),
         )
 

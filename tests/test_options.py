@@ -10,13 +10,12 @@ import torch
 from ops import options
 from ops.options import KernelOptions, current_options, set_options, use_options
 
-VARIABLES = ("CE_PDL", "CE_L2_PREFETCH", "CE_SKINNY_GEMM", "CE_SIDE_PREFETCH", "CE_CUDA_GRAPHS")
+VARIABLES = ("CE_PDL", "CE_L2_PREFETCH", "CE_SKINNY_GEMM", "CE_CUDA_GRAPHS")
 
 
 def test_defaults_without_variables():
     assert KernelOptions.from_env({}) == KernelOptions()
-    assert KernelOptions() == KernelOptions(pdl=True, l2_prefetch=True, skinny_gemm=True, side_prefetch=False,
-                                            cuda_graphs="runner")
+    assert KernelOptions() == KernelOptions(pdl=True, l2_prefetch=True, skinny_gemm=True, cuda_graphs="runner")
     # set but empty: as if unset
     assert KernelOptions.from_env({name: "" for name in VARIABLES}) == KernelOptions()
 
@@ -30,8 +29,6 @@ def test_defaults_without_variables():
     ("CE_L2_PREFETCH", "l2_prefetch", "1", True),
     ("CE_SKINNY_GEMM", "skinny_gemm", "0", False),
     ("CE_SKINNY_GEMM", "skinny_gemm", "true", True),
-    ("CE_SIDE_PREFETCH", "side_prefetch", "1", True),
-    ("CE_SIDE_PREFETCH", "side_prefetch", "off", False),
     ("CE_CUDA_GRAPHS", "cuda_graphs", "trees", "trees"),
     ("CE_CUDA_GRAPHS", "cuda_graphs", "runner", "runner"),
 ])
@@ -46,7 +43,6 @@ def test_from_env_parses_each_variable(variable, field, value, want):
     ("CE_L2_PREFETCH", "whole:5"),  # a removed policy (bench/NOTES.md, "Removed alternatives")
     ("CE_L2_PREFETCH", "tile"),
     ("CE_SKINNY_GEMM", "cublas"),
-    ("CE_SIDE_PREFETCH", "whole"),
     ("CE_CUDA_GRAPHS", "none"),
 ])
 def test_from_env_rejects_a_bad_value_naming_the_variable(variable, value):

@@ -18,21 +18,12 @@ each program prefetch only its own rows, measured slower (bench/NOTES.md, "Remov
 
 The gain at batch 1 is small: the prefetched kernels get faster and their predecessors slower, whose own loads queue
 behind the prefetches (bench/NOTES.md, "L2 prefetch").
-
-From 6 rows cuBLAS runs the matmuls, and a kernel that issues a prefetch lasts until the bytes land, so the prefetch
-of the next weight cannot ride in the kernel before it. There, within a captured decode graph, a second stream does
-it (:func:`side_prefetch`, ``side_prefetch`` option): an op that starts a layer's norm and matmul forks the stream,
-which waits for the main stream's work so far and then prefetches the weights the op names (the matmuls after it),
-one small kernel a weight. Each prefetch kernel lasts until its bytes land, so the side stream paces itself; no
-kernel of the main stream waits for it; the capture joins it once, at the end (:func:`side_prefetch_scope`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-from typing import Iterator, Sequence
 
 import torch
 import triton
@@ -106,52 +97,3 @@ def prefetch_l2_slab(base, total_bytes, program, programs):
         bytes_base = base.to(tl.pointer_type(tl.int8))
         for piece in range(start, stop, PIECE_BYTES):
             _bulk_prefetch_l2(bytes_base + piece, tl.minimum(stop - piece, PIECE_BYTES).to(tl.int32))
-
-
-SIDE_PROGRAMS = 16  # programs of a side-stream prefetch kernel, each a slab of the weight
-
-
-@triton.jit
-def _prefetch_kernel(base, total_bytes):
-    prefetch_l2_slab(base, total_bytes, tl.program_id(0), tl.num_programs(0))
-
-
-_side_streams: dict[int, torch.cuda.Stream] = {}  # device index -> the side stream of the scope open there
-
-
-@contextlib.contextmanager
-def side_prefetch_scope(device: torch.device) -> Iterator[None]:
-    """Within the block (a CUDA graph's capture on ``device``), :func:`side_prefetch` forks a side stream; on exit the
-    current stream waits for it (a capture must join every stream it forked). Where the ``side_prefetch`` option is
-    off, or bulk prefetches cannot run, the block runs as it is."""
-    if not (current_options().side_prefetch and bulk_prefetch_supported() and device.type == "cuda"):
-        yield
-        return
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index in _side_streams:
-        raise RuntimeError(f"side_prefetch_scope: a scope is already open on cuda:{index}")
-    _side_streams[index] = torch.cuda.Stream(index)
-    try:
-        yield
-    finally:
-        torch.cuda.current_stream(index).wait_stream(_side_streams.pop(index))
-
-
-def side_prefetch(weights: Sequence[torch.Tensor]) -> None:
-    """Within a :func:`side_prefetch_scope`: the side stream waits for the current stream's work so far, then
-    prefetches ``weights`` into L2, in order (those a bulk prefetch can take: contiguous, 16-byte aligned CUDA
-    buffers of at most half the L2). Elsewhere nothing. Call it before launching the kernels whose successors read
-    ``weights``."""
-    if not weights or not _side_streams:
-        return
-    index = weights[0].device.index
-    stream = _side_streams.get(index)
-    if stream is None:
-        return
-    _, l2_bytes = _device_facts(index)
-    stream.wait_stream(torch.cuda.current_stream(index))
-    with torch.cuda.stream(stream):
-        for w in weights:
-            nbytes = w.numel() * w.element_size()
-            if w.is_contiguous() and w.data_ptr() % 16 == 0 and nbytes % 16 == 0 and nbytes <= l2_bytes // 2:
-                _prefetch_kernel[(SIDE_PROGRAMS,)](w, nbytes)
