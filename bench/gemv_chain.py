@@ -31,12 +31,6 @@ times over.
     python bench/gemv_chain.py --out DIR [--rows 1]                  # the one-row descent (gemv_config's data)
     python bench/gemv_chain.py --out DIR --rows 1,3 --passes 0 --flags FULL_TILES=0   # the rule, a switch flipped
     python bench/gemv_chain.py --out DIR --rows 3 --passes 1 --roles mlp_down,out_proj   # those roles' tiles only
-    python bench/gemv_chain.py --out DIR --rows 8,16 --passes 0 --side 16:1,16:2:2   # and a side stream's prefetch
-
-``--side PROGRAMS:DEPTH[:STRIDE]``: the rule (its own prefetch off) and cuBLAS again, with a second stream in the
-graph that prefetches the next ``DEPTH`` matmuls' weights into L2 (``PROGRAMS`` programs a weight) as every
-``STRIDE``-th matmul starts (2: the layer's two norm matmuls, in_proj / qkv and gate_up), so that no kernel of the
-chain waits for the prefetched bytes (``SidePrefetch``).
 
 DIR/gemv_chain.json has every timing; written after each row count, so a run cut short keeps what it measured.
 """
@@ -52,7 +46,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside bench/, as with PYTHONPATH=.
 
@@ -60,7 +53,6 @@ from bench.ops_microbench import Shape, copy_bandwidth_gbps, rand  # noqa: E402
 from ops.linear import SKINNY_MAX_ROWS, norm_in_prologue  # noqa: E402
 from ops.triton import gemv_kernels  # noqa: E402
 from ops.triton.gemv_kernels import _config  # noqa: E402
-from ops.triton.l2_prefetch import prefetch_l2_slab  # noqa: E402
 
 EPS = 1e-6
 # One-row descent candidates (BLOCK_N, BLOCK_K, num_warps, num_stages) per role kind (the one-row GEMV): N = 1024
@@ -134,43 +126,6 @@ def config_tuple(c) -> tuple:
                                                                                              else ())
 
 
-@triton.jit
-def _prefetch_kernel(base, total_bytes):
-    prefetch_l2_slab(base, total_bytes, tl.program_id(0), tl.num_programs(0))
-
-
-class SidePrefetch:
-    """A second stream that prefetches the chain's weights into L2 ahead of the matmuls: before matmul ``i`` (every
-    ``stride``-th) is launched, the stream waits for the main stream's work so far, then prefetches the weights up to
-    matmul ``i + depth`` (one kernel of ``programs`` programs a weight, each a slab of 64-KB bulk prefetches). A
-    prefetch kernel lasts until its bytes land, so the stream runs at most ``depth`` weights ahead, and no kernel of
-    the main stream waits for it: the main stream joins it once, at the end."""
-
-    def __init__(self, weights: list[torch.Tensor], programs: int, depth: int, stride: int = 1):
-        self.weights, self.programs, self.depth, self.stride = weights, programs, depth, stride
-        self.stream = torch.cuda.Stream()
-        self.issued = 0
-
-    def start(self) -> None:
-        self.issued = 0
-        self.fork(-1)
-
-    def fork(self, i: int) -> None:
-        if i >= 0 and i % self.stride:
-            return
-        upto = min(i + 1 + self.depth, len(self.weights))
-        if upto <= self.issued:
-            return
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            for w in self.weights[self.issued:upto]:
-                _prefetch_kernel[(self.programs,)](w, w.numel() * w.element_size())
-        self.issued = upto
-
-    def join(self) -> None:
-        torch.cuda.current_stream().wait_stream(self.stream)
-
-
 class Chain:
     """The step's matmuls with their own weights, run in model order with a config per role (or cuBLAS) at a given
     row count."""
@@ -193,17 +148,6 @@ class Chain:
         self.weight_bytes += 2 * self.w_lm.numel()
         self.rows = 0
         self.set_rows(1)
-        self.side: SidePrefetch | None = None  # set by ``with_side``
-
-    def with_side(self, spec: tuple[int, ...] | None) -> None:
-        """Prefetch on a side stream (``(programs, depth[, stride])``, see SidePrefetch) in the runs that follow, or
-        not."""
-        weights = [layer[key] for layer in self.layers for key in ("w_mix", "w_out", "w_gate_up", "w_down")]
-        self.side = SidePrefetch(weights, *spec) if spec else None
-
-    def _fork(self, i: int) -> None:
-        if self.side is not None:
-            self.side.fork(i)
 
     def _weight(self, role: str) -> torch.Tensor:
         n, k = self.roles[role][:2]
@@ -234,20 +178,12 @@ class Chain:
 
         h, r = self.hidden, self.residual
         out_k = self.roles["out_proj"][1]
-        if self.side is not None:
-            self.side.start()
-        for index, layer in enumerate(self.layers):
-            self._fork(4 * index)
+        for layer in self.layers:
             y, r = norm_gemm(h, r, layer["norm_1"], layer["w_mix"], configs.get(layer["mixer"]))
-            self._fork(4 * index + 1)
             h = gemm(y[:, :out_k], layer["w_out"], configs.get("out_proj"))
-            self._fork(4 * index + 2)
             g, r = norm_gemm(h, r, layer["norm_2"], layer["w_gate_up"], configs.get("mlp_gate_up"),
                              gated_out=not gate_in_down)
-            self._fork(4 * index + 3)
             h = gemm(g, layer["w_down"], configs.get("mlp_down"), gated=gate_in_down)
-        if self.side is not None:
-            self.side.join()
         return gemm(h, self.w_lm, configs.get("lm_head"))
 
     def _run_cublas(self, dot_vocab: bool = False) -> torch.Tensor:
@@ -256,53 +192,37 @@ class Chain:
         h, r = self.hidden, self.residual
         out_k = self.roles["out_proj"][1]
         with use_options(skinny_gemm=False):  # ce::linear's cuBLAS path, its separate norm and activation kernels
-            if self.side is not None:
-                self.side.start()
-            for index, layer in enumerate(self.layers):
-                self._fork(4 * index)
+            for layer in self.layers:
                 y, r = torch.ops.ce.add_rms_norm_linear(h, r, layer["norm_1"], EPS, layer["w_mix"])
-                self._fork(4 * index + 1)
                 h = torch.ops.ce.linear(y[:, :out_k], layer["w_out"])
-                self._fork(4 * index + 2)
                 g, r = torch.ops.ce.add_rms_norm_linear_silu_mul(h, r, layer["norm_2"], EPS, layer["w_gate_up"])
-                self._fork(4 * index + 3)
                 h = torch.ops.ce.linear(g, layer["w_down"])
-            if self.side is not None:
-                self.side.join()
             if dot_vocab:
                 return gemv_kernels.skinny_gemm(h, self.w_lm, gemv_kernels.DOT_VOCAB)
             return torch.ops.ce.linear(h, self.w_lm)
 
-    def graph(self, configs: dict | None, mode: str = "skinny", flags: dict | None = None,
-              side: tuple[int, ...] | None = None) -> torch.cuda.CUDAGraph:
+    def graph(self, configs: dict | None, mode: str = "skinny", flags: dict | None = None) -> torch.cuda.CUDAGraph:
         """The chain captured in a CUDA graph (compiled first, outside it); ``flags``: gemv_kernels' module switches
-        set to these values while it is compiled and captured (the launches read them); ``side``: (programs, depth)
-        of a side stream's prefetch (SidePrefetch), with the kernels' own prefetch off."""
-        from ops.options import use_options
-
+        set to these values while it is compiled and captured (the launches read them)."""
         saved = {name: getattr(gemv_kernels, name) for name in flags or {}}
         try:
             for name, value in (flags or {}).items():
                 setattr(gemv_kernels, name, value)
-            self.with_side(side)
-            with use_options(l2_prefetch=side is None):
+            self.run(configs, mode)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
                 self.run(configs, mode)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    self.run(configs, mode)
         finally:
-            self.with_side(None)
             for name, value in saved.items():
                 setattr(gemv_kernels, name, value)
         return graph
 
-    def step_us(self, configs: dict | None, mode: str = "skinny", flags: dict | None = None,
-                side: tuple[int, ...] | None = None) -> float:
+    def step_us(self, configs: dict | None, mode: str = "skinny", flags: dict | None = None) -> float:
         """Median µs of one CUDA-graph replay of the chain."""
         import triton.testing
 
-        return triton.testing.do_bench(self.graph(configs, mode, flags, side).replay, warmup=10, rep=60,
+        return triton.testing.do_bench(self.graph(configs, mode, flags).replay, warmup=10, rep=60,
                                        return_mode="median") * 1e3
 
 
@@ -319,10 +239,9 @@ def profile(chain: Chain, configs: dict | None, mode: str, log, top: int = 8) ->
 
 
 def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = False,
-            flag_sets: list[dict] = (), sides: list[tuple[int, ...]] = ()) -> dict:
+            flag_sets: list[dict] = ()) -> dict:
     """The rule and cuBLAS at ``rows`` rows (see the module docstring): label -> {"us", "frac_bound", configs} or an
-    error. ``flag_sets``: the rule again under each set of gemv_kernels switches (``--flags``); ``sides``: the rule
-    (up to SKINNY_MAX_ROWS) or cuBLAS again with each side stream's prefetch (``--side``)."""
+    error. ``flag_sets``: the rule again under each set of gemv_kernels switches (``--flags``)."""
     chain.set_rows(rows)
     variants = {}
     if rows <= gemv_kernels.GEMV_MAX_ROWS:
@@ -332,11 +251,6 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
             label = "rule, " + ",".join(f"{name}={value}" for name, value in flags.items())
             variants[label] = ("skinny", rule, flags)
     variants["cuBLAS"] = ("cublas", None)
-    for side in sides:
-        name = ":".join(map(str, side))
-        if rows <= SKINNY_MAX_ROWS:
-            variants[f"rule, side {name}"] = ("skinny", rule, None, side)
-        variants[f"cuBLAS, side {name}"] = ("cublas", None, None, side)
     if 1 < rows <= gemv_kernels.GEMV_MAX_ROWS:  # the vocabulary's other path: the few-rows GEMV
         n, k = chain.roles["lm_head"][:2]
         variants["rule, lm_head GEMV"] = ("skinny", {**rule, "lm_head": gemv_kernels.gemv_rows_config(rows, n, k)})
@@ -346,10 +260,10 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
     ours = "rule" if rows <= SKINNY_MAX_ROWS else "cuBLAS"  # what ce::linear runs at this row count
     results = {}
     rule_us = None
-    for label, (mode, configs, *extra) in variants.items():
+    for label, (mode, configs, *flags) in variants.items():
         start = time.time()
         try:
-            us = chain.step_us(configs, mode, *extra)
+            us = chain.step_us(configs, mode, *flags)
         except Exception as exc:  # noqa: BLE001 - a path that does not compile or fit: note it, go on
             results[label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}".replace("\n", " ")}
             log(f"M={rows:<2} {label:<28} {results[label]['error']}")
@@ -365,7 +279,7 @@ def compare(chain: Chain, rows: int, bound_us: float, log, with_profile: bool = 
         mark = "  <- ce::linear" if label == ours else ""
         log(f"M={rows:<2} {label:<28} {us:8.1f} µs  {bound_us / us:6.1%} of the bound  {delta}  "
             f"({time.time() - start:.1f} s){mark}")
-        if with_profile and not extra:
+        if with_profile:
             entry["critical_path"] = profile(chain, configs, mode, log)
     return results
 
@@ -435,10 +349,6 @@ def main(argv=None) -> None:
     parser.add_argument("--flags", action="append", type=flag_set, default=[],
                         help="NAME=INT[,NAME=INT]: the rule again with these gemv_kernels switches (e.g. FULL_TILES=0)"
                              "; repeat for more sets")
-    parser.add_argument("--side", type=lambda v: [tuple(int(x) for x in item.split(":")) for item in v.split(",")],
-                        default=[], help="PROGRAMS:DEPTH[:STRIDE][,...]: the rule and cuBLAS again with a side "
-                                         "stream's L2 prefetch of the next DEPTH matmuls' weights (PROGRAMS programs a "
-                                         "weight) at every STRIDE-th matmul (default 1)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gemv_chain needs a CUDA device")
@@ -457,7 +367,7 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     log = lambda line: print(line, flush=True)  # noqa: E731
     for rows in args.rows:
-        entry = {"compare": compare(chain, rows, bound_us, log, args.profile, args.flags, args.side)}
+        entry = {"compare": compare(chain, rows, bound_us, log, args.profile, args.flags)}
         if args.passes > 0:
             timed = {label: e for label, e in entry["compare"].items() if "_configs" in e}
             best = min(timed, key=lambda label: timed[label]["us"])  # the fastest skinny variant as the start
@@ -473,8 +383,7 @@ def main(argv=None) -> None:
         result["wall_s"] = round(time.time() - start_time, 1)
         (args.out / "gemv_chain.json").write_text(json.dumps(result, indent=1))
     labels = ["rule", "cuBLAS", "rule, lm_head GEMV", "cuBLAS, lm_head dot", "dot"]
-    seen = [label for entry in result["rows"].values() for label in entry["compare"]]
-    labels[1:1] = [label for label in dict.fromkeys(seen) if label.startswith(("rule, ", "cuBLAS, side"))
+    labels[1:1] = [label for label in next(iter(result["rows"].values()))["compare"] if label.startswith("rule, ")
                    and label not in labels]
     print(f"\nµs a step (% of the {bound_us:.1f} µs bound)", flush=True)
     print(f"{'rows':>4}  " + "  ".join(f"{label:>16}" for label in labels) + f"  {'descent':>16}")
