@@ -1,5 +1,5 @@
 #!/bin/bash
-# Any GPU (~8 min), right after run213 on its warm machine. The start-up with the speculative runtime's
+# Any GPU (~10 min; run 217's profiles were cut compiling the 64-slot engine's decode buckets cold at 110 / 80 s), right after run213 on its warm machine. The start-up with the speculative runtime's
 # several-sequence keys (run213's other half), then where a padded prompt step's time goes: run 210 measured a step
 # of 17 sequences (the 64 key: 47 padding) at 7.41 ms against 5.22 for 16 (the 16 key), after the padding stopped
 # moving its state through the pool (-1.05 ms). `bench step_profile`'s prefill row (GPU time by kernel) for 17 x 16
@@ -12,5 +12,5 @@ COMMON=(--model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 64 --
 TAIL=20 step startup_several 290 python3 -m bench startup "${COMMON[@]}" --out $W/several
 PROFILE=(python3 -m bench step_profile --model qwen3.5-0.8b --device cuda --dtype bfloat16 --max-num-seqs 64
   -p step_profile.batches=1 -p step_profile.prefill_len=16 -p step_profile.engine=false)
-TAIL=30 step prof17 120 "${PROFILE[@]}" -p step_profile.prefill_seqs=17 --out $W/prof17
-TAIL=30 step prof16 90 "${PROFILE[@]}" -p step_profile.prefill_seqs=16 --out $W/prof16
+TAIL=30 step prof17 260 "${PROFILE[@]}" -p step_profile.prefill_seqs=17 --out $W/prof17
+TAIL=30 step prof16 120 "${PROFILE[@]}" -p step_profile.prefill_seqs=16 --out $W/prof16
