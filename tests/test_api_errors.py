@@ -283,26 +283,31 @@ def test_engine_keeps_serving_after_bad_calls_mid_stream(engine, llm, load_hf_mo
     engine.step()
     assert set(engine.requests) == {"g0", "g1"}
     queued_before = {rid: list(r.seq.token_ids) for rid, r in engine.requests.items()}
-    errors, early = 0, {}
+    early = {}
+
+    def step():  # the engine keeps stepping between the bad calls
+        for out in engine.step():
+            if out.finished:
+                early[out.request_id] = out
+
     for tokens, params, match in [(good["g2"], "g0", "request id 'g0'")] + BAD_REQUESTS:
         rid = params if isinstance(params, str) else "bad"
         with pytest.raises(ValueError, match=match):
             engine.add_request(rid, tokens, None if isinstance(params, str) else params)
-        errors += 1
-        for out in engine.step():  # the engine keeps stepping between the bad calls
-            if out.finished:
-                early[out.request_id] = out
+        step()
     for fields, field in BAD_PARAMS:
+        params = SamplingParams()  # valid when built; made bad after, so that the engine's own check must catch it
+        for name, value in fields.items():
+            setattr(params, name, value)
         with pytest.raises(ValueError, match=field):
-            engine.add_request("bad", good["g2"], SamplingParams(**fields))
-        errors += 1
+            engine.add_request("bad", good["g2"], params)
+        step()
     with pytest.raises(ValueError, match="request id"):
         engine.abort_request("bad")
     assert set(engine.requests) <= set(queued_before) and "bad" not in engine.requests
     engine.add_request("g2", good["g2"], SamplingParams(max_tokens=10, **GREEDY))
     engine.add_request("g3", good["g3"], SamplingParams(max_tokens=5, **GREEDY))
     finals = {**early, **drain(engine)}
-    assert errors == len(BAD_REQUESTS) + 1 + len(BAD_PARAMS)
     assert finals["g0"].token_ids == hf_greedy(load_hf_model, good["g0"], 20)
     assert finals["g2"].token_ids == hf_greedy(load_hf_model, good["g2"], 10)
     assert finals["g3"].token_ids == hf_greedy(load_hf_model, good["g3"], 5)
@@ -488,11 +493,13 @@ def test_an_interrupted_generate_leaves_nothing_queued(model_path, load_hf_model
     assert [o.token_ids for o in outs] == [hf_greedy(load_hf_model, p, 6) for p in ([5, 6, 7], prompt(9, 2))]
 
 
-def test_generate_with_bad_stop_token_ids_queues_nothing(model_path):
+def test_generate_with_bad_stop_token_ids_queues_nothing(model_path, load_hf_model):
+    """A generate whose second request is bad queues neither (no request, no queued sequence, no held block or
+    slot), and the engine then serves the next generate as HF's greedy run."""
     llm = make_llm(model_path, max_model_len=64)
     good = SamplingParams(max_tokens=2, **GREEDY)
     with pytest.raises(ValueError, match="stop_token_ids"):
         llm.generate([[1, 2, 3], [4, 5]], [good, SamplingParams(stop_token_ids=[VOCAB])], use_tqdm=False)
-    assert not llm.engine.requests
+    assert_clean(llm.engine)
     out = llm.generate([[7, 8, 9]], SamplingParams(max_tokens=5, **GREEDY), use_tqdm=False)
-    assert len(out[0].token_ids) == 5
+    assert out[0].token_ids == hf_greedy(load_hf_model, [7, 8, 9], 5)

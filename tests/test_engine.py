@@ -280,11 +280,12 @@ def test_a_decoding_sequence_waits_at_most_one_step_while_prompts_stream_in(mode
     engine.step()  # a's prefill: its first token
     for i in range(3):
         engine.add_request(f"p{i}", prompt(90, 14 + i), SamplingParams(max_tokens=3, **GREEDY))
-    steps_of_a, step = [0], 0
+    steps_of_a, step, finals = [0], 0, {}
     while "a" in engine.requests:
         step += 1
         outputs = engine.step()
         steps_of_a += [step for out in outputs if out.request_id == "a"]
+        finals.update({out.request_id: out for out in outputs if out.finished})
         assert step < 500
     gaps = [b - a for a, b in zip(steps_of_a, steps_of_a[1:])]
     assert len(steps_of_a) == 30
@@ -293,9 +294,12 @@ def test_a_decoding_sequence_waits_at_most_one_step_while_prompts_stream_in(mode
         assert engine.scheduler.num_mixed_steps >= 15
     else:
         assert max(gaps) >= 5
-    finals = drain(engine)
+    finals.update(drain(engine))
     assert_clean(engine)
     assert engine.scheduler.num_prefill_tokens == len(tokens) + 3 * 90  # decode rows are not prefill tokens
+    assert finals["a"].token_ids == hf_greedy(load_hf_model, tokens, 30)
+    for i in range(3):
+        assert finals[f"p{i}"].token_ids == hf_greedy(load_hf_model, prompt(90, 14 + i), 3), i
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -339,16 +343,8 @@ def test_chunked_prefill_under_token_budget(model_path, load_hf_model):
     prompts = {f"r{n}": prompt(n, 1) for n in lengths}
     for rid, tokens in prompts.items():
         engine.add_request(rid, tokens, SamplingParams(max_tokens=5, **GREEDY))
-    first_token_step: dict[str, int] = {}
-    computed_before_first_token: dict[str, int] = {}
-
-    def on_step():
-        for rid, request in engine.requests.items():
-            if request.seq.num_generated_tokens and rid not in first_token_step:
-                first_token_step[rid] = len(rec.batches)
-
     seqs = {rid: seq_of(engine, rid) for rid in prompts}
-    finals = drain(engine, on_step=on_step)
+    finals = drain(engine)
     assert_clean(engine)
     prefills = [x for x in rec.batches if x.is_prefill]
     assert all(sum(x.num_tokens) <= budget for x in prefills)

@@ -251,4 +251,7 @@ def test_prompt_logprobs_with_speculative_decoding_equal_plain_runs(llm, tiny_pa
     assert len(one) == len(two) == 40 and one[0] is None and drafted[1].prompt_logprobs is None
     assert [e.token_id for e in one[1:]] == [e.token_id for e in two[1:]]
     assert [e.logprob for e in one[1:]] == pytest.approx([e.logprob for e in two[1:]], abs=LOGPROB_TOL)
+    assert [[t for t, _ in e.top] for e in one[1:]] == [[t for t, _ in e.top] for e in two[1:]]  # the top-2 ids
+    assert [v for e in one[1:] for _, v in e.top] == pytest.approx([v for e in two[1:] for _, v in e.top],
+                                                                   abs=LOGPROB_TOL)
     assert spec_llm.engine.num_verified_rows > 0

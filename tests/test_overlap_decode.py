@@ -172,6 +172,15 @@ def test_a_prefill_in_flight_hands_its_tokens_to_the_next_decode(model_path, cac
         return next_input_ids(self, seqs, in_flight)
 
     monkeypatch.setattr(type(overlapped), "_next_input_ids", spy)
+    decoded_prompt_lengths = set()  # the prompt lengths of the sequences in the overlapped engine's decode steps
+    build_step = overlapped.runtime.build_step
+
+    def watched_build_step(seqs, counts, is_prefill, *args, **kwargs):
+        if not is_prefill:
+            decoded_prompt_lengths.update(s.num_prompt_tokens for s in seqs)
+        return build_step(seqs, counts, is_prefill, *args, **kwargs)
+
+    monkeypatch.setattr(overlapped.runtime, "build_step", watched_build_step)
 
     def params(n):
         return SamplingParams(max_tokens=n, **GREEDY)
@@ -180,6 +189,8 @@ def test_a_prefill_in_flight_hands_its_tokens_to_the_next_decode(model_path, cac
     late = [("c", prompt(100, 7), params(6)), ("d", prompt(3, 7), params(1)), ("e", prompt(7, 7), params(5))]
     assert run(overlapped, requests, late=late) == run(sync, requests, late=late)
     assert any(mixed)
+    # b and d (prompts of 9 and 3 tokens) finish with their prefill token: never a decode row; a, c and e decode
+    assert decoded_prompt_lengths == {5, 100, 7}, decoded_prompt_lengths
 
 
 @pytest.mark.parametrize("caching", [{}, CACHING])

@@ -367,9 +367,12 @@ def test_drafts_after_another_prompt_step_replayed_in_between(cpu_drafting_pair)
     prompts = [[(3 * i + 1) % 200 + 1 for i in range(20)], [(7 * i + 2) % 200 + 1 for i in range(40)]]
     want = [_drafting_run(plain, p, [len(p)])[1][0] for p in prompts]
     seqs = [padded.add_sequence(p) for p in prompts]
+    graphs.replays.clear()
     with torch.inference_mode():
         specs = [padded.prefill_for_drafts([seq]) for seq in seqs]
         got = [padded.draft_after_prefill(s, s.logits.argmax(dim=-1)) for s in specs]
+    keys = [graphs.bucket(len(p), 1) for p in prompts]
+    assert keys[0] != keys[1] and graphs.replays == keys + [("drafts", key) for key in keys]
     assert [g.tolist() for g in got] == [w.tolist() for w in want]
     for seq in seqs:
         padded.release(seq)

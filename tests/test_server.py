@@ -936,7 +936,8 @@ def test_where_the_engine_loop_runs(device, engine_process, expected, monkeypatc
 @pytest.mark.parametrize("flags", [[], ["--engine-process"]], ids=["thread", "engine-process"])
 def test_serve_command_drains_on_sigterm(flags):
     """``python -m compiled_engine serve`` with the embedded default model: SIGTERM while a stream is open lets it
-    finish (every token, then [DONE]), then the process exits by that signal, without an error."""
+    finish (every token, then [DONE]), then the process exits, cleanly or by that signal (uvicorn re-raises it
+    after its shutdown in some versions), without a traceback."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(

@@ -28,7 +28,7 @@ from compiled_engine.rejection_sampler import rejection_sample
 from compiled_engine.runtime import Runtime
 from compiled_engine.sampler import SamplingBatch
 from compiled_engine.tiny_model import TINY_CONFIG, ensure_tiny_model
-from ops.sample import filtered_scaled_logits
+from tests.test_sampling_op import filtered_softmax
 
 MAX_LEN = 192
 
@@ -526,9 +526,8 @@ def test_rejection_sampling_keeps_the_target_distribution(temperature, top_k, to
     seeds = torch.arange(n).repeat_interleave(k + 1) * 7919 + 13
     batch = _batch(n * (k + 1), temperature, top_k, top_p, seeds, k)
     accepted, tokens = rejection_sample(logits.repeat(n, 1), drafts, batch)
-    kept, _ = filtered_scaled_logits(logits, torch.full((k + 1,), temperature), torch.full((k + 1,), top_k),
-                                     torch.full((k + 1,), top_p), torch.zeros(k + 1), top_k > 0, top_p < 1)
-    target = kept.double().softmax(-1)
+    # The float64 oracle of tests/test_sampling_op.py (its own top-k / top-p), not the sampler's filters.
+    target = torch.stack([filtered_softmax(row, temperature, top_k, top_p, 0.0) for row in logits])
     first = torch.bincount(tokens[:, 0], minlength=vocab).double()
     assert _chi_square_p(first, target[0]) > 1e-3
     assert first[target[0] == 0].sum() == 0  # never a token the filters drop
