@@ -318,11 +318,19 @@ def test_structured_outputs(live, solo_llm):
     expected = solo(solo_llm, prompt, 60, ignore_eos=False, structured_outputs=StructuredOutputsParams(json=schema))
     assert r.choices[0].token_ids == expected.token_ids and r.choices[0].finish_reason == "stop"
     r = live.client.completions.create(model=MODEL, prompt="id:", max_tokens=20, temperature=0,
-                                       extra_body={"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{3}"}})
+                                       extra_body={"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{3}"},
+                                                   "return_token_ids": True})
     assert re.fullmatch("[A-Z]{3}-[0-9]{3}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
-    r = live.client.completions.create(model=MODEL, prompt="obj:", max_tokens=8, temperature=0,
-                                       extra_body={"response_format": {"type": "json_object"}})
-    assert r.choices[0].text.lstrip().startswith("{")
+    expected = solo(solo_llm, tokenizer.encode("id:"), 20, ignore_eos=False,
+                    structured_outputs=StructuredOutputsParams(regex="[A-Z]{3}-[0-9]{3}"))
+    assert r.choices[0].token_ids == expected.token_ids
+    r = live.client.completions.create(model=MODEL, prompt="obj:", max_tokens=16, temperature=0,
+                                       extra_body={"response_format": {"type": "json_object"},
+                                                   "return_token_ids": True})
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].text, strict=False), dict)
+    expected = solo(solo_llm, tokenizer.encode("obj:"), 16, ignore_eos=False,
+                    structured_outputs=StructuredOutputsParams(json_object=True))
+    assert r.choices[0].token_ids == expected.token_ids
 
 
 def test_chat_template_extensions_reach_the_template(live, solo_llm, monkeypatch):
@@ -409,11 +417,17 @@ def test_logprobs_over_http(live, solo_llm):
     assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == 6
     for got, exp in zip(lp.token_logprobs, expected.logprobs):
         assert got == pytest.approx(exp.logprob, abs=1e-4)
+    tokenizer = live.server.tokenizer
+    assert lp.tokens == [tokenizer.decode([t]) for t in expected.token_ids]
+    for got, exp in zip(lp.top_logprobs, expected.logprobs):  # {token text: logprob}, the solo run's top 3
+        texts = [tokenizer.decode([t]) for t, _ in exp.top]
+        for text, (_, value) in zip(texts, exp.top):
+            if texts.count(text) == 1:  # two ids with one text share a key
+                assert got[text] == pytest.approx(value, abs=1e-4), text
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
     messages = [{"role": "user", "content": "x"}]
     r = live.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
                                             logprobs=True, top_logprobs=2, extra_body=NO_EOS)
-    tokenizer = live.server.tokenizer
     prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
     expected = solo(solo_llm, prompt, 4, logprobs=2)
     content = r.choices[0].logprobs.content
@@ -694,13 +708,21 @@ def test_async_llm_merges_outputs_for_a_slow_consumer_and_drains_on_shutdown(sol
     assert not engine.alive and not llm.engine.requests
 
 
-def test_a_speculative_server_serves_the_non_speculative_tokens(solo_llm):
+def test_a_speculative_server_serves_the_non_speculative_tokens(solo_llm, monkeypatch):
     """`serve --speculative-config` (MTP drafts, k = 2): greedy and seeded sampled completions, streamed or not,
     with logprobs (the verify step's logits) and a stop string that may land inside an accepted run, equal the
     non-speculative solo runs; concurrent clients share rounds; nothing is held afterwards."""
     live = LiveServer(speculative_config={"method": "mtp", "num_speculative_tokens": 2}, **KNOBS)
     try:
         assert live.engine.num_speculative_tokens == 2
+        round_sizes = []  # the requests of each verify round the engine reads back
+        read_round = live.engine._read_round
+
+        def counted_read_round(round_, *args, **kwargs):
+            round_sizes.append(len(round_.requests))
+            return read_round(round_, *args, **kwargs)
+
+        monkeypatch.setattr(live.engine, "_read_round", counted_read_round)
         tokenizer = live.server.tokenizer
         cases = [("Hello world", dict(temperature=0)), ("The quick brown fox", dict(temperature=0.9, seed=7)),
                  ("abc abc abc", dict(temperature=0.7, top_p=0.9, seed=8))]
@@ -720,6 +742,7 @@ def test_a_speculative_server_serves_the_non_speculative_tokens(solo_llm):
 
         for got, (prompt, params) in zip(asyncio.run(run()), cases):
             assert got == solo(solo_llm, prompt, 16, **params).token_ids, prompt
+        assert max(round_sizes) >= 2, round_sizes  # the concurrent clients shared rounds
         expected = solo(solo_llm, "Hello world", 12, logprobs=2)
         r = live.client.completions.create(model=MODEL, prompt="Hello world", max_tokens=12, temperature=0,
                                            logprobs=2, extra_body=NO_EOS)

@@ -102,11 +102,12 @@ def test_stop_strings_cut_the_text_where_the_first_one_starts(tokenizer, text, s
     shown) that holds back no more than the longest stop string less one character (vLLM's stop buffer)."""
     ids = list(text.encode())
     detok = IncrementalDetokenizer(tokenizer, [1, 2, 3], stops)
-    found, shown = None, []
-    for token in ids:
+    found, shown, found_at = None, [], None
+    for index, token in enumerate(ids):
         shown.append((detok.output_text(finished=False), len(detok.text)))
         found = detok.add(token)
         if found is not None:
+            found_at = index
             break
     hits = [(text.find(s), s) for s in stops if s in text]
     at = min((i for i, _ in hits), default=len(text))
@@ -119,6 +120,8 @@ def test_stop_strings_cut_the_text_where_the_first_one_starts(tokenizer, text, s
         return
     assert detok.text == final
     assert found in {s for i, s in hits if i == at}
+    # Found at the first token (a byte here) that completes any stop string's first occurrence, not later.
+    assert found_at + 1 == min(len(text[: i + len(s)].encode()) for i, s in hits)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -310,10 +313,12 @@ def test_logprobs_are_the_models_log_softmax(llm, tiny_path, overlap, split):
     engine = llm.engine
     engine.overlap_decode, fused = overlap, engine.max_fused_decode_rows
     engine.max_fused_decode_rows = 0 if split else fused
+    mixed_before = engine.scheduler.num_mixed_steps
     try:
         outs = llm.generate(prompts, params, use_tqdm=False)
     finally:
         engine.overlap_decode, engine.max_fused_decode_rows = False, fused
+    assert engine.scheduler.num_mixed_steps > mixed_before  # the mixed steps the docstring names did run
     assert not engine._with_logprobs  # finished requests leave steps without the row-by-row look for logprobs
     for prompt, p, out in zip(prompts, params, outs):
         if p.logprobs is None:
