@@ -139,17 +139,6 @@ def qwen3_5_conditional_path(build_hf_model) -> Path:
 
 
 @pytest.fixture(scope="session")
-def qwen3_next_dense_path(build_hf_model) -> Path:
-    return build_hf_model("qwen3_next_dense")
-
-
-@pytest.fixture(scope="session", params=HF_VARIANTS)
-def hf_model_path(request, build_hf_model) -> Path:
-    """Every variant in turn (parametrised): the saved folder."""
-    return build_hf_model(request.param)
-
-
-@pytest.fixture(scope="session")
 def load_hf_model(build_hf_model):
     """``load_hf_model(name)``: the HF oracle model of a variant (float32, eval), loaded once per session.
 

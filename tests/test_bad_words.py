@@ -111,8 +111,9 @@ def cases(tiny_path):
 @pytest.mark.parametrize("mode", ["sync", "overlap", "speculative", "compiled"])
 def test_greedy_outputs_never_end_with_a_bad_word(tiny_path, cases, mode):
     """Four requests over two slots (later ones join running ones), one without bad words: each greedy output equals
-    the masked oracle's over its decided tokens. Overlapped, a request with a word of two tokens must not run ahead
-    of its in-flight token (else the step after it would not see the word's first token and draw its last)."""
+    the masked oracle's over its decided tokens, and no token of it (decided or not) completes a bad word. Overlapped,
+    a request with a word of two tokens must not run ahead of its in-flight token (else the step after it would not
+    see the word's first token and draw its last)."""
     knobs = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2, enforce_eager=mode != "compiled",
                  overlap_decode=mode != "sync")
     if mode == "speculative":
@@ -121,9 +122,14 @@ def test_greedy_outputs_never_end_with_a_bad_word(tiny_path, cases, mode):
     params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=LENGTH, bad_words=words or None)
               for words, _, _ in cases]
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
-    for out, (words, expected, decided) in zip(outs, cases):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)  # HF's own, not the engine's loader
+    for prompt, out, (words, expected, decided) in zip(PROMPTS, outs, cases):
         assert decided >= 8, (words, decided)
         assert out.token_ids[:decided] == expected[:decided], (words, out.token_ids, expected, decided)
+        tokens = prompt + out.token_ids
+        for word in (tuple(tokenizer.encode(w, add_special_tokens=False)) for w in words):
+            ends = [i for i in range(len(prompt), len(tokens)) if tuple(tokens[i - len(word) + 1 : i + 1]) == word]
+            assert not ends, (words, out.token_ids, ends)
     assert not llm.engine.requests and not llm.engine._adjusting
 
 
@@ -182,6 +188,10 @@ def test_verify_rows_match_the_drafts_before_them(tiny_path, cases, drafts):
     for out, (words, expected, decided) in zip(outs, cases):
         assert out.token_ids[:decided] == expected[:decided], (words, out.token_ids, expected, decided)
     engine = llm.engine
+    assert engine.num_draft_tokens > 0
     if drafts == "oracle":
         assert engine.num_accepted_tokens >= 0.6 * engine.num_draft_tokens, (engine.num_accepted_tokens,
+                                                                             engine.num_draft_tokens)
+    else:
+        assert engine.num_accepted_tokens <= 0.1 * engine.num_draft_tokens, (engine.num_accepted_tokens,
                                                                              engine.num_draft_tokens)

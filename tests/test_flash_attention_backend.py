@@ -9,6 +9,7 @@ from compiled_engine.config import ModelConfig
 from compiled_engine.loader import load_model
 from compiled_engine.runtime import Runtime, RuntimeConfig
 from ops.flash_attention import FLASH_ATTN_BLOCK_MULTIPLE, flash_attn_available
+from tests import hf_models
 
 
 def test_unusable_flash_attn_is_a_clear_error(qwen3_5_text_untied_path):
@@ -19,9 +20,13 @@ def test_unusable_flash_attn_is_a_clear_error(qwen3_5_text_untied_path):
 
 
 def test_flash_backend_model_runs_the_flash_ops_and_matches_triton_backend(qwen3_5_text_untied_path):
-    """On CPU both backends' ops run the same reference: equal logits prove the model is wired to the flash ops."""
+    """The flash backend's model calls the flash ops (its attention's prefill op, unfused decode), and its prefill
+    and decode logits equal HF's teacher-forced ones, as the triton backend's do (on CPU the two backends' ops run
+    references, so the two are also equal to each other)."""
     path = str(qwen3_5_text_untied_path)
     config = ModelConfig.from_pretrained(path)
+    ids = list(range(1, 40)) + [5, 6, 7]
+    oracle = hf_models.hf_logits(hf_models.load_hf(path), ids)[38:]  # after the prompt, then after each new token
     logits = {}
     for backend in ("triton", "flash_attn"):
         model, _ = load_model(path, config, torch.device("cpu"), torch.float32, attention_backend=backend)
@@ -35,6 +40,7 @@ def test_flash_backend_model_runs_the_flash_ops_and_matches_triton_backend(qwen3
             seq.token_ids.append(token)
             rows.append(rt.decode_step([seq]))
         logits[backend] = torch.cat(rows)
+        torch.testing.assert_close(logits[backend], oracle.float(), atol=2e-4, rtol=0)
     assert torch.equal(logits["triton"], logits["flash_attn"])
 
 

@@ -27,10 +27,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ops  # noqa: F401  (registers the ce ops)
-from ops.layouts import moe_align_block_size, moe_padded_rows
+from ops.layouts import moe_align_block_size
 from ops.moe import (
     fused_moe_op, fused_moe_reference, moe_align_block_size_op, moe_route_op, moe_route_reference, routed_moe_op,
-    routed_moe_reference,
 )
 from tests import background
 
@@ -86,7 +85,10 @@ def test_align_layout(routing, block_m):
     tokens, experts, top_k, ids = routing
     sorted_rows, block_experts, num_padded = moe_align_block_size_op(ids, experts, block_m)
     n = tokens * top_k
-    assert sorted_rows.shape[0] == moe_padded_rows(n, experts, block_m) and sorted_rows.shape[0] % block_m == 0
+    # A static length (the step's shape, whatever the routing): every expert's rows padded to whole blocks fit in
+    # n + (block_m - 1) per expert that can hold a row, rounded up to a block
+    bound = -(-(n + min(experts, n) * (block_m - 1)) // block_m) * block_m
+    assert sorted_rows.shape[0] == bound and sorted_rows.shape[0] % block_m == 0
     assert block_experts.shape[0] == sorted_rows.shape[0] // block_m
     flat = ids.reshape(-1).tolist()
     counts = [flat.count(e) for e in range(experts)]
@@ -130,7 +132,6 @@ def test_routed_moe_equals_float64_routing_and_experts(renormalize):
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     got = routed_moe_op(x, logits, gate_up, down, top_k, renormalize)
-    assert torch.equal(got, routed_moe_reference(x, logits, gate_up, down, top_k, renormalize))
     torch.testing.assert_close(got.double(), float64_moe(x, gate_up, down, weights, ids), atol=1e-5, rtol=1e-5)
 
 

@@ -22,7 +22,7 @@ def test_import_ops_without_triton():
         "kernels = [m for m in sys.modules if m.startswith('ops.triton.')]",
         "assert not kernels, kernels",
         "x = torch.randn(3, 8)",
-        "torch.testing.assert_close(torch.ops.ce.silu_mul(x), ops.activation.silu_mul_reference(x))",
+        "torch.testing.assert_close(torch.ops.ce.silu_mul(x), torch.nn.functional.silu(x[:, :4]) * x[:, 4:])",
         "torch.testing.assert_close(torch.ops.ce.linear(x, torch.ones(2, 8)), x @ torch.ones(8, 2))",
         "print('ok')",
     ])

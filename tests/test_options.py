@@ -109,9 +109,12 @@ def test_set_options_and_use_options_change_and_restore(fresh_options, monkeypat
     assert current_options() is start
 
 
-def test_options_reach_the_ops(fresh_options):
-    """The switches the library reads go through the current options: the skinny GEMM's dispatch and the launch
-    flags (on a CPU tensor PDL and the L2 prefetch are off whatever the options say)."""
+def test_options_reach_the_ops(fresh_options, monkeypatch):
+    """The switches the library reads go through the current options: the skinny GEMM's dispatch, and the launch
+    flags where the hardware would allow them (PDL and the bulk L2 prefetch made to look supported, a CUDA tensor
+    stood in for: on a CPU tensor both are off whatever the options say)."""
+    import types
+
     from ops import linear
     from ops.triton import l2_prefetch, pdl
 
@@ -121,7 +124,13 @@ def test_options_reach_the_ops(fresh_options):
     with use_options(skinny_gemm=False):
         assert not linear._skinny(x, weight)
     assert pdl.pdl_flags(x) == {"USE_PDL": False}
-    with use_options(l2_prefetch=False):
+    monkeypatch.setattr(pdl, "pdl_supported", lambda: True)
+    monkeypatch.setattr(l2_prefetch, "bulk_prefetch_supported", lambda: True)
+    cuda_tensor = types.SimpleNamespace(is_cuda=True)
+    assert pdl.pdl_flags(cuda_tensor) == {"USE_PDL": True, "launch_pdl": True}
+    assert l2_prefetch.l2_prefetch_enabled()
+    with use_options(pdl=False, l2_prefetch=False):
+        assert pdl.pdl_flags(cuda_tensor) == {"USE_PDL": False}
         assert not l2_prefetch.l2_prefetch_enabled()
 
 
