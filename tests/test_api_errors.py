@@ -296,11 +296,11 @@ def test_engine_keeps_serving_after_bad_calls_mid_stream(engine, llm, load_hf_mo
             engine.add_request(rid, tokens, None if isinstance(params, str) else params)
         step()
     for fields, field in BAD_PARAMS:
-        params = SamplingParams()  # valid when built; made bad after, so that the engine's own check must catch it
+        bad = SamplingParams()  # valid when built; made bad after, so that the engine's own check must catch it
         for name, value in fields.items():
-            setattr(params, name, value)
+            setattr(bad, name, value)
         with pytest.raises(ValueError, match=field):
-            engine.add_request("bad", good["g2"], params)
+            engine.add_request("bad", good["g2"], bad)
         step()
     with pytest.raises(ValueError, match="request id"):
         engine.abort_request("bad")
