@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import statistics
 import time
@@ -126,7 +127,10 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--out", default=None)
+    p.add_argument("-v", "--verbose", action="store_true", help="the engine's INFO log (the prompt steps' capture time)")
     args = p.parse_args()
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     shapes = [_parse(s) for s in args.shapes.split(",")]
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     ctx = Context(Options(model=args.model, device=args.device, dtype=dtype,
