@@ -96,17 +96,17 @@ def test_every_module_has_a_layer(graph):
     assert [m for m in graph if layer_of(m) is None] == []
 
 
-def test_imports_point_down_the_layers(graph):
-    upward = [
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a module from a layer above its own."""
+    return [
         f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
         for module, targets in sorted(graph.items())
         for target in sorted(targets)
         if layer_of(target) > layer_of(module)
     ]
-    assert upward == []
 
 
-def test_no_import_cycles(graph):
+def import_cycles(graph: dict[str, set[str]]) -> list[str]:
     """Depth-first search; a back edge is a cycle. Package __init__ modules count as the modules they are."""
     state: dict[str, int] = {}  # 1 on the stack, 2 done
     cycles = []
@@ -125,19 +125,37 @@ def test_no_import_cycles(graph):
     for module in sorted(graph):
         if module not in state:
             visit(module, [])
-    assert cycles == []
+    return cycles
 
 
-def test_the_checker_sees_function_local_and_relative_imports(tmp_path, monkeypatch):
-    """The oracle of the tests above: a hand-made tree with an upward import hidden in a function and a cycle."""
-    monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
-    (tmp_path / "ops").mkdir()
-    (tmp_path / "ops" / "__init__.py").write_text("")
-    (tmp_path / "ops" / "a.py").write_text("def f():\n    from compiled_engine.runtime import Runtime\n")
-    (tmp_path / "ops" / "b.py").write_text("from . import c\n")
-    (tmp_path / "ops" / "c.py").write_text("import ops.b\n")
+def test_imports_point_down_the_layers(graph):
+    assert upward_imports(graph) == []
+
+
+def test_no_import_cycles(graph):
+    assert import_cycles(graph) == []
+
+
+def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
+    """The oracle of the tests above: a hand-made tree with an upward import hidden in a function and a cycle
+    through a relative import, read and judged by the same functions."""
+    files = {
+        "ops/__init__.py": "",
+        "ops/a.py": "def f():\n    from compiled_engine.runtime import Runtime\n",
+        "ops/b.py": "from . import c\n",
+        "ops/c.py": "import ops.b\n",
+        "compiled_engine/__init__.py": "",
+        "compiled_engine/runtime.py": "from ops import a\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
     known = {"ops", "ops.a", "ops.b", "ops.c", "compiled_engine", "compiled_engine.runtime"}
-    assert imports_of(tmp_path / "ops" / "a.py", "ops.a", known) == {"compiled_engine.runtime"}
-    assert imports_of(tmp_path / "ops" / "b.py", "ops.b", known) == {"ops.c"}
-    assert imports_of(tmp_path / "ops" / "c.py", "ops.c", known) == {"ops.b"}
-    assert layer_of("compiled_engine.runtime") > layer_of("ops.a")
+    modules = {"ops.a": "ops/a.py", "ops.b": "ops/b.py", "ops.c": "ops/c.py",
+               "compiled_engine.runtime": "compiled_engine/runtime.py"}
+    tree = {name: imports_of(tmp_path / path, name, known) for name, path in modules.items()}
+    assert tree == {"ops.a": {"compiled_engine.runtime"}, "ops.b": {"ops.c"}, "ops.c": {"ops.b"},
+                    "compiled_engine.runtime": {"ops.a"}}
+    assert upward_imports(tree) == ["ops.a (ops) imports compiled_engine.runtime (step executor)"]
+    assert import_cycles(tree) == ["compiled_engine.runtime -> ops.a -> compiled_engine.runtime",
+                                   "ops.b -> ops.c -> ops.b"]

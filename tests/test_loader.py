@@ -76,6 +76,13 @@ def test_loads_straight_to_the_target_dtype(qwen3_5_text_untied_path):
     dtypes = {name: p.dtype for name, p in model.named_parameters()}
     assert all(d == torch.float32 for n, d in dtypes.items() if n.endswith(("A_log", "dt_bias")))
     assert all(d == torch.bfloat16 for n, d in dtypes.items() if not n.endswith(("A_log", "dt_bias")))
+    # the values: the checkpoint's fp32 tensors rounded once to bf16 (fp32 kept for the gates' parameters)
+    saved = load_file(qwen3_5_text_untied_path / "model.safetensors")
+    layer = model.config.linear_attention_layers[0]
+    prefix = f"model.layers.{layer}.linear_attn."
+    attn = model.layers[layer].linear_attn
+    assert torch.equal(attn.out_proj, saved[prefix + "out_proj.weight"].to(torch.bfloat16))
+    assert torch.equal(attn.A_log, saved[prefix + "A_log"])
 
 
 def test_missing_tensor_is_named(qwen3_5_text_untied_path, tmp_path):
@@ -146,20 +153,34 @@ def test_layer_types_and_rope_from_either_place():
 
 
 def test_a_tensor_parallel_rank_reads_exactly_its_slices(tmp_path):
-    """Slice-by-slice reads (no full tensor) equal cutting the full tensor into head-major sections."""
+    """A rank's rows / columns of each head-major section, written out by hand, read slice by slice: the file's
+    ``get_tensor`` (a whole tensor) is never called."""
     from safetensors import safe_open
 
-    from compiled_engine.distributed import TensorParallel, shard_sections
+    from compiled_engine.distributed import TensorParallel
     from compiled_engine.loader import Placement, _read
 
-    full = torch.randn(12, 6)
+    class SlicesOnly:
+        def __init__(self, f):
+            self.f = f
+
+        def get_slice(self, name):
+            return self.f.get_slice(name)
+
+        def get_tensor(self, name):
+            raise AssertionError(f"read {name!r} whole")
+
+    full = torch.arange(72.0).view(12, 6)
     save_file({"w": full}, tmp_path / "s.safetensors")
+    # sections [4, 4, 4] along dim 0: each rank takes half of every section; [2, 4] along dim 1 likewise
+    rows = {0: [0, 1, 4, 5, 8, 9], 1: [2, 3, 6, 7, 10, 11]}
+    columns = {0: [0, 2, 3], 1: [1, 4, 5]}
     with safe_open(tmp_path / "s.safetensors", framework="pt") as f:
         for rank in range(2):
             tp = TensorParallel(rank, 2)
-            for placement in (Placement("x", shard=(0, [4, 4, 4])), Placement("x", shard=(1, [2, 4]))):
-                dim, sections = placement.shard
-                assert torch.equal(_read(f, "w", placement, tp), shard_sections(full, sections, dim, tp))
+            assert torch.equal(_read(SlicesOnly(f), "w", Placement("x", shard=(0, [4, 4, 4])), tp), full[rows[rank]])
+            assert torch.equal(_read(SlicesOnly(f), "w", Placement("x", shard=(1, [2, 4])), tp),
+                               full[:, columns[rank]])
         with pytest.raises(CheckpointError, match="expected 10 along dim 0"):
             _read(f, "w", Placement("x", shard=(0, [5, 5])), TensorParallel(0, 2))
 

@@ -187,12 +187,23 @@ def _child_checks(group: str) -> dict:
         logits = (torch.randn(8, 4096, generator=gen) * 3).to(torch.bfloat16)  # 128 blocks of 32
         logits[6] = 1.5  # every token tied at the bound: 128 live blocks, 4,096 candidates
         logits[7, 100] = math.inf
-        # Candidates (tokens at or above the bound) of the sampled top-k rows: row 0 64 (51 live blocks), row 3 201
-        # (100 live blocks), row 4 1, row 5 23.
-        args = rows(logits, [0.8, 0.0, 0.8, 0.8, 1.0, 0.7, 0.9, 1.0], [50, 50, 0, 100, 1, 20, 3, 5],
-                    [0.9, 0.9, 0.9, 0.9, 1.0, 0.5, 1.0, 0.9], [0.0, 0.0, 0.0, 0.02, 0.0, 0.1, 0.0, 0.0])
+        temperature, top_k = [0.8, 0.0, 0.8, 0.8, 1.0, 0.7, 0.9, 1.0], [50, 50, 0, 100, 1, 20, 3, 5]
+        args = rows(logits, temperature, top_k, [0.9, 0.9, 0.9, 0.9, 1.0, 0.5, 1.0, 0.9],
+                    [0.0, 0.0, 0.0, 0.02, 0.0, 0.1, 0.0, 0.0])
         want = sample_reference(*args)
-        for capacity, takes in ((64, [0, 4, 5]), (256, [0, 3, 4, 5])):
+        values = logits.float()
+
+        def candidates(i):  # the tokens at or above the row's k-th largest logit (ties at the bound included)
+            return int((values[i] >= values[i].topk(top_k[i]).values[-1]).sum())
+
+        def row_path_takes(capacity):  # sampled top-k rows with a finite maximum and at most `capacity` candidates
+            return [i for i in range(8) if temperature[i] > 0 and 0 < top_k[i] <= capacity
+                    and bool(values[i].max().isfinite()) and candidates(i) <= capacity]
+
+        # the case holds what it is for: ties past k at the bound (row 0), candidates between the two capacities
+        # (row 3), every token tied (row 6)
+        assert candidates(0) > top_k[0] and 64 < candidates(3) <= 256 and candidates(6) == 4096
+        for capacity, takes in ((64, row_path_takes(64)), (256, row_path_takes(256))):
             got = sample_kernels.sample(*args, chunk=512, block=32, row_candidates=capacity, radix=False)
             taken = [i for i, token in enumerate(got.tolist()) if token >= 0]
             assert taken == takes, (capacity, got.tolist())
@@ -204,6 +215,10 @@ def _child_checks(group: str) -> dict:
         spread = torch.tensor([[6.0], [6.0], [1.0], [6.0]])
         peaked = (torch.randn(4, 4352, generator=gen) * spread).to(torch.bfloat16)
         args = rows(peaked, [0.8, 1.0, 0.8, 0.0], 0, [0.9, 0.5, 0.9, 0.9], [0.0, 0.02, 0.0, 0.0])[:7]
+        # float64: the mass the 256 largest logits hold at the row's temperature, past top_p in rows 0 and 1 only
+        mass = [float(torch.softmax(peaked[i].double() / t, -1).topk(sample_kernels.TOP_P_CANDIDATES_K).values.sum())
+                for i, t in ((0, 0.8), (1, 1.0), (2, 0.8))]
+        assert mass[0] > 0.9 and mass[1] > 0.5 and mass[2] < 0.9, mass
         for flags in ((True, True), (False, True)):
             want = sample_reference(*args, *flags)
             got = sample_kernels.sample(*args, *flags, chunk=256, block=16, radix=False)

@@ -10,6 +10,7 @@ tests can read its engine and inject a failing step); the SIGTERM test starts ``
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -424,7 +425,9 @@ def test_logprobs_over_http(live, solo_llm):
         for text, (_, value) in zip(texts, exp.top):
             if texts.count(text) == 1:  # two ids with one text share a key
                 assert got[text] == pytest.approx(value, abs=1e-4), text
-    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    # each token's character offset: where its text starts in the concatenated token texts (no echo: from 0)
+    texts = [tokenizer.decode([t]) for t in expected.token_ids]
+    assert lp.text_offset == list(itertools.accumulate((len(t) for t in texts[:-1]), initial=0))
     messages = [{"role": "user", "content": "x"}]
     r = live.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
                                             logprobs=True, top_logprobs=2, extra_body=NO_EOS)

@@ -28,7 +28,20 @@ def test_tp2_greedy_equals_tp1_and_hf(variant, build_hf_model, load_hf_model):
     assert [o.token_ids for o in single.generate(prompts, GREEDY, use_tqdm=False)] == expected
     with LLM(path, device="cpu", dtype="float32", enforce_eager=True, max_model_len=256, tensor_parallel_size=2) as llm:
         assert llm.runtime.model.tp.world_size == 2
-        # this rank really holds half of the heads and of the vocabulary
+        # this rank really holds half of the heads and of the vocabulary: its weights against HF's
+        ours, hf = dict(llm.runtime.model.named_parameters()), dict(model.named_parameters())
+
+        def hf_rows(suffix: str, dim: int = 0) -> int:
+            return next(v for name, v in hf.items() if name.endswith(suffix)).shape[dim]
+
+        config = llm.runtime.model_config
+        a, g = config.full_attention_layers[0], config.linear_attention_layers[0]
+        qkv = sum(hf_rows(f".layers.{a}.self_attn.{p}_proj.weight") for p in "qkv")
+        assert ours[f"layers.{a}.self_attn.qkv_proj"].shape[0] == qkv // 2
+        assert ours[f"layers.{a}.self_attn.o_proj"].shape[1] == hf_rows(f".layers.{a}.self_attn.o_proj.weight", 1) // 2
+        assert ours[f"layers.{g}.linear_attn.A_log"].shape[0] == hf_rows(f".layers.{g}.linear_attn.A_log") // 2
+        assert ours[f"layers.{g}.linear_attn.out_proj"].shape[1] == hf_rows(
+            f".layers.{g}.linear_attn.out_proj.weight", 1) // 2
         assert llm.runtime.model.embed_tokens.shape[0] == model.config.vocab_size // 2
         assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
 
