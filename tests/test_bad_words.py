@@ -76,8 +76,8 @@ def tiny_path() -> str:
 
 @pytest.fixture(scope="module")
 def cases(tiny_path):
-    """Per prompt: its bad words, and HF's float64 greedy continuation under them with how many of its tokens are
-    decided (before the first step whose top two logits lie within TIE)."""
+    """Per prompt: its bad words, their token sequences by HF's tokenizer, and HF's float64 greedy continuation
+    under them with how many of its tokens are decided (before the first step whose top two logits lie within TIE)."""
     model = hf_models.load_hf(tiny_path).double()
     tokenizer = AutoTokenizer.from_pretrained(tiny_path)  # HF's own, not the engine's loader
     results = []
@@ -104,7 +104,7 @@ def cases(tiny_path):
                 output.append(int(row.argmax()))
             if words:  # the word changed the output, and the masked output never ends with it
                 assert output != plain, (prompt, words)
-            results.append((words, output, LENGTH if decided is None else decided))
+            results.append((words, banned, output, LENGTH if decided is None else decided))
     return results
 
 
@@ -120,14 +120,13 @@ def test_greedy_outputs_never_end_with_a_bad_word(tiny_path, cases, mode):
         knobs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 2}
     llm = LLM(tiny_path, **knobs)
     params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=LENGTH, bad_words=words or None)
-              for words, _, _ in cases]
+              for words, _, _, _ in cases]
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_path)  # HF's own, not the engine's loader
-    for prompt, out, (words, expected, decided) in zip(PROMPTS, outs, cases):
+    for prompt, out, (words, banned, expected, decided) in zip(PROMPTS, outs, cases):
         assert decided >= 8, (words, decided)
         assert out.token_ids[:decided] == expected[:decided], (words, out.token_ids, expected, decided)
         tokens = prompt + out.token_ids
-        for word in (tuple(tokenizer.encode(w, add_special_tokens=False)) for w in words):
+        for word in banned:
             ends = [i for i in range(len(prompt), len(tokens)) if tuple(tokens[i - len(word) + 1 : i + 1]) == word]
             assert not ends, (words, out.token_ids, ends)
     assert not llm.engine.requests and not llm.engine._adjusting
@@ -181,11 +180,12 @@ def test_verify_rows_match_the_drafts_before_them(tiny_path, cases, drafts):
     equal the oracle's either way."""
     llm = LLM(tiny_path, device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2, enforce_eager=True,
               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
-    llm.engine.draft_override = continuation_drafts(PROMPTS, [expected for _, expected, _ in cases], drafts == "wrong")
+    expected_outputs = [expected for _, _, expected, _ in cases]
+    llm.engine.draft_override = continuation_drafts(PROMPTS, expected_outputs, drafts == "wrong")
     params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=LENGTH, bad_words=words or None)
-              for words, _, _ in cases]
+              for words, _, _, _ in cases]
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
-    for out, (words, expected, decided) in zip(outs, cases):
+    for out, (words, _, expected, decided) in zip(outs, cases):
         assert out.token_ids[:decided] == expected[:decided], (words, out.token_ids, expected, decided)
     engine = llm.engine
     assert engine.num_draft_tokens > 0
