@@ -138,7 +138,7 @@ def chunked_reference(q, k, v, g, beta, state, chunk_size: int = CHUNK_SIZE):
         decay_lower = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()
         kk = torch.einsum("htk,hjk->htj", kc, kc)
         A = bc[:, :, None] * decay_lower * kk * strictly_lower
-        eye = torch.eye(length, device=v.device).expand_as(A)
+        eye = torch.eye(length, dtype=A.dtype, device=v.device).expand_as(A)
         rhs = bc[:, :, None] * (vc - cum.exp()[:, :, None] * torch.einsum("htk,hkv->htv", kc, state))
         u = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
         qk = torch.einsum("htk,hjk->htj", qc, kc) * decay_lower

@@ -131,8 +131,8 @@ class Float64Math(TorchFunctionMode):
     from float64 math, about as far as the fp32 eager step's). Under this mode those casts and allocations make
     float64 instead, and each ce op runs as its reference (ops/library.py ``REFERENCES``), called directly with the
     mode on too (a dispatched op would reach its kernel below the torch-function layer, outside the mode). Any fp32
-    tensor the step makes raises, so the oracle never silently rounds to fp32. Checked once by hand: a prefill and a
-    decode step of the tiny model under this mode equal HF's (its modules under this mode too) to ~1e-13.
+    tensor the step makes raises, so the oracle never silently rounds to fp32. test_compile.py checks it against HF's
+    modules under this mode (a prefill, then a decode step from the caches it left).
     """
 
     def __init__(self):
@@ -162,17 +162,28 @@ class Float64Math(TorchFunctionMode):
 _FLOAT64_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def float64_logits(model, step, caches: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``[N, vocab]`` float64 logits of the decode ``step`` in float64 math, from ``caches`` (``snapshot(model)``
-    taken before the step). Runs a float64 copy of ``model``, made on first use and kept while ``model`` lives (the
-    weights never change after loading); its caches are overwritten from ``caches`` (converted) at every call."""
+def float64_twin(model):
+    """A float64 copy of ``model``, made on first use and kept while ``model`` lives (the weights never change after
+    loading)."""
     twin = _FLOAT64_TWINS.get(model)
     if twin is None:
         with torch.inference_mode(False):  # plain tensors, as the model's own parameters are
             twin = _FLOAT64_TWINS[model] = copy.deepcopy(model).double()
+    return twin
+
+
+def float64_logits(model, step, caches: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[N, vocab]`` float64 logits of each sequence's last token of ``step`` (a decode step's every row) in
+    float64 math, from ``caches`` (``snapshot(model)`` taken before the step, or a float64 twin's), on
+    ``float64_twin(model)``, whose caches are overwritten from ``caches`` (converted) at every call and hold the
+    step's writes after it."""
+    twin = float64_twin(model)
     restore(twin, caches)
     with Float64Math():
-        return twin.decode_logits(twin(step))
+        hidden = twin(step)
+        if step.is_prefill:
+            hidden = hidden[step.cu_seqlens[1:].long() - 1]
+        return twin.decode_logits(hidden)
 
 
 def assert_logits_near_oracle(compiled: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor) -> None:

@@ -48,7 +48,9 @@ from tests.compile_helpers import (
     assert_same_greedy,
     cache_buffers,
     eager_decode_step,
+    Float64Math,
     float64_logits,
+    float64_twin,
     graph_stats,
     null_rows,
     restore,
@@ -98,6 +100,31 @@ def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs, sampling: Samplin
         written = torch.tensor(sorted(written_rows(name, step)), dtype=torch.long)
         assert_rows_close(rows(name, buf)[written], rows(name, eager_after[name])[written])
     return compiled
+
+
+@torch.inference_mode()
+def test_the_float64_oracle_is_hf_in_float64(qwen3_5_text_tied_path):
+    """The oracle the compiled steps are judged by (``float64_logits``) against HF's modules in float64 math: a
+    prefill of two sequences, then a decode step from the caches the oracle's own prefill left."""
+    from tests import hf_models
+
+    rt = Runtime.from_pretrained(str(qwen3_5_text_tied_path), device="cpu", dtype="float32", max_model_len=64,
+                                 max_num_seqs=2)
+    prompts, nexts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1]], [11, 13]
+    seqs = [rt.add_sequence(list(p)) for p in prompts]
+    prefill = rt.build_step(seqs, [len(p) for p in prompts], is_prefill=True)
+    got_prefill = float64_logits(rt.model, prefill, snapshot(rt.model))
+    for seq, token in zip(seqs, nexts):
+        seq.token_ids.append(token)
+    decode = rt.build_step(seqs, [1, 1], is_prefill=False)
+    got_decode = float64_logits(rt.model, decode, snapshot(float64_twin(rt.model)))
+    hf = hf_models.load_hf(qwen3_5_text_tied_path).double()
+    with torch.inference_mode(False), torch.no_grad(), Float64Math():
+        want_prefill = torch.stack([hf_models.hf_logits(hf, p)[-1] for p in prompts])
+        want_decode = torch.stack([hf_models.hf_logits(hf, p + [t])[-1] for p, t in zip(prompts, nexts)])
+    assert got_prefill.dtype == got_decode.dtype == want_decode.dtype == torch.float64
+    torch.testing.assert_close(got_prefill, want_prefill, atol=1e-10, rtol=0)
+    torch.testing.assert_close(got_decode, want_decode, atol=1e-10, rtol=0)
 
 
 # --------------------------------------------------------------------------------------------------------------
