@@ -473,7 +473,14 @@ def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path, m
     captured.release(live)
     for length, chunks in [(1, [1]), (15, [15]), (16, [16]), (17, [17]), (64, [64]), (70, [6, 64]), (90, [30, 60])]:
         prompt = [(5 * i + 2) % 50 + 1 for i in range(length)]
-        got_logits, got_states, got_tokens = _run(captured, prompt, chunks, 6)
+        replays = []
+        replay = graphs._replay
+        graphs._replay = lambda key: replays.append(key) or replay(key)
+        try:
+            got_logits, got_states, got_tokens = _run(captured, prompt, chunks, 6)
+        finally:
+            graphs._replay = replay
+        assert replays == [graphs.bucket(n) for n in chunks], (length, chunks)  # every chunk replayed a graph
         want_logits, want_states, want_tokens = _run(plain, prompt, chunks, 6)
         for got, want in zip(got_logits, want_logits):
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

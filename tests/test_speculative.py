@@ -1220,14 +1220,23 @@ def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
     prompts = PROMPTS
     ids = [f"r{i}" for i in range(len(prompts))]
 
+    stats = {}
+
     def run(rt, override=None, params=SamplingParams(temperature=0, max_tokens=24), overlap=False
             ) -> list[list[int]]:
         engine = LLMEngine(rt, draft_override=override, overlap_decode=overlap)
         for request_id, prompt in zip(ids, prompts):
             engine.add_request(request_id, prompt, params)
-        done, _ = finish_all(engine)
+        replays = []  # the compiled rounds' replays (a round past their buckets would run eagerly)
+        run_round = rt.executor.run_round
+        rt.executor.run_round = lambda *args: replays.append(args) or run_round(*args)
+        try:
+            done, _ = finish_all(engine)
+        finally:
+            del rt.executor.run_round
         if overlap:
             assert engine.num_chained_rounds > 0
+        stats.update(replays=len(replays), drafted=engine.num_draft_tokens, accepted=engine.num_accepted_tokens)
         return [done[i].token_ids for i in ids]
 
     def build(**knobs):  # 2 buckets: compile time
@@ -1240,9 +1249,13 @@ def test_cuda_graph_rounds_equal_eager_on_gpu(tiny_path):
     sampled_reference = run(eager, params=sampled)
     compiled = build(compile=True, speculative_config=spec(3))
     assert run(compiled) == reference
+    assert stats["replays"] > 0
     drafts = oracle(dict(zip(ids, reference)), {i: len(p) for i, p in zip(ids, prompts)}, 0.7, 257)
     assert run(compiled, drafts) == reference
+    # each draft right with probability 0.7, a round's drafts accepted up to the first wrong one: ~half of them
+    assert stats["replays"] > 0 and stats["accepted"] >= 0.3 * stats["drafted"] > 0, stats
     assert run(compiled, params=sampled) == sampled_reference  # the sampling variant's graphs
+    assert stats["replays"] > 0
     assert run(compiled, overlap=True) == reference  # chained rounds: the graphs that take their step on the device
     assert run(compiled, params=sampled, overlap=True) == sampled_reference
     rounds = compiled.speculative_round
