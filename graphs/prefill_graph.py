@@ -26,10 +26,12 @@ all on the null slot and the null block (``Runtime.prefill``; the memory plan's 
 way): ``sequences - n`` empty ones, then one of the remaining tokens (empty too if there are none). The padding's
 results go to rows nobody reads, and every op computes each sequence apart from the others (an empty sequence has
 no tokens to compute). Any step of that shape may replay the graph: it is a function of the step's tensors only.
-Sequence buckets grow four-fold (1, 4, 16, 64, ...: ``sequence_buckets``): an empty sequence costs a program that
-returns at once and a logits row, and in each linear layer FLA's read and write of its initial and final state (1
-MiB each at Qwen3.5-0.8B's shape; the pool's null slot is neither read nor written), where each bucket is a graph
-per token bucket to capture at start-up.
+Sequence buckets grow two-fold (1, 2, 4, 8, ...: ``sequence_buckets``), so a step pads by fewer sequences than it
+holds. A padding sequence is not free: the key's chunk table holds a row for each sequence the key may have (each
+may end in a partial chunk), and FLA's chunk kernels compute every row, skip rows included, on masked loads; in each
+linear layer FLA also copies an empty sequence's initial state to its final one (1 MiB each way at Qwen3.5-0.8B's
+shape; the pool's null slot is neither read nor written); and it costs a logits row. Against that, each bucket is a
+graph per token bucket to capture at start-up (bench/NOTES.md has both measured).
 
 What makes a step capturable: every op sizes its grid from shapes and reads each sequence's lengths, slots and
 tables from tensors, and nothing reads a device value on the host (tests/test_kernels_cuda.py checks that an eager
@@ -69,7 +71,7 @@ SMALLEST_BUCKET = 16
 # Buckets are powers of two up to this, then every this many tokens: a prompt pads by less than a bucket, at most
 # ~3 ms of an H200's prompt rate, where a captured step saves ~10-25 ms of launches.
 LARGE_BUCKET_STEP = 1024
-SEQUENCE_BUCKET_GROWTH = 4  # sequence buckets 1, 4, 16, 64, ...
+SEQUENCE_BUCKET_GROWTH = 2  # sequence buckets 1, 2, 4, 8, ...
 
 
 def prefill_buckets(max_tokens: int, max_num_batched_tokens: int, max_model_len: int) -> tuple[int, ...]:
