@@ -1425,6 +1425,8 @@ def test_add_rms_norm_linear_silu_mul_on_model_shapes(n, rows):
     gate_up, unfused_sum = torch.ops.ce.add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight)
     torch.testing.assert_close(out, torch.ops.ce.silu_mul(gate_up), atol=0, rtol=0)
     torch.testing.assert_close(summed, unfused_sum, atol=0, rtol=0)
+    # the projection itself against float64, from the norm's reference (no other test has this shape's)
+    _assert_linear_close(gate_up, norm.add_rms_norm_reference(x, residual, norm_weight, 1e-6)[1], weight)
     launched = " ".join(_kernel_names(fused))
     epilogue = rows <= SKINNY_MAX_ROWS and gemv_kernels.takes_gated_out(rows, n, k)
     assert epilogue == (n == 7168 and rows <= SKINNY_MAX_ROWS)

@@ -182,8 +182,9 @@ def test_tp2_greedy_equals_hf(variant, expectations):
 
 @pytest.mark.gpu
 def test_cuda_graph_decode_matches_hf(expectations):
-    """On a GPU, compiled and captured (the Triton route, align and grouped-GEMM kernels inside the decode graph),
-    fp32: HF's greedy tokens, batched."""
+    """On a GPU, compiled and captured (the Triton route and the experts' GEMV, ``MOE_GEMV_MAX_TOKENS``, inside the
+    decode graph: at 2 sequences the align and grouped-GEMM kernels run in the prompt steps only), fp32: HF's greedy
+    tokens, batched."""
     from graphs import DecodeGraphRunner
 
     path, prompts, expected, _, _ = expectations("qwen3_5_moe_text")
