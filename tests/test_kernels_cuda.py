@@ -223,7 +223,7 @@ def test_paged_attention_prefill_matches_reference(layout, block_size, dtype, nu
     _assert_attention_close(got, want, dtype)
 
 
-@pytest.mark.parametrize("by_rows", [True, False, None])
+@pytest.mark.parametrize("by_rows", cases([(True,), (False,), (None,)], quick=[(True,), (False,)]))
 @given(
     num_seqs=st.integers(1, 8),
     rows=st.integers(1, 5),
@@ -323,6 +323,7 @@ def test_attention_decode_matches_reference(batch, max_context, dtype, padding_f
     _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, dtype)
 
 
+@QUICK
 @given(tokens=st.integers(1, 600), dtype=st.sampled_from([torch.bfloat16, torch.float32]),
        seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=3, deadline=None, phases=PHASES)

@@ -283,7 +283,7 @@ def test_fused_moe_kernel_matches_reference_in_interpreter(interpreter_results):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 8, 64, 256, 2048])
+@pytest.mark.parametrize("tokens", [pytest.param(8, marks=pytest.mark.quick), 1, 64, 256, 2048])
 def test_fused_moe_kernel_on_the_35b_a3b_expert_shape(tokens):
     """bf16, 256 experts, top-8, H 2048, I 512: the kernel (the op's CUDA path) against the CPU-order reference."""
     from ops.triton import moe_kernels
@@ -308,7 +308,7 @@ def test_fused_moe_kernel_on_the_35b_a3b_expert_shape(tokens):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("renormalize", [pytest.param(True, marks=pytest.mark.quick), False])
 def test_route_kernel_on_gpu(renormalize):
     """Router logits of 256 experts (a strided view, as the model's split hands them), top-8. fp32: bf16 logits tie
     often enough that the order of tied experts (unspecified in torch.topk) would decide the test."""
