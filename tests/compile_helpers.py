@@ -180,10 +180,7 @@ def float64_logits(model, step, caches: dict[str, torch.Tensor]) -> torch.Tensor
     twin = float64_twin(model)
     restore(twin, caches)
     with Float64Math():
-        hidden = twin(step)
-        if step.is_prefill:
-            hidden = hidden[step.cu_seqlens[1:].long() - 1]
-        return twin.decode_logits(hidden)
+        return twin.decode_logits(twin(step)[step.last_token_indices()])
 
 
 def assert_logits_near_oracle(compiled: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor) -> None:

@@ -453,6 +453,16 @@ def test_prefill_buckets_stop_at_every_limit():
     assert prefill_buckets(0, 16384, 9216) == ()
 
 
+def _record_replays(graphs: PrefillGraphs) -> list:
+    """The keys ``graphs`` replays from now on, in order (a drafts graph's as ``("drafts", key)``): a step it does not
+    cover runs eagerly without a word, so a test of the capture must see its replays."""
+    replays = []
+    replay, replay_draft = graphs._replay, graphs._replay_draft
+    graphs._replay = lambda key: replays.append(key) or replay(key)
+    graphs._replay_draft = lambda key: replays.append(("drafts", key)) or replay_draft(key)
+    return replays
+
+
 @pytest.mark.gpu
 def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path, monkeypatch):
     """The real capture: prompts of 1-70 tokens (bucket edges, a second chunk continuing a first) replayed from the
@@ -473,15 +483,11 @@ def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path, m
     for got, want in zip(_states(captured, live.state_slot), before):
         assert torch.equal(got, want)
     captured.release(live)
+    replays = _record_replays(graphs)
     for length, chunks in [(1, [1]), (15, [15]), (16, [16]), (17, [17]), (64, [64]), (70, [6, 64]), (90, [30, 60])]:
         prompt = [(5 * i + 2) % 50 + 1 for i in range(length)]
-        replays = []
-        replay = graphs._replay
-        graphs._replay = lambda key: replays.append(key) or replay(key)
-        try:
-            got_logits, got_states, got_tokens = _run(captured, prompt, chunks, 6)
-        finally:
-            graphs._replay = replay
+        replays.clear()
+        got_logits, got_states, got_tokens = _run(captured, prompt, chunks, 6)
         assert replays == [graphs.bucket(n) for n in chunks], (length, chunks)  # every chunk replayed a graph
         want_logits, want_states, want_tokens = _run(plain, prompt, chunks, 6)
         for got, want in zip(got_logits, want_logits):
@@ -504,15 +510,11 @@ def test_captured_chunked_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied
     graphs = captured.executor.compile_prefill(buckets)
     assert graphs is not None and tuple(graphs._graphs) == tuple((b, 1) for b in buckets[::-1])
     cases = [(600, [600]), (1024, [1024]), (1088, [1088]), (1500, [1500]), (2048, [2048]), (2000, [700, 1300])]
+    replays = _record_replays(graphs)
     for length, chunks in cases:
-        replays = []
-        replay = graphs._replay
-        graphs._replay = lambda key: replays.append(key) or replay(key)
+        replays.clear()
         prompt = [(5 * i + 2) % 50 + 1 for i in range(length)]
-        try:
-            got_logits, got_states, got_tokens = _run(captured, prompt, chunks, 4)
-        finally:
-            graphs._replay = replay
+        got_logits, got_states, got_tokens = _run(captured, prompt, chunks, 4)
         assert replays == [graphs.bucket(n) for n in chunks], (length, chunks)
         want_logits, want_states, want_tokens = _run(plain, prompt, chunks, 4)
         for got, want in zip(got_logits, want_logits):
@@ -535,9 +537,7 @@ def test_captured_steps_of_several_sequences_equal_eager_ones_on_gpu(qwen3_5_tex
     captured, plain = _runtime(qwen3_5_text_tied_path, "cuda"), _runtime(qwen3_5_text_tied_path, "cuda")
     graphs = captured.executor.compile_prefill(BUCKETS, 4)
     assert graphs is not None and set(graphs._graphs) == {(b, s) for b in BUCKETS for s in (1, 2, 4)}
-    replays = []
-    replay = graphs._replay
-    graphs._replay = lambda key: replays.append(key) or replay(key)
+    replays = _record_replays(graphs)
     cases = [([5, 9], [False, False]), ([12, 30, 1], [False, True, True]), ([16] * 4, [True] * 4),
              ([3, 40, 7, 2], [True, False, False, True]), ([60, 4], [False, False]), ([20, 20, 20], [True] * 3)]
     for lengths, decode_rows in cases:
@@ -567,10 +567,7 @@ def test_captured_drafting_prompt_steps_equal_eager_ones_on_gpu(mtp_path, monkey
     captured, plain = (_runtime(mtp_path, "cuda", speculative_config=config) for _ in range(2))
     graphs = captured.executor.compile_prefill(BUCKETS)
     assert graphs is not None and tuple(graphs._draft_graphs) == tuple((b, 1) for b in BUCKETS[::-1])
-    replays = []
-    replay, replay_draft = graphs._replay, graphs._replay_draft
-    graphs._replay = lambda key: replays.append(key) or replay(key)
-    graphs._replay_draft = lambda key: replays.append(("drafts", key)) or replay_draft(key)
+    replays = _record_replays(graphs)
     for length, chunks in [(1, [1]), (15, [15]), (16, [16]), (17, [17]), (64, [64]), (70, [6, 64]), (90, [30, 60])]:
         replays.clear()
         prompt = [(5 * i + 2) % 200 + 1 for i in range(length)]
@@ -594,10 +591,7 @@ def test_captured_drafting_steps_of_several_sequences_equal_eager_ones_on_gpu(mt
     captured, plain = (_runtime(mtp_path, "cuda", speculative_config=config) for _ in range(2))
     graphs = captured.executor.compile_prefill(BUCKETS, max_sequences=4)
     assert graphs is not None and (BUCKETS[0], 4) in graphs._draft_graphs
-    replays = []
-    replay, replay_draft = graphs._replay, graphs._replay_draft
-    graphs._replay = lambda key: replays.append(key) or replay(key)
-    graphs._replay_draft = lambda key: replays.append(("drafts", key)) or replay_draft(key)
+    replays = _record_replays(graphs)
     # (prompt lengths, tokens this step): all complete; one of three a first chunk; none completes; a 4th drafts last
     for lengths, counts in [([5, 9], [5, 9]), ([12, 3, 20], [12, 2, 20]), ([8, 8], [4, 7]), ([1, 30, 2, 16],
                                                                                              [1, 10, 2, 16])]:
