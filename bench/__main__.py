@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prefill-capture-seqs", type=int, default=None,
                    help="the most sequences of a prompt or mixed step replayed from a CUDA graph (1: steps of one "
                         "sequence only; default: the runtime's, 256)")
+    p.add_argument("--mixed-decode-lanes", type=int, default=None,
+                   help="a mixed step's decode rows through the linear layers' decode kernels, this many in a captured "
+                        "step (0: through the chunked path; default: the runtime's, 16)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="shard our engine over N GPUs")
     p.add_argument("--enable-prefix-caching", action="store_true", help="prefix caching on in every scenario")
     p.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false",
@@ -169,7 +172,7 @@ def run(names, modules, kwargs, args, argv) -> int:
         out=out, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
         max_prefill_capture_tokens=args.max_prefill_capture_tokens,
-        max_prefill_capture_seqs=args.max_prefill_capture_seqs,
+        max_prefill_capture_seqs=args.max_prefill_capture_seqs, mixed_decode_lanes=args.mixed_decode_lanes,
         tensor_parallel_size=args.tensor_parallel_size, enable_prefix_caching=args.enable_prefix_caching,
         overlap_decode=args.overlap_decode, mixed_steps=args.mixed_steps, kv_growth_reserve=args.kv_growth_reserve,
         speculative_config=args.speculative_config, state_dtype=args.state_dtype,

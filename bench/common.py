@@ -49,6 +49,7 @@ class Options:
     num_kv_blocks: int | None = None  # default: the runtime's memory plan
     max_prefill_capture_tokens: int | None = None  # default: the runtime's (RuntimeConfig)
     max_prefill_capture_seqs: int | None = None  # default: the runtime's (RuntimeConfig)
+    mixed_decode_lanes: int | None = None  # default: the runtime's (RuntimeConfig)
     tensor_parallel_size: int = 1  # shard our engine over this many GPUs (HF always runs on one)
     enable_prefix_caching: bool = False  # for every scenario's engine (prefix runs both modes regardless)
     overlap_decode: bool = True  # LLM(overlap_decode=...) for every scenario's engine (LLM's default)
@@ -129,6 +130,8 @@ class Context:
             kwargs["max_prefill_capture_tokens"] = self.opts.max_prefill_capture_tokens
         if self.opts.max_prefill_capture_seqs is not None:
             kwargs["max_prefill_capture_seqs"] = self.opts.max_prefill_capture_seqs
+        if self.opts.mixed_decode_lanes is not None:
+            kwargs["mixed_decode_lanes"] = self.opts.mixed_decode_lanes
         if self.opts.enable_prefix_caching:
             kwargs["enable_prefix_caching"] = True
         kwargs["overlap_decode"] = self.opts.overlap_decode

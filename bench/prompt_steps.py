@@ -2,13 +2,16 @@
 
     python3 bench/prompt_steps.py --model qwen3.5-0.8b --out /tmp/prompt_steps
     python3 bench/prompt_steps.py --model qwen3.5-0.8b --max-prefill-capture-seqs 1 --out /tmp/one_seq   # the A side
+    python3 bench/prompt_steps.py --model qwen3.5-0.8b --mixed-decode-lanes 0 --out /tmp/chunked  # decode rows chunked
 
 Several sequences share a step when prompts arrive together, and in every mixed step (``mixed_steps``, the
 default): a new prompt's chunk beside the running requests' decode rows. The runtime replays a captured graph for
 such a step up to ``max_prefill_capture_seqs`` sequences (graphs/prefill_graph.py); past that, or with
-``--max-prefill-capture-seqs 1``, the step runs eagerly, its ~590 kernels launched one by one from Python. For each
-shape ``P x T + D`` (P new prompts of T tokens and D decode rows, each row one token of a sequence that already holds
-``--context`` tokens) this times ``Runtime.prefill`` on that step as the engine would run it (``step ms``: wall ms
+``--max-prefill-capture-seqs 1``, the step runs eagerly, its ~590 kernels launched one by one from Python. A mixed
+step's decode rows go through the linear layers' decode kernels (``--mixed-decode-lanes``, 16 by default: that many
+in a captured step; 0: through the chunked path as a prompt's tokens). For each shape ``P x T + D`` (P new prompts
+of T tokens and D decode rows, each row one token of a sequence that already holds ``--context`` tokens) this times
+``Runtime.prefill`` on that step as the engine would run it, decode rows first (``step ms``: wall ms
 from the call to its logits on the host, median of ``--repeats``), beside the step of one sequence of the same total
 tokens (captured, where a bucket holds it) and the decode graph of D rows: an eager step costs its launches where a
 captured one costs its GPU work.
@@ -71,7 +74,7 @@ def _shape(ctx: Context, runtime, prompts: int, tokens: int, rows: int, context:
         def mixed():
             fresh = [runtime.add_sequence(random_prompt(rng, tokens, vocab)) for _ in range(prompts)]
             try:
-                runtime.prefill([*fresh, *decoding], [tokens] * prompts + [1] * rows).argmax(-1).tolist()
+                runtime.prefill([*decoding, *fresh], [1] * rows + [tokens] * prompts).argmax(-1).tolist()
             finally:
                 for seq in fresh:
                     runtime.release(seq)
@@ -122,6 +125,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (no graphs there)")
     p.add_argument("--max-prefill-capture-seqs", type=int, default=None, help="the engine's (default: its own)")
+    p.add_argument("--mixed-decode-lanes", type=int, default=None, help="the engine's (default: its own)")
     p.add_argument("--serve", type=int, default=0, help="also a served stream at this concurrency (0: none)")
     p.add_argument("--requests", type=int, default=128)
     p.add_argument("--input-len", type=int, default=512)
@@ -134,7 +138,8 @@ def main() -> None:
     shapes = [_parse(s) for s in args.shapes.split(",")]
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     ctx = Context(Options(model=args.model, device=args.device, dtype=dtype,
-                          max_prefill_capture_seqs=args.max_prefill_capture_seqs))
+                          max_prefill_capture_seqs=args.max_prefill_capture_seqs,
+                          mixed_decode_lanes=args.mixed_decode_lanes))
     ctx.require(max(p + r for p, _, r in shapes), max(args.context + 4 * args.repeats + 64,
                                                      max(p * t + r for p, t, r in shapes) + 64))
     if args.serve:
@@ -144,7 +149,8 @@ def main() -> None:
     runtime = llm.runtime
     graphs = runtime.executor.prefill_graphs
     keys = [] if graphs is None else sorted(graphs.keys)
-    print(f"engine built in {time.perf_counter() - start:.1f} s; captured prompt steps (tokens, sequences): {keys}")
+    print(f"engine built in {time.perf_counter() - start:.1f} s; captured prompt steps (tokens, sequences, decode "
+          f"lanes): {keys}")
     rng = random.Random(0)
     rows = [_shape(ctx, runtime, *s, args.context, args.repeats, rng) for s in shapes]
     print(f"{'shape':>12} {'tokens':>7} {'step ms':>9} {'one sequence ms':>16} {'decode graph ms':>16}")
@@ -163,6 +169,7 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "prompt_steps.json").write_text(json.dumps(
             {"context": args.context, "max_prefill_capture_seqs": args.max_prefill_capture_seqs,
+             "mixed_decode_lanes": args.mixed_decode_lanes,
              "captured_keys": keys, "rows": rows, "served": served}, indent=1))
 
 

@@ -65,6 +65,7 @@ def run(
         "num_kv_blocks": ctx.opts.num_kv_blocks,
         "max_prefill_capture_tokens": ctx.opts.max_prefill_capture_tokens,
         "max_prefill_capture_seqs": ctx.opts.max_prefill_capture_seqs,
+        "mixed_decode_lanes": ctx.opts.mixed_decode_lanes,
         "prompt_len": prompt_len,
         "new_tokens": new_tokens,
     }
@@ -98,7 +99,7 @@ def _result(ctx, cache_dir: str, child_args: dict, phases: dict) -> dict:
         {
             "workload": {k: child_args[k] for k in ("prompt_len", "new_tokens", "enforce_eager", "max_num_seqs",
                                                      "max_model_len", "max_prefill_capture_tokens",
-                                                     "max_prefill_capture_seqs")},
+                                                     "max_prefill_capture_seqs", "mixed_decode_lanes")},
             "cache_dir": cache_dir,
             "cold": phases["cold"],
             "warm": phases["warm"],
@@ -184,7 +185,7 @@ def child(args: dict) -> dict:
     ModelExecutor.compile_prefill = timed_prefill
     kwargs = {k: args[k] for k in ("device", "dtype", "enforce_eager", "max_num_seqs", "max_model_len",
                                    "max_num_batched_tokens")}
-    for knob in ("num_kv_blocks", "max_prefill_capture_tokens", "max_prefill_capture_seqs"):
+    for knob in ("num_kv_blocks", "max_prefill_capture_tokens", "max_prefill_capture_seqs", "mixed_decode_lanes"):
         if args.get(knob) is not None:
             kwargs[knob] = args[knob]
     start = time.perf_counter()

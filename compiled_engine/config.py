@@ -359,6 +359,12 @@ class RuntimeConfig:
     # runs eagerly. Sequences past max_num_seqs are never captured.
     max_prefill_capture_tokens: int = 8192
     max_prefill_capture_seqs: int = 256
+    # A mixed step's decode rows (its leading one-token sequences) run through the linear layers' decode kernels, the
+    # prompt chunks beside them through the chunked path (StepInputs.decode_rows). The captured mixed steps hold this
+    # many decode rows (one key per token bucket and prompt-sequence bucket of up to 4), and LLMEngine runs a mixed
+    # step's decode rows past it as a decode step of their own. 0: decode rows take the chunked path as a prompt's
+    # tokens do, in the keys of their step's sequences (and past ~15 of them, a decode step of their own).
+    mixed_decode_lanes: int = 16
     # Speculative decoding with the checkpoint's MTP layer: None (off), {"method": "mtp", "num_speculative_tokens": k}
     # or a SpeculativeConfig; validate() makes it a SpeculativeConfig (or None).
     speculative_config: SpeculativeConfig | dict | None = None
@@ -373,7 +379,7 @@ class RuntimeConfig:
         """
         for name in ("max_num_seqs", "block_size", "max_num_batched_tokens", "prefix_snapshot_interval",
                      "num_prefix_snapshots", "max_model_len", "num_kv_blocks", "max_prefill_capture_tokens",
-                     "max_prefill_capture_seqs"):
+                     "max_prefill_capture_seqs", "mixed_decode_lanes"):
             value = getattr(self, name)
             if value is None and name in ("max_model_len", "num_kv_blocks"):
                 continue
@@ -406,6 +412,8 @@ class RuntimeConfig:
             raise ValueError(f"max_prefill_capture_tokens must be >= 0, got {self.max_prefill_capture_tokens}")
         if self.max_prefill_capture_seqs < 1:
             raise ValueError(f"max_prefill_capture_seqs must be >= 1, got {self.max_prefill_capture_seqs}")
+        if self.mixed_decode_lanes < 0:
+            raise ValueError(f"mixed_decode_lanes must be >= 0, got {self.mixed_decode_lanes}")
         if self.attention_backend not in ("triton", "flash_attn"):
             raise ValueError(f"attention_backend must be 'triton' or 'flash_attn', got {self.attention_backend!r}")
         if self.state_dtype not in (None, torch.float32, torch.bfloat16):

@@ -127,8 +127,8 @@ def validate_request(
 
 
 def fused_decode_row_limit(model: torch.nn.Module) -> int:
-    """The most decode rows a mixed step runs through the prefill path; with more, they run as a decode step of their
-    own right before the prefill chunks (``LLMEngine._launch``).
+    """With ``mixed_decode_lanes`` 0: the most decode rows a mixed step runs through the prefill path; with more, they
+    run as a decode step of their own right before the prefill chunks (``LLMEngine._launch``).
 
     The prefill path moves a decode row's recurrent state seven times (gathered by slot, read as FLA's initial state,
     written as its chunk state and read back, written as its final state, scattered back: ops/triton/
@@ -262,7 +262,9 @@ class LLMEngine:
         self._in_flight: _InFlight | None = None
         self._round: _RoundInFlight | None = None  # a verify round not read back yet (``_read_round``)
         self.num_chained_rounds = 0  # rounds launched before the round before them was read back (cumulative)
-        self.max_fused_decode_rows = fused_decode_row_limit(runtime.model)
+        # A mixed step's decode rows run in it up to the runtime's decode lanes (the linear layers' decode kernels;
+        # a captured mixed step holds that many), or through the prefill path up to where that stops paying.
+        self.max_fused_decode_rows = runtime.decode_lanes or fused_decode_row_limit(runtime.model)
 
     # --------------------------------------------------------------------------------------------- requests
     def validate_request(

@@ -102,24 +102,29 @@ class ModelExecutor:
         self._decode_fn = runner
         return runner
 
-    def compile_prefill(self, buckets: Iterable[int], max_sequences: int = 1) -> PrefillGraphs | None:
+    def compile_prefill(self, buckets: Iterable[int], max_sequences: int = 1, decode_lanes: int = 0
+                        ) -> PrefillGraphs | None:
         """Capture the prompt step at each token count of ``buckets`` and each sequence bucket up to
-        ``max_sequences`` (graphs/prefill_graph.py); later prompt and mixed steps of those shapes replay them
-        (``execute``, ``forward_keeping_hidden``), and with speculative decoding the drafts after them as well
-        (``draft``). One rank only. None where ``buckets`` is empty."""
+        ``max_sequences``, and the mixed steps with ``decode_lanes`` decode rows (none with speculative decoding)
+        (graphs/prefill_graph.py); later prompt and mixed steps of those shapes replay them (``execute``,
+        ``forward_keeping_hidden``), and with speculative decoding the drafts after them as well (``draft``). One
+        rank only. None where ``buckets`` is empty."""
         if self.workers is not None or self.model.tp.world_size > 1:
             raise ValueError("captured prompt steps run on one rank only")
         buckets = tuple(buckets)
         if not buckets:
             return None
+        drafter = self.prompt_drafter()
         graphs = PrefillGraphs(self.model, buckets, -(-self.max_model_len // self.block_size), self.block_size,
-                               self.device, self.prompt_drafter(), max_sequences)
+                               self.device, drafter, max_sequences, decode_lanes if drafter is None else 0)
         start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         graphs.capture()
         self.reset_state_slots([NULL_SLOT])  # the captures' warm-up steps ran on the null slot
-        logger.info("captured %d prompt steps of %d..%d tokens in 1..%d sequences%s in %.2f s; %.2f GiB more reserved",
-                    len(graphs.keys), min(buckets), max(buckets), graphs.sequence_buckets[-1],
-                    " with their drafts" if graphs.drafter is not None else "", time.perf_counter() - start,
+        logger.info("captured %d prompt steps of %d..%d tokens in 1..%d sequences%s%s in %.2f s; %.2f GiB more "
+                    "reserved", len(graphs.keys), min(buckets), max(buckets), graphs.sequence_buckets[-1],
+                    " with their drafts" if graphs.drafter is not None else "",
+                    f" (and {graphs.decode_lanes} decode lanes)" if graphs.decode_lanes else "",
+                    time.perf_counter() - start,
                     (torch.cuda.memory_reserved(self.device) - reserved) / 2**30)
         self.prefill_graphs = graphs
         return graphs

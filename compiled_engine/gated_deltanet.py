@@ -4,7 +4,11 @@ One fused input projection gives ``[q (Hk*K) | k (Hk*K) | v (Hv*V) | z (Hv*V) | 
 Qwen3.5's four projections and Qwen3-Next's grouped ones to this layout). q,k,v go through the causal conv (+SiLU),
 then the gated delta rule; the output is normalised by the gated RMSNorm with ``silu(z)`` and projected out. At decode
 everything between the two projections is one op, ``ce::gated_deltanet_decode`` (one kernel on CUDA); prefill runs
-the unfused varlen ops.
+the unfused varlen ops. A prefill step's leading decode rows (``StepInputs.decode_rows``: a mixed step's running
+requests, one token each) take the decode op, the rest the varlen ops: through the varlen path a one-token sequence
+is a chunk of its own in every FLA kernel and its state is moved ~5 times (gathered, read as FLA's initial state,
+written and read as its chunk state, written as its final state and scattered), where the decode op reads and
+writes it once.
 
 Mutates: ``conv_state`` and ``recurrent_state`` (this layer's pool buffers) at the rows ``step.state_slots``; in a
 verify step of speculative decoding (``step.speculative``), its ``verify_history`` instead.
@@ -71,14 +75,14 @@ class GatedDeltaNet(nn.Module):
         if step.speculative:
             o = self._verify(projected, step)
         else:
-            o = self._prefill(projected, step) if step.is_prefill else self._decode(projected, step)
+            o = self._prefill(projected, step) if step.is_prefill else self._decode(projected, step.state_slots)
         return self.tp.all_reduce(linear(o, self.out_proj))  # out_proj is row-parallel
 
-    def _decode(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
+    def _decode(self, projected: torch.Tensor, state_slots: torch.Tensor) -> torch.Tensor:
         """One token per sequence: conv, delta rule and gated norm in one op (one kernel on CUDA) -> [B, Hv*V]."""
         return torch.ops.ce.gated_deltanet_decode(
             projected, self.conv_weight, self.conv_state, self.A_log, self.dt_bias, self.norm.weight,
-            self.recurrent_state, step.state_slots, self.num_k_heads, self.head_k_dim, self.num_v_heads,
+            self.recurrent_state, state_slots, self.num_k_heads, self.head_k_dim, self.num_v_heads,
             self.head_v_dim, self.norm.eps,
         )
 
@@ -97,11 +101,22 @@ class GatedDeltaNet(nn.Module):
         )
 
     def _prefill(self, projected: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        """Varlen tokens packed by ``step.cu_seqlens``: unfused conv, chunked delta rule, gated norm -> [T, Hv*V]."""
+        """The step's decode rows through the decode op, then its prompt part -> [T, Hv*V]."""
+        d = step.decode_rows
+        if d == 0:
+            return self._chunked(projected, step.cu_seqlens, step.state_slots, step)
+        rows = self._decode(projected[:d], step.state_slots[:d])
+        if d == projected.shape[0]:  # every sequence a decode row (an eager step: a captured one has a prompt part)
+            return rows
+        return torch.cat([rows, self._chunked(projected[d:], step.prompt_cu_seqlens, step.state_slots[d:], step)])
+
+    def _chunked(self, projected: torch.Tensor, cu_seqlens: torch.Tensor, state_slots: torch.Tensor,
+                 step: StepInputs) -> torch.Tensor:
+        """Varlen tokens packed by ``cu_seqlens``: unfused conv, chunked delta rule, gated norm -> [T, Hv*V]."""
         tokens = projected.shape[0]
         mixed_qkv, z, b, a = projected.split(self.split_sizes, dim=-1)
         q, k, v = torch.ops.ce.causal_conv1d_prefill(
-            mixed_qkv, self.conv_weight, self.conv_state, step.cu_seqlens, step.state_slots, self.qkv_split
+            mixed_qkv, self.conv_weight, self.conv_state, cu_seqlens, state_slots, self.qkv_split
         )
         q = q.reshape(tokens, self.num_k_heads, self.head_k_dim)
         k = k.reshape(tokens, self.num_k_heads, self.head_k_dim)
@@ -109,8 +124,8 @@ class GatedDeltaNet(nn.Module):
         # The step's own cu_seqlens_long and chunk_indices objects, the same in every layer: FLA derives nothing from
         # them with a host sync, and memoises the rest on their identity (ops/delta_rule.py).
         o = torch.ops.ce.gated_delta_rule_prefill(
-            q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, step.cu_seqlens,
-            step.state_slots, step.cu_seqlens_long, step.chunk_indices, step.graphed,
+            q, k, v, a, b, self.A_log, self.dt_bias, self.recurrent_state, cu_seqlens,
+            state_slots, step.cu_seqlens_long, step.chunk_indices, step.graphed,
         )
         o = self.norm(o, z.reshape(tokens, self.num_v_heads, self.head_v_dim))
         return o.reshape(tokens, -1)

@@ -147,9 +147,13 @@ class Runtime:
             if compile and workers is None and model.tp.world_size == 1 and device.type == "cuda"
             and config.attention_backend == "triton" else ())
         self._prefill_sequences = min(config.max_prefill_capture_seqs, config.max_num_seqs)
+        # Mixed keys (decode lanes) are not captured with speculative decoding (graphs/prefill_graph.py); their
+        # largest step is the largest bucket's tokens after its lanes, its logits a row a lane more.
+        self._decode_lanes = config.mixed_decode_lanes if config.speculative_config is None else 0
+        lanes = self._decode_lanes if self._prefill_buckets else 0
         self.cache_config, prefix_cache = allocate_caches(
-            model, config, self.max_model_len, device, dtype, mirror, max(self._prefill_buckets, default=0),
-            self._prefill_sequences)
+            model, config, self.max_model_len, device, dtype, mirror, max(self._prefill_buckets, default=0) + lanes,
+            self._prefill_sequences + lanes)
         self.executor = ModelExecutor(model, config.block_size, config.max_num_seqs, self.max_model_len, device,
                                       workers, config.speculative_config)
         self.caches = CacheManager(self.cache_config, self.executor.reset_state_slots, prefix_cache)
@@ -174,7 +178,14 @@ class Runtime:
         if config is None or config.disable_by_batch_size or config.auto_disable:
             self.compile_decode()
         if self._prefill_buckets:  # chosen with the memory plan (__init__)
-            self.executor.compile_prefill(self._prefill_buckets, self._prefill_sequences)
+            self.executor.compile_prefill(self._prefill_buckets, self._prefill_sequences, self._decode_lanes)
+
+    @property
+    def decode_lanes(self) -> int:
+        """The most decode rows (one-token sequences leading a prompt step) a captured mixed step computes through
+        the linear layers' decode kernels; 0: decode rows take the prefill path (``RuntimeConfig.mixed_decode_lanes``,
+        off with speculative decoding)."""
+        return self._decode_lanes
 
     @property
     def speculative_round(self) -> SpeculativeRound | None:
@@ -335,21 +346,38 @@ class Runtime:
                                  f"{tuple(indices.shape)} {indices.dtype} on {indices.device} and "
                                  f"{tuple(tokens.shape)} {tokens.dtype} on {tokens.device}")
         counts = [s.num_uncomputed_tokens for s in seqs] if num_tokens is None else list(num_tokens)
+        # The leading one-token sequences (a mixed step's decode rows) go through the linear layers' decode kernels
+        # (StepInputs.decode_rows), unless mixed_decode_lanes is 0.
+        decode_rows = 0
+        if self._decode_lanes and not all_logits:
+            while decode_rows < len(counts) and counts[decode_rows] == 1:
+                decode_rows += 1
         # The step replays a captured prompt step (ModelExecutor.compile_prefill) where one holds it: padded to its
-        # key's tokens and sequences by padding sequences, whose logits rows are dropped.
-        bucket = self._prefill_bucket(seqs, counts) if not all_logits else None
-        step = self.build_step(seqs, counts, is_prefill=True, pad_to=bucket)
+        # key's shape by padding sequences, whose logits rows are dropped. A key without decode lanes computes the
+        # decode rows as a prompt's tokens.
+        bucket = self._prefill_bucket(seqs, counts, decode_rows) if not all_logits else None
+        if bucket is not None and not bucket[2]:
+            decode_rows = 0
+        step = self.build_step(seqs, counts, is_prefill=True, pad_to=bucket, decode_rows=decode_rows)
         if device_input_ids is not None:
+            if bucket is not None and bucket[2] > decode_rows:  # the lanes' padding sits before the prompt part
+                indices = torch.where(indices < decode_rows, indices, indices + (bucket[2] - decode_rows))
             step.input_ids[indices] = tokens  # the step's own fresh copy of its ids; queued before the step runs
         logits = self.executor.execute(step, all_logits)
         self.caches.record_prefixes(seqs)
-        return logits if bucket is None else logits[: len(seqs)]
+        if bucket is None:
+            return logits
+        lanes = bucket[2]  # the decode rows, the lanes' padding, then the prompt part's sequences
+        prompts = logits[lanes : lanes + len(seqs) - decode_rows]
+        return torch.cat([logits[:decode_rows], prompts]) if decode_rows else prompts
 
-    def _prefill_bucket(self, seqs: Seq[Sequence], counts: Seq[int]) -> tuple[int, int] | None:
-        """The key (tokens, sequences) of the captured prompt step that a prompt step of ``seqs`` can replay, or
-        None."""
+    def _prefill_bucket(self, seqs: Seq[Sequence], counts: Seq[int], decode_rows: int = 0
+                        ) -> tuple[int, int, int] | None:
+        """The key (tokens, sequences, decode lanes) of the captured prompt step that a prompt step of ``seqs`` can
+        replay, or None (graphs.PrefillGraphs.bucket)."""
         graphs = self.executor.prefill_graphs
-        return graphs.bucket(sum(counts), len(seqs)) if graphs is not None and seqs and counts else None
+        return (graphs.bucket(sum(counts), len(seqs), decode_rows) if graphs is not None and seqs and counts
+                else None)
 
     @torch.inference_mode()
     def decode_step(self, seqs: Seq[Sequence], *, input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -391,13 +419,15 @@ class Runtime:
 
     def build_step(
         self, seqs: Seq[Sequence], counts: Seq[int], is_prefill: bool, device: torch.device | None = None,
-        pad_to: tuple[int, int] | None = None,
+        pad_to: tuple[int, int, int] | None = None, decode_rows: int = 0,
     ) -> StepInputs:
         """Check the step, reserve KV blocks for its new tokens, and pack its metadata into tensors on ``device``
-        (the runtime's by default); the sequences' computed-token counts move on by ``counts``. ``pad_to`` = (tokens,
-        sequences): a prefill step packed with padding sequences after them (``PaddingSequence``: the null slot and
-        block), empty ones up to ``sequences``, then one of the tokens that make ``tokens`` in all (empty, if they
-        already do): a captured step's shape (graphs/prefill_graph.py).
+        (the runtime's by default); the sequences' computed-token counts move on by ``counts``. ``decode_rows``: the
+        leading sequences of one token each that the linear layers compute as decode rows (StepInputs.decode_rows).
+        ``pad_to`` = (tokens, sequences, decode lanes), a captured step's shape (graphs/prefill_graph.py): a prefill
+        step packed with padding sequences (``PaddingSequence``: the null slot and block): one-token ones after the
+        decode rows up to ``decode lanes`` (0, or at least ``decode_rows``), then after the other sequences empty ones
+        up to ``sequences``, then one of the tokens that make ``tokens`` in all (empty, if they already do).
 
         A decode step computes exactly one token of each sequence; a prefill step 1..all of its uncomputed ones.
         Raises ValueError, before anything changes, for: counts not one per sequence, a sequence twice, a sequence of
@@ -439,21 +469,32 @@ class Runtime:
                 if min(new) < 0 or max(new) >= vocab:
                     bad = next(t for t in new if not 0 <= t < vocab)
                     raise ValueError(f"sequence {seq.seq_id}: token id {bad!r} is out of range [0, {vocab})")
-        if pad_to is not None and not (is_prefill and sum(counts) <= pad_to[0] and len(seqs) <= pad_to[1]):
-            raise ValueError(f"pad_to={pad_to} needs a prefill step of at most that many tokens and sequences, got "
-                             f"{sum(counts)} tokens in {len(seqs)}")
+        if decode_rows and not (is_prefill and all(n == 1 for n in counts[:decode_rows])
+                                and decode_rows <= len(seqs)):
+            raise ValueError(f"decode_rows={decode_rows} needs a prefill step whose first {decode_rows} sequences "
+                             "compute one token each")
+        d = decode_rows
+        if pad_to is not None and not (
+            is_prefill and sum(counts) - d <= pad_to[0] and len(seqs) - d <= pad_to[1] and d <= pad_to[2]
+            and (d or not pad_to[2])
+        ):
+            raise ValueError(f"pad_to={pad_to} needs a prefill step of at most that many tokens and sequences after "
+                             f"its decode rows, and at most that many decode rows, got {sum(counts)} tokens in "
+                             f"{len(seqs)} sequences, {d} decode rows")
         self.caches.reserve_blocks(seqs, counts)
         block_size = self.config.block_size
         packed, packed_counts, chunk_rows = seqs, counts, None
         if pad_to is not None:
-            tokens, sequences = pad_to
-            empty = sequences - len(seqs)
-            padding = tokens - sum(counts)
-            packed = [*seqs, *[PaddingSequence(0, block_size)] * empty, PaddingSequence(padding, block_size)]
-            packed_counts = [*counts, *[0] * empty, padding]
-            chunk_rows = max_chunk_rows(tokens, len(packed))  # one table length for every step of this shape
+            tokens, sequences, lanes = pad_to
+            empty = sequences - (len(seqs) - d)
+            padding = tokens - (sum(counts) - d)
+            packed = [*seqs[:d], *[PaddingSequence(1, block_size)] * (lanes - d), *seqs[d:],
+                      *[PaddingSequence(0, block_size)] * empty, PaddingSequence(padding, block_size)]
+            packed_counts = [*counts[:d], *[1] * (lanes - d), *counts[d:], *[0] * empty, padding]
+            chunk_rows = max_chunk_rows(tokens, sequences + 1)  # one table length for every step of this shape
+            d = lanes
         step = pack_step(packed, packed_counts, is_prefill, block_size, device or self.device, chunk_rows,
-                         self.caches.block_tables)
+                         self.caches.block_tables, decode_rows=d)
         for seq, n in zip(seqs, counts):
             seq.num_computed_tokens += n
         return step

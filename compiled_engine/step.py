@@ -68,11 +68,13 @@ class PaddingSequence:
 
 def pack_step(
     seqs: Seq["Sequence"], counts: Seq[int], is_prefill: bool, block_size: int, device: torch.device,
-    chunk_rows: int | None = None, tables: BlockTables | None = None,
+    chunk_rows: int | None = None, tables: BlockTables | None = None, decode_rows: int = 0,
 ) -> StepInputs:
     """The StepInputs of computing the next ``counts[i]`` tokens of each sequence (its blocks already reserved).
     ``chunk_rows``: a prefill step's chunk table padded to that many rows (``host_chunk_indices``' skip rows).
     ``tables``: the block tables kept by slot (CacheManager.block_tables), read instead of each sequence's list.
+    ``decode_rows``: a prefill step's leading sequences of one token each that the linear layers compute as decode
+    rows (``StepInputs.decode_rows``); the chunk table and the int64 offsets are then the prompt part's.
 
     Reads each sequence's tokens, ``num_computed_tokens`` and ``block_table``; changes nothing. Every field is
     packed into one host buffer (an int64 part and an int32 part), moved to ``device`` in a single pinned,
@@ -91,30 +93,35 @@ def pack_step(
             slots.append(np.asarray(seq.block_table, dtype=np.int64)[p // block_size] * block_size + p % block_size)
             cu_seqlens.append(cu_seqlens[-1] + n)
         input_ids, positions, slot_mapping = (np.concatenate(parts) for parts in (ids, pos, slots))
-        chunks = host_chunk_indices(cu_seqlens, num_rows=chunk_rows)  # the delta rule's, on the host: no device sync
+        if any(n != 1 for n in counts[:decode_rows]) or decode_rows > len(seqs):
+            raise ValueError(f"decode_rows={decode_rows} needs that many leading sequences of one token each")
+        prompt_cu_seqlens = [c - decode_rows for c in cu_seqlens[decode_rows:]]
+        # the delta rule's, on the host: no device sync
+        chunks = host_chunk_indices(prompt_cu_seqlens, num_rows=chunk_rows)
     else:  # one token each: the per-sequence loop above, unrolled (this runs every decode step, for up to 256 rows)
         input_ids = [seq.token_ids[start] for seq, start in zip(seqs, starts)]
         positions = starts
         slot_mapping = [seq.block_table[p // block_size] * block_size + p % block_size for seq, p in zip(seqs, starts)]
-        cu_seqlens, chunks = [], []
+        cu_seqlens, prompt_cu_seqlens, chunks = [], [], []
     num_seqs, num_tokens = len(seqs), len(input_ids)
     context_lens = [start + n for start, n in zip(starts, counts)]
     state_slots = [seq.state_slot for seq in seqs]
     width = max(len(seq.block_table) for seq in seqs)
-    # int64: input_ids | positions | slot_mapping | cu_seqlens (again, for FLA) | chunk indices
-    at64 = _offsets([num_tokens, num_tokens, num_tokens, len(cu_seqlens), len(chunks)], _ALIGN // 8)
-    # int32: context_lens | state_slots | cu_seqlens | block tables (the null block beyond their end)
-    at32 = _offsets([num_seqs, num_seqs, len(cu_seqlens), num_seqs * width], _ALIGN // 4)
+    # int64: input_ids | positions | slot_mapping | the prompt part's cu_seqlens (again, for FLA) | chunk indices
+    at64 = _offsets([num_tokens, num_tokens, num_tokens, len(prompt_cu_seqlens), len(chunks)], _ALIGN // 8)
+    # int32: context_lens | state_slots | cu_seqlens | the prompt part's | block tables (the null block beyond their
+    # end)
+    at32 = _offsets([num_seqs, num_seqs, len(cu_seqlens), len(prompt_cu_seqlens), num_seqs * width], _ALIGN // 4)
     # Both in one byte buffer, the int32 part from a 16-byte boundary: one host -> device copy per step.
     bytes64 = -(-at64[-1] * 8 // _ALIGN) * _ALIGN
     packed = np.zeros(bytes64 + at32[-1] * 4, dtype=np.uint8)
     packed64, packed32 = packed[:bytes64].view(np.int64), packed[bytes64:].view(np.int32)
-    for begin, values in zip(at64, (input_ids, positions, slot_mapping, cu_seqlens, chunks)):
+    for begin, values in zip(at64, (input_ids, positions, slot_mapping, prompt_cu_seqlens, chunks)):
         packed64[begin : begin + len(values)] = values
     packed32[:] = NULL_BLOCK
-    for begin, values in zip(at32, (context_lens, state_slots, cu_seqlens)):
+    for begin, values in zip(at32, (context_lens, state_slots, cu_seqlens, prompt_cu_seqlens)):
         packed32[begin : begin + len(values)] = values
-    tables_at = at32[3]
+    tables_at = at32[4]
     packed_tables = packed32[tables_at : tables_at + num_seqs * width].reshape(num_seqs, width)
     if tables is not None:
         packed_tables[:] = tables.rows(seqs, width)
@@ -123,7 +130,7 @@ def pack_step(
             row[: len(seq.block_table)] = seq.block_table
     on_device = upload(torch.from_numpy(packed), device)
     int64, int32 = on_device[:bytes64].view(torch.int64), on_device[bytes64:].view(torch.int32)
-    t, n = num_tokens, num_seqs
+    t, n, p = num_tokens, num_seqs, len(prompt_cu_seqlens)
     return StepInputs(
         input_ids=int64[at64[0] : at64[0] + t],
         positions=int64[at64[1] : at64[1] + t],
@@ -133,7 +140,9 @@ def pack_step(
         state_slots=int32[at32[1] : at32[1] + n],
         cu_seqlens=int32[at32[2] : at32[2] + n + 1] if is_prefill else None,
         is_prefill=is_prefill,
-        cu_seqlens_long=int64[at64[3] : at64[3] + n + 1] if is_prefill else None,
+        cu_seqlens_long=int64[at64[3] : at64[3] + p] if is_prefill else None,
         chunk_indices=int64[at64[4] : at64[4] + len(chunks)].view(-1, 2) if is_prefill else None,
+        decode_rows=decode_rows if is_prefill else 0,
+        prompt_cu_seqlens=int32[at32[3] : at32[3] + p] if is_prefill and decode_rows else None,
     )
 

@@ -56,7 +56,7 @@ from ops.step import StepInputs
 CMD_STOP, CMD_STEP, CMD_RESET_SLOT, CMD_COMPILE, CMD_SNAPSHOT_SAVE, CMD_SNAPSHOT_RESTORE = 0, 1, 2, 3, 4, 5
 # Speculative decoding: ModelExecutor's draft, accept, fused_round, compile_rounds and run_round.
 CMD_DRAFT, CMD_ACCEPT, CMD_ROUND, CMD_COMPILE_ROUNDS, CMD_ROUND_BUFFERS = 6, 7, 8, 9, 10
-HEADER_SIZE = 8
+HEADER_SIZE = 9
 STARTUP_TIMEOUT_S = 600  # loading a large shard can take minutes
 JOIN_TIMEOUT_S = 50  # from the spawn: a worker joins after importing torch and this package (seconds);
 # with the 0.5 s polling, a worker that hangs before joining is reported within a minute
@@ -370,9 +370,10 @@ def join_process_group(store: dist.Store, rank: int, world_size: int, device: to
 
 
 def step_shape(step: StepInputs) -> list[int]:
-    """What a worker needs to receive a step: its token, sequence and block-table column counts, and its kind."""
+    """What a worker needs to receive a step: its token, sequence and block-table column counts, its kind and its
+    decode rows."""
     return [step.input_ids.shape[0], step.state_slots.shape[0], step.block_tables.shape[1], int(step.is_prefill),
-            int(step.speculative)]
+            int(step.speculative), step.decode_rows]
 
 
 def step_tensors(step: StepInputs) -> list[torch.Tensor]:
@@ -381,12 +382,14 @@ def step_tensors(step: StepInputs) -> list[torch.Tensor]:
     ]
     if step.is_prefill:
         tensors.append(step.cu_seqlens)
+    if step.decode_rows:
+        tensors.append(step.prompt_cu_seqlens)
     return tensors
 
 
 def receive_step(header: list[int], device: torch.device) -> StepInputs:
-    """The step whose ``step_shape`` is ``header[1:6]``, from rank 0's broadcasts."""
-    _, tokens, seqs, max_blocks, is_prefill, speculative = header[:6]
+    """The step whose ``step_shape`` is ``header[1:7]``, from rank 0's broadcasts."""
+    _, tokens, seqs, max_blocks, is_prefill, speculative, decode_rows = header[:7]
     shapes = [
         ((tokens,), torch.long),
         ((tokens,), torch.long),
@@ -397,14 +400,17 @@ def receive_step(header: list[int], device: torch.device) -> StepInputs:
     ]
     if is_prefill:
         shapes.append(((seqs + 1,), torch.int32))
+    if decode_rows:
+        shapes.append(((seqs - decode_rows + 1,), torch.int32))
     tensors = [receive(shape, dtype, device) for shape, dtype in shapes]
     step = StepInputs(*tensors[:6], cu_seqlens=tensors[6] if is_prefill else None, is_prefill=bool(is_prefill),
-                      speculative=bool(speculative))
+                      speculative=bool(speculative), decode_rows=decode_rows,
+                      prompt_cu_seqlens=tensors[7] if decode_rows else None)
     if is_prefill:
         # One int64 copy for the whole step, which every linear layer hands FLA: it derives the chunk indices (with
         # a host sync) in the first layer only and memoises them on this object's identity for the others. Rank 0
         # has them from pack_step, computed on the host; a worker does not know the lengths on the host.
-        step.cu_seqlens_long = step.cu_seqlens.long()
+        step.cu_seqlens_long = step.linear_cu_seqlens.long()
     return step
 
 
@@ -480,7 +486,7 @@ def serve(executor: ModelExecutor, prefix_cache: PrefixCache | None, rank: int, 
             return
         if command == CMD_STEP:
             _maybe_fail(rank, "step")
-            step, (all_logits, keep_hidden) = receive_step(values, device), values[6:8]
+            step, (all_logits, keep_hidden) = receive_step(values, device), values[7:9]
             if keep_hidden:
                 executor.forward_keeping_hidden(step, bool(all_logits))
             else:
@@ -496,7 +502,7 @@ def serve(executor: ModelExecutor, prefix_cache: PrefixCache | None, rank: int, 
             executor.accept(*executor.kept, packed[:n], packed[n:].view(n, k + 1))
             executor.kept = None
         elif command == CMD_ROUND:
-            step, (k, sample) = receive_step(values, device), values[6:8]
+            step, (k, sample) = receive_step(values, device), values[7:9]
             sampling = None
             if sample:
                 rows = step.input_ids.shape[0]

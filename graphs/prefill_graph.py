@@ -1,10 +1,10 @@
-"""Captured prompt steps: one CUDA graph per (token bucket, sequence bucket), for prompt and mixed steps.
+"""Captured prompt steps: one CUDA graph per (token bucket, sequence bucket, decode lanes), for prompt and mixed steps.
 
     graphs = PrefillGraphs(model, buckets=(16, ..., 512, 1024, ..., 8192), max_blocks_per_seq=..., block_size=16,
-                           device="cuda", max_sequences=256)
-    graphs.capture()                  # every (tokens, sequences) key, largest first
-    key = graphs.bucket(num_tokens, num_sequences)   # (tokens, sequences) of the smallest graph that holds the step
-    logits = graphs(step)             # a prefill StepInputs of the key's shape -> fp32 [sequences + 1, vocab]
+                           device="cuda", max_sequences=256, decode_lanes=16)
+    graphs.capture()                  # every (tokens, sequences, lanes) key, largest first
+    key = graphs.bucket(num_tokens, num_sequences, decode_rows)   # the smallest graph that holds the step
+    logits = graphs(step)             # a prefill StepInputs of the key's shape -> fp32 [its sequences, vocab]
 
     # speculative decoding's prompt step, whose MTP pass drafts after it (speculative.py ``draft``)
     graphs = PrefillGraphs(model, buckets, ..., drafter=partial(draft, model, num_drafts=k, ...), max_sequences=...)
@@ -18,6 +18,15 @@ where the step's GPU work takes a few ms; captured, 2.9 ms at 16 tokens, 4.3 at 
 together share a step, and every mixed step (the scheduler's default) holds a new prompt's chunk beside the running
 requests' decode rows, so without a graph each arrival would stall every running request for an eager step. The
 step is a few copies and one replay.
+
+Mixed keys: a mixed step's decode rows lead it, one token each, and the linear layers compute them through their
+decode op (``StepInputs.decode_rows``, compiled_engine/gated_deltanet.py). A graph holds a fixed number of them, so
+a key with ``decode_lanes`` (``RuntimeConfig.mixed_decode_lanes``) holds that many one-token lanes first, the step's
+decode rows and then padding lanes (one token on the null slot and block: the decode op neither reads nor writes the
+null slot's state), and after them its prompt part, which is padded as a prompt step is (below). Its tokens and
+sequences count the prompt part. Mixed keys exist for prompt parts of up to ``MIXED_PROMPT_SEQUENCES`` sequences at
+every token bucket; a step of more decode rows, or of more prompts, takes a key without lanes, where its decode rows
+go through the chunked path as a prompt's tokens do. Not captured with a drafter.
 
 What a graph is: the model's eager prompt step (the same ops and kernels, no torch.compile) on fixed-address inputs
 of one shape, ``tokens`` tokens in ``sequences + 1`` sequences, followed by the logits of every sequence's last
@@ -72,6 +81,9 @@ SMALLEST_BUCKET = 16
 # ~3 ms of an H200's prompt rate, where a captured step saves ~10-25 ms of launches.
 LARGE_BUCKET_STEP = 1024
 SEQUENCE_BUCKET_GROWTH = 2  # sequence buckets 1, 2, 4, 8, ...
+# Mixed keys (decode lanes) are captured for prompt parts of up to this many sequences: a mixed step holds the chunk of
+# a prompt or two beside its decode rows (more prompts arrive together at a wave's start, with no decode rows yet).
+MIXED_PROMPT_SEQUENCES = 4
 
 
 def prefill_buckets(max_tokens: int, max_num_batched_tokens: int, max_model_len: int) -> tuple[int, ...]:
@@ -99,7 +111,9 @@ def sequence_buckets(max_sequences: int) -> tuple[int, ...]:
     return tuple(buckets)
 
 
-Key = tuple[int, int]  # a graph's (tokens, sequences): that many tokens in that many sequences and a padding one
+# A graph's (tokens, sequences, decode lanes): that many decode lanes (one token each) first, then the prompt part,
+# that many tokens in that many sequences and a padding one
+Key = tuple[int, int, int]
 
 
 class PrefillGraphs:
@@ -108,7 +122,7 @@ class PrefillGraphs:
     it)."""
 
     def __init__(self, model: nn.Module, buckets: Sequence[int], max_blocks_per_seq: int, block_size: int,
-                 device: torch.device, drafter: Drafter | None = None, max_sequences: int = 1):
+                 device: torch.device, drafter: Drafter | None = None, max_sequences: int = 1, decode_lanes: int = 0):
         if not buckets or min(buckets) < 1:
             raise ValueError(f"need token buckets >= 1, got {list(buckets)}")
         if max(buckets) > 2 * max_blocks_per_seq * block_size:
@@ -117,12 +131,18 @@ class PrefillGraphs:
         self.model = model
         self.buckets = tuple(sorted(set(buckets)))
         self.sequence_buckets = sequence_buckets(max_sequences)
-        # Every sequence bucket at every token bucket that holds one token a sequence
-        self.keys: tuple[Key, ...] = tuple((t, s) for t in self.buckets for s in self.sequence_buckets if s <= t)
+        if decode_lanes and drafter is not None:
+            raise ValueError("mixed keys (decode_lanes) are not captured with a drafter")
+        self.decode_lanes = decode_lanes
+        # Every sequence bucket at every token bucket that holds one token a sequence; with decode lanes the same
+        # again for prompt parts of up to MIXED_PROMPT_SEQUENCES sequences, after the lanes.
+        self.keys: tuple[Key, ...] = tuple(
+            (t, s, lanes) for lanes in sorted({0, decode_lanes}) for t in self.buckets for s in self.sequence_buckets
+            if s <= t and (lanes == 0 or s <= MIXED_PROMPT_SEQUENCES))
         self.device = torch.device(device)
         self._max_len = max_blocks_per_seq * block_size  # the most tokens a padding sequence may hold
         self._null_row = NULL_BLOCK * block_size  # the null block's first KV row
-        rows, n = self.buckets[-1], self.sequence_buckets[-1] + 1
+        rows, n = self.buckets[-1] + decode_lanes, self.sequence_buckets[-1] + 1 + decode_lanes
         self.input_ids = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.slot_mapping = torch.zeros(rows, dtype=torch.long, device=self.device)
@@ -130,7 +150,8 @@ class PrefillGraphs:
         self.context_lens = torch.zeros(n, dtype=torch.int32, device=self.device)
         self.state_slots = torch.full((n,), NULL_SLOT, dtype=torch.int32, device=self.device)
         self.cu_seqlens = torch.zeros(n + 1, dtype=torch.int32, device=self.device)
-        self.cu_seqlens_long = torch.zeros(n + 1, dtype=torch.long, device=self.device)
+        self.cu_seqlens_long = torch.zeros(n + 1, dtype=torch.long, device=self.device)  # the prompt part's
+        self.prompt_cu_seqlens = torch.zeros(n + 1, dtype=torch.int32, device=self.device)
         self.chunk_indices = torch.zeros(max_chunk_rows(rows, n), 2, dtype=torch.long, device=self.device)
         self._graphs: dict[Key, torch.cuda.CUDAGraph] = {}
         self.logits: torch.Tensor | None = None  # [n, vocab] fp32, every graph's output; made by the first warm-up
@@ -145,14 +166,24 @@ class PrefillGraphs:
         self._drafts: dict[Key, torch.Tensor] = {}
         self._loaded: StepInputs | None = None  # the step whose fields the input buffers hold
 
-    def bucket(self, num_tokens: int, num_sequences: int = 1) -> Key | None:
+    def bucket(self, num_tokens: int, num_sequences: int = 1, decode_rows: int = 0) -> Key | None:
         """The smallest key that holds a step of ``num_tokens`` tokens in ``num_sequences`` sequences (its padding
-        sequence within a sequence's blocks), or None."""
-        seqs = next((s for s in self.sequence_buckets if s >= num_sequences), None)
+        sequence within a sequence's blocks), or None. ``decode_rows``: the step's leading one-token sequences, which
+        a mixed key (up to ``decode_lanes`` of them) computes as decode rows; where none holds the step, a key of
+        lanes 0 may (the step's decode rows then take the prompt path: ``Runtime.prefill``)."""
+        if decode_rows and decode_rows <= self.decode_lanes:
+            key = self._bucket(num_tokens - decode_rows, num_sequences - decode_rows, self.decode_lanes)
+            if key is not None:
+                return key
+        return self._bucket(num_tokens, num_sequences, 0)
+
+    def _bucket(self, num_tokens: int, num_sequences: int, lanes: int) -> Key | None:
+        most = MIXED_PROMPT_SEQUENCES if lanes else self.sequence_buckets[-1]
+        seqs = next((s for s in self.sequence_buckets if s >= max(num_sequences, 1) and s <= most), None)
         tokens = next((t for t in self.buckets if t >= max(num_tokens, seqs or 0)), None)
         if seqs is None or tokens is None or tokens - num_tokens > self._max_len:
             return None
-        return tokens, seqs
+        return tokens, seqs, lanes
 
     def covers(self, step: StepInputs) -> bool:
         """Whether ``step`` can replay a captured graph: a prefill step of a key's shape (its sequences and a padding
@@ -170,11 +201,13 @@ class PrefillGraphs:
     def _step(self, key: Key) -> StepInputs:
         """The key's step on the buffers. Its int64 offsets are a new view on every call: FLA memoises on their
         identity, and a capture must record its own derivation, not reuse the warm-up's (see the module docstring)."""
-        tokens, n = key[0], key[1] + 1
+        tokens, n, lanes = _shape(key)
+        prompt = key[1] + 2  # the prompt part's offsets
         return StepInputs(self.input_ids[:tokens], self.positions[:tokens], self.slot_mapping[:tokens],
                           self.block_tables[:n], self.context_lens[:n], self.state_slots[:n],
-                          self.cu_seqlens[: n + 1], is_prefill=True, cu_seqlens_long=self.cu_seqlens_long[: n + 1],
-                          chunk_indices=self.chunk_indices[: _chunk_rows(key)], graphed=True)
+                          self.cu_seqlens[: n + 1], is_prefill=True, cu_seqlens_long=self.cu_seqlens_long[:prompt],
+                          chunk_indices=self.chunk_indices[: _chunk_rows(key)], graphed=True, decode_rows=lanes,
+                          prompt_cu_seqlens=self.prompt_cu_seqlens[:prompt] if lanes else None)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         hidden = self.model(step)
@@ -200,13 +233,16 @@ class PrefillGraphs:
         the capture), on a step of padding only: every sequence on the null slot and the null block, the tokens in
         the first and the last, the sequences between them empty."""
         pool = torch.cuda.graph_pool_handle()
-        for key in sorted(self.keys, reverse=True):
-            tokens, n = key[0], key[1] + 1
-            lengths = [tokens // 2] + [0] * (n - 2) + [tokens - tokens // 2]
+        for key in sorted(self.keys, key=_shape, reverse=True):
+            tokens, n, lanes = _shape(key)
+            part = key[0]  # the prompt part's tokens
+            lengths = [1] * lanes + [part // 2] + [0] * (key[1] - 1) + [part - part // 2]
             bounds = [sum(lengths[:i]) for i in range(n + 1)]
+            prompt = [b - lanes for b in bounds[lanes:]]
             self.cu_seqlens[: n + 1].copy_(torch.tensor(bounds, dtype=torch.int32))
-            self.cu_seqlens_long[: n + 1].copy_(self.cu_seqlens[: n + 1])
-            table = host_chunk_indices(bounds, num_rows=_chunk_rows(key))
+            self.prompt_cu_seqlens[: len(prompt)].copy_(torch.tensor(prompt, dtype=torch.int32))
+            self.cu_seqlens_long[: len(prompt)].copy_(self.prompt_cu_seqlens[: len(prompt)])
+            table = host_chunk_indices(prompt, num_rows=_chunk_rows(key))
             self.chunk_indices[: _chunk_rows(key)].copy_(torch.tensor(table, dtype=torch.long).view(-1, 2))
             self.context_lens[:n].copy_(torch.tensor(lengths, dtype=torch.int32))
             self.state_slots.fill_(NULL_SLOT)
@@ -219,7 +255,7 @@ class PrefillGraphs:
                 self._forward(self._step(key))  # a step of its own: see _step
             self._graphs[key] = graph
             if self.drafter is not None:  # from the first sequence's last row, on the padding's hidden states
-                self.draft_rows.fill_(tokens // 2 - 1)
+                self.draft_rows.fill_(part // 2 - 1)
                 self.draft_seq_rows.zero_()
                 self._draft(self._step(key))
                 torch.cuda.synchronize(self.device)
@@ -231,9 +267,9 @@ class PrefillGraphs:
         torch.cuda.synchronize(self.device)
 
     def __call__(self, step: StepInputs) -> torch.Tensor:
-        """Replay the graph of ``step``'s key on ``step`` (``covers`` must hold): fp32 logits ``[sequences + 1,
-        vocab]`` of each sequence's last token (the padding's last), a tensor of the caller's own (the graphs' buffer
-        is copied)."""
+        """Replay the graph of ``step``'s key on ``step`` (``covers`` must hold): fp32 logits of each sequence's last
+        token, a row a sequence of the step (its decode lanes, then its prompt part and the padding's last), a tensor
+        of the caller's own (the graphs' buffer is copied)."""
         self._load(step)
         return self._replay(_key(step)).clone()
 
@@ -262,7 +298,8 @@ class PrefillGraphs:
     def _load(self, step: StepInputs) -> None:
         """Copy ``step``'s fields into the input buffers."""
         key = _key(step)
-        tokens, n = key[0], key[1] + 1
+        tokens, n, lanes = _shape(key)
+        prompt = key[1] + 2
         width = step.block_tables.shape[1]
         self.input_ids[:tokens].copy_(step.input_ids)
         self.positions[:tokens].copy_(step.positions)
@@ -272,14 +309,16 @@ class PrefillGraphs:
         self.context_lens[:n].copy_(step.context_lens)
         self.state_slots[:n].copy_(step.state_slots)
         self.cu_seqlens[: n + 1].copy_(step.cu_seqlens)
-        self.cu_seqlens_long[: n + 1].copy_(step.cu_seqlens_long)
+        if lanes:
+            self.prompt_cu_seqlens[:prompt].copy_(step.prompt_cu_seqlens)
+        self.cu_seqlens_long[:prompt].copy_(step.cu_seqlens_long)
         self.chunk_indices[: _chunk_rows(key)].copy_(step.chunk_indices)
         self._loaded = step
 
     def _replay(self, key: Key) -> torch.Tensor:
         """Run the key's step on the buffers as they are; returns the logits buffer's rows of its sequences."""
         self._graphs[key].replay()
-        return self.logits[: key[1] + 1]
+        return self.logits[: _shape(key)[1]]
 
     def _replay_draft(self, key: Key) -> torch.Tensor:
         """Run the key's drafts on the buffers as they are; returns its drafts buffer."""
@@ -292,9 +331,17 @@ Drafter = Callable[[StepInputs, torch.Tensor, torch.Tensor, torch.Tensor, torch.
 
 
 def _key(step: StepInputs) -> Key:
-    return step.input_ids.shape[0], step.num_sequences - 1
+    lanes = step.decode_rows
+    return step.input_ids.shape[0] - lanes, step.num_sequences - 1 - lanes, lanes
+
+
+def _shape(key: Key) -> tuple[int, int, int]:
+    """A key's step: its tokens, its sequences (decode lanes, prompt part, padding one) and its decode lanes."""
+    tokens, seqs, lanes = key
+    return tokens + lanes, seqs + 1 + lanes, lanes
 
 
 def _chunk_rows(key: Key) -> int:
-    """The chunk table's length in a key's step: the most chunks its sequences (and the padding one) can have."""
+    """The chunk table's length in a key's step: the most chunks its prompt part's sequences (and the padding one)
+    can have."""
     return max_chunk_rows(key[0], key[1] + 1)

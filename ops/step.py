@@ -6,7 +6,8 @@ Every op of a step reads slices of a StepInputs; the model reads it and nothing 
 and every tensor the step mutates is a cache/pool buffer of a layer.
 
 Prefill packs the new tokens of N sequences back to back (varlen); decode has exactly one token per sequence,
-so T == N. In a bucketed (CUDA-graphed) decode batch, padding lanes point at the null slot and the null block
+so T == N. A prefill step may lead with ``decode_rows`` sequences of one token each (a mixed step's decode rows):
+the linear layers run those through their decode kernels and the rest, the prompt part, through the chunked path. In a bucketed (CUDA-graphed) decode batch, padding lanes point at the null slot and the null block
 with ``context_lens == 0``.
 """
 
@@ -40,10 +41,24 @@ class StepInputs:
     # number of tokens, its last one and its drafts; the linear layers keep what each position adds to the state
     # apart (their verify history) and leave the pools unchanged until the model's commit_verify.
     speculative: bool = False
+    # Prefill only: the first ``decode_rows`` sequences have one token each, the step's first tokens. The linear
+    # layers compute them as a decode step computes a row, from the pools' state in one kernel, and the prompt part
+    # (the other sequences) through the chunked prefill path: a one-token sequence there is a chunk of its own in
+    # every FLA kernel and moves its state ~5 times (compiled_engine/gated_deltanet.py). A Python int: each value is
+    # a different graph. With decode rows, ``prompt_cu_seqlens`` holds the prompt part's offsets from its first
+    # token (``cu_seqlens[decode_rows:] - decode_rows``), and ``cu_seqlens_long`` and ``chunk_indices`` are the
+    # prompt part's (the delta rule's hints).
+    decode_rows: int = 0
+    prompt_cu_seqlens: torch.Tensor | None = None  # [N - decode_rows + 1] int32
 
     @property
     def num_sequences(self) -> int:
         return self.state_slots.shape[0]
+
+    @property
+    def linear_cu_seqlens(self) -> torch.Tensor:
+        """The prompt part's offsets (the chunked linear-attention path's): ``cu_seqlens`` without decode rows."""
+        return self.cu_seqlens if self.decode_rows == 0 else self.prompt_cu_seqlens
 
     def last_token_indices(self) -> torch.Tensor:
         """Index of each sequence's last new token in the packed token dimension."""

@@ -32,11 +32,11 @@ class EagerPrefillGraphs(PrefillGraphs):
     def capture(self) -> None:
         self._graphs = dict.fromkeys(self.keys)
 
-    def _replay(self, key: tuple[int, int]) -> torch.Tensor:
+    def _replay(self, key: tuple[int, int, int]) -> torch.Tensor:
         self.replays.append(key)
         return self._forward(self._step(key))
 
-    def _replay_draft(self, key: tuple[int, int]) -> torch.Tensor:
+    def _replay_draft(self, key: tuple[int, int, int]) -> torch.Tensor:
         self.replays.append(("drafts", key))
         return self._draft(self._step(key))
 
@@ -161,23 +161,43 @@ def _assert_several_runs_equal(got, want, tol: float) -> None:
     assert got[2] == want[2]
 
 
+LANES = 2  # the decode lanes of the CPU stand-in's mixed keys: steps of 3-4 decode rows take a key without
+
+
 @pytest.fixture(scope="module")
 def cpu_several(qwen3_5_text_tied_path):
-    padded, plain = _runtime(qwen3_5_text_tied_path, "cpu"), _runtime(qwen3_5_text_tied_path, "cpu")
+    """A runtime on padded steps of up to 4 sequences, with mixed keys of LANES decode lanes, and the oracle: a
+    runtime on unpadded eager steps that computes decode rows as a prompt's tokens (the chunked path), as a
+    runtime with mixed_decode_lanes 0 does."""
+    padded = _runtime(qwen3_5_text_tied_path, "cpu")
+    plain = _runtime(qwen3_5_text_tied_path, "cpu", mixed_decode_lanes=0)
     graphs = EagerPrefillGraphs(padded.model, BUCKETS, max_blocks_per_seq=16, block_size=8, device="cpu",
-                                max_sequences=4)
+                                max_sequences=4, decode_lanes=LANES)
     graphs.capture()
     padded.executor.prefill_graphs = graphs
     return padded, plain, graphs
 
 
-@settings(max_examples=12, deadline=None)
+def _expected_key(counts: list[int], lanes: int) -> tuple[int, int, int]:
+    """The key of a step of these token counts on BUCKETS and sequence buckets 1, 2, 4: its leading one-token
+    sequences in a mixed key's decode lanes where there are 1..``lanes`` of them, the rest in its prompt part (at
+    least one sequence bucket); otherwise every sequence in a key without lanes."""
+    d = next((i for i, n in enumerate(counts) if n != 1), len(counts))
+    if not 0 < d <= lanes:
+        d, lanes = 0, 0
+    seqs = next(b for b in (1, 2, 4) if b >= max(len(counts) - d, 1))
+    return next(b for b in BUCKETS if b >= max(sum(counts) - d, seqs)), seqs, lanes
+
+
+@settings(max_examples=16, deadline=None)
 @given(data=st.data())
 def test_padded_steps_of_several_sequences_equal_unpadded_ones(cpu_several, data):
     """Steps of 1-4 sequences, each a new prompt of 1-16 tokens or a decode row (its prompt computed, one token
     new, taken from the device as overlapped mixed steps pass it): the step replays the key of its tokens and
-    sequences (16 | 32 | 64 tokens, 1 | 2 | 4 sequences), padded with empty sequences and a padding one; its logits, every
-    sequence's linear states after it and 4 greedy decode steps after it equal the unpadded runtime's."""
+    sequences (16 | 32 | 64 tokens, 1 | 2 | 4 sequences; up to LANES leading one-token sequences in decode lanes),
+    padded with one-token lanes, empty sequences and a padding one; its logits, every sequence's linear states after
+    it and 4 greedy decode steps after it equal those of the unpadded runtime that computes decode rows on the
+    chunked path."""
     padded, plain, graphs = cpu_several
     n = data.draw(st.integers(1, 4), label="sequences")
     lengths = data.draw(st.lists(st.integers(1, 16), min_size=n, max_size=n), label="prompt lengths")
@@ -185,11 +205,24 @@ def test_padded_steps_of_several_sequences_equal_unpadded_ones(cpu_several, data
     prompts = [[(7 * i + 3 * j) % 50 + 1 for i in range(length)] for j, length in enumerate(lengths)]
     graphs.replays.clear()
     got = _several_run(padded, prompts, decode_rows)
-    step_tokens = sum(1 if row else length for length, row in zip(lengths, decode_rows))
-    seqs_bucket = {1: 1, 2: 2, 3: 4, 4: 4}[n]
-    assert graphs.replays[-1] == (next(b for b in BUCKETS if b >= max(step_tokens, seqs_bucket)), seqs_bucket)
+    counts = [1 if row else length for length, row in zip(lengths, decode_rows)]
+    assert graphs.replays[-1] == _expected_key(counts, LANES)
     want = _several_run(plain, prompts, decode_rows)
     _assert_several_runs_equal(got, want, 1e-4)
+
+
+@pytest.mark.parametrize("lanes", [0, 16])
+def test_eager_decode_rows_equal_the_chunked_path(qwen3_5_text_tied_path, lanes):
+    """Unpadded eager steps whose leading sequences are decode rows (0-4 of them, with a prompt part of 0-2 prompts
+    after them) through the linear layers' decode op equal the same steps with every row on the chunked path
+    (mixed_decode_lanes 0): logits, linear states and 4 greedy decode steps. ``lanes`` 0 checks the oracle
+    against itself: both runtimes then take the chunked path."""
+    fast = _runtime(qwen3_5_text_tied_path, "cpu", mixed_decode_lanes=lanes)
+    chunked = _runtime(qwen3_5_text_tied_path, "cpu", mixed_decode_lanes=0)
+    for lengths, rows in [([9, 5, 12], [True, True, False]), ([4] * 4, [True] * 4), ([7, 30], [True, False]),
+                          ([3, 11, 6, 2], [True, True, False, False]), ([1, 8], [False, False])]:
+        prompts = [[(5 * i + 3 * j) % 50 + 1 for i in range(n)] for j, n in enumerate(lengths)]
+        _assert_several_runs_equal(_several_run(fast, prompts, rows), _several_run(chunked, prompts, rows), 1e-4)
 
 
 @pytest.mark.parametrize("overlap_decode", [False, True])
@@ -216,8 +249,8 @@ def test_engine_mixed_steps_on_padded_steps_equal_unpadded_ones(cpu_several, ove
             for out in engine.step():
                 if out.finished:
                     outputs[name, out.request_id] = out.outputs[0].token_ids
-        if name == "padded":
-            assert any(key[1] > 1 for key in graphs.replays), graphs.replays  # the mixed steps replayed
+        if name == "padded":  # the mixed steps replayed, their decode rows in lanes
+            assert any(key[2] == LANES for key in graphs.replays), graphs.replays
     for i in range(len(prompts)):
         assert outputs["padded", str(i)] == outputs["unpadded", str(i)], i
         assert len(outputs["padded", str(i)]) == 8 + 2 * i
@@ -241,16 +274,39 @@ def test_keys_hold_a_token_a_sequence_and_pick_the_smallest_graph():
     graphs = PrefillGraphs(torch.nn.Identity(), (16, 32, 64), max_blocks_per_seq=4, block_size=8, device="cpu",
                            max_sequences=20)
     assert graphs.sequence_buckets == (1, 2, 4, 8, 16, 20)
-    assert graphs.keys == ((16, 1), (16, 2), (16, 4), (16, 8), (16, 16),
-                           (32, 1), (32, 2), (32, 4), (32, 8), (32, 16), (32, 20),
-                           (64, 1), (64, 2), (64, 4), (64, 8), (64, 16), (64, 20))
-    assert graphs.bucket(1) == (16, 1) and graphs.bucket(17) == (32, 1) and graphs.bucket(65) is None
-    assert graphs.bucket(3, 2) == (16, 2) and graphs.bucket(3, 3) == (16, 4) and graphs.bucket(17, 5) == (32, 8)
-    assert graphs.bucket(17, 9) == (32, 16) and graphs.bucket(17, 17) == (32, 20)
-    assert graphs.bucket(33, 17) == (64, 20) and graphs.bucket(10, 21) is None and graphs.bucket(64, 16) == (64, 16)
+    assert graphs.keys == ((16, 1, 0), (16, 2, 0), (16, 4, 0), (16, 8, 0), (16, 16, 0),
+                           (32, 1, 0), (32, 2, 0), (32, 4, 0), (32, 8, 0), (32, 16, 0), (32, 20, 0),
+                           (64, 1, 0), (64, 2, 0), (64, 4, 0), (64, 8, 0), (64, 16, 0), (64, 20, 0))
+    assert graphs.bucket(1) == (16, 1, 0) and graphs.bucket(17) == (32, 1, 0) and graphs.bucket(65) is None
+    assert graphs.bucket(3, 2) == (16, 2, 0) and graphs.bucket(3, 3) == (16, 4, 0)
+    assert graphs.bucket(17, 5) == (32, 8, 0) and graphs.bucket(17, 9) == (32, 16, 0)
+    assert graphs.bucket(17, 17) == (32, 20, 0) and graphs.bucket(33, 17) == (64, 20, 0)
+    assert graphs.bucket(10, 21) is None and graphs.bucket(64, 16) == (64, 16, 0)
+    assert graphs.bucket(20, 3, decode_rows=2) == (32, 4, 0)  # no decode lanes: the decode rows count as sequences
     # A padding sequence holds at most a sequence's blocks (32 tokens here): 17 tokens in a bucket of 64 would need 47
     sparse = PrefillGraphs(torch.nn.Identity(), (16, 64), max_blocks_per_seq=4, block_size=8, device="cpu")
-    assert sparse.bucket(16) == (16, 1) and sparse.bucket(17) is None and sparse.bucket(40) == (64, 1)
+    assert sparse.bucket(16) == (16, 1, 0) and sparse.bucket(17) is None and sparse.bucket(40) == (64, 1, 0)
+
+
+def test_mixed_keys_hold_decode_lanes_before_a_prompt_part_of_up_to_four_sequences():
+    """With decode lanes, each token bucket gets a mixed key for the prompt-part sequence buckets of up to 4 (the
+    key's tokens and sequences count its prompt part; the lanes come first). A step whose 1..lanes leading one-token
+    sequences are decode rows takes the smallest mixed key holding the rest; more decode rows, or a prompt part of
+    more than 4 sequences, take a key without lanes, every sequence in its prompt part."""
+    graphs = PrefillGraphs(torch.nn.Identity(), (16, 32), max_blocks_per_seq=4, block_size=8, device="cpu",
+                           max_sequences=8, decode_lanes=3)
+    assert graphs.keys == ((16, 1, 0), (16, 2, 0), (16, 4, 0), (16, 8, 0), (32, 1, 0), (32, 2, 0), (32, 4, 0),
+                           (32, 8, 0), (16, 1, 3), (16, 2, 3), (16, 4, 3), (32, 1, 3), (32, 2, 3), (32, 4, 3))
+    assert graphs.bucket(20, 2, decode_rows=1) == (32, 1, 3)  # 19 tokens of one prompt after the decode row
+    assert graphs.bucket(18, 4, decode_rows=3) == (16, 1, 3)  # 15 tokens of one prompt after 3 decode rows
+    assert graphs.bucket(3, 3, decode_rows=3) == (16, 1, 3)  # decode rows alone: an empty prompt part
+    assert graphs.bucket(12, 5, decode_rows=2) == (16, 4, 3)
+    assert graphs.bucket(12, 4, decode_rows=4) == (16, 4, 0)  # more decode rows than lanes
+    assert graphs.bucket(12, 7, decode_rows=2) == (16, 8, 0)  # a prompt part of 5 sequences
+    assert graphs.bucket(31, 2, decode_rows=1) == (32, 1, 3) and graphs.bucket(34, 2, decode_rows=1) is None
+    assert graphs.buckets[-1] + 3 == graphs.input_ids.shape[0]  # the largest mixed step's tokens fit the buffers
+    with pytest.raises(ValueError, match="drafter"):
+        PrefillGraphs(torch.nn.Identity(), (16,), 4, 8, "cpu", drafter=lambda *a: None, decode_lanes=2)
 
 
 # ---------------------------------------------------------------------------- speculative decoding's prompt steps
@@ -396,7 +452,7 @@ def test_padded_drafting_prompt_steps_read_the_draft_script(cpu_drafting_pair):
             drafts.append(rt.draft_after_prefill(spec, spec.logits.argmax(dim=-1))[0].tolist())
         rt.script_drafts(seq, [])
         rt.release(seq)
-    assert drafts[0] == drafts[1] and drafts[0][1] == 7 and graphs.replays[-1] == ("drafts", (32, 1))
+    assert drafts[0] == drafts[1] and drafts[0][1] == 7 and graphs.replays[-1] == ("drafts", (32, 1, 0))
 
 
 def test_engine_on_padded_drafting_prompt_steps_equals_non_speculative(cpu_drafting_pair, mtp_path):
@@ -479,7 +535,7 @@ def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path, m
     captured.prefill([live])
     before = _states(captured, live.state_slot)
     graphs = captured.executor.compile_prefill(BUCKETS)
-    assert graphs is not None and tuple(graphs._graphs) == tuple((b, 1) for b in BUCKETS[::-1])
+    assert graphs is not None and tuple(graphs._graphs) == tuple((b, 1, 0) for b in BUCKETS[::-1])
     for got, want in zip(_states(captured, live.state_slot), before):
         assert torch.equal(got, want)
     captured.release(live)
@@ -508,7 +564,7 @@ def test_captured_chunked_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied
     buckets = (1024, 2048)
     captured, plain = (_runtime(qwen3_5_text_tied_path, "cuda", 4096) for _ in range(2))
     graphs = captured.executor.compile_prefill(buckets)
-    assert graphs is not None and tuple(graphs._graphs) == tuple((b, 1) for b in buckets[::-1])
+    assert graphs is not None and tuple(graphs._graphs) == tuple((b, 1, 0) for b in buckets[::-1])
     cases = [(600, [600]), (1024, [1024]), (1088, [1088]), (1500, [1500]), (2048, [2048]), (2000, [700, 1300])]
     replays = _record_replays(graphs)
     for length, chunks in cases:
@@ -527,25 +583,30 @@ def test_captured_chunked_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied
 @pytest.mark.gpu
 def test_captured_steps_of_several_sequences_equal_eager_ones_on_gpu(qwen3_5_text_tied_path, monkeypatch):
     """The real capture of steps of several sequences: prompts together and mixed steps (decode rows whose token
-    comes from the device), 1-4 sequences, replay their (tokens, sequences) key and give the eager runtime's logits,
-    states and greedy continuation (the eager runtime on the chunked delta rule too, as the graphs)."""
+    comes from the device), 1-4 sequences, replay their key (up to 2 leading decode rows in a mixed key's decode
+    lanes) and give the logits, states and greedy continuation of the eager runtime that computes decode rows on the
+    chunked path as a prompt's tokens (on the chunked delta rule too, as the graphs)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     from ops.triton import delta_rule_kernels
 
     monkeypatch.setattr(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", 0)
-    captured, plain = _runtime(qwen3_5_text_tied_path, "cuda"), _runtime(qwen3_5_text_tied_path, "cuda")
-    graphs = captured.executor.compile_prefill(BUCKETS, 4)
-    assert graphs is not None and set(graphs._graphs) == {(b, s) for b in BUCKETS for s in (1, 2, 4)}
+    captured = _runtime(qwen3_5_text_tied_path, "cuda")
+    plain = _runtime(qwen3_5_text_tied_path, "cuda", mixed_decode_lanes=0)
+    graphs = captured.executor.compile_prefill(BUCKETS, 4, decode_lanes=2)
+    assert graphs is not None and set(graphs._graphs) == {(b, s, lanes) for b in BUCKETS for s in (1, 2, 4)
+                                                          for lanes in (0, 2)}
     replays = _record_replays(graphs)
-    cases = [([5, 9], [False, False]), ([12, 30, 1], [False, True, True]), ([16] * 4, [True] * 4),
-             ([3, 40, 7, 2], [True, False, False, True]), ([60, 4], [False, False]), ([20, 20, 20], [True] * 3)]
-    for lengths, decode_rows in cases:
+    # (prompt lengths, decode rows) and the key: (tokens, sequences) of the prompt part, then the decode lanes
+    cases = [([5, 9], [False, False], (16, 2, 0)), ([12, 30, 1], [False, True, True], (16, 4, 0)),
+             ([16] * 4, [True] * 4, (16, 4, 0)), ([3, 40, 7, 2], [True, False, False, True], (64, 4, 2)),
+             ([60, 4], [False, False], (64, 2, 0)), ([20, 20, 20], [True] * 3, (16, 4, 0)),
+             ([2, 2, 9], [True, True, False], (16, 1, 2)), ([5, 5], [True, True], (16, 1, 2)),
+             ([1, 6], [False, False], (16, 1, 2)), ([4, 30, 20], [True, False, False], (64, 2, 2))]
+    for lengths, decode_rows, key in cases:
         prompts = [[(5 * i + 3 * j) % 50 + 1 for i in range(n)] for j, n in enumerate(lengths)]
         replays.clear()
         got = _several_run(captured, prompts, decode_rows)
-        step_tokens = sum(1 if row else n for n, row in zip(lengths, decode_rows))
-        key = (next(b for b in BUCKETS if b >= step_tokens), {2: 2, 3: 4, 4: 4}[len(lengths)])
         assert replays[-1] == key, (lengths, decode_rows, replays)
         want = _several_run(plain, prompts, decode_rows)
         _assert_several_runs_equal(got, want, 5e-3)
@@ -566,7 +627,7 @@ def test_captured_drafting_prompt_steps_equal_eager_ones_on_gpu(mtp_path, monkey
     config = {"method": "mtp", "num_speculative_tokens": K}
     captured, plain = (_runtime(mtp_path, "cuda", speculative_config=config) for _ in range(2))
     graphs = captured.executor.compile_prefill(BUCKETS)
-    assert graphs is not None and tuple(graphs._draft_graphs) == tuple((b, 1) for b in BUCKETS[::-1])
+    assert graphs is not None and tuple(graphs._draft_graphs) == tuple((b, 1, 0) for b in BUCKETS[::-1])
     replays = _record_replays(graphs)
     for length, chunks in [(1, [1]), (15, [15]), (16, [16]), (17, [17]), (64, [64]), (70, [6, 64]), (90, [30, 60])]:
         replays.clear()
@@ -590,7 +651,7 @@ def test_captured_drafting_steps_of_several_sequences_equal_eager_ones_on_gpu(mt
     config = {"method": "mtp", "num_speculative_tokens": K}
     captured, plain = (_runtime(mtp_path, "cuda", speculative_config=config) for _ in range(2))
     graphs = captured.executor.compile_prefill(BUCKETS, max_sequences=4)
-    assert graphs is not None and (BUCKETS[0], 4) in graphs._draft_graphs
+    assert graphs is not None and (BUCKETS[0], 4, 0) in graphs._draft_graphs
     replays = _record_replays(graphs)
     # (prompt lengths, tokens this step): all complete; one of three a first chunk; none completes; a 4th drafts last
     for lengths, counts in [([5, 9], [5, 9]), ([12, 3, 20], [12, 2, 20]), ([8, 8], [4, 7]), ([1, 30, 2, 16],
