@@ -65,7 +65,7 @@ from compiled_engine.sampling_params import as_token_id
 from compiled_engine.sequence import Sequence
 from compiled_engine.speculative import (RoundResults, SpeculativeRound, SpeculativeStep, pack_verify_step,
                                          successor_counters, successor_fields)
-from compiled_engine.step import PaddingSequence, pack_step, upload
+from compiled_engine.step import PaddingSequence, decode_lane_count, pack_step, upload
 from ops.step import DecodeOutput, SamplingInputs, StepInputs
 from compiled_engine.tp_workers import TensorParallelWorkers
 from graphs import DecodeGraphRunner, prefill_buckets
@@ -358,16 +358,17 @@ class Runtime:
         bucket = self._prefill_bucket(seqs, counts, decode_rows) if not all_logits else None
         if bucket is not None and not bucket[2]:
             decode_rows = 0
+        lanes = decode_lane_count(decode_rows, bucket)  # the decode rows, then padding lanes
         step = self.build_step(seqs, counts, is_prefill=True, pad_to=bucket, decode_rows=decode_rows)
         if device_input_ids is not None:
-            if bucket is not None and bucket[2] > decode_rows:  # the lanes' padding sits before the prompt part
-                indices = torch.where(indices < decode_rows, indices, indices + (bucket[2] - decode_rows))
+            if lanes > decode_rows:  # the lanes' padding sits before the prompt part
+                indices = torch.where(indices < decode_rows, indices, indices + (lanes - decode_rows))
             step.input_ids[indices] = tokens  # the step's own fresh copy of its ids; queued before the step runs
         logits = self.executor.execute(step, all_logits)
         self.caches.record_prefixes(seqs)
-        if bucket is None:
+        if bucket is None and lanes == decode_rows:
             return logits
-        lanes = bucket[2]  # the decode rows, the lanes' padding, then the prompt part's sequences
+        # A row a packed sequence: the decode rows, the lanes' padding, the prompt part's, a key's padding ones
         prompts = logits[lanes : lanes + len(seqs) - decode_rows]
         return torch.cat([logits[:decode_rows], prompts]) if decode_rows else prompts
 
@@ -424,10 +425,11 @@ class Runtime:
         """Check the step, reserve KV blocks for its new tokens, and pack its metadata into tensors on ``device``
         (the runtime's by default); the sequences' computed-token counts move on by ``counts``. ``decode_rows``: the
         leading sequences of one token each that the linear layers compute as decode rows (StepInputs.decode_rows).
-        ``pad_to`` = (tokens, sequences, decode lanes), a captured step's shape (graphs/prefill_graph.py): a prefill
-        step packed with padding sequences (``PaddingSequence``: the null slot and block): one-token ones after the
-        decode rows up to ``decode lanes`` (0, or at least ``decode_rows``), then after the other sequences empty ones
-        up to ``sequences``, then one of the tokens that make ``tokens`` in all (empty, if they already do).
+        Padding sequences (``PaddingSequence``: the null slot and block) of one token follow the decode rows up to
+        the step's decode lanes (``compiled_engine.step.decode_lane_count``). ``pad_to`` = (tokens, sequences, decode
+        lanes), a captured step's shape (graphs/prefill_graph.py): its lanes (0, or at least ``decode_rows``), then
+        after the other sequences empty padding ones up to ``sequences``, then one of the tokens that make ``tokens``
+        in all (empty, if they already do).
 
         A decode step computes exactly one token of each sequence; a prefill step 1..all of its uncomputed ones.
         Raises ValueError, before anything changes, for: counts not one per sequence, a sequence twice, a sequence of
@@ -483,18 +485,21 @@ class Runtime:
                              f"{len(seqs)} sequences, {d} decode rows")
         self.caches.reserve_blocks(seqs, counts)
         block_size = self.config.block_size
+        lanes = decode_lane_count(d, pad_to)
         packed, packed_counts, chunk_rows = seqs, counts, None
+        if lanes > d:
+            packed = [*seqs[:d], *[PaddingSequence(1, block_size)] * (lanes - d), *seqs[d:]]
+            packed_counts = [*counts[:d], *[1] * (lanes - d), *counts[d:]]
         if pad_to is not None:
-            tokens, sequences, lanes = pad_to
+            packed, packed_counts = list(packed), list(packed_counts)
+            tokens, sequences, _ = pad_to
             empty = sequences - (len(seqs) - d)
             padding = tokens - (sum(counts) - d)
-            packed = [*seqs[:d], *[PaddingSequence(1, block_size)] * (lanes - d), *seqs[d:],
-                      *[PaddingSequence(0, block_size)] * empty, PaddingSequence(padding, block_size)]
-            packed_counts = [*counts[:d], *[1] * (lanes - d), *counts[d:], *[0] * empty, padding]
+            packed += [*[PaddingSequence(0, block_size)] * empty, PaddingSequence(padding, block_size)]
+            packed_counts += [*[0] * empty, padding]
             chunk_rows = max_chunk_rows(tokens, sequences + 1)  # one table length for every step of this shape
-            d = lanes
         step = pack_step(packed, packed_counts, is_prefill, block_size, device or self.device, chunk_rows,
-                         self.caches.block_tables, decode_rows=d)
+                         self.caches.block_tables, decode_rows=lanes)
         for seq, n in zip(seqs, counts):
             seq.num_computed_tokens += n
         return step

@@ -54,6 +54,16 @@ def upload_fields(fields: Seq[Seq[int | float]], dtype: torch.dtype, device: tor
     return [packed[begin : begin + len(values)] for begin, values in zip(at, fields)]
 
 
+def decode_lane_count(decode_rows: int, key: tuple[int, int, int] | None = None) -> int:
+    """The decode lanes of a prefill step with ``decode_rows`` leading decode rows: its captured ``key``'s (graphs/
+    prefill_graph.py), or, eager, its decode rows rounded up to a multiple of 4, padding ones after them: the prompt
+    part's int32 state slots then start on a 16-byte boundary, as every field does (see ``pack_step``), whatever the
+    step's decode rows."""
+    if key is not None:
+        return key[2]
+    return -(-decode_rows // (_ALIGN // 4)) * (_ALIGN // 4)
+
+
 class PaddingSequence:
     """What ``pack_step`` reads of a sequence, for a step's padding: ``n`` token ids 0 on the null block and the null
     slot, none computed. Its results land where no sequence reads (the memory plan's start-up steps, the padding of

@@ -288,6 +288,30 @@ def test_keys_hold_a_token_a_sequence_and_pick_the_smallest_graph():
     assert sparse.bucket(16) == (16, 1, 0) and sparse.bucket(17) is None and sparse.bucket(40) == (64, 1, 0)
 
 
+def test_an_eager_steps_decode_rows_fill_whole_lanes_of_four(qwen3_5_text_tied_path):
+    """An eager step of 1-3 decode rows and a prompt packs its decode rows, then one-token padding lanes up to a
+    multiple of 4 on the null slot, then the prompt: the prompt part's int32 state slots start on a 16-byte boundary
+    (Triton compiles a kernel variant per pointer alignment), and its offsets start at its first token."""
+    from ops.library import NULL_SLOT
+
+    rt = _runtime(qwen3_5_text_tied_path, "cpu")
+    for d in range(1, 4):  # max_num_seqs 4: the prompt is the 4th
+        rows = [rt.add_sequence([3, 5, 7]) for _ in range(d)]
+        for seq in rows:
+            rt.prefill([seq])
+            seq.token_ids.append(9)
+        prompt = rt.add_sequence([2] * 11)
+        step = rt.build_step([*rows, prompt], [1] * d + [11], is_prefill=True, decode_rows=d)
+        lanes = 4
+        assert step.decode_rows == lanes and step.input_ids.shape == (lanes + 11,)
+        assert step.state_slots.tolist() == [s.state_slot for s in rows] + [NULL_SLOT] * (lanes - d) + [
+            prompt.state_slot]
+        assert step.state_slots[lanes:].data_ptr() % 16 == 0
+        assert step.prompt_cu_seqlens.tolist() == [0, 11] and step.cu_seqlens_long.tolist() == [0, 11]
+        for seq in [*rows, prompt]:
+            rt.release(seq)
+
+
 def test_mixed_keys_hold_decode_lanes_before_a_prompt_part_of_up_to_four_sequences():
     """With decode lanes, each token bucket gets a mixed key for the prompt-part sequence buckets of up to 4 (the
     key's tokens and sequences count its prompt part; the lanes come first). A step whose 1..lanes leading one-token
