@@ -12,9 +12,11 @@ step's decode rows go through the linear layers' decode kernels (``--mixed-decod
 in a captured step; 0: through the chunked path as a prompt's tokens). For each shape ``P x T + D`` (P new prompts
 of T tokens and D decode rows, each row one token of a sequence that already holds ``--context`` tokens) this times
 ``Runtime.prefill`` on that step as the engine would run it, decode rows first (``step ms``: wall ms
-from the call to its logits on the host, median of ``--repeats``), beside the step of one sequence of the same total
-tokens (captured, where a bucket holds it) and the decode graph of D rows: an eager step costs its launches where a
-captured one costs its GPU work.
+from the call to its logits on the host, median of ``--repeats``), beside the same step with its decode rows last
+(``rows last ms``: rows that do not lead the step take the chunked path, in a key without decode lanes: the step as
+``--mixed-decode-lanes 0`` runs it), the step of one sequence of the same total tokens (captured, where a bucket
+holds it) and the decode graph of D rows: an eager step costs its launches where a captured one costs its GPU
+work. ``--shapes ''`` times no step (a served stream alone).
 
 ``--serve C``: then what it does to a served stream. A closed loop keeps C requests in flight through
 ``LLMEngine.add_request`` / ``step`` (``--requests`` in all, one more as each finishes), prompts of ``--input-len``
@@ -71,10 +73,13 @@ def _shape(ctx: Context, runtime, prompts: int, tokens: int, rows: int, context:
             runtime.prefill([seq])
             seq.token_ids.append(rng.randrange(vocab))
 
-        def mixed():
+        def mixed(rows_first: bool = True):
             fresh = [runtime.add_sequence(random_prompt(rng, tokens, vocab)) for _ in range(prompts)]
             try:
-                runtime.prefill([*decoding, *fresh], [1] * rows + [tokens] * prompts).argmax(-1).tolist()
+                if rows_first:
+                    runtime.prefill([*decoding, *fresh], [1] * rows + [tokens] * prompts).argmax(-1).tolist()
+                else:
+                    runtime.prefill([*fresh, *decoding], [tokens] * prompts + [1] * rows).argmax(-1).tolist()
             finally:
                 for seq in fresh:
                     runtime.release(seq)
@@ -93,10 +98,14 @@ def _shape(ctx: Context, runtime, prompts: int, tokens: int, rows: int, context:
             for seq in decoding:
                 seq.token_ids.append(rng.randrange(vocab))
 
-        for fn in (mixed, single):
+        def rows_last():
+            mixed(rows_first=False)
+
+        for fn in (mixed, rows_last, single):
             fn()  # compiles / autotunes outside the timing
         row = {"shape": f"{prompts}x{tokens}+{rows}", "tokens": prompts * tokens + rows,
-               "step_ms": _wall_ms(ctx, mixed, repeats), "one_sequence_ms": _wall_ms(ctx, single, repeats)}
+               "step_ms": _wall_ms(ctx, mixed, repeats), "rows_last_ms": _wall_ms(ctx, rows_last, repeats),
+               "one_sequence_ms": _wall_ms(ctx, single, repeats)}
         if rows:
             decode()
             row["decode_graph_ms"] = _wall_ms(ctx, decode, repeats)
@@ -135,13 +144,14 @@ def main() -> None:
     args = p.parse_args()
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    shapes = [_parse(s) for s in args.shapes.split(",")]
+    shapes = [_parse(s) for s in args.shapes.split(",") if s]
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     ctx = Context(Options(model=args.model, device=args.device, dtype=dtype,
                           max_prefill_capture_seqs=args.max_prefill_capture_seqs,
                           mixed_decode_lanes=args.mixed_decode_lanes))
-    ctx.require(max(p + r for p, _, r in shapes), max(args.context + 4 * args.repeats + 64,
-                                                     max(p * t + r for p, t, r in shapes) + 64))
+    if shapes:
+        ctx.require(max(p + r for p, _, r in shapes), max(args.context + 4 * args.repeats + 64,
+                                                         max(p * t + r for p, t, r in shapes) + 64))
     if args.serve:
         ctx.require(args.serve, args.input_len + args.output_len * 3 // 2 + 16)
     start = time.perf_counter()
@@ -153,10 +163,11 @@ def main() -> None:
           f"lanes): {keys}")
     rng = random.Random(0)
     rows = [_shape(ctx, runtime, *s, args.context, args.repeats, rng) for s in shapes]
-    print(f"{'shape':>12} {'tokens':>7} {'step ms':>9} {'one sequence ms':>16} {'decode graph ms':>16}")
+    print(f"{'shape':>12} {'tokens':>7} {'step ms':>9} {'rows last ms':>13} {'one sequence ms':>16} "
+          f"{'decode graph ms':>16}")
     for r in rows:
-        print(f"{r['shape']:>12} {r['tokens']:7d} {r['step_ms']:9.2f} {r['one_sequence_ms']:16.2f} "
-              f"{r.get('decode_graph_ms', float('nan')):16.3f}")
+        print(f"{r['shape']:>12} {r['tokens']:7d} {r['step_ms']:9.2f} {r['rows_last_ms']:13.2f} "
+              f"{r['one_sequence_ms']:16.2f} {r.get('decode_graph_ms', float('nan')):16.3f}")
     served = None
     if args.serve:
         served = _serve(ctx, llm, args.serve, args.requests, args.input_len, args.output_len, seed=1)
