@@ -359,11 +359,11 @@ class RuntimeConfig:
     # runs eagerly. Sequences past max_num_seqs are never captured.
     max_prefill_capture_tokens: int = 8192
     max_prefill_capture_seqs: int = 256
-    # A mixed step's decode rows (its leading one-token sequences) run through the linear layers' decode kernels, the
-    # prompt chunks beside them through the chunked path (StepInputs.decode_rows). The captured mixed steps hold this
-    # many decode rows (one key per token bucket and prompt-sequence bucket of up to 4), and LLMEngine runs a mixed
-    # step's decode rows past it as a decode step of their own. 0: decode rows take the chunked path as a prompt's
-    # tokens do, in the keys of their step's sequences (and past ~15 of them, a decode step of their own).
+    # A mixed step's decode rows (its leading one-token sequences), up to this many, run through the linear layers'
+    # decode kernels, the prompt chunks beside them through the chunked path (StepInputs.decode_rows). The captured
+    # mixed steps hold this many decode rows (one key per token bucket and prompt-sequence bucket of up to 4), and
+    # LLMEngine runs more decode rows as a decode step of their own. 0: decode rows take the chunked path as a
+    # prompt's tokens do, in the keys of their step's sequences (and past ~15 of them, a decode step of their own).
     mixed_decode_lanes: int = 16
     # Speculative decoding with the checkpoint's MTP layer: None (off), {"method": "mtp", "num_speculative_tokens": k}
     # or a SpeculativeConfig; validate() makes it a SpeculativeConfig (or None).

@@ -182,9 +182,9 @@ class Runtime:
 
     @property
     def decode_lanes(self) -> int:
-        """The most decode rows (one-token sequences leading a prompt step) a captured mixed step computes through
-        the linear layers' decode kernels; 0: decode rows take the prefill path (``RuntimeConfig.mixed_decode_lanes``,
-        off with speculative decoding)."""
+        """The most decode rows (one-token sequences leading a prompt step) a prompt step computes through the linear
+        layers' decode kernels, as many as a captured mixed step holds; a step of more computes them on the chunked
+        path, as 0 does for every step (``RuntimeConfig.mixed_decode_lanes``, off with speculative decoding)."""
         return self._decode_lanes
 
     @property
@@ -347,11 +347,13 @@ class Runtime:
                                  f"{tuple(tokens.shape)} {tokens.dtype} on {tokens.device}")
         counts = [s.num_uncomputed_tokens for s in seqs] if num_tokens is None else list(num_tokens)
         # The leading one-token sequences (a mixed step's decode rows) go through the linear layers' decode kernels
-        # (StepInputs.decode_rows), unless mixed_decode_lanes is 0.
+        # (StepInputs.decode_rows) where there are 1..mixed_decode_lanes of them, captured or not.
         decode_rows = 0
         if self._decode_lanes and not all_logits:
             while decode_rows < len(counts) and counts[decode_rows] == 1:
                 decode_rows += 1
+            if decode_rows > self._decode_lanes:
+                decode_rows = 0
         # The step replays a captured prompt step (ModelExecutor.compile_prefill) where one holds it: padded to its
         # key's shape by padding sequences, whose logits rows are dropped. A key without decode lanes computes the
         # decode rows as a prompt's tokens.

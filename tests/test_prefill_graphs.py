@@ -211,13 +211,11 @@ def test_padded_steps_of_several_sequences_equal_unpadded_ones(cpu_several, data
     _assert_several_runs_equal(got, want, 1e-4)
 
 
-@pytest.mark.parametrize("lanes", [0, 16])
-def test_eager_decode_rows_equal_the_chunked_path(qwen3_5_text_tied_path, lanes):
-    """Unpadded eager steps whose leading sequences are decode rows (0-4 of them, with a prompt part of 0-2 prompts
-    after them) through the linear layers' decode op equal the same steps with every row on the chunked path
-    (mixed_decode_lanes 0): logits, linear states and 4 greedy decode steps. ``lanes`` 0 checks the oracle
-    against itself: both runtimes then take the chunked path."""
-    fast = _runtime(qwen3_5_text_tied_path, "cpu", mixed_decode_lanes=lanes)
+def test_eager_decode_rows_equal_the_chunked_path(qwen3_5_text_tied_path):
+    """Eager steps whose leading sequences are decode rows (1-4 of them, padded to 4 lanes, with a prompt part of
+    0-2 prompts after them) through the linear layers' decode op equal the same steps with every row on the chunked
+    path (mixed_decode_lanes 0): logits, linear states and 4 greedy decode steps."""
+    fast = _runtime(qwen3_5_text_tied_path, "cpu")
     chunked = _runtime(qwen3_5_text_tied_path, "cpu", mixed_decode_lanes=0)
     for lengths, rows in [([9, 5, 12], [True, True, False]), ([4] * 4, [True] * 4), ([7, 30], [True, False]),
                           ([3, 11, 6, 2], [True, True, False, False]), ([1, 8], [False, False])]:
@@ -308,6 +306,25 @@ def test_an_eager_steps_decode_rows_fill_whole_lanes_of_four(qwen3_5_text_tied_p
             prompt.state_slot]
         assert step.state_slots[lanes:].data_ptr() % 16 == 0
         assert step.prompt_cu_seqlens.tolist() == [0, 11] and step.cu_seqlens_long.tolist() == [0, 11]
+        for seq in [*rows, prompt]:
+            rt.release(seq)
+
+
+def test_decode_rows_past_the_lanes_take_the_chunked_path(qwen3_5_text_tied_path):
+    """A prefill step computes its leading one-token sequences in decode lanes where there are 1..mixed_decode_lanes
+    of them (here 2), eager as captured; with more, all take the chunked path (no lanes)."""
+    rt = _runtime(qwen3_5_text_tied_path, "cpu", mixed_decode_lanes=2)
+    seen, execute = [], rt.executor.execute
+    rt.executor.execute = lambda step, *args, **kwargs: seen.append(step.decode_rows) or execute(step, *args, **kwargs)
+    for d in (1, 2, 3):
+        rows = [rt.add_sequence([3, 5, 7]) for _ in range(d)]
+        for seq in rows:
+            rt.prefill([seq])
+            seq.token_ids.append(9)
+        prompt = rt.add_sequence([2] * 6)
+        seen.clear()
+        rt.prefill([*rows, prompt])
+        assert seen == [4 if d <= 2 else 0], (d, seen)  # lanes padded to a multiple of four
         for seq in [*rows, prompt]:
             rt.release(seq)
 
@@ -554,7 +571,8 @@ def test_captured_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied_path, m
     from ops.triton import delta_rule_kernels
 
     monkeypatch.setattr(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", 0)
-    captured, plain = _runtime(qwen3_5_text_tied_path, "cuda"), _runtime(qwen3_5_text_tied_path, "cuda")
+    # No decode lanes on either side: a one-token prompt takes the chunked path in both
+    captured, plain = (_runtime(qwen3_5_text_tied_path, "cuda", mixed_decode_lanes=0) for _ in range(2))
     live = captured.add_sequence([3, 1, 4, 1, 5, 9, 2, 6])  # a sequence the capture must leave as it is
     captured.prefill([live])
     before = _states(captured, live.state_slot)
@@ -608,15 +626,16 @@ def test_captured_chunked_prompt_steps_equal_eager_ones_on_gpu(qwen3_5_text_tied
 def test_captured_steps_of_several_sequences_equal_eager_ones_on_gpu(qwen3_5_text_tied_path, monkeypatch):
     """The real capture of steps of several sequences: prompts together and mixed steps (decode rows whose token
     comes from the device), 1-4 sequences, replay their key (up to 2 leading decode rows in a mixed key's decode
-    lanes) and give the logits, states and greedy continuation of the eager runtime that computes decode rows on the
-    chunked path as a prompt's tokens (on the chunked delta rule too, as the graphs)."""
+    lanes) and give the logits, states and greedy continuation of the eager runtime of the same decode lanes (the
+    same ops: its decode rows, up to 2, through the decode op, more on the chunked path; the chunked delta rule too,
+    as the graphs). That the two paths compute the same: the CPU tests against the chunked path (exact references),
+    the GPU kernels' tests against the references."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     from ops.triton import delta_rule_kernels
 
     monkeypatch.setattr(delta_rule_kernels, "RECURRENT_PREFILL_MAX_TOKENS", 0)
-    captured = _runtime(qwen3_5_text_tied_path, "cuda")
-    plain = _runtime(qwen3_5_text_tied_path, "cuda", mixed_decode_lanes=0)
+    captured, plain = (_runtime(qwen3_5_text_tied_path, "cuda", mixed_decode_lanes=2) for _ in range(2))
     graphs = captured.executor.compile_prefill(BUCKETS, 4, decode_lanes=2)
     assert graphs is not None and set(graphs._graphs) == {(b, s, lanes) for b in BUCKETS for s in (1, 2, 4)
                                                           for lanes in (0, 2)}
