@@ -22,8 +22,8 @@ step is a few copies and one replay.
 Mixed keys: a mixed step's decode rows lead it, one token each, and the linear layers compute them through their
 decode op (``StepInputs.decode_rows``, compiled_engine/gated_deltanet.py). A graph holds a fixed number of them, so
 a key with ``decode_lanes`` (``RuntimeConfig.mixed_decode_lanes``) holds that many one-token lanes first, the step's
-decode rows and then padding lanes (one token on the null slot and block: the decode op neither reads nor writes the
-null slot's state), and after them its prompt part, which is padded as a prompt step is (below). Its tokens and
+decode rows and then padding lanes (one token on the null slot and block: the decode op reads the null slot's
+recurrent state as zeros and writes none back), and after them its prompt part, which is padded as a prompt step is (below). Its tokens and
 sequences count the prompt part. Mixed keys exist for prompt parts of up to ``MIXED_PROMPT_SEQUENCES`` sequences at
 every token bucket; a step of more decode rows, or of more prompts, takes a key without lanes, where its decode rows
 go through the chunked path as a prompt's tokens do. Not captured with a drafter.

@@ -166,9 +166,10 @@ LANES = 2  # the decode lanes of the CPU stand-in's mixed keys: steps of 3-4 dec
 
 @pytest.fixture(scope="module")
 def cpu_several(qwen3_5_text_tied_path):
-    """A runtime on padded steps of up to 4 sequences, with mixed keys of LANES decode lanes, and the oracle: a
-    runtime on unpadded eager steps that computes decode rows as a prompt's tokens (the chunked path), as a
-    runtime with mixed_decode_lanes 0 does."""
+    """A runtime on padded steps of up to 4 sequences, with mixed keys of LANES decode lanes (under its own 16, so
+    that the engine runs mixed steps of 3-4 decode rows on keys without lanes), and the oracle: a runtime on
+    unpadded eager steps that computes decode rows as a prompt's tokens (the chunked path), as a runtime with
+    mixed_decode_lanes 0 does."""
     padded = _runtime(qwen3_5_text_tied_path, "cpu")
     plain = _runtime(qwen3_5_text_tied_path, "cpu", mixed_decode_lanes=0)
     graphs = EagerPrefillGraphs(padded.model, BUCKETS, max_blocks_per_seq=16, block_size=8, device="cpu",
