@@ -87,6 +87,8 @@ BAD_KNOBS = [
     (dict(max_prefill_capture_tokens=512.0), "max_prefill_capture_tokens"),
     (dict(max_prefill_capture_seqs=0), "max_prefill_capture_seqs"),
     (dict(max_prefill_capture_seqs=4.0), "max_prefill_capture_seqs"),
+    (dict(mixed_decode_lanes=-1), "mixed_decode_lanes"),
+    (dict(mixed_decode_lanes=16.0), "mixed_decode_lanes"),
 ]
 
 
