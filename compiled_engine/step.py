@@ -105,7 +105,7 @@ def pack_step(
         input_ids, positions, slot_mapping = (np.concatenate(parts) for parts in (ids, pos, slots))
         if any(n != 1 for n in counts[:decode_rows]) or decode_rows > len(seqs):
             raise ValueError(f"decode_rows={decode_rows} needs that many leading sequences of one token each")
-        prompt_cu_seqlens = [c - decode_rows for c in cu_seqlens[decode_rows:]]
+        prompt_cu_seqlens = [c - decode_rows for c in cu_seqlens[decode_rows:]] if decode_rows else cu_seqlens
         # the delta rule's, on the host: no device sync
         chunks = host_chunk_indices(prompt_cu_seqlens, num_rows=chunk_rows)
     else:  # one token each: the per-sequence loop above, unrolled (this runs every decode step, for up to 256 rows)
@@ -119,9 +119,10 @@ def pack_step(
     width = max(len(seq.block_table) for seq in seqs)
     # int64: input_ids | positions | slot_mapping | the prompt part's cu_seqlens (again, for FLA) | chunk indices
     at64 = _offsets([num_tokens, num_tokens, num_tokens, len(prompt_cu_seqlens), len(chunks)], _ALIGN // 8)
-    # int32: context_lens | state_slots | cu_seqlens | the prompt part's | block tables (the null block beyond their
-    # end)
-    at32 = _offsets([num_seqs, num_seqs, len(cu_seqlens), len(prompt_cu_seqlens), num_seqs * width], _ALIGN // 4)
+    # int32: context_lens | state_slots | cu_seqlens | the prompt part's (with decode rows) | block tables (the null
+    # block beyond their end)
+    own_prompt = prompt_cu_seqlens if decode_rows else []
+    at32 = _offsets([num_seqs, num_seqs, len(cu_seqlens), len(own_prompt), num_seqs * width], _ALIGN // 4)
     # Both in one byte buffer, the int32 part from a 16-byte boundary: one host -> device copy per step.
     bytes64 = -(-at64[-1] * 8 // _ALIGN) * _ALIGN
     packed = np.zeros(bytes64 + at32[-1] * 4, dtype=np.uint8)
@@ -129,7 +130,7 @@ def pack_step(
     for begin, values in zip(at64, (input_ids, positions, slot_mapping, prompt_cu_seqlens, chunks)):
         packed64[begin : begin + len(values)] = values
     packed32[:] = NULL_BLOCK
-    for begin, values in zip(at32, (context_lens, state_slots, cu_seqlens, prompt_cu_seqlens)):
+    for begin, values in zip(at32, (context_lens, state_slots, cu_seqlens, own_prompt)):
         packed32[begin : begin + len(values)] = values
     tables_at = at32[4]
     packed_tables = packed32[tables_at : tables_at + num_seqs * width].reshape(num_seqs, width)
