@@ -360,8 +360,8 @@ class Runtime:
         bucket = self._prefill_bucket(seqs, counts, decode_rows) if not all_logits else None
         if bucket is not None and not bucket[2]:
             decode_rows = 0
-        lanes = decode_lane_count(decode_rows, bucket)  # the decode rows, then padding lanes
         step = self.build_step(seqs, counts, is_prefill=True, pad_to=bucket, decode_rows=decode_rows)
+        lanes = step.decode_rows  # the decode rows, then padding lanes
         if device_input_ids is not None:
             if lanes > decode_rows:  # the lanes' padding sits before the prompt part
                 indices = torch.where(indices < decode_rows, indices, indices + (lanes - decode_rows))

@@ -83,8 +83,9 @@ def pack_step(
     """The StepInputs of computing the next ``counts[i]`` tokens of each sequence (its blocks already reserved).
     ``chunk_rows``: a prefill step's chunk table padded to that many rows (``host_chunk_indices``' skip rows).
     ``tables``: the block tables kept by slot (CacheManager.block_tables), read instead of each sequence's list.
-    ``decode_rows``: a prefill step's leading sequences of one token each that the linear layers compute as decode
-    rows (``StepInputs.decode_rows``); the chunk table and the int64 offsets are then the prompt part's.
+    ``decode_rows``: a prefill step's leading sequences of one token each (``Runtime.build_step`` checks them) that
+    the linear layers compute as decode rows (``StepInputs.decode_rows``); the chunk table and the int64 offsets are
+    then the prompt part's.
 
     Reads each sequence's tokens, ``num_computed_tokens`` and ``block_table``; changes nothing. Every field is
     packed into one host buffer (an int64 part and an int32 part), moved to ``device`` in a single pinned,
@@ -103,8 +104,6 @@ def pack_step(
             slots.append(np.asarray(seq.block_table, dtype=np.int64)[p // block_size] * block_size + p % block_size)
             cu_seqlens.append(cu_seqlens[-1] + n)
         input_ids, positions, slot_mapping = (np.concatenate(parts) for parts in (ids, pos, slots))
-        if any(n != 1 for n in counts[:decode_rows]) or decode_rows > len(seqs):
-            raise ValueError(f"decode_rows={decode_rows} needs that many leading sequences of one token each")
         prompt_cu_seqlens = [c - decode_rows for c in cu_seqlens[decode_rows:]] if decode_rows else cu_seqlens
         # the delta rule's, on the host: no device sync
         chunks = host_chunk_indices(prompt_cu_seqlens, num_rows=chunk_rows)
