@@ -11,8 +11,9 @@ milliseconds and hides what a new machine pays.
 
 After start-up this installs Triton's ``jit_cache_hook`` (called where a kernel meets a variant its process has not
 compiled yet) and sends bursts of requests through ``LLM.generate``: ``--bursts`` gives each as ``PxT`` (P requests
-arriving together, prompts of T tokens), greedy and then sampled (temperature 0.8, top-p 0.95, top-k 50), each for
-``--max-tokens`` tokens. For each burst it reports the wall ms of its first run and of a second run of fresh prompts
+arriving together, prompts of T tokens), in each of ``--modes`` (greedy; sampled with top-k and top-p, temperature
+alone, top-p alone, top-k alone; top-p with presence, frequency and repetition penalties), each for ``--max-tokens``
+tokens. For each burst it reports the wall ms of its first run and of a second run of fresh prompts
 of the same shape, and the variants that compiled during the first (kernel and argument types).
 """
 
@@ -59,6 +60,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3.5-0.8b")
     p.add_argument("--bursts", default=DEFAULT_BURSTS, help="comma-separated PxT")
+    p.add_argument("--modes", default="greedy,sampled,temperature,top_p,top_k,penalties",
+                   help="comma-separated sampling settings, each burst in each")
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--max-num-seqs", type=int, default=None, help="the engine's (default: the largest burst)")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (no Triton kernels there)")
@@ -76,9 +79,15 @@ def main() -> None:
     variants.install()
     vocab = llm.runtime.model_config.vocab_size
     rng = random.Random(0)
-    modes = {"greedy": SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True),
-             "sampled": SamplingParams(temperature=0.8, top_p=0.95, top_k=50, max_tokens=args.max_tokens,
-                                       ignore_eos=True, seed=0)}
+    common = dict(max_tokens=args.max_tokens, ignore_eos=True, seed=0)
+    modes = {"greedy": SamplingParams(temperature=0.0, **common),
+             "sampled": SamplingParams(temperature=0.8, top_p=0.95, top_k=50, **common),
+             "temperature": SamplingParams(temperature=1.0, **common),
+             "top_p": SamplingParams(temperature=0.7, top_p=0.9, **common),
+             "top_k": SamplingParams(temperature=0.7, top_k=20, **common),
+             "penalties": SamplingParams(temperature=0.7, top_p=0.9, presence_penalty=0.5, frequency_penalty=0.5,
+                                         repetition_penalty=1.1, **common)}
+    modes = {name: modes[name] for name in args.modes.split(",")}
     rows = []
     for requests, tokens in bursts:
         for mode, params in modes.items():
@@ -95,7 +104,7 @@ def main() -> None:
             row = {"burst": f"{requests}x{tokens}", "mode": mode, "first_ms": times[0], "again_ms": times[1],
                    "compiled_first": compiled[0], "compiled_again": compiled[1]}
             rows.append(row)
-            print(f"{row['burst']:>8} {mode:>8}: first {times[0]:9.1f} ms, again {times[1]:8.1f} ms, "
+            print(f"{row['burst']:>8} {mode:>11}: first {times[0]:9.1f} ms, again {times[1]:8.1f} ms, "
                   f"{len(compiled[0])} variants compiled in the first ({len(compiled[1])} in the second)", flush=True)
             for name in compiled[0] + compiled[1]:
                 print(f"         {name[:400]}")

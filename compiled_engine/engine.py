@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -38,13 +39,15 @@ from compiled_engine.outputs import RequestOutput, TokenLogprobs
 from compiled_engine.rejection_sampler import rejection_sample
 from compiled_engine.request import Request
 from compiled_engine.runtime import Runtime, validate_prompt
-from compiled_engine.sampler import bad_word_ids, sample, sampling_batch, sampling_inputs
+from compiled_engine.sampler import bad_word_ids, sample, sampling_batch, sampling_inputs, warm_up_sampling
 from compiled_engine.sampling_params import RequestOutputKind, SamplingParams
 from compiled_engine.scheduler import ScheduledBatch, Scheduler
 from compiled_engine.sequence import Sequence, SequenceStatus
 from compiled_engine.speculative import RoundResults, SpeculativeStep
 from compiled_engine.step import upload
 from compiled_engine.structured_output import GrammarCache
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -248,6 +251,10 @@ class LLMEngine:
         self.scheduler = Scheduler(runtime.caches, runtime.config.max_num_seqs, max_num_batched_tokens,
                                    mixed_steps=mixed_steps, kv_growth_reserve=kv_growth_reserve,
                                    decode_tokens=1 + self.num_speculative_tokens, max_model_len=runtime.max_model_len)
+        if runtime.device.type == "cuda":  # this rank samples every step's rows
+            start = time.perf_counter()
+            warm_up_sampling(runtime.model_config.vocab_size, runtime.config.max_num_seqs, runtime.device)
+            logger.info("compiled the sampler's eager kernels in %.1f s", time.perf_counter() - start)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)
         # The ids of those that ask for logprobs: while none does, a step does not look for them row by row.

@@ -29,7 +29,7 @@ from compiled_engine.structured_output import token_masks
 
 __all__ = ["LogitBias", "Penalties", "SamplingBatch", "TokenMasks", "allowed_tokens", "apply_logit_bias_",
            "apply_penalties_", "apply_token_masks_", "bad_word_ends", "bad_word_ids", "grammar_masks", "logit_bias",
-           "penalties", "sample", "sampling_batch", "sampling_inputs", "uniform_noise"]
+           "penalties", "sample", "sampling_batch", "sampling_inputs", "uniform_noise", "warm_up_sampling"]
 
 
 @dataclass
@@ -127,6 +127,24 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         return logits.argmax(dim=-1)
     return sample_op(logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.seeds, batch.counters,
                      batch.use_top_k, batch.use_top_p)
+
+
+def warm_up_sampling(vocab: int, max_rows: int, device: torch.device) -> None:
+    """Compile ``ce::sample``'s kernels for the calls ``sample`` makes outside the decode graphs, before serving.
+
+    The decode graphs sample from the model-dtype logits with top-k and top-p on; a prompt step's first tokens and
+    the rows of adjusted logits (penalties, logit bias, masks) are sampled eagerly from fp32 logits, with top-k and top-p
+    each on only where a row uses it. Triton compiles a kernel variant for each of those four cases and each chunk
+    size (ops/triton/sample_kernels.py picks the larger one for many rows), ~10 kernels each: met first by a request,
+    each costs its step seconds on an empty Triton cache, stalling every running request. Rows 1 and ``max_rows``
+    give both chunk sizes where ``max_rows`` reaches the larger one."""
+    for rows in sorted({1, max_rows}):
+        logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
+        ones, zeros = torch.ones(rows, device=device), torch.zeros(rows, device=device)
+        ints = torch.zeros(rows, dtype=torch.int64, device=device)
+        for use_top_k in (False, True):
+            for use_top_p in (False, True):
+                sample_op(logits, ones, ints + 50, ones - 0.1, zeros, ints, ints, use_top_k, use_top_p)
 
 
 # --------------------------------------------------------------------------------------------------------------

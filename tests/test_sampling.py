@@ -517,3 +517,33 @@ def test_eos_from_the_checkpoint(eos_case, model_path, load_hf_model, tmp_path_f
         assert eos not in out.token_ids[:4]
         assert (out.finish_reason == "stop") == (eos in out.token_ids) and eos not in out.token_ids[:-1]
     assert_clean(llm.engine)
+
+
+@pytest.mark.gpu
+def test_no_sampling_kernel_compiles_while_serving(model_path, monkeypatch):
+    """Start-up compiles ce::sample's kernels for every eager call (LLMEngine: ``warm_up_sampling``), so that a
+    sampled request of any top-k / top-p setting, alone or beside others, compiles none in the middle of serving:
+    on an empty Triton cache each compile stalls its step for seconds. Oracle: Triton's ``jit_cache_hook``, called
+    where a kernel meets a variant its process has not compiled. The kernels' in-process caches are emptied first, so
+    that the engine's start-up, not an earlier test, must have compiled them."""
+    import triton
+
+    from compiled_engine import LLM
+    from ops.triton import sample_kernels
+
+    kernels = [k for k in vars(sample_kernels).values() if isinstance(k, triton.runtime.JITFunction)
+               and k.__name__.startswith("_sample_")]
+    assert kernels
+    for kernel in kernels:
+        kernel.device_caches.clear()
+    llm = LLM(str(model_path), device="cuda", dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=4,
+              block_size=16)
+    compiled = []
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda **kw: compiled.append(kw["repr"]))
+    for top_k in (0, 20):
+        for top_p in (1.0, 0.9):
+            for requests in (1, 4):
+                params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, max_tokens=3, seed=1)
+                outs = llm.generate([prompt(8 + i) for i in range(requests)], params, use_tqdm=False)
+                assert all(len(out.outputs[0].token_ids) == 3 for out in outs)
+    assert not [name for name in compiled if name.startswith("_sample_")], compiled

@@ -429,7 +429,9 @@ def _sample_row_kernel(logits, stride_row, V, temperature, top_k, top_p, min_p, 
     tl.store(handled + row, done)
 
 
-@triton.jit
+# ``shift`` (the pass's digit: 28, 24, ..., 0) is not specialised: Triton would compile a variant for the multiples
+# of 16 among them and another for the rest, where one serves every pass.
+@triton.jit(do_not_specialize=["shift"])
 def _sample_radix_kernel(logits, stride_row, V, temperature, top_k, top_p, num_chunks, chunk_max, num_blocks,
                          block_max, live_list, part_in, state_in, part_out, state_out, shift, handled,
                          SHIFT: tl.constexpr, KEY_BITS: tl.constexpr, MASS: tl.constexpr, TOPK_START: tl.constexpr,
