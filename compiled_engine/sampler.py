@@ -137,7 +137,10 @@ def warm_up_sampling(vocab: int, max_rows: int, device: torch.device) -> None:
     each on only where a row uses it. Triton compiles a kernel variant for each of those four cases and each chunk
     size (ops/triton/sample_kernels.py picks the larger one for many rows), ~10 kernels each: met first by a request,
     each costs its step seconds on an empty Triton cache, stalling every running request. Rows 1 and ``max_rows``
-    give both chunk sizes where ``max_rows`` reaches the larger one."""
+    give both chunk sizes where ``max_rows`` reaches the larger one. The penalties' kernel too (one variant)."""
+    table = torch.zeros(1, 3, dtype=torch.int64, device=device)  # a row of the token table: row, prompt, output
+    one = torch.ones(1, device=device)
+    apply_penalties_op(torch.zeros(1, vocab, device=device), table[:, 0], table[:, 1:2], table[:, 2:], one, one, one)
     for rows in sorted({1, max_rows}):
         logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
         ones, zeros = torch.ones(rows, device=device), torch.zeros(rows, device=device)

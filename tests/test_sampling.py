@@ -521,18 +521,19 @@ def test_eos_from_the_checkpoint(eos_case, model_path, load_hf_model, tmp_path_f
 
 @pytest.mark.gpu
 def test_no_sampling_kernel_compiles_while_serving(model_path, monkeypatch):
-    """Start-up compiles ce::sample's kernels for every eager call (LLMEngine: ``warm_up_sampling``), so that a
-    sampled request of any top-k / top-p setting, alone or beside others, compiles none in the middle of serving:
-    on an empty Triton cache each compile stalls its step for seconds. Oracle: Triton's ``jit_cache_hook``, called
-    where a kernel meets a variant its process has not compiled. The kernels' in-process caches are emptied first, so
-    that the engine's start-up, not an earlier test, must have compiled them."""
+    """Start-up compiles ce::sample's kernels for every eager call and the penalties' kernel (LLMEngine:
+    ``warm_up_sampling``), so that a sampled request of any top-k / top-p setting, with or without a penalty, alone
+    or beside others, compiles none in the middle of serving: on an empty Triton cache each compile stalls its step
+    for seconds. Oracle: Triton's ``jit_cache_hook``, called where a kernel meets a variant its process has not
+    compiled. The kernels' in-process caches are emptied first, so that the engine's start-up, not an earlier test,
+    must have compiled them."""
     import triton
 
     from compiled_engine import LLM
-    from ops.triton import sample_kernels
+    from ops.triton import penalty_kernels, sample_kernels
 
-    kernels = [k for k in vars(sample_kernels).values() if isinstance(k, triton.runtime.JITFunction)
-               and k.__name__.startswith("_sample_")]
+    kernels = [k for module in (sample_kernels, penalty_kernels) for k in vars(module).values()
+               if isinstance(k, triton.runtime.JITFunction) and k.__name__.startswith(("_sample_", "_apply_penalties"))]
     assert kernels
     for kernel in kernels:
         kernel.device_caches.clear()
@@ -542,8 +543,10 @@ def test_no_sampling_kernel_compiles_while_serving(model_path, monkeypatch):
     monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda **kw: compiled.append(kw["repr"]))
     for top_k in (0, 20):
         for top_p in (1.0, 0.9):
-            for requests in (1, 4):
-                params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, max_tokens=3, seed=1)
-                outs = llm.generate([prompt(8 + i) for i in range(requests)], params, use_tqdm=False)
-                assert all(len(out.outputs[0].token_ids) == 3 for out in outs)
-    assert not [name for name in compiled if name.startswith("_sample_")], compiled
+            for penalty in (0.0, 0.5):
+                for requests in (1, 4):
+                    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, presence_penalty=penalty,
+                                            max_tokens=3, seed=1)
+                    outs = llm.generate([prompt(8 + i) for i in range(requests)], params, use_tqdm=False)
+                    assert all(len(out.outputs[0].token_ids) == 3 for out in outs)
+    assert not [name for name in compiled if name.startswith(("_sample_", "_apply_penalties"))], compiled

@@ -20,7 +20,9 @@ BLOCK = 2048
 IN_PROMPT = 1 << 30  # the code's prompt bit; the output count lives in the bits below it
 
 
-@triton.jit
+# The strides of the per-row inputs are not specialised: the rows are a column of the sampler's token table, whose
+# width (a step's longest prompt and output) is sometimes a multiple of 16, which would compile another variant.
+@triton.jit(do_not_specialize=["stride_rows", "stride_presence", "stride_frequency", "stride_repetition"])
 def _apply_penalties_kernel(logits, stride_row, rows, stride_rows, codes, V, presence, stride_presence, frequency,
                             stride_frequency, repetition, stride_repetition, IN_PROMPT: tl.constexpr,
                             BLOCK: tl.constexpr):
