@@ -211,8 +211,7 @@ def interpreter_result() -> dict:
     return json.loads(lines[-1])
 
 
-# Its child runs in the main thread: the background thread (tests/background.py) already carries the longer half of
-# the suite's work (bench/NOTES.md, CPU CI, tenth session).
+@pytest.mark.interpreter_child(CHILD_ARGV)  # started in the background: tests/background.py
 def test_kernels_equal_decode_steps_in_a_row_in_interpreter(interpreter_result):
     assert interpreter_result["error"] is None, interpreter_result["error"]
 

@@ -267,8 +267,7 @@ def interpreter_results() -> dict:
     return json.loads(lines[-1])
 
 
-# Its child runs in the main thread: the background thread (tests/background.py) already carries the longer half of
-# the suite's work (bench/NOTES.md, CPU CI, tenth session).
+@pytest.mark.interpreter_child(CHILD_ARGV)  # started in the background: tests/background.py
 def test_fused_moe_kernel_matches_reference_in_interpreter(interpreter_results):
     assert set(interpreter_results) == {"fused_moe_hypothesis", "moe_align_kernel", "fused_moe_sorted_align",
                                         "routed_moe_kernels", "moe_route_kernel", "experts_gemv",
