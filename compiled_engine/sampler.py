@@ -132,12 +132,14 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 def warm_up_sampling(vocab: int, max_rows: int, device: torch.device) -> None:
     """Compile ``ce::sample``'s kernels for the calls ``sample`` makes outside the decode graphs, before serving.
 
-    The decode graphs sample from the model-dtype logits with top-k and top-p on; a prompt step's first tokens and
-    the rows of adjusted logits (penalties, logit bias, masks) are sampled eagerly from fp32 logits, with top-k and top-p
-    each on only where a row uses it. Triton compiles a kernel variant for each of those four cases and each chunk
-    size (ops/triton/sample_kernels.py picks the larger one for many rows), ~10 kernels each: met first by a request,
-    each costs its step seconds on an empty Triton cache, stalling every running request. Rows 1 and ``max_rows``
-    give both chunk sizes where ``max_rows`` reaches the larger one. The penalties' kernel too (one variant)."""
+    The decode graphs sample from model-dtype logits with top-k and top-p on. A prompt step's first tokens and the
+    rows of adjusted logits (penalties, logit bias, masks) are sampled eagerly from fp32 logits, top-k and top-p each
+    on only where a row uses it: Triton compiles a kernel variant for each of those four cases and each chunk size
+    (ops/triton/sample_kernels.py takes the larger one for many rows), ~10 kernels each. Met first by a request, each
+    costs its step seconds on an empty Triton cache, stalling every running request. Rows 1 and ``max_rows`` give
+    both chunk sizes where ``max_rows`` reaches the larger one. The penalties' kernel too (one variant). Not here: an
+    engine without decode graphs (``enforce_eager``) samples its decode rows from model-dtype logits, which are fp32
+    only in an fp32 model."""
     table = torch.zeros(1, 3, dtype=torch.int64, device=device)  # a row of the token table: row, prompt, output
     one = torch.ones(1, device=device)
     apply_penalties_op(torch.zeros(1, vocab, device=device), table[:, 0], table[:, 1:2], table[:, 2:], one, one, one)
