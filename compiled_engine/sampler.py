@@ -15,6 +15,8 @@ fused rounds, ``sampling_batch`` for sampling from logits), each kind of field i
 
 from __future__ import annotations
 
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,7 +131,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
                      batch.use_top_k, batch.use_top_p)
 
 
-def warm_up_sampling(vocab: int, max_rows: int, device: torch.device) -> None:
+def warm_up_sampling(vocab: int, max_rows: int, device: torch.device, threads: int = 8) -> None:
     """Compile ``ce::sample``'s kernels for the calls ``sample`` makes outside the decode graphs, before serving.
 
     The decode graphs sample from model-dtype logits with top-k and top-p on. A prompt step's first tokens and the
@@ -139,17 +141,34 @@ def warm_up_sampling(vocab: int, max_rows: int, device: torch.device) -> None:
     costs its step seconds on an empty Triton cache, stalling every running request. Rows 1 and ``max_rows`` give
     both chunk sizes where ``max_rows`` reaches the larger one. The penalties' kernel too (one variant). Not here: an
     engine without decode graphs (``enforce_eager``) samples its decode rows from model-dtype logits, which are fp32
-    only in an fp32 model."""
-    table = torch.zeros(1, 3, dtype=torch.int64, device=device)  # a row of the token table: row, prompt, output
-    one = torch.ones(1, device=device)
-    apply_penalties_op(torch.zeros(1, vocab, device=device), table[:, 0], table[:, 1:2], table[:, 2:], one, one, one)
-    for rows in sorted({1, max_rows}):
+    only in an fp32 model.
+
+    The cases run on ``threads`` threads: Triton's compiler (its passes, ptxas) runs mostly outside the GIL, and each
+    call has its own workspace, so the calls only share the stream. A variant two cases meet may compile twice."""
+
+    def penalties() -> None:
+        table = torch.zeros(1, 3, dtype=torch.int64, device=device)  # a row of the token table: row, prompt, output
+        one = torch.ones(1, device=device)
+        apply_penalties_op(torch.zeros(1, vocab, device=device), table[:, 0], table[:, 1:2], table[:, 2:], one, one,
+                           one)
+
+    def draw(rows: int, use_top_k: bool, use_top_p: bool) -> None:
         logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
         ones, zeros = torch.ones(rows, device=device), torch.zeros(rows, device=device)
         ints = torch.zeros(rows, dtype=torch.int64, device=device)
-        for use_top_k in (False, True):
-            for use_top_p in (False, True):
-                sample_op(logits, ones, ints + 50, ones - 0.1, zeros, ints, ints, use_top_k, use_top_p)
+        sample_op(logits, ones, ints + 50, ones - 0.1, zeros, ints, ints, use_top_k, use_top_p)
+
+    cases = [(penalties, ())] + [(draw, (rows, use_top_k, use_top_p)) for rows in sorted({1, max_rows})
+                                 for use_top_k in (False, True) for use_top_p in (False, True)]
+
+    def run(case) -> None:
+        fn, args = case
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            fn(*args)
+
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="warm-up-sampling") as pool:
+        for done in [pool.submit(run, case) for case in cases]:
+            done.result()  # a compile error raised here, in the caller
 
 
 # --------------------------------------------------------------------------------------------------------------
