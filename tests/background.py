@@ -1,18 +1,22 @@
-"""Triton-interpreter children, started in the background as soon as collection ends.
+"""Child processes of Triton checks, started in the background as soon as collection ends.
 
-The suite runs in one process on one core (conftest.py: one torch thread), and the interpreter checks
-(tests/test_sampling_interpreter.py, tests/test_moe_ops.py, tests/test_gated_deltanet_verify.py) are single-threaded
-child processes that need nothing from the parent but their command line. So conftest.py starts the children of the
-selected tests one at a time on a background thread when collection ends, and moves those tests to the end of the
-session: by the time they run, their child has mostly finished on the otherwise idle second core. A test gets its
-child's result with ``run_child(argv)``: the same command, environment and timeout whether the child was started in
-the background or (not started there: pytest-xdist workers, ``-p no:...``, a child not registered) is run right
-then. A test marks the child it will ask for with ``@pytest.mark.interpreter_child(argv)``.
+The suite runs in one process on one core (conftest.py: one torch thread), and the Triton checks that need no GPU
+(the interpreter's: tests/test_kernels_interpreter.py, test_sampling_interpreter.py, test_moe_ops.py,
+test_gated_deltanet_verify.py; the sm_90 compiles: test_kernels_compile_sm90.py) are single-threaded child processes
+that need nothing from the parent but their command line. So conftest.py starts the children of the selected tests
+one at a time on a background thread when collection ends, and moves those tests to the end of the session: by the
+time they run, their child has mostly finished on the otherwise idle second core. A test gets its child's result with
+``run_child(argv, interpret)`` (or its last JSON line with ``child_json``): the same command, environment and timeout
+whether the child was started in the background or (not started there: pytest-xdist workers, ``-p no:...``, a child
+not registered) is run right then. A test marks the child it will ask for with
+``@pytest.mark.background_child(argv)``, or ``background_child(argv, interpret=False)`` for one that compiles for
+the GPU (``TRITON_INTERPRET`` unset).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import threading
@@ -22,16 +26,24 @@ REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600  # per child, counted from its own start
 
 
-def child_env() -> dict:
+Child = tuple[tuple[str, ...], bool]  # (argv, interpret)
+
+
+def child_env(interpret: bool = True) -> dict:
     pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=pythonpath)
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
     env.setdefault("OMP_NUM_THREADS", "1")  # one core's work: no spinning intra-op threads against the parent
     return env
 
 
-def _run(argv: tuple[str, ...], on_start=None) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(list(argv), cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def _run(child: Child, on_start=None) -> subprocess.CompletedProcess:
+    argv, interpret = child
+    proc = subprocess.Popen(list(argv), cwd=REPO, env=child_env(interpret), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     if on_start is not None:
         on_start(proc)
     try:
@@ -44,26 +56,26 @@ def _run(argv: tuple[str, ...], on_start=None) -> subprocess.CompletedProcess:
 
 
 class _Background:
-    def __init__(self, argvs: list[tuple[str, ...]]):
-        self.results: dict[tuple[str, ...], object] = {}
-        self.done = {argv: threading.Event() for argv in argvs}
-        self.order = list(argvs)
+    def __init__(self, children: list[Child]):
+        self.results: dict[Child, object] = {}
+        self.done = {child: threading.Event() for child in children}
+        self.order = list(children)
         self.current: subprocess.Popen | None = None
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="interpreter-children", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
-        for argv in self.order:
+        for child in self.order:
             if self.stopped:
                 break
             try:
-                self.results[argv] = _run(argv, on_start=lambda p: setattr(self, "current", p))
+                self.results[child] = _run(child, on_start=lambda p: setattr(self, "current", p))
             except BaseException as exc:  # noqa: BLE001  (re-raised in the test that asks)
-                self.results[argv] = exc
+                self.results[child] = exc
             finally:
                 self.current = None
-                self.done[argv].set()
+                self.done[child].set()
 
     def stop(self) -> None:
         self.stopped = True
@@ -75,12 +87,12 @@ class _Background:
 _background: _Background | None = None
 
 
-def start(argvs: list[tuple[str, ...]]) -> None:
-    """Starts ``argvs`` (in this order, one at a time) on a background thread; called by conftest.py."""
+def start(children: list[Child]) -> None:
+    """Starts ``children`` (in this order, one at a time) on a background thread; called by conftest.py."""
     global _background
-    if _background is not None or not argvs or importlib.util.find_spec("triton") is None:
+    if _background is not None or not children or importlib.util.find_spec("triton") is None:
         return
-    _background = _Background(list(dict.fromkeys(argvs)))
+    _background = _Background(list(dict.fromkeys(children)))
 
 
 def stop() -> None:
@@ -89,9 +101,9 @@ def stop() -> None:
         _background.stop()
 
 
-def run_child(argv: list[str]) -> subprocess.CompletedProcess:
+def run_child(argv: list[str], interpret: bool = True) -> subprocess.CompletedProcess:
     """The finished child ``argv``: its background run's result, waited for, or a run started now."""
-    key = tuple(argv)
+    key = (tuple(argv), interpret)
     if _background is not None and key in _background.done and not _background.stopped:
         _background.done[key].wait()
         result = _background.results[key]
@@ -99,3 +111,12 @@ def run_child(argv: list[str]) -> subprocess.CompletedProcess:
             raise result
         return result
     return _run(key)
+
+
+def child_json(argv: list[str], interpret: bool = True):
+    """The last line of the finished child ``argv``'s output that is a JSON object (its checks' results), asserted
+    to exist with the child's exit status 0."""
+    proc = run_child(argv, interpret)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, f"child {argv[1:]} failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+    return json.loads(lines[-1])

@@ -69,20 +69,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "quick: with gpu, one small reference check of every CUDA kernel")
     config.addinivalue_line("markers", "slow: long-running test")
-    config.addinivalue_line("markers", "interpreter_child(argv): the test asks tests/background.py for child argv")
+    config.addinivalue_line("markers", "background_child(argv, interpret=True): the test asks tests/background.py for "
+                            "child argv (TRITON_INTERPRET=1 unless interpret=False)")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Starts the selected tests' interpreter children on a background thread (tests/background.py), in the order
-    the tests will ask for them. Not on pytest-xdist workers (each would run every child) nor for --collect-only."""
+    """Starts the selected tests' Triton children on a background thread (tests/background.py), in the order the
+    tests will ask for them. Not on pytest-xdist workers (each would run every child) nor for --collect-only."""
     if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    argvs = []
+    children = []
     for item in session.items:
-        marker = item.get_closest_marker("interpreter_child")
+        marker = item.get_closest_marker("background_child")
         if marker is not None and "gpu" not in item.keywords:
-            argvs.append(tuple(marker.args[0]))
-    background.start(argvs)
+            children.append((tuple(marker.args[0]), marker.kwargs.get("interpret", True)))
+    background.start(children)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -90,9 +91,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Tests whose Triton-interpreter child runs in the background (tests/background.py) go last, so that the rest
-    # of the suite runs meanwhile; the order is otherwise kept.
-    items.sort(key=lambda item: item.get_closest_marker("interpreter_child") is not None)
+    # Tests whose Triton child runs in the background (tests/background.py) go last, so that the rest of the suite
+    # runs meanwhile; the order is otherwise kept.
+    items.sort(key=lambda item: item.get_closest_marker("background_child") is not None)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")

@@ -205,13 +205,10 @@ CHILD_ARGV = [sys.executable, __file__, "--child"]
 def interpreter_result() -> dict:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    proc = background.run_child(CHILD_ARGV)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and lines, f"interpreter child failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
-    return json.loads(lines[-1])
+    return background.child_json(CHILD_ARGV)
 
 
-@pytest.mark.interpreter_child(CHILD_ARGV)  # started in the background: tests/background.py
+@pytest.mark.background_child(CHILD_ARGV)  # started in the background: tests/background.py
 def test_kernels_equal_decode_steps_in_a_row_in_interpreter(interpreter_result):
     assert interpreter_result["error"] is None, interpreter_result["error"]
 

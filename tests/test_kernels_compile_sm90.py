@@ -1,18 +1,32 @@
-"""The Triton kernels of ``ce::sample`` and the MoE ops compiled for the H200 (sm_90) on a CPU machine: Triton's
-frontend and ptxas, no GPU. The interpreter tests run these kernels' logic in NumPy, which accepts programs that
-Triton's compiler rejects (a name rebound to a value of another type inside a loop, for one), so a kernel that passes
-them can still fail at its first launch on a GPU; this compiles every variant the launchers use (bf16 and fp32 logits,
-each filter switch, the row path on and off) the way the GPU would.
+"""The Triton kernels of ``ce::sample``, the penalties, the MoE ops, the skinny GEMM and the Gated DeltaNet decode and
+verify compiled for the H200 (sm_90) on a CPU machine: Triton's frontend and ptxas, no GPU. The interpreter tests run
+these kernels' logic in NumPy, which accepts programs that Triton's compiler rejects (a name rebound to a value of
+another type inside a loop, for one), so a kernel that passes them can still fail at its first launch on a GPU; this
+compiles every variant the launchers use (bf16 and fp32 logits, each filter switch, the row path on and off, ...) the
+way the GPU would, and checks what the PTX must hold where a kernel's protocol depends on it.
+
+The checks (``check_*``) run in one child process without ``TRITON_INTERPRET``, started in the background when
+collection ends (tests/background.py: they are ~4 minutes of single-threaded compiling on a CPU machine); each pytest
+test asserts one check's result.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
+import os
 import re
+import sys
+import tempfile
+import traceback
+from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+from tests import background
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _compile(fn, signature: dict, constexprs: dict, num_warps: int = 4):
@@ -40,13 +54,7 @@ ROW = dict(stride_row="i64", V="i32", temperature=_ptr("fp32"), top_k=_ptr("i64"
            best_score=_ptr("fp32"), best_index=_ptr("i32"), greedy_value=_ptr("fp32"), greedy_index=_ptr("i32"))
 
 
-@pytest.fixture(autouse=True)
-def _own_triton_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-
-
-@pytest.mark.parametrize("logits, shift", [("bf16", 16), ("fp32", 0)])
-def test_sample_kernels_compile_for_sm90(logits, shift):
+def check_sample_kernels(logits, shift):
     from ops.triton import sample_kernels as sk
 
     sig = dict(ROW, logits=_ptr(logits))
@@ -69,7 +77,7 @@ def test_sample_kernels_compile_for_sm90(logits, shift):
         _compile(sk._sample_reduce_kernel, sig, dict(ROW_PATH=row_path, CHUNKS_P=64, USE_PDL=True))
 
 
-def test_penalty_kernel_compiles_for_sm90():
+def check_penalty_kernel():
     from ops.triton import penalty_kernels as pk
 
     sig = dict(logits=_ptr("fp32"), stride_row="i64", rows=_ptr("i64"), stride_rows="i64", codes=_ptr("i32"),
@@ -78,7 +86,7 @@ def test_penalty_kernel_compiles_for_sm90():
     _compile(pk._apply_penalties_kernel, sig, dict(IN_PROMPT=pk.IN_PROMPT, BLOCK=pk.BLOCK))
 
 
-def test_moe_routing_kernels_compile_for_sm90():
+def check_moe_routing_kernels():
     from ops.triton import moe_kernels as mk
 
     sig = dict(logits=_ptr("bf16"), weights=_ptr("fp32"), ids=_ptr("i32"), sorted_rows=_ptr("i32"),
@@ -90,7 +98,7 @@ def test_moe_routing_kernels_compile_for_sm90():
     _compile(mk._moe_align_kernel, sig, dict(BLOCK_M=16, BLOCK_E=256, CHUNK=32))
 
 
-def test_moe_expert_gemv_kernels_compile_for_sm90():
+def check_moe_expert_gemv_kernels():
     from ops.triton import moe_kernels as mk
 
     sig = dict(x=_ptr("bf16"), w=_ptr("bf16"), act=_ptr("bf16"), out=_ptr("bf16"), weights=_ptr("fp32"),
@@ -104,8 +112,7 @@ def test_moe_expert_gemv_kernels_compile_for_sm90():
                  num_warps=tiles["num_warps"])
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
-def test_skinny_gemm_rule_compiles_for_sm90(rows):
+def check_skinny_gemm_rule(rows):
     """ce::linear's skinny GEMM at every config the rule gives the model's weight shapes (N = 1,024 outputs of K =
     2,048 or 3,584, the wide K = 1,024 ones, the vocabulary), plain and with the SiLU gate (and at one row the norm
     prologue), the wide ones with the SiLU gate in the epilogue too (``GATED_OUT``, the MLP's gate_up), as
@@ -164,8 +171,7 @@ def _state_order(ptx: str, param: str, mark_wait: bool = False) -> str:
     return "".join(order)
 
 
-@pytest.mark.parametrize("group", [1, 2])
-def test_gated_deltanet_decode_launches_compile_for_sm90(group):
+def check_gated_deltanet_decode_launches(group):
     """Every launch of ``DECODE_LAUNCHES`` (whole heads, and the V tiles whose norm reads the parked outputs back), at
     Qwen3.5-0.8B's linear-attention shape (GROUP 1) and Qwen3-Next's (GROUP 2), bf16 rows and an fp32 state pool,
     with the walk's prefetch on and off. The state pool's loads and stores in the PTX: with the prefetch, each tile's
@@ -190,8 +196,7 @@ def test_gated_deltanet_decode_launches_compile_for_sm90(group):
             assert per_tile > 0 and order == want, (block_v, warps, prefetch, order)
 
 
-@pytest.mark.parametrize("group", [1, 2])
-def test_gated_deltanet_decode_split_v_compiles_for_sm90(group):
+def check_gated_deltanet_decode_split_v(group):
     """The decode kernel with each value head's V tiles over programs (``SPLIT_V``, tiles of 32 at 4 warps): one tile
     of each of the G value heads a program, loaded and stored once (R .. W per head, in walk order); the count a
     single acquire-release atomic at GPU scope, its result shared by the program's threads."""
@@ -211,10 +216,7 @@ def test_gated_deltanet_decode_split_v_compiles_for_sm90(group):
     assert len(atomics) == 1 and "acq_rel" in atomics[0] and ".gpu" in atomics[0], atomics
 
 
-@pytest.mark.parametrize("group", [1, 2])
-@pytest.mark.parametrize("block_v, warps, split_norm", [(128, 8, False), (64, 4, False), (32, 4, False),
-                                                        (16, 2, False), (64, 4, True), (32, 4, True)])
-def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps, split_norm):
+def check_gated_deltanet_verify_launches(group, block_v, warps, split_norm):
     """The verify kernel at k = 2 with whole heads (the norm in the kernel) and with each head's columns split over
     programs, the norm a second launch or by each key head's last program (``split_norm``; ``VERIFY_LAUNCHES`` picks
     among these), at GROUP 1 and 2, bf16 rows and an fp32 state pool. The split norm's count is one acquire-release
@@ -251,7 +253,7 @@ def test_gated_deltanet_verify_launches_compile_for_sm90(group, block_v, warps, 
         assert all(i > wait for i, line in enumerate(lines) if "atom." in line)  # the count after the wait
 
 
-def test_sass_stats_reports_a_verify_launch():
+def check_sass_stats_reports_a_verify_launch():
     """bench/sass_stats.py, the offline count behind the GDN kernels' barrier figures in bench/NOTES.md: ptxas's
     registers for one verify launch, and its SASS, where a 4-warp program's reductions over K (across warps) take
     barriers that a 1-warp program's (shuffles within the warp) do not."""
@@ -265,3 +267,67 @@ def test_sass_stats_reports_a_verify_launch():
                  for warps in (4, 1))
     assert 0 < four["registers"] <= 255 and four["spill_bytes"] == 0 and four["instructions"] > 0
     assert four["BAR"] > one["BAR"] + 20 and four["SHFL"] > 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The checks by name, run in the child; the parent's tests, one a check.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _checks() -> dict:
+    checks = {f"sample_kernels_{logits}": functools.partial(check_sample_kernels, logits, shift)
+              for logits, shift in (("bf16", 16), ("fp32", 0))}
+    checks["penalty_kernel"] = check_penalty_kernel
+    checks["moe_routing_kernels"] = check_moe_routing_kernels
+    checks["moe_expert_gemv_kernels"] = check_moe_expert_gemv_kernels
+    checks.update({f"skinny_gemm_rule_{rows}_rows": functools.partial(check_skinny_gemm_rule, rows)
+                   for rows in (1, 2, 3, 4, 5)})
+    for group in (1, 2):
+        checks[f"gated_deltanet_decode_launches_group{group}"] = functools.partial(
+            check_gated_deltanet_decode_launches, group)
+        checks[f"gated_deltanet_decode_split_v_group{group}"] = functools.partial(
+            check_gated_deltanet_decode_split_v, group)
+        for block_v, warps, split_norm in ((128, 8, False), (64, 4, False), (32, 4, False), (16, 2, False),
+                                           (64, 4, True), (32, 4, True)):
+            name = f"gated_deltanet_verify_group{group}_v{block_v}_w{warps}" + ("_split_norm" * split_norm)
+            checks[name] = functools.partial(check_gated_deltanet_verify_launches, group, block_v, warps, split_norm)
+    checks["sass_stats_reports_a_verify_launch"] = check_sass_stats_reports_a_verify_launch
+    return checks
+
+
+CHECK_NAMES = list(_checks())
+CHILD_ARGV = [sys.executable, __file__, "--child"]
+
+
+def _child() -> dict:
+    """Every check, each on its own: None where it passed, else its traceback's end."""
+    results = {}
+    for name, check in _checks().items():
+        try:
+            check()
+            results[name] = None
+        except Exception:  # noqa: BLE001  (reported to the parent)
+            results[name] = traceback.format_exc()[-3000:]
+    return results
+
+
+@pytest.fixture(scope="module")
+def compile_results() -> dict:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    return background.child_json(CHILD_ARGV, interpret=False)
+
+
+@pytest.mark.background_child(CHILD_ARGV, interpret=False)  # started in the background: tests/background.py
+@pytest.mark.parametrize("name", CHECK_NAMES)
+def test_compiles_for_sm90(compile_results, name):
+    assert name in compile_results, f"check {name} did not run"
+    assert compile_results[name] is None, compile_results[name]
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--child"]:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("run without TRITON_INTERPRET: these checks compile for the GPU")
+    sys.path.insert(0, str(REPO))
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="sm90-triton-")  # nothing from an earlier compile
+    print(json.dumps(_child()))

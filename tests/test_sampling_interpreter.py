@@ -315,14 +315,11 @@ def _argv(group: str) -> list[str]:
     return [sys.executable, __file__, "--child", group]
 
 
-@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.interpreter_child(_argv(g))) for g in GROUPS])
+@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.background_child(_argv(g))) for g in GROUPS])
 def test_sample_kernel_matches_reference_in_interpreter(group):
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    proc = background.run_child(_argv(group))
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and lines, f"interpreter child failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
-    failures = {name: error for name, error in json.loads(lines[-1]).items() if error is not None}
+    failures = {name: error for name, error in background.child_json(_argv(group)).items() if error is not None}
     assert not failures, failures
 
 
