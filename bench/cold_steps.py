@@ -20,7 +20,6 @@ of the same shape, and the variants that compiled during the first (kernel and a
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import random
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import triton
 
-from bench.common import Context, Options, random_prompt
+from bench.common import Context, Options, random_prompt, write_json
 from compiled_engine import SamplingParams
 
 DEFAULT_BURSTS = "1x512,2x512,4x512,8x512,12x512,16x512,24x512,32x512,64x128,3x3000,1x8192"
@@ -109,9 +108,7 @@ def main() -> None:
             for name in compiled[0] + compiled[1]:
                 print(f"         {name[:400]}")
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "cold_steps.json").write_text(json.dumps({"max_tokens": args.max_tokens, "rows": rows}, indent=1))
+        write_json(Path(args.out) / "cold_steps.json", {"max_tokens": args.max_tokens, "rows": rows})
 
 
 if __name__ == "__main__":

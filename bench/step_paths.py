@@ -15,14 +15,13 @@ graph, where each kernel overlaps its neighbours. ``--max-splits`` does the same
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 from pathlib import Path
 
 import torch
 
-from bench.common import Context, Options, random_prompt
+from bench.common import Context, Options, random_prompt, write_json
 from bench.latency import profiled_critical_path
 from ops.triton import gated_deltanet_kernels, paged_attention_kernels
 
@@ -118,9 +117,7 @@ def main() -> None:
     for name in names[: args.top]:
         print(f"{name[:60]:60s}" + "".join(f"{results[b]['groups_us'].get(name, 0.0):9.1f}" for b in batches))
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "step_paths.json").write_text(json.dumps({"context": args.context, "results": results}, indent=1))
+        write_json(Path(args.out) / "step_paths.json", {"context": args.context, "results": results})
 
 
 if __name__ == "__main__":
