@@ -253,7 +253,8 @@ class LLMEngine:
                                    decode_tokens=1 + self.num_speculative_tokens, max_model_len=runtime.max_model_len)
         if runtime.device.type == "cuda":  # this rank samples every step's rows
             start = time.perf_counter()
-            warm_up_sampling(runtime.model_config.vocab_size, runtime.config.max_num_seqs, runtime.device)
+            warm_up_sampling(runtime.model_config.vocab_size, runtime.config.max_num_seqs, runtime.device,
+                             decode_dtype=None if runtime.decodes_in_graphs else runtime.dtype)
             logger.info("compiled the sampler's eager kernels in %.1f s", time.perf_counter() - start)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)

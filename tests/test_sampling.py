@@ -520,13 +520,15 @@ def test_eos_from_the_checkpoint(eos_case, model_path, load_hf_model, tmp_path_f
 
 
 @pytest.mark.gpu
-def test_no_sampling_kernel_compiles_while_serving(model_path, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_no_sampling_kernel_compiles_while_serving(model_path, monkeypatch, dtype):
     """Start-up compiles ce::sample's kernels for every eager call and the penalties' kernel (LLMEngine:
     ``warm_up_sampling``), so that a sampled request of any top-k / top-p setting, with or without a penalty, alone
     or beside others, compiles none in the middle of serving: on an empty Triton cache each compile stalls its step
-    for seconds. Oracle: Triton's ``jit_cache_hook``, called where a kernel meets a variant its process has not
-    compiled. The kernels' in-process caches are emptied first, so that the engine's start-up, not an earlier test,
-    must have compiled them."""
+    for seconds. The engine decodes eagerly, so its decode rows are sampled outside a graph too, from model-dtype
+    logits (bf16: variants of their own). Oracle: Triton's ``jit_cache_hook``, called where a kernel meets a variant
+    its process has not compiled. The kernels' in-process caches are emptied first, so that the engine's start-up,
+    not an earlier test, must have compiled them."""
     import triton
 
     from compiled_engine import LLM
@@ -537,7 +539,7 @@ def test_no_sampling_kernel_compiles_while_serving(model_path, monkeypatch):
     assert kernels
     for kernel in kernels:
         kernel.device_caches.clear()
-    llm = LLM(str(model_path), device="cuda", dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=4,
+    llm = LLM(str(model_path), device="cuda", dtype=dtype, enforce_eager=True, max_model_len=128, max_num_seqs=4,
               block_size=16)
     compiled = []
     monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda **kw: compiled.append(kw["repr"]))
