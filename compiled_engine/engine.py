@@ -254,7 +254,7 @@ class LLMEngine:
         if runtime.device.type == "cuda":  # this rank samples every step's rows
             start = time.perf_counter()
             warm_up_sampling(runtime.model_config.vocab_size, runtime.config.max_num_seqs, runtime.device,
-                             decode_dtype=None if runtime.decodes_in_graphs else runtime.dtype)
+                             model_dtype=runtime.dtype)
             logger.info("compiled the sampler's eager kernels in %.1f s", time.perf_counter() - start)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)

@@ -277,11 +277,6 @@ class Runtime:
         return self.executor.decode_fn
 
     @property
-    def decodes_in_graphs(self) -> bool:
-        """Whether decode steps replay captured graphs (``compile_decode`` has run), sampling inside them."""
-        return isinstance(self.executor.decode_fn, DecodeGraphRunner)
-
-    @property
     def workers(self) -> TensorParallelWorkers | None:
         return self.executor.workers
 

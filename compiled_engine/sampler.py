@@ -131,18 +131,18 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
                      batch.use_top_k, batch.use_top_p)
 
 
-def warm_up_sampling(vocab: int, max_rows: int, device: torch.device, decode_dtype: torch.dtype | None = None,
+def warm_up_sampling(vocab: int, max_rows: int, device: torch.device, model_dtype: torch.dtype = torch.float32,
                      threads: int = 8) -> None:
     """Compile ``ce::sample``'s kernels for the calls ``sample`` makes outside the decode graphs, before serving.
 
-    The decode graphs sample from model-dtype logits with top-k and top-p on. A prompt step's first tokens and the
-    rows of adjusted logits (penalties, logit bias, masks) are sampled eagerly from fp32 logits, top-k and top-p each
-    on only where a row uses it: Triton compiles a kernel variant for each of those four cases and each chunk size
-    (ops/triton/sample_kernels.py takes the larger one for many rows), ~10 kernels each. Met first by a request, each
-    costs its step seconds on an empty Triton cache, stalling every running request. Rows 1 and ``max_rows`` give
-    both chunk sizes where ``max_rows`` reaches the larger one. The penalties' kernel too (one variant). An engine
-    whose decode steps run eagerly (``enforce_eager``) samples its decode rows outside a graph too, from model-dtype
-    logits with both filters on: ``decode_dtype``, that dtype, adds those calls.
+    The decode graphs sample from model-dtype logits with top-k and top-p on. The other calls sample fp32 logits (a
+    prompt step's first tokens; rows whose logits are adjusted: penalties, logit bias, masks) or model-dtype ones (the
+    decode rows of an engine without decode graphs, ``enforce_eager``; decode rows that suppress their stop tokens,
+    ``min_tokens``), top-k and top-p each on only where a row uses it: Triton compiles a kernel variant for each
+    dtype, each of those four cases and each chunk size (ops/triton/sample_kernels.py takes the larger one for many
+    rows), ~10 kernels each. Met first by a request, each costs its step seconds on an empty Triton cache, stalling
+    every running request. Rows 1 and ``max_rows`` give both chunk sizes where ``max_rows`` reaches the larger one.
+    The penalties' kernel too (one variant).
 
     The cases run on ``threads`` threads: Triton's compiler (its passes, ptxas) runs mostly outside the GIL, and each
     call has its own workspace, so the calls only share the stream. A variant two cases meet may compile twice."""
@@ -153,17 +153,15 @@ def warm_up_sampling(vocab: int, max_rows: int, device: torch.device, decode_dty
         apply_penalties_op(torch.zeros(1, vocab, device=device), table[:, 0], table[:, 1:2], table[:, 2:], one, one,
                            one)
 
-    def draw(rows: int, use_top_k: bool, use_top_p: bool, dtype: torch.dtype = torch.float32) -> None:
+    def draw(rows: int, use_top_k: bool, use_top_p: bool, dtype: torch.dtype) -> None:
         logits = torch.zeros(rows, vocab, dtype=dtype, device=device)
         ones, zeros = torch.ones(rows, device=device), torch.zeros(rows, device=device)
         ints = torch.zeros(rows, dtype=torch.int64, device=device)
         sample_op(logits, ones, ints + 50, ones - 0.1, zeros, ints, ints, use_top_k, use_top_p)
 
-    row_counts = sorted({1, max_rows})
-    cases = [(penalties, ())] + [(draw, (rows, use_top_k, use_top_p)) for rows in row_counts
+    dtypes, row_counts = dict.fromkeys((torch.float32, model_dtype)), sorted({1, max_rows})
+    cases = [(penalties, ())] + [(draw, (rows, use_top_k, use_top_p, dtype)) for dtype in dtypes for rows in row_counts
                                  for use_top_k in (False, True) for use_top_p in (False, True)]
-    if decode_dtype is not None and decode_dtype != torch.float32:
-        cases += [(draw, (rows, True, True, decode_dtype)) for rows in row_counts]
 
     def run(case) -> None:
         fn, args = case

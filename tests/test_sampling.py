@@ -526,7 +526,8 @@ def test_no_sampling_kernel_compiles_while_serving(model_path, monkeypatch, dtyp
     ``warm_up_sampling``), so that a sampled request of any top-k / top-p setting, with or without a penalty, alone
     or beside others, compiles none in the middle of serving: on an empty Triton cache each compile stalls its step
     for seconds. The engine decodes eagerly, so its decode rows are sampled outside a graph too, from model-dtype
-    logits (bf16: variants of their own). Oracle: Triton's ``jit_cache_hook``, called where a kernel meets a variant
+    logits (bf16: variants of their own), as are a compiled engine's decode rows that suppress their stop tokens
+    (``min_tokens``). Oracle: Triton's ``jit_cache_hook``, called where a kernel meets a variant
     its process has not compiled. The kernels' in-process caches are emptied first, so that the engine's start-up,
     not an earlier test, must have compiled them."""
     import triton
@@ -545,10 +546,10 @@ def test_no_sampling_kernel_compiles_while_serving(model_path, monkeypatch, dtyp
     monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda **kw: compiled.append(kw["repr"]))
     for top_k in (0, 20):
         for top_p in (1.0, 0.9):
-            for penalty in (0.0, 0.5):
+            for penalty, min_tokens in ((0.0, 0), (0.5, 0), (0.0, 2)):
                 for requests in (1, 4):
                     params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, presence_penalty=penalty,
-                                            max_tokens=3, seed=1)
+                                            min_tokens=min_tokens, max_tokens=3, seed=1)
                     outs = llm.generate([prompt(8 + i) for i in range(requests)], params, use_tqdm=False)
                     assert all(len(out.outputs[0].token_ids) == 3 for out in outs)
     assert not [name for name in compiled if name.startswith(("_sample_", "_apply_penalties"))], compiled
