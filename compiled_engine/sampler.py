@@ -15,8 +15,7 @@ fused rounds, ``sampling_batch`` for sampling from logits), each kind of field i
 
 from __future__ import annotations
 
-import contextlib
-from concurrent.futures import ThreadPoolExecutor
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,7 @@ import torch
 
 from ops.penalties import apply_penalties_op
 from ops.sample import sample_op, uniform_noise
+from ops.triton.compile_threads import DEFAULT_THREADS, run_in_threads
 from ops.step import SamplingInputs
 from compiled_engine.request import Request
 from compiled_engine.step import upload, upload_fields
@@ -132,7 +132,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def warm_up_sampling(vocab: int, max_rows: int, device: torch.device, model_dtype: torch.dtype = torch.float32,
-                     threads: int = 8) -> None:
+                     threads: int = DEFAULT_THREADS) -> None:
     """Compile ``ce::sample``'s kernels for the calls ``sample`` makes outside the decode graphs, before serving.
 
     The decode graphs sample from model-dtype logits with top-k and top-p on. The other calls sample fp32 logits (a
@@ -144,8 +144,7 @@ def warm_up_sampling(vocab: int, max_rows: int, device: torch.device, model_dtyp
     every running request. Rows 1 and ``max_rows`` give both chunk sizes where ``max_rows`` reaches the larger one.
     The penalties' kernel too (one variant).
 
-    The cases run on ``threads`` threads: Triton's compiler (its passes, ptxas) runs mostly outside the GIL, and each
-    call has its own workspace, so the calls only share the stream. A variant two cases meet may compile twice."""
+    The cases run on ``threads`` threads (ops/triton/compile_threads.py); each call has its own workspace."""
 
     def penalties() -> None:
         table = torch.zeros(1, 3, dtype=torch.int64, device=device)  # a row of the token table: row, prompt, output
@@ -160,17 +159,9 @@ def warm_up_sampling(vocab: int, max_rows: int, device: torch.device, model_dtyp
         sample_op(logits, ones, ints + 50, ones - 0.1, zeros, ints, ints, use_top_k, use_top_p)
 
     dtypes, row_counts = dict.fromkeys((torch.float32, model_dtype)), sorted({1, max_rows})
-    cases = [(penalties, ())] + [(draw, (rows, use_top_k, use_top_p, dtype)) for dtype in dtypes for rows in row_counts
-                                 for use_top_k in (False, True) for use_top_p in (False, True)]
-
-    def run(case) -> None:
-        fn, args = case
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            fn(*args)
-
-    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="warm-up-sampling") as pool:
-        for done in [pool.submit(run, case) for case in cases]:
-            done.result()  # a compile error raised here, in the caller
+    draws = [functools.partial(draw, rows, use_top_k, use_top_p, dtype) for dtype in dtypes for rows in row_counts
+             for use_top_k in (False, True) for use_top_p in (False, True)]
+    run_in_threads([penalties, *draws], device, threads)
 
 
 # --------------------------------------------------------------------------------------------------------------

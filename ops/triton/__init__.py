@@ -26,8 +26,9 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
   norm_kernels              rms_norm (zero-centred or gated by silu, one pass per row, strided rows), add_rms_norm
                             (a layer's residual add + norm)
 
-and two helper modules: ``pdl``, programmatic dependent launch, the protocol the decode kernels follow (launch flags,
-when to wait); ``l2_prefetch``, the skinny GEMM's prefetch of its weight into L2 before that wait; and, here,
+and three helper modules: ``pdl``, programmatic dependent launch, the protocol the decode kernels follow (launch
+flags, when to wait); ``l2_prefetch``, the skinny GEMM's prefetch of its weight into L2 before that wait;
+``compile_threads``, start-up's first launches on a thread pool (their variants compiled side by side); and, here,
 ``unit_stride`` for the launchers.
 
 Imports go one way: an op module (ops/<family>.py) imports its kernel module and registers the launcher as the op's
