@@ -18,7 +18,6 @@ from bench.common import Context, Options
 ctx = Context(Options(model='qwen3.5-0.8b', device='cuda', dtype='bfloat16', max_num_seqs=64))
 ctx.require(64, 8212)
 t = time.perf_counter(); llm = ctx.llm(); print('engine built in %.1f s' % (time.perf_counter() - t))
-out = llm.generate(['Hello'] * 3, max_tokens=8) if False else None
 " 2>&1 | grep -E "compiled decode|captured|sampler|engine built|Error|error"
 }
 TAIL=12 step cold_ab 420 bash -c "$(declare -f build); echo A; build /tmp/treeA; echo B; build $PWD"
