@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import itertools
 import logging
 import os
@@ -55,7 +54,6 @@ from graphs.static_inputs import StaticDecodeInputs, StaticSamplingInputs
 from ops.decode_inputs import advance_decode_inputs
 from ops.library import OPS, prepare_device
 from ops.options import CUDA_GRAPH_CAPTURES, current_options
-from ops.triton.compile_threads import run_in_threads
 
 logger = logging.getLogger(__name__)
 
@@ -347,8 +345,6 @@ class DecodeGraphRunner:
         self._pool = torch.cuda.graph_pool_handle() if self.capture == "runner" else None
         start = time.perf_counter()
         self.static.clear()
-        if self.device.type == "cuda" and self.model.tp.world_size == 1:
-            self._first_launches()
         for bucket in reversed(self.policy.sizes):
             t0 = time.perf_counter()
             for sample in self.variants:
@@ -369,18 +365,6 @@ class DecodeGraphRunner:
             self.startup_seconds,
         )
         return self.startup_seconds
-
-    def _first_launches(self) -> None:
-        """Every bucket's step once in each variant, eagerly, on a thread pool (ops/triton/compile_threads.py), before
-        the compiles: a custom op's first launch at a bucket's shapes compiles its Triton variants, which the compiled
-        steps' runs then find in the process's cache instead of compiling them one after another. The steps run on
-        the static buffers, every lane a padding lane, as the compiled runs do; a few at a time (the threads), each
-        holding one step's activations. Not under tensor parallelism: every rank's steps would have to issue their
-        collectives in the same order."""
-        tensors = (*self.static.tensors(), *self.sampling.tensors())
-        run_in_threads([functools.partial(decode_forward, self.model, *tensors, bucket, self.static.block_size, sample)
-                        for bucket in reversed(self.policy.sizes) for sample in self.variants], self.device)
-        torch.cuda.synchronize(self.device)
 
     def _compile_and_capture(self, bucket: int, sample: bool) -> None:
         runs = {"trees": 3, "runner": 2}.get(self.capture, 1)

@@ -649,9 +649,9 @@ def test_a_fresh_decode_compile_creates_no_implicit_fallback_for_a_ce_op(qwen3_5
 
 
 def test_run_in_threads_runs_every_call_once_and_raises_a_failure_after_all():
-    """ops/triton/compile_threads.py, start-up's first launches on a thread pool: every call runs exactly once, on
-    the pool's threads, under inference mode (as the decode runner's warm-up runs its steps); a call's error is raised
-    in the caller once every call has finished."""
+    """ops/triton/compile_threads.py, a warm-up's first launches on a thread pool (the sampler's): every call runs
+    exactly once, on the pool's threads, under inference mode; a call's error is raised in the caller once every call
+    has finished."""
     import threading
 
     from ops.triton.compile_threads import run_in_threads

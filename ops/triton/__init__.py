@@ -28,7 +28,7 @@ One module per op family, each holding the ``@triton.jit`` kernels and a launche
 
 and three helper modules: ``pdl``, programmatic dependent launch, the protocol the decode kernels follow (launch
 flags, when to wait); ``l2_prefetch``, the skinny GEMM's prefetch of its weight into L2 before that wait;
-``compile_threads``, start-up's first launches on a thread pool (their variants compiled side by side); and, here,
+``compile_threads``, a warm-up's first launches on a thread pool (their variants compiled side by side); and, here,
 ``unit_stride`` for the launchers.
 
 Imports go one way: an op module (ops/<family>.py) imports its kernel module and registers the launcher as the op's
