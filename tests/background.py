@@ -11,6 +11,11 @@ whether the child was started in the background or (not started there: pytest-xd
 not registered) is run right then. A test marks the child it will ask for with
 ``@pytest.mark.background_child(argv)``, or ``background_child(argv, interpret=False)`` for one that compiles for
 the GPU (``TRITON_INTERPRET`` unset).
+
+A whole pytest test can run there too, marked ``@pytest.mark.in_background``: conftest.py registers the child
+``pytest_argv(nodeid)`` (that test alone, in a pytest child where ``CE_TEST_CHILD`` is set and the mark does nothing)
+and the test in this session passes where the child passed. For long CPU-bound tests that need nothing from the
+session (the compiled tensor-parallel ones), so that the two threads' work stays balanced.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -31,7 +37,7 @@ Child = tuple[tuple[str, ...], bool]  # (argv, interpret)
 
 def child_env(interpret: bool = True) -> dict:
     pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=pythonpath)
+    env = dict(os.environ, PYTHONPATH=pythonpath, CE_TEST_CHILD="1")  # a pytest child runs in_background tests itself
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     else:
@@ -111,6 +117,14 @@ def run_child(argv: list[str], interpret: bool = True) -> subprocess.CompletedPr
             raise result
         return result
     return _run(key)
+
+
+IN_CHILD = os.environ.get("CE_TEST_CHILD") == "1"
+
+
+def pytest_argv(nodeid: str) -> list[str]:
+    """The child that runs the test ``nodeid`` alone (an ``in_background`` test)."""
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", nodeid]
 
 
 def child_json(argv: list[str], interpret: bool = True):

@@ -71,6 +71,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: long-running test")
     config.addinivalue_line("markers", "background_child(argv, interpret=True): the test asks tests/background.py for "
                             "child argv (TRITON_INTERPRET=1 unless interpret=False)")
+    config.addinivalue_line("markers", "in_background: the test runs alone in a pytest child started in the background "
+                            "(tests/background.py); here it passes where the child passed")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -83,7 +85,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         marker = item.get_closest_marker("background_child")
         if marker is not None and "gpu" not in item.keywords:
             children.append((tuple(marker.args[0]), marker.kwargs.get("interpret", True)))
+        elif _runs_in_background(item) and "gpu" not in item.keywords:
+            children.append((tuple(background.pytest_argv(item.nodeid)), False))
     background.start(children)
+
+
+def _runs_in_background(item: pytest.Item) -> bool:
+    return item.get_closest_marker("in_background") is not None and not background.IN_CHILD
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function):
+    """An ``in_background`` test: its pytest child's outcome instead of its body (tests/background.py)."""
+    if not _runs_in_background(pyfuncitem):
+        return None
+    proc = background.run_child(background.pytest_argv(pyfuncitem.nodeid), interpret=False)
+    assert proc.returncode == 0, f"the test failed in its pytest child:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    if " passed" not in summary:
+        pytest.skip(f"not passed in its pytest child: {summary}")
+    return True
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -91,9 +112,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Tests whose Triton child runs in the background (tests/background.py) go last, so that the rest of the suite
-    # runs meanwhile; the order is otherwise kept.
-    items.sort(key=lambda item: item.get_closest_marker("background_child") is not None)
+    # Tests whose child runs in the background (a Triton child, an in_background test's pytest child:
+    # tests/background.py) go last, so that the rest of the suite runs meanwhile; the order is otherwise kept.
+    items.sort(key=lambda item: item.get_closest_marker("background_child") is not None or _runs_in_background(item))
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")

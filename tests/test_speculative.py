@@ -250,7 +250,8 @@ def test_plain_steps_of_a_speculative_engine_overlap(tiny_path, overlap):
     assert got[1] == ([] if overlap else [sum(reference, [])[1]])
 
 
-@pytest.mark.parametrize("draft_vocab,compile", [(None, False), (64, False), (None, True)])
+@pytest.mark.parametrize("draft_vocab,compile", [(None, False), (64, False),
+                                                 pytest.param(None, True, marks=pytest.mark.in_background)])
 def test_tp2_speculative_equals_tp1_non_speculative(tiny_path, draft_vocab, compile):
     """Tensor parallelism (2 ranks, gloo) with MTP drafts: every rank runs the same verify, draws, commit and
     drafts (its MTP layer sharded as the target's layers), so greedy and seeded sampled requests emit the tokens of a
@@ -262,7 +263,7 @@ def test_tp2_speculative_equals_tp1_non_speculative(tiny_path, draft_vocab, comp
               SamplingParams(temperature=0.9, top_k=30, seed=21, max_tokens=16),
               SamplingParams(temperature=0.8, top_p=0.9, seed=22, min_tokens=3, max_tokens=16),
               SamplingParams(temperature=0, logprobs=2, max_tokens=5)]  # unfused rounds until these two are done
-    knobs = dict(device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=4)
+    knobs = dict(device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=2)
     reference = LLM(tiny_path, **knobs).generate(prompts, params, use_tqdm=False)
     ids = [f"r{i}" for i in range(len(prompts))]
     # Oracle drafts (the reference continuation, right 3 times in 4): long accepted runs on both ranks.
@@ -937,6 +938,7 @@ def test_compiled_rounds_read_the_draft_script_in_place(tiny_path, greedy_refere
         assert llm.engine.num_chained_rounds > chained
 
 
+@pytest.mark.in_background  # ~70 s of CPU compiling: the background thread's (tests/background.py)
 def test_compiled_round_results_are_the_host_rows_its_graph_wrote(tiny_path):
     """A compiled round's graph writes its results (num_accepted | tokens | drafts, a row a sequence of its bucket)
     into the round's host buffer, and ``RoundResults.rows()`` reads them there: for 3 sequences in bucket 4 (a
