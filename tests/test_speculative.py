@@ -938,7 +938,6 @@ def test_compiled_rounds_read_the_draft_script_in_place(tiny_path, greedy_refere
         assert llm.engine.num_chained_rounds > chained
 
 
-@pytest.mark.in_background  # ~70 s of CPU compiling: the background thread's (tests/background.py)
 def test_compiled_round_results_are_the_host_rows_its_graph_wrote(tiny_path):
     """A compiled round's graph writes its results (num_accepted | tokens | drafts, a row a sequence of its bucket)
     into the round's host buffer, and ``RoundResults.rows()`` reads them there: for 3 sequences in bucket 4 (a
