@@ -1,4 +1,5 @@
-"""Child processes of Triton checks, started in the background as soon as collection ends.
+"""Child processes of long CPU checks (Triton's, a few whole tests), started in the background as soon as collection
+ends.
 
 The suite runs in one process on one core (conftest.py: one torch thread), and the Triton checks that need no GPU
 (the interpreter's: tests/test_kernels_interpreter.py, test_sampling_interpreter.py, test_moe_ops.py,
@@ -68,7 +69,7 @@ class _Background:
         self.order = list(children)
         self.current: subprocess.Popen | None = None
         self.stopped = False
-        self.thread = threading.Thread(target=self._loop, name="interpreter-children", daemon=True)
+        self.thread = threading.Thread(target=self._loop, name="background-children", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
