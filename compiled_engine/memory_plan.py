@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Callable
 
 import torch
@@ -156,8 +157,10 @@ def plan_kv_blocks(
         return wanted
     if device.type != "cuda":
         return max(2, min(wanted, CPU_KV_CACHE_BYTES // block_bytes))
+    start = time.perf_counter()
     peak = measure_activation_peak(model, config, max_model_len, device, dtype, captured_prefill_tokens,
                                    captured_prefill_seqs)
+    seconds = time.perf_counter() - start  # on an empty cache, mostly the prompt path's compiles and FLA's tuning
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     budget = total * config.gpu_memory_utilization - (total - free) - peak
@@ -167,8 +170,8 @@ def plan_kv_blocks(
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
         blocks = int(agreed.item())
     logger.info(
-        "memory plan: %.2f GiB in use (weights, state pools), activation peak %.2f GiB, %.2f GiB for KV",
-        (total - free) / 2**30, peak / 2**30, max(budget, 0) / 2**30,
+        "memory plan: %.2f GiB in use (weights, state pools), activation peak %.2f GiB (its steps ran in %.1f s), "
+        "%.2f GiB for KV", (total - free) / 2**30, peak / 2**30, seconds, max(budget, 0) / 2**30,
     )
     return max(2, min(wanted, blocks))
 
