@@ -12,7 +12,8 @@ milliseconds and hides what a new machine pays.
 After start-up this installs Triton's ``jit_cache_hook`` (called where a kernel meets a variant its process has not
 compiled yet) and sends bursts of requests through ``LLM.generate``: ``--bursts`` gives each as ``PxT`` (P requests
 arriving together, prompts of T tokens), in each of ``--modes`` (greedy; sampled with top-k and top-p, temperature
-alone, top-p alone, top-k alone; top-p with presence, frequency and repetition penalties), each for ``--max-tokens``
+alone, top-p alone, top-k alone; top-p with presence, frequency and repetition penalties; top-k with every token
+under ``min_tokens``, whose decode rows leave the graph), each for ``--max-tokens``
 tokens. For each burst it reports the wall ms of its first run and of a second run of fresh prompts
 of the same shape, and the variants that compiled during the first (kernel and argument types).
 """
@@ -59,7 +60,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3.5-0.8b")
     p.add_argument("--bursts", default=DEFAULT_BURSTS, help="comma-separated PxT")
-    p.add_argument("--modes", default="greedy,sampled,temperature,top_p,top_k,penalties",
+    p.add_argument("--modes", default="greedy,sampled,temperature,top_p,top_k,penalties,min_tokens",
                    help="comma-separated sampling settings, each burst in each")
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--max-num-seqs", type=int, default=None, help="the engine's (default: the largest burst)")
@@ -85,7 +86,10 @@ def main() -> None:
              "top_p": SamplingParams(temperature=0.7, top_p=0.9, **common),
              "top_k": SamplingParams(temperature=0.7, top_k=20, **common),
              "penalties": SamplingParams(temperature=0.7, top_p=0.9, presence_penalty=0.5, frequency_penalty=0.5,
-                                         repetition_penalty=1.1, **common)}
+                                         repetition_penalty=1.1, **common),
+             # stop tokens kept (no ignore_eos) and suppressed to the end: every decode row leaves the graph
+             "min_tokens": SamplingParams(temperature=0.7, top_k=20, min_tokens=args.max_tokens,
+                                          **dict(common, ignore_eos=False))}
     modes = {name: modes[name] for name in args.modes.split(",")}
     rows = []
     for requests, tokens in bursts:
