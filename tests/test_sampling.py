@@ -526,10 +526,10 @@ def test_no_sampling_kernel_compiles_while_serving(model_path, monkeypatch, dtyp
     ``warm_up_sampling``), so that a sampled request of any top-k / top-p setting, with or without a penalty, alone
     or beside others, compiles none in the middle of serving: on an empty Triton cache each compile stalls its step
     for seconds. The engine decodes eagerly, so its decode rows are sampled outside a graph too, from model-dtype
-    logits (bf16: variants of their own), as are a compiled engine's decode rows that suppress their stop tokens
-    (``min_tokens``). Oracle: Triton's ``jit_cache_hook``, called where a kernel meets a variant
-    its process has not compiled. The kernels' in-process caches are emptied first, so that the engine's start-up,
-    not an earlier test, must have compiled them."""
+    logits (bf16: variants of their own), as a compiled engine samples its decode rows that suppress their stop
+    tokens (``min_tokens``, here too). Oracle: Triton's ``jit_cache_hook``, called where a kernel meets a variant its
+    process has not compiled. The kernels' in-process caches are emptied first, so that the engine's start-up, not an
+    earlier test, must have compiled them."""
     import triton
 
     from compiled_engine import LLM

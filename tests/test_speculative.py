@@ -263,6 +263,7 @@ def test_tp2_speculative_equals_tp1_non_speculative(tiny_path, draft_vocab, comp
               SamplingParams(temperature=0.9, top_k=30, seed=21, max_tokens=16),
               SamplingParams(temperature=0.8, top_p=0.9, seed=22, min_tokens=3, max_tokens=16),
               SamplingParams(temperature=0, logprobs=2, max_tokens=5)]  # unfused rounds until these two are done
+    # 2 slots: the first two requests' rounds fused, the last two's unfused; compiled, two graphs a rank, not three
     knobs = dict(device="cpu", dtype="float32", max_model_len=MAX_LEN, max_num_seqs=2)
     reference = LLM(tiny_path, **knobs).generate(prompts, params, use_tqdm=False)
     ids = [f"r{i}" for i in range(len(prompts))]
