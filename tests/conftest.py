@@ -77,7 +77,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Starts the selected tests' children (Triton checks, ``in_background`` tests) on a background thread
-    (tests/background.py), in the order the tests will ask for them. Not on pytest-xdist workers (each would run every child) nor for --collect-only."""
+    (tests/background.py), in the order the tests will ask for them. Not on pytest-xdist workers (each would run
+    every child) nor for --collect-only."""
     if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     children = []

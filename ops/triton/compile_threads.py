@@ -4,10 +4,10 @@ pool (the sampler's warm-up: compiled_engine/sampler.py, ``warm_up_sampling``).
 A warm-up that meets many Triton kernel variants for the first time compiles each at its first launch, one after
 another. Triton's compiler runs mostly outside the GIL (its MLIR and LLVM passes in C++; ptxas and the launcher's C
 compiler as child processes), so the same calls on a few threads compile their variants side by side (bench/NOTES.md,
-"Measurements behind the library's choices"). The calls share the device's current stream, so their kernels run one after another as they would
-on one thread; each call must write only buffers no other call reads. A variant that two calls meet may compile
-twice. Nothing here times or tunes kernels: a ``triton.autotune`` kernel would time its configs against the other
-threads' work.
+"Measurements behind the library's choices"). The calls share the device's current stream, so their kernels run one
+after another as they would on one thread; each call must write only buffers no other call reads. A variant that two
+calls meet may compile twice. Nothing here times or tunes kernels: a ``triton.autotune`` kernel would time its
+configs against the other threads' work.
 """
 
 from __future__ import annotations
