@@ -10,7 +10,8 @@ bytes the call reads at the copy bandwidth measured in the same process. ``--ear
 config, with the step's inputs and first key tile read before the PDL wait and without (in this chain the kernel
 before each call is the previous call's reduce kernel, not qkv_proj); ``--query-rows``, the default config with the
 query tile padded to 16 rows (the mma's M) and at the GQA group's power of two (the default); ``--splits 16,32,64``,
-the default config at each of those split counts.
+the default config at each of those split counts; ``--reduce-parts 1,8``, at each of those reduce kernel programs a
+query head (with ``--splits``: every pair).
 
     python bench/attention_decode_sweep.py --out DIR [--cases 1x8192,16x8192,64x8192] [--early-loads]
 
@@ -82,6 +83,9 @@ def main() -> None:
                         help="time only the default config, with the query tile padded to 16 rows and without")
     parser.add_argument("--splits", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="time only the default config at each of these split counts (the default's too)")
+    parser.add_argument("--reduce-parts", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="time the default config with the reduce kernel's channels over each of these numbers of "
+                             "programs a query head")
     parser.add_argument("--default-only", action="store_true",
                         help="time only the default config (A/B of a kernel edit)")
     parser.add_argument("--ncu", action="store_true", help="profile one call of each case's default config instead")
@@ -106,18 +110,24 @@ def main() -> None:
             grid = [chosen + (False, None), chosen + (True, None)]
         if args.query_rows:
             grid = [chosen + (None, 16), chosen + (None, None)]
-        if args.splits:
-            grid = [chosen + (None, None)] + [(n,) + chosen[1:] + (None, None) for n in args.splits if n != splits]
+        if args.splits or args.reduce_parts:
+            grid = [chosen + (None, None, None)] + [
+                (n,) + chosen[1:] + (None, None, parts) for n in args.splits or [splits]
+                for parts in args.reduce_parts or [None] if (n, parts) != (splits, None)]
         if args.default_only:
             grid = [chosen + (None, None)]
-        for num_splits, block_n, warps, stages, early, rows in grid:
+        for num_splits, block_n, warps, stages, early, rows, *parts in grid:
+            parts = parts[0] if parts else None
             config = {"splits": num_splits, "block_n": block_n, "num_warps": warps, "num_stages": stages,
-                      "early_loads": early, "query_rows": rows, "chosen": (num_splits, block_n, warps, stages) == chosen
-                      and early in (None, batch <= EARLY_LOADS_MAX_BATCH) and rows is None}
+                      "early_loads": early, "query_rows": rows, "reduce_parts": parts,
+                      "chosen": (num_splits, block_n, warps, stages) == chosen
+                      and early in (None, batch <= EARLY_LOADS_MAX_BATCH) and rows is None and parts is None}
+            # reduce_parts only where asked for, so that the script also times a tree from before the option
+            extra = {} if parts is None else {"reduce_parts": parts}
             try:
                 call = lambda: attention_decode(*inputs, num_splits=num_splits, block_n=block_n,  # noqa: E731
                                                 num_warps=warps, num_stages=stages, early_loads=early,
-                                                query_rows=rows)
+                                                query_rows=rows, **extra)
                 err = (call().float() - ref).abs().max().item()
                 us = graph_us(call)
             except Exception as exc:  # out of shared memory and the like: not a candidate

@@ -110,11 +110,12 @@ def _child_checks() -> dict:
         assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
 
     def check_attention_decode(q_heads, kv_heads, dim, rotary_dim, block_size, num_splits, strided=True,
-                               block_n=None, early_loads=None, query_rows=None):
+                               block_n=None, early_loads=None, query_rows=None, reduce_parts=None):
         """The fused decode op: output and caches (but the null block) against the reference. Context 0 (a padding
         lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows.
         ``early_loads``: the kernel's order of loads (None: the default for 5 sequences, the late ones); ``query_rows``:
-        the query tile's rows (None: the GQA group's power of two)."""
+        the query tile's rows (None: the GQA group's power of two); ``reduce_parts``: the reduce kernel's programs a
+        query head (None: the rule's, one on this CPU)."""
         context_lens = [0, 1, 5, 17, 40]
         batch = len(context_lens)
         num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 2
@@ -136,7 +137,8 @@ def _child_checks() -> dict:
                                                            *heads)
         got = attention_decode_kernels.attention_decode(projected, *args, k_cache, v_cache, slots, tables, lens,
                                                         *heads, num_splits=num_splits, block_n=block_n,
-                                                        early_loads=early_loads, query_rows=query_rows)
+                                                        early_loads=early_loads, query_rows=query_rows,
+                                                        reduce_parts=reduce_parts)
         assert got.shape == (batch, q_heads * dim) and got.is_contiguous()
         compare("attention decode out", got, want)
         assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
@@ -579,6 +581,11 @@ def _child_checks() -> dict:
         "attention_decode_early_loads_split4": lambda: check_attention_decode(4, 2, 16, 4, 4, 4, early_loads=True),
         "attention_decode_early_loads_tile16_split2": lambda: check_attention_decode(4, 2, 16, 4, 32, 2, block_n=16,
                                                                                      early_loads=True),
+        # the reduce kernel with each query head's channels over several programs (the rule's form at small batches
+        # on a GPU), both orders of the split kernel's loads
+        "attention_decode_reduce_parts4": lambda: check_attention_decode(8, 2, 32, 8, 16, 4, reduce_parts=4),
+        "attention_decode_early_loads_reduce_parts2": lambda: check_attention_decode(4, 2, 16, 4, 4, 4,
+                                                                                     early_loads=True, reduce_parts=2),
         "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
         "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
         "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
@@ -730,6 +737,8 @@ CHECK_NAMES = [
     "attention_decode_bs32_tile16_split2",
     "attention_decode_early_loads_split4",
     "attention_decode_early_loads_tile16_split2",
+    "attention_decode_reduce_parts4",
+    "attention_decode_early_loads_reduce_parts2",
     "prefill_gqa2_d16_bs4",
     "prefill_gqa3_d32_bs16",
     "prefill_empty_runs",

@@ -227,6 +227,15 @@ def _attention_decode_kernel(
     offs_g = tl.arange(0, GROUP_P)
     g_mask = offs_g < GROUP
     heads = kv_head * GROUP + offs_g
+    if NUM_SPLITS > 1 and start >= end and split != NUM_SPLITS - 1:
+        # No cached key in this slice and not the new token's owner (most splits at a short context: batch 1 has 64
+        # of at least 64 tokens each): an empty partial, max and sum only (the reduce kernel reads no accumulator
+        # whose sum is 0), without the query's norm and RoPE. After the wait: the partials' memory may be the
+        # previous layer's, which its reduce kernel may still be reading.
+        row_g = (seq * NUM_Q_HEADS + heads) * NUM_SPLITS + split
+        tl.store(part_max + row_g, tl.full([GROUP_P], NEG_BIG, dtype=tl.float32), mask=g_mask)
+        tl.store(part_sum + row_g, tl.zeros([GROUP_P], dtype=tl.float32), mask=g_mask)
+        return
     # Every load of the projected row at once: the query heads', and for the new token's owner its k and v (masked
     # off elsewhere), which would otherwise each wait for the reduction before them.
     owner = split == NUM_SPLITS - 1
@@ -305,11 +314,13 @@ def attention_decode(
     num_stages: int | None = None,
     early_loads: bool | None = None,
     query_rows: int | None = None,
+    reduce_parts: int | None = None,
 ) -> torch.Tensor:
     """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n``,
-    ``num_warps``, ``num_stages``, ``early_loads`` and ``query_rows`` override the defaults (the paged decode kernel's
-    split count and key tile, 4 warps, Triton's default stages, early loads up to ``EARLY_LOADS_MAX_BATCH`` sequences,
-    the query tile's rows: the GQA group rounded up to a power of two)."""
+    ``num_warps``, ``num_stages``, ``early_loads``, ``query_rows`` and ``reduce_parts`` override the defaults (the
+    paged decode kernel's split count and key tile, 4 warps, Triton's default stages, early loads up to
+    ``EARLY_LOADS_MAX_BATCH`` sequences, the query tile's rows: the GQA group rounded up to a power of two, the reduce
+    kernel's programs a query head: ``reduce_splits``')."""
     check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
     group = num_heads // num_kv_heads
     if query_rows is None:
@@ -376,5 +387,6 @@ def attention_decode(
         stride_b, stride_c = projected.stride()
         gate = projected.as_strided((batch, num_heads, head_dim), (stride_b, 2 * head_dim * stride_c, stride_c),
                                     projected.storage_offset() + head_dim * stride_c)
-        reduce_splits(part_acc, part_max, part_sum, out.view(batch, num_heads, head_dim), gate, use_pdl=True)
+        reduce_splits(part_acc, part_max, part_sum, out.view(batch, num_heads, head_dim), gate, use_pdl=True,
+                      channel_parts=reduce_parts)
     return out

@@ -292,6 +292,7 @@ def _paged_decode_reduce_kernel(
     HEAD_DIM_P: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     NUM_SPLITS_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # the channels a program merges (program_id(2) picks which)
     GATED: tl.constexpr,
     USE_PDL: tl.constexpr,  # ops/triton/pdl.py: no weights to load, so it waits at once
 ):
@@ -301,7 +302,7 @@ def _paged_decode_reduce_kernel(
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, NUM_SPLITS_P)
-    offs_d = tl.arange(0, HEAD_DIM_P)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
     row0 = (seq * NUM_Q_HEADS + head) * NUM_SPLITS
@@ -351,6 +352,17 @@ def decode_num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: in
     return 1 << (splits.bit_length() - 1)
 
 
+MIN_REDUCE_CHANNELS = 32  # a reduce program's slice: at least a 128-byte line of each split's fp32 accumulator
+
+
+def reduce_parts(heads: int, head_dim_p: int, device: torch.device) -> int:
+    """The programs each of ``heads`` (batch x query heads) merges its channels over: enough for about one program
+    an SM, in slices of at least ``MIN_REDUCE_CHANNELS``, a power of two. At batch 1 a program per head alone leaves
+    8 programs each loading every split's whole accumulator (64 KB at 64 splits), a long dependent step."""
+    parts = triton.next_power_of_2(triton.cdiv(_sm_count(device), max(1, heads)))
+    return max(1, min(parts, head_dim_p // MIN_REDUCE_CHANNELS))
+
+
 def reduce_splits(
     part_acc: torch.Tensor,  # [B, Hq, NUM_SPLITS, D] fp32
     part_max: torch.Tensor,  # [B, Hq, NUM_SPLITS] fp32
@@ -358,12 +370,18 @@ def reduce_splits(
     out: torch.Tensor,  # [B, Hq, D], any strides (written)
     gate: torch.Tensor | None = None,  # [B, Hq, D], any strides: out = attn * sigmoid(gate)
     use_pdl: bool = False,  # launched with PDL (ops/triton/pdl.py) after a PDL split kernel
+    channel_parts: int | None = None,  # programs a query head's channels are split over (default: reduce_parts)
 ) -> None:
-    """Merge the split kernel's per-split (max, sum, accumulator) triples into ``out``: one program per query head."""
+    """Merge the split kernel's per-split (max, sum, accumulator) triples into ``out``: a program per query head and
+    slice of its channels."""
     batch, num_q_heads, num_splits, head_dim = part_acc.shape
     head_dim_p = triton.next_power_of_2(head_dim)
+    num_splits_p = triton.next_power_of_2(num_splits)
+    if channel_parts is None:
+        channel_parts = reduce_parts(batch * num_q_heads, head_dim_p, part_acc.device)
+    block_d = head_dim_p // channel_parts
     gate_or_out = out if gate is None else gate  # a placeholder pointer the GATED=False kernel never reads
-    _paged_decode_reduce_kernel[(batch, num_q_heads)](
+    _paged_decode_reduce_kernel[(batch, num_q_heads, channel_parts)](
         part_acc,
         part_max,
         part_sum,
@@ -375,9 +393,10 @@ def reduce_splits(
         HEAD_DIM=head_dim,
         HEAD_DIM_P=head_dim_p,
         NUM_SPLITS=num_splits,
-        NUM_SPLITS_P=triton.next_power_of_2(num_splits),
+        NUM_SPLITS_P=num_splits_p,
+        BLOCK_D=block_d,
         GATED=gate is not None,
-        num_warps=4 if head_dim_p >= 128 else 1,
+        num_warps=max(1, min(4, num_splits_p * block_d // 1024)),
         **(pdl_flags(out) if use_pdl else {"USE_PDL": False}),
     )
 
