@@ -18,9 +18,10 @@ online-softmax step, split count, partials and reduce kernel this reuses). Progr
     back from the cache. No program reads a row another program of the launch writes, so there is no ordering to
     enforce. The owner does at most one token more than the others: no imbalance worth a smarter choice;
   * one split: normalise, multiply by ``sigmoid(gate)`` and store ``[B, Hq*D]``; more: store the partials, which
-    the reduce kernel (launched with PDL, one program per query head) merges and gates. (Merging in the last split
-    program of each group instead, behind an atomic counter, was measured slower: bench/NOTES.md, "Removed
-    alternatives".)
+    the reduce kernel (launched with PDL, a program per query head and slice of its channels: ``reduce_parts``)
+    merges and gates. (Merging in the last split program of each group instead, behind an atomic counter, was
+    measured slower: bench/NOTES.md, "Removed alternatives".) A split with no cached key that does not own the new
+    token stores an empty partial (its max and sum) and skips the query's norm and RoPE.
 A padding lane (context_len 0) attends to nothing and writes zeros; its owner still stores k and v, into the null
 block its slot points at (padding lanes race there by design; nobody reads it).
 
@@ -28,8 +29,8 @@ PDL (ops/triton/pdl.py): the norm weights and inv_freq are loaded before ``gdc_w
 (``EARLY_LOADS``) so are the step's inputs (context length, position, cache slot, block table) and the split's first
 key and value tile: nothing in the step writes them before this kernel (the new token's row, which this kernel writes,
 is not in any split's cached slice), and there qkv_proj is the skinny GEMM, which launches this kernel early. The
-projected row is read after the wait (the query's, and the owner's k and v, all before the first norm's reduction). The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel
-still runs.
+projected row is read after the wait (the query's, and the owner's k and v, all before the first norm's reduction).
+The next kernel (the reduce kernel, or o_proj's skinny GEMM) can start while this kernel still runs.
 
 The query tile has ``GROUP_P`` rows: G rounded up to a power of two, not to the mma's 16 (Triton pads a ``tl.dot``'s
 M side itself), so the query's norm and RoPE, which run on every row of the tile, compute G rows' worth at the
@@ -121,7 +122,8 @@ def _norm_weights(weight, offs_d, d_mask, partner, rot_mask):
 
 @triton.jit
 def _cos_sin(position, freq, dtype: tl.constexpr):
-    """RoPE's cos and sin at ``position`` for the lanes' frequencies, rounded to ``dtype`` as the reference casts them."""
+    """RoPE's cos and sin at ``position`` for the lanes' frequencies, rounded to ``dtype`` as the reference casts
+    them."""
     angle = position.to(tl.float32) * freq
     return tl.cos(angle).to(dtype).to(tl.float32), tl.sin(angle).to(dtype).to(tl.float32)
 
