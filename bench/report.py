@@ -111,9 +111,11 @@ def _scenario_lines(key: str, r: dict) -> list[str]:
                 parts.append(f"{phase}: ERROR {p['error']}")
             else:
                 parts.append(
-                    f"{phase}: first token at {_f(p['to_first_token_s'], '.1f')} s (load {_f(p['load_s'], '.1f')}, "
-                    f"compile+capture {_f(p['compile_capture_s'], '.1f')}, first generate "
-                    f"{_f(p['first_generate_s'], '.2f')} s)"
+                    f"{phase}: first token at {_f(p['to_first_token_s'], '.1f')} s (load {_f(p['load_s'], '.1f')}"
+                    f" of which memory plan {_f(p.get('memory_plan_s'), '.1f')}, compile+capture "
+                    f"{_f(p['compile_capture_s'], '.1f')}, prompt captures {_f(p.get('capture_prefill_s'), '.1f')}, "
+                    f"sampler {_f(p.get('warm_up_sampling_s'), '.1f')}, autotuning {_f(p.get('autotune_s'), '.1f')}, "
+                    f"first generate {_f(p['first_generate_s'], '.2f')} s)"
                 )
         lines.append(f"{head} " + " | ".join(parts))
     elif scenario == "step_profile":

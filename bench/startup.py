@@ -5,7 +5,11 @@ Each measurement is a fresh subprocess (``python -m bench.startup CHILD-ARGS``),
   * warm: the same directories again (populated by the cold run).
 Inside the child, timed with synchronised perf_counter:
   * import_s: importing torch + compiled_engine;
-  * load_s: ``Runtime.from_pretrained`` (config, weights to the device, cache allocation);
+  * load_s: ``Runtime.from_pretrained`` (config, weights to the device, cache allocation), of which memory_plan_s:
+    ``memory_plan.allocate_caches`` (its start-up steps at the largest shapes, then the caches);
+  * warm_up_sampling_s: the sampler's kernels compiled at ``LLMEngine`` start-up (``warm_up_sampling``);
+  * autotune_s / autotune_runs / autotune_by_kernel: the Triton autotuner's benchmarks anywhere in the process (FLA's
+    prefill kernels, ours), from Triton's autotuning listener, where the installed Triton has one;
   * compile_capture_s: ``Runtime.compile_decode`` (inside ``from_pretrained``) -- torch.compile of the decode step and the warm-up/capture of every
     bucket's CUDA graph (0 with enforce_eager);
   * capture_prefill_s: ``ModelExecutor.compile_prefill`` (inside ``from_pretrained``) -- the warm-up and capture of
@@ -153,7 +157,8 @@ def child(args: dict) -> dict:
             torch.cuda.synchronize(device)
 
     timings = {"import_s": time.perf_counter() - t0, "compile_capture_s": 0.0, "capture_prefill_s": 0.0,
-               "prefill_keys": 0}
+               "prefill_keys": 0, "memory_plan_s": 0.0, "warm_up_sampling_s": 0.0}
+    _listen_to_autotuning(timings)
     original_load, original_compile = Runtime.from_pretrained.__func__, Runtime.compile_decode
     original_prefill = ModelExecutor.compile_prefill
 
@@ -180,6 +185,23 @@ def child(args: dict) -> dict:
         timings["compile_capture_s"] += time.perf_counter() - start
         return runner
 
+    def timed(module, name: str, key: str):
+        original = getattr(module, name)
+
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            out = original(*a, **k)
+            sync()
+            timings[key] += time.perf_counter() - start
+            return out
+
+        setattr(module, name, wrapper)
+
+    import compiled_engine.engine as engine_module
+    import compiled_engine.runtime as runtime_module
+
+    timed(runtime_module, "allocate_caches", "memory_plan_s")
+    timed(engine_module, "warm_up_sampling", "warm_up_sampling_s")
     Runtime.from_pretrained = classmethod(timed_from_pretrained)
     Runtime.compile_decode = timed_compile
     ModelExecutor.compile_prefill = timed_prefill
@@ -208,6 +230,28 @@ def child(args: dict) -> dict:
     if device.type == "cuda":
         timings["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
     return timings
+
+
+def _listen_to_autotuning(timings: dict) -> None:
+    """Sum the Triton autotuner's benchmark time into ``timings`` (``knobs.autotuning.listener``; a Triton without
+    it leaves the keys out)."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return
+    if not hasattr(knobs.autotuning, "listener"):
+        return
+    timings.update(autotune_s=0.0, autotune_runs=0, autotune_by_kernel={})
+
+    def listener(fn=None, duration=None, cache_hit=False, **_):
+        if cache_hit or duration is None:
+            return
+        timings["autotune_s"] += duration
+        timings["autotune_runs"] += 1
+        name = getattr(fn, "__name__", str(fn))
+        timings["autotune_by_kernel"][name] = timings["autotune_by_kernel"].get(name, 0.0) + duration
+
+    knobs.autotuning.listener = listener
 
 
 if __name__ == "__main__":

@@ -468,6 +468,7 @@ def test_startup(smoke):
             assert positive(p[key]), (phase, key)
         assert p["compiled"] is False  # the CPU runs eager
         assert p["capture_prefill_s"] == 0 and p["prefill_keys"] == 0  # and captures no prompt step
+        assert 0 < p["memory_plan_s"] < p["load_s"]  # the memory plan's steps are timed inside the load
     assert positive(r["bound"]["checkpoint_bytes"])
 
 
