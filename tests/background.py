@@ -125,7 +125,7 @@ IN_CHILD = os.environ.get("CE_TEST_CHILD") == "1"
 
 def pytest_argv(nodeid: str) -> list[str]:
     """The child that runs the test ``nodeid`` alone (an ``in_background`` test)."""
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", nodeid]
+    return [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", nodeid]  # -rs: skip reasons
 
 
 def child_json(argv: list[str], interpret: bool = True):

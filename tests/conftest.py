@@ -102,9 +102,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
         return None
     proc = background.run_child(background.pytest_argv(pyfuncitem.nodeid), interpret=False)
     assert proc.returncode == 0, f"the test failed in its pytest child:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
-    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    lines = proc.stdout.strip().splitlines()
+    summary = lines[-1] if lines else ""
     if " passed" not in summary:
-        pytest.skip(f"not passed in its pytest child: {summary}")
+        reasons = [line for line in lines if line.startswith("SKIPPED")]  # the child's -rs lines
+        pytest.skip(f"not passed in its pytest child: {summary}" + "".join(f"\n{r}" for r in reasons))
     return True
 
 

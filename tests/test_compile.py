@@ -646,34 +646,3 @@ def test_a_fresh_decode_compile_creates_no_implicit_fallback_for_a_ce_op(qwen3_5
     assert done.returncode == 0, done.stderr[-2000:]
     line = next(l for l in done.stdout.splitlines() if l.startswith("FALLBACKS"))
     assert "ce." not in line and "ce::" not in line, line
-
-
-def test_run_in_threads_runs_every_call_once_and_raises_a_failure_after_all():
-    """ops/triton/compile_threads.py, a warm-up's first launches on a thread pool (the sampler's): every call runs
-    exactly once, on the pool's threads, under inference mode; a call's error is raised in the caller once every call
-    has finished."""
-    import threading
-
-    from ops.triton.compile_threads import run_in_threads
-
-    seen, lock, gate = [], threading.Lock(), threading.Barrier(3, timeout=10)
-
-    def call(i: int, wait: bool = False):
-        if wait:
-            gate.wait()  # three calls at once: they run side by side, not one after another
-        with lock:
-            seen.append((i, threading.current_thread() is not threading.main_thread(),
-                         torch.is_inference_mode_enabled()))
-
-    run_in_threads([lambda i=i: call(i, wait=i < 3) for i in range(10)], torch.device("cpu"), threads=4)
-    assert sorted(i for i, _, _ in seen) == list(range(10))
-    assert all(on_pool and inference for _, on_pool, inference in seen)
-
-    seen.clear()
-
-    def fail():
-        raise RuntimeError("compile failed")
-
-    with pytest.raises(RuntimeError, match="compile failed"):
-        run_in_threads([fail] + [lambda i=i: call(i) for i in range(5)], torch.device("cpu"), threads=2)
-    assert sorted(i for i, _, _ in seen) == list(range(5))

@@ -553,3 +553,34 @@ def test_no_sampling_kernel_compiles_while_serving(model_path, monkeypatch, dtyp
                     outs = llm.generate([prompt(8 + i) for i in range(requests)], params, use_tqdm=False)
                     assert all(len(out.outputs[0].token_ids) == 3 for out in outs)
     assert not [name for name in compiled if name.startswith(("_sample_", "_apply_penalties"))], compiled
+
+
+def test_run_in_threads_runs_every_call_once_and_raises_a_failure_after_all():
+    """ops/triton/compile_threads.py, a warm-up's first launches on a thread pool (the sampler's): every call runs
+    exactly once, on the pool's threads, under inference mode; a call's error is raised in the caller once every call
+    has finished."""
+    import threading
+
+    from ops.triton.compile_threads import run_in_threads
+
+    seen, lock, gate = [], threading.Lock(), threading.Barrier(3, timeout=10)
+
+    def call(i: int, wait: bool = False):
+        if wait:
+            gate.wait()  # three calls at once: they run side by side, not one after another
+        with lock:
+            seen.append((i, threading.current_thread() is not threading.main_thread(),
+                         torch.is_inference_mode_enabled()))
+
+    run_in_threads([lambda i=i: call(i, wait=i < 3) for i in range(10)], torch.device("cpu"), threads=4)
+    assert sorted(i for i, _, _ in seen) == list(range(10))
+    assert all(on_pool and inference for _, on_pool, inference in seen)
+
+    seen.clear()
+
+    def fail():
+        raise RuntimeError("compile failed")
+
+    with pytest.raises(RuntimeError, match="compile failed"):
+        run_in_threads([fail] + [lambda i=i: call(i) for i in range(5)], torch.device("cpu"), threads=2)
+    assert sorted(i for i, _, _ in seen) == list(range(5))
