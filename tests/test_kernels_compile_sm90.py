@@ -1,5 +1,5 @@
-"""The Triton kernels of ``ce::sample``, the penalties, the MoE ops, the skinny GEMM and the Gated DeltaNet decode and
-verify compiled for the H200 (sm_90) on a CPU machine: Triton's frontend and ptxas, no GPU. The interpreter tests run
+"""The Triton kernels of ``ce::sample``, the penalties, the MoE ops, the skinny GEMM, the decode attention and the Gated
+DeltaNet decode and verify compiled for the H200 (sm_90) on a CPU machine: Triton's frontend and ptxas, no GPU. The interpreter tests run
 these kernels' logic in NumPy, which accepts programs that Triton's compiler rejects (a name rebound to a value of
 another type inside a loop, for one), so a kernel that passes them can still fail at its first launch on a GPU; this
 compiles every variant the launchers use (bf16 and fp32 logits, each filter switch, the row path on and off, ...) the
@@ -253,6 +253,34 @@ def check_gated_deltanet_verify_launches(group, block_v, warps, split_norm):
         assert all(i > wait for i, line in enumerate(lines) if "atom." in line)  # the count after the wait
 
 
+def check_attention_decode_kernels():
+    """``ce::attention_decode`` at the Qwen3.5-0.8B attention shape (8 query heads, 2 KV heads, D = 256, bf16 cache,
+    64-token tiles): the split kernel (its empty splits' early return) with and without the early loads and with one
+    split, and the reduce kernel at a program a query head (64 splits) and with the channels over 8 programs (64 and
+    128 splits, the warps ``reduce_splits`` gives), where ptxas spills nothing. (The split kernel does spill under
+    Triton 3.9's compile, 0.3-2.2 KB a thread at 255 registers: not asserted; bench/NOTES.md.)"""
+    from bench.sass_stats import compile_sm90, stats
+    from ops.triton import attention_decode_kernels as ak
+    from ops.triton import paged_attention_kernels as pk
+
+    pointers = dict(inv_freq="*fp32", positions="*i64", slot_mapping="*i64", block_tables="*i32",
+                    context_lens="*i32", part_acc="*fp32", part_max="*fp32", part_sum="*fp32", scale_log2="fp32")
+    shape = dict(NUM_Q_HEADS=8, NUM_KV_HEADS=2, GROUP=4, GROUP_P=4, HEAD_DIM=256, HEAD_DIM_P=256, ROTARY_HALF=32,
+                 BLOCK_SIZE=16, BLOCK_N=64, DOT_FP32=False, USE_PDL=True)
+    for splits, early in ((64, True), (64, False), (1, False)):
+        kernel = compile_sm90(ak._attention_decode_kernel, dict(shape, NUM_SPLITS=splits, EARLY_LOADS=early), 4,
+                              pointers)
+        assert kernel.asm["cubin"], (splits, early)
+    reduce_pointers = dict(part_acc="*fp32", part_max="*fp32", part_sum="*fp32")
+    for splits, parts in ((64, 1), (64, 8), (128, 8)):
+        block_d = 256 // parts
+        kernel = compile_sm90(pk._paged_decode_reduce_kernel,
+                              dict(NUM_Q_HEADS=8, HEAD_DIM=256, HEAD_DIM_P=256, NUM_SPLITS=splits, NUM_SPLITS_P=splits,
+                                   BLOCK_D=block_d, GATED=True, USE_PDL=True),
+                              max(1, min(4, splits * block_d // 1024)), reduce_pointers)
+        assert stats(kernel)["spill_bytes"] == 0, (splits, parts)
+
+
 def check_sass_stats_reports_a_verify_launch():
     """bench/sass_stats.py, the offline count behind the GDN kernels' barrier figures in bench/NOTES.md: ptxas's
     registers for one verify launch, and its SASS, where a 4-warp program's reductions over K (across warps) take
@@ -291,6 +319,7 @@ def _checks() -> dict:
                                            (64, 4, True), (32, 4, True)):
             name = f"gated_deltanet_verify_group{group}_v{block_v}_w{warps}" + ("_split_norm" * split_norm)
             checks[name] = functools.partial(check_gated_deltanet_verify_launches, group, block_v, warps, split_norm)
+    checks["attention_decode_kernels"] = check_attention_decode_kernels
     checks["sass_stats_reports_a_verify_launch"] = check_sass_stats_reports_a_verify_launch
     return checks
 
