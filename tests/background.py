@@ -31,6 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600  # per child, counted from its own start
+IN_CHILD = os.environ.get("CE_TEST_CHILD") == "1"  # this process is a child (child_env sets it)
 
 
 Child = tuple[tuple[str, ...], bool]  # (argv, interpret)
@@ -119,8 +120,6 @@ def run_child(argv: list[str], interpret: bool = True) -> subprocess.CompletedPr
         return result
     return _run(key)
 
-
-IN_CHILD = os.environ.get("CE_TEST_CHILD") == "1"
 
 
 def pytest_argv(nodeid: str) -> list[str]:
