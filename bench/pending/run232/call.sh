@@ -3,8 +3,9 @@
 # partial and skip the query's norm and RoPE; the reduce kernel spreads each query head's channels over several
 # programs at small batches (8 at batch 1, 64 programs instead of 8). attn.patch is the change: the GPU tests, then
 # the op alone (20 calls a graph) with the change and without it (git apply -R); the decode graph is run233's.
-# Predicted: the op alone at 1 x 8,192 -1 to -2 µs a call (the reduce), at 1 x 512 (55 of 64 splits empty) -1 to -2 µs; 128 splits with the split reduce within ~1 µs of 64 at 1 x 8,192 (run 139 lost 5 µs there with
-# the one-program reduce); the graph -5 to -15 µs a step (run 139: 0.750 ms, attention 91.9 + reduce 22.4 µs).
+# Predicted: the op alone at 1 x 8,192 -1 to -2 µs a call (the reduce), at 1 x 512 (55 of 64 splits empty) -1 to
+# -2 µs; 128 splits with the split reduce within ~1 µs of 64 at 1 x 8,192 (run 139 lost 5 µs there with the
+# one-program reduce); the graph -5 to -15 µs a step (run 139: 0.750 ms, attention 91.9 + reduce 22.4 µs).
 RUN=${RUN_NAME:-run232} source bench/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
 P=bench/pending/run232/attn.patch
