@@ -1,9 +1,10 @@
 """The Triton kernels of ``ce::sample``, the penalties, the MoE ops, the skinny GEMM, the decode attention and the Gated
-DeltaNet decode and verify compiled for the H200 (sm_90) on a CPU machine: Triton's frontend and ptxas, no GPU. The interpreter tests run
-these kernels' logic in NumPy, which accepts programs that Triton's compiler rejects (a name rebound to a value of
-another type inside a loop, for one), so a kernel that passes them can still fail at its first launch on a GPU; this
-compiles every variant the launchers use (bf16 and fp32 logits, each filter switch, the row path on and off, ...) the
-way the GPU would, and checks what the PTX must hold where a kernel's protocol depends on it.
+DeltaNet decode and verify compiled for the H200 (sm_90) on a CPU machine: Triton's frontend and ptxas, no GPU. The
+interpreter tests run these kernels' logic in NumPy, which accepts programs that Triton's compiler rejects (a name
+rebound to a value of another type inside a loop, for one), so a kernel that passes them can still fail at its first
+launch on a GPU; this compiles every variant the launchers use (bf16 and fp32 logits, each filter switch, the row
+path on and off, ...) the way the GPU would, and checks what the PTX must hold where a kernel's protocol depends on
+it.
 
 The checks (``check_*``) run in one child process without ``TRITON_INTERPRET``, started in the background when
 collection ends (tests/background.py: they are ~4 minutes of single-threaded compiling on a CPU machine); each pytest
@@ -255,10 +256,10 @@ def check_gated_deltanet_verify_launches(group, block_v, warps, split_norm):
 
 def check_attention_decode_kernels():
     """``ce::attention_decode`` at the Qwen3.5-0.8B attention shape (8 query heads, 2 KV heads, D = 256, bf16 cache,
-    64-token tiles): the split kernel (its empty splits' early return) with and without the early loads and with one
-    split, and the reduce kernel at a program a query head (64 splits) and with the channels over 8 programs (64 and
-    128 splits, the warps ``reduce_splits`` gives), where ptxas spills nothing. (The split kernel does spill under
-    Triton 3.9's compile, 0.3-2.2 KB a thread at 255 registers: not asserted; bench/NOTES.md.)"""
+    64-token tiles): the split kernel with and without the early loads and with one split, and the reduce kernel at a
+    program a query head (64 splits) and with the channels over 8 programs (64 and 128 splits, the warps
+    ``reduce_splits`` gives), where ptxas spills nothing. (The split kernel does spill under Triton 3.9's compile,
+    0.3-2.4 KB a thread at 255 registers: not asserted; bench/NOTES.md.)"""
     from bench.sass_stats import compile_sm90, stats
     from ops.triton import attention_decode_kernels as ak
     from ops.triton import paged_attention_kernels as pk

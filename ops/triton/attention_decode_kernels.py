@@ -20,8 +20,7 @@ online-softmax step, split count, partials and reduce kernel this reuses). Progr
   * one split: normalise, multiply by ``sigmoid(gate)`` and store ``[B, Hq*D]``; more: store the partials, which
     the reduce kernel (launched with PDL, a program per query head and slice of its channels: ``reduce_parts``)
     merges and gates. (Merging in the last split program of each group instead, behind an atomic counter, was
-    measured slower: bench/NOTES.md, "Removed alternatives".) A split with no cached key that does not own the new
-    token stores an empty partial (its max and sum) and skips the query's norm and RoPE.
+    measured slower: bench/NOTES.md, "Removed alternatives".)
 A padding lane (context_len 0) attends to nothing and writes zeros; its owner still stores k and v, into the null
 block its slot points at (padding lanes race there by design; nobody reads it).
 
@@ -215,22 +214,6 @@ def _attention_decode_kernel(
     per_split = tl.cdiv(tl.cdiv(cached, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, cached)
-    offs_g = tl.arange(0, GROUP_P)
-    g_mask = offs_g < GROUP
-    heads = kv_head * GROUP + offs_g
-    if NUM_SPLITS > 1 and start >= end and split != NUM_SPLITS - 1:
-        # No cached key in this slice and not the new token's owner (most splits at a short context: batch 1 has 64
-        # of at least 64 tokens each): an empty partial, max and sum only (the reduce kernel reads no accumulator
-        # whose sum is 0), without the query's norm and RoPE. After the wait: the partials' memory may be the
-        # previous layer's, which its reduce kernel may still be reading. Before the early loads, which would
-        # otherwise stay live across this branch.
-        if EARLY_LOADS:
-            if USE_PDL:
-                tl.extra.cuda.gdc_wait()
-        row_g = (seq * NUM_Q_HEADS + heads) * NUM_SPLITS + split
-        tl.store(part_max + row_g, tl.full([GROUP_P], NEG_BIG, dtype=tl.float32), mask=g_mask)
-        tl.store(part_sum + row_g, tl.zeros([GROUP_P], dtype=tl.float32), mask=g_mask)
-        return
     if EARLY_LOADS:  # the slice's first tile, folded in after the query is ready
         offs_n0 = start + tl.arange(0, BLOCK_N)
         n_mask0 = offs_n0 < end
@@ -242,6 +225,9 @@ def _attention_decode_kernel(
         if USE_PDL:
             tl.extra.cuda.gdc_wait()  # qkv_proj's output is read after this
 
+    offs_g = tl.arange(0, GROUP_P)
+    g_mask = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g
     # Every load of the projected row at once: the query heads', and for the new token's owner its k and v (masked
     # off elsewhere), which would otherwise each wait for the reduction before them.
     owner = split == NUM_SPLITS - 1
