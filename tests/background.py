@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,6 +69,8 @@ class _Background:
         self.results: dict[Child, object] = {}
         self.done = {child: threading.Event() for child in children}
         self.order = list(children)
+        self.started = time.monotonic()
+        self.spans: dict[Child, tuple[float, float]] = {}  # (start, end), seconds since the thread started
         self.current: subprocess.Popen | None = None
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="background-children", daemon=True)
@@ -77,12 +80,14 @@ class _Background:
         for child in self.order:
             if self.stopped:
                 break
+            start = time.monotonic() - self.started
             try:
                 self.results[child] = _run(child, on_start=lambda p: setattr(self, "current", p))
             except BaseException as exc:  # noqa: BLE001  (re-raised in the test that asks)
                 self.results[child] = exc
             finally:
                 self.current = None
+                self.spans[child] = (start, time.monotonic() - self.started)
                 self.done[child].set()
 
     def stop(self) -> None:
@@ -107,6 +112,19 @@ def stop() -> None:
     """Kills the child still running (the session ended early); called by conftest.py."""
     if _background is not None:
         _background.stop()
+
+
+def summary() -> list[str]:
+    """Lines for the session's end: each background child's seconds and when the thread went idle, beside the
+    session's own length (conftest.py), to balance the two cores' work."""
+    if _background is None:
+        return []
+    spans = _background.spans
+    lines = [f"{end - start:7.1f} s  {' '.join(child[0][1:])[-100:]}" for child, (start, end) in spans.items()]
+    last = max((end for _, end in spans.values()), default=0.0)
+    return [f"background thread: {len(spans)} of {len(_background.order)} children, busy "
+            f"{sum(end - start for start, end in spans.values()):.1f} s, idle from +{last:.1f} s "
+            f"(session +{time.monotonic() - _background.started:.1f} s)", *lines]
 
 
 def run_child(argv: list[str], interpret: bool = True) -> subprocess.CompletedProcess:

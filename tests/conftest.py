@@ -114,6 +114,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     background.stop()
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Each background child's seconds and when the background thread went idle (tests/background.py)."""
+    for line in background.summary():
+        terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Tests whose child runs in the background (a Triton child, an in_background test's pytest child:
     # tests/background.py) go last, so that the rest of the suite runs meanwhile; the order is otherwise kept.
