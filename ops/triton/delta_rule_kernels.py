@@ -33,6 +33,7 @@ import triton.language as tl
 from ops import library
 from ops.layouts import CHUNK_SIZE  # FLA's chunk length, the one host_chunk_indices (ops/delta_rule.py) tables
 from ops.triton import unit_stride
+from ops.triton.fla_configs import use_tuned_configs
 
 # A prompt step of at most this many tokens (all its sequences together) runs FLA's recurrent form, longer ones its
 # chunked form (see the module docstring; the crossover: bench/NOTES.md, "Recurrent prefill").
@@ -311,6 +312,7 @@ def _fla_recurrent_forward(q, k, v, g, beta, initial_state, cu_seqlens):
     """``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule(..., scale=K**-0.5, use_qk_l2norm_in_kernel=True,
     output_final_state=True)`` without the public wrapper: one kernel. q and k are l2-normalised inside it (the same
     ``x / sqrt(sum(x^2) + 1e-6)``); g and beta come in as the chunked form takes them (``prefill_gates``)."""
+    use_tuned_configs(q.device)
     try:
         from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd
     except ImportError:
@@ -334,8 +336,10 @@ def _fla_chunk_forward(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indice
     What the wrapper does that matters here is repeated: q and k l2-normalised by FLA's own kernel (the same
     ``x * rsqrt(sum(x^2) + 1e-6)`` as our reference), inputs made contiguous, the chunk table derived when not
     given. Value heads > key heads (Qwen3-Next's Hv / Hk) are FLA's native GVA: value head j on key head j // r.
-    Another FLA version without these internals falls back to the public function.
+    Another FLA version without these internals falls back to the public function. FLA's kernels read this GPU's
+    recorded configs where there are some (ops/triton/fla_configs.py).
     """
+    use_tuned_configs(q.device)
     try:
         from fla.modules.norm.l2norm import l2norm_fwd
         from fla.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_fwd
