@@ -17,7 +17,8 @@ if str(ROOT) not in sys.path:  # same as PYTHONPATH=. from the repository root
 # FLA's chunked prefill kernels autotune over up to 25 configs each on first use, which made the GPU suite spend
 # about two of its five minutes compiling configs it then threw away. The tests check values, not speed, so they
 # pin one config per kernel (tests/fla_configs, FLA's own config-file format, read in its "default" mode; set
-# before FLA is imported). Kernels without a file there still autotune; the runtime and bench always autotune.
+# before FLA is imported). Kernels without a file there still autotune. Outside the tests the runtime reads the
+# configs recorded for its GPU model, where there are some (ops/triton/fla_configs.py), else FLA autotunes.
 os.environ.setdefault("FLA_CACHE_MODE", "default")
 os.environ.setdefault("FLA_CONFIG_DIR", str(ROOT / "tests" / "fla_configs"))
 
