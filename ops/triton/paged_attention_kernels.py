@@ -379,6 +379,8 @@ def reduce_splits(
     num_splits_p = triton.next_power_of_2(num_splits)
     if channel_parts is None:
         channel_parts = reduce_parts(batch * num_q_heads, head_dim_p, part_acc.device)
+    elif channel_parts < 1 or channel_parts & (channel_parts - 1) or channel_parts > head_dim_p:
+        raise ValueError(f"channel_parts must be a power of two up to {head_dim_p}, got {channel_parts}")
     block_d = head_dim_p // channel_parts
     gate_or_out = out if gate is None else gate  # a placeholder pointer the GATED=False kernel never reads
     _paged_decode_reduce_kernel[(batch, num_q_heads, channel_parts)](
