@@ -1,17 +1,18 @@
 """Child processes of long CPU checks (Triton's, a few whole tests), started in the background as soon as collection
 ends.
 
-The suite runs in one process on one core (conftest.py: one torch thread), and the Triton checks that need no GPU
-(the interpreter's: tests/test_kernels_interpreter.py, test_sampling_interpreter.py, test_moe_ops.py,
+The suite runs in one process on one core (conftest.py: one torch thread), and the Triton checks that need no GPU (the
+interpreter's: tests/test_kernels_interpreter.py, test_sampling_interpreter.py, test_moe_ops.py,
 test_gated_deltanet_verify.py; the sm_90 compiles: test_kernels_compile_sm90.py) are single-threaded child processes
-that need nothing from the parent but their command line. So conftest.py starts the children of the selected tests
-one at a time on a background thread when collection ends, and moves those tests to the end of the session: by the
-time they run, their child has mostly finished on the otherwise idle second core. A test gets its child's result with
-``run_child(argv, interpret)`` (or its last JSON line with ``child_json``): the same command, environment and timeout
-whether the child was started in the background or (not started there: pytest-xdist workers, ``-p no:...``, a child
-not registered) is run right then. A test marks the child it will ask for with
-``@pytest.mark.background_child(argv)``, or ``background_child(argv, interpret=False)`` for one that compiles for
-the GPU (``TRITON_INTERPRET`` unset).
+that need nothing from the parent but their command line. So conftest.py starts the children of the selected tests one
+at a time on a background thread when collection ends, and moves those tests to the end of the session: by the time
+they run, their child has mostly finished on the otherwise idle second core. A child the thread has not started when
+its test asks for it runs in the test's own thread instead, so that both cores stay busy to the end. A test gets its
+child's result with ``run_child(argv, interpret)`` (or its last JSON line with ``child_json``): the same command,
+environment and timeout whether the child was started in the background or (not started there: pytest-xdist workers,
+``-p no:...``, a child not registered) is run right then. A test marks the child it will ask for with
+``@pytest.mark.background_child(argv)``, or ``background_child(argv, interpret=False)`` for one that compiles for the
+GPU (``TRITON_INTERPRET`` unset).
 
 A whole pytest test can run there too, marked ``@pytest.mark.in_background``: conftest.py registers the child
 ``pytest_argv(nodeid)`` (that test alone, in a pytest child where ``CE_TEST_CHILD`` is set and the mark does nothing)
@@ -65,30 +66,57 @@ def _run(child: Child, on_start=None) -> subprocess.CompletedProcess:
 
 
 class _Background:
+    """The children, started one at a time in ``order`` on a thread. A child the thread has not started yet when a
+    test asks for it is run by that test's thread instead (``take``), so that neither core waits while the other
+    still has children to run."""
+
     def __init__(self, children: list[Child]):
         self.results: dict[Child, object] = {}
         self.done = {child: threading.Event() for child in children}
         self.order = list(children)
+        self.claimed: dict[Child, str] = {}  # child -> "background" or "test": who runs it
+        self.lock = threading.Lock()
         self.started = time.monotonic()
-        self.spans: dict[Child, tuple[float, float]] = {}  # (start, end), seconds since the thread started
+        self.spans: dict[Child, tuple[float, float, str]] = {}  # (start, end) since the thread started, who ran it
         self.current: subprocess.Popen | None = None
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="background-children", daemon=True)
         self.thread.start()
 
+    def _claim(self, child: Child, who: str) -> bool:
+        with self.lock:
+            if child in self.claimed:
+                return False
+            self.claimed[child] = who
+            return True
+
+    def _run_and_record(self, child: Child, who: str, on_start=None) -> None:
+        start = time.monotonic() - self.started
+        try:
+            self.results[child] = _run(child, on_start=on_start)
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the test that asks)
+            self.results[child] = exc
+        finally:
+            self.spans[child] = (start, time.monotonic() - self.started, who)
+            self.done[child].set()
+
     def _loop(self) -> None:
         for child in self.order:
             if self.stopped:
                 break
-            start = time.monotonic() - self.started
+            if not self._claim(child, "background"):
+                continue
             try:
-                self.results[child] = _run(child, on_start=lambda p: setattr(self, "current", p))
-            except BaseException as exc:  # noqa: BLE001  (re-raised in the test that asks)
-                self.results[child] = exc
+                self._run_and_record(child, "background", on_start=lambda p: setattr(self, "current", p))
             finally:
                 self.current = None
-                self.spans[child] = (start, time.monotonic() - self.started)
-                self.done[child].set()
+
+    def take(self, child: Child) -> object:
+        """``child``'s result: run here and now if the thread has not started it, else waited for."""
+        if self._claim(child, "test"):
+            self._run_and_record(child, "test")
+        self.done[child].wait()
+        return self.results[child]
 
     def stop(self) -> None:
         self.stopped = True
@@ -115,24 +143,25 @@ def stop() -> None:
 
 
 def summary() -> list[str]:
-    """Lines for the session's end: each background child's seconds and when the thread went idle, beside the
-    session's own length (conftest.py), to balance the two cores' work."""
+    """Lines for the session's end: each child's seconds and which thread ran it, and how long the background thread
+    was busy, beside the session's own length (conftest.py), to balance the two cores' work."""
     if _background is None:
         return []
     spans = _background.spans
-    lines = [f"{end - start:7.1f} s  {' '.join(child[0][1:])[-100:]}" for child, (start, end) in spans.items()]
-    last = max((end for _, end in spans.values()), default=0.0)
-    return [f"background thread: {len(spans)} of {len(_background.order)} children, busy "
-            f"{sum(end - start for start, end in spans.values()):.1f} s, idle from +{last:.1f} s "
-            f"(session +{time.monotonic() - _background.started:.1f} s)", *lines]
+    lines = [f"{end - start:7.1f} s  {who:10} {' '.join(child[0][1:])[-100:]}"
+             for child, (start, end, who) in spans.items()]
+    background = [(start, end) for start, end, who in spans.values() if who == "background"]
+    return [f"background children: {len(spans)} of {len(_background.order)} run, {len(background)} by the background "
+            f"thread, busy {sum(end - start for start, end in background):.1f} s until "
+            f"+{max((end for _, end in background), default=0.0):.1f} s (session +"
+            f"{time.monotonic() - _background.started:.1f} s)", *lines]
 
 
 def run_child(argv: list[str], interpret: bool = True) -> subprocess.CompletedProcess:
     """The finished child ``argv``: its background run's result, waited for, or a run started now."""
     key = (tuple(argv), interpret)
     if _background is not None and key in _background.done and not _background.stopped:
-        _background.done[key].wait()
-        result = _background.results[key]
+        result = _background.take(key)
         if isinstance(result, BaseException):
             raise result
         return result

@@ -188,3 +188,27 @@ def test_each_marked_body_runs_once_alone_in_a_child(session: Session):
     assert list(session.reports) == ["test_in_the_parent", "test_passes", "test_fails", "test_skips"]
     assert parent["started"] == (importlib.util.find_spec("triton") is not None), parent
     assert parent["first_child_had_run"] == parent["started"], parent
+
+
+def test_a_child_not_yet_started_runs_in_the_thread_that_asks_for_it():
+    """While the background thread runs its first child (a 3-second sleep), a test asking for the second child runs
+    it itself at once, instead of waiting for the thread to get there; the thread then skips it. Oracles: the
+    children's own output and the wall clock."""
+    import time
+
+    from tests import background
+
+    slow = ((sys.executable, "-c", "import time; time.sleep(3); print('slow')"), False)
+    quick = ((sys.executable, "-c", "print('quick')"), False)
+    started = time.monotonic()
+    children = background._Background([slow, quick])
+    try:
+        result = children.take(quick)
+        assert result.stdout.strip() == "quick" and time.monotonic() - started < 2.5
+        assert children.spans[quick][2] == "test"
+        assert children.take(slow).stdout.strip() == "slow"
+        children.thread.join(timeout=10)
+        assert children.spans[slow][2] == "background" and not children.thread.is_alive()
+        assert list(children.spans) == [quick, slow]  # the thread did not run the quick child again
+    finally:
+        children.stop()
