@@ -168,7 +168,6 @@ def run_child(argv: list[str], interpret: bool = True) -> subprocess.CompletedPr
     return _run(key)
 
 
-
 def pytest_argv(nodeid: str) -> list[str]:
     """The child that runs the test ``nodeid`` alone (an ``in_background`` test)."""
     return [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", nodeid]  # -rs: skip reasons
