@@ -2,7 +2,7 @@
 
 FLA's prefill kernels (the chunked delta rule's, l2norm's, the cumsum's) are ``fla_cache_autotune`` kernels: on an
 empty cache each autotuning key compiles and times every candidate config one after another, ~45 s of a cold
-engine start-up on an H100 (bench/NOTES.md, "Runs 231-235"). FLA can instead read each kernel's best config per key
+engine start-up on an H100 (bench/NOTES.md, "Runs 231-236"). FLA can instead read each kernel's best config per key
 from ``$FLA_CONFIG_DIR/{kernel_name}.json`` (``FLA_CACHE_MODE=strict``: exact keys only, autotuning for any other).
 This builds a runtime (``compile=False``: the memory plan's start-up steps meet the prefill shapes serving meets,
 with FLA's config cache off so that every key is tuned), then writes what each of FLA's cached autotuners chose:

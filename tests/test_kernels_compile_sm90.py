@@ -278,7 +278,7 @@ def check_attention_decode_kernels():
         kernel = compile_sm90(pk._paged_decode_reduce_kernel,
                               dict(NUM_Q_HEADS=8, HEAD_DIM=256, HEAD_DIM_P=256, NUM_SPLITS=splits, NUM_SPLITS_P=splits,
                                    BLOCK_D=block_d, GATED=True, USE_PDL=True),
-                              max(1, min(4, splits * block_d // 1024)), reduce_pointers)
+                              pk.reduce_warps(splits, block_d), reduce_pointers)
         assert stats(kernel)["spill_bytes"] == 0, (splits, parts)
 
 

@@ -2,7 +2,7 @@
 
 FLA autotunes its chunked delta rule's, l2norm's and cumsum's kernels on each new key: on an empty Triton cache every
 candidate config compiles and is timed one after another, about 45 s of a cold engine start-up on an H100
-(bench/NOTES.md, "Runs 231-235"). FLA can read each kernel's chosen config per key from
+(bench/NOTES.md, "Runs 231-236"). FLA can read each kernel's chosen config per key from
 ``$FLA_CONFIG_DIR/{kernel_name}.json`` instead (``FLA_CACHE_MODE``; "strict": recorded keys only, any other key is
 autotuned as before). ``fla_kernel_configs/<GPU>/`` holds what bench/fla_configs.py recorded on that GPU model;
 ``use_tuned_configs`` points FLA there before our first FLA import. Where the user set either variable, or FLA was

@@ -363,6 +363,11 @@ def reduce_parts(heads: int, head_dim_p: int, device: torch.device) -> int:
     return max(1, min(parts, head_dim_p // MIN_REDUCE_CHANNELS))
 
 
+def reduce_warps(num_splits_p: int, block_d: int) -> int:
+    """The reduce kernel's warps: its [splits, channels] tile at about 1,024 values a warp, 1 to 4 warps."""
+    return max(1, min(4, num_splits_p * block_d // 1024))
+
+
 def reduce_splits(
     part_acc: torch.Tensor,  # [B, Hq, NUM_SPLITS, D] fp32
     part_max: torch.Tensor,  # [B, Hq, NUM_SPLITS] fp32
@@ -398,7 +403,7 @@ def reduce_splits(
         NUM_SPLITS_P=num_splits_p,
         BLOCK_D=block_d,
         GATED=gate is not None,
-        num_warps=max(1, min(4, num_splits_p * block_d // 1024)),
+        num_warps=reduce_warps(num_splits_p, block_d),
         **(pdl_flags(out) if use_pdl else {"USE_PDL": False}),
     )
 
