@@ -8,7 +8,7 @@ This builds a runtime (``compile=False``: the memory plan's start-up steps meet 
 with FLA's config cache off so that every key is tuned), then writes what each of FLA's cached autotuners chose:
 
     python3 bench/fla_configs.py --model qwen3.5-0.8b --max-num-seqs 64 --max-model-len 9216 \
-        --out ops/triton/fla_configs/
+        --out ops/triton/fla_kernel_configs/
 
 into ``OUT/<GPU name as FLA spells it>/``. CUDA only.
 """
