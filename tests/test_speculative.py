@@ -250,7 +250,8 @@ def test_plain_steps_of_a_speculative_engine_overlap(tiny_path, overlap):
     assert got[1] == ([] if overlap else [sum(reference, [])[1]])
 
 
-@pytest.mark.parametrize("draft_vocab,compile", [(None, False), (64, False), (None, True)])
+@pytest.mark.parametrize("draft_vocab,compile", [(None, False), (64, False),
+                                                 pytest.param(None, True, marks=pytest.mark.in_background)])
 def test_tp2_speculative_equals_tp1_non_speculative(tiny_path, draft_vocab, compile):
     """Tensor parallelism (2 ranks, gloo) with MTP drafts: every rank runs the same verify, draws, commit and
     drafts (its MTP layer sharded as the target's layers), so greedy and seeded sampled requests emit the tokens of a

@@ -81,7 +81,12 @@ def test_a_worker_that_cannot_import_main_fails_fast(tiny_path, tmp_path):
 
 def interrupt_after(marker: str, script: str, fault: str | None, delay_s: float) -> tuple[int, str, float]:
     """Run ``script``; once it prints ``marker``, wait ``delay_s`` and send it SIGINT (Ctrl-C). Returns its exit
-    code, its stderr and the seconds from the signal to the end of its output (its workers' too)."""
+    code, its stderr and the seconds from the signal to the end of its output (its workers' too).
+
+    The script first takes Ctrl-C as Python started from a terminal does. A process inherits an ignored SIGINT, and
+    Python then installs no KeyboardInterrupt handler: a suite started as a background job of a non-interactive shell
+    (``nohup ... &``) would otherwise run every such script deaf to the signal."""
+    script = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n" + script
     process = start(["-c", script], environment(**({FAULT_ENV: fault} if fault else {})))
     for line in process.stdout:  # the marker line, printed before the phase to interrupt
         if marker in line:
