@@ -11,7 +11,8 @@ config, with the step's inputs and first key tile read before the PDL wait and w
 before each call is the previous call's reduce kernel, not qkv_proj); ``--query-rows``, the default config with the
 query tile padded to 16 rows (the mma's M) and at the GQA group's power of two (the default); ``--splits 16,32,64``,
 the default config at each of those split counts; ``--reduce-parts 1,8``, at each of those reduce kernel programs a
-query head (with ``--splits``: every pair).
+query head (with ``--splits``: every pair); ``--warps 4,8 --stages 1,2,3``, the default split count and key tile at
+each pair.
 
     python bench/attention_decode_sweep.py --out DIR [--cases 1x8192,16x8192,64x8192] [--early-loads]
 
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside benc
 
 from bench.attention_prefill_sweep import time_ms  # noqa: E402
 from bench.ops_microbench import copy_bandwidth_gbps  # noqa: E402
-from ops.triton.attention_decode_kernels import EARLY_LOADS_MAX_BATCH, attention_decode  # noqa: E402
+from ops.triton.attention_decode_kernels import EARLY_LOADS_MAX_BATCH, attention_decode, decode_stages  # noqa: E402
 from ops.triton.paged_attention_kernels import _tile_n, decode_num_splits  # noqa: E402
 
 HQ, HKV, D, BLOCK, ROTARY_HALF = 8, 2, 256, 16, 32
@@ -86,6 +87,11 @@ def main() -> None:
     parser.add_argument("--reduce-parts", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="time the default config with the reduce kernel's channels over each of these numbers of "
                              "programs a query head")
+    parser.add_argument("--stages", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="time only the default split count and key tile at each of these pipeline stages (with "
+                             "--warps: every pair; the rule's stages too)")
+    parser.add_argument("--warps", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="time only the default split count and key tile at each of these warps (see --stages)")
     parser.add_argument("--default-only", action="store_true",
                         help="time only the default config (A/B of a kernel edit)")
     parser.add_argument("--ncu", action="store_true", help="profile one call of each case's default config instead")
@@ -101,7 +107,7 @@ def main() -> None:
         inputs = _case(batch, context, *width)
         bound_us = batch * context * HKV * D * 2 * 2 / (gbps * 1e3)
         splits = decode_num_splits(batch, HKV, inputs[9].shape[1], BLOCK, torch.device("cuda"))
-        chosen = (splits, _tile_n(D, 2), 4, None)
+        chosen = (splits, _tile_n(D, 2), 4, decode_stages(batch))
         ref = attention_decode(*inputs).float()
         split_counts = sorted({max(1, splits // 2), splits, min(64, 2 * splits), min(64, 4 * splits)})
         grid = [chosen + (None, None)] + [c + (None, None) for c in itertools.product(split_counts, (32, 64), (4, 8),
@@ -114,6 +120,10 @@ def main() -> None:
             grid = [chosen + (None, None, None)] + [
                 (n,) + chosen[1:] + (None, None, parts) for n in args.splits or [splits]
                 for parts in args.reduce_parts or [None] if (n, parts) != (splits, None)]
+        if args.stages or args.warps:
+            grid = [chosen + (None, None)] + [
+                chosen[:2] + (warps, stages, None, None) for warps in args.warps or [chosen[2]]
+                for stages in args.stages or [None] if (warps, stages) != chosen[2:]]
         if args.default_only:
             grid = [chosen + (None, None)]
         for num_splits, block_n, warps, stages, early, rows, *parts in grid:

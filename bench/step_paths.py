@@ -15,6 +15,7 @@ graph, where each kernel overlaps its neighbours. ``--max-splits`` does the same
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import re
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 
 from bench.common import Context, Options, random_prompt, write_json
 from bench.latency import profiled_critical_path
-from ops.triton import gated_deltanet_kernels, paged_attention_kernels
+from ops.triton import attention_decode_kernels, gated_deltanet_kernels, paged_attention_kernels
 
 
 def _group(kernel: str) -> str:
@@ -94,6 +95,9 @@ def main() -> None:
     p.add_argument("--max-splits", type=int, default=None,
                    help="the attention's split ceiling instead of paged_attention_kernels.MAX_SPLITS's "
                         "(a power of two)")
+    p.add_argument("--attention-stages", default=None,
+                   help="the attention split kernel's stages by batch instead of attention_decode_kernels."
+                        "DECODE_STAGES's: 'B:S,...' (S for batches up to B, Triton's default above)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -101,6 +105,10 @@ def main() -> None:
         gated_deltanet_kernels.DECODE_LAUNCHES = _gdn_launches(args.gdn_launch)
     if args.max_splits:
         paged_attention_kernels.MAX_SPLITS = args.max_splits
+    if args.attention_stages:
+        attention_decode_kernels.DECODE_STAGES = tuple(
+            (int(most), int(stages)) for most, stages in (entry.split(":") for entry in args.attention_stages.split(","))
+        ) + ((math.inf, None),)
     ctx = Context(Options(model=args.model, device="cuda", dtype="bfloat16"))
     # The replays advance every sequence one position each: the block tables must reach the last one.
     ctx.require(max(batches), max(args.max_model_len or 0, args.context + args.replays + 64))

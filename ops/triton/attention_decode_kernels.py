@@ -45,6 +45,8 @@ positions reach ~1e5 and ``inv_freq[0]`` is 1.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -73,6 +75,14 @@ from ops.triton.pdl import pdl_flags
 # does not, and there the first tile held in registers through the query's norm and RoPE made the step slower
 # (bench/NOTES.md, "Runs 117-120").
 EARLY_LOADS_MAX_BATCH = 4
+
+# The split kernel's pipeline stages by batch: (largest batch, stages), None for Triton's default.
+DECODE_STAGES: tuple[tuple[float, int | None], ...] = ((math.inf, None),)
+
+
+def decode_stages(batch: int) -> int | None:
+    """The split kernel's ``num_stages`` for ``batch`` sequences (``DECODE_STAGES``)."""
+    return next(stages for most, stages in DECODE_STAGES if batch <= most)
 
 
 @triton.jit
@@ -310,7 +320,7 @@ def attention_decode(
 ) -> torch.Tensor:
     """The op's CUDA kernel (also on CPU tensors under ``TRITON_INTERPRET=1``); ``num_splits``, ``block_n``,
     ``num_warps``, ``num_stages``, ``early_loads``, ``query_rows`` and ``reduce_parts`` override the defaults (the
-    paged decode kernel's split count and key tile, 4 warps, Triton's default stages, early loads up to
+    paged decode kernel's split count and key tile, 4 warps, ``decode_stages``, early loads up to
     ``EARLY_LOADS_MAX_BATCH`` sequences, the query tile's rows: the GQA group rounded up to a power of two, the reduce
     kernel's programs a query head: ``reduce_splits``')."""
     check_attention_decode_args(projected, inv_freq, k_cache, num_heads, num_kv_heads, head_dim)
@@ -326,6 +336,8 @@ def attention_decode(
     block_size = k_cache.shape[1]
     if num_splits is None:
         num_splits = decode_num_splits(batch, num_kv_heads, block_tables.shape[1], block_size, projected.device)
+    if num_stages is None:
+        num_stages = decode_stages(batch)
     dot_fp32 = _dot_fp32(projected, k_cache)
     if block_n is None:
         block_n = _tile_n(head_dim, 4 if dot_fp32 else k_cache.element_size())
