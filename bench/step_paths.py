@@ -24,7 +24,7 @@ import torch
 
 from bench.common import Context, Options, random_prompt, write_json
 from bench.latency import profiled_critical_path
-from ops.triton import attention_decode_kernels, gated_deltanet_kernels, paged_attention_kernels
+from ops.triton import gated_deltanet_kernels, paged_attention_kernels
 
 
 def _group(kernel: str) -> str:
@@ -96,8 +96,9 @@ def main() -> None:
                    help="the attention's split ceiling instead of paged_attention_kernels.MAX_SPLITS's "
                         "(a power of two)")
     p.add_argument("--attention-stages", default=None,
-                   help="the attention split kernel's stages by batch instead of attention_decode_kernels."
-                        "DECODE_STAGES's: 'B:S,...' (S for batches up to B, Triton's default above)")
+                   help="the attention split kernels' stages by query rows instead of paged_attention_kernels."
+                        "DECODE_STAGES's: 'R:S,...' (S up to R rows, Triton's default above; '0:0': the default "
+                        "everywhere)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -106,7 +107,7 @@ def main() -> None:
     if args.max_splits:
         paged_attention_kernels.MAX_SPLITS = args.max_splits
     if args.attention_stages:
-        attention_decode_kernels.DECODE_STAGES = tuple(
+        paged_attention_kernels.DECODE_STAGES = tuple(
             (int(most), int(stages)) for most, stages in (entry.split(":") for entry in args.attention_stages.split(","))
         ) + ((math.inf, None),)
     ctx = Context(Options(model=args.model, device="cuda", dtype="bfloat16"))

@@ -45,8 +45,6 @@ positions reach ~1e5 and ``inv_freq[0]`` is 1.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -65,6 +63,7 @@ from ops.triton.paged_attention_kernels import (
     _store_partials,
     _tile_n,
     decode_num_splits,
+    decode_stages,
     reduce_splits,
 )
 from ops.triton.pdl import pdl_flags
@@ -75,14 +74,6 @@ from ops.triton.pdl import pdl_flags
 # does not, and there the first tile held in registers through the query's norm and RoPE made the step slower
 # (bench/NOTES.md, "Runs 117-120").
 EARLY_LOADS_MAX_BATCH = 4
-
-# The split kernel's pipeline stages by batch: (largest batch, stages), None for Triton's default.
-DECODE_STAGES: tuple[tuple[float, int | None], ...] = ((math.inf, None),)
-
-
-def decode_stages(batch: int) -> int | None:
-    """The split kernel's ``num_stages`` for ``batch`` sequences (``DECODE_STAGES``)."""
-    return next(stages for most, stages in DECODE_STAGES if batch <= most)
 
 
 @triton.jit
