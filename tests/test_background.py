@@ -190,6 +190,16 @@ def test_each_marked_body_runs_once_alone_in_a_child(session: Session):
     assert parent["first_child_had_run"] == parent["started"], parent
 
 
+def test_the_summary_names_each_child_by_its_test(session: Session):
+    """Where the session ran children in the background, its end lists each one's seconds by the marked test's node id
+    (the arguments before it are the same for every such child)."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("no background thread without Triton")
+    lines = session.output.split("background children: ", 1)[-1].splitlines()[1:4]
+    labels = sorted(line.split(None, 3)[-1] for line in lines)  # "<seconds> s  <thread> <label>"
+    assert labels == [f"test_probe.py::{name}" for name in ("test_fails", "test_passes", "test_skips")], lines
+
+
 def test_a_child_not_yet_started_runs_in_the_thread_that_asks_for_it():
     """While the background thread runs its first child (a 3-second sleep), a test asking for the second child runs
     it itself at once, instead of waiting for the thread to get there; the thread then skips it. Oracles: the
