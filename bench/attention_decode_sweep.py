@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ops/ beside benc
 
 from bench.attention_prefill_sweep import time_ms  # noqa: E402
 from bench.ops_microbench import copy_bandwidth_gbps  # noqa: E402
-from ops.triton.attention_decode_kernels import EARLY_LOADS_MAX_BATCH, attention_decode  # noqa: E402
-from ops.triton.paged_attention_kernels import _tile_n, decode_num_splits, decode_stages  # noqa: E402
+from ops.triton.attention_decode_kernels import EARLY_LOADS_MAX_BATCH, attention_decode, decode_stages  # noqa: E402
+from ops.triton.paged_attention_kernels import _tile_n, decode_num_splits  # noqa: E402
 
 HQ, HKV, D, BLOCK, ROTARY_HALF = 8, 2, 256, 16, 32
 CALLS = 20  # calls a graph replay

@@ -24,7 +24,7 @@ import torch
 
 from bench.common import Context, Options, random_prompt, write_json
 from bench.latency import profiled_critical_path
-from ops.triton import gated_deltanet_kernels, paged_attention_kernels
+from ops.triton import attention_decode_kernels, gated_deltanet_kernels, paged_attention_kernels
 
 
 def _group(kernel: str) -> str:
@@ -96,8 +96,8 @@ def main() -> None:
                    help="the attention's split ceiling instead of paged_attention_kernels.MAX_SPLITS's "
                         "(a power of two)")
     p.add_argument("--attention-stages", default=None,
-                   help="the attention split kernels' stages by query rows instead of paged_attention_kernels."
-                        "DECODE_STAGES's: 'R:S,...' (S up to R rows, Triton's default above; '0:0': the default "
+                   help="ce::attention_decode's split-kernel stages by batch instead of attention_decode_kernels."
+                        "DECODE_STAGES's: 'B:S,...' (S up to B sequences, Triton's default above; '0:0': the default "
                         "everywhere)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -107,9 +107,9 @@ def main() -> None:
     if args.max_splits:
         paged_attention_kernels.MAX_SPLITS = args.max_splits
     if args.attention_stages:
-        paged_attention_kernels.DECODE_STAGES = tuple(
-            (int(most), int(stages)) for most, stages in (entry.split(":") for entry in args.attention_stages.split(","))
-        ) + ((math.inf, None),)
+        entries = (entry.split(":") for entry in args.attention_stages.split(","))
+        attention_decode_kernels.DECODE_STAGES = tuple((int(most), int(stages)) for most, stages in entries) + (
+            (math.inf, None),)
     ctx = Context(Options(model=args.model, device="cuda", dtype="bfloat16"))
     # The replays advance every sequence one position each: the block tables must reach the last one.
     ctx.require(max(batches), max(args.max_model_len or 0, args.context + args.replays + 64))

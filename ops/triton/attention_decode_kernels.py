@@ -45,6 +45,8 @@ positions reach ~1e5 and ``inv_freq[0]`` is 1.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -63,7 +65,6 @@ from ops.triton.paged_attention_kernels import (
     _store_partials,
     _tile_n,
     decode_num_splits,
-    decode_stages,
     reduce_splits,
 )
 from ops.triton.pdl import pdl_flags
@@ -74,6 +75,17 @@ from ops.triton.pdl import pdl_flags
 # does not, and there the first tile held in registers through the query's norm and RoPE made the step slower
 # (bench/NOTES.md, "Runs 117-120").
 EARLY_LOADS_MAX_BATCH = 4
+
+# The split kernel's pipeline stages by batch: (most sequences, stages), None for Triton's default (3). Up to 4
+# sequences a program walks 1-4 key tiles, the first read before the PDL wait; the loop's cp.async stages only delay
+# them (1 stage: -2 to -3 µs a call, the decode graph -9 to -50 µs a step at batch 1-4; from 8 sequences the default
+# leads). The paged decode of a verify's rows keeps the default: there 1 stage lost (bench/NOTES.md, "Runs 237-239").
+DECODE_STAGES: tuple[tuple[float, int | None], ...] = ((4, 1), (math.inf, None))
+
+
+def decode_stages(batch: int) -> int | None:
+    """The split kernel's ``num_stages`` for ``batch`` sequences (``DECODE_STAGES``)."""
+    return next(stages for most, stages in DECODE_STAGES if batch <= most)
 
 
 @triton.jit

@@ -352,18 +352,6 @@ def decode_num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: in
     return 1 << (splits.bit_length() - 1)
 
 
-# The split kernels' pipeline stages by query rows: (most rows, stages), None for Triton's default (3). Up to 4 rows a
-# program walks a few key tiles, the first read before the PDL wait where the kernel can; the loop's cp.async stages
-# then only delay them (1 stage: -2 to -3 µs a call at 1-4 rows, ~-50 µs a batch-2 step; from 8 rows the default
-# leads; bench/NOTES.md, "Runs 237-239").
-DECODE_STAGES: tuple[tuple[float, int | None], ...] = ((4, 1), (math.inf, None))
-
-
-def decode_stages(rows: int) -> int | None:
-    """The split kernels' ``num_stages`` for ``rows`` query rows (``DECODE_STAGES``)."""
-    return next(stages for most, stages in DECODE_STAGES if rows <= most)
-
-
 MIN_REDUCE_CHANNELS = 32  # a reduce program's slice: at least a 128-byte line of each split's fp32 accumulator
 
 
@@ -430,13 +418,12 @@ def paged_attention_decode(
     num_splits: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
-    num_stages: int | None = None,
     query_rows: int | None = None,
     rows_per_seq: int = 1,
     gate: torch.Tensor | None = None,  # [B, Hq, D], any strides
 ) -> torch.Tensor:
-    """The op's CUDA kernel; ``num_splits``, ``block_n``, ``num_warps``, ``num_stages`` and ``query_rows`` override
-    the defaults (``decode_num_splits``, ``_tile_n``, 4 warps, ``decode_stages``, the query tile's rows: the GQA group rounded up to a power of two,
+    """The op's CUDA kernel; ``num_splits``, ``block_n``, ``num_warps`` and ``query_rows`` override the defaults
+    (``decode_num_splits``, ``_tile_n``, 4 warps, the query tile's rows: the GQA group rounded up to a power of two,
     as ce::attention_decode's; Triton pads the ``tl.dot``'s M side to the mma's 16 itself). ``rows_per_seq`` R: q's
     rows come R a sequence (a verify step's), row j of a sequence attending to its first ``context_len - R + j + 1``
     tokens, each its own decode query; the tables and lengths are the sequences'. ``gate``: returns ``attn *
@@ -459,8 +446,6 @@ def paged_attention_decode(
         num_splits = decode_num_splits(batch, num_kv_heads, block_tables.shape[1], block_size, q.device)
     if block_n is None:
         block_n = _tile_n(head_dim, 4 if _dot_fp32(q, k_cache) else k_cache.element_size())
-    if num_stages is None:
-        num_stages = decode_stages(batch)
     head_dim_p = triton.next_power_of_2(head_dim)
     if num_splits > 1:
         part_acc = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -500,7 +485,6 @@ def paged_attention_decode(
         ROWS_PER_SEQ=rows_per_seq,
         GATED=gate is not None and num_splits == 1,
         num_warps=num_warps,
-        **({} if num_stages is None else {"num_stages": num_stages}),
     )
     if num_splits > 1:
         reduce_splits(part_acc, part_max, part_sum, out, gate)
