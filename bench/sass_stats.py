@@ -35,7 +35,7 @@ def _signature(fn, extra: dict) -> dict:
     return sig
 
 
-def compile_sm90(fn, constexprs: dict, num_warps: int, extra_sig: dict | None = None):
+def compile_sm90(fn, constexprs: dict, num_warps: int, extra_sig: dict | None = None, num_stages: int | None = None):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -45,6 +45,8 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, extra_sig: dict | None = 
     full = {name: "constexpr" if name in constexprs else sig[name] for name in names}
     source = ASTSource(fn=fn, signature=full, constexprs={(names.index(k),): v for k, v in constexprs.items()})
     options = {"num_warps": num_warps, "enable_fp_fusion": True}  # (the JIT's default)
+    if num_stages is not None:  # else Triton's default, as a launch without it
+        options["num_stages"] = num_stages
     return triton.compile(source, target=GPUTarget("cuda", 90, 64), options=options)
 
 

@@ -74,7 +74,7 @@ class _Background:
         self.results: dict[Child, object] = {}
         self.done = {child: threading.Event() for child in children}
         self.order = list(children)
-        self.claimed: dict[Child, str] = {}  # child -> "background" or "test": who runs it
+        self.claimed: set[Child] = set()  # started by the thread or by a test
         self.lock = threading.Lock()
         self.started = time.monotonic()
         self.spans: dict[Child, tuple[float, float, str]] = {}  # (start, end) since the thread started, who ran it
@@ -83,11 +83,11 @@ class _Background:
         self.thread = threading.Thread(target=self._loop, name="background-children", daemon=True)
         self.thread.start()
 
-    def _claim(self, child: Child, who: str) -> bool:
+    def _claim(self, child: Child) -> bool:
         with self.lock:
             if child in self.claimed:
                 return False
-            self.claimed[child] = who
+            self.claimed.add(child)
             return True
 
     def _run_and_record(self, child: Child, who: str, on_start=None) -> None:
@@ -104,7 +104,7 @@ class _Background:
         for child in self.order:
             if self.stopped:
                 break
-            if not self._claim(child, "background"):
+            if not self._claim(child):
                 continue
             try:
                 self._run_and_record(child, "background", on_start=lambda p: setattr(self, "current", p))
@@ -113,7 +113,7 @@ class _Background:
 
     def take(self, child: Child) -> object:
         """``child``'s result: run here and now if the thread has not started it, else waited for."""
-        if self._claim(child, "test"):
+        if self._claim(child):
             self._run_and_record(child, "test")
         self.done[child].wait()
         return self.results[child]
