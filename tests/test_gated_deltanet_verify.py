@@ -215,6 +215,9 @@ def test_kernels_equal_decode_steps_in_a_row_in_interpreter(interpreter_result):
 
 if __name__ == "__main__" and sys.argv[1:] == ["--child"]:
     sys.path.insert(0, str(REPO))
+    from tests import interpreter
+
+    interpreter.install()  # Triton's interpreter without its repeated patching
     import ops  # noqa: F401  (registers the ops)
 
     print(json.dumps(_child()))

@@ -825,4 +825,7 @@ if __name__ == "__main__" and sys.argv[1:] == ["--child"]:
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1")
     sys.path.insert(0, str(REPO))
+    from tests import interpreter
+
+    interpreter.install()  # Triton's interpreter without its repeated patching
     print(json.dumps(_child_checks()))
