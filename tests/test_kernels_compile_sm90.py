@@ -6,9 +6,9 @@ launch on a GPU; this compiles every variant the launchers use (bf16 and fp32 lo
 path on and off, ...) the way the GPU would, and checks what the PTX must hold where a kernel's protocol depends on
 it.
 
-The checks (``check_*``) run in one child process without ``TRITON_INTERPRET``, started in the background when
-collection ends (tests/background.py: they are ~4 minutes of single-threaded compiling on a CPU machine); each pytest
-test asserts one check's result.
+The checks (``check_*``) run in two child processes without ``TRITON_INTERPRET`` (``PARTS``), started in the
+background when collection ends (tests/background.py: they are ~3 minutes of single-threaded compiling on a CPU
+machine); each pytest test asserts one check's result.
 """
 
 from __future__ import annotations
@@ -304,6 +304,19 @@ def check_sass_stats_reports_a_verify_launch():
 # ----------------------------------------------------------------------------------------------------------------
 
 
+# (block_v, num_warps, split_norm) of each launch ops/triton/gated_deltanet_kernels.py's VERIFY_LAUNCHES gives (whole
+# heads: 128), named here so that collection imports no Triton; the child checks they are the launches. The kernel's
+# other tiles are checked on the GPU (tests/test_kernels_cuda.py).
+VERIFY_TILES = ((32, 4, True), (128, 8, False), (64, 4, False))
+
+
+def check_verify_tiles_are_the_launches():
+    from ops.triton.gated_deltanet_kernels import VERIFY_LAUNCHES
+
+    launches = {(block_v or 128, warps, split_norm) for _, block_v, warps, split_norm in VERIFY_LAUNCHES}
+    assert launches == set(VERIFY_TILES), (launches, VERIFY_TILES)
+
+
 def _checks() -> dict:
     checks = {f"sample_kernels_{logits}": functools.partial(check_sample_kernels, logits, shift)
               for logits, shift in (("bf16", 16), ("fp32", 0))}
@@ -317,23 +330,37 @@ def _checks() -> dict:
             check_gated_deltanet_decode_launches, group)
         checks[f"gated_deltanet_decode_split_v_group{group}"] = functools.partial(
             check_gated_deltanet_decode_split_v, group)
-        for block_v, warps, split_norm in ((128, 8, False), (64, 4, False), (32, 4, False), (16, 2, False),
-                                           (64, 4, True), (32, 4, True)):
+        for block_v, warps, split_norm in VERIFY_TILES:
             name = f"gated_deltanet_verify_group{group}_v{block_v}_w{warps}" + ("_split_norm" * split_norm)
             checks[name] = functools.partial(check_gated_deltanet_verify_launches, group, block_v, warps, split_norm)
+    checks["verify_tiles_are_the_launches"] = check_verify_tiles_are_the_launches
     checks["attention_decode_kernels"] = check_attention_decode_kernels
     checks["sass_stats_reports_a_verify_launch"] = check_sass_stats_reports_a_verify_launch
     return checks
 
 
+# Two children of ~2 minutes each rather than one of ~4, so that the two threads of tests/background.py end about
+# together: the sampling, penalty, MoE and skinny GEMM kernels; the Gated DeltaNet and attention kernels.
+PARTS = ("sample_moe_gemm", "gdn_attention")
+
+
+def _part(name: str) -> str:
+    return PARTS[1] if name.startswith(("gated_deltanet", "verify", "attention", "sass")) else PARTS[0]
+
+
 CHECK_NAMES = list(_checks())
-CHILD_ARGV = [sys.executable, __file__, "--child"]
 
 
-def _child() -> dict:
-    """Every check, each on its own: None where it passed, else its traceback's end."""
+def _argv(part: str) -> list[str]:
+    return [sys.executable, __file__, "--child", part]
+
+
+def _child(part: str) -> dict:
+    """The part's checks, each on its own: None where it passed, else its traceback's end."""
     results = {}
     for name, check in _checks().items():
+        if _part(name) != part:
+            continue
         try:
             check()
             results[name] = None
@@ -342,23 +369,25 @@ def _child() -> dict:
     return results
 
 
-@pytest.fixture(scope="module")
-def compile_results() -> dict:
+@functools.cache  # one child a part, also where no background thread ran it (pytest-xdist workers)
+def _results(part: str) -> dict:
+    return background.child_json(_argv(part), interpret=False)
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.background_child(_argv(_part(name)),
+                                                                                       interpret=False))
+                                  for name in CHECK_NAMES])  # started in the background: tests/background.py
+def test_compiles_for_sm90(name):
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    return background.child_json(CHILD_ARGV, interpret=False)
+    results = _results(_part(name))
+    assert name in results, f"check {name} did not run"
+    assert results[name] is None, results[name]
 
 
-@pytest.mark.background_child(CHILD_ARGV, interpret=False)  # started in the background: tests/background.py
-@pytest.mark.parametrize("name", CHECK_NAMES)
-def test_compiles_for_sm90(compile_results, name):
-    assert name in compile_results, f"check {name} did not run"
-    assert compile_results[name] is None, compile_results[name]
-
-
-if __name__ == "__main__" and sys.argv[1:] == ["--child"]:
+if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("run without TRITON_INTERPRET: these checks compile for the GPU")
     sys.path.insert(0, str(REPO))
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="sm90-triton-")  # nothing from an earlier compile
-    print(json.dumps(_child()))
+    print(json.dumps(_child(sys.argv[2])))

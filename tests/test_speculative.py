@@ -903,7 +903,7 @@ def test_drafts_across_max_model_len(tiny_path, k):
 
 
 # ---------------------------------------------------------------------------------------------- compiled rounds
-@pytest.mark.parametrize("draft_vocab", [None, 64])
+@pytest.mark.parametrize("draft_vocab", [pytest.param(None, marks=pytest.mark.in_background), 64])
 def test_compiled_rounds_equal_non_speculative(tiny_path, draft_vocab):
     """Rounds compiled (Inductor's C++ code on the CPU; CUDA graphs on a GPU), buckets 1 and 2 in both variants
     compiled at start-up on padding rows: a greedy and a seeded sampled request together (the sampling variant),
@@ -939,6 +939,7 @@ def test_compiled_rounds_read_the_draft_script_in_place(tiny_path, greedy_refere
         assert llm.engine.num_chained_rounds > chained
 
 
+@pytest.mark.in_background  # ~80 s of compiling on the CPU: tests/background.py balances the two threads with it
 def test_compiled_round_results_are_the_host_rows_its_graph_wrote(tiny_path):
     """A compiled round's graph writes its results (num_accepted | tokens | drafts, a row a sequence of its bucket)
     into the round's host buffer, and ``RoundResults.rows()`` reads them there: for 3 sequences in bucket 4 (a
