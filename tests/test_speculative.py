@@ -903,7 +903,7 @@ def test_drafts_across_max_model_len(tiny_path, k):
 
 
 # ---------------------------------------------------------------------------------------------- compiled rounds
-@pytest.mark.parametrize("draft_vocab", [pytest.param(None, marks=pytest.mark.in_background), 64])
+@pytest.mark.parametrize("draft_vocab", [None, 64])
 def test_compiled_rounds_equal_non_speculative(tiny_path, draft_vocab):
     """Rounds compiled (Inductor's C++ code on the CPU; CUDA graphs on a GPU), buckets 1 and 2 in both variants
     compiled at start-up on padding rows: a greedy and a seeded sampled request together (the sampling variant),

@@ -174,6 +174,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.in_background  # its scripts' processes beside the suite: tests/background.py
 def test_a_dropped_or_failed_tp_runtime_leaves_no_process_group(tiny_path, tmp_path):
     """close(), del + gc, and failed starts each stop the workers and leave the default process group, so the
     next TP runtime in the same process starts ("trying to initialize the default process group twice" before)."""
@@ -227,6 +228,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.in_background  # its scripts' processes beside the suite: tests/background.py
 def test_a_worker_that_dies_in_the_rendezvous_fails_fast(tiny_path, tmp_path):
     """A worker that dies after it reported "started", on its way into init_process_group, used to leave rank 0 in
     the C++ rendezvous for 10 minutes. Now rank 0 waits in Python until every worker has connected to its store
@@ -304,6 +306,7 @@ def run_kill_mid_step(model_path: str, knobs: str, bound_s: float, tmp_path, tim
     return out.splitlines()
 
 
+@pytest.mark.in_background  # its scripts' processes beside the suite: tests/background.py
 def test_a_worker_killed_mid_step_raises_worker_error_and_a_new_llm_starts(tiny_path, tmp_path):
     """SIGKILL to worker 1 while the ranks are generating: the caller's generate raises WorkerError naming the dead
     worker within seconds (gloo: the dead peer's sockets end the collective at once; NCCL's analogue is in
