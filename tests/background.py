@@ -17,7 +17,8 @@ GPU (``TRITON_INTERPRET`` unset).
 A whole pytest test can run there too, marked ``@pytest.mark.in_background``: conftest.py registers the child
 ``pytest_argv(nodeid)`` (that test alone, in a pytest child where ``CE_TEST_CHILD`` is set and the mark does nothing)
 and the test in this session passes where the child passed. For long CPU-bound tests that need nothing from the
-session (two compiled speculative tests, three tensor-parallel failure scripts), so that the two threads' work stays balanced.
+session (two compiled speculative tests, three tensor-parallel failure scripts), so that the two threads' work stays
+balanced.
 """
 
 from __future__ import annotations
