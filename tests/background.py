@@ -149,7 +149,7 @@ def summary() -> list[str]:
     if _background is None:
         return []
     spans = _background.spans
-    lines = [f"{end - start:7.1f} s  {who:10} {_label(child[0])[-100:]}" for child, (start, end, who) in spans.items()]
+    lines = [f"{end - start:7.1f} s  {who:10} {_label(child[0])}" for child, (start, end, who) in spans.items()]
     background = [(start, end) for start, end, who in spans.values() if who == "background"]
     return [f"background children: {len(spans)} of {len(_background.order)} run, {len(background)} by the background "
             f"thread, busy {sum(end - start for start, end in background):.1f} s until "
@@ -158,9 +158,10 @@ def summary() -> list[str]:
 
 
 def _label(argv: tuple[str, ...]) -> str:
-    """A child's name in the summary: an ``in_background`` test's node id, else its arguments."""
+    """A child's name in the summary: an ``in_background`` test's whole node id, else its arguments' last 100
+    characters (a script's arguments can run to pages)."""
     nodeid = argv[-1]
-    return nodeid if list(argv) == pytest_argv(nodeid) else " ".join(argv[1:])
+    return nodeid if list(argv) == pytest_argv(nodeid) else " ".join(argv[1:])[-100:]
 
 
 def run_child(argv: list[str], interpret: bool = True) -> subprocess.CompletedProcess:

@@ -28,26 +28,28 @@ def install() -> bool:
             interpreter._LangPatchScope
     except (ImportError, AttributeError):
         return False
-    state = {"launching": False, "patched": frozenset()}
+    patched = None  # the language modules the running launch has patched; None outside a launch
 
     @functools.cache
     def languages(fn) -> frozenset:  # the language modules a function's globals see (its module's imports)
         return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
 
     def guarded_launch(self, *args, **kwargs):
-        state["launching"], state["patched"] = True, frozenset()
+        nonlocal patched
+        patched = frozenset()
         try:
             return launch(self, *args, **kwargs)
         finally:
-            state["launching"], state["patched"] = False, frozenset()
+            patched = None
 
     def guarded_patch_lang(fn):
+        nonlocal patched
         wanted = languages(fn)
-        if state["launching"] and state["patched"] and wanted <= state["patched"]:
+        if patched and wanted <= patched:
             return scope_type()  # the launch's own patches stand until it restores them
         scope = patch_lang(fn)
-        if state["launching"]:
-            state["patched"] |= wanted
+        if patched is not None:
+            patched |= wanted
         return scope
 
     interpreter.GridExecutor.__call__ = guarded_launch
