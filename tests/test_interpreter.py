@@ -1,6 +1,7 @@
 """tests/interpreter.py's ``install()``: under it, Triton's interpreter computes what it computed before (a kernel whose
 loop calls ``@triton.jit`` helpers, against NumPy in float64), walks the language modules once a launch however many
-helper calls the launch makes (without it: once more a call), and leaves ``triton.language`` as it found it."""
+helper calls the launch makes (without it: once more a call), leaves ``triton.language`` as it found it, and maps every
+Triton type to the NumPy dtype the interpreter's own ``_get_np_dtype`` gives."""
 
 from __future__ import annotations
 
@@ -45,11 +46,20 @@ def _child(kernel) -> dict:
         want = sum(np.log1p(np.exp(x.double().numpy() * i * 0.25)) for i in range(steps))
         return walks[0], float(np.abs(out.double().numpy() - want).max())
 
+    def np_dtypes():  # scalars, blocks of them, pointers and blocks of pointers
+        scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.int32, tl.uint32, tl.int64, tl.uint64, tl.float16,
+                   tl.bfloat16, tl.float32, tl.float64, tl.float8e4nv]
+        types = [*scalars, *(tl.block_type(t, [4, 8]) for t in scalars), tl.pointer_type(tl.float32),
+                 tl.block_type(tl.pointer_type(tl.bfloat16), [16])]
+        return [str(triton_interpreter._get_np_dtype(t)) for t in types * 2]  # twice: the cache's hits too
+
     load = tl.load
     before = {steps: launch(steps) for steps in (2, 6)}
+    dtypes = np_dtypes()
     installed = interpreter.install()
     after = {steps: launch(steps) for steps in (2, 6)}
-    return {"installed": installed, "before": before, "after": after, "restored": tl.load is load}
+    return {"installed": installed, "before": before, "after": after, "restored": tl.load is load,
+            "dtypes": [dtypes, np_dtypes()]}
 
 
 @pytest.mark.background_child(CHILD_ARGV)
@@ -66,6 +76,8 @@ def test_install_keeps_the_results_and_walks_once_a_launch():
     assert walks_6 > walks_2, result  # without install(): the walks grow with the helper calls
     assert result["after"]["2"][0] == result["after"]["6"][0] < walks_2, result
     assert result["restored"]
+    before, after = result["dtypes"]
+    assert after == before, result["dtypes"]
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--child"]:
