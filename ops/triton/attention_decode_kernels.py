@@ -79,7 +79,8 @@ EARLY_LOADS_MAX_BATCH = 4
 # The split kernel's pipeline stages by batch: (most sequences, stages), None for Triton's default (3). Up to 4
 # sequences a program walks 1-4 key tiles, the first read before the PDL wait; the loop's cp.async stages only delay
 # them (1 stage: -2 to -3 µs a call, the decode graph -9 to -50 µs a step at batch 1-4; from 8 sequences the default
-# leads). The paged decode of a verify's rows keeps the default: there 1 stage lost (bench/NOTES.md, "Runs 237-239").
+# leads). The paged decode of a verify's rows keeps the default: there 1 stage lost, at a short context and at 8,192
+# tokens (bench/NOTES.md, "Runs 237-239", "Fifty-third session").
 DECODE_STAGES: tuple[tuple[float, int | None], ...] = ((4, 1), (math.inf, None))
 
 
