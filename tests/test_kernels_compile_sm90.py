@@ -256,9 +256,10 @@ def check_gated_deltanet_verify_launches(group, block_v, warps, split_norm):
 
 def check_attention_decode_kernels():
     """``ce::attention_decode`` at the Qwen3.5-0.8B attention shape (8 query heads, 2 KV heads, D = 256, bf16 cache,
-    64-token tiles): the split kernel with and without the early loads (each at the stages ``decode_stages`` gives) and
-    with one split, and the reduce kernel at a program a query head (64 splits) and with the channels over 8 programs
-    (64 and 128 splits, the warps ``reduce_splits`` gives), where ptxas spills nothing. (The split kernel does spill under Triton 3.9's compile,
+    64-token tiles): the split kernel with and without the early loads (each at the stages ``decode_stages`` gives and
+    the splits ``decode_num_splits`` gives on an H100 or H200's 132 SMs) and with one split, and the reduce kernel at a
+    program a query head (64 splits) and with the channels over 8 programs (64 and 128 splits, the warps
+    ``reduce_splits`` gives), where ptxas spills nothing. (The split kernel does spill under Triton 3.9's compile,
     0.3-2.4 KB a thread at 255 registers: not asserted; bench/NOTES.md.)"""
     from bench.sass_stats import compile_sm90, stats
     from ops.triton import attention_decode_kernels as ak
@@ -268,7 +269,7 @@ def check_attention_decode_kernels():
                     context_lens="*i32", part_acc="*fp32", part_max="*fp32", part_sum="*fp32", scale_log2="fp32")
     shape = dict(NUM_Q_HEADS=8, NUM_KV_HEADS=2, GROUP=4, GROUP_P=4, HEAD_DIM=256, HEAD_DIM_P=256, ROTARY_HALF=32,
                  BLOCK_SIZE=16, BLOCK_N=64, DOT_FP32=False, USE_PDL=True)
-    for batch, splits in ((1, 64), (8, 64), (64, 1)):  # the launcher's early loads and stages at each batch
+    for batch, splits in ((1, 128), (8, 16), (64, 1)):  # the launcher's early loads and stages at each batch
         early = batch <= ak.EARLY_LOADS_MAX_BATCH
         kernel = compile_sm90(ak._attention_decode_kernel, dict(shape, NUM_SPLITS=splits, EARLY_LOADS=early), 4,
                               pointers, num_stages=ak.decode_stages(batch))

@@ -415,6 +415,28 @@ def test_attention_decode_split_merge_launches():
         _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, torch.bfloat16)
 
 
+@pytest.mark.parametrize("context", [1, 500, 8192, 8193, 8704, 9216])
+def test_attention_decode_at_the_split_ceiling_matches_reference(context):
+    """Batch 1 over a 9,216-token table (c1's engine) at ``MAX_SPLITS`` splits, the rule's count there on an H100 or
+    H200: at 8,192 cached tokens or fewer each split takes at most one 64-token tile, past it two, and at short
+    contexts nearly every split is empty (the reduce skips their accumulators). Against the reference, with the op's
+    own split count as well."""
+    from ops.triton import attention_decode_kernels
+    from ops.triton.paged_attention_kernels import MAX_SPLITS
+
+    gen = _seeded(context)
+    block_size, max_blocks = 16, 9216 // 16
+    tables = (torch.randperm(max_blocks, generator=gen, device=DEV) + 1).to(torch.int32).view(1, max_blocks)
+    lens = torch.tensor([context], dtype=torch.int32, device=DEV)
+    args = _attention_decode_args(gen, ATTN_LAYOUTS[0], tables, lens, block_size, max_blocks + 1, torch.bfloat16)
+    for launch in (functools.partial(attention_decode_kernels.attention_decode, num_splits=MAX_SPLITS),
+                   torch.ops.ce.attention_decode):
+        want_k, want_v = args[6].clone(), args[7].clone()
+        want = attention_decode.attention_decode_reference(*args[:6], want_k, want_v, *args[8:])
+        got = launch(*args)
+        _assert_attention_decode_close(got, want, args[6], want_k, args[7], want_v, lens, torch.bfloat16)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Causal conv1d
 # ----------------------------------------------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def _merge_splits(part_acc, part_max, part_sum, row0, offs_s, s_mask, offs_d, d_
     total = tl.sum(w * l, 0)
     # A split's sum is 0 exactly when it saw no key (its largest score alone adds exp2(0) = 1), and then it stored
     # acc = +0.0, which is what the masked load returns: skipping those rows changes no bit and saves their traffic
-    # (most splits are empty at short contexts: batch 1 has 64 splits of >= 64 tokens). ``!=``, not ``>``: a NaN sum
+    # (most splits are empty at short contexts: batch 1 has 128 splits of >= 64 tokens). ``!=``, not ``>``: a NaN sum
     # still loads its row (NaN in, NaN out, as before).
     acc = tl.load(part_acc + row[:, None] * HEAD_DIM + offs_d[None, :],
                   mask=(s_mask & (l != 0.0))[:, None] & d_mask[None, :], other=0.0)
@@ -335,7 +335,10 @@ def _tile_n(head_dim: int, element_size: int) -> int:
     return max(16, min(64, 32768 // (triton.next_power_of_2(head_dim) * element_size)))
 
 
-MAX_SPLITS = 64  # decode_num_splits' ceiling: the reduce kernel loads all splits' partials as one tile
+# decode_num_splits' ceiling (the reduce kernel loads all splits' partials as one tile). The rule reaches it at batch 1
+# only (two KV heads): 128 splits of a 9,216-wide table take 2 key tiles each where 64 take 3 past 8,192 tokens, and
+# the batch-1 decode graph at 8,704 tokens was 12-17 µs faster, level at 512 (bench/NOTES.md, "Fifty-third session").
+MAX_SPLITS = 128
 
 
 def decode_num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: int, device: torch.device) -> int:
@@ -358,7 +361,7 @@ MIN_REDUCE_CHANNELS = 32  # a reduce program's slice: at least a 128-byte line o
 def reduce_parts(heads: int, head_dim_p: int, device: torch.device) -> int:
     """The programs each of ``heads`` (batch x query heads) merges its channels over: enough for about one program
     an SM, in slices of at least ``MIN_REDUCE_CHANNELS``, a power of two. At batch 1 a program per head alone leaves
-    8 programs each loading every split's whole accumulator (64 KB at 64 splits), a long dependent step."""
+    8 programs each loading every split's whole accumulator (128 KB at 128 splits), a long dependent step."""
     parts = triton.next_power_of_2(triton.cdiv(_sm_count(device), max(1, heads)))
     return max(1, min(parts, head_dim_p // MIN_REDUCE_CHANNELS))
 
