@@ -110,13 +110,15 @@ def _child_checks() -> dict:
         assert torch.all(got[0] == 0), "padding lane (context 0) must be zeros"
 
     def check_attention_decode(q_heads, kv_heads, dim, rotary_dim, block_size, num_splits, strided=True,
-                               block_n=None, early_loads=None, query_rows=None, reduce_parts=None):
-        """The fused decode op: output and caches (but the null block) against the reference. Context 0 (a padding
-        lane on the null row), 1 (the new token alone), 5, 17 and 40; projected rows a slice of wider rows.
+                               block_n=None, early_loads=None, query_rows=None, reduce_parts=None,
+                               context_lens=(0, 1, 5, 17, 40)):
+        """The fused decode op: output and caches (but the null block) against the reference. By default contexts 0
+        (a padding lane on the null row: the first context, always 0), 1 (the new token alone), 5, 17 and 40; projected
+        rows a slice of wider rows.
         ``early_loads``: the kernel's order of loads (None: the default for 5 sequences, the late ones); ``query_rows``:
         the query tile's rows (None: the GQA group's power of two); ``reduce_parts``: the reduce kernel's programs a
         query head (None: the rule's, one on this CPU)."""
-        context_lens = [0, 1, 5, 17, 40]
+        context_lens = list(context_lens)
         batch = len(context_lens)
         num_blocks = 1 + sum((c + block_size - 1) // block_size for c in context_lens) + 2
         k_cache = torch.randn(num_blocks, block_size, kv_heads, dim)
@@ -586,6 +588,11 @@ def _child_checks() -> dict:
         "attention_decode_reduce_parts4": lambda: check_attention_decode(8, 2, 32, 8, 16, 4, reduce_parts=4),
         "attention_decode_early_loads_reduce_parts2": lambda: check_attention_decode(4, 2, 16, 4, 4, 4,
                                                                                      early_loads=True, reduce_parts=2),
+        # the split ceiling (MAX_SPLITS, the rule's count at batch 1 on an H100 or H200), 16-token tiles: one tile a
+        # split at 2,049 tokens; two at 2,100 (the first before the wait), 62 of the splits empty
+        "attention_decode_split_ceiling": lambda: check_attention_decode(
+            2, 1, 16, 4, 16, paged_attention_kernels.MAX_SPLITS, block_n=16, early_loads=True,
+            context_lens=(0, 2049, 2100)),
         "prefill_gqa2_d16_bs4": lambda: check_prefill(4, 2, 16, 4),
         "prefill_gqa3_d32_bs16": lambda: check_prefill(3, 1, 32, 16),
         "prefill_empty_runs": lambda: check_prefill(2, 2, 16, 8, (0, 2, 0, 0, 17, 1, 0), (4, 0, 3, 0, 20, 1, 9)),
@@ -739,6 +746,7 @@ CHECK_NAMES = [
     "attention_decode_early_loads_tile16_split2",
     "attention_decode_reduce_parts4",
     "attention_decode_early_loads_reduce_parts2",
+    "attention_decode_split_ceiling",
     "prefill_gqa2_d16_bs4",
     "prefill_gqa3_d32_bs16",
     "prefill_empty_runs",
