@@ -9,7 +9,8 @@ time from the previous kernel's end to its own end (bench/latency.py ``critical_
 to its span. Kernels are grouped by name (the grid differs with the batch); the table gives each group's charged µs a
 step at every batch, largest growth over the first batch first. CUDA only. ``--gdn-launch`` runs every batch with one
 GDN decode launch (gated_deltanet_kernels.DECODE_LAUNCHES replaced for the process): the launch rule's data in the
-graph, where each kernel overlaps its neighbours. ``--max-splits`` does the same for the attention's split ceiling.
+graph, where each kernel overlaps its neighbours. ``--max-splits`` does the same for the attention's split ceiling,
+``--splits`` for its split count at given batches.
 """
 
 from __future__ import annotations
@@ -78,6 +79,22 @@ def _gdn_launches(spec: str) -> tuple:
     return ((1 << 30, None if block_v == "head" else int(block_v), int(warps), prefetch == "1", split),)
 
 
+def _pairs(spec: str) -> list[tuple[int, int]]:
+    """'A:B,C:D' -> [(A, B), (C, D)]."""
+    return [tuple(int(x) for x in entry.split(":")) for entry in spec.split(",")]
+
+
+def _override_splits(counts: dict[int, int]) -> None:
+    """ce::attention_decode's split count from ``counts`` (batch -> splits) where it names the batch, else the rule's
+    (for the process: the launcher reads the rule by name at every call)."""
+    rule = paged_attention_kernels.decode_num_splits
+
+    def decode_num_splits(batch, *shapes):
+        return counts.get(batch) or rule(batch, *shapes)
+
+    attention_decode_kernels.decode_num_splits = decode_num_splits
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3.5-0.8b")
@@ -95,6 +112,9 @@ def main() -> None:
     p.add_argument("--max-splits", type=int, default=None,
                    help="the attention's split ceiling instead of paged_attention_kernels.MAX_SPLITS's "
                         "(a power of two)")
+    p.add_argument("--splits", default=None,
+                   help="ce::attention_decode's split count at given batches instead of paged_attention_kernels."
+                        "decode_num_splits's: 'B:S,...' (S splits at batch B, a power of two; the rule's elsewhere)")
     p.add_argument("--attention-stages", default=None,
                    help="ce::attention_decode's split-kernel stages by batch instead of attention_decode_kernels."
                         "DECODE_STAGES's: 'B:S,...' (S up to B sequences, Triton's default above; '0:0': the default "
@@ -106,10 +126,10 @@ def main() -> None:
         gated_deltanet_kernels.DECODE_LAUNCHES = _gdn_launches(args.gdn_launch)
     if args.max_splits:
         paged_attention_kernels.MAX_SPLITS = args.max_splits
+    if args.splits:
+        _override_splits(dict(_pairs(args.splits)))
     if args.attention_stages:
-        entries = (entry.split(":") for entry in args.attention_stages.split(","))
-        attention_decode_kernels.DECODE_STAGES = tuple((int(most), int(stages)) for most, stages in entries) + (
-            (math.inf, None),)
+        attention_decode_kernels.DECODE_STAGES = tuple(_pairs(args.attention_stages)) + ((math.inf, None),)
     ctx = Context(Options(model=args.model, device="cuda", dtype="bfloat16"))
     # The replays advance every sequence one position each: the block tables must reach the last one.
     ctx.require(max(batches), max(args.max_model_len or 0, args.context + args.replays + 64))
