@@ -113,8 +113,8 @@ def _child_checks() -> dict:
                                block_n=None, early_loads=None, query_rows=None, reduce_parts=None,
                                context_lens=(0, 1, 5, 17, 40)):
         """The fused decode op: output and caches (but the null block) against the reference. By default contexts 0
-        (a padding lane on the null row: the first context, always 0), 1 (the new token alone), 5, 17 and 40; projected
-        rows a slice of wider rows.
+        (a padding lane on the null row; ``context_lens`` given starts with one too), 1 (the new token alone), 5, 17
+        and 40; projected rows a slice of wider rows.
         ``early_loads``: the kernel's order of loads (None: the default for 5 sequences, the late ones); ``query_rows``:
         the query tile's rows (None: the GQA group's power of two); ``reduce_parts``: the reduce kernel's programs a
         query head (None: the rule's, one on this CPU)."""
