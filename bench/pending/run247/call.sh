@@ -5,7 +5,9 @@
 # same at 512 tokens (8,300-wide tables), the rule at 8,704 again for the spread. At batch 1, 128 splits took the
 # decode graph -12 to -17 µs at 8,704 and level at 512 (run 244); the op alone had lost at 2 x 8,192 (run 232: 20.5
 # against 16.0 µs a call at 128 splits, 1 tile a split against 2). Predicted at 8,704: batch 2 -5 to -15 µs, batch 4
-# -10 to -20; at 512 level. A win becomes a rule on tiles a split, not on programs alone.
+# -10 to -20; at 512 level. Against it: 512 programs, each holding its first K and V tile in registers (~2 programs
+# an SM), may not fit one wave (at 8,704 tokens 272 of batch 2's hold keys). A win becomes a rule on tiles a split,
+# not on programs alone.
 RUN=${RUN_NAME:-run247} source bench/device_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
 PATHS=(python3 bench/step_paths.py --batches 2,4 --top 8)
