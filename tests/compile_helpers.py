@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import weakref
+from typing import Sequence
 
 import torch
 from hypothesis import strategies as st
@@ -14,7 +15,8 @@ from torch.utils._pytree import tree_leaves
 from compiled_engine.runtime import Runtime
 from ops.library import NULL_BLOCK, NULL_SLOT, REFERENCES
 from ops.sample import sample_reference
-from ops.step import SamplingInputs
+from graphs.static_inputs import PAD_CONTEXT_LEN, PAD_POSITION, PAD_TOKEN_ID
+from ops.step import SamplingInputs, StepInputs
 
 # Inductor fuses and vectorises the reductions (norms, softmax) differently from eager, so fp32 results differ by
 # rounding. On these tiny models logits reach ~25 and rounding differences reach ~2e-4 (HF's own fp32 logits are
@@ -43,21 +45,22 @@ STATE_SCALE_RTOL = 4e-5
 # On the CPU (test_compile.py) the compiled step's logits and the eager step's are each judged against float64 math
 # from the same caches (float64_logits): the compiled ones may be at most ORACLE_FACTOR x as far from it as the eager
 # ones, plus a floor of ORACLE_FLOOR_EPS fp32 epsilons of max|logit|. Two fp32 computations of one step can differ
-# ~10x in accuracy by luck alone: the GEMMs round differently at each row count (the graph runs the padded bucket),
-# and some steps amplify rounding (below). Measured over 6,050 random steps (3 seeds x 500 examples of the two
-# hypothesis tests, profile thorough): |eager - f64| 2 to 324 eps x max|logit| (median 8); the ratio
-# |compiled - f64| / |eager - f64| median 1.0, 99.9th percentile 5.0, max 8.2. The worst step known is the one
-# hypothesis found against the former fixed tolerance (compiled 1.15e-3 from eager at max|logit| 23; prompts [1],
-# [0, 0], [171, 278], [0], the first three decoded): eager 1.0e-4 from float64, compiled 1.05e-3 (ratio 10.4), and it
-# is eager that was lucky: the eager model on the same step is 8.4e-4 off at 1 row (the sequence alone), 1.0e-4 at 2
-# or 3 rows, 1.05e-3 at 4 to 6 rows (the graph's bucket 4 gives exactly that). 16 leaves 1.5x above it; for the median
-# step the bound (~4e-4) is tighter than the former fixed ~1e-3. The floor (8 eps x max|logit|, 4x the least error of
-# any step measured) keeps a step that eager happens to round almost exactly from demanding that luck of the compiled
-# one. A wrong or lower-precision computation is off by far more (bf16 rounding alone: ~2^-9 relative, ~5e-2 here).
+# ~10-20x in accuracy by luck alone, and most of that is the row count: the CPU GEMMs round each row count
+# differently, and the graph runs the bucket's padded rows. So where the graph pads a step, eager runs it twice,
+# unpadded and padded as the graph pads it (padded_step), and the compiled logits are judged against the larger of the
+# two errors. Measured over 39,675 random steps (20 seeds x 500 examples of the two hypothesis tests, profile
+# thorough; max|logit| 18-45): |eager - f64| 1.9 to 523 eps x max|logit| (median 8.9); against unpadded eager alone
+# the ratio |compiled - f64| / |eager - f64| had a 99.9th percentile of 10.1 and a max of 23, all its worst steps at
+# 3 rows (bucket 4), where eager at 4 rows rounds exactly as the graph does (e.g. eager 9.0 eps at 3 rows, 207.1 at 4,
+# compiled 207.1). Against both: median 1.0, 99.9th percentile 3.9, max 13.4 (a 1-row step: eager 6.9 eps, compiled
+# 92.4; a step that amplifies rounding, which eager escaped). The floor, 128 eps x max|logit| (~8e-4 at max|logit|
+# 25; between the compiled errors' 99th and 99.9th percentiles, 74 and 207), covers such a step: with it the worst
+# step measured is 2.6x inside the bound. A wrong or lower-precision computation is off by far more: a TF32 matmul by
+# ~2^-11 relative (~4,000 eps), bf16 rounding by ~2^-9 (~5e-2 here), a wrong row by O(1).
 ORACLE_FACTOR = 16.0
-ORACLE_FLOOR_EPS = 8.0
-# And eager itself must be within 2,048 fp32 epsilons x max|logit| of float64 (6x the worst step measured): the bound
-# above grows with eager's error, so it must not pass a step where both went wrong together.
+ORACLE_FLOOR_EPS = 128.0
+# And eager itself must be within 2,048 fp32 epsilons x max|logit| of float64 (3.9x the worst step measured): the
+# bound above grows with eager's error, so it must not pass a step where both went wrong together.
 ORACLE_EAGER_EPS = 2048.0
 TIE_MARGIN = 2e-3  # greedy tokens are compared where eager's top-2 logits are further apart than this (~2x LOGIT_ATOL
 # at max|logit| ~20); the oracle bound above is a separate check of the logits themselves
@@ -188,19 +191,34 @@ def float64_logits(model, step, caches: dict[str, torch.Tensor]) -> torch.Tensor
         return twin.decode_logits(twin(step)[step.last_token_indices()])
 
 
-def assert_logits_near_oracle(compiled: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor) -> None:
-    """The compiled step's logits are about as close to the float64 ``oracle`` as the eager step's (tolerance:
-    ORACLE_FACTOR's comment)."""
-    eager_error = (eager.double() - oracle).abs().max().item()
-    compiled_error = (compiled.double() - oracle).abs().max().item()
+def padded_step(step: StepInputs, rows: int, block_size: int) -> StepInputs:
+    """The decode ``step`` with padding lanes up to ``rows``, as a graph's bucket runs it (graphs/static_inputs.py):
+    token 0, position 0, KV row 0 of the null block, a null block table, context 0, the null slot."""
+    k = rows - step.num_sequences
+    def pad(field: torch.Tensor, value: int) -> torch.Tensor:
+        return torch.cat([field, field.new_full((k, *field.shape[1:]), value)])
+    return dataclasses.replace(
+        step, input_ids=pad(step.input_ids, PAD_TOKEN_ID), positions=pad(step.positions, PAD_POSITION),
+        slot_mapping=pad(step.slot_mapping, NULL_BLOCK * block_size), block_tables=pad(step.block_tables, NULL_BLOCK),
+        context_lens=pad(step.context_lens, PAD_CONTEXT_LEN), state_slots=pad(step.state_slots, NULL_SLOT))
+
+
+def assert_logits_near_oracle(compiled: torch.Tensor, eagers: Sequence[torch.Tensor], oracle: torch.Tensor) -> None:
+    """The compiled step's logits are about as close to the float64 ``oracle`` as the eager step's (``eagers``: its
+    logits unpadded, and padded as the graph pads it where it does; tolerance: ORACLE_FACTOR's comment)."""
     eps_scale = torch.finfo(torch.float32).eps * oracle.abs().max().item()
-    assert eager_error <= ORACLE_EAGER_EPS * eps_scale, (
-        f"max |eager - float64 oracle| {eager_error:.3g} > {ORACLE_EAGER_EPS} fp32 eps x max|logit|")
+    eager_error = 0.0
+    for eager in eagers:
+        error = (eager.double() - oracle).abs().max().item()
+        assert error <= ORACLE_EAGER_EPS * eps_scale, (
+            f"max |eager - float64 oracle| {error:.3g} > {ORACLE_EAGER_EPS} fp32 eps x max|logit|")
+        eager_error = max(eager_error, error)
+    compiled_error = (compiled.double() - oracle).abs().max().item()
     floor = ORACLE_FLOOR_EPS * eps_scale
     bound = ORACLE_FACTOR * eager_error + floor
     assert compiled_error <= bound, (
         f"max |compiled - float64 oracle| {compiled_error:.3g} > {ORACLE_FACTOR} x eager's {eager_error:.3g} + "
-        f"{floor:.3g} (compiled - eager: {(compiled - eager).abs().max().item():.3g})")
+        f"{floor:.3g} (compiled - eager: {(compiled - eagers[0]).abs().max().item():.3g})")
 
 
 def assert_same_greedy(compiled: torch.Tensor, eager: torch.Tensor, margin: float = TIE_MARGIN) -> None:

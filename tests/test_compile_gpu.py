@@ -201,8 +201,10 @@ def test_sampled_replays_draw_what_the_sampler_draws(gpu_compiled, data):
     vocab = rt.model_config.vocab_size
     token = st.integers(0, vocab - 1)
     num_live = data.draw(st.integers(1, MAX_NUM_SEQS), label="live sequences")
-    seqs = [rt.add_sequence(data.draw(st.lists(token, min_size=1, max_size=40), label=f"prompt {i}"))
-            for i in range(num_live)]
+    # Every draw that can end the example comes before the first sequence is added: an example that hypothesis ends
+    # mid-draw (an overrun) must leave no sequence behind, or later examples find the state slots taken.
+    prompts = [data.draw(st.lists(token, min_size=1, max_size=40), label=f"prompt {i}") for i in range(num_live)]
+    seqs = [rt.add_sequence(p) for p in prompts]
     try:
         rt.prefill(seqs)
         for _ in range(data.draw(st.integers(1, 3), label="steps")):
