@@ -77,11 +77,13 @@ class ModelExecutor:
             return self._decode_fn.step_device
         return self.device
 
-    def compile_decode(self, buckets: Iterable[int] | None = None, **runner_kwargs) -> DecodeGraphRunner:
+    def compile_decode(self, buckets: Iterable[int] | None = None, progress: bool = False,
+                       **runner_kwargs) -> DecodeGraphRunner:
         """Compile and capture the decode step for every bucket (every rank in lockstep), then decode through it.
 
         ``runner_kwargs`` go to DecodeGraphRunner (``mode``, ``fullgraph``, ``backend``, ``capture``). Sequences
         that are live meanwhile keep their state: warm-up runs only padding lanes (null slot, null block).
+        ``progress``: a progress bar on this rank (stderr).
         """
         if self.workers is not None:
             self.workers.send_compile()
@@ -98,12 +100,12 @@ class ModelExecutor:
             buckets=buckets,
             **runner_kwargs,
         )
-        runner.warmup()
+        runner.warmup(progress)
         self._decode_fn = runner
         return runner
 
-    def compile_prefill(self, buckets: Iterable[int], max_sequences: int = 1, decode_lanes: int = 0
-                        ) -> PrefillGraphs | None:
+    def compile_prefill(self, buckets: Iterable[int], max_sequences: int = 1, decode_lanes: int = 0,
+                        progress: bool = False) -> PrefillGraphs | None:
         """Capture the prompt step at each token count of ``buckets`` and each sequence bucket up to
         ``max_sequences``, and the mixed steps with ``decode_lanes`` decode rows (none with speculative decoding)
         (graphs/prefill_graph.py); later prompt and mixed steps of those shapes replay them (``execute``,
@@ -118,7 +120,7 @@ class ModelExecutor:
         graphs = PrefillGraphs(self.model, buckets, -(-self.max_model_len // self.block_size), self.block_size,
                                self.device, drafter, max_sequences, decode_lanes if drafter is None else 0)
         start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
-        graphs.capture()
+        graphs.capture(progress)
         self.reset_state_slots([NULL_SLOT])  # the captures' warm-up steps ran on the null slot
         logger.info("captured %d prompt steps of %d..%d tokens in 1..%d sequences%s%s in %.2f s; %.2f GiB more "
                     "reserved", len(graphs.keys), min(buckets), max(buckets), graphs.sequence_buckets[-1],
@@ -224,7 +226,7 @@ class ModelExecutor:
             lambda: commit_and_draft(self.model, step, hidden, num_accepted, tokens, self.block_size,
                                      self.draft_vocab, self.draft_script))
 
-    def compile_rounds(self) -> SpeculativeRound:
+    def compile_rounds(self, progress: bool = False) -> SpeculativeRound:
         """Compile (on a single CUDA rank also capture) the fused rounds of every bucket, on every rank in lockstep;
         later rounds that ``speculative_round.covers`` run through ``run_round``. Under tensor parallelism the rounds
         are compiled but not captured (as the decode runner uses cudagraph trees there: compile_decode)."""
@@ -234,7 +236,7 @@ class ModelExecutor:
         self.speculative_round = SpeculativeRound(
             self.model, self.speculative_config.num_speculative_tokens, self.block_size, self.max_num_seqs,
             self.max_model_len, self.device, capture, self.draft_vocab, self.draft_script)
-        self.speculative_round.warmup()
+        self.speculative_round.warmup(progress)
         return self.speculative_round
 
     def run_round(self, length: int, bucket: int, sample: bool, num_seqs: int) -> RoundResults:

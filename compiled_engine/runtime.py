@@ -122,10 +122,11 @@ class Runtime:
         dtype: torch.dtype,
         workers: TensorParallelWorkers | None = None,
         compile: bool = False,
+        progress: bool = False,
     ):
         """``workers``: the other tensor-parallel ranks, when this is rank 0 of a sharded model. ``compile``:
         compile and capture what decodes now (``compile_steps``; a tensor-parallel runtime does it once its
-        workers are ready)."""
+        workers are ready), with progress bars where ``progress``."""
         config.validate()
         config = config.for_model(model.config)
         draft_vocab = config.speculative_config.draft_vocab_size if config.speculative_config else None
@@ -164,21 +165,22 @@ class Runtime:
             raise ValueError("speculative_config method 'mtp' needs the model built with its MTP layer "
                              "(load_model(..., mtp=True))")
         if compile:
-            self.compile_steps()
+            self.compile_steps(progress)
 
-    def compile_steps(self) -> None:
+    def compile_steps(self, progress: bool = False) -> None:
         """Compile (and capture) what decodes, on every rank: the decode step, or with speculative decoding the
         rounds (decode rows become verify rounds), and the decode step too where plain decode steps still run:
         ``disable_by_batch_size`` sends large batches to it, ``auto_disable`` the steps where drafting does not pay.
         Then the prompt and mixed steps, captured per token bucket and sequence bucket, where ``__init__`` chose
-        buckets (and the memory plan left room for them)."""
+        buckets (and the memory plan left room for them). ``progress``: a progress bar for each (stderr)."""
         config = self.speculative_config
         if config is not None:
-            self.executor.compile_rounds()
+            self.executor.compile_rounds(progress)
         if config is None or config.disable_by_batch_size or config.auto_disable:
-            self.compile_decode()
+            self.compile_decode(progress=progress)
         if self._prefill_buckets:  # chosen with the memory plan (__init__)
-            self.executor.compile_prefill(self._prefill_buckets, self._prefill_sequences, self._decode_lanes)
+            self.executor.compile_prefill(self._prefill_buckets, self._prefill_sequences, self._decode_lanes,
+                                          progress)
 
     @property
     def decode_lanes(self) -> int:
@@ -213,6 +215,7 @@ class Runtime:
         is rank 0; on CUDA rank r uses GPU r). Call ``close()`` (or use ``with``) to stop them; they also stop when
         this process exits. ``weights``: a ``loader.WeightSource`` that makes the checkpoint's tensors on each rank
         instead of reading them from ``path`` (which then needs only its config.json): the benchmarks' random weights.
+        ``progress``: progress bars (stderr) while the weights load and the steps compile and capture.
         """
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
@@ -234,7 +237,7 @@ class Runtime:
         if tensor_parallel_size == 1:
             model, report = load_model(path, config, device, dtype, progress=progress, attention_backend=backend,
                                        mtp=mtp, weights=weights)
-            runtime = cls(model, runtime_config, device, dtype, compile=compile)
+            runtime = cls(model, runtime_config, device, dtype, compile=compile, progress=progress)
             runtime.load_report = report
             return runtime
         check_divisible(config, tensor_parallel_size)
@@ -258,7 +261,7 @@ class Runtime:
             runtime = cls(model, runtime_config, device, dtype, workers=workers)
             workers.wait_for("ready")
             if compile:
-                runtime.compile_steps()
+                runtime.compile_steps(progress)
         except BaseException:
             workers.shutdown()
             raise
@@ -267,9 +270,10 @@ class Runtime:
         weakref.finalize(runtime, workers.shutdown).atexit = False
         return runtime
 
-    def compile_decode(self, buckets: Iterable[int] | None = None, **runner_kwargs) -> DecodeGraphRunner:
+    def compile_decode(self, buckets: Iterable[int] | None = None, progress: bool = False,
+                       **runner_kwargs) -> DecodeGraphRunner:
         """Compile and capture the decode step (ModelExecutor.compile_decode); later decode steps replay it."""
-        return self.executor.compile_decode(buckets, **runner_kwargs)
+        return self.executor.compile_decode(buckets, progress, **runner_kwargs)
 
     @property
     def decode_fn(self):

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence as Seq
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from compiled_engine.model import HybridModel
 from compiled_engine.sequence import Sequence
@@ -566,12 +567,15 @@ class SpeculativeRound:
         return self.policy.covers(num_seqs) and num_drafts == self.num_drafts
 
     @torch.inference_mode()
-    def warmup(self) -> None:
-        """Compile (and capture) every bucket in every variant, largest first."""
+    def warmup(self, progress: bool = False) -> None:
+        """Compile (and capture) every bucket in every variant, largest first. ``progress``: a progress bar over the
+        buckets (stderr)."""
         start = time.perf_counter()
         prepare_device(self.device)  # the kernels' per-device buffers, outside every graph's memory pool
         pool = torch.cuda.graph_pool_handle() if self.captured else None
-        for bucket in reversed(self.policy.sizes):
+        what = "compiling and capturing" if self.captured else "compiling"
+        for bucket in tqdm(reversed(self.policy.sizes), total=len(self.policy), desc=f"{what} speculative rounds",
+                           unit="bucket", disable=not progress):
             self._pack([], [], None, bucket)  # every row padding: the null slot and block, greedy rows
             pack_sampling_into(self._stage_np, None, 0, bucket, self.num_drafts, self.table_width)
             self._upload(self._length(bucket, True))

@@ -46,6 +46,7 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from ops.sample import sample_op
 from ops.step import DecodeOutput, HostTokens, SamplingInputs, StepInputs
@@ -326,9 +327,9 @@ class DecodeGraphRunner:
 
     # --------------------------------------------------------------------------------------------------- start-up
     @torch.inference_mode()
-    def warmup(self) -> float:
+    def warmup(self, progress: bool = False) -> float:
         """Compile and capture every bucket (each variant: greedy, and sampling unless turned off), largest first;
-        returns the start-up seconds.
+        returns the start-up seconds. ``progress``: a progress bar over the buckets' variants (stderr).
 
         Largest first: CUDA graphs of one runner share a memory pool, and a smaller graph recorded after a larger
         one reuses the larger one's memory instead of growing the pool. Every lane of the dummy batches is a padding
@@ -345,12 +346,16 @@ class DecodeGraphRunner:
         self._pool = torch.cuda.graph_pool_handle() if self.capture == "runner" else None
         start = time.perf_counter()
         self.static.clear()
-        for bucket in reversed(self.policy.sizes):
-            t0 = time.perf_counter()
-            for sample in self.variants:
-                self._compile_and_capture(bucket, sample)
-            self.bucket_seconds[bucket] = time.perf_counter() - t0
-            logger.debug("decode bucket %d: compiled and captured in %.1f s", bucket, self.bucket_seconds[bucket])
+        what = "compiling and capturing" if self.capture else "compiling"
+        with tqdm(total=len(self.policy) * len(self.variants), desc=f"{what} decode steps", unit="step",
+                  disable=not progress) as bar:
+            for bucket in reversed(self.policy.sizes):
+                t0 = time.perf_counter()
+                for sample in self.variants:
+                    self._compile_and_capture(bucket, sample)
+                    bar.update()
+                self.bucket_seconds[bucket] = time.perf_counter() - t0
+                logger.debug("decode bucket %d: compiled and captured in %.1f s", bucket, self.bucket_seconds[bucket])
         self.startup_seconds = time.perf_counter() - start
         self._last_tokens = None  # warm-up's runs wrote the padding lanes' tokens into the input ids
         self.static.forget()

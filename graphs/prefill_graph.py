@@ -71,6 +71,7 @@ from typing import Callable, Sequence
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from ops.delta_rule import host_chunk_indices, max_chunk_rows
 from ops.library import NULL_BLOCK, NULL_SLOT
@@ -228,12 +229,13 @@ class PrefillGraphs:
                             self.draft_seq_rows[:rows])
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, progress: bool = False) -> None:
         """Capture every key's step, largest first. Each runs once eagerly first (its kernels compile there, not in
         the capture), on a step of padding only: every sequence on the null slot and the null block, the tokens in
-        the first and the last, the sequences between them empty."""
+        the first and the last, the sequences between them empty. ``progress``: a progress bar over the keys."""
         pool = torch.cuda.graph_pool_handle()
-        for key in sorted(self.keys, key=_shape, reverse=True):
+        for key in tqdm(sorted(self.keys, key=_shape, reverse=True), desc="capturing prompt steps", unit="step",
+                        disable=not progress):
             tokens, n, lanes = _shape(key)
             part = key[0]  # the prompt part's tokens
             lengths = [1] * lanes + [part // 2] + [0] * (key[1] - 1) + [part - part // 2]

@@ -18,7 +18,9 @@ runner with three buckets (1, 2, 4) is built per module and shared by every test
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 
 import pytest
 import torch
@@ -153,11 +155,14 @@ def compiled(qwen3_5_text_tied_path):
     rt.prefill(live)
     before = snapshot(rt.model)
     graphs0, breaks0 = graph_stats()
-    runner = rt.compile_decode(buckets=BUCKETS)
+    bar = io.StringIO()
+    with contextlib.redirect_stderr(bar):
+        runner = rt.compile_decode(buckets=BUCKETS, progress=True)
     graphs1, breaks1 = graph_stats()
     facts = {
         "graphs_compiled": graphs1 - graphs0,
         "graph_breaks": breaks1 - breaks0,
+        "progress": bar.getvalue(),
         "warmup_changed": [
             name
             for name, buf in cache_buffers(rt.model).items()
@@ -373,6 +378,10 @@ def test_one_graph_per_bucket_and_warmup_leaves_live_state_alone(compiled):
     assert facts["graph_breaks"] == 0
     assert facts["warmup_changed"] == [], "warm-up changed non-null rows of live sequences"
     assert runner.warmed_up and set(runner.bucket_seconds) == set(BUCKETS)
+    # compile_decode(progress=True) drew a bar that counted every bucket's variants to the end
+    total = len(BUCKETS) * len(runner.variants)
+    assert "compiling decode steps" in facts["progress"], facts["progress"]
+    assert f"{total}/{total}" in facts["progress"].split("\r")[-1], facts["progress"]
 
 
 @given(data=st.data())
