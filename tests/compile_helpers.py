@@ -13,9 +13,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from compiled_engine.runtime import Runtime
+from graphs.static_inputs import PAD_CONTEXT_LEN, PAD_POSITION, PAD_TOKEN_ID
 from ops.library import NULL_BLOCK, NULL_SLOT, REFERENCES
 from ops.sample import sample_reference
-from graphs.static_inputs import PAD_CONTEXT_LEN, PAD_POSITION, PAD_TOKEN_ID
 from ops.step import SamplingInputs, StepInputs
 
 # Inductor fuses and vectorises the reductions (norms, softmax) differently from eager, so fp32 results differ by
@@ -195,6 +195,7 @@ def padded_step(step: StepInputs, rows: int, block_size: int) -> StepInputs:
     """The decode ``step`` with padding lanes up to ``rows``, as a graph's bucket runs it (graphs/static_inputs.py):
     token 0, position 0, KV row 0 of the null block, a null block table, context 0, the null slot."""
     k = rows - step.num_sequences
+
     def pad(field: torch.Tensor, value: int) -> torch.Tensor:
         return torch.cat([field, field.new_full((k, *field.shape[1:]), value)])
     return dataclasses.replace(

@@ -53,8 +53,8 @@ from tests.compile_helpers import (
     float64_logits,
     float64_twin,
     graph_stats,
-    padded_step,
     null_rows,
+    padded_step,
     restore,
     rows,
     snapshot,
@@ -87,8 +87,8 @@ def compare_step(rt: Runtime, runner: DecodeGraphRunner, seqs, sampling: Samplin
     eagers = [eager]
     restore(model, before)
     if padded:  # eager at the graph's row count too: the GEMMs round each row count differently
-        bucket = padded_step(step, runner.policy.bucket_for(n), rt.config.block_size)
-        eagers.append(model.compute_logits(model(bucket))[:n])
+        bucket_step = padded_step(step, runner.policy.bucket_for(n), rt.config.block_size)
+        eagers.append(model.compute_logits(model(bucket_step))[:n])
         restore(model, before)
     compiled = runner(step, sampling)
     assert compiled.logits.shape == eager.shape and compiled.logits.dtype == rt.dtype
