@@ -201,6 +201,7 @@ class LLMEngine:
         draft_override=None,
         draft_script=None,
         drafting_rule: DraftingRule | None = None,
+        progress: bool = False,
     ):
         """``overlap_decode``: read each step's tokens back during the next step (``_step_overlapped``). Off here, so
         that each ``step()`` returns its own tokens to a caller that streams them; ``LLM``, which only returns
@@ -215,7 +216,8 @@ class LLMEngine:
         device when its prompt runs (``Runtime.script_drafts``: a runtime built with speculative_config
         ``scripted_drafts``), so rounds chain as with the layer's own: the bench's forced-acceptance drafter.
         ``drafting_rule``: decides, step by step, whether drafting pays
-        (compiled_engine/drafting_rule.py); by default one when the speculative config has ``auto_disable``."""
+        (compiled_engine/drafting_rule.py); by default one when the speculative config has ``auto_disable``.
+        ``progress``: a progress bar while the sampler's kernels compile at start-up (on a GPU; stderr)."""
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.grammars = GrammarCache(tokenizer, runtime.model_config.vocab_size)  # structured outputs' grammars
@@ -254,7 +256,7 @@ class LLMEngine:
         if runtime.device.type == "cuda":  # this rank samples every step's rows
             start = time.perf_counter()
             warm_up_sampling(runtime.model_config.vocab_size, runtime.config.max_num_seqs, runtime.device,
-                             model_dtype=runtime.dtype)
+                             model_dtype=runtime.dtype, progress=progress)
             logger.info("compiled the sampler's eager kernels in %.1f s", time.perf_counter() - start)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self._request_of_seq: dict[int, Request] = {}  # the same, by sequence id (the scheduler's handle)

@@ -116,7 +116,7 @@ class LLM:
         self.tokenizer = load_tokenizer(model)
         self.engine = LLMEngine(
             self.runtime, self.tokenizer, max_num_batched_tokens=max_num_batched_tokens, overlap_decode=overlap_decode,
-            mixed_steps=mixed_steps, kv_growth_reserve=kv_growth_reserve,
+            mixed_steps=mixed_steps, kv_growth_reserve=kv_growth_reserve, progress=True,
         )
 
     def get_tokenizer(self):

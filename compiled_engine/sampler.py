@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ops.penalties import apply_penalties_op
 from ops.sample import sample_op, uniform_noise
@@ -132,7 +133,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def warm_up_sampling(vocab: int, max_rows: int, device: torch.device, model_dtype: torch.dtype = torch.float32,
-                     threads: int = DEFAULT_THREADS) -> None:
+                     threads: int = DEFAULT_THREADS, progress: bool = False) -> None:
     """Compile ``ce::sample``'s kernels for the calls ``sample`` makes outside the decode graphs, before serving.
 
     The decode graphs sample from model-dtype logits with top-k and top-p on. The other calls sample fp32 logits (a
@@ -144,7 +145,8 @@ def warm_up_sampling(vocab: int, max_rows: int, device: torch.device, model_dtyp
     every running request. Rows 1 and ``max_rows`` give both chunk sizes where ``max_rows`` reaches the larger one.
     The penalties' kernel too (one variant).
 
-    The cases run on ``threads`` threads (ops/triton/compile_threads.py); each call has its own workspace."""
+    The cases run on ``threads`` threads (ops/triton/compile_threads.py); each call has its own workspace.
+    ``progress``: a progress bar over the cases (stderr)."""
 
     def penalties() -> None:
         table = torch.zeros(1, 3, dtype=torch.int64, device=device)  # a row of the token table: row, prompt, output
@@ -161,7 +163,9 @@ def warm_up_sampling(vocab: int, max_rows: int, device: torch.device, model_dtyp
     dtypes, row_counts = dict.fromkeys((torch.float32, model_dtype)), sorted({1, max_rows})
     draws = [functools.partial(draw, rows, use_top_k, use_top_p, dtype) for dtype in dtypes for rows in row_counts
              for use_top_k in (False, True) for use_top_p in (False, True)]
-    run_in_threads([penalties, *draws], device, threads)
+    calls = [penalties, *draws]
+    with tqdm(total=len(calls), desc="compiling the sampler's kernels", unit="case", disable=not progress) as bar:
+        run_in_threads(calls, device, threads, done=bar.update)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -572,15 +572,38 @@ def test_run_in_threads_runs_every_call_once_and_raises_a_failure_after_all():
             seen.append((i, threading.current_thread() is not threading.main_thread(),
                          torch.is_inference_mode_enabled()))
 
-    run_in_threads([lambda i=i: call(i, wait=i < 3) for i in range(10)], torch.device("cpu"), threads=4)
+    finished = []  # `done`'s calls: one a finished call, on the caller's thread
+
+    def done():
+        finished.append(threading.current_thread() is threading.main_thread())
+
+    run_in_threads([lambda i=i: call(i, wait=i < 3) for i in range(10)], torch.device("cpu"), threads=4, done=done)
     assert sorted(i for i, _, _ in seen) == list(range(10))
     assert all(on_pool and inference for _, on_pool, inference in seen)
+    assert finished == [True] * 10
 
     seen.clear()
+    finished.clear()
 
     def fail():
         raise RuntimeError("compile failed")
 
     with pytest.raises(RuntimeError, match="compile failed"):
-        run_in_threads([fail] + [lambda i=i: call(i) for i in range(5)], torch.device("cpu"), threads=2)
+        run_in_threads([fail] + [lambda i=i: call(i) for i in range(5)], torch.device("cpu"), threads=2, done=done)
     assert sorted(i for i, _, _ in seen) == list(range(5))
+    assert finished == [True] * 6
+
+
+def test_the_sampler_warm_up_counts_its_cases_on_a_progress_bar():
+    """``warm_up_sampling(progress=True)`` (LLMEngine's start-up on a GPU) draws a bar over every case it launches: the
+    penalties' kernel, then ce::sample at each dtype x row count x top-k / top-p switch (here 1 + 2 x 2 x 4)."""
+    import contextlib
+    import io
+
+    from compiled_engine.sampler import warm_up_sampling
+
+    bar = io.StringIO()
+    with contextlib.redirect_stderr(bar):
+        warm_up_sampling(64, 3, torch.device("cpu"), model_dtype=torch.bfloat16, threads=2, progress=True)
+    assert "compiling the sampler's kernels" in bar.getvalue()
+    assert "17/17" in bar.getvalue().split("\r")[-1], bar.getvalue()

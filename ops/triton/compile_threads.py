@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import torch
 
 DEFAULT_THREADS = 8
 
 
-def run_in_threads(calls: Iterable[Callable[[], object]], device: torch.device, threads: int = DEFAULT_THREADS) -> None:
+def run_in_threads(calls: Iterable[Callable[[], object]], device: torch.device, threads: int = DEFAULT_THREADS,
+                   done: Callable[[], object] | None = None) -> None:
     """Run ``calls`` on ``threads`` threads, each under ``torch.inference_mode`` with ``device`` current; waits for
-    all of them, then raises the first call's error, if one failed."""
+    all of them, then raises the first call's error, if one failed. ``done``: called on the caller's thread as each
+    call finishes (a progress bar's update)."""
 
     def run(call: Callable[[], object]) -> None:
         with torch.inference_mode(), torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
@@ -31,6 +33,9 @@ def run_in_threads(calls: Iterable[Callable[[], object]], device: torch.device, 
 
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="compile") as pool:
         futures = [pool.submit(run, call) for call in calls]
+        for _ in as_completed(futures):
+            if done is not None:
+                done()
     for future in futures:
         future.result()
 
